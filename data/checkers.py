@@ -1,0 +1,89 @@
+"""Answer checks: read a response's final answer and compare it with the reference.
+
+The check must not be easy to game. `number` reads the LAST number in the response
+(so "7 + 5 = 12" reads 12) and rejects responses that list more than
+`max_numbers` distinct numbers, so enumerating candidates ("11 12 13 14 ...")
+never scores.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_NUM = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w])")
+
+
+class NumberCheck(BaseModel):
+    """The last number in the response equals the reference (numerically)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["number"] = "number"
+    max_numbers: int = Field(
+        default=4, ge=1, description="responses with more distinct numbers than this are wrong (anti-enumeration)"
+    )
+    tolerance: float = Field(default=1e-6, ge=0, description="absolute tolerance for non-integer answers")
+
+
+class ExactCheck(BaseModel):
+    """The whole response, normalized (case, spaces, trailing period), equals the reference."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["exact"] = "exact"
+
+
+class RegexCheck(BaseModel):
+    """Group 1 of the last match of `pattern` equals the reference, normalized."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["regex"] = "regex"
+    pattern: str = Field(description=r"regex with one group, e.g. 'Answer:\s*(.+)'")
+
+
+CheckConfig = Annotated[NumberCheck | ExactCheck | RegexCheck, Field(discriminator="kind")]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    correct: bool
+    extracted: str | None
+
+
+def _norm(s: str) -> str:
+    s = unicodedata.normalize("NFKC", s).strip().lower()
+    s = re.sub(r"\s+", " ", s)
+    return s.rstrip(".").strip()
+
+
+def _to_float(s: str) -> float | None:
+    try:
+        return float(s.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def check(cfg: NumberCheck | ExactCheck | RegexCheck, response: str, answer: str) -> Verdict:
+    match cfg.kind:
+        case "number":
+            nums = _NUM.findall(response)
+            if not nums:
+                return Verdict(False, None)
+            last = nums[-1]
+            distinct = {_to_float(n) for n in nums}
+            if len(distinct) > cfg.max_numbers:
+                return Verdict(False, last)
+            got, want = _to_float(last), _to_float(answer)
+            ok = got is not None and want is not None and abs(got - want) <= cfg.tolerance
+            return Verdict(ok, last)
+        case "exact":
+            return Verdict(_norm(response) == _norm(answer), response.strip())
+        case "regex":
+            matches = re.findall(cfg.pattern, response)
+            if not matches:
+                return Verdict(False, None)
+            last = matches[-1] if isinstance(matches[-1], str) else matches[-1][0]
+            return Verdict(_norm(last) == _norm(answer), last)

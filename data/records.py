@@ -1,0 +1,94 @@
+"""Row types that travel between stages as JSONL files, and their readers/writers."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from data.errors import ArtifactError
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+
+class Prompt(BaseModel):
+    """One prompt with an optional reference answer."""
+
+    model_config = _FROZEN
+    id: str = Field(description="stable id, unique within its source")
+    prompt: str = Field(description="the user message")
+    answer: str | None = Field(default=None, description="reference answer, if the source has one")
+    task: str = Field(default="custom", description="which task or source produced it")
+
+
+class Completion(BaseModel):
+    """One sampled completion of one prompt."""
+
+    model_config = _FROZEN
+    prompt_id: str
+    prompt: str
+    answer: str | None = None
+    index: int = Field(ge=0, description="sample index within the prompt")
+    text: str
+    n_tokens: int = Field(ge=0)
+    finish_reason: str | None = None
+
+
+class LabeledCompletion(BaseModel):
+    """A completion with the label stage's reward."""
+
+    model_config = _FROZEN
+    prompt_id: str
+    prompt: str
+    answer: str | None = None
+    index: int
+    text: str
+    n_tokens: int
+    reward: float = Field(description="1.0 correct / 0.0 wrong for the verifier")
+    extracted: str | None = Field(default=None, description="what the checker read as the answer")
+
+
+class SFTRow(BaseModel):
+    """One accepted sample for rejection-sampling fine-tuning."""
+
+    model_config = _FROZEN
+    prompt_id: str
+    prompt: str
+    completion: str
+    reward: float
+
+
+R = TypeVar("R", bound=BaseModel)
+
+
+def write_jsonl(path: Path, rows: Iterable[BaseModel]) -> int:
+    """Write rows to path atomically; returns the row count."""
+    tmp = path.with_name(path.name + ".tmp")
+    n = 0
+    with open(tmp, "w") as f:
+        for row in rows:
+            f.write(row.model_dump_json())
+            f.write("\n")
+            n += 1
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    return n
+
+
+def read_jsonl(path: Path, kind: type[R]) -> list[R]:
+    out: list[R] = []
+    try:
+        with open(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    out.append(kind.model_validate(json.loads(line)))
+    except FileNotFoundError as e:
+        raise ArtifactError(f"missing artifact {path}") from e
+    except (ValueError, TypeError) as e:
+        raise ArtifactError(f"{path}:{lineno}: not a valid {kind.__name__} row: {e}") from e
+    return out

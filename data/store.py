@@ -1,0 +1,135 @@
+"""The content-addressed artifact store.
+
+Every stage writes into ``<root>/stages/<stage>-<key[:16]>/``. The key is derived
+from what the stage computes (name, code version, config slice, parent contents),
+so the same work always lands in the same directory and different work never
+shares one: two pipeline runs on one workdir cannot overwrite each other, and a
+re-run finds finished stages by key.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from data.digest import sha256_file, sha256_json
+from data.errors import ArtifactError, TamperedArtifactError
+from data.manifest import MANIFEST, FileRef, StageManifest, now_iso, read_manifest, write_manifest
+
+
+def stage_key(stage: str, code_version: str, config: dict[str, Any], parents: list[StageManifest]) -> str:
+    return sha256_json(
+        {
+            "stage": stage,
+            "code": code_version,
+            "config": config,
+            "parents": sorted((p.stage, p.content) for p in parents),
+        }
+    )
+
+
+class ArtifactStore:
+    def __init__(self, root: Path):
+        self.root = Path(root).resolve()
+        (self.root / "stages").mkdir(parents=True, exist_ok=True)
+
+    def stage_dir(self, stage: str, key: str) -> Path:
+        return self.root / "stages" / f"{stage}-{key[:16]}"
+
+    def dir_of(self, m: StageManifest) -> Path:
+        return self.root / m.dir
+
+    def path(self, m: StageManifest, name: str) -> Path:
+        if name not in m.outputs:
+            raise ArtifactError(f"{m.stage} (round {m.round}) has no output {name!r}; it has {sorted(m.outputs)}")
+        return self.dir_of(m) / name
+
+    def find(self, stage: str, key: str, verify: bool = True) -> StageManifest | None:
+        """The finished stage with this key, verified; None if absent or unfinished."""
+        d = self.stage_dir(stage, key)
+        m = read_manifest(d)
+        if m is None:
+            return None
+        if verify:
+            self.verify(m)
+        return m
+
+    def verify(self, m: StageManifest) -> None:
+        """Raise TamperedArtifactError naming every file whose digest changed."""
+        d = self.dir_of(m)
+        bad = []
+        for name, ref in m.outputs.items():
+            p = d / name
+            if not p.is_file():
+                bad.append(f"{name}: missing")
+            elif p.stat().st_size != ref.bytes or sha256_file(p) != ref.sha256:
+                bad.append(f"{name}: sha256 differs from the manifest")
+        if bad:
+            raise TamperedArtifactError(
+                f"{m.stage} stage of round {m.round} at {d} was changed after it finished: "
+                + "; ".join(bad)
+                + f". Delete {d} to recompute it, or restore the files."
+            )
+
+    def prepare(self, stage: str, key: str, keep_partial: bool = False) -> Path:
+        """Create the stage directory. An unfinished one is wiped unless the stage resumes from it."""
+        d = self.stage_dir(stage, key)
+        if (d / MANIFEST).exists():
+            raise ArtifactError(f"{d} is already complete; look it up with find() instead")
+        if d.exists() and not keep_partial:
+            shutil.rmtree(d)
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def finish(
+        self,
+        *,
+        stage: str,
+        round: int,
+        key: str,
+        code_version: str,
+        config: dict[str, Any],
+        parents: list[StageManifest],
+        outputs: dict[str, int | None],
+        metrics: dict[str, float] | None = None,
+        info: dict[str, Any] | None = None,
+        started: float | None = None,
+    ) -> StageManifest:
+        """Digest the named outputs (relative path -> row count or None) and write the manifest."""
+        d = self.stage_dir(stage, key)
+        refs = {}
+        for name, rows in sorted(outputs.items()):
+            p = d / name
+            if not p.is_file():
+                raise ArtifactError(f"{stage} stage declared output {name!r} but {p} does not exist")
+            refs[name] = FileRef(sha256=sha256_file(p), bytes=p.stat().st_size, rows=rows)
+        m = StageManifest(
+            stage=stage,
+            round=round,
+            key=key,
+            dir=d.relative_to(self.root).as_posix(),
+            code_version=code_version,
+            config=config,
+            parents=[p.as_parent() for p in parents],
+            outputs=refs,
+            metrics=metrics or {},
+            info=info or {},
+            created_at=now_iso(),
+            wall_s=round_s(time.time() - started) if started else 0.0,
+        )
+        write_manifest(d, m)
+        return m
+
+    def load_parent(self, ref) -> StageManifest:
+        m = read_manifest(self.root / ref.dir)
+        if m is None:
+            raise ArtifactError(f"parent {ref.stage} stage at {self.root / ref.dir} has no manifest")
+        if m.content != ref.content:
+            raise TamperedArtifactError(f"parent {ref.stage} at {self.root / ref.dir} changed since it was used")
+        return m
+
+
+def round_s(x: float) -> float:
+    return float(f"{x:.3f}")

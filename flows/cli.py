@@ -1,0 +1,138 @@
+"""The `ratchet` command.
+
+    ratchet run flows/configs/default.yaml [key=value ...]   run the pipeline
+    ratchet config flows/configs/default.yaml [key=value ...]  print the resolved config
+    ratchet model                                            convert/find the default model
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from data.errors import RatchetError
+
+EPILOG = """examples:
+  ratchet run flows/configs/default.yaml                  the default CPU run (3 rounds)
+  ratchet run flows/configs/default.yaml rounds=1 sample.n=4
+  ratchet config flows/configs/default.yaml train.adapter=full
+
+Re-running the same command reuses every finished stage (by content key) and
+continues from the first unfinished one. Artifacts, the MLflow store
+(sqlite:///WORKDIR/mlflow.db) and Prefect's state live under the config's workdir:
+  mlflow ui --backend-store-uri sqlite:///runs/mlflow.db
+"""
+
+
+def _prepare_env(workdir: Path) -> None:
+    """Point Prefect and MLflow at the workdir before either is imported."""
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    if "PREFECT_API_URL" not in os.environ:
+        os.environ.setdefault("PREFECT_HOME", str(workdir / "prefect"))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _summary(results, store) -> str:
+    lines = [f"{'round':>5} {'accuracy':>9} {'version':>7} {'champion':>8}  stage wall times (s)"]
+    for r in results:
+        lines.append(f"{r.round:>5} {r.accuracy:>9.3f} {r.version:>7} {'*' if r.promoted else '':>8}  "
+                     + _stage_times(store, r))
+    return "\n".join(lines)
+
+
+def _stage_times(store, r) -> str:
+    out, m = [], r.policy
+    chain = []
+    if m.stage == "train":
+        f = store.load_parent(m.parent("filter"))
+        lab = store.load_parent(f.parent("label"))
+        s = store.load_parent(lab.parent("sample"))
+        chain = [s, lab, f, m]
+    for x in chain:
+        out.append(f"{x.stage} {x.wall_s:.0f}")
+    return ", ".join(out) or "-"
+
+
+def cmd_run(args) -> int:
+    from flows.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    _prepare_env(Path(cfg.workdir).resolve())
+    from data.store import ArtifactStore
+    from flows.pipeline import self_improve, start
+
+    ctx, tracker = start(cfg)
+    print(f"run {ctx.run_name}: workdir {ctx.workdir}, MLflow {tracker.uri}, parent run {ctx.parent_run_id}",
+          flush=True)
+    try:
+        results = self_improve(cfg, ctx)
+    except BaseException:
+        tracker.end(ctx.parent_run_id, "FAILED")
+        raise
+    tracker.end(ctx.parent_run_id)
+    print(_summary(results, ArtifactStore(Path(ctx.workdir))))
+    champ = tracker.champion()
+    if champ:
+        print(f"champion: {tracker.model_name} version {champ[0]} (held-out accuracy {champ[1]:.3f})")
+    return 0
+
+
+def cmd_config(args) -> int:
+    import yaml
+
+    from flows.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+    return 0
+
+
+def cmd_model(args) -> int:
+    from models.default_model import default_model_dir
+
+    print(default_model_dir())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ratchet",
+        description="Iterative self-improvement of a language model: sample -> label -> filter -> train -> "
+        "evaluate, repeated for rounds, orchestrated by Prefect and tracked in MLflow.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, fn, text in [
+        ("run", cmd_run, "run (or resume) the self-improvement pipeline"),
+        ("config", cmd_config, "print the resolved config after overrides and checks"),
+    ]:
+        s = sub.add_parser(name, help=text, description=text)
+        s.add_argument("config", help="YAML config, e.g. flows/configs/default.yaml")
+        s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.beta=0.2")
+        s.set_defaults(fn=fn)
+    s = sub.add_parser("model", help="convert (once) and print the default model directory")
+    s.set_defaults(fn=cmd_model)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    for noisy in ("httpx", "httpcore", "alembic", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return args.fn(args)
+    except RatchetError as e:
+        print(f"ratchet: error: {e}", file=sys.stderr)
+        return 2 if type(e).__name__ == "ConfigError" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

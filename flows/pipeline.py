@@ -1,0 +1,241 @@
+"""The self_improve flow: round 0 evaluates the starting model, then each round
+samples -> labels -> filters -> trains -> evaluates, and registers the result.
+
+    ratchet run flows/configs/default.yaml
+
+Prefect shows one subflow per round and one task per stage. Stages exchange
+manifests only; heavy stages run in worker processes.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.cache_policies import NONE
+from pydantic import BaseModel, ConfigDict
+
+from data.digest import sha256_file, sha256_json
+from data.manifest import StageManifest
+from data.store import ArtifactStore
+from flows.config import PipelineConfig
+from flows.tracking import Tracker
+from models.default_model import default_model_dir
+from tasks import evaluate as evaluate_mod
+from tasks import filter as filter_mod
+from tasks import label as label_mod
+from tasks import prepare, sample as sample_mod, train as train_mod
+from tasks.stage import code_version
+
+
+class RunContext(BaseModel):
+    """What every task needs to find the store and the MLflow runs; small and serialisable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    run_name: str
+    workdir: str
+    parent_run_id: str
+    code_version: str
+    config_hash: str
+
+
+class RoundResult(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    round: int
+    policy: StageManifest
+    version: str
+    accuracy: float
+    promoted: bool
+    child_run_id: str
+
+
+def code_digest() -> str:
+    return code_version(*[f"{pkg}.{p.stem}" for pkg in ("data", "models", "tasks", "flows")
+                          for p in sorted((Path(__file__).parents[1] / pkg).glob("*.py")) if p.stem != "__init__"])
+
+
+def git_commit() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parents[1], capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _store(ctx: RunContext) -> ArtifactStore:
+    return ArtifactStore(Path(ctx.workdir))
+
+
+def _tracker(cfg: PipelineConfig, ctx: RunContext) -> Tracker:
+    return Tracker(cfg.tracking, Path(ctx.workdir), cfg.name)
+
+
+def _round_seed(cfg: PipelineConfig, k: int) -> int:
+    return cfg.seed * 1000 + k
+
+
+# tasks: one call each, then tracking ----------------------------------------
+
+@task(name="prompts", cache_policy=NONE, retries=0)
+def prompts_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
+    data = cfg.data.model_dump()
+    digest = sha256_file(Path(cfg.data.path)) if cfg.data.kind == "file" and Path(cfg.data.path).is_file() else None
+    m = prepare.prompts(_store(ctx), data, cfg.seed, digest)
+    t = _tracker(cfg, ctx)
+    t.log_dataset(ctx.parent_run_id, _store(ctx), m, "train.jsonl", "train-prompts")
+    t.log_dataset(ctx.parent_run_id, _store(ctx), m, "eval.jsonl", "eval-prompts")
+    return m
+
+
+@task(name="base-model", cache_policy=NONE, retries=0)
+def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
+    src = cfg.model.path
+    path = default_model_dir() if src == "default" else _local_model(src)
+    return prepare.base_model(_store(ctx), src, path)
+
+
+def _local_model(src: str) -> Path:
+    p = Path(src)
+    if p.is_dir():
+        return p
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(src))
+
+
+@task(name="sample", cache_policy=NONE, retries=0)
+def sample_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
+                child: str) -> StageManifest:
+    m, reused = sample_mod.sample(_store(ctx), policy, prompts, cfg.sample, cfg.sampler, _round_seed(cfg, k), k,
+                                  isolate=cfg.isolate)
+    t = _tracker(cfg, ctx)
+    t.log_stage(child, m, reused)
+    t.log_dataset(child, _store(ctx), m, "samples.jsonl", "samples")
+    return m
+
+
+@task(name="label", cache_policy=NONE, retries=0)
+def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, samples: StageManifest, child: str) -> StageManifest:
+    m, reused = label_mod.label(_store(ctx), samples, cfg.label, cfg.data.model_dump(), k)
+    _tracker(cfg, ctx).log_stage(child, m, reused)
+    return m
+
+
+@task(name="filter", cache_policy=NONE, retries=0)
+def filter_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageManifest, child: str) -> StageManifest:
+    m, reused = filter_mod.filter_rows(_store(ctx), labels, cfg.filter, _round_seed(cfg, k), k)
+    t = _tracker(cfg, ctx)
+    t.log_stage(child, m, reused)
+    t.log_dataset(child, _store(ctx), m, "train_set.jsonl", "training")
+    return m
+
+
+@task(name="train", cache_policy=NONE, retries=0)
+def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, train_set: StageManifest,
+               child: str) -> StageManifest:
+    import json
+
+    store = _store(ctx)
+    m, reused = train_mod.train(store, policy, train_set, cfg.train, _round_seed(cfg, k), k, isolate=cfg.isolate)
+    t = _tracker(cfg, ctx)
+    t.log_stage(child, m, reused)
+    rows = [json.loads(x) for x in store.path(m, "train_log.jsonl").read_text().splitlines() if x.strip()]
+    t.log_curve(child, rows, ("loss", "grad_norm", "learning_rate"), prefix="train/")
+    return m
+
+
+@task(name="evaluate", cache_policy=NONE, retries=0)
+def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
+                  child: str) -> StageManifest:
+    m, reused = evaluate_mod.evaluate(_store(ctx), policy, prompts, cfg.evaluate, cfg.sampler, cfg.data.model_dump(),
+                                      cfg.seed, k, isolate=cfg.isolate)
+    t = _tracker(cfg, ctx)
+    t.log_stage(child, m, reused)
+    t.log_metrics(ctx.parent_run_id, {"accuracy": m.metrics["accuracy"]}, prefix="eval.", step=k)
+    return m
+
+
+@task(name="register", cache_policy=NONE, retries=0)
+def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, evaluation: StageManifest,
+                  parent_version: str | None, child: str) -> RoundResult:
+    store, t = _store(ctx), _tracker(cfg, ctx)
+    acc = evaluation.metrics["accuracy"]
+    data_digests = {p.stage: p.content for p in policy.parents}
+    tags = {
+        "ratchet.round": str(k), "ratchet.run": ctx.run_name, "ratchet.accuracy": f"{acc:.6f}",
+        "ratchet.parent_version": parent_version or "", "ratchet.stage_key": policy.key,
+        "ratchet.stage_dir": policy.dir, "ratchet.config_hash": ctx.config_hash,
+        "ratchet.code_version": ctx.code_version, "ratchet.data_digests": sha256_json(data_digests),
+        **{f"ratchet.digest.{s}": d for s, d in data_digests.items()},
+    }
+    version = t.register(child, store, policy, tags)
+    promoted = t.promote_if_better(version, acc, cfg.evaluate.min_improvement)
+    t.log_metrics(child, {"accuracy": acc, "promoted": float(promoted)}, prefix="round.")
+    t.client.set_tag(child, "ratchet.model_version", version)
+    t.end(child)
+    return RoundResult(round=k, policy=policy, version=version, accuracy=acc, promoted=promoted, child_run_id=child)
+
+
+# flows ----------------------------------------------------------------------
+
+@flow(name="round", flow_run_name="round-{k}", validate_parameters=False)
+def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
+               parent_version: str) -> RoundResult:
+    child = _tracker(cfg, ctx).start_child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
+    try:
+        samples = sample_task(cfg, ctx, k, policy, prompts, child)
+        labels = label_task(cfg, ctx, k, samples, child)
+        train_set = filter_task(cfg, ctx, k, labels, child)
+        candidate = train_task(cfg, ctx, k, policy, train_set, child)
+        evaluation = evaluate_task(cfg, ctx, k, candidate, prompts, child)
+        return register_task(cfg, ctx, k, candidate, evaluation, parent_version, child)
+    except BaseException:
+        _tracker(cfg, ctx).end(child, "FAILED")
+        raise
+
+
+@flow(name="round", flow_run_name="round-0", validate_parameters=False)
+def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, prompts: StageManifest) -> RoundResult:
+    """The starting model's held-out accuracy: the bar round 1 must clear."""
+    child = _tracker(cfg, ctx).start_child(ctx.parent_run_id, 0, {"ratchet.run": ctx.run_name})
+    try:
+        evaluation = evaluate_task(cfg, ctx, 0, base, prompts, child)
+        return register_task(cfg, ctx, 0, base, evaluation, None, child)
+    except BaseException:
+        _tracker(cfg, ctx).end(child, "FAILED")
+        raise
+
+
+@flow(name="self_improve", flow_run_name="{cfg.name}", validate_parameters=False)
+def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
+    prompts = prompts_task(cfg, ctx)
+    base = base_task(cfg, ctx)
+    results = [round_zero(cfg, ctx, base, prompts)]
+    for k in range(1, cfg.rounds + 1):
+        last = results[-1]
+        results.append(round_flow(cfg, ctx, k, last.policy, prompts, last.version))
+    return results
+
+
+def start(cfg: PipelineConfig) -> tuple[RunContext, Tracker]:
+    """Create the workdir, the MLflow parent run, and the context every task receives."""
+    workdir = Path(cfg.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    tracker = Tracker(cfg.tracking, workdir, cfg.name)
+    run_name = f"{cfg.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    resolved = cfg.model_dump(mode="json")
+    code, commit = code_digest(), git_commit()
+    tags = {"ratchet.run": run_name, "ratchet.code_version": code, "ratchet.config_hash": sha256_json(resolved)[:16]}
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    parent = tracker.start_parent(run_name, resolved, tags)
+    ctx = RunContext(run_name=run_name, workdir=str(workdir), parent_run_id=parent, code_version=code,
+                     config_hash=tags["ratchet.config_hash"])
+    (workdir / "runs").mkdir(exist_ok=True)
+    (workdir / "runs" / f"{run_name}.json").write_text(ctx.model_dump_json(indent=2))
+    return ctx, tracker

@@ -1,0 +1,1 @@
+"""Everything that touches weights: the default model, sampler backends, trainers."""

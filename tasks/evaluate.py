@@ -1,0 +1,71 @@
+"""evaluate: held-out accuracy of a policy, greedy, with the task's answer check.
+
+Runs for round 0 (the starting model) too, so every round has a comparable number.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from data.checkers import check
+from data.manifest import StageManifest
+from data.prompts import SourceConfig
+from data.records import LabeledCompletion, Prompt, read_jsonl, write_jsonl
+from data.store import ArtifactStore
+from models.sampler import SamplerConfig, SamplingParams
+from tasks.stage import StageRequest, code_version, run_stage
+
+CODE = code_version("tasks.evaluate", "models.sampler", "data.checkers", "data.records")
+
+
+class EvaluateConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_tokens: int = Field(default=48, ge=1, description="completion token limit for held-out answers")
+    min_improvement: float = Field(
+        default=0.0, ge=0, description="champion moves only if accuracy beats the champion's by more than this"
+    )
+
+
+def evaluate_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
+    from models.sampler import open_sampler
+    from tasks.prepare import model_dir
+
+    cfg = EvaluateConfig.model_validate(req.config["evaluate"])
+    src = TypeAdapter(SourceConfig).validate_python(req.config["data"])
+    prompts = read_jsonl(store.path(req.parent("prompts"), "eval.jsonl"), Prompt)
+    t = time.time()
+    sampler = open_sampler(model_dir(store, req.parent_model), SamplerConfig.model_validate(req.config["sampler"]),
+                           seed=req.seed)
+    load_s = time.time() - t
+    t = time.time()
+    gens = sampler.generate([p.prompt for p in prompts], SamplingParams(n=1, temperature=0.0,
+                            max_tokens=cfg.max_tokens), seed=req.seed)
+    gen_s = time.time() - t
+    sampler.close()
+    rows = []
+    for p, (g,) in zip(prompts, gens):
+        v = check(src.check, g.text, p.answer) if p.answer is not None else None
+        rows.append(LabeledCompletion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, index=0, text=g.text,
+                                      n_tokens=g.n_tokens, reward=float(v.correct) if v else 0.0,
+                                      extracted=v.extracted if v else None))
+    d = store.stage_dir(req.stage, req.key)
+    n = write_jsonl(d / "eval.jsonl", rows)
+    scored = [r for r, p in zip(rows, prompts) if p.answer is not None]
+    toks = sum(r.n_tokens for r in rows)
+    metrics = {"accuracy": sum(r.reward for r in scored) / max(len(scored), 1), "eval_prompts": float(n),
+               "mean_tokens": toks / max(n, 1), "gen_s": gen_s, "load_s": load_s,
+               "tokens_per_s": toks / gen_s if gen_s else 0.0}
+    return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
+                        config=req.config, parents=req.parents, outputs={"eval.jsonl": n}, metrics=metrics,
+                        started=req.started)
+
+
+def evaluate(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: EvaluateConfig,
+             sampler: SamplerConfig, data_cfg: dict, seed: int, round: int,
+             isolate: bool = True) -> tuple[StageManifest, bool]:
+    config = {"evaluate": cfg.model_dump(exclude={"min_improvement"}), "sampler": sampler.model_dump(),
+              "data": data_cfg, "seed": seed}
+    return run_stage(store, stage="evaluate", round=round, body="tasks.evaluate:evaluate_body", code=CODE,
+                     config=config, parents=[policy, prompts], isolate=isolate)

@@ -1,0 +1,155 @@
+"""Running a stage: key it, reuse it if finished, else compute it (optionally in a worker process).
+
+A stage body is a plain function ``body(req: StageRequest, store: ArtifactStore) -> StageManifest``.
+It writes files into ``store.stage_dir(req.stage, req.key)`` and finishes with
+``store.finish(...)``, which writes the manifest last.
+
+Heavy stages run in a fresh Python process (``python -m tasks.stage REQUEST.json``)
+so all memory a model engine took (vLLM's KV cache, optimizer state) is returned to
+the OS before the next stage starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from data.digest import sha256_text
+from data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError
+from data.manifest import StageManifest
+from data.store import ArtifactStore, stage_key
+
+log = logging.getLogger("ratchet")
+ERROR_FILE = "worker-error.json"
+MODEL_STAGES = ("base", "train")
+
+
+def code_version(*modules: str) -> str:
+    """Digest of the source of the modules a stage's result depends on (helpers included)."""
+    parts = []
+    for name in sorted(modules):
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise RatchetError(f"code_version: module {name} not found")
+        parts.append(name + "\0" + Path(spec.origin).read_text())
+    return sha256_text("\n".join(parts))[:16]
+
+
+class StageRequest(BaseModel):
+    """Everything a stage body needs; small and JSON-serialisable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    stage: str
+    round: int
+    key: str
+    code_version: str
+    config: dict[str, Any]
+    parents: list[StageManifest]
+    started: float = 0.0
+
+    def parent(self, stage: str) -> StageManifest:
+        for p in self.parents:
+            if p.stage == stage:
+                return p
+        raise KeyError(f"{self.stage} stage was given no {stage!r} parent")
+
+    @property
+    def parent_model(self) -> StageManifest:
+        """The policy this stage works with: the base model or a round's trained model."""
+        for p in self.parents:
+            if p.stage in MODEL_STAGES:
+                return p
+        raise KeyError(f"{self.stage} stage was given no model parent")
+
+    @property
+    def seed(self) -> int:
+        return int(self.config.get("seed", 0))
+
+
+def run_stage(
+    store: ArtifactStore,
+    *,
+    stage: str,
+    round: int,
+    body: str,
+    code: str,
+    config: dict[str, Any],
+    parents: list[StageManifest],
+    isolate: bool = False,
+    keep_partial: bool = False,
+) -> tuple[StageManifest, bool]:
+    """(manifest, reused). Reuses a finished stage with the same key; verifies its digests."""
+    import time
+
+    key = stage_key(stage, code, config, parents)
+    found = store.find(stage, key)
+    if found is not None:
+        log.info("%s (round %d): finished earlier at %s, reused", stage, round, found.dir)
+        return found, True
+    d = store.prepare(stage, key, keep_partial=keep_partial)
+    req = StageRequest(
+        stage=stage, round=round, key=key, code_version=code, config=config, parents=parents, started=time.time()
+    )
+    if isolate:
+        return _run_in_worker(store, d, body, req), False
+    return _resolve(body)(req, store), False
+
+
+def _resolve(body: str):
+    mod, _, fn = body.partition(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
+def _run_in_worker(store: ArtifactStore, d: Path, body: str, req: StageRequest) -> StageManifest:
+    spec = d / "worker-request.json"
+    spec.write_text(json.dumps({"body": body, "store": str(store.root), "request": req.model_dump(mode="json")}))
+    (d / ERROR_FILE).unlink(missing_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "tasks.stage", str(spec)], env=os.environ.copy())
+    if proc.returncode == 0:
+        m = store.find(req.stage, req.key, verify=False)
+        if m is None:
+            raise StageFailedError(f"{req.stage} worker exited 0 but wrote no manifest in {d}")
+        return m
+    err = d / ERROR_FILE
+    if err.exists():
+        e = json.loads(err.read_text())
+        if e["type"] == "EmptyStageError":
+            raise EmptyStageError(e["message"])
+        if e["type"] == "ConfigError":
+            raise ConfigError(e.get("problems") or [e["message"]], source=f"{req.stage} stage")
+        raise StageFailedError(f"{req.stage} stage (round {req.round}) failed in its worker: {e['type']}: {e['message']}")
+    raise StageFailedError(
+        f"{req.stage} stage (round {req.round}) worker died with exit code {proc.returncode} "
+        f"(negative = killed by signal; -9 is often the kernel's out-of-memory killer). "
+        f"Its partial files are kept in {d}; re-run the same command to resume."
+    )
+
+
+def _worker_main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    req = StageRequest.model_validate(spec["request"])
+    store = ArtifactStore(Path(spec["store"]))
+    try:
+        _resolve(spec["body"])(req, store)
+        return 0
+    except BaseException as e:  # report every failure to the orchestrator, then re-raise for the log
+        payload = {"type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc()}
+        if isinstance(e, ConfigError):
+            payload["problems"] = e.problems
+        (Path(spec_path).parent / ERROR_FILE).write_text(json.dumps(payload, indent=2))
+        raise
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    sys.exit(_worker_main(sys.argv[1]))
