@@ -18,6 +18,7 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict
 
 from data.digest import sha256_file, sha256_json
+from data.errors import ConfigError
 from data.manifest import StageManifest
 from data.store import ArtifactStore
 from flows.config import PipelineConfig
@@ -100,12 +101,16 @@ def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
 
 
 def _local_model(src: str) -> Path:
-    p = Path(src)
+    p = Path(src).expanduser()
     if p.is_dir():
         return p
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(src))
+    try:
+        return Path(snapshot_download(src))
+    except Exception as e:  # offline, unknown repo, auth: all mean the same thing to the user
+        raise ConfigError([f"model.path={src!r} is not a local directory and could not be fetched from a hub "
+                           f"({type(e).__name__}); give a local Hugging Face model directory, or 'default'"]) from e
 
 
 @task(name="sample", cache_policy=NONE, retries=0)

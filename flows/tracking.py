@@ -116,21 +116,39 @@ class Tracker:
 
     def log_dataset(self, run_id: str, store: ArtifactStore, m: StageManifest, name: str, context: str) -> None:
         """Log a JSONL artifact as a run input, digest = our full-file sha256."""
-        import mlflow.data
-        import pandas as pd
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
         from mlflow.entities import DatasetInput, InputTag
 
-        path = store.path(m, name)
-        df = pd.read_json(path, lines=True) if m.outputs[name].rows else pd.DataFrame()
-        ds = mlflow.data.from_pandas(df, source=str(path), name=f"{m.stage}-r{m.round}-{Path(name).stem}",
-                                     digest=m.outputs[name].sha256[:20])
-        tags = [InputTag("mlflow.data.context", context), InputTag("ratchet.sha256", m.outputs[name].sha256)]
+        ref = m.outputs[name]
+        ds = MetaDataset(resolve_dataset_source(str(store.path(m, name))),
+                         name=f"{m.stage}-r{m.round}-{Path(name).stem}", digest=ref.sha256[:20])
+        tags = [InputTag("mlflow.data.context", context), InputTag("ratchet.sha256", ref.sha256),
+                InputTag("ratchet.rows", str(ref.rows)), InputTag("ratchet.stage_dir", m.dir)]
         self.client.log_inputs(run_id, datasets=[DatasetInput(ds._to_mlflow_entity(), tags)])
 
     # registry -------------------------------------------------------------
-    def register(self, run_id: str, store: ArtifactStore, model: StageManifest, tags: dict[str, str]) -> str:
-        """Log the model's artifacts to the round's run and register them as a version."""
+    def version_of(self, stage_key: str) -> str | None:
+        """The registered version of the model a stage produced, if it was registered before."""
         from mlflow.exceptions import MlflowException
+
+        try:
+            found = self.client.search_model_versions(
+                f"name='{self.model_name}' and tags.`ratchet.stage_key` = '{stage_key}'"
+            )
+        except MlflowException:
+            return None
+        return str(min(int(v.version) for v in found)) if found else None
+
+    def register(self, run_id: str, store: ArtifactStore, model: StageManifest, tags: dict[str, str]) -> str:
+        """Log the model's artifacts to the round's run and register them as a version.
+
+        The same model (same stage key) is registered once: a re-run gets the existing version.
+        """
+        from mlflow.exceptions import MlflowException
+
+        if (existing := self.version_of(model.key)) is not None:
+            return existing
 
         d = store.dir_of(model)
         card = {"stage_dir": str(d), "key": model.key, "files": {k: v.sha256 for k, v in model.outputs.items()}}

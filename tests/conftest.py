@@ -1,0 +1,52 @@
+"""Shared fixtures. Prefect and MLflow state go to a temp dir, never the user's home."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+_STATE = tempfile.mkdtemp(prefix="ratchet-tests-")
+os.environ.setdefault("PREFECT_HOME", os.path.join(_STATE, "prefect"))
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.pop("PREFECT_API_URL", None)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def default_model() -> Path:
+    """The real default model (converted once into the user cache)."""
+    from models.default_model import default_model_dir
+
+    return default_model_dir()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(default_model, tmp_path_factory) -> Path:
+    """A 2-layer random Llama with the default model's tokenizer: real code paths, seconds to run."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-model")
+    tok = AutoTokenizer.from_pretrained(default_model)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

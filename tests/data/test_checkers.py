@@ -1,0 +1,39 @@
+import pytest
+
+from data.checkers import ExactCheck, NumberCheck, RegexCheck, check
+
+
+@pytest.mark.parametrize(
+    "response, answer, correct, extracted",
+    [
+        ("7 + 5 = 12.", "12", True, "12"),
+        ("12", "12", True, "12"),
+        ("The sum is 12, not 13", "12", False, "13"),  # the LAST number is the answer
+        ("The sum is 13, no wait, 12", "12", True, "12"),
+        ("no digits here", "12", False, None),
+        ("1,234 apples", "1234", True, "1,234"),
+        ("-3 is the result", "-3", True, "-3"),
+        ("x2 and 3rd", "3", False, None),  # numbers glued to letters are not answers
+        ("it is 2.50", "2.5", True, "2.50"),
+    ],
+)
+def test_number_check_reads_last_number(response, answer, correct, extracted):
+    v = check(NumberCheck(), response, answer)
+    assert (v.correct, v.extracted) == (correct, extracted)
+
+
+def test_number_check_rejects_enumeration():
+    # five distinct numbers > max_numbers=4: listing candidates never scores, even if the last is right
+    assert not check(NumberCheck(), "11 12 13 14 15", "15").correct
+    assert check(NumberCheck(max_numbers=5), "11 12 13 14 15", "15").correct
+    # repeats of one number count once: 3 + 4 = 7, so 7 -> {3, 4, 7}
+    assert check(NumberCheck(), "3 + 4 = 7. Yes, 7.", "7").correct
+
+
+def test_exact_and_regex_checks():
+    assert check(ExactCheck(), "  Paris. ", "paris").correct
+    assert not check(ExactCheck(), "Paris, France", "paris").correct
+    rc = RegexCheck(pattern=r"Answer:\s*(\w+)")
+    v = check(rc, "Answer: no\nAnswer: Yes", "yes")
+    assert v.correct and v.extracted == "Yes"
+    assert not check(rc, "yes", "yes").correct

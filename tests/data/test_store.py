@@ -1,0 +1,72 @@
+import pytest
+
+from data.errors import ArtifactError, TamperedArtifactError
+from data.manifest import MANIFEST
+from data.records import SFTRow, read_jsonl, write_jsonl
+from data.store import ArtifactStore, stage_key
+
+
+def _finish(store, key, text="a"):
+    d = store.prepare("filter", key)
+    (d / "out.txt").write_text(text)
+    return store.finish(stage="filter", round=1, key=key, code_version="c", config={"x": 1}, parents=[],
+                        outputs={"out.txt": None}, metrics={"n": 1.0})
+
+
+def test_finish_then_find_roundtrip(tmp_path):
+    store = ArtifactStore(tmp_path)
+    m = _finish(store, "k" * 64)
+    assert (store.dir_of(m) / MANIFEST).exists()
+    assert store.find("filter", "k" * 64) == m
+    assert m.outputs["out.txt"].sha256 == "ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb"  # sha256("a")
+
+
+def test_tampered_output_is_reported_not_reused(tmp_path):
+    store = ArtifactStore(tmp_path)
+    m = _finish(store, "k" * 64)
+    (store.dir_of(m) / "out.txt").write_text("b")
+    with pytest.raises(TamperedArtifactError, match="out.txt: sha256 differs"):
+        store.find("filter", "k" * 64)
+    (store.dir_of(m) / "out.txt").unlink()
+    with pytest.raises(TamperedArtifactError, match="out.txt: missing"):
+        store.find("filter", "k" * 64)
+
+
+def test_unfinished_dir_is_not_found_and_is_wiped_unless_partial_kept(tmp_path):
+    store = ArtifactStore(tmp_path)
+    d = store.prepare("sample", "s" * 64)
+    (d / "shard").write_text("partial")
+    assert store.find("sample", "s" * 64) is None
+    assert (store.prepare("sample", "s" * 64, keep_partial=True) / "shard").exists()
+    assert not (store.prepare("sample", "s" * 64) / "shard").exists()
+
+
+def test_prepare_refuses_a_finished_stage_and_finish_needs_its_outputs(tmp_path):
+    store = ArtifactStore(tmp_path)
+    _finish(store, "k" * 64)
+    with pytest.raises(ArtifactError, match="already complete"):
+        store.prepare("filter", "k" * 64)
+    store.prepare("filter", "j" * 64)
+    with pytest.raises(ArtifactError, match="declared output 'gone.txt'"):
+        store.finish(stage="filter", round=1, key="j" * 64, code_version="c", config={}, parents=[],
+                     outputs={"gone.txt": None})
+
+
+def test_stage_key_depends_on_code_config_and_parent_content(tmp_path):
+    store = ArtifactStore(tmp_path)
+    p1, p2 = _finish(store, "1" * 64, "a"), _finish(store, "2" * 64, "b")
+    p3 = _finish(store, "3" * 64, "a")  # same content as p1 under another key
+    k = stage_key("train", "c", {"lr": 1}, [p1])
+    assert k == stage_key("train", "c", {"lr": 1}, [p3])  # keyed on content, not on where it lives
+    assert k != stage_key("train", "c", {"lr": 1}, [p2])
+    assert k != stage_key("train", "c2", {"lr": 1}, [p1])
+    assert k != stage_key("train", "c", {"lr": 2}, [p1])
+
+
+def test_jsonl_roundtrip_and_bad_row(tmp_path):
+    rows = [SFTRow(prompt_id="a", prompt="p", completion="c", reward=1.0)]
+    assert write_jsonl(tmp_path / "x.jsonl", rows) == 1
+    assert read_jsonl(tmp_path / "x.jsonl", SFTRow) == rows
+    (tmp_path / "bad.jsonl").write_text('{"prompt_id": "a"}\n')
+    with pytest.raises(ArtifactError, match="bad.jsonl:1: not a valid SFTRow"):
+        read_jsonl(tmp_path / "bad.jsonl", SFTRow)

@@ -1,0 +1,77 @@
+"""One real round end to end: the default model, vLLM, TRL, worker processes, Prefect, MLflow."""
+
+from pathlib import Path
+
+import pytest
+
+from flows.config import load_config
+
+pytestmark = pytest.mark.integration
+CONFIGS = Path(__file__).parents[2] / "flows" / "configs"
+SMALL = ["rounds=1", "data.train_size=16", "data.eval_size=8", "sample.n=4", "sample.max_tokens=32",
+         "evaluate.max_tokens=32", "filter.min_rows=2", "train.epochs=1", "train.batch_size=4",
+         "sampler.kv_cache_gb=1"]
+STAGES = ["base", "evaluate", "evaluate", "filter", "label", "prompts", "sample", "train"]
+
+
+def _run(cfg):
+    from flows.pipeline import self_improve, start
+
+    ctx, tracker = start(cfg)
+    results = self_improve(cfg, ctx)
+    tracker.end(ctx.parent_run_id)
+    return ctx, tracker, results
+
+
+def test_one_round_end_to_end(tmp_path, prefect_harness, default_model):
+    cfg = load_config(CONFIGS / "default.yaml", [f"workdir={tmp_path}", *SMALL])
+    ctx, tracker, results = _run(cfg)
+
+    # the store holds exactly one finished directory per stage, each with its manifest
+    stage_dirs = sorted((tmp_path / "stages").iterdir())
+    assert sorted(d.name.split("-")[0] for d in stage_dirs) == STAGES
+    assert all((d / "manifest.json").exists() for d in stage_dirs)
+    r0, r1 = results
+    assert (r0.round, r1.round) == (0, 1) and r1.policy.stage == "train"
+    assert (tmp_path / r1.policy.dir / "model" / "model.safetensors").exists()
+
+    c = tracker.client
+    runs = c.search_runs([tracker.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = sorted((r for r in runs if "mlflow.parentRunId" in r.data.tags), key=lambda r: r.info.run_name)
+    assert [r.info.run_id for r in parents] == [ctx.parent_run_id]
+    assert [r.info.run_name for r in children] == ["round-0", "round-1"]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    m = children[1].data.metrics
+    for key in ("sample.tokens_per_s", "label.reward_mean", "filter.accepted", "train.train_loss",
+                "evaluate.accuracy", "round.accuracy"):
+        assert key in m, key
+    assert m["round.accuracy"] == r1.accuracy
+    assert len(c.get_metric_history(children[1].info.run_id, "train/loss")) >= 1
+    inputs = {i.dataset.name: {t.key: t.value for t in i.tags} for i in children[1].inputs.dataset_inputs}
+    filt = next(p for p in r1.policy.parents if p.stage == "filter")
+    train_set = [v for k, v in inputs.items() if k.startswith("filter-r1")][0]
+    assert train_set["mlflow.data.context"] == "training"
+    from data.manifest import read_manifest
+
+    assert train_set["ratchet.sha256"] == read_manifest(tmp_path / filt.dir).outputs["train_set.jsonl"].sha256
+
+    versions = sorted(c.search_model_versions(f"name='{tracker.model_name}'"), key=lambda v: int(v.version))
+    assert [v.tags["ratchet.round"] for v in versions] == ["0", "1"]
+    assert versions[1].tags["ratchet.parent_version"] == versions[0].version
+    assert versions[1].tags["ratchet.config_hash"] == ctx.config_hash
+    assert versions[1].tags["ratchet.digest.filter"] == filt.content
+    champ = c.get_model_version_by_alias(tracker.model_name, "champion")
+    best = max(results, key=lambda r: (r.accuracy, -r.round))
+    assert champ.version == best.version
+
+    # the same command again: every stage is found by key and reused
+    ctx2, tracker2, again = _run(cfg)
+    assert [r.policy.key for r in again] == [r.policy.key for r in results]
+    assert sorted((tmp_path / "stages").iterdir()) == stage_dirs
+    kids = [r for r in c.search_runs([tracker.experiment_id], f"tags.mlflow.parentRunId = '{ctx2.parent_run_id}'")]
+    assert all(r.data.metrics.get(f"{s}.reused") == 1.0 for r in kids for s in ("evaluate",))
+    assert any(r.data.metrics.get("train.reused") == 1.0 for r in kids)
+    # the same models are not registered twice
+    assert [r.version for r in again] == [r.version for r in results]
+    assert len(c.search_model_versions(f"name='{tracker.model_name}'")) == 2

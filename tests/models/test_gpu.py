@@ -1,0 +1,27 @@
+"""GPU tier: the same trainer and HF sampler on CUDA. Skipped on machines without a GPU."""
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def test_train_rft_on_cuda_uses_bf16_and_changes_weights(tiny_model, tmp_path):
+    from safetensors.torch import load_file
+
+    from models.trainer import RFTTrainConfig, resolve_precision, train_rft
+
+    rows = [{"prompt": f"What is {a} + 1?", "completion": f"{a + 1}"} for a in range(16)]
+    m = train_rft(tiny_model, rows, RFTTrainConfig(epochs=1, batch_size=8, learning_rate=1e-2), tmp_path, seed=0)
+    assert m["bf16"] == float(resolve_precision("auto") == "bf16")
+    before, after = load_file(str(tiny_model / "model.safetensors")), load_file(str(tmp_path / "model" / "model.safetensors"))
+    assert any(not torch.equal(before[k], after[k].to(before[k].dtype)) for k in before)
+
+
+def test_hf_sampler_on_cuda(tiny_model):
+    from models.sampler import HFSampler, SamplerConfig, SamplingParams
+
+    s = HFSampler(tiny_model, SamplerConfig(backend="hf", dtype="bfloat16"), seed=0)
+    assert s.device == "cuda"
+    out = s.generate(["hi", "there"], SamplingParams(n=2, temperature=1.0, max_tokens=4), seed=0)
+    assert [len(o) for o in out] == [2, 2]

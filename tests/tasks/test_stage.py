@@ -1,0 +1,75 @@
+"""run_stage: reuse by key, worker isolation, errors carried back from the worker."""
+
+import pytest
+
+from data.errors import EmptyStageError, StageFailedError
+from data.manifest import StageManifest
+from data.store import ArtifactStore
+from tasks.stage import StageRequest, code_version, run_stage
+
+CALLS: list[str] = []
+
+
+def ok_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
+    CALLS.append(req.key)
+    d = store.stage_dir(req.stage, req.key)
+    (d / "out.txt").write_text(str(req.config["x"]))
+    return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
+                        config=req.config, parents=req.parents, outputs={"out.txt": None})
+
+
+def empty_body(req, store):
+    raise EmptyStageError("round 1: nothing accepted; lower filter.min_rows")
+
+
+def crash_body(req, store):
+    import os
+
+    (store.stage_dir(req.stage, req.key) / "partial.txt").write_text("half")
+    os.kill(os.getpid(), 9)
+
+
+BODY = "tests.tasks.test_stage:"
+
+
+def test_finished_stage_is_reused_not_recomputed(tmp_path):
+    store = ArtifactStore(tmp_path)
+    CALLS.clear()
+    m1, reused1 = run_stage(store, stage="s", round=1, body=BODY + "ok_body", code="c", config={"x": 1}, parents=[])
+    m2, reused2 = run_stage(store, stage="s", round=1, body=BODY + "ok_body", code="c", config={"x": 1}, parents=[])
+    m3, _ = run_stage(store, stage="s", round=1, body=BODY + "ok_body", code="c", config={"x": 2}, parents=[])
+    assert (reused1, reused2) == (False, True)
+    assert m1 == m2 and m3.key != m1.key
+    assert len(CALLS) == 2
+    assert (store.dir_of(m3) / "out.txt").read_text() == "2"
+
+
+def test_worker_process_runs_the_body(tmp_path):
+    store = ArtifactStore(tmp_path)
+    CALLS.clear()
+    m, _ = run_stage(store, stage="s", round=1, body=BODY + "ok_body", code="c", config={"x": 7}, parents=[],
+                     isolate=True)
+    assert CALLS == []  # ran in another process
+    assert (store.dir_of(m) / "out.txt").read_text() == "7"
+    assert store.find("s", m.key) == m
+
+
+def test_worker_errors_come_back_typed(tmp_path):
+    store = ArtifactStore(tmp_path)
+    with pytest.raises(EmptyStageError, match="lower filter.min_rows"):
+        run_stage(store, stage="s", round=1, body=BODY + "empty_body", code="c", config={}, parents=[], isolate=True)
+
+
+def test_killed_worker_keeps_partial_files_and_says_how_to_resume(tmp_path):
+    store = ArtifactStore(tmp_path)
+    with pytest.raises(StageFailedError, match=r"exit code -9.*re-run the same command to resume"):
+        run_stage(store, stage="s", round=1, body=BODY + "crash_body", code="c", config={}, parents=[],
+                  isolate=True, keep_partial=True)
+    (d,) = (tmp_path / "stages").iterdir()
+    assert (d / "partial.txt").read_text() == "half"
+    assert not (d / "manifest.json").exists()
+
+
+def test_code_version_covers_helpers():
+    assert code_version("tasks.filter", "data.records") != code_version("tasks.filter")
+    assert code_version("tasks.filter", "data.records") == code_version("data.records", "tasks.filter")
