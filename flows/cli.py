@@ -38,25 +38,14 @@ def _prepare_env(workdir: Path) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _summary(results, store) -> str:
-    lines = [f"{'round':>5} {'accuracy':>9} {'version':>7} {'champion':>8}  stage wall times (s)"]
+def _summary(results) -> str:
+    """Round table: accuracy, version, champion mark, and each stage's wall time
+    (the time the stage took when it was computed; reused stages cost ~0 now)."""
+    lines = [f"{'round':>5} {'accuracy':>9} {'version':>7} {'promoted':>8}  stage wall times (s)"]
     for r in results:
-        lines.append(f"{r.round:>5} {r.accuracy:>9.3f} {r.version:>7} {'*' if r.promoted else '':>8}  "
-                     + _stage_times(store, r))
+        walls = ", ".join(f"{s} {t:.0f}" for s, t in r.stage_wall_s.items())
+        lines.append(f"{r.round:>5} {r.accuracy:>9.3f} {r.version:>7} {'*' if r.promoted else '':>8}  {walls}")
     return "\n".join(lines)
-
-
-def _stage_times(store, r) -> str:
-    out, m = [], r.policy
-    chain = []
-    if m.stage == "train":
-        f = store.load_parent(m.parent("filter"))
-        lab = store.load_parent(f.parent("label"))
-        s = store.load_parent(lab.parent("sample"))
-        chain = [s, lab, f, m]
-    for x in chain:
-        out.append(f"{x.stage} {x.wall_s:.0f}")
-    return ", ".join(out) or "-"
 
 
 def cmd_run(args) -> int:
@@ -64,7 +53,6 @@ def cmd_run(args) -> int:
 
     cfg = load_config(args.config, args.overrides)
     _prepare_env(Path(cfg.workdir).resolve())
-    from data.store import ArtifactStore
     from flows.pipeline import self_improve, start
 
     ctx, tracker = start(cfg)
@@ -76,7 +64,7 @@ def cmd_run(args) -> int:
         tracker.end(ctx.parent_run_id, "FAILED")
         raise
     tracker.end(ctx.parent_run_id)
-    print(_summary(results, ArtifactStore(Path(ctx.workdir))))
+    print(_summary(results))
     champ = tracker.champion()
     if champ:
         print(f"champion: {tracker.model_name} version {champ[0]} (held-out accuracy {champ[1]:.3f})")

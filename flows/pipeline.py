@@ -50,6 +50,7 @@ class RoundResult(BaseModel):
     accuracy: float
     promoted: bool
     child_run_id: str
+    stage_wall_s: dict[str, float] = {}
 
 
 def code_digest() -> str:
@@ -167,7 +168,7 @@ def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
 
 @task(name="register", cache_policy=NONE, retries=0)
 def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, evaluation: StageManifest,
-                  parent_version: str | None, child: str) -> RoundResult:
+                  parent_version: str | None, child: str, stages: list[StageManifest]) -> RoundResult:
     store, t = _store(ctx), _tracker(cfg, ctx)
     acc = evaluation.metrics["accuracy"]
     data_digests = {p.stage: p.content for p in policy.parents}
@@ -183,7 +184,9 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     t.log_metrics(child, {"accuracy": acc, "promoted": float(promoted)}, prefix="round.")
     t.client.set_tag(child, "ratchet.model_version", version)
     t.end(child)
-    return RoundResult(round=k, policy=policy, version=version, accuracy=acc, promoted=promoted, child_run_id=child)
+    walls = {m.stage: m.wall_s for m in stages}
+    return RoundResult(round=k, policy=policy, version=version, accuracy=acc, promoted=promoted, child_run_id=child,
+                       stage_wall_s=walls)
 
 
 # flows ----------------------------------------------------------------------
@@ -198,7 +201,8 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
         train_set = filter_task(cfg, ctx, k, labels, child)
         candidate = train_task(cfg, ctx, k, policy, train_set, child)
         evaluation = evaluate_task(cfg, ctx, k, candidate, prompts, child)
-        return register_task(cfg, ctx, k, candidate, evaluation, parent_version, child)
+        return register_task(cfg, ctx, k, candidate, evaluation, parent_version, child,
+                             [samples, labels, train_set, candidate, evaluation])
     except BaseException:
         _tracker(cfg, ctx).end(child, "FAILED")
         raise
@@ -210,7 +214,7 @@ def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, prompt
     child = _tracker(cfg, ctx).start_child(ctx.parent_run_id, 0, {"ratchet.run": ctx.run_name})
     try:
         evaluation = evaluate_task(cfg, ctx, 0, base, prompts, child)
-        return register_task(cfg, ctx, 0, base, evaluation, None, child)
+        return register_task(cfg, ctx, 0, base, evaluation, None, child, [evaluation])
     except BaseException:
         _tracker(cfg, ctx).end(child, "FAILED")
         raise

@@ -120,8 +120,15 @@ class Tracker:
         from mlflow.data.meta_dataset import MetaDataset
         from mlflow.entities import DatasetInput, InputTag
 
+        import warnings
+
         ref = m.outputs[name]
-        ds = MetaDataset(resolve_dataset_source(str(store.path(m, name))),
+        with warnings.catch_warnings():
+            # MLflow registers its local-file source class twice and warns that a path is ambiguous
+            # between the two; both are the same class, so the warning carries no information
+            warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+            source = resolve_dataset_source(str(store.path(m, name)))
+        ds = MetaDataset(source,
                          name=f"{m.stage}-r{m.round}-{Path(name).stem}", digest=ref.sha256[:20])
         tags = [InputTag("mlflow.data.context", context), InputTag("ratchet.sha256", ref.sha256),
                 InputTag("ratchet.rows", str(ref.rows)), InputTag("ratchet.stage_dir", m.dir)]

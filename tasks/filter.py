@@ -28,7 +28,7 @@ class RFTFilter(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["rft"] = "rft"
     min_reward: float = Field(default=1.0, description="accept completions with reward >= this")
-    max_per_prompt: int = Field(default=4, ge=1, description="cap on accepted completions per prompt")
+    max_per_prompt: int = Field(default=2, ge=1, description="cap on accepted completions per prompt")
     max_tokens: int | None = Field(default=None, ge=1, description="drop accepted completions longer than this")
     prefer: Literal["shortest", "random"] = Field(default="shortest", description="which to keep under the cap")
     min_rows: int = Field(default=16, ge=1, description="fewer accepted rows than this stops the round")

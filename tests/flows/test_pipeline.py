@@ -58,12 +58,12 @@ def test_one_round_end_to_end(tmp_path, prefect_harness, default_model):
 
     versions = sorted(c.search_model_versions(f"name='{tracker.model_name}'"), key=lambda v: int(v.version))
     assert [v.tags["ratchet.round"] for v in versions] == ["0", "1"]
-    assert versions[1].tags["ratchet.parent_version"] == versions[0].version
+    assert versions[1].tags["ratchet.parent_version"] == str(versions[0].version)
     assert versions[1].tags["ratchet.config_hash"] == ctx.config_hash
     assert versions[1].tags["ratchet.digest.filter"] == filt.content
     champ = c.get_model_version_by_alias(tracker.model_name, "champion")
     best = max(results, key=lambda r: (r.accuracy, -r.round))
-    assert champ.version == best.version
+    assert str(champ.version) == best.version
 
     # the same command again: every stage is found by key and reused
     ctx2, tracker2, again = _run(cfg)
