@@ -144,14 +144,11 @@ def filter_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageManif
 @task(name="train", cache_policy=NONE, retries=0)
 def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, train_set: StageManifest,
                child: str) -> StageManifest:
-    import json
-
     store = _store(ctx)
     m, reused = train_mod.train(store, policy, train_set, cfg.train, _round_seed(cfg, k), k, isolate=cfg.isolate)
     t = _tracker(cfg, ctx)
     t.log_stage(child, m, reused)
-    rows = [json.loads(x) for x in store.path(m, "train_log.jsonl").read_text().splitlines() if x.strip()]
-    t.log_curve(child, rows, ("loss", "grad_norm", "learning_rate"), prefix="train/")
+    t.log_train_curve(child, store, m)
     return m
 
 

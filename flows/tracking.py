@@ -85,8 +85,9 @@ class Tracker:
 
     # metrics and artifacts --------------------------------------------------
     def log_metrics(self, run_id: str, metrics: dict[str, float], prefix: str = "", step: int = 0) -> None:
-        from mlflow.entities import Metric
         import time
+
+        from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
         items = [Metric(f"{prefix}{k}", float(v), ts, step) for k, v in metrics.items()
@@ -104,9 +105,15 @@ class Tracker:
             p.write_text(text)
             self.client.log_artifact(run_id, str(p), artifact_path=str(Path(path).parent) or None)
 
+    def log_train_curve(self, run_id: str, store: ArtifactStore, m: StageManifest) -> None:
+        """The trainer's per-step log (loss, grad norm, learning rate) as stepped metrics."""
+        rows = [json.loads(x) for x in store.path(m, "train_log.jsonl").read_text().splitlines() if x.strip()]
+        self.log_curve(run_id, rows, ("loss", "grad_norm", "learning_rate"), prefix="train/")
+
     def log_curve(self, run_id: str, rows: list[dict], keys: tuple[str, ...], prefix: str) -> None:
-        from mlflow.entities import Metric
         import time
+
+        from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
         items = [Metric(f"{prefix}{k}", float(r[k]), ts, int(r.get("step", i))) for i, r in enumerate(rows)
