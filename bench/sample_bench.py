@@ -42,8 +42,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = ArtifactStore(Path(tmp))
         src = AdditionSource(eval_size=50, train_size=a.prompts)
-        pm = prompts_stage(store, src.model_dump(), seed=0, source_digest=None)
-        base = base_model(store, "default", model)
+        pm, _ = prompts_stage(store, src.model_dump(), seed=0, source_digest=None)
+        base, _ = base_model(store, "default", model)
         from data.records import Prompt, read_jsonl
 
         texts = [p.prompt for p in read_jsonl(store.path(pm, "train.jsonl"), Prompt)]

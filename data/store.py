@@ -9,6 +9,7 @@ re-run finds finished stages by key.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -72,6 +73,20 @@ class ArtifactStore:
                 + "; ".join(bad)
                 + f". Delete {d} to recompute it, or restore the files."
             )
+
+    @contextlib.contextmanager
+    def lock(self, stage: str, key: str):
+        """Exclusive lock on one stage key across processes; the kernel drops it if the holder dies."""
+        import fcntl
+
+        (self.root / "locks").mkdir(exist_ok=True)
+        path = self.root / "locks" / f"{stage}-{key[:16]}.lock"
+        with open(path, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     def prepare(self, stage: str, key: str, keep_partial: bool = False) -> Path:
         """Create the stage directory. An unfinished one is wiped unless the stage resumes from it."""

@@ -19,10 +19,14 @@ EPILOG = """examples:
   ratchet run flows/configs/default.yaml                  the default CPU run (3 rounds)
   ratchet run flows/configs/default.yaml rounds=1 sample.n=4
   ratchet config flows/configs/default.yaml train.adapter=full
+  ratchet lineage flows/configs/default.yaml 4         the chain behind model version 4, verified
 
-Re-running the same command reuses every finished stage (by content key) and
-continues from the first unfinished one. Artifacts, the MLflow store
-(sqlite:///WORKDIR/mlflow.db) and Prefect's state live under the config's workdir:
+Re-running the same command (or `ratchet resume RUN`) reuses every finished stage
+(found by content key, its files re-verified) and continues from the first
+unfinished one, in the same MLflow parent and round runs.
+
+Artifacts, the MLflow store (sqlite:///WORKDIR/mlflow.db) and Prefect's state live
+under the config's workdir:
   mlflow ui --backend-store-uri sqlite:///runs/mlflow.db
 """
 
@@ -51,7 +55,22 @@ def _summary(results) -> str:
 def cmd_run(args) -> int:
     from flows.config import load_config
 
-    cfg = load_config(args.config, args.overrides)
+    return _execute(load_config(args.config, args.overrides))
+
+
+def cmd_resume(args) -> int:
+    """Continue a pipeline run by name with the exact config it was started with."""
+    from flows.config import PipelineConfig
+    from flows.pipeline import load_record
+
+    record = load_record(Path(args.workdir).resolve(), args.run)
+    cfg = PipelineConfig.model_validate(record.config)
+    if Path(cfg.workdir).resolve() != Path(args.workdir).resolve():
+        cfg = cfg.model_copy(update={"workdir": str(Path(args.workdir).resolve())})
+    return _execute(cfg)
+
+
+def _execute(cfg) -> int:
     _prepare_env(Path(cfg.workdir).resolve())
     from flows.pipeline import self_improve, start
 
@@ -81,6 +100,27 @@ def cmd_config(args) -> int:
     return 0
 
 
+def cmd_lineage(args) -> int:
+    """Print the chain behind a model version or round run; exit 1 if any link fails its check."""
+    import json
+
+    from data.store import ArtifactStore
+    from flows.config import load_config
+    from flows.lineage import annotate, as_json, render_text, resolve, walk
+    from flows.tracking import Tracker
+
+    cfg = load_config(args.config, args.overrides)
+    workdir = Path(cfg.workdir).resolve()
+    if not (workdir / "stages").is_dir():
+        raise RatchetError(f"no artifact store at {workdir}/stages; run the pipeline first or set workdir=...")
+    store = ArtifactStore(workdir)
+    tracker = Tracker(cfg.tracking, workdir, cfg.name)
+    links = walk(store, resolve(args.target, store, tracker))
+    annotate(links, tracker)
+    print(json.dumps(as_json(links), indent=2) if args.json else render_text(links))
+    return 0 if all(x.verified for x in links) else 1
+
+
 def cmd_model(args) -> int:
     from models.default_model import default_model_dir
 
@@ -105,6 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("config", help="YAML config, e.g. flows/configs/default.yaml")
         s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.beta=0.2")
         s.set_defaults(fn=fn)
+    s = sub.add_parser("resume", help="continue a pipeline run by name (see WORKDIR/runs/)",
+                       description="Continue a pipeline run with the config it was started with: finished "
+                       "stages are reused, the same MLflow parent and round runs continue.")
+    s.add_argument("run", help="run name, e.g. default-1a2b3c4d5e (a file in WORKDIR/runs/)")
+    s.add_argument("--workdir", default="runs", help="the run's workdir (default: runs)")
+    s.set_defaults(fn=cmd_resume)
+    s = sub.add_parser("lineage", help="print and verify the chain that produced a model version",
+                       description="Walk a model's manifests back to the base model and prompts, re-verifying "
+                       "every digest. Exits 1 if any link was changed after it finished.")
+    s.add_argument("config", help="the run's YAML config (gives workdir, tracking URI and model name)")
+    s.add_argument("target", help="model version number, models:/NAME/N, a round's MLflow run id, or a stage dir")
+    s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(fn=cmd_lineage)
     s = sub.add_parser("model", help="convert (once) and print the default model directory")
     s.set_defaults(fn=cmd_model)
     return p

@@ -9,8 +9,6 @@ manifests only; heavy stages run in worker processes.
 
 from __future__ import annotations
 
-import datetime as _dt
-import os
 from pathlib import Path
 
 from prefect import flow, task
@@ -81,24 +79,35 @@ def _round_seed(cfg: PipelineConfig, k: int) -> int:
     return cfg.seed * 1000 + k
 
 
+def _done(m: StageManifest, reused: bool):
+    """The task's return: a stage found finished by key shows in Prefect as Cached, like a
+    cache hit, and the caller still receives the manifest."""
+    if not reused:
+        return m
+    from prefect.states import Completed
+
+    return Completed(data=m, name="Cached", message=f"finished earlier: {m.dir}")
+
+
 # tasks: one call each, then tracking ----------------------------------------
 
 @task(name="prompts", cache_policy=NONE, retries=0)
 def prompts_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     data = cfg.data.model_dump()
     digest = sha256_file(Path(cfg.data.path)) if cfg.data.kind == "file" and Path(cfg.data.path).is_file() else None
-    m = prepare.prompts(_store(ctx), data, cfg.seed, digest)
+    m, reused = prepare.prompts(_store(ctx), data, cfg.seed, digest)
     t = _tracker(cfg, ctx)
-    t.log_dataset(ctx.parent_run_id, _store(ctx), m, "train.jsonl", "train-prompts")
-    t.log_dataset(ctx.parent_run_id, _store(ctx), m, "eval.jsonl", "eval-prompts")
-    return m
+    if t.log_stage(ctx.parent_run_id, m, reused):
+        t.log_dataset(ctx.parent_run_id, _store(ctx), m, "train.jsonl", "train-prompts")
+        t.log_dataset(ctx.parent_run_id, _store(ctx), m, "eval.jsonl", "eval-prompts")
+    return _done(m, reused)
 
 
 @task(name="base-model", cache_policy=NONE, retries=0)
 def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     src = cfg.model.path
     path = default_model_dir() if src == "default" else _local_model(src)
-    return prepare.base_model(_store(ctx), src, path)
+    return _done(*prepare.base_model(_store(ctx), src, path))
 
 
 def _local_model(src: str) -> Path:
@@ -120,25 +129,25 @@ def sample_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManif
     m, reused = sample_mod.sample(_store(ctx), policy, prompts, cfg.sample, cfg.sampler, _round_seed(cfg, k), k,
                                   isolate=cfg.isolate)
     t = _tracker(cfg, ctx)
-    t.log_stage(child, m, reused)
-    t.log_dataset(child, _store(ctx), m, "samples.jsonl", "samples")
-    return m
+    if t.log_stage(child, m, reused):
+        t.log_dataset(child, _store(ctx), m, "samples.jsonl", "samples")
+    return _done(m, reused)
 
 
 @task(name="label", cache_policy=NONE, retries=0)
 def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, samples: StageManifest, child: str) -> StageManifest:
     m, reused = label_mod.label(_store(ctx), samples, cfg.label, cfg.data.model_dump(), k)
     _tracker(cfg, ctx).log_stage(child, m, reused)
-    return m
+    return _done(m, reused)
 
 
 @task(name="filter", cache_policy=NONE, retries=0)
 def filter_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageManifest, child: str) -> StageManifest:
     m, reused = filter_mod.filter_rows(_store(ctx), labels, cfg.filter, _round_seed(cfg, k), k)
     t = _tracker(cfg, ctx)
-    t.log_stage(child, m, reused)
-    t.log_dataset(child, _store(ctx), m, "train_set.jsonl", "training")
-    return m
+    if t.log_stage(child, m, reused):
+        t.log_dataset(child, _store(ctx), m, "train_set.jsonl", "training")
+    return _done(m, reused)
 
 
 @task(name="train", cache_policy=NONE, retries=0)
@@ -147,9 +156,9 @@ def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
     store = _store(ctx)
     m, reused = train_mod.train(store, policy, train_set, cfg.train, _round_seed(cfg, k), k, isolate=cfg.isolate)
     t = _tracker(cfg, ctx)
-    t.log_stage(child, m, reused)
-    t.log_train_curve(child, store, m)
-    return m
+    if t.log_stage(child, m, reused):
+        t.log_train_curve(child, store, m)
+    return _done(m, reused)
 
 
 @task(name="evaluate", cache_policy=NONE, retries=0)
@@ -158,9 +167,9 @@ def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     m, reused = evaluate_mod.evaluate(_store(ctx), policy, prompts, cfg.evaluate, cfg.sampler, cfg.data.model_dump(),
                                       cfg.seed, k, isolate=cfg.isolate)
     t = _tracker(cfg, ctx)
-    t.log_stage(child, m, reused)
-    t.log_metrics(ctx.parent_run_id, {"accuracy": m.metrics["accuracy"]}, prefix="eval.", step=k)
-    return m
+    if t.log_stage(child, m, reused):
+        t.log_metrics(ctx.parent_run_id, {"accuracy": m.metrics["accuracy"]}, prefix="eval.", step=k)
+    return _done(m, reused)
 
 
 @task(name="register", cache_policy=NONE, retries=0)
@@ -186,12 +195,34 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
                        stage_wall_s=walls)
 
 
+@task(name="lineage", cache_policy=NONE, retries=0)
+def lineage_task(cfg: PipelineConfig, ctx: RunContext, final: RoundResult) -> bool:
+    """Write the final model's verified lineage to MLflow and as a Prefect artifact; True if all verified."""
+    import json
+    import re
+
+    from prefect.artifacts import create_markdown_artifact
+
+    from flows.lineage import annotate, as_json, render_mermaid, render_text, walk
+
+    store, t = _store(ctx), _tracker(cfg, ctx)
+    links = walk(store, final.policy)
+    annotate(links, t)
+    text, mermaid = render_text(links), render_mermaid(links)
+    md = f"# Lineage of {t.model_name} version {final.version}\n\n```mermaid\n{mermaid}\n```\n\n```\n{text}\n```\n"
+    t.log_text(ctx.parent_run_id, md, "lineage/lineage.md")
+    t.log_text(ctx.parent_run_id, json.dumps(as_json(links), indent=2), "lineage/lineage.json")
+    key = re.sub(r"[^a-z0-9-]+", "-", f"lineage-{cfg.name}".lower()).strip("-")
+    create_markdown_artifact(markdown=md, key=key, description=f"{ctx.run_name}: lineage of the final model")
+    return all(x.verified for x in links)
+
+
 # flows ----------------------------------------------------------------------
 
 @flow(name="round", flow_run_name="round-{k}", validate_parameters=False)
 def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
                parent_version: str) -> RoundResult:
-    child = _tracker(cfg, ctx).start_child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
+    child = _tracker(cfg, ctx).child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
     try:
         samples = sample_task(cfg, ctx, k, policy, prompts, child)
         labels = label_task(cfg, ctx, k, samples, child)
@@ -208,7 +239,7 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
 @flow(name="round", flow_run_name="round-0", validate_parameters=False)
 def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, prompts: StageManifest) -> RoundResult:
     """The starting model's held-out accuracy: the bar round 1 must clear."""
-    child = _tracker(cfg, ctx).start_child(ctx.parent_run_id, 0, {"ratchet.run": ctx.run_name})
+    child = _tracker(cfg, ctx).child(ctx.parent_run_id, 0, {"ratchet.run": ctx.run_name})
     try:
         evaluation = evaluate_task(cfg, ctx, 0, base, prompts, child)
         return register_task(cfg, ctx, 0, base, evaluation, None, child, [evaluation])
@@ -225,23 +256,54 @@ def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
     for k in range(1, cfg.rounds + 1):
         last = results[-1]
         results.append(round_flow(cfg, ctx, k, last.policy, prompts, last.version))
+    lineage_task(cfg, ctx, results[-1])
     return results
 
 
+class RunRecord(BaseModel):
+    """What `ratchet resume` needs: the context and the exact config of a pipeline run."""
+
+    model_config = ConfigDict(extra="forbid")
+    ctx: RunContext
+    config: dict
+
+
+def run_name_for(cfg: PipelineConfig) -> str:
+    """A pipeline run is its config: the same command names the same run, so it continues it."""
+    return f"{cfg.name}-{sha256_json(cfg.model_dump(mode='json'))[:10]}"
+
+
+def load_record(workdir: Path, run_name: str) -> RunRecord:
+    p = workdir / "runs" / f"{run_name}.json"
+    if not p.exists():
+        known = sorted(x.stem for x in (workdir / "runs").glob("*.json")) if (workdir / "runs").is_dir() else []
+        raise ConfigError([f"no pipeline run {run_name!r} in {workdir / 'runs'}; known runs: {known or 'none'}"])
+    return RunRecord.model_validate_json(p.read_text())
+
+
 def start(cfg: PipelineConfig) -> tuple[RunContext, Tracker]:
-    """Create the workdir, the MLflow parent run, and the context every task receives."""
+    """The run's context: continue the MLflow parent run of an earlier attempt of the same
+    config in this workdir, or create one. Finished stages are reused either way."""
     workdir = Path(cfg.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "runs").mkdir(parents=True, exist_ok=True)
     tracker = Tracker(cfg.tracking, workdir, cfg.name)
-    run_name = f"{cfg.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_name = run_name_for(cfg)
     resolved = cfg.model_dump(mode="json")
     code, commit = code_digest(), git_commit()
     tags = {"ratchet.run": run_name, "ratchet.code_version": code, "ratchet.config_hash": sha256_json(resolved)[:16]}
     if commit:
         tags["mlflow.source.git.commit"] = commit
-    parent = tracker.start_parent(run_name, resolved, tags)
+    record = workdir / "runs" / f"{run_name}.json"
+    parent = None
+    if record.exists():
+        parent = RunRecord.model_validate_json(record.read_text()).ctx.parent_run_id
+        if not tracker.reopen(parent, tags):
+            parent = None  # the tracking store was reset: start a fresh parent run
+    if parent is None:
+        parent = tracker.start_parent(run_name, resolved, tags)
     ctx = RunContext(run_name=run_name, workdir=str(workdir), parent_run_id=parent, code_version=code,
                      config_hash=tags["ratchet.config_hash"])
-    (workdir / "runs").mkdir(exist_ok=True)
-    (workdir / "runs" / f"{run_name}.json").write_text(ctx.model_dump_json(indent=2))
+    tmp = record.with_suffix(".json.tmp")
+    tmp.write_text(RunRecord(ctx=ctx, config=resolved).model_dump_json(indent=2))
+    tmp.replace(record)
     return ctx, tracker

@@ -76,7 +76,29 @@ class Tracker:
         self.log_text(rid, json.dumps(config, indent=2), "config/resolved.json")
         return rid
 
-    def start_child(self, parent_id: str, round: int, tags: dict[str, str]) -> str:
+    def reopen(self, run_id: str, tags: dict[str, str]) -> bool:
+        """Mark an earlier attempt's run as running again; False if the store no longer has it."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_run(run_id)
+        except MlflowException:
+            return False
+        self.client.update_run(run_id, status="RUNNING")
+        for k, v in tags.items():
+            self.client.set_tag(run_id, k, v)
+        return True
+
+    def child(self, parent_id: str, round: int, tags: dict[str, str]) -> str:
+        """The round's child run: the one an earlier attempt created, or a new one."""
+        found = self.client.search_runs(
+            [self.experiment_id],
+            f"tags.mlflow.parentRunId = '{parent_id}' and tags.`ratchet.round` = '{round}'",
+        )
+        if found:
+            rid = found[0].info.run_id
+            self.client.update_run(rid, status="RUNNING")
+            return rid
         tags = {"mlflow.parentRunId": parent_id, "ratchet.round": str(round), **tags}
         return self.client.create_run(self.experiment_id, run_name=f"round-{round}", tags=tags).info.run_id
 
@@ -95,9 +117,15 @@ class Tracker:
         if items:
             self.client.log_batch(run_id, metrics=items)
 
-    def log_stage(self, run_id: str, m: StageManifest, reused: bool) -> None:
+    def log_stage(self, run_id: str, m: StageManifest, reused: bool) -> bool:
+        """Log a stage's metrics once per run: a resumed run that reuses a stage it already
+        logged adds nothing. Returns whether anything was logged."""
+        run = self.client.get_run(run_id)
+        if run.data.tags.get(f"ratchet.stage.{m.stage}") == m.dir:
+            return False
         self.log_metrics(run_id, {**m.metrics, "wall_s": m.wall_s, "reused": float(reused)}, prefix=f"{m.stage}.")
         self.client.set_tag(run_id, f"ratchet.stage.{m.stage}", m.dir)
+        return True
 
     def log_text(self, run_id: str, text: str, path: str) -> None:
         with tempfile.TemporaryDirectory() as t:

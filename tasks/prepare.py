@@ -44,10 +44,11 @@ def prompts_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     )
 
 
-def prompts(store: ArtifactStore, data_cfg: dict, seed: int, source_digest: str | None) -> StageManifest:
+def prompts(store: ArtifactStore, data_cfg: dict, seed: int,
+            source_digest: str | None) -> tuple[StageManifest, bool]:
     cfg = {"data": data_cfg, "seed": seed, "source_sha256": source_digest}
     return run_stage(store, stage="prompts", round=0, body="tasks.prepare:prompts_body",
-                     code=PROMPTS_CODE, config=cfg, parents=[])[0]
+                     code=PROMPTS_CODE, config=cfg, parents=[])
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -74,7 +75,7 @@ def base_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     )
 
 
-def base_model(store: ArtifactStore, source: str, model_dir: Path) -> StageManifest:
+def base_model(store: ArtifactStore, source: str, model_dir: Path) -> tuple[StageManifest, bool]:
     """The starting policy as a store stage; keyed by the weights' digest, not the path."""
     weights = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
     if not weights:
@@ -83,7 +84,7 @@ def base_model(store: ArtifactStore, source: str, model_dir: Path) -> StageManif
     digests = {f.name: sha256_file(f) for f in model_files(model_dir)}
     cfg = {"source": source, "path": str(model_dir), "files": digests}
     return run_stage(store, stage="base", round=0, body="tasks.prepare:base_body",
-                     code=BASE_CODE, config=cfg, parents=[])[0]
+                     code=BASE_CODE, config=cfg, parents=[])
 
 
 def model_dir(store: ArtifactStore, m: StageManifest) -> Path:

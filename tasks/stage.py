@@ -88,7 +88,11 @@ def run_stage(
     isolate: bool = False,
     keep_partial: bool = False,
 ) -> tuple[StageManifest, bool]:
-    """(manifest, reused). Reuses a finished stage with the same key; verifies its digests."""
+    """(manifest, reused). Reuses a finished stage with the same key; verifies its digests.
+
+    An exclusive lock per key means two pipelines that reach the same work at once
+    compute it once: the second waits, then finds it finished.
+    """
     import time
 
     key = stage_key(stage, code, config, parents)
@@ -96,13 +100,18 @@ def run_stage(
     if found is not None:
         log.info("%s (round %d): finished earlier at %s, reused", stage, round, found.dir)
         return found, True
-    d = store.prepare(stage, key, keep_partial=keep_partial)
-    req = StageRequest(
-        stage=stage, round=round, key=key, code_version=code, config=config, parents=parents, started=time.time()
-    )
-    if isolate:
-        return _run_in_worker(store, d, body, req), False
-    return _resolve(body)(req, store), False
+    with store.lock(stage, key):
+        found = store.find(stage, key)
+        if found is not None:
+            log.info("%s (round %d): finished by another run at %s, reused", stage, round, found.dir)
+            return found, True
+        d = store.prepare(stage, key, keep_partial=keep_partial)
+        req = StageRequest(
+            stage=stage, round=round, key=key, code_version=code, config=config, parents=parents, started=time.time()
+        )
+        if isolate:
+            return _run_in_worker(store, d, body, req), False
+        return _resolve(body)(req, store), False
 
 
 def _resolve(body: str):
@@ -135,7 +144,22 @@ def _run_in_worker(store: ArtifactStore, d: Path, body: str, req: StageRequest) 
     )
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when the orchestrator dies, so a killed pipeline never
+    leaves a worker writing into a stage directory that a resumed run is about to use."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def _worker_main(spec_path: str) -> int:
+    _die_with_parent()
     spec = json.loads(Path(spec_path).read_text())
     req = StageRequest.model_validate(spec["request"])
     store = ArtifactStore(Path(spec["store"]))

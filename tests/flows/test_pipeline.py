@@ -65,13 +65,43 @@ def test_one_round_end_to_end(tmp_path, prefect_harness, default_model):
     best = max(results, key=lambda r: (r.accuracy, -r.round))
     assert str(champ.version) == best.version
 
+    # lineage: written to MLflow with the run, and `ratchet lineage` verifies the whole chain
+    assert sorted(a.path for a in c.list_artifacts(ctx.parent_run_id, "lineage")) == [
+        "lineage/lineage.json", "lineage/lineage.md"]
+    lin = _lineage(tmp_path, r1.version)
+    assert lin.returncode == 0, lin.stderr
+    import json
+
+    links = json.loads(lin.stdout)
+    assert [x["stage"] for x in links] == ["train", "filter", "label", "sample", "prompts", "base"]
+    assert [x["model_version"] for x in links if x["stage"] in ("train", "base")] == [r1.version, r0.version]
+    assert all(x["verified"] for x in links)
+
     # the same command again: every stage is found by key and reused
     ctx2, tracker2, again = _run(cfg)
     assert [r.policy.key for r in again] == [r.policy.key for r in results]
     assert sorted((tmp_path / "stages").iterdir()) == stage_dirs
-    kids = [r for r in c.search_runs([tracker.experiment_id], f"tags.mlflow.parentRunId = '{ctx2.parent_run_id}'")]
-    assert all(r.data.metrics.get(f"{s}.reused") == 1.0 for r in kids for s in ("evaluate",))
-    assert any(r.data.metrics.get("train.reused") == 1.0 for r in kids)
+    # ... in the same MLflow runs, with nothing logged twice
+    assert ctx2.parent_run_id == ctx.parent_run_id
+    runs2 = c.search_runs([tracker.experiment_id])
+    assert sorted(r.info.run_id for r in runs2) == sorted(r.info.run_id for r in runs)
+    assert all(r.info.status == "FINISHED" for r in runs2)
+    assert len(c.get_metric_history(children[1].info.run_id, "sample.tokens_per_s")) == 1
+    assert len(c.get_metric_history(ctx.parent_run_id, "eval.accuracy")) == 2  # rounds 0 and 1, once each
     # the same models are not registered twice
     assert [r.version for r in again] == [r.version for r in results]
     assert len(c.search_model_versions(f"name='{tracker.model_name}'")) == 2
+
+    # a hand-corrupted artifact is reported, and the command fails
+    (tmp_path / filt.dir / "train_set.jsonl").write_text("{}\n")
+    bad = _lineage(tmp_path, r1.version)
+    assert bad.returncode == 1 and '"verified": false' in bad.stdout and "sha256 differs" in bad.stdout
+
+
+def _lineage(workdir, version):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "flows.cli", "lineage", str(CONFIGS / "default.yaml"), version,
+                           f"workdir={workdir}", "--json"], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[2])

@@ -73,3 +73,72 @@ def test_killed_worker_keeps_partial_files_and_says_how_to_resume(tmp_path):
 def test_code_version_covers_helpers():
     assert code_version("tasks.filter", "data.records") != code_version("tasks.filter")
     assert code_version("tasks.filter", "data.records") == code_version("data.records", "tasks.filter")
+
+
+def slow_body(req, store):
+    import time
+
+    time.sleep(1.0)
+    return ok_body(req, store)
+
+
+def test_two_processes_on_one_key_compute_it_once(tmp_path):
+    """Two pipelines reaching the same stage at once: one computes, the other reuses."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys; from pathlib import Path; from data.store import ArtifactStore; "
+        "from tasks.stage import run_stage; "
+        f"m, reused = run_stage(ArtifactStore(Path({str(tmp_path)!r})), stage='s', round=1, "
+        "body='tests.tasks.test_stage:slow_body', code='c', config={'x': 3}, parents=[]); "
+        "print(json.dumps({'reused': reused, 'key': m.key}))"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [json.loads(p.communicate(timeout=60)[0].strip().splitlines()[-1]) for p in procs]
+    assert sorted(o["reused"] for o in outs) == [False, True]
+    assert outs[0]["key"] == outs[1]["key"]
+
+
+def orphan_body(req, store):
+    import time
+
+    (store.stage_dir(req.stage, req.key) / "pid").write_text(str(__import__("os").getpid()))
+    time.sleep(60)
+
+
+def test_worker_dies_with_its_orchestrator(tmp_path):
+    """SIGKILL the orchestrator mid-stage: its worker must not live on and keep writing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "from pathlib import Path; from data.store import ArtifactStore; from tasks.stage import run_stage; "
+        f"run_stage(ArtifactStore(Path({str(tmp_path)!r})), stage='s', round=1, "
+        "body='tests.tasks.test_stage:orphan_body', code='c', config={}, parents=[], isolate=True)"
+    )
+    orch = subprocess.Popen([sys.executable, "-c", script])
+    pid_file = None
+    for _ in range(200):
+        found = list((tmp_path / "stages").glob("s-*/pid")) if (tmp_path / "stages").exists() else []
+        if found and found[0].read_text():
+            pid_file = found[0]
+            break
+        time.sleep(0.1)
+    assert pid_file is not None, "worker never started"
+    worker = int(pid_file.read_text())
+    os.kill(orch.pid, signal.SIGKILL)
+    orch.wait()
+    for _ in range(50):
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(worker, signal.SIGKILL)
+        raise AssertionError("the worker outlived its killed orchestrator")

@@ -1,0 +1,156 @@
+"""Lineage: the chain that produced a model, walked over manifests and checked.
+
+    ratchet lineage 4                  # model version 4 of the workdir's registered model
+    ratchet lineage RUN_ID --json      # an MLflow round run, as JSON
+
+Each link is a stage directory: its config hash, code version, output digests
+(re-verified against the files on disk) and, for models, the registered version
+and MLflow run. The walk follows manifest parents, so it ends at the prompts and
+the base model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from data.digest import sha256_json
+from data.errors import ArtifactError, RatchetError, TamperedArtifactError
+from data.manifest import StageManifest, read_manifest
+from data.store import ArtifactStore
+
+
+class Link(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    stage: str
+    round: int
+    key: str
+    dir: str
+    code_version: str
+    config_hash: str
+    outputs: dict[str, str]
+    parents: list[str]
+    verified: bool
+    problem: str | None = None
+    model_version: str | None = None
+    mlflow_run_id: str | None = None
+    metrics: dict[str, float] = {}
+
+
+def _link(m: StageManifest, problem: str | None) -> Link:
+    return Link(stage=m.stage, round=m.round, key=m.key, dir=m.dir, code_version=m.code_version,
+                config_hash=sha256_json(m.config)[:16], outputs={k: v.sha256 for k, v in m.outputs.items()},
+                parents=[p.key for p in m.parents], verified=problem is None, problem=problem, metrics=m.metrics)
+
+
+def walk(store: ArtifactStore, start: StageManifest) -> list[Link]:
+    """Every stage upstream of `start` (itself first), each verified, no repeats.
+
+    Depth-first, data parents before the model parent, so the chain reads round by
+    round: train 3, filter 3, label 3, sample 3, prompts, train 2, ...
+
+    A link has a problem when its files no longer match its manifest, or when its
+    outputs are not the ones its child consumed (the parent was recomputed or edited).
+    """
+    links: list[Link] = []
+    seen: set[str] = set()
+    stack: list[tuple[StageManifest, str | None, str]] = [(start, None, "")]
+    while stack:
+        m, expected, consumer = stack.pop()
+        if m.key in seen:
+            continue
+        seen.add(m.key)
+        problem = None
+        try:
+            store.verify(m)
+        except TamperedArtifactError as e:
+            problem = str(e)
+        if problem is None and expected is not None and m.content != expected:
+            problem = f"its outputs are not the ones {consumer} consumed"
+        links.append(_link(m, problem))
+        model_last = sorted(m.parents, key=lambda p: p.stage in ("base", "train"))
+        for p in reversed(model_last):  # the stack pops the last pushed first
+            parent = read_manifest(store.root / p.dir)
+            if parent is None:
+                links.append(Link(stage=p.stage, round=-1, key=p.key, dir=p.dir, code_version="?",
+                                  config_hash="?", outputs={}, parents=[], verified=False,
+                                  problem=f"{store.root / p.dir}: manifest missing"))
+                seen.add(p.key)
+            else:
+                stack.append((parent, p.content, f"{m.stage} (round {m.round})"))
+    return links
+
+
+def annotate(links: list[Link], tracker) -> None:
+    """Add registered versions and MLflow run ids to model links (base and train stages)."""
+    for link in links:
+        if link.stage in ("base", "train"):
+            v = tracker.version_of(link.key)
+            if v is not None:
+                mv = tracker.client.get_model_version(tracker.model_name, v)
+                link.model_version, link.mlflow_run_id = v, mv.run_id
+
+
+def resolve(target: str, store: ArtifactStore, tracker) -> StageManifest:
+    """A model version number, 'models:/name/N', an MLflow run id, or a stage directory."""
+    p = Path(target)
+    if p.is_dir() and (p / "manifest.json").exists():
+        return read_manifest(p)
+    version = target.rsplit("/", 1)[-1] if target.startswith("models:/") else target
+    if version.isdigit():
+        mv = tracker.client.get_model_version(tracker.model_name, version)
+        stage_dir = mv.tags.get("ratchet.stage_dir")
+    else:
+        try:
+            run = tracker.client.get_run(target)
+        except Exception as e:
+            raise RatchetError(f"{target!r} is neither a model version, an MLflow run id, nor a stage directory; "
+                               "pass e.g. `ratchet lineage 3`") from e
+        v = run.data.tags.get("ratchet.model_version")
+        if v is None:
+            raise RatchetError(f"MLflow run {target} has no registered model (is it a round run that finished?)")
+        stage_dir = tracker.client.get_model_version(tracker.model_name, v).tags.get("ratchet.stage_dir")
+    if not stage_dir:
+        raise RatchetError(f"model version of {target!r} carries no ratchet.stage_dir tag")
+    m = read_manifest(store.root / stage_dir)
+    if m is None:
+        raise ArtifactError(f"{store.root / stage_dir} has no manifest: the store behind this version is gone")
+    return m
+
+
+def render_text(links: list[Link]) -> str:
+    out = []
+    for link in links:
+        head = f"{link.stage:<9} round {link.round:<2} {link.dir}"
+        if link.model_version:
+            head += f"  model version {link.model_version} (run {link.mlflow_run_id})"
+        out.append(head)
+        out.append(f"    config {link.config_hash}  code {link.code_version}  "
+                   + ("verified" if link.verified else f"PROBLEM: {link.problem}"))
+        for name, digest in sorted(link.outputs.items()):
+            if not name.startswith(("model/", "adapter/")) or name.endswith(".safetensors"):
+                out.append(f"    {name}  sha256 {digest[:16]}")
+    bad = [x for x in links if not x.verified]
+    out.append(f"{len(links)} links, {'all verified' if not bad else f'{len(bad)} with problems'}")
+    return "\n".join(out)
+
+
+def render_mermaid(links: list[Link]) -> str:
+    lines = ["graph BT"]
+    for link in links:
+        label = f"{link.stage} r{link.round}"
+        if link.model_version:
+            label += f" v{link.model_version}"
+        if not link.verified:
+            label += " TAMPERED"
+        lines.append(f'  {link.key[:12]}["{label}"]')
+    for link in links:
+        for p in link.parents:
+            lines.append(f"  {p[:12]} --> {link.key[:12]}")
+    return "\n".join(lines)
+
+
+def as_json(links: list[Link]) -> list[dict[str, Any]]:
+    return [link.model_dump() for link in links]
