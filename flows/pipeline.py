@@ -79,16 +79,6 @@ def _round_seed(cfg: PipelineConfig, k: int) -> int:
     return cfg.seed * 1000 + k
 
 
-def _done(m: StageManifest, reused: bool):
-    """The task's return: a stage found finished by key shows in Prefect as Cached, like a
-    cache hit, and the caller still receives the manifest."""
-    if not reused:
-        return m
-    from prefect.states import Completed
-
-    return Completed(data=m, name="Cached", message=f"finished earlier: {m.dir}")
-
-
 # tasks: one call each, then tracking ----------------------------------------
 
 @task(name="prompts", cache_policy=NONE, retries=0)
@@ -100,14 +90,14 @@ def prompts_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     if t.log_stage(ctx.parent_run_id, m, reused):
         t.log_dataset(ctx.parent_run_id, _store(ctx), m, "train.jsonl", "train-prompts")
         t.log_dataset(ctx.parent_run_id, _store(ctx), m, "eval.jsonl", "eval-prompts")
-    return _done(m, reused)
+    return m
 
 
 @task(name="base-model", cache_policy=NONE, retries=0)
 def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     src = cfg.model.path
     path = default_model_dir() if src == "default" else _local_model(src)
-    return _done(*prepare.base_model(_store(ctx), src, path))
+    return prepare.base_model(_store(ctx), src, path)[0]
 
 
 def _local_model(src: str) -> Path:
@@ -131,14 +121,14 @@ def sample_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManif
     t = _tracker(cfg, ctx)
     if t.log_stage(child, m, reused):
         t.log_dataset(child, _store(ctx), m, "samples.jsonl", "samples")
-    return _done(m, reused)
+    return m
 
 
 @task(name="label", cache_policy=NONE, retries=0)
 def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, samples: StageManifest, child: str) -> StageManifest:
     m, reused = label_mod.label(_store(ctx), samples, cfg.label, cfg.data.model_dump(), k)
     _tracker(cfg, ctx).log_stage(child, m, reused)
-    return _done(m, reused)
+    return m
 
 
 @task(name="filter", cache_policy=NONE, retries=0)
@@ -147,7 +137,7 @@ def filter_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageManif
     t = _tracker(cfg, ctx)
     if t.log_stage(child, m, reused):
         t.log_dataset(child, _store(ctx), m, "train_set.jsonl", "training")
-    return _done(m, reused)
+    return m
 
 
 @task(name="train", cache_policy=NONE, retries=0)
@@ -158,7 +148,7 @@ def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
     t = _tracker(cfg, ctx)
     if t.log_stage(child, m, reused):
         t.log_train_curve(child, store, m)
-    return _done(m, reused)
+    return m
 
 
 @task(name="evaluate", cache_policy=NONE, retries=0)
@@ -169,7 +159,7 @@ def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     t = _tracker(cfg, ctx)
     if t.log_stage(child, m, reused):
         t.log_metrics(ctx.parent_run_id, {"accuracy": m.metrics["accuracy"]}, prefix="eval.", step=k)
-    return _done(m, reused)
+    return m
 
 
 @task(name="register", cache_policy=NONE, retries=0)
