@@ -59,12 +59,6 @@ class StageManifest(BaseModel):
     def as_parent(self) -> ParentRef:
         return ParentRef(stage=self.stage, key=self.key, dir=self.dir, content=self.content)
 
-    def parent(self, stage: str) -> ParentRef:
-        for p in self.parents:
-            if p.stage == stage:
-                return p
-        raise KeyError(f"{self.stage} manifest has no parent stage {stage!r}")
-
 
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -137,14 +137,6 @@ class ArtifactStore:
         write_manifest(d, m)
         return m
 
-    def load_parent(self, ref) -> StageManifest:
-        m = read_manifest(self.root / ref.dir)
-        if m is None:
-            raise ArtifactError(f"parent {ref.stage} stage at {self.root / ref.dir} has no manifest")
-        if m.content != ref.content:
-            raise TamperedArtifactError(f"parent {ref.stage} at {self.root / ref.dir} changed since it was used")
-        return m
-
 
 def round_s(x: float) -> float:
     return float(f"{x:.3f}")

@@ -183,14 +183,12 @@ class HFSampler:
 
 
 def _decode_hf(tok, seq: list[int], max_tokens: int) -> Generation:
+    """Cut at the first end-of-sequence token; without one the completion hit max_tokens."""
     eos = {tok.eos_token_id, tok.pad_token_id} - {None}
-    n = len(seq)
-    finish = "length"
-    for j, t in enumerate(seq):
-        if t in eos:
-            n, finish = j, "stop"
-            break
-    return Generation(tok.decode(seq[:n], skip_special_tokens=True), n, finish if n < max_tokens or finish == "stop" else "length")
+    end = next((j for j, t in enumerate(seq) if t in eos), None)
+    if end is None:
+        return Generation(tok.decode(seq, skip_special_tokens=True), len(seq), "length")
+    return Generation(tok.decode(seq[:end], skip_special_tokens=True), end, "stop")
 
 
 def open_sampler(model_dir: Path, cfg: SamplerConfig, seed: int) -> Sampler:

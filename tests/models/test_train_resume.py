@@ -7,7 +7,6 @@ import sys
 import time
 
 import pytest
-import torch
 
 pytestmark = pytest.mark.integration
 
