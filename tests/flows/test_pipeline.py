@@ -10,7 +10,7 @@ pytestmark = pytest.mark.integration
 CONFIGS = Path(__file__).parents[2] / "flows" / "configs"
 SMALL = ["rounds=1", "data.train_size=16", "data.eval_size=8", "sample.n=4", "sample.max_tokens=32",
          "evaluate.max_tokens=32", "filter.min_rows=2", "train.epochs=1", "train.batch_size=4",
-         "sampler.kv_cache_gb=1"]
+         "train.checkpoint_steps=1", "sampler.kv_cache_gb=1"]
 STAGES = ["base", "evaluate", "evaluate", "filter", "label", "prompts", "sample", "train"]
 
 
@@ -23,9 +23,16 @@ def _run(cfg):
     return ctx, tracker, results
 
 
-def test_one_round_end_to_end(tmp_path, prefect_harness, default_model):
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, prefect_harness, default_model):
+    """One uninterrupted small run: the reference the other tests compare against."""
+    tmp_path = tmp_path_factory.mktemp("reference")
     cfg = load_config(CONFIGS / "default.yaml", [f"workdir={tmp_path}", *SMALL])
-    ctx, tracker, results = _run(cfg)
+    return (tmp_path, cfg, *_run(cfg))
+
+
+def test_one_round_end_to_end(reference):
+    tmp_path, cfg, ctx, tracker, results = reference
 
     # the store holds exactly one finished directory per stage, each with its manifest
     stage_dirs = sorted((tmp_path / "stages").iterdir())
@@ -105,3 +112,56 @@ def _lineage(workdir, version):
     return subprocess.run([sys.executable, "-m", "flows.cli", "lineage", str(CONFIGS / "default.yaml"), version,
                            f"workdir={workdir}", "--json"], capture_output=True, text=True,
                           cwd=Path(__file__).parents[2])
+
+
+def test_sigkill_during_training_then_rerun_recomputes_nothing_finished(reference, tmp_path):
+    """Kill the whole pipeline (CLI, Prefect server, stage worker) once training has
+    checkpointed; the same command then finishes the run from that checkpoint."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from data.manifest import read_manifest
+
+    ref_dir, _, _, _, ref_results = reference
+    cmd = [sys.executable, "-m", "flows.cli", "run", str(CONFIGS / "default.yaml"), f"workdir={tmp_path}", *SMALL]
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).parents[2], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None:
+        if list((tmp_path / "stages").glob("train-*/checkpoints/checkpoint-2/trainer_state.json")):
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before training checkpointed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    (train_dir,) = (tmp_path / "stages").glob("train-*")
+    assert read_manifest(train_dir) is None  # killed before it finished
+    before = {d.name: read_manifest(d).created_at for d in (tmp_path / "stages").iterdir() if read_manifest(d)}
+    assert sorted(n.split("-")[0] for n in before) == ["base", "evaluate", "filter", "label", "prompts", "sample"]
+
+    again = subprocess.run(cmd, cwd=Path(__file__).parents[2], env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    after = {d.name: read_manifest(d) for d in (tmp_path / "stages").iterdir()}
+    assert all(after[n].created_at == t for n, t in before.items())  # nothing finished was recomputed
+    train = after[train_dir.name]
+    assert train.metrics["resumed"] == 1.0
+
+    # the interrupted run ends where the uninterrupted one did, byte for byte
+    ref_train = ref_results[1].policy
+    assert train.key == ref_train.key
+    assert train.outputs["model/model.safetensors"].sha256 == ref_train.outputs["model/model.safetensors"].sha256
+
+    # one parent and one child per round in MLflow, all finished
+    from flows.tracking import Tracker
+
+    cfg = load_config(CONFIGS / "default.yaml", [f"workdir={tmp_path}", *SMALL])
+    t = Tracker(cfg.tracking, tmp_path, cfg.name)
+    runs = t.client.search_runs([t.experiment_id])
+    children = sorted(r.info.run_name for r in runs if "mlflow.parentRunId" in r.data.tags)
+    assert len(runs) == 3 and children == ["round-0", "round-1"]
+    assert all(r.info.status == "FINISHED" for r in runs)
