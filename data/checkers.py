@@ -66,6 +66,39 @@ def _to_float(s: str) -> float | None:
         return None
 
 
+def extract(cfg: NumberCheck | ExactCheck | RegexCheck, response: str) -> str | None:
+    """The response's final answer as a comparable key, or None if it gives none.
+
+    Numbers are canonicalised ("1,234" and "1234.0" both read "1234"), so answers
+    that mean the same vote together.
+    """
+    match cfg.kind:
+        case "number":
+            nums = _NUM.findall(response)
+            if not nums or len({_to_float(n) for n in nums}) > cfg.max_numbers:
+                return None
+            value = _to_float(nums[-1])
+            return None if value is None else format(value, "g") if value != int(value) else str(int(value))
+        case "exact":
+            return _norm(response)
+        case "regex":
+            matches = re.findall(cfg.pattern, response)
+            if not matches:
+                return None
+            last = matches[-1] if isinstance(matches[-1], str) else matches[-1][0]
+            return _norm(last)
+
+
+def answer_key(cfg: NumberCheck | ExactCheck | RegexCheck, answer: str) -> str | None:
+    """A reference answer in the same canonical form `extract` gives responses."""
+    if cfg.kind == "number":
+        value = _to_float(answer.strip())
+        if value is None:
+            return None
+        return format(value, "g") if value != int(value) else str(int(value))
+    return _norm(answer)
+
+
 def check(cfg: NumberCheck | ExactCheck | RegexCheck, response: str, answer: str) -> Verdict:
     match cfg.kind:
         case "number":

@@ -62,9 +62,9 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
             f"sample.max_tokens={cfg.sample.max_tokens} leaves under 64 prompt tokens within "
             f"sampler.max_model_len={cfg.sampler.max_model_len}; raise sampler.max_model_len or lower sample.max_tokens"
         )
-    if cfg.label.kind == "verifier" and cfg.filter.min_reward > 1.0:
-        problems.append(f"filter.min_reward={cfg.filter.min_reward} can never be reached: verifier rewards are 0 or 1; "
-                        "set filter.min_reward to 1.0")
+    if cfg.filter.min_reward > 1.0:
+        problems.append(f"filter.min_reward={cfg.filter.min_reward} can never be reached: label.kind="
+                        f"{cfg.label.kind!r} gives rewards of 0 or 1; set filter.min_reward to 1.0")
     if cfg.train.max_length <= cfg.sample.max_tokens:
         problems.append(f"train.max_length={cfg.train.max_length} cannot hold a prompt plus "
                         f"sample.max_tokens={cfg.sample.max_tokens}; raise train.max_length")

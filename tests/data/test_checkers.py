@@ -37,3 +37,15 @@ def test_exact_and_regex_checks():
     v = check(rc, "Answer: no\nAnswer: Yes", "yes")
     assert v.correct and v.extracted == "Yes"
     assert not check(rc, "yes", "yes").correct
+
+
+def test_extract_gives_voting_keys():
+    from data.checkers import extract
+
+    assert extract(NumberCheck(), "so 1,234.") == "1234"
+    assert extract(NumberCheck(), "It is 12.0") == "12"
+    assert extract(NumberCheck(), "2.50") == "2.5"
+    assert extract(NumberCheck(), "11 12 13 14 15") is None  # an enumeration casts no vote
+    assert extract(NumberCheck(), "none") is None
+    assert extract(ExactCheck(), " Paris. ") == "paris"
+    assert extract(RegexCheck(pattern=r"A:\s*(\w+)"), "A: x A: Yes") == "yes"

@@ -8,10 +8,10 @@ from flows.config import load_config
 CONFIGS = Path(__file__).parents[2] / "flows" / "configs"
 
 
-@pytest.mark.parametrize("name", ["default.yaml", "gpu.yaml"])
+@pytest.mark.parametrize("name", ["default.yaml", "gpu.yaml", "consistency_rft.yaml"])
 def test_shipped_configs_validate(name):
     cfg = load_config(CONFIGS / name)
-    assert cfg.rounds >= 1 and cfg.label.kind == "verifier"
+    assert cfg.rounds >= 1 and cfg.label.kind == ("consistency" if "consistency" in name else "verifier")
 
 
 def test_default_yaml_is_the_defaults_plus_documented_choices():

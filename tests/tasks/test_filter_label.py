@@ -61,3 +61,38 @@ def test_verify_and_reward_stats():
     assert reward_stats(labeled) == {"reward_mean": 0.75, "pass_at_n": 1.0, "all_correct_frac": 0.5, "labeled": 4.0}
     with pytest.raises(ConfigError, match="data.answer_field"):
         verify([comps[0].model_copy(update={"answer": None})], NumberCheck())
+
+
+def _comps(pid, answer, texts):
+    return [Completion(prompt_id=pid, prompt="q", answer=answer, index=i, text=t, n_tokens=1)
+            for i, t in enumerate(texts)]
+
+
+VOTE_ROWS = (_comps("a", "3", ["1 + 2 = 3", "3", "4", "it is 3.0"])  # 3 of 4 say 3: labeled, right
+             + _comps("b", "5", ["5", "6"])                            # a tie: no label
+             + _comps("c", "7", ["8", "8", "7", "no idea"])            # 8 wins with 2 of 4: labeled, wrong
+             + _comps("d", None, ["2", "2"]))                          # no reference needed
+
+
+def test_majority_vote_hand_worked():
+    from tasks.label import ConsistencyLabel, majority_vote
+
+    rows, m = majority_vote(VOTE_ROWS, NumberCheck(), ConsistencyLabel())
+    by = {(r.prompt_id, r.index): r for r in rows}
+    assert [by[("a", i)].reward for i in range(4)] == [1.0, 1.0, 0.0, 1.0]
+    assert [by[("b", i)].reward for i in range(2)] == [0.0, 0.0]
+    assert [by[("c", i)].reward for i in range(4)] == [1.0, 1.0, 0.0, 0.0]
+    assert [by[("d", i)].reward for i in range(2)] == [1.0, 1.0]
+    assert by[("a", 3)].extracted == "3" and by[("c", 3)].extracted is None
+    # agreement: a 3/4, b 1/2, c 2/4, d 2/2 -> mean 0.6875; labeled a, c, d; of a and c (with refs) one right
+    assert m == {"labeled_prompts_frac": 0.75, "agreement_mean": 0.6875, "pseudo_label_accuracy": 0.5}
+
+
+def test_majority_vote_thresholds():
+    from tasks.label import ConsistencyLabel, majority_vote
+
+    rows, m = majority_vote(VOTE_ROWS, NumberCheck(), ConsistencyLabel(min_agreement=0.6))
+    assert all(r.reward == 0.0 for r in rows if r.prompt_id == "c")  # 2/4 < 0.6
+    assert m["pseudo_label_accuracy"] == 1.0 and m["labeled_prompts_frac"] == 0.5
+    rows, _ = majority_vote(VOTE_ROWS, NumberCheck(), ConsistencyLabel(min_votes=3))
+    assert {r.prompt_id for r in rows if r.reward == 1.0} == {"a"}
