@@ -8,7 +8,6 @@ with an active adapter ran ~4x slower on CPU) and its reference is well-defined.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from pathlib import Path
@@ -83,11 +82,10 @@ def last_checkpoint(ckpt_dir: Path) -> Path | None:
     return max(cks, key=lambda p: int(p.name.split("-")[1])) if cks else None
 
 
-def _trainer_args(cls, cfg: OptimSettings, out: Path, seed: int, n_rows: int, **extra):
+def _trainer_args(cls, cfg: OptimSettings, out: Path, seed: int, **extra):
     import torch
 
     prec = resolve_precision(cfg.precision)
-    steps_per_epoch = math.ceil(n_rows / (cfg.batch_size * cfg.grad_accum))
     return cls(
         output_dir=str(out / "checkpoints"),
         num_train_epochs=cfg.epochs,
@@ -111,7 +109,7 @@ def _trainer_args(cls, cfg: OptimSettings, out: Path, seed: int, n_rows: int, **
         dataloader_num_workers=0,
         disable_tqdm=False,
         **extra,
-    ), prec, steps_per_epoch
+    ), prec
 
 
 def attention_impl(choice: str) -> str:
@@ -235,7 +233,7 @@ def train_rft(model_dir: Path, rows: list[dict], cfg: RFTTrainConfig, out: Path,
             for r in rows
         ]
     )
-    args, prec, _ = _trainer_args(SFTConfig, cfg, out, seed, len(rows), completion_only_loss=True)
+    args, prec = _trainer_args(SFTConfig, cfg, out, seed, completion_only_loss=True)
     trainer = _trainer_class(SFTTrainer)(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config)
     n_tokens = sum(len(x) for x in trainer.train_dataset["input_ids"])
     trainer.train(resume_from_checkpoint=str(ck) if (ck := last_checkpoint(out / "checkpoints")) else None)
