@@ -48,8 +48,29 @@ class LabeledCompletion(BaseModel):
     index: int
     text: str
     n_tokens: int
-    reward: float = Field(description="1.0 correct / 0.0 wrong for the verifier")
+    reward: float | None = Field(
+        description="the label's reward: 1.0/0.0 (verifier, consistency), the judge's score; None = the judge's "
+        "verdict could not be read"
+    )
     extracted: str | None = Field(default=None, description="what the checker read as the answer")
+    correct: bool | None = Field(default=None, description="the verifier's verdict where a reference exists (audit)")
+    votes: list[float | None] | None = Field(default=None, description="the judge's individual verdicts")
+
+
+class PairRow(BaseModel):
+    """One preference pair for DPO: two completions of the same prompt, the better one chosen."""
+
+    model_config = _FROZEN
+    prompt_id: str
+    prompt: str
+    chosen: str
+    rejected: str
+    chosen_reward: float
+    rejected_reward: float
+    chosen_tokens: int
+    rejected_tokens: int
+    chosen_correct: bool | None = None
+    rejected_correct: bool | None = None
 
 
 class SFTRow(BaseModel):

@@ -19,8 +19,8 @@ from data.prompts import AdditionSource, SourceConfig
 from flows.tracking import TrackingConfig
 from models.sampler import SamplerConfig
 from tasks.evaluate import EvaluateConfig
-from tasks.filter import RFTFilter
-from tasks.label import LabelConfig, VerifierLabel
+from tasks.filter import FilterConfig, RFTFilter
+from tasks.label import LabelConfig, VerifierLabel, reward_range
 from tasks.sample import SampleConfig
 from tasks.train import RFTTrainConfig, TrainConfig
 
@@ -49,7 +49,7 @@ class PipelineConfig(BaseModel):
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     sample: SampleConfig = Field(default_factory=SampleConfig)
     label: LabelConfig = Field(default_factory=VerifierLabel)
-    filter: RFTFilter = Field(default_factory=RFTFilter)
+    filter: FilterConfig = Field(default_factory=RFTFilter)
     train: TrainConfig = Field(default_factory=RFTTrainConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
@@ -62,9 +62,20 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
             f"sample.max_tokens={cfg.sample.max_tokens} leaves under 64 prompt tokens within "
             f"sampler.max_model_len={cfg.sampler.max_model_len}; raise sampler.max_model_len or lower sample.max_tokens"
         )
-    if cfg.filter.min_reward > 1.0:
-        problems.append(f"filter.min_reward={cfg.filter.min_reward} can never be reached: label.kind="
-                        f"{cfg.label.kind!r} gives rewards of 0 or 1; set filter.min_reward to 1.0")
+    lo, hi = reward_range(cfg.label)
+    label = f"label.kind={cfg.label.kind!r}" + (f" mode={cfg.label.mode!r}" if cfg.label.kind == "judge" else "")
+    if cfg.filter.kind == "rft" and cfg.filter.min_reward > hi:
+        problems.append(f"filter.min_reward={cfg.filter.min_reward} can never be reached: {label} gives rewards "
+                        f"in [{lo:g}, {hi:g}]; set filter.min_reward to at most {hi:g}")
+    if cfg.filter.kind == "pairs" and cfg.filter.margin > hi - lo:
+        problems.append(f"filter.margin={cfg.filter.margin} is wider than the reward range [{lo:g}, {hi:g}] of "
+                        f"{label}, so no pair can pass; set filter.margin below {hi - lo:g}")
+    if cfg.filter.kind == "pairs" and cfg.train.kind != "dpo":
+        problems.append(f"filter.kind='pairs' builds preference pairs, which train.kind={cfg.train.kind!r} cannot "
+                        "use; set train.kind='dpo' (or filter.kind='rft')")
+    if cfg.train.kind == "dpo" and cfg.filter.kind != "pairs":
+        problems.append(f"train.kind='dpo' needs preference pairs, but filter.kind={cfg.filter.kind!r} builds "
+                        "accepted samples; set filter.kind='pairs' (or train.kind='rft')")
     if cfg.train.max_length <= cfg.sample.max_tokens:
         problems.append(f"train.max_length={cfg.train.max_length} cannot hold a prompt plus "
                         f"sample.max_tokens={cfg.sample.max_tokens}; raise train.max_length")
@@ -164,7 +175,14 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> PipelineC
         if not isinstance(data, dict):
             raise ConfigError([f"{p} must hold a mapping of sections, got {type(data).__name__}"], source=source)
     data, problems = apply_overrides(data, list(overrides))
-    for section, kind in _DEFAULT_KINDS.items():
+    kinds = dict(_DEFAULT_KINDS)
+    train_kind = data.get("train", {}).get("kind") if isinstance(data.get("train"), dict) else None
+    filter_kind = data.get("filter", {}).get("kind") if isinstance(data.get("filter"), dict) else None
+    if train_kind == "dpo" or (train_kind is None and filter_kind == "pairs"):  # the one filter DPO can use
+        kinds.update(filter="pairs", train="dpo")
+        for section in ("filter", "train"):
+            data.setdefault(section, {})
+    for section, kind in kinds.items():
         if isinstance(data.get(section), dict):
             data[section].setdefault("kind", kind)
     try:

@@ -125,8 +125,10 @@ def sample_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManif
 
 
 @task(name="label", cache_policy=NONE, retries=0)
-def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, samples: StageManifest, child: str) -> StageManifest:
-    m, reused = label_mod.label(_store(ctx), samples, cfg.label, cfg.data.model_dump(), k)
+def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, samples: StageManifest, policy: StageManifest,
+               child: str) -> StageManifest:
+    m, reused = label_mod.label(_store(ctx), samples, cfg.label, cfg.data.model_dump(), k, policy=policy,
+                                sampler=cfg.sampler.model_dump(), seed=_round_seed(cfg, k), isolate=cfg.isolate)
     _tracker(cfg, ctx).log_stage(child, m, reused)
     return m
 
@@ -215,7 +217,7 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
     child = _tracker(cfg, ctx).child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
     try:
         samples = sample_task(cfg, ctx, k, policy, prompts, child)
-        labels = label_task(cfg, ctx, k, samples, child)
+        labels = label_task(cfg, ctx, k, samples, policy, child)
         train_set = filter_task(cfg, ctx, k, labels, child)
         candidate = train_task(cfg, ctx, k, policy, train_set, child)
         evaluation = evaluate_task(cfg, ctx, k, candidate, prompts, child)

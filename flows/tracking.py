@@ -134,9 +134,12 @@ class Tracker:
             self.client.log_artifact(run_id, str(p), artifact_path=str(Path(path).parent) or None)
 
     def log_train_curve(self, run_id: str, store: ArtifactStore, m: StageManifest) -> None:
-        """The trainer's per-step log (loss, grad norm, learning rate) as stepped metrics."""
+        """The trainer's per-step log as stepped metrics: loss, grad norm, learning rate, and for
+        DPO the implicit rewards, margins, accuracies and log-probs of chosen and rejected."""
         rows = [json.loads(x) for x in store.path(m, "train_log.jsonl").read_text().splitlines() if x.strip()]
-        self.log_curve(run_id, rows, ("loss", "grad_norm", "learning_rate"), prefix="train/")
+        keys = sorted({k for r in rows for k, v in r.items()
+                       if isinstance(v, (int, float)) and k not in ("step", "epoch", "num_tokens")})
+        self.log_curve(run_id, rows, tuple(keys), prefix="train/")
 
     def log_curve(self, run_id: str, rows: list[dict], keys: tuple[str, ...], prefix: str) -> None:
         import time

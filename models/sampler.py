@@ -53,10 +53,18 @@ class Sampler(Protocol):
         self, prompts: list[str], params: SamplingParams, seed: int
     ) -> list[list[Generation]]: ...
 
+    def next_token_logprobs(self, prompts: list[str], prefix: str, top: int) -> list[dict[int, float]]: ...
+
     def close(self) -> None: ...
 
 
-def chat_token_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
+def chat_token_ids(tokenizer, prompts: list[str], prefix: str = "") -> list[list[int]]:
+    """Chat-templated token ids of each user prompt, ready for the assistant's turn.
+
+    `prefix` is text the assistant's turn starts with (e.g. "Score: "), so the model's
+    next token continues it.
+    """
+    extra = tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
     out = []
     for p in prompts:
         ids = tokenizer.apply_chat_template(
@@ -64,7 +72,7 @@ def chat_token_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
         )
         if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
             ids = ids["input_ids"]
-        out.append(list(ids))
+        out.append(list(ids) + extra)
     return out
 
 
@@ -125,6 +133,24 @@ class VLLMSampler:
             [Generation(c.text, len(c.token_ids), c.finish_reason) for c in o.outputs] for o in outs
         ]
 
+    def next_token_logprobs(self, prompts: list[str], prefix: str, top: int) -> list[dict[int, float]]:
+        """The `top` most likely next tokens after each prompt (+ assistant prefix), as {token id: logprob}.
+
+        One decode step per prompt, batched; vLLM reports raw (untempered) log-probabilities.
+        """
+        from vllm import SamplingParams as VSP
+        from vllm.inputs import TokensPrompt
+
+        sp = VSP(n=1, temperature=0.0, max_tokens=1, logprobs=top)
+        ids = chat_token_ids(self.tokenizer, prompts, prefix)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], sp, use_tqdm=False)
+        result = []
+        for o in outs:
+            first = o.outputs[0].logprobs[0]
+            ranked = sorted(((int(t), float(lp.logprob)) for t, lp in first.items()), key=lambda x: -x[1])
+            result.append(dict(ranked[:top]))  # vLLM adds the sampled token to the top-k; keep k
+        return result
+
     def close(self) -> None:
         del self.llm
 
@@ -177,6 +203,28 @@ class HFSampler:
                     row.append(_decode_hf(tok, seq, params.max_tokens))
                 results.append(row)
         return results
+
+    def next_token_logprobs(self, prompts: list[str], prefix: str, top: int) -> list[dict[int, float]]:
+        import torch
+
+        tok = self.tokenizer
+        ids = chat_token_ids(tok, prompts, prefix)
+        result: list[dict[int, float]] = []
+        bs = self.cfg.hf_batch_size
+        for start in range(0, len(ids), bs):
+            batch = ids[start : start + bs]
+            width = max(len(x) for x in batch)
+            input_ids = torch.tensor([[tok.pad_token_id] * (width - len(x)) + x for x in batch])
+            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch])
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
+            with torch.inference_mode():
+                logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
+                                    position_ids=pos.to(self.device), logits_to_keep=1).logits[:, -1, :]
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            vals, idx = lp.topk(top, dim=-1)
+            for v, i in zip(vals.tolist(), idx.tolist()):
+                result.append(dict(zip(i, v)))
+        return result
 
     def close(self) -> None:
         del self.model

@@ -1,4 +1,5 @@
-"""Trainers: rejection-sampling fine-tuning (SFT on accepted samples) with TRL + PEFT.
+"""Trainers: rejection-sampling fine-tuning (SFT on accepted samples) and DPO on
+preference pairs, both with TRL + PEFT.
 
 The output is always a full model directory: a LoRA adapter is merged into the
 weights it was trained on, so the next round samples from plain weights (vLLM
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class LoraSettings(BaseModel):
@@ -52,6 +53,35 @@ class OptimSettings(BaseModel):
 
 class RFTTrainConfig(OptimSettings):
     kind: Literal["rft"] = "rft"
+
+
+DPOLoss = Literal["sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
+                  "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm"]
+
+
+class DPOTrainConfig(OptimSettings):
+    """DPO with TRL's DPOTrainer. The reference is the round's starting policy: with LoRA it is
+    the same weights with the adapter off (no second model in memory); full fine-tuning keeps a
+    frozen copy."""
+
+    kind: Literal["dpo"] = "dpo"
+    learning_rate: float = Field(default=5e-5, gt=0, description="peak learning rate (LoRA DPO; ~5e-7 full)")
+    beta: float = Field(default=0.1, gt=0, description="strength of the pull toward the reference policy "
+                        "(for ipo: its regularisation tau)")
+    loss_type: list[DPOLoss] = Field(default_factory=lambda: ["sigmoid"], min_length=1,
+                                     description="TRL DPO loss variants; several are summed with loss_weights")
+    loss_weights: list[float] | None = Field(default=None, description="one weight per loss_type entry")
+    label_smoothing: float = Field(default=0.0, ge=0, lt=0.5,
+                                   description="assumed label-flip rate (robust) or epsilon (exo_pair)")
+
+    @model_validator(mode="after")
+    def _loss_settings(self) -> DPOTrainConfig:
+        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
+            raise ValueError(f"train.loss_weights has {len(self.loss_weights)} entries for {len(self.loss_type)} "
+                             f"loss_type entries {self.loss_type}; give one weight per loss or drop loss_weights")
+        if "exo_pair" in self.loss_type and self.label_smoothing == 0:
+            raise ValueError("train.loss_type 'exo_pair' needs train.label_smoothing > 0 (1e-3 is typical)")
+        return self
 
 
 def bf16_supported() -> bool:
@@ -214,6 +244,13 @@ def _trainer_class(trainer_cls):
     return trainer_cls if torch.cuda.is_available() else plain_loss(trainer_cls)
 
 
+def _run(trainer, out: Path) -> bool:
+    """Train, resuming from out/checkpoints when an earlier attempt left one; True if resumed."""
+    ck = last_checkpoint(out / "checkpoints")
+    trainer.train(resume_from_checkpoint=str(ck) if ck else None)
+    return ck is not None
+
+
 def train_rft(model_dir: Path, rows: list[dict], cfg: RFTTrainConfig, out: Path, seed: int) -> dict[str, float]:
     """SFT on accepted (prompt, completion) rows; writes out/model; returns metrics.
 
@@ -236,10 +273,44 @@ def train_rft(model_dir: Path, rows: list[dict], cfg: RFTTrainConfig, out: Path,
     args, prec = _trainer_args(SFTConfig, cfg, out, seed, completion_only_loss=True)
     trainer = _trainer_class(SFTTrainer)(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config)
     n_tokens = sum(len(x) for x in trainer.train_dataset["input_ids"])
-    trainer.train(resume_from_checkpoint=str(ck) if (ck := last_checkpoint(out / "checkpoints")) else None)
+    resumed = _run(trainer, out)
     save_merged(trainer, tok, model_dir, out, cfg.adapter)
     metrics = write_log(trainer, out, started, n_tokens)
-    metrics["rows"] = float(len(rows))
-    metrics["bf16"] = float(prec == "bf16")
-    metrics["resumed"] = float(ck is not None)
+    metrics.update(rows=float(len(rows)), bf16=float(prec == "bf16"), resumed=float(resumed))
+    return metrics
+
+
+def train_dpo(model_dir: Path, rows: list[dict], cfg: DPOTrainConfig, out: Path, seed: int) -> dict[str, float]:
+    """DPO on (prompt, chosen, rejected) rows against the starting policy; writes out/model.
+
+    Resumes from out/checkpoints/ when a previous attempt left a checkpoint.
+    """
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    started = time.time()
+    model, tok, peft_config = load_policy(model_dir, cfg, resolve_precision(cfg.precision))
+    ds = Dataset.from_list(
+        [
+            {
+                "prompt": [{"role": "user", "content": r["prompt"]}],
+                "chosen": [{"role": "assistant", "content": r["chosen"]}],
+                "rejected": [{"role": "assistant", "content": r["rejected"]}],
+            }
+            for r in rows
+        ]
+    )
+    args, prec = _trainer_args(DPOConfig, cfg, out, seed, beta=cfg.beta, loss_type=list(cfg.loss_type),
+                               loss_weights=cfg.loss_weights, label_smoothing=cfg.label_smoothing)
+    trainer = DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config)
+    d = trainer.train_dataset
+    n_tokens = sum(len(p) + len(c) + len(r) for p, c, r in zip(d["prompt_ids"], d["chosen_ids"], d["rejected_ids"]))
+    resumed = _run(trainer, out)
+    save_merged(trainer, tok, model_dir, out, cfg.adapter)
+    metrics = write_log(trainer, out, started, n_tokens)
+    last = [h for h in trainer.state.log_history if "rewards/margins" in h]
+    if last:
+        for k in ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"):
+            metrics["last_" + k.replace("/", "_")] = float(last[-1][k])
+    metrics.update(rows=float(len(rows)), bf16=float(prec == "bf16"), resumed=float(resumed))
     return metrics

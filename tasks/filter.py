@@ -1,23 +1,31 @@
-"""filter: labeled completions -> the accepted set for rejection-sampling fine-tuning.
+"""filter: labeled completions -> the round's training set.
 
-Keeps completions whose reward reaches `min_reward`, drops exact duplicates
-(after whitespace/case normalisation) within a prompt, drops over-long ones, and
-keeps at most `max_per_prompt` per prompt (shortest first, or seeded random).
-An accepted set smaller than `min_rows` stops the round: training on nothing
-would silently copy the parent model forward.
+kind=rft: the accepted set for rejection-sampling fine-tuning. Keeps completions
+whose reward reaches `min_reward`, drops exact duplicates (after whitespace/case
+normalisation) within a prompt, drops over-long ones, and keeps at most
+`max_per_prompt` per prompt (shortest first, or seeded random).
+
+kind=pairs: preference pairs for DPO. Per prompt, the best-scored completion
+against the worst, when their reward gap reaches `margin`; equal scores never make
+a pair. Duplicates and unscored completions are left out first, and an optional
+length-bias guard refuses pairs whose chosen side is much longer than the rejected
+one (the best pair that passes it is taken instead).
+
+Either way, a training set smaller than its minimum stops the round with the knobs
+to turn: training on nothing would silently copy the parent model forward.
 """
 
 from __future__ import annotations
 
 import random
 from collections import defaultdict
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from data.errors import EmptyStageError
 from data.manifest import StageManifest
-from data.records import LabeledCompletion, SFTRow, read_jsonl, write_jsonl
+from data.records import LabeledCompletion, PairRow, SFTRow, read_jsonl, write_jsonl
 from data.store import ArtifactStore
 from tasks.stage import StageRequest, code_version, run_stage
 
@@ -34,6 +42,30 @@ class RFTFilter(BaseModel):
     min_rows: int = Field(default=16, ge=1, description="fewer accepted rows than this stops the round")
 
 
+class PairFilter(BaseModel):
+    """Preference pairs (chosen, rejected) per prompt for DPO."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["pairs"] = "pairs"
+    margin: float = Field(
+        default=0.1, ge=0,
+        description="least reward gap between chosen and rejected, in the label's units (0-1 for verifier, "
+        "consistency and judge p_yes; 0-5 for the judge rubric); equal rewards never pair",
+    )
+    max_pairs_per_prompt: int = Field(default=1, ge=1, description="pairs per prompt, widest gap first, "
+                                      "each completion used once")
+    max_length_ratio: float | None = Field(
+        default=None, ge=1,
+        description="length-bias guard: refuse a pair whose chosen completion has more than this many times the "
+        "rejected one's tokens (e.g. 1.5); null = off",
+    )
+    max_tokens: int | None = Field(default=None, ge=1, description="leave out completions longer than this")
+    min_pairs: int = Field(default=16, ge=1, description="fewer pairs than this stops the round")
+
+
+FilterConfig = Annotated[RFTFilter | PairFilter, Field(discriminator="kind")]
+
+
 def _norm(text: str) -> str:
     return " ".join(text.lower().split())
 
@@ -48,7 +80,7 @@ def accept(rows: list[LabeledCompletion], cfg: RFTFilter, seed: int) -> tuple[li
     for pid in sorted(by_prompt):
         seen, cands = set(), []
         for r in sorted(by_prompt[pid], key=lambda r: r.index):
-            if r.reward < cfg.min_reward:
+            if r.reward is None or r.reward < cfg.min_reward:
                 dropped["below_reward"] += 1
             elif cfg.max_tokens is not None and r.n_tokens > cfg.max_tokens:
                 dropped["too_long"] += 1
@@ -70,25 +102,110 @@ def accept(rows: list[LabeledCompletion], cfg: RFTFilter, seed: int) -> tuple[li
     return kept, metrics
 
 
+def build_pairs(rows: list[LabeledCompletion], cfg: PairFilter) -> tuple[list[PairRow], dict[str, float]]:
+    """Pairs per prompt, widest reward gap first; ties and sub-margin gaps never pair.
+
+    Candidates per prompt: scored, non-empty, not over max_tokens, first of each
+    duplicate (by sample index). All (chosen, rejected) with gap >= margin and > 0 are
+    ranked by (gap desc, chosen index, rejected index); pairs are taken greedily, each
+    completion once, skipping any the length guard refuses.
+    """
+    by_prompt: dict[str, list[LabeledCompletion]] = defaultdict(list)
+    for r in rows:
+        by_prompt[r.prompt_id].append(r)
+    pairs: list[PairRow] = []
+    counts = {"unscored": 0, "duplicate": 0, "too_long": 0, "tie_prompts": 0, "below_margin_prompts": 0,
+              "length_bias_prompts": 0, "single_prompts": 0}
+    for pid in sorted(by_prompt):
+        seen, cands = set(), []
+        for r in sorted(by_prompt[pid], key=lambda r: r.index):
+            if r.reward is None:
+                counts["unscored"] += 1
+            elif cfg.max_tokens is not None and r.n_tokens > cfg.max_tokens:
+                counts["too_long"] += 1
+            elif not r.text.strip() or _norm(r.text) in seen:
+                counts["duplicate"] += 1
+            else:
+                seen.add(_norm(r.text))
+                cands.append(r)
+        if len(cands) < 2:
+            counts["single_prompts"] += 1
+            continue
+        if len({c.reward for c in cands}) == 1:
+            counts["tie_prompts"] += 1
+            continue
+        options = sorted(((c, r) for c in cands for r in cands
+                          if c.reward - r.reward > 0 and c.reward - r.reward >= cfg.margin),
+                         key=lambda cr: (-(cr[0].reward - cr[1].reward), cr[0].index, cr[1].index))
+        if not options:
+            counts["below_margin_prompts"] += 1
+            continue
+        used: set[int] = set()
+        taken = 0
+        for c, r in options:
+            if taken == cfg.max_pairs_per_prompt:
+                break
+            if c.index in used or r.index in used:
+                continue
+            if cfg.max_length_ratio is not None and c.n_tokens > cfg.max_length_ratio * max(r.n_tokens, 1):
+                continue
+            used.update((c.index, r.index))
+            taken += 1
+            pairs.append(PairRow(prompt_id=pid, prompt=c.prompt, chosen=c.text, rejected=r.text,
+                                 chosen_reward=c.reward, rejected_reward=r.reward, chosen_tokens=c.n_tokens,
+                                 rejected_tokens=r.n_tokens, chosen_correct=c.correct, rejected_correct=r.correct))
+        if taken == 0:
+            counts["length_bias_prompts"] += 1
+    n = max(len(pairs), 1)
+    metrics = {f"dropped_{k}": float(v) for k, v in counts.items()}
+    metrics.update(
+        pairs=float(len(pairs)), prompts=float(len(by_prompt)),
+        prompts_covered=float(len({p.prompt_id for p in pairs})),
+        reward_gap_mean=sum(p.chosen_reward - p.rejected_reward for p in pairs) / n,
+        chosen_tokens_mean=sum(p.chosen_tokens for p in pairs) / n,
+        rejected_tokens_mean=sum(p.rejected_tokens for p in pairs) / n,
+    )
+    known = [p for p in pairs if p.chosen_correct is not None and p.rejected_correct is not None]
+    if known:  # what the verifier thinks of the pairs the label built
+        metrics["pair_accuracy"] = sum(p.chosen_correct and not p.rejected_correct for p in known) / len(known)
+        metrics["pair_inverted"] = sum(p.rejected_correct and not p.chosen_correct for p in known) / len(known)
+        metrics["chosen_correct_frac"] = sum(p.chosen_correct for p in known) / len(known)
+    return pairs, metrics
+
+
 def filter_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
-    cfg = RFTFilter.model_validate(req.config["filter"])
     rows = read_jsonl(store.path(req.parent("label"), "labels.jsonl"), LabeledCompletion)
-    kept, metrics = accept(rows, cfg, req.seed)
-    if len(kept) < cfg.min_rows:
-        raise EmptyStageError(
-            f"round {req.round}: filter accepted {len(kept)} rows < filter.min_rows={cfg.min_rows} "
-            f"({int(metrics['dropped_below_reward'])} of {len(rows)} completions were wrong). "
-            "Sample more per prompt (sample.n), raise sample.temperature, add prompts, "
-            "or lower filter.min_rows / filter.min_reward."
-        )
+    if req.config["filter"]["kind"] == "pairs":
+        pcfg = PairFilter.model_validate(req.config["filter"])
+        kept, metrics = build_pairs(rows, pcfg)
+        if len(kept) < pcfg.min_pairs:
+            raise EmptyStageError(
+                f"round {req.round}: filter built {len(kept)} preference pairs < filter.min_pairs={pcfg.min_pairs} "
+                f"from {int(metrics['prompts'])} prompts ({int(metrics['dropped_tie_prompts'])} had all-equal "
+                f"rewards, {int(metrics['dropped_below_margin_prompts'])} no gap >= filter.margin={pcfg.margin}, "
+                f"{int(metrics['dropped_length_bias_prompts'])} only length-biased pairs, "
+                f"{int(metrics['dropped_unscored'])} completions unscored). Sample more per prompt (sample.n), raise "
+                "sample.temperature, lower filter.margin, raise or drop filter.max_length_ratio, "
+                "or lower filter.min_pairs."
+            )
+    else:
+        cfg = RFTFilter.model_validate(req.config["filter"])
+        kept, metrics = accept(rows, cfg, req.seed)
+        if len(kept) < cfg.min_rows:
+            raise EmptyStageError(
+                f"round {req.round}: filter accepted {len(kept)} rows < filter.min_rows={cfg.min_rows} "
+                f"({int(metrics['dropped_below_reward'])} of {len(rows)} completions were below "
+                f"filter.min_reward={cfg.min_reward}). Sample more per prompt (sample.n), raise sample.temperature, "
+                "add prompts, or lower filter.min_rows / filter.min_reward."
+            )
     d = store.stage_dir(req.stage, req.key)
     n = write_jsonl(d / "train_set.jsonl", kept)
     return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
                         config=req.config, parents=req.parents, outputs={"train_set.jsonl": n},
-                        metrics=metrics, started=req.started)
+                        metrics=metrics, info={"rows": req.config["filter"]["kind"]}, started=req.started)
 
 
-def filter_rows(store: ArtifactStore, labels: StageManifest, cfg: RFTFilter, seed: int,
+def filter_rows(store: ArtifactStore, labels: StageManifest, cfg: RFTFilter | PairFilter, seed: int,
                 round: int) -> tuple[StageManifest, bool]:
     config = {"filter": cfg.model_dump(), "seed": seed}
     return run_stage(store, stage="filter", round=round, body="tasks.filter:filter_body", code=CODE,

@@ -10,10 +10,22 @@ pseudo-label, and completions that agree with it get reward 1.0. Ties and weak
 majorities label nothing rather than guess. Where references exist, the share
 of pseudo-labels that are right is logged: it says whether self-consistency is
 informative for this model.
+
+kind=judge: the current policy rates its own completions (tasks/judge.py: the
+additive 5-point rubric in text, or token-probability modes for small models).
+It runs in a worker process through the sampler backend, in shards, so a resumed
+stage judges only what is missing.
+
+Where reference answers exist, every kind records the verifier's verdict next to
+its reward, and the label-free kinds log how well their reward ranks right above
+wrong answers (AUC, overall and within prompts): whether self-reward is
+informative for this model.
 """
 
 from __future__ import annotations
 
+import shutil
+import time
 from collections import Counter, defaultdict
 from typing import Annotated, Literal
 
@@ -25,9 +37,12 @@ from data.manifest import StageManifest
 from data.prompts import SourceConfig
 from data.records import Completion, LabeledCompletion, read_jsonl, write_jsonl
 from data.store import ArtifactStore
+from tasks.judge import JudgeLabel
 from tasks.stage import StageRequest, code_version, run_stage
 
-CODE = code_version("tasks.label", "data.checkers", "data.records")
+CODE = code_version("tasks.label", "tasks.judge", "data.checkers", "data.records")
+JUDGE_CODE = code_version("tasks.label", "tasks.judge", "tasks.sample", "models.sampler", "data.checkers",
+                          "data.records")
 
 
 class VerifierLabel(BaseModel):
@@ -49,7 +64,15 @@ class ConsistencyLabel(BaseModel):
     min_votes: int = Field(default=2, ge=1, description="fewest samples that must agree on the majority answer")
 
 
-LabelConfig = Annotated[VerifierLabel | ConsistencyLabel, Field(discriminator="kind")]
+LabelConfig = Annotated[VerifierLabel | ConsistencyLabel | JudgeLabel, Field(discriminator="kind")]
+
+
+def reward_range(cfg) -> tuple[float, float]:
+    return cfg.scale if cfg.kind == "judge" else (0.0, 1.0)
+
+
+def _truth(check_cfg, c: Completion) -> bool | None:
+    return check(check_cfg, c.text, c.answer).correct if c.answer is not None else None
 
 
 def verify(rows: list[Completion], check_cfg) -> list[LabeledCompletion]:
@@ -64,7 +87,7 @@ def verify(rows: list[Completion], check_cfg) -> list[LabeledCompletion]:
         v = check(check_cfg, r.text, r.answer)
         out.append(LabeledCompletion(prompt_id=r.prompt_id, prompt=r.prompt, answer=r.answer, index=r.index,
                                      text=r.text, n_tokens=r.n_tokens, reward=float(v.correct),
-                                     extracted=v.extracted))
+                                     extracted=v.extracted, correct=v.correct))
     return out
 
 
@@ -97,7 +120,8 @@ def majority_vote(rows: list[Completion], check_cfg, cfg: ConsistencyLabel
         for c, k in zip(comps, keys):
             out.append(LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index,
                                          text=c.text, n_tokens=c.n_tokens,
-                                         reward=float(label is not None and k == label), extracted=k))
+                                         reward=float(label is not None and k == label), extracted=k,
+                                         correct=_truth(check_cfg, c)))
     n = max(len(by_prompt), 1)
     metrics = {"labeled_prompts_frac": labeled / n, "agreement_mean": sum(agreement) / n}
     if with_ref:
@@ -105,17 +129,112 @@ def majority_vote(rows: list[Completion], check_cfg, cfg: ConsistencyLabel
     return out, metrics
 
 
+def auc(scores: list[float], truth: list[bool]) -> float | None:
+    """P(score of a right answer > score of a wrong one), ties counting half; None without both."""
+    pos = sorted(s for s, t in zip(scores, truth) if t)
+    neg = sorted(s for s, t in zip(scores, truth) if not t)
+    if not pos or not neg:
+        return None
+    import bisect
+
+    wins = sum(bisect.bisect_left(neg, p) + 0.5 * (bisect.bisect_right(neg, p) - bisect.bisect_left(neg, p))
+               for p in pos)
+    return wins / (len(pos) * len(neg))
+
+
+def agreement(rows: list[LabeledCompletion]) -> dict[str, float]:
+    """How well the label's reward ranks verifier-correct completions above wrong ones.
+
+    verifier_auc pools all completions; verifier_within_prompt_auc averages the AUC of
+    each prompt that has both right and wrong samples, which is what best-vs-worst pair
+    building relies on. Unscored completions are left out.
+    """
+    scored = [r for r in rows if r.correct is not None and r.reward is not None]
+    out: dict[str, float] = {}
+    if (a := auc([r.reward for r in scored], [r.correct for r in scored])) is not None:
+        out["verifier_auc"] = a
+    by_prompt: dict[str, list[LabeledCompletion]] = defaultdict(list)
+    for r in scored:
+        by_prompt[r.prompt_id].append(r)
+    per = [a for g in by_prompt.values() if (a := auc([r.reward for r in g], [r.correct for r in g])) is not None]
+    if per:
+        out["verifier_within_prompt_auc"] = sum(per) / len(per)
+        out["verifier_auc_prompts"] = float(len(per))
+    return out
+
+
 def reward_stats(rows: list[LabeledCompletion]) -> dict[str, float]:
     by_prompt: dict[str, list[float]] = defaultdict(list)
     for r in rows:
-        by_prompt[r.prompt_id].append(r.reward)
-    n = max(len(rows), 1)
-    return {
-        "reward_mean": sum(r.reward for r in rows) / n,
-        "pass_at_n": sum(max(v) > 0 for v in by_prompt.values()) / max(len(by_prompt), 1),
-        "all_correct_frac": sum(min(v) > 0 for v in by_prompt.values()) / max(len(by_prompt), 1),
+        if r.reward is not None:
+            by_prompt[r.prompt_id].append(r.reward)
+    scored = [r.reward for r in rows if r.reward is not None]
+    n = max(len(scored), 1)
+    mean = sum(scored) / n
+    out = {
+        "reward_mean": mean,
+        "reward_std": (sum((x - mean) ** 2 for x in scored) / n) ** 0.5,
         "labeled": float(len(rows)),
+        "unscored": float(len(rows) - len(scored)),
     }
+    truth = [r.correct for r in rows if r.correct is not None]
+    if truth:  # the verifier's view of the samples, whatever the label kind
+        per: dict[str, list[bool]] = defaultdict(list)
+        for r in rows:
+            if r.correct is not None:
+                per[r.prompt_id].append(r.correct)
+        out["correct_frac"] = sum(truth) / len(truth)
+        out["pass_at_n"] = sum(any(v) for v in per.values()) / len(per)
+        out["all_correct_frac"] = sum(all(v) for v in per.values()) / len(per)
+    return out
+
+
+def judge(req: StageRequest, store: ArtifactStore, rows: list[Completion], check_cfg, cfg: JudgeLabel
+          ) -> tuple[list[LabeledCompletion], dict[str, float]]:
+    """Score rows with the policy as judge, shard by shard (resumable); returns rows and judge metrics."""
+    from tqdm import tqdm
+
+    from models.sampler import SamplerConfig, open_sampler
+    from tasks.judge import check_fits, judge_batch
+    from tasks.prepare import model_dir
+    from tasks.sample import shard_seed
+
+    shard_dir = store.stage_dir(req.stage, req.key) / "shards"
+    shard_dir.mkdir(exist_ok=True)
+    n_shards = (len(rows) + cfg.shard_size - 1) // cfg.shard_size
+    missing = [s for s in range(n_shards) if not (shard_dir / f"{s:05d}.jsonl").exists()]
+    t0, judge_s, judged = time.time(), 0.0, 0
+    if missing:
+        scfg = SamplerConfig.model_validate(req.config["sampler"])
+        sampler = open_sampler(model_dir(store, req.parent_model), scfg, seed=req.seed)
+        load_s = time.time() - t0
+        if scfg.backend == "vllm":
+            check_fits(sampler.tokenizer, cfg, [(c.prompt, c.text) for c in rows], scfg.max_model_len)
+        for s in tqdm(missing, desc="judge", unit="shard"):
+            chunk = rows[s * cfg.shard_size : (s + 1) * cfg.shard_size]
+            t = time.time()
+            scores = judge_batch(sampler, cfg, [(c.prompt, c.text) for c in chunk], shard_seed(req.seed, s))
+            judge_s += time.time() - t
+            judged += len(chunk)
+            write_jsonl(shard_dir / f"{s:05d}.jsonl", [
+                LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index,
+                                  text=c.text, n_tokens=c.n_tokens, reward=reward, votes=votes,
+                                  extracted=extract(check_cfg, c.text), correct=_truth(check_cfg, c))
+                for c, (reward, votes) in zip(chunk, scores)])
+        sampler.close()
+    else:
+        load_s = 0.0
+    out = [r for s in range(n_shards) for r in read_jsonl(shard_dir / f"{s:05d}.jsonl", LabeledCompletion)]
+    shutil.rmtree(shard_dir)
+    votes = [v for r in out for v in (r.votes or [])]
+    metrics = {
+        "judge_scored_frac": sum(r.reward is not None for r in out) / max(len(out), 1),
+        "judge_verdicts_read_frac": sum(v is not None for v in votes) / max(len(votes), 1),
+        "judge_verdicts": float(len(votes)),
+        "judge_s": judge_s, "judge_load_s": load_s, "judge_shards_reused": float(n_shards - len(missing)),
+        "judgements_per_s": judged / judge_s if judge_s else 0.0,
+    }
+    return out, metrics
 
 
 def label_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
@@ -127,6 +246,10 @@ def label_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
             labeled, extra = verify(rows, src.check), {}
         case "consistency":
             labeled, extra = majority_vote(rows, src.check, cfg)
+        case "judge":
+            labeled, extra = judge(req, store, rows, src.check, cfg)
+    if cfg.kind != "verifier":
+        extra.update(agreement(labeled))
     d = store.stage_dir(req.stage, req.key)
     n = write_jsonl(d / "labels.jsonl", labeled)
     return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
@@ -134,8 +257,17 @@ def label_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
                         metrics={**reward_stats(labeled), **extra}, started=req.started)
 
 
-def label(store: ArtifactStore, samples: StageManifest, cfg: VerifierLabel | ConsistencyLabel, data_cfg: dict,
-          round: int) -> tuple[StageManifest, bool]:
+def label(store: ArtifactStore, samples: StageManifest, cfg: VerifierLabel | ConsistencyLabel | JudgeLabel,
+          data_cfg: dict, round: int, policy: StageManifest | None = None, sampler: dict | None = None,
+          seed: int = 0, isolate: bool = True) -> tuple[StageManifest, bool]:
+    """Label a sample stage. The judge needs the policy that judges (the round's starting
+    model), the sampler settings and a seed; it runs in a worker process like sampling."""
     config = {"label": cfg.model_dump(), "data": data_cfg}
-    return run_stage(store, stage="label", round=round, body="tasks.label:label_body", code=CODE,
-                     config=config, parents=[samples])
+    if cfg.kind != "judge":
+        return run_stage(store, stage="label", round=round, body="tasks.label:label_body", code=CODE,
+                         config=config, parents=[samples])
+    if policy is None or sampler is None:
+        raise ValueError("label.kind='judge' needs the judging policy and the sampler settings")
+    config.update(sampler=sampler, seed=seed)
+    return run_stage(store, stage="label", round=round, body="tasks.label:label_body", code=JUDGE_CODE,
+                     config=config, parents=[samples, policy], isolate=isolate, keep_partial=True)

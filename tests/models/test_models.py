@@ -91,3 +91,56 @@ def test_plain_loss_matches_trl_loss(tiny_model):
         with torch.no_grad():
             losses.append(float(tr.compute_loss(tr.model, dict(batch))))
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+
+
+PAIRS = [{"prompt": f"What is {a} + {b}?", "chosen": f"{a} + {b} = {a + b}.", "rejected": f"It is {a + b + 3}, I think."}
+         for a in range(4) for b in range(2)]
+
+
+@pytest.mark.parametrize("adapter", ["lora", "full"])
+def test_one_dpo_step_moves_the_policy_toward_chosen(tiny_model, tmp_path, adapter):
+    """A real TRL DPOTrainer step: the weights change, the implicit reward margin is logged,
+    and the trained policy prefers chosen over rejected more than its reference did."""
+    from models.trainer import DPOTrainConfig, train_dpo
+
+    cfg = DPOTrainConfig(adapter=adapter, epochs=1, batch_size=8, learning_rate=5e-2 if adapter == "lora" else 5e-3,
+                         logging_steps=1, beta=0.1)
+    m = train_dpo(tiny_model, PAIRS, cfg, tmp_path, seed=0)
+    assert m["steps"] == 1 and m["rows"] == 8
+    before, after = _weights(tiny_model), _weights(tmp_path / "model")
+    assert [k for k in before if not torch.equal(before[k], after[k])], "the DPO step changed no weight"
+    log = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert {"rewards/margins", "rewards/chosen", "logps/rejected"} <= log[0].keys()
+
+    def margin(model_dir):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from models.sampler import chat_token_ids
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        total = 0.0
+        for r in PAIRS:
+            for side, sign in (("chosen", 1), ("rejected", -1)):
+                prompt = chat_token_ids(tok, [r["prompt"]])[0]
+                full = tok.apply_chat_template([{"role": "user", "content": r["prompt"]},
+                                                {"role": "assistant", "content": r[side]}], tokenize=True)
+                full = list(full["input_ids"] if hasattr(full, "keys") else full)
+                ids = torch.tensor([full])
+                with torch.no_grad():
+                    lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+                tgt = ids[0, 1:]
+                total += sign * lp[len(prompt) - 1:].gather(1, tgt[len(prompt) - 1:, None]).sum().item()
+        return total
+
+    assert margin(tmp_path / "model") > margin(tiny_model)
+
+
+def test_dpo_config_errors_name_the_fix():
+    from models.trainer import DPOTrainConfig
+
+    with pytest.raises(ValueError, match="one weight per loss"):
+        DPOTrainConfig(loss_type=["sigmoid", "sft"], loss_weights=[1.0])
+    with pytest.raises(ValueError, match="label_smoothing > 0"):
+        DPOTrainConfig(loss_type=["exo_pair"])
+    assert DPOTrainConfig(loss_type=["ipo"]).loss_type == ["ipo"]
