@@ -70,6 +70,9 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
     if cfg.filter.kind == "pairs" and cfg.filter.margin > hi - lo:
         problems.append(f"filter.margin={cfg.filter.margin} is wider than the reward range [{lo:g}, {hi:g}] of "
                         f"{label}, so no pair can pass; set filter.margin below {hi - lo:g}")
+    if cfg.label.kind == "judge" and cfg.sampler.backend == "vllm" and cfg.label.top_logprobs > 20:
+        problems.append(f"label.top_logprobs={cfg.label.top_logprobs}: vLLM returns at most 20 candidates; set it "
+                        "to 20 or less (or sampler.backend='hf', which reads the whole vocabulary)")
     if cfg.filter.kind == "pairs" and cfg.train.kind != "dpo":
         problems.append(f"filter.kind='pairs' builds preference pairs, which train.kind={cfg.train.kind!r} cannot "
                         "use; set train.kind='dpo' (or filter.kind='rft')")

@@ -81,6 +81,26 @@ def _round_seed(cfg: PipelineConfig, k: int) -> int:
 
 # tasks: one call each, then tracking ----------------------------------------
 
+def _finished(m: StageManifest, reused: bool):
+    """A reused stage ends its Prefect task in a Completed state named "Cached".
+
+    The cache is the artifact store, keyed by stage + code version + config slice +
+    input digests and verified on every hit; Prefect's own cache policies (which
+    include the flow run) are off. Callers unwrap the state with `_value`.
+    """
+    if not reused:
+        return m
+    from prefect.states import Completed
+
+    return Completed(name="Cached", data=m, message=f"{m.stage} reused from {m.dir} (key {m.key[:16]}, verified)")
+
+
+def _value(x):
+    from prefect.client.schemas.objects import State
+
+    return x.result() if isinstance(x, State) else x
+
+
 @task(name="prompts", cache_policy=NONE, retries=0)
 def prompts_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     data = cfg.data.model_dump()
@@ -90,14 +110,14 @@ def prompts_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     if t.log_stage(ctx.parent_run_id, m, reused):
         t.log_dataset(ctx.parent_run_id, _store(ctx), m, "train.jsonl", "train-prompts")
         t.log_dataset(ctx.parent_run_id, _store(ctx), m, "eval.jsonl", "eval-prompts")
-    return m
+    return _finished(m, reused)
 
 
 @task(name="base-model", cache_policy=NONE, retries=0)
 def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     src = cfg.model.path
     path = default_model_dir() if src == "default" else _local_model(src)
-    return prepare.base_model(_store(ctx), src, path)[0]
+    return _finished(*prepare.base_model(_store(ctx), src, path))
 
 
 def _local_model(src: str) -> Path:
@@ -121,7 +141,7 @@ def sample_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManif
     t = _tracker(cfg, ctx)
     if t.log_stage(child, m, reused):
         t.log_dataset(child, _store(ctx), m, "samples.jsonl", "samples")
-    return m
+    return _finished(m, reused)
 
 
 @task(name="label", cache_policy=NONE, retries=0)
@@ -130,7 +150,7 @@ def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, samples: StageManif
     m, reused = label_mod.label(_store(ctx), samples, cfg.label, cfg.data.model_dump(), k, policy=policy,
                                 sampler=cfg.sampler.model_dump(), seed=_round_seed(cfg, k), isolate=cfg.isolate)
     _tracker(cfg, ctx).log_stage(child, m, reused)
-    return m
+    return _finished(m, reused)
 
 
 @task(name="filter", cache_policy=NONE, retries=0)
@@ -139,7 +159,7 @@ def filter_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageManif
     t = _tracker(cfg, ctx)
     if t.log_stage(child, m, reused):
         t.log_dataset(child, _store(ctx), m, "train_set.jsonl", "training")
-    return m
+    return _finished(m, reused)
 
 
 @task(name="train", cache_policy=NONE, retries=0)
@@ -150,7 +170,7 @@ def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
     t = _tracker(cfg, ctx)
     if t.log_stage(child, m, reused):
         t.log_train_curve(child, store, m)
-    return m
+    return _finished(m, reused)
 
 
 @task(name="evaluate", cache_policy=NONE, retries=0)
@@ -161,7 +181,7 @@ def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     t = _tracker(cfg, ctx)
     if t.log_stage(child, m, reused):
         t.log_metrics(ctx.parent_run_id, {"accuracy": m.metrics["accuracy"]}, prefix="eval.", step=k)
-    return m
+    return _finished(m, reused)
 
 
 @task(name="register", cache_policy=NONE, retries=0)
@@ -216,11 +236,11 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
                parent_version: str) -> RoundResult:
     child = _tracker(cfg, ctx).child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
     try:
-        samples = sample_task(cfg, ctx, k, policy, prompts, child)
-        labels = label_task(cfg, ctx, k, samples, policy, child)
-        train_set = filter_task(cfg, ctx, k, labels, child)
-        candidate = train_task(cfg, ctx, k, policy, train_set, child)
-        evaluation = evaluate_task(cfg, ctx, k, candidate, prompts, child)
+        samples = _value(sample_task(cfg, ctx, k, policy, prompts, child))
+        labels = _value(label_task(cfg, ctx, k, samples, policy, child))
+        train_set = _value(filter_task(cfg, ctx, k, labels, child))
+        candidate = _value(train_task(cfg, ctx, k, policy, train_set, child))
+        evaluation = _value(evaluate_task(cfg, ctx, k, candidate, prompts, child))
         return register_task(cfg, ctx, k, candidate, evaluation, parent_version, child,
                              [samples, labels, train_set, candidate, evaluation])
     except BaseException:
@@ -233,7 +253,7 @@ def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, prompt
     """The starting model's held-out accuracy: the bar round 1 must clear."""
     child = _tracker(cfg, ctx).child(ctx.parent_run_id, 0, {"ratchet.run": ctx.run_name})
     try:
-        evaluation = evaluate_task(cfg, ctx, 0, base, prompts, child)
+        evaluation = _value(evaluate_task(cfg, ctx, 0, base, prompts, child))
         return register_task(cfg, ctx, 0, base, evaluation, None, child, [evaluation])
     except BaseException:
         _tracker(cfg, ctx).end(child, "FAILED")
@@ -242,8 +262,8 @@ def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, prompt
 
 @flow(name="self_improve", flow_run_name="{cfg.name}", validate_parameters=False)
 def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
-    prompts = prompts_task(cfg, ctx)
-    base = base_task(cfg, ctx)
+    prompts = _value(prompts_task(cfg, ctx))
+    base = _value(base_task(cfg, ctx))
     results = [round_zero(cfg, ctx, base, prompts)]
     for k in range(1, cfg.rounds + 1):
         last = results[-1]

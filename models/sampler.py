@@ -221,7 +221,7 @@ class HFSampler:
                 logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
                                     position_ids=pos.to(self.device), logits_to_keep=1).logits[:, -1, :]
             lp = torch.log_softmax(logits.float(), dim=-1)
-            vals, idx = lp.topk(top, dim=-1)
+            vals, idx = lp.topk(min(top, lp.shape[-1]), dim=-1)
             for v, i in zip(vals.tolist(), idx.tolist()):
                 result.append(dict(zip(i, v)))
         return result

@@ -238,6 +238,65 @@ def plain_loss(trainer_cls):
     return PlainLoss
 
 
+def plain_lm_head(model) -> bool:
+    """Replace TRL's fused LM head on `model` with a plain one that scores only the labelled positions.
+
+    TRL's DPOTrainer patches the model so `model(..., fused_lm_head=True)` returns per-token
+    log-probabilities. Off Triton devices its tiled kernel scores every position, prompt
+    included, and recomputes the tiles in backward. This head projects only the positions
+    with a label (the completions) through the LM head, in fp32 so bf16 rounding of the
+    logits cannot bias the log-ratios, and returns the same fields. Returns False (and
+    leaves TRL's head) for models whose logits are scaled or soft-capped.
+    """
+    import types
+
+    import torch
+    from trl.trainer.utils import FusedCausalLMOutput
+
+    text = model.config.get_text_config()
+    if any(getattr(text, a, None) is not None
+           for a in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
+                     "logits_scaling")):
+        return False
+    original = types.MethodType(type(model).forward, model)
+
+    def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
+        if not fused_lm_head:
+            extra = {k: v for k, v in (("labels", labels), ("shift_labels", shift_labels),
+                                       ("num_items_in_batch", num_items_in_batch)) if v is not None}
+            return original(*args, **kwargs, **extra)
+        kwargs["use_cache"] = False
+        hidden = self.base_model(*args, **kwargs).last_hidden_state
+        if shift_labels is None:
+            hidden, labels = hidden[:, :-1], labels[:, 1:]
+        else:
+            labels = shift_labels
+        mask = labels != -100
+        head = self.get_output_embeddings()
+        with torch.autocast(hidden.device.type, enabled=False):
+            logits = torch.nn.functional.linear(hidden[mask].float(), head.weight.float(),
+                                                None if head.bias is None else head.bias.float())
+        logp = torch.log_softmax(logits, dim=-1)
+        target = labels[mask]
+        token_lp = logp.gather(1, target[:, None]).squeeze(1)
+        with torch.no_grad():
+            entropy = -(logp.exp() * logp).sum(-1)
+            mean_logits = logits.mean(-1)
+            is_top1 = logits.argmax(-1) == target
+
+        def spread(x):
+            return x.new_zeros(mask.shape).masked_scatter(mask, x)
+
+        log_probs = spread(token_lp)
+        denom = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+        return FusedCausalLMOutput(loss=-log_probs.sum() / denom, log_probs=log_probs, entropy=spread(entropy),
+                                   log_sum_sq_probs=None, mean_logits=spread(mean_logits), is_top1=spread(is_top1),
+                                   label_mask=mask, aux_loss=None)
+
+    model.forward = types.MethodType(forward, model)
+    return True
+
+
 def _trainer_class(trainer_cls):
     import torch
 
@@ -285,6 +344,7 @@ def train_dpo(model_dir: Path, rows: list[dict], cfg: DPOTrainConfig, out: Path,
 
     Resumes from out/checkpoints/ when a previous attempt left a checkpoint.
     """
+    import torch
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
@@ -303,6 +363,10 @@ def train_dpo(model_dir: Path, rows: list[dict], cfg: DPOTrainConfig, out: Path,
     args, prec = _trainer_args(DPOConfig, cfg, out, seed, beta=cfg.beta, loss_type=list(cfg.loss_type),
                                loss_weights=cfg.loss_weights, label_smoothing=cfg.label_smoothing)
     trainer = DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config)
+    plain = False
+    if not torch.cuda.is_available():  # see plain_lm_head: TRL's tiled head is built for Triton devices
+        inner = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
+        plain = plain_lm_head(inner) and (trainer.ref_model is None or plain_lm_head(trainer.ref_model))
     d = trainer.train_dataset
     n_tokens = sum(len(p) + len(c) + len(r) for p, c, r in zip(d["prompt_ids"], d["chosen_ids"], d["rejected_ids"]))
     resumed = _run(trainer, out)
@@ -312,5 +376,6 @@ def train_dpo(model_dir: Path, rows: list[dict], cfg: DPOTrainConfig, out: Path,
     if last:
         for k in ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"):
             metrics["last_" + k.replace("/", "_")] = float(last[-1][k])
-    metrics.update(rows=float(len(rows)), bf16=float(prec == "bf16"), resumed=float(resumed))
+    metrics.update(rows=float(len(rows)), bf16=float(prec == "bf16"), resumed=float(resumed),
+                   plain_lm_head=float(plain))
     return metrics

@@ -69,8 +69,9 @@ class JudgeLabel(BaseModel):
     temperature: float = Field(default=0.7, ge=0, description="judge sampling temperature (text mode)")
     max_tokens: int = Field(default=160, ge=8, description="token limit of a written verdict (text mode)")
     top_logprobs: int = Field(
-        default=20, ge=2, le=20,
-        description="next-token candidates read (p_yes, rating); vLLM allows at most 20 by default",
+        default=20, ge=2,
+        description="next-token candidates read (p_yes, rating); a candidate outside them counts as probability 0; "
+        "vLLM returns at most 20",
     )
     shard_size: int = Field(default=256, ge=1, description="completions judged per shard (the unit of resume)")
 

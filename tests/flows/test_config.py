@@ -8,10 +8,32 @@ from flows.config import load_config
 CONFIGS = Path(__file__).parents[2] / "flows" / "configs"
 
 
-@pytest.mark.parametrize("name", ["default.yaml", "gpu.yaml", "consistency_rft.yaml"])
-def test_shipped_configs_validate(name):
+@pytest.mark.parametrize("name, label, train", [
+    ("default.yaml", "verifier", "rft"), ("gpu.yaml", "verifier", "rft"), ("consistency_rft.yaml", "consistency", "rft"),
+    ("self_reward_dpo.yaml", "judge", "dpo"), ("consistency_dpo.yaml", "consistency", "dpo"),
+])
+def test_shipped_configs_validate(name, label, train):
     cfg = load_config(CONFIGS / name)
-    assert cfg.rounds >= 1 and cfg.label.kind == ("consistency" if "consistency" in name else "verifier")
+    assert cfg.rounds >= 1 and (cfg.label.kind, cfg.train.kind) == (label, train)
+    assert cfg.filter.kind == ("pairs" if train == "dpo" else "rft")
+
+
+def test_dpo_implies_pairs_and_mismatches_name_the_fix():
+    cfg = load_config(None, ["train.kind=dpo"])
+    assert cfg.filter.kind == "pairs" and cfg.train.beta == 0.1
+    assert load_config(None, ["filter.kind=pairs"]).train.kind == "dpo"
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.kind=dpo", "filter.kind=rft", "label.kind=judge", "label.mode=p_yes",
+                           "label.top_logprobs=50"])
+    text = "\n".join(e.value.problems)
+    assert "train.kind='dpo' needs preference pairs, but filter.kind='rft'" in text and "set filter.kind='pairs'" in text
+    assert "filter.min_reward=1.0" not in text  # p_yes rewards reach 1.0
+    assert "label.top_logprobs=50: vLLM returns at most 20" in text
+    with pytest.raises(ConfigError, match=r"filter.min_reward=2.0 can never be reached: label.kind='judge' "
+                                          r"mode='p_yes' gives rewards in \[0, 1\]"):
+        load_config(None, ["label.kind=judge", "label.mode=p_yes", "filter.min_reward=2"])
+    with pytest.raises(ConfigError, match=r"filter.margin=2.0 is wider than the reward range"):
+        load_config(None, ["train.kind=dpo", "filter.margin=2"])
 
 
 def test_default_yaml_is_the_defaults_plus_documented_choices():

@@ -88,6 +88,18 @@ def test_one_round_end_to_end(reference):
     ctx2, tracker2, again = _run(cfg)
     assert [r.policy.key for r in again] == [r.policy.key for r in results]
     assert sorted((tmp_path / "stages").iterdir()) == stage_dirs
+    # ... and Prefect shows each reused stage's task run as Cached
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as pc:
+        flow_runs = pc.read_flow_runs()
+        latest = max((f for f in flow_runs if f.name == cfg.name), key=lambda f: f.created)
+        subflows = {f.id for f in flow_runs if f.parent_task_run_id is not None and f.created >= latest.created}
+        states = {(t.name.rsplit("-", 1)[0], t.state.name) for t in pc.read_task_runs()
+                  if t.flow_run_id in subflows | {latest.id}}
+    assert {("prompts", "Cached"), ("base-model", "Cached"), ("sample", "Cached"), ("label", "Cached"),
+            ("filter", "Cached"), ("train", "Cached"), ("evaluate", "Cached")} <= states, states
+    assert not {s for s in states if s[0] in ("sample", "train") and s[1] != "Cached"}
     # ... in the same MLflow runs, with nothing logged twice
     assert ctx2.parent_run_id == ctx.parent_run_id
     runs2 = c.search_runs([tracker.experiment_id])
@@ -165,3 +177,29 @@ def test_sigkill_during_training_then_rerun_recomputes_nothing_finished(referenc
     children = sorted(r.info.run_name for r in runs if "mlflow.parentRunId" in r.data.tags)
     assert len(runs) == 3 and children == ["round-0", "round-1"]
     assert all(r.info.status == "FINISHED" for r in runs)
+
+
+def test_self_reward_dpo_round_end_to_end(tmp_path, prefect_harness, default_model):
+    """The shipped self-rewarding config, small: the policy judges itself (vLLM logprobs), pairs
+    are built, DPO trains against the round's start, and MLflow holds the judge's statistics,
+    its agreement with the verifier, the pairs and the DPO curves."""
+    cfg = load_config(CONFIGS / "self_reward_dpo.yaml", [
+        f"workdir={tmp_path}", *[o for o in SMALL if not o.startswith("filter.")], "filter.min_pairs=2",
+        "filter.margin=0.01", "filter.max_length_ratio=null"])
+    ctx, tracker, (r0, r1) = _run(cfg)
+    c = tracker.client
+    child = next(r for r in c.search_runs([tracker.experiment_id]) if r.info.run_name == "round-1")
+    m = child.data.metrics
+    assert m["label.judge_scored_frac"] > 0.9 and 0 <= m["label.verifier_auc"] <= 1
+    assert "label.verifier_within_prompt_auc" in m and m["filter.pairs"] >= 2
+    assert 0 <= m["filter.pair_accuracy"] <= 1
+    for key in ("train/loss", "train/rewards/margins", "train/rewards/accuracies", "train/logps/chosen"):
+        assert len(c.get_metric_history(child.info.run_id, key)) >= 1, key
+    from data.manifest import read_manifest
+
+    label = read_manifest(tmp_path / next(p for p in read_manifest(
+        tmp_path / next(p for p in r1.policy.parents if p.stage == "filter").dir).parents).dir)
+    assert [p.stage for p in label.parents] == ["sample", "base"]  # the judge was the round's starting policy
+    assert read_manifest(tmp_path / r1.policy.dir).info["reference"] == r0.policy.dir
+    datasets = {i.dataset.name.split("-")[0]: i for i in child.inputs.dataset_inputs}
+    assert {"sample", "filter"} <= datasets.keys()

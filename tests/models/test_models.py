@@ -144,3 +144,40 @@ def test_dpo_config_errors_name_the_fix():
     with pytest.raises(ValueError, match="label_smoothing > 0"):
         DPOTrainConfig(loss_type=["exo_pair"])
     assert DPOTrainConfig(loss_type=["ipo"]).loss_type == ["ipo"]
+
+
+def test_plain_lm_head_matches_trl_fused_head(tiny_model):
+    """The CPU DPO head must give TRL's per-token log-probabilities, loss and gradients (fp32)."""
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    from models.trainer import DPOTrainConfig, load_policy, plain_lm_head
+
+    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}],
+                             "chosen": [{"role": "assistant", "content": r["chosen"]}],
+                             "rejected": [{"role": "assistant", "content": r["rejected"]}]} for r in PAIRS[:4]])
+    model, tok, peft = load_policy(tiny_model, DPOTrainConfig(), "fp32")
+    args = DPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, report_to="none",
+                     per_device_train_batch_size=4)
+    tr = DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft)
+    torch.manual_seed(1)
+    for n, p in tr.model.named_parameters():
+        if "lora_B" in n:  # a non-zero adapter, so policy and reference differ and every LoRA weight gets a gradient
+            p.data.normal_(0, 0.05)
+    batch = dict(next(iter(tr.get_train_dataloader())))
+    labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
+    got = []
+    for plain in (False, True):
+        if plain:
+            assert plain_lm_head(tr.model.get_base_model())
+        tr.model.zero_grad()
+        loss = tr.compute_loss(tr.model, dict(batch))
+        loss.backward()
+        out = tr.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels,
+                       fused_lm_head=True)
+        grads = torch.cat([p.grad.flatten() for p in tr.model.parameters() if p.requires_grad])
+        got.append((float(loss.detach()), out.log_probs.detach(), out.is_top1, grads))
+    (l0, lp0, top0, g0), (l1, lp1, top1, g1) = got
+    assert l1 == pytest.approx(l0, rel=1e-5) and torch.allclose(lp0, lp1, atol=1e-4)
+    assert torch.equal(top0, top1)
+    assert float((g0 - g1).norm() / g0.norm()) < 1e-4

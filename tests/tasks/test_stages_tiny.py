@@ -73,3 +73,51 @@ def test_empty_accepted_set_stops_before_training(tiny_model, tmp_path):
 
     with pytest.raises(EmptyStageError, match="filter.min_rows"):
         filt.filter_rows(store, lab, RFTFilter(min_rows=1), seed=0, round=1)
+
+
+def test_self_reward_chain_judge_pairs_dpo(tiny_model, tmp_path):
+    """sample -> judge (the policy scores itself, P(yes) mode) -> pairs -> DPO, on the tiny model."""
+    from data.records import LabeledCompletion, PairRow, read_jsonl
+    from data.store import stage_key
+    from models.trainer import DPOTrainConfig
+    from tasks.filter import PairFilter
+    from tasks.judge import JudgeLabel
+
+    store = ArtifactStore(tmp_path / "a")
+    src = AdditionSource(a_max=4, b_max=3, eval_size=4)
+    pm, _ = prepare.prompts(store, src.model_dump(), seed=0, source_digest=None)
+    base, _ = prepare.base_model(store, "tiny", tiny_model)
+    s, _ = sample.sample(store, base, pm, SampleConfig(n=4, max_tokens=6), HF, seed=1, round=1, isolate=False)
+    # a random model spreads its next token over the whole vocabulary: read all of it (HF can)
+    judge = JudgeLabel(mode="p_yes", shard_size=8, top_logprobs=50_000)
+    lab, _ = label.label(store, s, judge, src.model_dump(), round=1, policy=base, sampler=HF.model_dump(), seed=1,
+                         isolate=False)
+    assert files(store, lab) == ["labels.jsonl", "manifest.json"]  # judge shards folded in and removed
+    assert [p.stage for p in lab.parents] == ["sample", "base"]
+    rows = read_jsonl(store.path(lab, "labels.jsonl"), LabeledCompletion)
+    assert len(rows) == 32 and all(r.reward is not None and 0 <= r.reward <= 1 for r in rows)
+    assert all(r.correct is not None and r.votes == [r.reward] for r in rows)
+    assert lab.metrics["judge_scored_frac"] == 1.0 and lab.metrics["unscored"] == 0
+
+    # resume: a second store holding a finished first shard judges only the rest
+    other = ArtifactStore(tmp_path / "b")
+    pm2, _ = prepare.prompts(other, src.model_dump(), seed=0, source_digest=None)
+    base2, _ = prepare.base_model(other, "tiny", tiny_model)
+    s2, _ = sample.sample(other, base2, pm2, SampleConfig(n=4, max_tokens=6), HF, seed=1, round=1, isolate=False)
+    config = {"label": judge.model_dump(), "data": src.model_dump(), "sampler": HF.model_dump(), "seed": 1}
+    d = other.prepare("label", stage_key("label", label.JUDGE_CODE, config, [s2, base2]), keep_partial=True)
+    (d / "shards").mkdir()
+    write_jsonl(d / "shards" / "00000.jsonl", [r.model_copy(update={"reward": 0.123}) for r in rows[:8]])
+    lab2, _ = label.label(other, s2, judge, src.model_dump(), round=1, policy=base2, sampler=HF.model_dump(), seed=1,
+                          isolate=False)
+    rows2 = read_jsonl(other.path(lab2, "labels.jsonl"), LabeledCompletion)
+    assert [r.reward for r in rows2[:8]] == [0.123] * 8 and lab2.metrics["judge_shards_reused"] == 1
+    assert [r.reward for r in rows2[8:]] == pytest.approx([r.reward for r in rows[8:]], abs=1e-6)
+
+    pairs, _ = filt.filter_rows(store, lab, PairFilter(margin=0.0, min_pairs=1), seed=1, round=1)
+    prs = read_jsonl(store.path(pairs, "train_set.jsonl"), PairRow)
+    assert prs and all(p.chosen_reward > p.rejected_reward for p in prs) and pairs.info == {"rows": "pairs"}
+
+    tm, _ = train.train(store, base, pairs, DPOTrainConfig(epochs=1, batch_size=4), seed=1, round=1, isolate=False)
+    assert "model/model.safetensors" in files(store, tm) and tm.metrics["rows"] == len(prs)
+    assert tm.info["objective"] == "dpo" and tm.info["reference"] == base.dir  # round k's reference: its start
