@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from data import failpoints
 from data.digest import sha256_file, sha256_json
 from data.errors import ArtifactError, TamperedArtifactError
 from data.manifest import MANIFEST, FileRef, StageManifest, now_iso, read_manifest, write_manifest
@@ -134,7 +135,9 @@ class ArtifactStore:
             created_at=now_iso(),
             wall_s=round_s(time.time() - started) if started else 0.0,
         )
+        failpoints.hit(f"{stage}:before-manifest")
         write_manifest(d, m)
+        failpoints.hit(f"{stage}:after-manifest")
         return m
 
 

@@ -190,7 +190,22 @@ def save_merged(trainer, tok, base_dir: Path, out: Path, adapter: str) -> None:
     if adapter == "lora":
         from peft import PeftModel
 
+        import os
+
         model.save_pretrained(out / "adapter")
+        # Make the adapter's files a function of the training alone, so a resumed or moved run
+        # writes the same bytes: PEFT records the base model's absolute path (here: relative to
+        # this stage directory instead) and writes target_modules from a set (here: sorted).
+        rel = os.path.relpath(base_dir, out)
+        card = out / "adapter" / "README.md"
+        if card.exists():
+            card.write_text(card.read_text().replace(str(base_dir), rel))
+        conf = out / "adapter" / "adapter_config.json"
+        c = json.loads(conf.read_text())
+        c["base_model_name_or_path"] = rel
+        if isinstance(c.get("target_modules"), list):
+            c["target_modules"] = sorted(c["target_modules"])
+        conf.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
         base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
         model = PeftModel.from_pretrained(base, out / "adapter").merge_and_unload()
     tmp = out / "model.tmp"
@@ -202,11 +217,16 @@ def save_merged(trainer, tok, base_dir: Path, out: Path, adapter: str) -> None:
 
 
 def write_log(trainer, out: Path, started: float, n_tokens: int) -> dict[str, float]:
-    """Loss curve to out/train_log.jsonl; summary metrics returned."""
-    hist = [h for h in trainer.state.log_history if "loss" in h]
+    """Loss curve to out/train_log.jsonl; summary metrics returned.
+
+    The log is a function of the training alone, so a resumed run writes the same bytes as
+    an uninterrupted one: keys sorted, and TRL's running token counter (`num_tokens`, which
+    restarts from zero when training resumes from a checkpoint) left out.
+    """
+    hist = [{k: v for k, v in h.items() if k != "num_tokens"} for h in trainer.state.log_history if "loss" in h]
     with open(out / "train_log.jsonl", "w") as f:
         for h in hist:
-            f.write(json.dumps(h) + "\n")
+            f.write(json.dumps(h, sort_keys=True) + "\n")
     wall = time.time() - started
     final = [h for h in trainer.state.log_history if "train_loss" in h]
     return {
@@ -305,6 +325,16 @@ def _trainer_class(trainer_cls):
 
 def _run(trainer, out: Path) -> bool:
     """Train, resuming from out/checkpoints when an earlier attempt left one; True if resumed."""
+    from data import failpoints
+
+    if failpoints.armed("train:checkpoint"):
+        from transformers import TrainerCallback
+
+        class _DieAfterSave(TrainerCallback):
+            def on_save(self, args, state, control, **kwargs):
+                failpoints.hit("train:checkpoint")
+
+        trainer.add_callback(_DieAfterSave())
     ck = last_checkpoint(out / "checkpoints")
     trainer.train(resume_from_checkpoint=str(ck) if ck else None)
     return ck is not None

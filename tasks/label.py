@@ -31,6 +31,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from data import failpoints
 from data.checkers import answer_key, check, extract
 from data.errors import ConfigError
 from data.manifest import StageManifest
@@ -221,6 +222,7 @@ def judge(req: StageRequest, store: ArtifactStore, rows: list[Completion], check
                                   text=c.text, n_tokens=c.n_tokens, reward=reward, votes=votes,
                                   extracted=extract(check_cfg, c.text), correct=_truth(check_cfg, c))
                 for c, (reward, votes) in zip(chunk, scores)])
+            failpoints.hit("label:shard")
         sampler.close()
     else:
         load_s = 0.0

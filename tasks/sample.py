@@ -14,6 +14,7 @@ import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from data import failpoints
 from data.digest import sha256_json
 from data.manifest import StageManifest
 from data.records import Completion, Prompt, read_jsonl, write_jsonl
@@ -71,6 +72,7 @@ def generate_shards(sampler, prompts: list[Prompt], params: SamplingParams, seed
         ]
         tokens += sum(r.n_tokens for r in rows)
         write_jsonl(path, rows)
+        failpoints.hit("sample:shard")
         bar.update(1)
         bar.set_postfix(tok_s=f"{tokens / gen_s:.0f}" if gen_s else "-")
     bar.close()

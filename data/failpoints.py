@@ -1,0 +1,31 @@
+"""Failpoints: named places where a run can be made to die on purpose, to prove it resumes.
+
+    RATCHET_FAILPOINTS=sample:shard ratchet run flows/configs/default.yaml
+
+A failpoint listed in RATCHET_FAILPOINTS (comma-separated) SIGKILLs the whole process
+group when reached: the CLI, its Prefect server and the stage worker die at once, as
+with `kill -9` or a lost machine. Nothing is cleaned up, which is the point. Unset, a
+failpoint costs one environment lookup.
+
+Points: <stage>:shard (sample and judge, after the first shard is written),
+<stage>:before-manifest (outputs written, manifest not yet), <stage>:after-manifest
+(stage finished, nothing downstream started or logged), train:checkpoint (after the
+first trainer checkpoint is saved).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "RATCHET_FAILPOINTS"
+
+
+def armed(name: str) -> bool:
+    return name in os.environ.get(ENV, "").split(",")
+
+
+def hit(name: str) -> None:
+    """Die here, with the whole process group, if `name` is armed."""
+    if armed(name):
+        os.killpg(os.getpgrp(), signal.SIGKILL)
