@@ -177,12 +177,8 @@ class HFSampler:
         tok = self.tokenizer
         ids = chat_token_ids(tok, prompts)
         results: list[list[Generation]] = []
-        bs = self.cfg.hf_batch_size
-        for start in range(0, len(ids), bs):
-            batch = ids[start : start + bs]
-            width = max(len(x) for x in batch)
-            input_ids = torch.tensor([[tok.pad_token_id] * (width - len(x)) + x for x in batch])
-            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch])
+        for batch, input_ids, mask in self._batches(ids):
+            width = input_ids.shape[1]
             sample = params.temperature > 0
             gen_kwargs = dict(
                 max_new_tokens=params.max_tokens,
@@ -204,18 +200,23 @@ class HFSampler:
                 results.append(row)
         return results
 
-    def next_token_logprobs(self, prompts: list[str], prefix: str, top: int) -> list[dict[int, float]]:
+    def _batches(self, ids: list[list[int]]):
+        """(token ids, left-padded input ids, attention mask) per batch of hf_batch_size prompts."""
         import torch
 
-        tok = self.tokenizer
-        ids = chat_token_ids(tok, prompts, prefix)
-        result: list[dict[int, float]] = []
-        bs = self.cfg.hf_batch_size
+        pad, bs = self.tokenizer.pad_token_id, self.cfg.hf_batch_size
         for start in range(0, len(ids), bs):
             batch = ids[start : start + bs]
             width = max(len(x) for x in batch)
-            input_ids = torch.tensor([[tok.pad_token_id] * (width - len(x)) + x for x in batch])
-            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch])
+            yield (batch, torch.tensor([[pad] * (width - len(x)) + x for x in batch]),
+                   torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch]))
+
+    def next_token_logprobs(self, prompts: list[str], prefix: str, top: int) -> list[dict[int, float]]:
+        import torch
+
+        ids = chat_token_ids(self.tokenizer, prompts, prefix)
+        result: list[dict[int, float]] = []
+        for _, input_ids, mask in self._batches(ids):
             pos = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
             with torch.inference_mode():
                 logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
