@@ -35,18 +35,16 @@ def main() -> None:
     a = ap.parse_args()
 
     import torch
-    from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
     from models.default_model import default_model_dir
-    from models.trainer import DPOTrainConfig, _trainer_args, load_policy, plain_lm_head, resolve_precision
+    from models.trainer import (DPOTrainConfig, _trainer_args, chat_dataset, load_policy, plain_lm_head,
+                                resolve_precision)
 
     cfg = DPOTrainConfig()
     prec = resolve_precision(cfg.precision)
     rows = _pairs(a.pairs, cfg.batch_size * a.steps)
-    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}],
-                             "chosen": [{"role": "assistant", "content": r["chosen"]}],
-                             "rejected": [{"role": "assistant", "content": r["rejected"]}]} for r in rows])
+    ds = chat_dataset([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows])
     results: dict[str, list[float]] = {"trl": [], "plain": []}
     for _ in range(a.repeats):
         for variant in ("trl", "plain"):

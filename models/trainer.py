@@ -323,6 +323,15 @@ def _trainer_class(trainer_cls):
     return trainer_cls if torch.cuda.is_available() else plain_loss(trainer_cls)
 
 
+def chat_dataset(rows: list[dict]):
+    """TRL's conversational format: `prompt` becomes the user turn, every other field
+    (completion, or chosen and rejected) an assistant turn."""
+    from datasets import Dataset
+
+    return Dataset.from_list([{k: [{"role": "user" if k == "prompt" else "assistant", "content": v}]
+                               for k, v in r.items()} for r in rows])
+
+
 def _run(trainer, out: Path) -> bool:
     """Train, resuming from out/checkpoints when an earlier attempt left one; True if resumed."""
     from data import failpoints
@@ -345,20 +354,11 @@ def train_rft(model_dir: Path, rows: list[dict], cfg: RFTTrainConfig, out: Path,
 
     Resumes from out/checkpoints/ when a previous attempt left a checkpoint.
     """
-    from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
     started = time.time()
     model, tok, peft_config = load_policy(model_dir, cfg, resolve_precision(cfg.precision))
-    ds = Dataset.from_list(
-        [
-            {
-                "prompt": [{"role": "user", "content": r["prompt"]}],
-                "completion": [{"role": "assistant", "content": r["completion"]}],
-            }
-            for r in rows
-        ]
-    )
+    ds = chat_dataset(rows)
     args, prec = _trainer_args(SFTConfig, cfg, out, seed, completion_only_loss=True)
     trainer = _trainer_class(SFTTrainer)(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config)
     n_tokens = sum(len(x) for x in trainer.train_dataset["input_ids"])
@@ -375,21 +375,11 @@ def train_dpo(model_dir: Path, rows: list[dict], cfg: DPOTrainConfig, out: Path,
     Resumes from out/checkpoints/ when a previous attempt left a checkpoint.
     """
     import torch
-    from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
     started = time.time()
     model, tok, peft_config = load_policy(model_dir, cfg, resolve_precision(cfg.precision))
-    ds = Dataset.from_list(
-        [
-            {
-                "prompt": [{"role": "user", "content": r["prompt"]}],
-                "chosen": [{"role": "assistant", "content": r["chosen"]}],
-                "rejected": [{"role": "assistant", "content": r["rejected"]}],
-            }
-            for r in rows
-        ]
-    )
+    ds = chat_dataset(rows)
     args, prec = _trainer_args(DPOConfig, cfg, out, seed, beta=cfg.beta, loss_type=list(cfg.loss_type),
                                loss_weights=cfg.loss_weights, label_smoothing=cfg.label_smoothing)
     trainer = DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config)
