@@ -2,6 +2,8 @@
 
     ratchet run flows/configs/default.yaml [key=value ...]   run the pipeline
     ratchet config flows/configs/default.yaml [key=value ...]  print the resolved config
+    ratchet serve flows/configs/default.yaml --cron "0 3 * * *"  schedule continuation from the champion
+    ratchet gc flows/configs/default.yaml                    remove unfinished stage dirs
     ratchet model                                            convert/find the default model
 """
 
@@ -31,13 +33,14 @@ under the config's workdir:
 """
 
 
-def _prepare_env(workdir: Path) -> None:
-    """Point Prefect and MLflow at the workdir before either is imported."""
+def _prepare_env(workdir: Path | None) -> None:
+    """Point Prefect and MLflow at the workdir before either is imported. Without a
+    workdir (`serve`), the user's Prefect profile decides which server to talk to."""
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    if "PREFECT_API_URL" not in os.environ:
+    if workdir is not None and "PREFECT_API_URL" not in os.environ:
         os.environ.setdefault("PREFECT_HOME", str(workdir / "prefect"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -55,7 +58,7 @@ def _summary(results) -> str:
 def cmd_run(args) -> int:
     from flows.config import load_config
 
-    return _execute(load_config(args.config, args.overrides))
+    return _execute(load_config(args.config, args.overrides), args.start_from)
 
 
 def cmd_resume(args) -> int:
@@ -67,22 +70,19 @@ def cmd_resume(args) -> int:
     cfg = PipelineConfig.model_validate(record.config)
     if Path(cfg.workdir).resolve() != Path(args.workdir).resolve():
         cfg = cfg.model_copy(update={"workdir": str(Path(args.workdir).resolve())})
-    return _execute(cfg)
+    return _execute(cfg, record.ctx.start_version)
 
 
-def _execute(cfg) -> int:
+def _execute(cfg, start_from: str | None = None) -> int:
     _prepare_env(Path(cfg.workdir).resolve())
-    from flows.pipeline import self_improve, start
+    from flows.pipeline import execute, start
 
-    ctx, tracker = start(cfg)
-    print(f"run {ctx.run_name}: workdir {ctx.workdir}, MLflow {tracker.uri}, parent run {ctx.parent_run_id}",
-          flush=True)
-    try:
-        results = self_improve(cfg, ctx)
-    except BaseException:
-        tracker.end(ctx.parent_run_id, "FAILED")
-        raise
-    tracker.end(ctx.parent_run_id)
+    ctx, tracker = start(cfg, start_from)
+    origin = f"continuing from {tracker.model_name} version {ctx.start_version}" if ctx.start_version else \
+        "from the base model"
+    print(f"run {ctx.run_name} ({origin}): workdir {ctx.workdir}, MLflow {tracker.uri}, parent run "
+          f"{ctx.parent_run_id}", flush=True)
+    _, results, _ = execute(cfg, ctx=ctx)
     print(_summary(results))
     champ = tracker.champion()
     if champ:
@@ -121,6 +121,31 @@ def cmd_lineage(args) -> int:
     return 0 if all(x.verified for x in links) else 1
 
 
+def cmd_serve(args) -> int:
+    """Deploy the pipeline on a cron schedule; each run continues from the MLflow champion."""
+    from flows.config import load_config
+    from flows.schedule import absolute_paths, deploy
+
+    _prepare_env(None)
+    cfg = absolute_paths(load_config(args.config, args.overrides))
+    return deploy(cfg, cron=args.cron, name=args.name, pool=args.pool, start_from=args.start_from,
+                  timezone=args.timezone)
+
+
+def cmd_gc(args) -> int:
+    """Remove what an interrupted stage left behind and no live process holds."""
+    from flows.config import load_config
+    from flows.schedule import collect_garbage
+
+    cfg = load_config(args.config, args.overrides)
+    removed, freed = collect_garbage(Path(cfg.workdir).resolve(), dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for path, size in removed:
+        print(f"{verb} {path}  ({size / 2**20:.1f} MiB)")
+    print(f"{verb} {len(removed)} unfinished stage dir(s), {freed / 2**20:.1f} MiB")
+    return 0
+
+
 def cmd_model(args) -> int:
     from models.default_model import default_model_dir
 
@@ -145,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("config", help="YAML config, e.g. flows/configs/default.yaml")
         s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.beta=0.2")
         s.set_defaults(fn=fn)
+        if name == "run":
+            s.add_argument("--from", dest="start_from", default=None, metavar="START",
+                           help="start from 'champion' (the MLflow alias; the base model if none yet), a "
+                           "registered version number, or 'base' (default)")
     s = sub.add_parser("resume", help="continue a pipeline run by name (see WORKDIR/runs/)",
                        description="Continue a pipeline run with the config it was started with: finished "
                        "stages are reused, the same MLflow parent and round runs continue.")
@@ -159,6 +188,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=cmd_lineage)
+    s = sub.add_parser("serve", help="deploy on a cron schedule to a Prefect server; each run continues from "
+                       "the champion", description="Create a Prefect deployment of the pipeline with a cron "
+                       "schedule. Each scheduled run adds `rounds` rounds on top of the MLflow `champion` model "
+                       "and records it as the parent in its lineage. Needs a real Prefect server "
+                       "(PREFECT_API_URL): an ephemeral one cannot run schedules. Without --pool this process "
+                       "serves the deployment (runs what is scheduled) until stopped; with --pool a "
+                       "`prefect worker start --pool POOL` runs it.")
+    s.add_argument("config", help="YAML config, e.g. flows/configs/default.yaml")
+    s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
+    s.add_argument("--cron", required=True, help='cron schedule, e.g. "0 3 * * *" (03:00 daily)')
+    s.add_argument("--timezone", default=None, help="IANA timezone of the cron schedule (default UTC)")
+    s.add_argument("--name", default=None, help="deployment name (default: the config's name)")
+    s.add_argument("--pool", default=None, help="register with this process work pool for a worker to run, "
+                   "instead of serving from this process (the pool is created if missing)")
+    s.add_argument("--from", dest="start_from", default="champion", metavar="START",
+                   help="what each scheduled run starts from: 'champion' (default), 'base' or a version number")
+    s.set_defaults(fn=cmd_serve)
+    s = sub.add_parser("gc", help="remove unfinished stage dirs that no live run holds",
+                       description="Delete stage directories without a manifest (left by a killed or failed "
+                       "stage whose config was never re-run) unless a live process holds their lock. Finished "
+                       "stages are never touched.")
+    s.add_argument("config", help="the run's YAML config (gives the workdir)")
+    s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
+    s.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    s.set_defaults(fn=cmd_gc)
     s = sub.add_parser("model", help="convert (once) and print the default model directory")
     s.set_defaults(fn=cmd_model)
     return p

@@ -177,6 +177,14 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> PipelineC
             raise ConfigError([f"{p} is not valid YAML: {e}"], source=source) from e
         if not isinstance(data, dict):
             raise ConfigError([f"{p} must hold a mapping of sections, got {type(data).__name__}"], source=source)
+    return config_from_dict(data, overrides, source)
+
+
+def config_from_dict(data: dict, overrides: list[str] = (), source: str = "defaults") -> PipelineConfig:
+    """A config mapping + overrides -> validated config, or one ConfigError listing every problem."""
+    import copy
+
+    data = copy.deepcopy(data)
     data, problems = apply_overrides(data, list(overrides))
     kinds = dict(_DEFAULT_KINDS)
     train_kind = data.get("train", {}).get("kind") if isinstance(data.get("train"), dict) else None

@@ -2,6 +2,11 @@
 samples -> labels -> filters -> trains -> evaluates, and registers the result.
 
     ratchet run flows/configs/default.yaml
+    ratchet run flows/configs/default.yaml --from champion   rounds on top of the champion
+
+A run that continues from a registered model version numbers its rounds on from that
+model's round (rounds count generations); `continue_improve` is the flow a scheduled
+deployment runs (flows/schedule.py).
 
 Prefect shows one subflow per round and one task per stage. Stages exchange
 manifests only; heavy stages run in worker processes.
@@ -38,6 +43,7 @@ class RunContext(BaseModel):
     parent_run_id: str
     code_version: str
     config_hash: str
+    start_version: str | None = None  # continue from this registered model version instead of the base model
 
 
 class RoundResult(BaseModel):
@@ -118,6 +124,31 @@ def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     src = cfg.model.path
     path = default_model_dir() if src == "default" else _local_model(src)
     return _finished(*prepare.base_model(_store(ctx), src, path))
+
+
+@task(name="start-model", cache_policy=NONE, retries=0)
+def start_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
+    """The registered model version this run continues from, its stage re-verified."""
+    m = start_manifest(_store(ctx), _tracker(cfg, ctx), ctx.start_version)
+    return _finished(m, True)
+
+
+def start_manifest(store: ArtifactStore, tracker: Tracker, version: str) -> StageManifest:
+    from data.errors import ArtifactError
+    from data.manifest import read_manifest
+
+    mv = tracker.client.get_model_version(tracker.model_name, version)
+    stage_dir = mv.tags.get("ratchet.stage_dir")
+    if not stage_dir:
+        raise ArtifactError(f"{tracker.model_name} version {version} carries no ratchet.stage_dir tag, so its "
+                            "weights cannot be found in the store; continue from another version")
+    m = read_manifest(store.root / stage_dir)
+    if m is None:
+        raise ArtifactError(f"{tracker.model_name} version {version} points at {store.root / stage_dir}, which has "
+                            "no manifest: the store behind it is gone. Continue from another version "
+                            "(start_from=N) or from the base model (start_from=base)")
+    store.verify(m)
+    return m
 
 
 def _local_model(src: str) -> Path:
@@ -221,7 +252,9 @@ def lineage_task(cfg: PipelineConfig, ctx: RunContext, final: RoundResult) -> bo
     links = walk(store, final.policy)
     annotate(links, t)
     text, mermaid = render_text(links), render_mermaid(links)
-    md = f"# Lineage of {t.model_name} version {final.version}\n\n```mermaid\n{mermaid}\n```\n\n```\n{text}\n```\n"
+    origin = f"continued from version {ctx.start_version}" if ctx.start_version else "from the base model"
+    md = (f"# Lineage of {t.model_name} version {final.version}\n\n{ctx.run_name}: {cfg.rounds} round(s) "
+          f"{origin}.\n\n```mermaid\n{mermaid}\n```\n\n```\n{text}\n```\n")
     t.log_text(ctx.parent_run_id, md, "lineage/lineage.md")
     t.log_text(ctx.parent_run_id, json.dumps(as_json(links), indent=2), "lineage/lineage.json")
     key = re.sub(r"[^a-z0-9-]+", "-", f"lineage-{cfg.name}".lower()).strip("-")
@@ -248,13 +281,15 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
         raise
 
 
-@flow(name="round", flow_run_name="round-0", validate_parameters=False)
-def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, prompts: StageManifest) -> RoundResult:
-    """The starting model's held-out accuracy: the bar round 1 must clear."""
-    child = _tracker(cfg, ctx).child(ctx.parent_run_id, 0, {"ratchet.run": ctx.run_name})
+@flow(name="round", flow_run_name="round-{k}", validate_parameters=False)
+def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, prompts: StageManifest,
+               k: int = 0) -> RoundResult:
+    """The starting model's held-out accuracy: the bar the next round must clear. k is the
+    starting model's generation: 0 for the base model, the round that trained it otherwise."""
+    child = _tracker(cfg, ctx).child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
     try:
-        evaluation = _value(evaluate_task(cfg, ctx, 0, base, prompts, child))
-        return register_task(cfg, ctx, 0, base, evaluation, None, child, [evaluation])
+        evaluation = _value(evaluate_task(cfg, ctx, k, base, prompts, child))
+        return register_task(cfg, ctx, k, base, evaluation, None, child, [evaluation])
     except BaseException:
         _tracker(cfg, ctx).end(child, "FAILED")
         raise
@@ -263,9 +298,10 @@ def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, prompt
 @flow(name="self_improve", flow_run_name="{cfg.name}", validate_parameters=False)
 def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
     prompts = _value(prompts_task(cfg, ctx))
-    base = _value(base_task(cfg, ctx))
-    results = [round_zero(cfg, ctx, base, prompts)]
-    for k in range(1, cfg.rounds + 1):
+    base = _value(start_model_task(cfg, ctx) if ctx.start_version else base_task(cfg, ctx))
+    first = base.round if ctx.start_version else 0  # rounds count generations: a continuation numbers on
+    results = [round_zero(cfg, ctx, base, prompts, first)]
+    for k in range(first + 1, first + cfg.rounds + 1):
         last = results[-1]
         results.append(round_flow(cfg, ctx, k, last.policy, prompts, last.version))
     lineage_task(cfg, ctx, results[-1])
@@ -293,16 +329,44 @@ def load_record(workdir: Path, run_name: str) -> RunRecord:
     return RunRecord.model_validate_json(p.read_text())
 
 
-def start(cfg: PipelineConfig) -> tuple[RunContext, Tracker]:
+def start_version(tracker: Tracker, start_from: str | None) -> str | None:
+    """Which registered model version a run starts from: None for the base model.
+
+    "champion" is the version the `champion` alias points at (the base model if there is
+    none yet), a number is that version, "base" or None is the configured base model.
+    """
+    if start_from in (None, "base"):
+        return None
+    if start_from == "champion":
+        champ = tracker.champion()
+        return champ[0] if champ else None
+    if not str(start_from).isdigit():
+        raise ConfigError([f"start_from={start_from!r} is not 'champion', 'base' or a model version number"])
+    from mlflow.exceptions import MlflowException
+
+    try:
+        tracker.client.get_model_version(tracker.model_name, str(start_from))
+    except MlflowException:
+        known = sorted(int(v.version) for v in tracker.client.search_model_versions(f"name='{tracker.model_name}'"))
+        raise ConfigError([f"start_from={start_from!r}: {tracker.model_name} has no such version in {tracker.uri}; "
+                           f"registered versions: {known or 'none'}"]) from None
+    return str(start_from)
+
+
+def start(cfg: PipelineConfig, start_from: str | None = None) -> tuple[RunContext, Tracker]:
     """The run's context: continue the MLflow parent run of an earlier attempt of the same
-    config in this workdir, or create one. Finished stages are reused either way."""
+    config (and the same starting model version) in this workdir, or create one. Finished
+    stages are reused either way."""
     workdir = Path(cfg.workdir).resolve()
     (workdir / "runs").mkdir(parents=True, exist_ok=True)
     tracker = Tracker(cfg.tracking, workdir, cfg.name)
-    run_name = run_name_for(cfg)
+    version = start_version(tracker, start_from)
+    run_name = run_name_for(cfg) + (f"-from-v{version}" if version else "")
     resolved = cfg.model_dump(mode="json")
     code, commit = code_digest(), git_commit()
     tags = {"ratchet.run": run_name, "ratchet.code_version": code, "ratchet.config_hash": sha256_json(resolved)[:16]}
+    if version:
+        tags["ratchet.start_version"] = version
     if commit:
         tags["mlflow.source.git.commit"] = commit
     record = workdir / "runs" / f"{run_name}.json"
@@ -314,8 +378,51 @@ def start(cfg: PipelineConfig) -> tuple[RunContext, Tracker]:
     if parent is None:
         parent = tracker.start_parent(run_name, resolved, tags)
     ctx = RunContext(run_name=run_name, workdir=str(workdir), parent_run_id=parent, code_version=code,
-                     config_hash=tags["ratchet.config_hash"])
+                     config_hash=tags["ratchet.config_hash"], start_version=version)
     tmp = record.with_suffix(".json.tmp")
     tmp.write_text(RunRecord(ctx=ctx, config=resolved).model_dump_json(indent=2))
     tmp.replace(record)
     return ctx, tracker
+
+
+def execute(cfg: PipelineConfig, start_from: str | None = None,
+            ctx: RunContext | None = None) -> tuple[RunContext, list[RoundResult], Tracker]:
+    """Run (or continue) a pipeline run to the end; the MLflow parent run ends FINISHED or FAILED."""
+    if ctx is None:
+        ctx, tracker = start(cfg, start_from)
+    else:
+        tracker = Tracker(cfg.tracking, Path(ctx.workdir), cfg.name)
+    try:
+        results = self_improve(cfg, ctx)
+    except BaseException:
+        tracker.end(ctx.parent_run_id, "FAILED")
+        raise
+    tracker.end(ctx.parent_run_id)
+    return ctx, results, tracker
+
+
+@flow(name="ratchet-continue", flow_run_name="continue-{start_from}", validate_parameters=False)
+def continue_improve(config: dict, start_from: str = "champion", overrides: list[str] | None = None) -> dict:
+    """What a scheduled deployment runs: `rounds` more rounds on top of the MLflow champion.
+
+    `config` is the resolved pipeline config (absolute paths); `overrides` are dotted
+    key=value changes for this run only (e.g. ["seed=7"] to draw fresh samples).
+    A tick whose champion, data and config have not changed is the same pipeline run
+    as the last one and reuses all of its work.
+    """
+    from prefect import get_run_logger
+
+    from flows.config import config_from_dict
+
+    cfg = config_from_dict(config, overrides or [], source="deployment parameters")
+    ctx, results, tracker = execute(cfg, start_from)
+    champ = tracker.champion()
+    summary = {
+        "run": ctx.run_name, "start_version": ctx.start_version,
+        "rounds": [{"round": r.round, "version": r.version, "accuracy": r.accuracy, "promoted": r.promoted}
+                   for r in results],
+        "champion": champ[0] if champ else None,
+    }
+    get_run_logger().info("%s from %s: %s", ctx.run_name, f"version {ctx.start_version}" if ctx.start_version
+                          else "the base model", summary)
+    return summary

@@ -26,3 +26,64 @@ def test_bad_config_exits_2_with_every_problem_and_no_traceback():
     assert r.returncode == 2
     assert "2 problem(s)" in r.stderr and "rounds=0" in r.stderr and "train.lr" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_gc_removes_only_unfinished_unlocked_stage_dirs(tmp_path):
+    import fcntl
+
+    from flows.schedule import collect_garbage
+
+    stages = tmp_path / "stages"
+    for name in ("sample-aaaa", "train-bbbb", "label-cccc"):
+        (stages / name / "shards").mkdir(parents=True)
+        (stages / name / "shards" / "00000.jsonl").write_text("x" * 1000)
+    (stages / "sample-aaaa" / "manifest.json").write_text("{}")  # finished: never touched
+    (tmp_path / "locks").mkdir()
+    with open(tmp_path / "locks" / "label-cccc.lock", "w") as held:  # a live stage holds this one
+        fcntl.flock(held, fcntl.LOCK_EX)
+        r = ratchet("gc", "flows/configs/default.yaml", f"workdir={tmp_path}", "--dry-run")
+        assert r.returncode == 0 and "would remove 1 unfinished" in r.stdout and "train-bbbb" in r.stdout
+        assert (stages / "train-bbbb").exists()
+        removed, freed = collect_garbage(tmp_path)
+    assert [p.name for p, _ in removed] == ["train-bbbb"] and freed == 1000
+    assert sorted(p.name for p in stages.iterdir()) == ["label-cccc", "sample-aaaa"]
+    assert collect_garbage(tmp_path) == ([(stages / "label-cccc", 1000)], 1000)  # released: now it goes
+
+
+def test_serve_refuses_bad_cron_and_missing_server_before_touching_anything(tmp_path):
+    import os
+
+    env = {**os.environ, "PREFECT_API_URL": ""}
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "serve", "flows/configs/default.yaml",
+                        f"workdir={tmp_path}", "--cron", "61 * * * *"], cwd=ROOT, capture_output=True, text=True,
+                       env=env)
+    assert r.returncode == 2 and "--cron '61 * * * *'" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "serve", "flows/configs/default.yaml",
+                        f"workdir={tmp_path}", "--cron", "0 3 * * *", "--from", "newest"], cwd=ROOT,
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "--from 'newest'" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "serve", "flows/configs/default.yaml",
+                        f"workdir={tmp_path}", "--cron", "0 3 * * *"], cwd=ROOT, capture_output=True, text=True,
+                       env=env)
+    assert r.returncode == 1 and "ephemeral" in r.stderr and "prefect server start" in r.stderr
+    assert not (tmp_path / "stages").exists()
+
+
+def test_start_from_names_the_versions_that_exist(tmp_path):
+    import pytest
+
+    from data.errors import ConfigError
+    from flows.pipeline import start_version
+    from flows.tracking import Tracker, TrackingConfig
+
+    t = Tracker(TrackingConfig(), tmp_path, "x")
+    assert start_version(t, None) is None and start_version(t, "base") is None
+    assert start_version(t, "champion") is None  # no champion yet: the base model
+    t.client.create_registered_model(t.model_name)
+    t.client.create_model_version(t.model_name, source=str(tmp_path), tags={"ratchet.accuracy": "0.5"})
+    t.client.set_registered_model_alias(t.model_name, "champion", "1")
+    assert start_version(t, "champion") == "1" and start_version(t, "1") == "1"
+    with pytest.raises(ConfigError, match=r"start_from='7'.*registered versions: \[1\]"):
+        start_version(t, "7")
+    with pytest.raises(ConfigError, match="start_from='latest'"):
+        start_version(t, "latest")

@@ -6,18 +6,12 @@ every stage has a real mid-stage state to lose: sample and judge shards, filter 
 without a manifest, trainer checkpoints, evaluation output without a manifest.
 """
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from data.manifest import read_manifest
+from tests.flows.tiny import CONFIG, overrides as _overrides, ratchet
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).parents[2]
-CONFIG = ROOT / "flows" / "configs" / "self_reward_dpo.yaml"
 
 # in stage order (round 0's evaluation has finished in the reference-shaped first run below)
 KILLS = [
@@ -30,21 +24,9 @@ KILLS = [
 ]
 
 
-def _overrides(workdir, tiny_model):
-    return [f"workdir={workdir}", f"model.path={tiny_model}", "rounds=1", "sampler.backend=hf",
-            "sampler.dtype=float32", "data.a_max=6", "data.b_max=4", "data.train_size=12", "data.eval_size=4",
-            "sample.n=3", "sample.max_tokens=6", "sample.shard_size=3", "label.top_logprobs=60000",
-            "label.shard_size=9", "filter.margin=0", "filter.min_pairs=1", "filter.max_length_ratio=null",
-            "train.epochs=2", "train.batch_size=4", "train.checkpoint_steps=2", "evaluate.max_tokens=6"]
-
-
 def _run(workdir, tiny_model, api_url, failpoint=None):
-    env = {**os.environ, "PREFECT_API_URL": api_url}
-    env.pop("RATCHET_FAILPOINTS", None)
-    if failpoint:
-        env["RATCHET_FAILPOINTS"] = failpoint
-    return subprocess.run([sys.executable, "-m", "flows.cli", "run", str(CONFIG), *_overrides(workdir, tiny_model)],
-                          cwd=ROOT, env=env, start_new_session=True, capture_output=True, text=True, timeout=600)
+    env = {"RATCHET_FAILPOINTS": failpoint} if failpoint else None
+    return ratchet("run", CONFIG, *_overrides(workdir, tiny_model), api_url=api_url, env=env)
 
 
 def _finished(workdir):

@@ -1,0 +1,166 @@
+"""Scheduled continuation and store housekeeping.
+
+    ratchet serve flows/configs/default.yaml --cron "0 3 * * *"              serve from this process
+    ratchet serve flows/configs/default.yaml --cron "0 3 * * *" --pool ratchet  for `prefect worker start`
+    ratchet gc flows/configs/default.yaml [--dry-run]
+
+A deployment runs `flows.pipeline.continue_improve`: `rounds` more rounds on top of the
+MLflow `champion`, in the same workdir and tracking store, with the parent version
+recorded in the new run's tags and lineage. Schedules need a real Prefect server
+(`prefect server start`); the ephemeral one a plain `ratchet run` starts lives only as
+long as that process.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from data.errors import ConfigError, RatchetError
+from data.manifest import MANIFEST
+from flows.config import PipelineConfig
+
+FLOW_NAME = "ratchet-continue"
+
+
+def absolute_paths(cfg: PipelineConfig) -> PipelineConfig:
+    """The config with its workdir and local paths made absolute, so a worker started
+    anywhere finds the same store, model and data."""
+    update: dict = {"workdir": str(Path(cfg.workdir).expanduser().resolve())}
+    if cfg.model.path != "default" and Path(cfg.model.path).expanduser().exists():
+        update["model"] = cfg.model.model_copy(update={"path": str(Path(cfg.model.path).expanduser().resolve())})
+    if cfg.data.kind == "file":
+        data = {}
+        for field in ("path", "eval_path"):
+            value = getattr(cfg.data, field)
+            if value and Path(value).expanduser().exists():
+                data[field] = str(Path(value).expanduser().resolve())
+        update["data"] = cfg.data.model_copy(update=data)
+    return cfg.model_copy(update=update)
+
+
+def _schedule(cron: str, timezone: str | None):
+    from pydantic import ValidationError
+
+    from prefect.client.schemas.schedules import CronSchedule
+
+    try:
+        return CronSchedule(cron=cron, timezone=timezone or "UTC")
+    except ValidationError as e:
+        msgs = "; ".join(err["msg"] for err in e.errors())
+        field = "--timezone" if timezone and "timezone" in msgs.lower() else "--cron"
+        value = timezone if field == "--timezone" else cron
+        raise ConfigError([f"{field} {value!r} is not valid ({msgs}); write a cron schedule as five fields, e.g. "
+                           "--cron '0 3 * * *' (03:00 daily), and a timezone as an IANA name such as "
+                           "Europe/Berlin"]) from None
+
+
+def _api_url() -> str:
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        raise RatchetError(
+            "no Prefect server: PREFECT_API_URL is not set, and the ephemeral server a plain `ratchet run` "
+            "starts cannot run schedules. Start one with `prefect server start` (in another shell or as a "
+            "service) and `export PREFECT_API_URL=http://127.0.0.1:4200/api`"
+        )
+    return url
+
+
+def deploy(cfg: PipelineConfig, *, cron: str, name: str | None, pool: str | None, start_from: str,
+           timezone: str | None) -> int:
+    """Create the deployment; serve it from this process unless a work pool runs it."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments.runner import EntrypointType
+
+    from flows.pipeline import code_digest, continue_improve
+
+    if start_from not in ("champion", "base") and not start_from.isdigit():
+        raise ConfigError([f"--from {start_from!r} is not 'champion', 'base' or a model version number"])
+    schedule = _schedule(cron, timezone)
+    url = _api_url()
+    with get_client(sync_client=True) as client:
+        if (err := client.api_healthcheck()) is not None:
+            raise RatchetError(f"the Prefect server at {url} does not answer ({err}); start it with "
+                               "`prefect server start` or fix PREFECT_API_URL")
+        if pool:
+            _ensure_process_pool(client, pool)
+    name = name or cfg.name
+    deployment = continue_improve.to_deployment(
+        name=name,
+        schedules=[schedule],
+        parameters={"config": cfg.model_dump(mode="json"), "start_from": start_from, "overrides": []},
+        concurrency_limit=1,  # a tick that arrives while a run is still going waits for it
+        description=f"ratchet: {cfg.rounds} round(s) of {cfg.name} on top of the {start_from} model, "
+                    f"workdir {cfg.workdir}",
+        tags=["ratchet", cfg.name],
+        version=code_digest()[:12],
+        entrypoint_type=EntrypointType.MODULE_PATH,  # importable wherever ratchet is installed
+    )
+    where = f"work pool {pool!r}" if pool else "this process"
+    print(f"deployment {FLOW_NAME}/{name}: cron {cron!r} ({schedule.timezone}), {cfg.rounds} round(s) from "
+          f"{start_from}, workdir {cfg.workdir}, server {url}; runs on {where}", flush=True)
+    if pool:
+        from prefect.deployments.runner import deploy as prefect_deploy
+
+        (dep_id,) = prefect_deploy(deployment, work_pool_name=pool, build=False, push=False,
+                                   print_next_steps_message=False)
+        print(f"deployment id {dep_id}. Start a worker in the same environment:\n"
+              f"  prefect worker start --pool {pool}\n"
+              f"Run it now: prefect deployment run '{FLOW_NAME}/{name}'", flush=True)
+        return 0
+    from prefect import serve
+
+    serve(deployment)
+    return 0
+
+
+def _ensure_process_pool(client, pool: str) -> None:
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        wp = client.read_work_pool(pool)
+    except ObjectNotFound:
+        client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+        print(f"created process work pool {pool!r}", flush=True)
+        return
+    if wp.type != "process":
+        raise ConfigError([f"--pool {pool!r} is a {wp.type!r} work pool; ratchet deploys to process pools "
+                           "(runs in the worker's own environment). Name a process pool or a new one"])
+
+
+def collect_garbage(workdir: Path, dry_run: bool = False) -> tuple[list[tuple[Path, int]], int]:
+    """Stage dirs without a manifest that no live process holds the lock of: remove them.
+
+    A killed stage's dir is normally resumed or wiped by the next run with the same key;
+    this is for the ones no run will revisit (the config changed). Finished stages
+    (with a manifest) are never touched.
+    """
+    import fcntl
+
+    stages = workdir / "stages"
+    if not stages.is_dir():
+        raise RatchetError(f"no artifact store at {stages}; check the config's workdir")
+    (workdir / "locks").mkdir(exist_ok=True)
+    removed, freed = [], 0
+    for d in sorted(p for p in stages.iterdir() if p.is_dir()):
+        if (d / MANIFEST).exists():
+            continue
+        with open(workdir / "locks" / f"{d.name}.lock", "w") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live stage is writing it
+            try:
+                if (d / MANIFEST).exists():  # finished while we waited for nothing
+                    continue
+                size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file() and not p.is_symlink())
+                if not dry_run:
+                    shutil.rmtree(d)
+                removed.append((d, size))
+                freed += size
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+    return removed, freed
