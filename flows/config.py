@@ -73,10 +73,20 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
     if cfg.label.kind == "judge" and cfg.sampler.backend == "vllm" and cfg.label.top_logprobs > 20:
         problems.append(f"label.top_logprobs={cfg.label.top_logprobs}: vLLM returns at most 20 candidates; set it "
                         "to 20 or less (or sampler.backend='hf', which reads the whole vocabulary)")
-    if cfg.filter.kind == "pairs" and cfg.train.kind != "dpo":
-        problems.append(f"filter.kind='pairs' builds preference pairs, which train.kind={cfg.train.kind!r} cannot "
-                        "use; set train.kind='dpo' (or filter.kind='rft')")
-    if cfg.train.kind == "dpo" and cfg.filter.kind != "pairs":
+    if cfg.filter.kind in ("pairs", "step_pairs") and cfg.train.kind != "dpo":
+        problems.append(f"filter.kind={cfg.filter.kind!r} builds preference pairs, which train.kind="
+                        f"{cfg.train.kind!r} cannot use; set train.kind='dpo' (or filter.kind='rft')")
+    if cfg.filter.kind == "step_pairs" and cfg.label.kind != "mcts":
+        problems.append(f"filter.kind='step_pairs' reads the search trees of label.kind='mcts', but label.kind="
+                        f"{cfg.label.kind!r}; set label.kind='mcts' (or filter.kind='pairs')")
+    if cfg.label.kind == "mcts":
+        need = cfg.label.max_depth * cfg.label.step_max_tokens + cfg.label.rollout_tokens + 64
+        if need > cfg.sampler.max_model_len:
+            problems.append(f"label: a search path of max_depth={cfg.label.max_depth} x step_max_tokens="
+                            f"{cfg.label.step_max_tokens} plus rollout_tokens={cfg.label.rollout_tokens} and a prompt "
+                            f"needs ~{need} tokens > sampler.max_model_len={cfg.sampler.max_model_len}; raise "
+                            "sampler.max_model_len or shorten the search")
+    if cfg.train.kind == "dpo" and cfg.filter.kind not in ("pairs", "step_pairs"):
         problems.append(f"train.kind='dpo' needs preference pairs, but filter.kind={cfg.filter.kind!r} builds "
                         "accepted samples; set filter.kind='pairs' (or train.kind='rft')")
     if cfg.train.max_length <= cfg.sample.max_tokens:
@@ -189,7 +199,7 @@ def config_from_dict(data: dict, overrides: list[str] = (), source: str = "defau
     kinds = dict(_DEFAULT_KINDS)
     train_kind = data.get("train", {}).get("kind") if isinstance(data.get("train"), dict) else None
     filter_kind = data.get("filter", {}).get("kind") if isinstance(data.get("filter"), dict) else None
-    if train_kind == "dpo" or (train_kind is None and filter_kind == "pairs"):  # the one filter DPO can use
+    if train_kind == "dpo" or (train_kind is None and filter_kind in ("pairs", "step_pairs")):  # DPO needs pairs
         kinds.update(filter="pairs", train="dpo")
         for section in ("filter", "train"):
             data.setdefault(section, {})

@@ -178,9 +178,12 @@ def sample_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManif
 @task(name="label", cache_policy=NONE, retries=0)
 def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, samples: StageManifest, policy: StageManifest,
                child: str) -> StageManifest:
-    m, reused = label_mod.label(_store(ctx), samples, cfg.label, cfg.data.model_dump(), k, policy=policy,
+    store = _store(ctx)
+    m, reused = label_mod.label(store, samples, cfg.label, cfg.data.model_dump(), k, policy=policy,
                                 sampler=cfg.sampler.model_dump(), seed=_round_seed(cfg, k), isolate=cfg.isolate)
-    _tracker(cfg, ctx).log_stage(child, m, reused)
+    t = _tracker(cfg, ctx)
+    if t.log_stage(child, m, reused) and "trees.jsonl" in m.outputs:  # the search trees, for inspection
+        t.client.log_artifact(child, str(store.path(m, "trees.jsonl")), artifact_path="label")
     return _finished(m, reused)
 
 
@@ -269,13 +272,16 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
                parent_version: str) -> RoundResult:
     child = _tracker(cfg, ctx).child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
     try:
-        samples = _value(sample_task(cfg, ctx, k, policy, prompts, child))
-        labels = _value(label_task(cfg, ctx, k, samples, policy, child))
+        if cfg.label.kind == "mcts":  # the tree search samples its own rollouts from the prompts
+            done = [labels := _value(label_task(cfg, ctx, k, prompts, policy, child))]
+        else:
+            samples = _value(sample_task(cfg, ctx, k, policy, prompts, child))
+            done = [samples, labels := _value(label_task(cfg, ctx, k, samples, policy, child))]
         train_set = _value(filter_task(cfg, ctx, k, labels, child))
         candidate = _value(train_task(cfg, ctx, k, policy, train_set, child))
         evaluation = _value(evaluate_task(cfg, ctx, k, candidate, prompts, child))
         return register_task(cfg, ctx, k, candidate, evaluation, parent_version, child,
-                             [samples, labels, train_set, candidate, evaluation])
+                             [*done, train_set, candidate, evaluation])
     except BaseException:
         _tracker(cfg, ctx).end(child, "FAILED")
         raise

@@ -39,18 +39,30 @@ class SamplingParams(BaseModel):
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=0, description="0 = off")
     max_tokens: int = Field(default=64, ge=1)
+    stop: tuple[str, ...] = Field(default=(), description="end a completion after the first of these strings; "
+                                  "the string is kept in the text")
 
 
 @dataclass(frozen=True)
 class Generation:
     text: str
     n_tokens: int
-    finish_reason: str | None
+    finish_reason: str | None  # "stop" (end of sequence or a stop string) or "length"
+    stop: str | None = None  # the stop string that ended it, if one did
+
+
+def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, str | None]:
+    """The text up to and including the earliest stop string, and that string (or None)."""
+    hits = [(i, s) for s in stops if (i := text.find(s)) >= 0]
+    if not hits:
+        return text, None
+    i, s = min(hits)
+    return text[: i + len(s)], s
 
 
 class Sampler(Protocol):
     def generate(
-        self, prompts: list[str], params: SamplingParams, seed: int
+        self, prompts: list[str], params: SamplingParams, seed: int, prefixes: list[str] | None = None
     ) -> list[list[Generation]]: ...
 
     def next_token_logprobs(self, prompts: list[str], prefix: str, top: int) -> list[dict[int, float]]: ...
@@ -58,21 +70,26 @@ class Sampler(Protocol):
     def close(self) -> None: ...
 
 
-def chat_token_ids(tokenizer, prompts: list[str], prefix: str = "") -> list[list[int]]:
+def chat_token_ids(tokenizer, prompts: list[str], prefix: str | list[str] = "") -> list[list[int]]:
     """Chat-templated token ids of each user prompt, ready for the assistant's turn.
 
     `prefix` is text the assistant's turn starts with (e.g. "Score: "), so the model's
-    next token continues it.
+    next token continues it: one string for all prompts, or one per prompt.
     """
-    extra = tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
+    prefixes = prefix if isinstance(prefix, list) else [prefix] * len(prompts)
+    if len(prefixes) != len(prompts):
+        raise ValueError(f"{len(prefixes)} prefixes for {len(prompts)} prompts")
+    cache: dict[str, list[int]] = {}
     out = []
-    for p in prompts:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True
-        )
-        if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
-            ids = ids["input_ids"]
-        out.append(list(ids) + extra)
+    for p, pre in zip(prompts, prefixes):
+        if p not in cache:
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True
+            )
+            if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
+                ids = ids["input_ids"]
+            cache[p] = list(ids)
+        out.append(cache[p] + (tokenizer.encode(pre, add_special_tokens=False) if pre else []))
     return out
 
 
@@ -112,7 +129,9 @@ class VLLMSampler:
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
 
-    def generate(self, prompts: list[str], params: SamplingParams, seed: int) -> list[list[Generation]]:
+    def generate(self, prompts: list[str], params: SamplingParams, seed: int,
+                 prefixes: list[str] | None = None) -> list[list[Generation]]:
+        """`n` completions per prompt; with `prefixes`, each continues its assistant prefix."""
         import torch
         from vllm import SamplingParams as VSP
         from vllm.inputs import TokensPrompt
@@ -126,12 +145,19 @@ class VLLMSampler:
             top_p=params.top_p,
             top_k=params.top_k,  # 0 disables top-k in vLLM 0.32
             max_tokens=params.max_tokens,
+            stop=list(params.stop) or None,
+            include_stop_str_in_output=True,
         )
-        ids = chat_token_ids(self.tokenizer, prompts)
+        ids = chat_token_ids(self.tokenizer, prompts, prefixes or "")
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], sp, use_tqdm=False)
-        return [
-            [Generation(c.text, len(c.token_ids), c.finish_reason) for c in o.outputs] for o in outs
-        ]
+        result = []
+        for o in outs:
+            row = []
+            for c in o.outputs:
+                text, hit = cut_at_stop(c.text, params.stop)
+                row.append(Generation(text, len(c.token_ids), c.finish_reason, hit))
+            result.append(row)
+        return result
 
     def next_token_logprobs(self, prompts: list[str], prefix: str, top: int) -> list[dict[int, float]]:
         """The `top` most likely next tokens after each prompt (+ assistant prefix), as {token id: logprob}.
@@ -170,12 +196,13 @@ class HFSampler:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device).eval()
 
-    def generate(self, prompts: list[str], params: SamplingParams, seed: int) -> list[list[Generation]]:
+    def generate(self, prompts: list[str], params: SamplingParams, seed: int,
+                 prefixes: list[str] | None = None) -> list[list[Generation]]:
         import torch
 
         torch.manual_seed(seed)
         tok = self.tokenizer
-        ids = chat_token_ids(tok, prompts)
+        ids = chat_token_ids(tok, prompts, prefixes or "")
         results: list[list[Generation]] = []
         for batch, input_ids, mask in self._batches(ids):
             width = input_ids.shape[1]
@@ -188,6 +215,8 @@ class HFSampler:
             )
             if sample:
                 gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+            if params.stop:
+                gen_kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
             with torch.inference_mode():
                 out = self.model.generate(
                     input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device), **gen_kwargs
@@ -196,7 +225,7 @@ class HFSampler:
             for i in range(len(batch)):
                 row = []
                 for seq in new[i * params.n : (i + 1) * params.n]:
-                    row.append(_decode_hf(tok, seq, params.max_tokens))
+                    row.append(_decode_hf(tok, seq, params.stop))
                 results.append(row)
         return results
 
@@ -231,13 +260,16 @@ class HFSampler:
         del self.model
 
 
-def _decode_hf(tok, seq: list[int], max_tokens: int) -> Generation:
-    """Cut at the first end-of-sequence token; without one the completion hit max_tokens."""
+def _decode_hf(tok, seq: list[int], stops: tuple[str, ...] = ()) -> Generation:
+    """Cut at the first end-of-sequence token (without one the completion hit max_tokens),
+    then at the first stop string, as vLLM does."""
     eos = {tok.eos_token_id, tok.pad_token_id} - {None}
     end = next((j for j, t in enumerate(seq) if t in eos), None)
-    if end is None:
-        return Generation(tok.decode(seq, skip_special_tokens=True), len(seq), "length")
-    return Generation(tok.decode(seq[:end], skip_special_tokens=True), end, "stop")
+    n = len(seq) if end is None else end
+    text, hit = cut_at_stop(tok.decode(seq[:n], skip_special_tokens=True), stops)
+    if hit is not None:
+        return Generation(text, n, "stop", hit)
+    return Generation(text, n, "length" if end is None else "stop")
 
 
 def open_sampler(model_dir: Path, cfg: SamplerConfig, seed: int) -> Sampler:

@@ -11,6 +11,11 @@ a pair. Duplicates and unscored completions are left out first, and an optional
 length-bias guard refuses pairs whose chosen side is much longer than the rejected
 one (the best pair that passes it is taken instead).
 
+kind=step_pairs: step-level preference pairs from the MCTS label's trees: at each
+expanded node, the highest-Q child against the lowest-Q child when their Q gap
+reaches `margin`, each completed by its best (resp. worst) trajectory, so the pair
+shares the prefix up to the node and differs from the step where the values part.
+
 Either way, a training set smaller than its minimum stops the round with the knobs
 to turn: training on nothing would silently copy the parent model forward.
 """
@@ -29,7 +34,7 @@ from data.records import LabeledCompletion, PairRow, SFTRow, read_jsonl, write_j
 from data.store import ArtifactStore
 from tasks.stage import StageRequest, code_version, run_stage
 
-CODE = code_version("tasks.filter", "data.records")
+CODE = code_version("tasks.filter", "tasks.mcts", "data.records")
 
 
 class RFTFilter(BaseModel):
@@ -38,7 +43,9 @@ class RFTFilter(BaseModel):
     min_reward: float = Field(default=1.0, description="accept completions with reward >= this")
     max_per_prompt: int = Field(default=2, ge=1, description="cap on accepted completions per prompt")
     max_tokens: int | None = Field(default=None, ge=1, description="drop accepted completions longer than this")
-    prefer: Literal["shortest", "random"] = Field(default="shortest", description="which to keep under the cap")
+    prefer: Literal["shortest", "random", "best"] = Field(
+        default="shortest", description="which to keep under the cap; best = the label's own order (for mcts: "
+        "highest value, then Q, then visits)")
     min_rows: int = Field(default=16, ge=1, description="fewer accepted rows than this stops the round")
 
 
@@ -63,7 +70,19 @@ class PairFilter(BaseModel):
     min_pairs: int = Field(default=16, ge=1, description="fewer pairs than this stops the round")
 
 
-FilterConfig = Annotated[RFTFilter | PairFilter, Field(discriminator="kind")]
+class StepPairFilter(BaseModel):
+    """Step-level preference pairs from the trees of label.kind='mcts' for DPO."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["step_pairs"] = "step_pairs"
+    margin: float = Field(default=0.3, ge=0, le=1, description="least Q gap (0-1) between the preferred and the "
+                          "dispreferred sibling step; equal Q never pairs")
+    min_visits: int = Field(default=1, ge=1, description="both siblings need at least this many visits")
+    max_pairs_per_prompt: int = Field(default=2, ge=1, description="pairs per prompt, widest gap first")
+    min_pairs: int = Field(default=16, ge=1, description="fewer pairs than this stops the round")
+
+
+FilterConfig = Annotated[RFTFilter | PairFilter | StepPairFilter, Field(discriminator="kind")]
 
 
 def _norm(text: str) -> str:
@@ -91,6 +110,8 @@ def accept(rows: list[LabeledCompletion], cfg: RFTFilter, seed: int) -> tuple[li
                 cands.append(r)
         if cfg.prefer == "shortest":
             cands.sort(key=lambda r: (r.n_tokens, r.index))
+        elif cfg.prefer == "best":
+            cands.sort(key=lambda r: r.index)
         else:
             rng.shuffle(cands)
         dropped["over_cap"] += max(0, len(cands) - cfg.max_per_prompt)
@@ -173,7 +194,58 @@ def build_pairs(rows: list[LabeledCompletion], cfg: PairFilter) -> tuple[list[Pa
     return pairs, metrics
 
 
+def tree_pairs(trees: list, cfg: StepPairFilter) -> tuple[list[PairRow], dict[str, float]]:
+    from tasks.mcts import step_pairs
+
+    pairs: list[PairRow] = []
+    gaps, depths = [], []
+    for t in trees:
+        for p in step_pairs(t, cfg.margin, cfg.min_visits, cfg.max_pairs_per_prompt):
+            pairs.append(PairRow(prompt_id=t.prompt_id, prompt=t.prompt, chosen=p["chosen"], rejected=p["rejected"],
+                                 chosen_reward=p["chosen_q"], rejected_reward=p["rejected_q"],
+                                 chosen_tokens=p["chosen_tokens"], rejected_tokens=p["rejected_tokens"],
+                                 chosen_correct=p["chosen_correct"], rejected_correct=p["rejected_correct"]))
+            gaps.append(p["gap"])
+            depths.append(p["depth"])
+    n = max(len(pairs), 1)
+    metrics = {"pairs": float(len(pairs)), "prompts": float(len(trees)),
+               "prompts_covered": float(len({p.prompt_id for p in pairs})), "q_gap_mean": sum(gaps) / n,
+               "pair_depth_mean": sum(depths) / n, "root_pairs": float(sum(d == 0 for d in depths)),
+               "chosen_tokens_mean": sum(p.chosen_tokens for p in pairs) / n,
+               "rejected_tokens_mean": sum(p.rejected_tokens for p in pairs) / n}
+    known = [p for p in pairs if p.chosen_correct is not None and p.rejected_correct is not None]
+    if known:
+        metrics["pair_accuracy"] = sum(p.chosen_correct and not p.rejected_correct for p in known) / len(known)
+        metrics["pair_inverted"] = sum(p.rejected_correct and not p.chosen_correct for p in known) / len(known)
+        metrics["chosen_correct_frac"] = sum(p.chosen_correct for p in known) / len(known)
+    return pairs, metrics
+
+
 def filter_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
+    if req.config["filter"]["kind"] == "step_pairs":
+        import json
+
+        from tasks.mcts import Tree
+
+        scfg = StepPairFilter.model_validate(req.config["filter"])
+        lab = req.parent("label")
+        if "trees.jsonl" not in lab.outputs:
+            raise EmptyStageError(f"filter.kind='step_pairs' needs the trees of label.kind='mcts'; the label stage "
+                                  f"{lab.dir} has none. Set label.kind='mcts' or filter.kind='pairs'")
+        trees = [Tree.from_json(json.loads(x)) for x in store.path(lab, "trees.jsonl").read_text().splitlines()]
+        kept, metrics = tree_pairs(trees, scfg)
+        if len(kept) < scfg.min_pairs:
+            raise EmptyStageError(
+                f"round {req.round}: the trees of {len(trees)} prompts gave {len(kept)} step pairs < "
+                f"filter.min_pairs={scfg.min_pairs} with filter.margin={scfg.margin} and "
+                f"filter.min_visits={scfg.min_visits}. Raise label.simulations or label.k, lower filter.margin or "
+                "filter.min_visits, add prompts, or lower filter.min_pairs."
+            )
+        d = store.stage_dir(req.stage, req.key)
+        n = write_jsonl(d / "train_set.jsonl", kept)
+        return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
+                            config=req.config, parents=req.parents, outputs={"train_set.jsonl": n},
+                            metrics=metrics, info={"rows": "pairs"}, started=req.started)
     rows = read_jsonl(store.path(req.parent("label"), "labels.jsonl"), LabeledCompletion)
     if req.config["filter"]["kind"] == "pairs":
         pcfg = PairFilter.model_validate(req.config["filter"])
@@ -205,7 +277,8 @@ def filter_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
                         metrics=metrics, info={"rows": req.config["filter"]["kind"]}, started=req.started)
 
 
-def filter_rows(store: ArtifactStore, labels: StageManifest, cfg: RFTFilter | PairFilter, seed: int,
+def filter_rows(store: ArtifactStore, labels: StageManifest, cfg: RFTFilter | PairFilter | StepPairFilter,
+                seed: int,
                 round: int) -> tuple[StageManifest, bool]:
     config = {"filter": cfg.model_dump(), "seed": seed}
     return run_stage(store, stage="filter", round=round, body="tasks.filter:filter_body", code=CODE,

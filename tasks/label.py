@@ -11,6 +11,11 @@ majorities label nothing rather than guess. Where references exist, the share
 of pseudo-labels that are right is logged: it says whether self-consistency is
 informative for this model.
 
+kind=mcts: no sample stage; a step-level tree search per prompt (tasks/mcts.py)
+generates its own rollouts, scores them with the verifier (or the judge), and
+writes the trees next to every trajectory it found. In worker processes, in
+resumable shards of prompts.
+
 kind=judge: the current policy rates its own completions (tasks/judge.py: the
 additive 5-point rubric in text, or token-probability modes for small models).
 It runs in a worker process through the sampler backend, in shards, so a resumed
@@ -36,14 +41,17 @@ from data.checkers import answer_key, check, extract
 from data.errors import ConfigError
 from data.manifest import StageManifest
 from data.prompts import SourceConfig
-from data.records import Completion, LabeledCompletion, read_jsonl, write_jsonl
+from data.records import Completion, LabeledCompletion, Prompt, read_jsonl, write_jsonl
 from data.store import ArtifactStore
 from tasks.judge import JudgeLabel
+from tasks.mcts import MctsLabel
 from tasks.stage import StageRequest, code_version, run_stage
 
 CODE = code_version("tasks.label", "tasks.judge", "data.checkers", "data.records")
 JUDGE_CODE = code_version("tasks.label", "tasks.judge", "tasks.sample", "models.sampler", "data.checkers",
                           "data.records")
+MCTS_CODE = code_version("tasks.label", "tasks.mcts", "tasks.judge", "tasks.sample", "models.sampler",
+                         "data.checkers", "data.records")
 
 
 class VerifierLabel(BaseModel):
@@ -65,7 +73,7 @@ class ConsistencyLabel(BaseModel):
     min_votes: int = Field(default=2, ge=1, description="fewest samples that must agree on the majority answer")
 
 
-LabelConfig = Annotated[VerifierLabel | ConsistencyLabel | JudgeLabel, Field(discriminator="kind")]
+LabelConfig = Annotated[VerifierLabel | ConsistencyLabel | JudgeLabel | MctsLabel, Field(discriminator="kind")]
 
 
 def reward_range(cfg) -> tuple[float, float]:
@@ -239,9 +247,86 @@ def judge(req: StageRequest, store: ArtifactStore, rows: list[Completion], check
     return out, metrics
 
 
+def tree_search(req: StageRequest, store: ArtifactStore, prompts: list[Prompt], check_cfg, cfg: MctsLabel
+                ) -> tuple[list[LabeledCompletion], dict[str, float]]:
+    """MCTS over the prompts, shard by shard (a resumed stage searches only missing shards).
+    Writes trees.jsonl; returns every scored trajectory (best first per prompt) and metrics."""
+    import json
+
+    from tqdm import tqdm
+
+    from models.sampler import SamplerConfig, open_sampler
+    from tasks.judge import judge_batch
+    from tasks.mcts import Tree, _tokens, complete_nodes, search, tree_stats
+    from tasks.prepare import model_dir
+    from tasks.sample import shard_seed
+
+    d = store.stage_dir(req.stage, req.key)
+    shard_dir = d / "shards"
+    shard_dir.mkdir(exist_ok=True)
+    n_shards = (len(prompts) + cfg.shard_size - 1) // cfg.shard_size
+    missing = [s for s in range(n_shards) if not (shard_dir / f"{s:05d}.jsonl").exists()]
+    t0, search_s, searched_tokens, load_s = time.time(), 0.0, 0, 0.0
+    if missing:
+        sampler = open_sampler(model_dir(store, req.parent_model), SamplerConfig.model_validate(req.config["sampler"]),
+                               seed=req.seed)
+        load_s = time.time() - t0
+
+        def score(items: list[tuple[Tree, str]]) -> list[tuple[float, bool | None]]:
+            truth = [check(check_cfg, text, t.answer).correct if t.answer is not None else None
+                     for t, text in items]
+            if cfg.value == "verifier":
+                return [(float(c), c) for c in truth]
+            lo, hi = cfg.judge.scale
+            judged = judge_batch(sampler, cfg.judge, [(t.prompt, text) for t, text in items], req.seed)
+            return [(((r if r is not None else lo) - lo) / (hi - lo), c) for (r, _), c in zip(judged, truth)]
+
+        for s in tqdm(missing, desc="mcts", unit="shard"):
+            chunk = prompts[s * cfg.shard_size : (s + 1) * cfg.shard_size]
+            trees = [Tree(prompt_id=p.id, prompt=p.prompt, answer=p.answer) for p in chunk]
+            t = time.time()
+            search(trees, sampler, cfg, shard_seed(req.seed, s), score)
+            search_s += time.time() - t
+            searched_tokens += sum(tr.gen_tokens() for tr in trees)
+            tmp = shard_dir / f"{s:05d}.jsonl.tmp"
+            tmp.write_text("".join(json.dumps(tr.to_json(), sort_keys=True) + "\n" for tr in trees))
+            tmp.replace(shard_dir / f"{s:05d}.jsonl")
+            failpoints.hit("label:shard")
+        sampler.close()
+    trees = [Tree.from_json(json.loads(line)) for s in range(n_shards)
+             for line in (shard_dir / f"{s:05d}.jsonl").read_text().splitlines()]
+    (d / "trees.jsonl").write_text("".join(json.dumps(tr.to_json(), sort_keys=True) + "\n" for tr in trees))
+    shutil.rmtree(shard_dir)
+    rows = []
+    for tr in trees:
+        for rank, x in enumerate(complete_nodes(tr)):
+            text = tr.trajectory(x)
+            rows.append(LabeledCompletion(prompt_id=tr.prompt_id, prompt=tr.prompt, answer=tr.answer, index=rank,
+                                          text=text, n_tokens=_tokens(tr, x), reward=x.value,
+                                          extracted=extract(check_cfg, text), correct=x.correct))
+    metrics = {**tree_stats(trees), "mcts_s": search_s, "mcts_load_s": load_s,
+               "mcts_shards_reused": float(n_shards - len(missing)),
+               "mcts_tokens_per_s": searched_tokens / search_s if search_s else 0.0}
+    return rows, metrics
+
+
 def label_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     src = TypeAdapter(SourceConfig).validate_python(req.config["data"])
     cfg = TypeAdapter(LabelConfig).validate_python(req.config["label"])
+    if cfg.kind == "mcts":
+        prompts = read_jsonl(store.path(req.parent("prompts"), "train.jsonl"), Prompt)
+        if cfg.value == "verifier" and (missing := [p.id for p in prompts if p.answer is None]):
+            raise ConfigError([f"label.kind='mcts' with value='verifier' needs reference answers, but "
+                               f"{len(missing)} prompt(s) have none (first: {missing[0]!r}); set data.answer_field, "
+                               "or label.value='judge'"])
+        labeled, extra = tree_search(req, store, prompts, src.check, cfg)
+        extra.update(agreement(labeled) if cfg.value == "judge" else {})
+        d = store.stage_dir(req.stage, req.key)
+        n = write_jsonl(d / "labels.jsonl", labeled)
+        return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
+                            config=req.config, parents=req.parents,
+                            outputs={"labels.jsonl": n, "trees.jsonl": len(prompts)},
+                            metrics={**reward_stats(labeled), **extra}, started=req.started)
     rows = read_jsonl(store.path(req.parent("sample"), "samples.jsonl"), Completion)
     match cfg.kind:
         case "verifier":
@@ -259,12 +344,20 @@ def label_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
                         metrics={**reward_stats(labeled), **extra}, started=req.started)
 
 
-def label(store: ArtifactStore, samples: StageManifest, cfg: VerifierLabel | ConsistencyLabel | JudgeLabel,
-          data_cfg: dict, round: int, policy: StageManifest | None = None, sampler: dict | None = None,
-          seed: int = 0, isolate: bool = True) -> tuple[StageManifest, bool]:
-    """Label a sample stage. The judge needs the policy that judges (the round's starting
-    model), the sampler settings and a seed; it runs in a worker process like sampling."""
+def label(store: ArtifactStore, samples: StageManifest,
+          cfg: VerifierLabel | ConsistencyLabel | JudgeLabel | MctsLabel, data_cfg: dict, round: int,
+          policy: StageManifest | None = None, sampler: dict | None = None, seed: int = 0,
+          isolate: bool = True) -> tuple[StageManifest, bool]:
+    """Label a sample stage (for mcts: search from a prompts stage). The judge and the
+    search need the policy (the round's starting model), the sampler settings and a seed;
+    they run in a worker process like sampling."""
     config = {"label": cfg.model_dump(), "data": data_cfg}
+    if cfg.kind == "mcts":
+        if policy is None or sampler is None or samples.stage != "prompts":
+            raise ValueError("label.kind='mcts' searches from the prompts stage with the policy and sampler settings")
+        config.update(sampler=sampler, seed=seed)
+        return run_stage(store, stage="label", round=round, body="tasks.label:label_body", code=MCTS_CODE,
+                         config=config, parents=[samples, policy], isolate=isolate, keep_partial=True)
     if cfg.kind != "judge":
         return run_stage(store, stage="label", round=round, body="tasks.label:label_body", code=CODE,
                          config=config, parents=[samples])

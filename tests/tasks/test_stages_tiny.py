@@ -121,3 +121,68 @@ def test_self_reward_chain_judge_pairs_dpo(tiny_model, tmp_path):
     tm, _ = train.train(store, base, pairs, DPOTrainConfig(epochs=1, batch_size=4), seed=1, round=1, isolate=False)
     assert "model/model.safetensors" in files(store, tm) and tm.metrics["rows"] == len(prs)
     assert tm.info["objective"] == "dpo" and tm.info["reference"] == base.dir  # round k's reference: its start
+
+
+def test_mcts_chain_trees_pairs_dpo_and_shard_resume(tiny_model, tmp_path):
+    """prompts -> MCTS label (sharded, resumable) -> step pairs / best trajectories -> DPO."""
+    import json
+
+    from data.records import LabeledCompletion, PairRow, read_jsonl
+    from data.store import stage_key
+    from models.trainer import DPOTrainConfig
+    from tasks.filter import StepPairFilter
+    from tasks.mcts import MctsLabel
+
+    src = AdditionSource(a_max=4, b_max=3, eval_size=4)
+    cfg = MctsLabel(simulations=2, k=3, max_depth=2, step_max_tokens=3, rollout_tokens=4, shard_size=4,
+                    value="judge", judge={"mode": "p_yes", "top_logprobs": 50_000})
+
+    def run(root, seed_shard=None):
+        store = ArtifactStore(root)
+        pm, _ = prepare.prompts(store, src.model_dump(), seed=0, source_digest=None)
+        base, _ = prepare.base_model(store, "tiny", tiny_model)
+        if seed_shard is not None:  # a killed earlier attempt left its first shard
+            config = {"label": cfg.model_dump(), "data": src.model_dump(), "sampler": HF.model_dump(), "seed": 1}
+            d = store.prepare("label", stage_key("label", label.MCTS_CODE, config, [pm, base]), keep_partial=True)
+            (d / "shards").mkdir()
+            (d / "shards" / "00000.jsonl").write_text(seed_shard)
+        lab, _ = label.label(store, pm, cfg, src.model_dump(), round=1, policy=base, sampler=HF.model_dump(),
+                             seed=1, isolate=False)
+        return store, pm, base, lab
+
+    store, pm, base, lab = run(tmp_path / "a")
+    assert files(store, lab) == ["labels.jsonl", "manifest.json", "trees.jsonl"]
+    assert [p.stage for p in lab.parents] == ["prompts", "base"]
+    trees = [json.loads(x) for x in store.path(lab, "trees.jsonl").read_text().splitlines()]
+    assert len(trees) == 8 and all(t["nodes"][0]["n"] >= cfg.simulations for t in trees)
+    rows = read_jsonl(store.path(lab, "labels.jsonl"), LabeledCompletion)
+    assert all(r.reward is not None and 0 <= r.reward <= 1 and r.correct is not None for r in rows)
+    for pid in {r.prompt_id for r in rows}:  # best first within each prompt
+        rewards = [r.reward for r in rows if r.prompt_id == pid]
+        assert rewards == sorted(rewards, reverse=True)
+    m = lab.metrics
+    assert m["mcts_prompts"] == 8 and m["mcts_gen_tokens"] > 0 and m["mcts_shards_reused"] == 0
+    assert 0 <= m["mcts_solved_frac"] <= 1 and m["labeled"] == len(rows)
+
+    # resume: an unfinished stage holding shard 0 searches only shard 1, and shard 0 stays as it was
+    first_shard = store.path(lab, "trees.jsonl").read_text().splitlines()[:4]
+    marked = "".join(json.dumps({**json.loads(x), "prompt": json.loads(x)["prompt"] + " (kept)"}, sort_keys=True)
+                     + "\n" for x in first_shard)
+    other, *_, lab2 = run(tmp_path / "b", seed_shard=marked)
+    trees2 = other.path(lab2, "trees.jsonl").read_text().splitlines()
+    assert lab2.metrics["mcts_shards_reused"] == 1
+    assert all(json.loads(x)["prompt"].endswith("(kept)") for x in trees2[:4])
+    assert trees2[4:] == store.path(lab, "trees.jsonl").read_text().splitlines()[4:]  # seeded per shard
+
+    pairs, _ = filt.filter_rows(store, lab, StepPairFilter(margin=0.0, min_pairs=1), seed=1, round=1)
+    prs = read_jsonl(store.path(pairs, "train_set.jsonl"), PairRow)
+    assert prs and all(p.chosen_reward > p.rejected_reward and p.chosen != p.rejected for p in prs)
+    assert pairs.metrics["pairs"] == len(prs)
+    best, _ = filt.filter_rows(store, lab, RFTFilter(min_reward=0.0, max_per_prompt=1, prefer="best", min_rows=1),
+                               seed=1, round=1)
+    sft = read_jsonl(store.path(best, "train_set.jsonl"), SFTRow)
+    tops = {r.prompt_id: r for r in rows if r.index == 0}
+    assert len(sft) == 8 and all(s.completion == tops[s.prompt_id].text for s in sft)
+
+    tm, _ = train.train(store, base, pairs, DPOTrainConfig(epochs=1, batch_size=4), seed=1, round=1, isolate=False)
+    assert tm.metrics["rows"] == len(prs) and tm.info["objective"] == "dpo"

@@ -1,0 +1,25 @@
+import pytest
+
+from data.errors import ConfigError
+from flows.config import load_config
+
+MCTS = "flows/configs/mcts_dpo.yaml"
+
+
+def test_mcts_dpo_config_resolves():
+    cfg = load_config(MCTS)
+    assert (cfg.label.kind, cfg.filter.kind, cfg.train.kind) == ("mcts", "step_pairs", "dpo")
+
+
+def test_step_pairs_imply_dpo_and_need_the_trees():
+    cfg = load_config(None, ["label.kind=mcts", "filter.kind=step_pairs"])
+    assert cfg.train.kind == "dpo"
+    with pytest.raises(ConfigError, match="filter.kind='step_pairs' reads the search trees of label.kind='mcts'"):
+        load_config(None, ["filter.kind=step_pairs"])
+    with pytest.raises(ConfigError, match="step_pairs' builds preference pairs, which train.kind='rft'"):
+        load_config(None, ["label.kind=mcts", "filter.kind=step_pairs", "train.kind=rft"])
+
+
+def test_search_longer_than_the_context_is_refused():
+    with pytest.raises(ConfigError, match=r"max_depth=8 x step_max_tokens=64.*sampler.max_model_len=512"):
+        load_config(MCTS, ["label.max_depth=8", "label.step_max_tokens=64"])

@@ -1,0 +1,158 @@
+"""The tree search: UCT/PUCT and backup by hand, one scripted wave, pair extraction,
+and seeded determinism with a real model."""
+
+import math
+
+import pytest
+
+from models.sampler import Generation
+from tasks.mcts import MctsLabel, Node, Tree, backup, complete_nodes, puct, search, select, step_pairs, uct, wave
+
+
+def hand_tree() -> Tree:
+    """root (N=10) with A (N=6, W=3, P=.5), B (N=3, W=2, P=.25), C (N=1, W=0, P=.25)."""
+    t = Tree(prompt_id="p", prompt="What is 6 + 5?", answer="11")
+    t.root.n, t.root.w = 10, 5.0
+    for step, n, w, prior in [("A", 6, 3.0, 0.5), ("B", 3, 2.0, 0.25), ("C", 1, 0.0, 0.25)]:
+        x = t.add_child(t.root, step, prior, step_tokens=1, spent=1, ended=False, max_depth=3)
+        x.n, x.w, x.value = n, w, 0.0
+    return t
+
+
+def test_uct_and_puct_scores_by_hand():
+    t = hand_tree()
+    a, b, c = t.nodes[1:]
+    # UCT = Q + c sqrt(ln N_parent / N)
+    assert uct(a, 10, 1.0) == pytest.approx(0.5 + math.sqrt(math.log(10) / 6))  # 1.1195
+    assert uct(b, 10, 1.0) == pytest.approx(2 / 3 + math.sqrt(math.log(10) / 3))  # 1.5427
+    assert uct(c, 10, 1.0) == pytest.approx(math.sqrt(math.log(10)))  # 1.5174
+    assert uct(Node(id=9, parent=0, depth=1), 10, 1.0) == math.inf  # unvisited first
+    # PUCT = Q + c P sqrt(N_parent) / (1 + N)
+    assert puct(a, 10, 1.0) == pytest.approx(0.5 + 0.5 * math.sqrt(10) / 7)  # 0.7259
+    assert puct(b, 10, 1.0) == pytest.approx(2 / 3 + 0.25 * math.sqrt(10) / 4)  # 0.8643
+    assert puct(c, 10, 1.0) == pytest.approx(0.25 * math.sqrt(10) / 2)  # 0.3953
+
+
+@pytest.mark.parametrize("selection, c, expected", [
+    ("uct", 1.0, "B"),  # 1.543 > 1.517 (C) > 1.120 (A)
+    ("uct", 2.0, "C"),  # 3.035 > 2.419 (B) > 1.739 (A): more exploration picks the least visited
+    ("puct", 1.0, "B"),  # 0.864 > 0.726 (A) > 0.395 (C)
+    ("puct", 4.0, "C"),  # 1.581 > 1.457 (B) > 1.404 (A)
+    ("puct", 0.0, "B"),  # greedy on Q
+])
+def test_select_follows_the_tree_policy(selection, c, expected):
+    assert select(hand_tree(), selection, c).step == expected
+
+
+def test_backup_adds_the_value_along_the_path_only():
+    t = hand_tree()
+    b = t.nodes[2]
+    leaf = t.add_child(b, "B1", 1.0, step_tokens=1, spent=1, ended=True, max_depth=3)
+    backup(t, leaf, 1.0)
+    assert (leaf.n, leaf.w) == (1, 1.0)
+    assert (b.n, b.w, b.q) == (4, 3.0, 0.75)
+    assert (t.root.n, t.root.w) == (11, 6.0)
+    assert (t.nodes[1].n, t.nodes[3].n) == (6, 1)  # siblings untouched
+    assert select(t, "puct", 0.0) is leaf  # Q(B) = .75 now leads, and B's only child is final
+
+
+class Scripted:
+    """A sampler whose completions are looked up by (prompt prefix, call kind)."""
+
+    def __init__(self, steps: dict[str, list[Generation]], rollouts: dict[str, str]):
+        self.steps, self.rollouts, self.calls = steps, rollouts, []
+
+    def generate(self, prompts, params, seed, prefixes=None):
+        self.calls.append((len(prompts), params.n, params.stop, params.max_tokens))
+        if params.stop:  # an expansion
+            return [self.steps[p] for p in prefixes]
+        return [[Generation(self.rollouts[p], 3, "stop")] for p in prefixes]
+
+
+def verifier(items):
+    out = []
+    for t, text in items:
+        ok = text.rstrip().endswith(t.answer)
+        out.append((float(ok), ok))
+    return out
+
+
+def scripted_tree():
+    cfg = MctsLabel(k=3, max_depth=2, step_delimiter=". ", selection="puct", c_explore=1.0)
+    sampler = Scripted(
+        steps={"": [Generation("Add them. ", 4, "stop", ". "), Generation("Add them. ", 4, "stop", ". "),
+                    Generation("It is 12", 5, "stop")],
+               "Add them. ": [Generation("6 + 5 = 11", 6, "stop"), Generation("So 6 + 5 is 10", 7, "stop"),
+                              Generation("So 6 + 5 is 10", 7, "stop")]},
+        rollouts={"Add them. ": "The sum is 11"},
+    )
+    t = Tree(prompt_id="p", prompt="What is 6 + 5?", answer="11")
+    return t, sampler, cfg
+
+
+def test_one_wave_expands_merges_duplicates_rolls_out_and_backs_up():
+    t, sampler, cfg = scripted_tree()
+    wave([t], sampler, cfg, seed=0, score=verifier)
+    root, add, twelve = t.nodes
+    # the two identical "Add them. " samples merge: prior 2/3; "It is 12" ended the response
+    assert (add.step, add.prior, add.step_tokens, add.spent, add.ended) == ("Add them. ", 2 / 3, 4, 8 + 3, False)
+    assert (twelve.step, twelve.prior, twelve.ended, twelve.final, twelve.rollout) == ("It is 12", 1 / 3, True,
+                                                                                       True, "")
+    # one batched expansion (n=k, stopping at the delimiter), one rollout for the open child only
+    assert sampler.calls == [(1, 3, (". ",), cfg.step_max_tokens), (1, 1, (), cfg.rollout_tokens)]
+    assert (add.value, add.correct, twelve.value, twelve.correct) == (1.0, True, 0.0, False)
+    assert (root.n, root.w, add.n, add.q, twelve.n, twelve.q) == (2, 1.0, 1, 1.0, 1, 0.0)
+    assert t.gen_tokens() == 4 + 4 + 5 + 3
+
+    # wave 2: PUCT picks "Add them. " (1 + 2/3 sqrt2/2 > 0 + 1/3 sqrt2/2) and expands it at max depth
+    wave([t], sampler, cfg, seed=1, score=verifier)
+    kids = [t.nodes[i] for i in add.children]
+    assert [(x.step, x.prior, x.final, x.value) for x in kids] == [("6 + 5 = 11", 1 / 3, True, 1.0),
+                                                                 ("So 6 + 5 is 10", 2 / 3, True, 0.0)]
+    assert (add.n, add.w, root.n, root.w) == (3, 2.0, 4, 2.0)
+    # trajectories: prefix + step (+ rollout), best first
+    assert [t.trajectory(x) for x in complete_nodes(t)][:2] == ["Add them. 6 + 5 = 11", "Add them. The sum is 11"]
+
+
+def test_step_pairs_from_a_small_tree():
+    t, sampler, cfg = scripted_tree()
+    for s in range(2):
+        wave([t], sampler, cfg, seed=s, score=verifier)
+    pairs = step_pairs(t, margin=0.3, min_visits=1, max_pairs=5)
+    # root: Q("Add them. ") = 2/3 vs Q("It is 12") = 0 -> gap 2/3; at "Add them. ": 1 vs 0 -> gap 1
+    assert [(p["node"], p["depth"], round(p["gap"], 4)) for p in pairs] == [(1, 1, 1.0), (0, 0, 0.6667)]
+    deep, root = pairs
+    # both sides share the prefix up to the node and part at the step
+    assert (deep["chosen"], deep["rejected"]) == ("Add them. 6 + 5 = 11", "Add them. So 6 + 5 is 10")
+    # the better child is completed by its best trajectory, the worse by its worst
+    assert (root["chosen"], root["rejected"]) == ("Add them. 6 + 5 = 11", "It is 12")
+    assert (root["chosen_correct"], root["rejected_correct"]) == (True, False)
+    assert step_pairs(t, margin=0.7, min_visits=1, max_pairs=5) == [deep]  # the root gap is below the margin
+    assert step_pairs(t, margin=0.3, min_visits=2, max_pairs=5) == []  # the depth-2 siblings have 1 visit each
+    assert step_pairs(t, margin=0.3, min_visits=1, max_pairs=1) == [deep]
+    assert Tree.from_json(t.to_json()).to_json() == t.to_json()  # trees round-trip through trees.jsonl
+
+
+def test_text_judge_cannot_value_rollouts():
+    with pytest.raises(ValueError, match="mode 'rating' or 'p_yes'"):
+        MctsLabel(value="judge", judge={"mode": "text"})
+
+
+@pytest.mark.integration
+def test_same_seed_same_trees_on_a_real_model(tiny_model):
+    from pathlib import Path
+
+    from models.sampler import SamplerConfig, open_sampler
+
+    sampler = open_sampler(Path(tiny_model), SamplerConfig(backend="hf", dtype="float32"), seed=0)
+    cfg = MctsLabel(simulations=3, k=3, max_depth=3, step_max_tokens=3, rollout_tokens=4)
+
+    def trees(seed):
+        ts = [Tree(prompt_id=str(i), prompt=f"What is {i} + 2?", answer=str(i + 2)) for i in range(3)]
+        search(ts, sampler, cfg, seed, lambda items: [(float(len(text) % 2), None) for _, text in items])
+        return [t.to_json() for t in ts]
+
+    first = trees(7)
+    assert trees(7) == first
+    assert trees(8) != first
+    assert all(len(t["nodes"]) > 1 + cfg.k for t in first)  # more than the root's expansion happened
