@@ -33,6 +33,7 @@ test-fast: setup
 bench: setup
 	$(BIN)/python bench/sample_bench.py
 	$(BIN)/python bench/dpo_bench.py
+	$(BIN)/python bench/mcts_bench.py
 
 clean:
 	rm -rf runs

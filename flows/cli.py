@@ -40,8 +40,9 @@ def _prepare_env(workdir: Path | None) -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    if workdir is not None and "PREFECT_API_URL" not in os.environ:
-        os.environ.setdefault("PREFECT_HOME", str(workdir / "prefect"))
+    if workdir is not None and "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ:
+        (workdir / "prefect").mkdir(parents=True, exist_ok=True)  # Prefect does not create parents
+        os.environ["PREFECT_HOME"] = str(workdir / "prefect")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
