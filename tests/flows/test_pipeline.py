@@ -203,3 +203,36 @@ def test_self_reward_dpo_round_end_to_end(tmp_path, prefect_harness, default_mod
     assert read_manifest(tmp_path / r1.policy.dir).info["reference"] == r0.policy.dir
     datasets = {i.dataset.name.split("-")[0]: i for i in child.inputs.dataset_inputs}
     assert {"sample", "filter"} <= datasets.keys()
+
+
+def test_mcts_dpo_round_end_to_end(tmp_path, prefect_harness, default_model):
+    """The shipped MCTS config, small: no sample stage; the search runs in a worker on vLLM,
+    its trees and statistics reach the store and MLflow, step pairs train DPO, and the
+    lineage runs label -> prompts + base."""
+    from data.manifest import read_manifest
+    from data.store import ArtifactStore
+    from flows.lineage import walk
+
+    cfg = load_config(CONFIGS / "mcts_dpo.yaml", [
+        f"workdir={tmp_path}", "rounds=1", "data.train_size=8", "data.eval_size=8", "label.simulations=2",
+        "label.k=3", "label.step_max_tokens=8", "label.rollout_tokens=24", "label.shard_size=4",
+        "filter.min_pairs=1", "train.epochs=1", "train.batch_size=4", "evaluate.max_tokens=32",
+        "sampler.kv_cache_gb=1"])
+    ctx, tracker, (r0, r1) = _run(cfg)
+    stages = sorted(d.name.split("-")[0] for d in (tmp_path / "stages").iterdir())
+    assert stages == ["base", "evaluate", "evaluate", "filter", "label", "prompts", "train"]
+    label = read_manifest(next((tmp_path / "stages").glob("label-*")))
+    assert sorted(label.outputs) == ["labels.jsonl", "trees.jsonl"]
+    assert [p.stage for p in label.parents] == ["prompts", "base"]
+    assert label.metrics["mcts_prompts"] == 8 and label.metrics["mcts_gen_tokens"] > 0
+
+    c = tracker.client
+    child = next(r for r in c.search_runs([tracker.experiment_id]) if r.info.run_name == "round-1")
+    m = child.data.metrics
+    assert 0 <= m["label.mcts_solved_frac"] <= 1 and m["label.mcts_root_visits_mean"] >= 2
+    assert m["filter.pairs"] >= 1 and m["filter.pair_accuracy"] == 1.0  # verifier values: right over wrong
+    assert [a.path for a in c.list_artifacts(child.info.run_id, "label")] == ["label/trees.jsonl"]
+    assert len(c.get_metric_history(child.info.run_id, "train/loss")) >= 1
+
+    chain = [x.stage for x in walk(ArtifactStore(tmp_path), r1.policy)]
+    assert chain == ["train", "filter", "label", "prompts", "base"]
