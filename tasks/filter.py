@@ -186,12 +186,18 @@ def build_pairs(rows: list[LabeledCompletion], cfg: PairFilter) -> tuple[list[Pa
         chosen_tokens_mean=sum(p.chosen_tokens for p in pairs) / n,
         rejected_tokens_mean=sum(p.rejected_tokens for p in pairs) / n,
     )
-    known = [p for p in pairs if p.chosen_correct is not None and p.rejected_correct is not None]
-    if known:  # what the verifier thinks of the pairs the label built
-        metrics["pair_accuracy"] = sum(p.chosen_correct and not p.rejected_correct for p in known) / len(known)
-        metrics["pair_inverted"] = sum(p.rejected_correct and not p.chosen_correct for p in known) / len(known)
-        metrics["chosen_correct_frac"] = sum(p.chosen_correct for p in known) / len(known)
+    metrics.update(verifier_view(pairs))
     return pairs, metrics
+
+
+def verifier_view(pairs: list[PairRow]) -> dict[str, float]:
+    """What the verifier thinks of the pairs the label built: right over wrong, and the reverse."""
+    known = [p for p in pairs if p.chosen_correct is not None and p.rejected_correct is not None]
+    if not known:
+        return {}
+    return {"pair_accuracy": sum(p.chosen_correct and not p.rejected_correct for p in known) / len(known),
+            "pair_inverted": sum(p.rejected_correct and not p.chosen_correct for p in known) / len(known),
+            "chosen_correct_frac": sum(p.chosen_correct for p in known) / len(known)}
 
 
 def tree_pairs(trees: list, cfg: StepPairFilter) -> tuple[list[PairRow], dict[str, float]]:
@@ -213,73 +219,77 @@ def tree_pairs(trees: list, cfg: StepPairFilter) -> tuple[list[PairRow], dict[st
                "pair_depth_mean": sum(depths) / n, "root_pairs": float(sum(d == 0 for d in depths)),
                "chosen_tokens_mean": sum(p.chosen_tokens for p in pairs) / n,
                "rejected_tokens_mean": sum(p.rejected_tokens for p in pairs) / n}
-    known = [p for p in pairs if p.chosen_correct is not None and p.rejected_correct is not None]
-    if known:
-        metrics["pair_accuracy"] = sum(p.chosen_correct and not p.rejected_correct for p in known) / len(known)
-        metrics["pair_inverted"] = sum(p.rejected_correct and not p.chosen_correct for p in known) / len(known)
-        metrics["chosen_correct_frac"] = sum(p.chosen_correct for p in known) / len(known)
+    metrics.update(verifier_view(pairs))
     return pairs, metrics
 
 
+def _tree_pair_set(req: StageRequest, store: ArtifactStore) -> tuple[list[PairRow], dict[str, float]]:
+    import json
+
+    from tasks.mcts import Tree
+
+    cfg = StepPairFilter.model_validate(req.config["filter"])
+    lab = req.parent("label")
+    if "trees.jsonl" not in lab.outputs:
+        raise EmptyStageError(f"filter.kind='step_pairs' needs the trees of label.kind='mcts'; the label stage "
+                              f"{lab.dir} has none. Set label.kind='mcts' or filter.kind='pairs'")
+    trees = [Tree.from_json(json.loads(x)) for x in store.path(lab, "trees.jsonl").read_text().splitlines()]
+    kept, metrics = tree_pairs(trees, cfg)
+    if len(kept) < cfg.min_pairs:
+        raise EmptyStageError(
+            f"round {req.round}: the trees of {len(trees)} prompts gave {len(kept)} step pairs < "
+            f"filter.min_pairs={cfg.min_pairs} with filter.margin={cfg.margin} and "
+            f"filter.min_visits={cfg.min_visits}. Raise label.simulations or label.k, lower filter.margin or "
+            "filter.min_visits, add prompts, or lower filter.min_pairs."
+        )
+    return kept, metrics
+
+
+def _pair_set(req: StageRequest, rows: list[LabeledCompletion]) -> tuple[list[PairRow], dict[str, float]]:
+    cfg = PairFilter.model_validate(req.config["filter"])
+    kept, metrics = build_pairs(rows, cfg)
+    if len(kept) < cfg.min_pairs:
+        raise EmptyStageError(
+            f"round {req.round}: filter built {len(kept)} preference pairs < filter.min_pairs={cfg.min_pairs} "
+            f"from {int(metrics['prompts'])} prompts ({int(metrics['dropped_tie_prompts'])} had all-equal "
+            f"rewards, {int(metrics['dropped_below_margin_prompts'])} no gap >= filter.margin={cfg.margin}, "
+            f"{int(metrics['dropped_length_bias_prompts'])} only length-biased pairs, "
+            f"{int(metrics['dropped_unscored'])} completions unscored). Sample more per prompt (sample.n), raise "
+            "sample.temperature, lower filter.margin, raise or drop filter.max_length_ratio, "
+            "or lower filter.min_pairs."
+        )
+    return kept, metrics
+
+
+def _accepted_set(req: StageRequest, rows: list[LabeledCompletion]) -> tuple[list[SFTRow], dict[str, float]]:
+    cfg = RFTFilter.model_validate(req.config["filter"])
+    kept, metrics = accept(rows, cfg, req.seed)
+    if len(kept) < cfg.min_rows:
+        raise EmptyStageError(
+            f"round {req.round}: filter accepted {len(kept)} rows < filter.min_rows={cfg.min_rows} "
+            f"({int(metrics['dropped_below_reward'])} of {len(rows)} completions were below "
+            f"filter.min_reward={cfg.min_reward}). Sample more per prompt (sample.n), raise sample.temperature, "
+            "add prompts, or lower filter.min_rows / filter.min_reward."
+        )
+    return kept, metrics
+
+
 def filter_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
-    if req.config["filter"]["kind"] == "step_pairs":
-        import json
-
-        from tasks.mcts import Tree
-
-        scfg = StepPairFilter.model_validate(req.config["filter"])
-        lab = req.parent("label")
-        if "trees.jsonl" not in lab.outputs:
-            raise EmptyStageError(f"filter.kind='step_pairs' needs the trees of label.kind='mcts'; the label stage "
-                                  f"{lab.dir} has none. Set label.kind='mcts' or filter.kind='pairs'")
-        trees = [Tree.from_json(json.loads(x)) for x in store.path(lab, "trees.jsonl").read_text().splitlines()]
-        kept, metrics = tree_pairs(trees, scfg)
-        if len(kept) < scfg.min_pairs:
-            raise EmptyStageError(
-                f"round {req.round}: the trees of {len(trees)} prompts gave {len(kept)} step pairs < "
-                f"filter.min_pairs={scfg.min_pairs} with filter.margin={scfg.margin} and "
-                f"filter.min_visits={scfg.min_visits}. Raise label.simulations or label.k, lower filter.margin or "
-                "filter.min_visits, add prompts, or lower filter.min_pairs."
-            )
-        d = store.stage_dir(req.stage, req.key)
-        n = write_jsonl(d / "train_set.jsonl", kept)
-        return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
-                            config=req.config, parents=req.parents, outputs={"train_set.jsonl": n},
-                            metrics=metrics, info={"rows": "pairs"}, started=req.started)
-    rows = read_jsonl(store.path(req.parent("label"), "labels.jsonl"), LabeledCompletion)
-    if req.config["filter"]["kind"] == "pairs":
-        pcfg = PairFilter.model_validate(req.config["filter"])
-        kept, metrics = build_pairs(rows, pcfg)
-        if len(kept) < pcfg.min_pairs:
-            raise EmptyStageError(
-                f"round {req.round}: filter built {len(kept)} preference pairs < filter.min_pairs={pcfg.min_pairs} "
-                f"from {int(metrics['prompts'])} prompts ({int(metrics['dropped_tie_prompts'])} had all-equal "
-                f"rewards, {int(metrics['dropped_below_margin_prompts'])} no gap >= filter.margin={pcfg.margin}, "
-                f"{int(metrics['dropped_length_bias_prompts'])} only length-biased pairs, "
-                f"{int(metrics['dropped_unscored'])} completions unscored). Sample more per prompt (sample.n), raise "
-                "sample.temperature, lower filter.margin, raise or drop filter.max_length_ratio, "
-                "or lower filter.min_pairs."
-            )
+    kind = req.config["filter"]["kind"]
+    if kind == "step_pairs":
+        kept, metrics = _tree_pair_set(req, store)
     else:
-        cfg = RFTFilter.model_validate(req.config["filter"])
-        kept, metrics = accept(rows, cfg, req.seed)
-        if len(kept) < cfg.min_rows:
-            raise EmptyStageError(
-                f"round {req.round}: filter accepted {len(kept)} rows < filter.min_rows={cfg.min_rows} "
-                f"({int(metrics['dropped_below_reward'])} of {len(rows)} completions were below "
-                f"filter.min_reward={cfg.min_reward}). Sample more per prompt (sample.n), raise sample.temperature, "
-                "add prompts, or lower filter.min_rows / filter.min_reward."
-            )
+        rows = read_jsonl(store.path(req.parent("label"), "labels.jsonl"), LabeledCompletion)
+        kept, metrics = _pair_set(req, rows) if kind == "pairs" else _accepted_set(req, rows)
     d = store.stage_dir(req.stage, req.key)
     n = write_jsonl(d / "train_set.jsonl", kept)
     return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
                         config=req.config, parents=req.parents, outputs={"train_set.jsonl": n},
-                        metrics=metrics, info={"rows": req.config["filter"]["kind"]}, started=req.started)
+                        metrics=metrics, info={"rows": "rft" if kind == "rft" else "pairs"}, started=req.started)
 
 
 def filter_rows(store: ArtifactStore, labels: StageManifest, cfg: RFTFilter | PairFilter | StepPairFilter,
-                seed: int,
-                round: int) -> tuple[StageManifest, bool]:
+                seed: int, round: int) -> tuple[StageManifest, bool]:
     config = {"filter": cfg.model_dump(), "seed": seed}
     return run_stage(store, stage="filter", round=round, body="tasks.filter:filter_body", code=CODE,
                      config=config, parents=[labels])
