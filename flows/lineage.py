@@ -99,24 +99,28 @@ def resolve(target: str, store: ArtifactStore, tracker) -> StageManifest:
     if p.is_dir() and (p / "manifest.json").exists():
         return read_manifest(p)
     version = target.rsplit("/", 1)[-1] if target.startswith("models:/") else target
-    if version.isdigit():
-        mv = tracker.client.get_model_version(tracker.model_name, version)
-        stage_dir = mv.tags.get("ratchet.stage_dir")
-    else:
+    if not version.isdigit():
         try:
             run = tracker.client.get_run(target)
         except Exception as e:
             raise RatchetError(f"{target!r} is neither a model version, an MLflow run id, nor a stage directory; "
                                "pass e.g. `ratchet lineage 3`") from e
-        v = run.data.tags.get("ratchet.model_version")
-        if v is None:
+        version = run.data.tags.get("ratchet.model_version")
+        if version is None:
             raise RatchetError(f"MLflow run {target} has no registered model (is it a round run that finished?)")
-        stage_dir = tracker.client.get_model_version(tracker.model_name, v).tags.get("ratchet.stage_dir")
+    return version_manifest(store, tracker, version)
+
+
+def version_manifest(store: ArtifactStore, tracker, version: str) -> StageManifest:
+    """The stage manifest behind a registered model version (not re-verified here)."""
+    stage_dir = tracker.client.get_model_version(tracker.model_name, version).tags.get("ratchet.stage_dir")
     if not stage_dir:
-        raise RatchetError(f"model version of {target!r} carries no ratchet.stage_dir tag")
+        raise RatchetError(f"{tracker.model_name} version {version} carries no ratchet.stage_dir tag, so its "
+                           "files cannot be found in the store")
     m = read_manifest(store.root / stage_dir)
     if m is None:
-        raise ArtifactError(f"{store.root / stage_dir} has no manifest: the store behind this version is gone")
+        raise ArtifactError(f"{tracker.model_name} version {version} points at {store.root / stage_dir}, which "
+                            "has no manifest: the store behind this version is gone")
     return m
 
 

@@ -134,19 +134,10 @@ def start_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
 
 
 def start_manifest(store: ArtifactStore, tracker: Tracker, version: str) -> StageManifest:
-    from data.errors import ArtifactError
-    from data.manifest import read_manifest
+    """The stage behind a registered version, re-verified: what a continuation starts from."""
+    from flows.lineage import version_manifest
 
-    mv = tracker.client.get_model_version(tracker.model_name, version)
-    stage_dir = mv.tags.get("ratchet.stage_dir")
-    if not stage_dir:
-        raise ArtifactError(f"{tracker.model_name} version {version} carries no ratchet.stage_dir tag, so its "
-                            "weights cannot be found in the store; continue from another version")
-    m = read_manifest(store.root / stage_dir)
-    if m is None:
-        raise ArtifactError(f"{tracker.model_name} version {version} points at {store.root / stage_dir}, which has "
-                            "no manifest: the store behind it is gone. Continue from another version "
-                            "(start_from=N) or from the base model (start_from=base)")
+    m = version_manifest(store, tracker, version)
     store.verify(m)
     return m
 

@@ -257,7 +257,7 @@ def tree_search(req: StageRequest, store: ArtifactStore, prompts: list[Prompt], 
 
     from models.sampler import SamplerConfig, open_sampler
     from tasks.judge import judge_batch
-    from tasks.mcts import Tree, _tokens, complete_nodes, search, tree_stats
+    from tasks.mcts import Tree, complete_nodes, search, tree_stats
     from tasks.prepare import model_dir
     from tasks.sample import shard_seed
 
@@ -302,7 +302,7 @@ def tree_search(req: StageRequest, store: ArtifactStore, prompts: list[Prompt], 
         for rank, x in enumerate(complete_nodes(tr)):
             text = tr.trajectory(x)
             rows.append(LabeledCompletion(prompt_id=tr.prompt_id, prompt=tr.prompt, answer=tr.answer, index=rank,
-                                          text=text, n_tokens=_tokens(tr, x), reward=x.value,
+                                          text=text, n_tokens=tr.tokens(x), reward=x.value,
                                           extracted=extract(check_cfg, text), correct=x.correct))
     metrics = {**tree_stats(trees), "mcts_s": search_s, "mcts_load_s": load_s,
                "mcts_shards_reused": float(n_shards - len(missing)),

@@ -129,6 +129,10 @@ class Tree:
         parent.children.append(child.id)
         return child
 
+    def tokens(self, node: Node) -> int:
+        """Tokens of the trajectory through `node`: its path's steps and its rollout."""
+        return sum(x.step_tokens for x in self.path(node)) + node.rollout_tokens
+
     def gen_tokens(self) -> int:
         return sum(x.spent for x in self.nodes)
 
@@ -266,13 +270,9 @@ def step_pairs(tree: Tree, margin: float, min_visits: int, max_pairs: int) -> li
         found.append({"node": node.id, "depth": node.depth, "gap": gap, "chosen_q": hi.q, "rejected_q": lo.q,
                       "chosen": chosen, "rejected": rejected, "chosen_node": best.id, "rejected_node": worst.id,
                       "chosen_correct": best.correct, "rejected_correct": worst.correct,
-                      "chosen_tokens": _tokens(tree, best), "rejected_tokens": _tokens(tree, worst)})
+                      "chosen_tokens": tree.tokens(best), "rejected_tokens": tree.tokens(worst)})
     found.sort(key=lambda p: (-p["gap"], p["depth"], p["node"]))
     return found[:max_pairs]
-
-
-def _tokens(tree: Tree, node: Node) -> int:
-    return sum(x.step_tokens if x is not tree.root else 0 for x in tree.path(node)) + node.rollout_tokens
 
 
 def tree_stats(trees: list[Tree]) -> dict[str, float]:
