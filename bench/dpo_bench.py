@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _pairs(path: str | None, n: int) -> list[dict]:
@@ -37,8 +35,8 @@ def main() -> None:
     import torch
     from trl import DPOConfig, DPOTrainer
 
-    from models.default_model import default_model_dir
-    from models.trainer import (DPOTrainConfig, _trainer_args, chat_dataset, load_policy, plain_lm_head,
+    from ratchet.models.default_model import default_model_dir
+    from ratchet.models.trainer import (DPOTrainConfig, _trainer_args, chat_dataset, load_policy, plain_lm_head,
                                 resolve_precision)
 
     cfg = DPOTrainConfig()

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 CONFIG = Path(__file__).resolve().parents[1] / "flows" / "configs" / "mcts_dpo.yaml"
 
 
@@ -33,12 +31,12 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of mcts_dpo.yaml, e.g. label.k=3")
     a = ap.parse_args()
 
-    from data.checkers import check
-    from data.prompts import load_split
-    from flows.config import load_config
-    from models.default_model import default_model_dir
-    from models.sampler import SamplingParams, open_sampler
-    from tasks.mcts import Tree, search
+    from ratchet.data.checkers import check
+    from ratchet.data.prompts import load_split
+    from ratchet.flows.config import load_config
+    from ratchet.models.default_model import default_model_dir
+    from ratchet.models.sampler import SamplingParams, open_sampler
+    from ratchet.tasks.mcts import Tree, search
 
     cfg = load_config(CONFIG, a.overrides + ([f"sampler.backend={a.backend}"] if a.backend else []))
     mc = cfg.label

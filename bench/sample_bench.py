@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
@@ -29,12 +27,12 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true")
     a = ap.parse_args()
 
-    from data.prompts import AdditionSource
-    from data.store import ArtifactStore
-    from models.default_model import default_model_dir
-    from models.sampler import SamplerConfig, open_sampler
-    from tasks.prepare import base_model, prompts as prompts_stage
-    from tasks.sample import SampleConfig, sample
+    from ratchet.data.prompts import AdditionSource
+    from ratchet.data.store import ArtifactStore
+    from ratchet.models.default_model import default_model_dir
+    from ratchet.models.sampler import SamplerConfig, open_sampler
+    from ratchet.tasks.prepare import base_model, prompts as prompts_stage
+    from ratchet.tasks.sample import SampleConfig, sample
 
     model = default_model_dir()
     cfg = SampleConfig(n=a.n, max_tokens=a.max_tokens)
@@ -44,7 +42,7 @@ def main() -> None:
         src = AdditionSource(eval_size=50, train_size=a.prompts)
         pm, _ = prompts_stage(store, src.model_dump(), seed=0, source_digest=None)
         base, _ = base_model(store, "default", model)
-        from data.records import Prompt, read_jsonl
+        from ratchet.data.records import Prompt, read_jsonl
 
         texts = [p.prompt for p in read_jsonl(store.path(pm, "train.jsonl"), Prompt)]
 

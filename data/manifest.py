@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from data.digest import sha256_json
+from ratchet.data.digest import sha256_json
 
 MANIFEST = "manifest.json"
 

@@ -18,9 +18,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from data.checkers import CheckConfig, NumberCheck
-from data.errors import ConfigError
-from data.records import Prompt
+from ratchet.data.checkers import CheckConfig, NumberCheck
+from ratchet.data.errors import ConfigError
+from ratchet.data.records import Prompt
 
 
 class AdditionSource(BaseModel):

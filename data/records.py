@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from data.errors import ArtifactError
+from ratchet.data.errors import ArtifactError
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from data import failpoints
-from data.digest import sha256_file, sha256_json
-from data.errors import ArtifactError, TamperedArtifactError
-from data.manifest import MANIFEST, FileRef, StageManifest, now_iso, read_manifest, write_manifest
+from ratchet.data import failpoints
+from ratchet.data.digest import sha256_file, sha256_json
+from ratchet.data.errors import ArtifactError, TamperedArtifactError
+from ratchet.data.manifest import MANIFEST, FileRef, StageManifest, now_iso, read_manifest, write_manifest
 
 
 def stage_key(stage: str, code_version: str, config: dict[str, Any], parents: list[StageManifest]) -> str:

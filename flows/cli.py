@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from data.errors import RatchetError
+from ratchet.data.errors import RatchetError
 
 EPILOG = """examples:
   ratchet run flows/configs/default.yaml                  the default CPU run (3 rounds)
@@ -57,15 +57,15 @@ def _summary(results) -> str:
 
 
 def cmd_run(args) -> int:
-    from flows.config import load_config
+    from ratchet.flows.config import load_config
 
     return _execute(load_config(args.config, args.overrides), args.start_from)
 
 
 def cmd_resume(args) -> int:
     """Continue a pipeline run by name with the exact config it was started with."""
-    from flows.config import PipelineConfig
-    from flows.pipeline import load_record
+    from ratchet.flows.config import PipelineConfig
+    from ratchet.flows.pipeline import load_record
 
     record = load_record(Path(args.workdir).resolve(), args.run)
     cfg = PipelineConfig.model_validate(record.config)
@@ -76,7 +76,7 @@ def cmd_resume(args) -> int:
 
 def _execute(cfg, start_from: str | None = None) -> int:
     _prepare_env(Path(cfg.workdir).resolve())
-    from flows.pipeline import execute, start
+    from ratchet.flows.pipeline import execute, start
 
     ctx, tracker = start(cfg, start_from)
     origin = f"continuing from {tracker.model_name} version {ctx.start_version}" if ctx.start_version else \
@@ -94,7 +94,7 @@ def _execute(cfg, start_from: str | None = None) -> int:
 def cmd_config(args) -> int:
     import yaml
 
-    from flows.config import load_config
+    from ratchet.flows.config import load_config
 
     cfg = load_config(args.config, args.overrides)
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
@@ -105,10 +105,10 @@ def cmd_lineage(args) -> int:
     """Print the chain behind a model version or round run; exit 1 if any link fails its check."""
     import json
 
-    from data.store import ArtifactStore
-    from flows.config import load_config
-    from flows.lineage import annotate, as_json, render_text, resolve, walk
-    from flows.tracking import Tracker
+    from ratchet.data.store import ArtifactStore
+    from ratchet.flows.config import load_config
+    from ratchet.flows.lineage import annotate, as_json, render_text, resolve, walk
+    from ratchet.flows.tracking import Tracker
 
     cfg = load_config(args.config, args.overrides)
     workdir = Path(cfg.workdir).resolve()
@@ -124,8 +124,8 @@ def cmd_lineage(args) -> int:
 
 def cmd_serve(args) -> int:
     """Deploy the pipeline on a cron schedule; each run continues from the MLflow champion."""
-    from flows.config import load_config
-    from flows.schedule import absolute_paths, deploy
+    from ratchet.flows.config import load_config
+    from ratchet.flows.schedule import absolute_paths, deploy
 
     _prepare_env(None)
     cfg = absolute_paths(load_config(args.config, args.overrides))
@@ -135,8 +135,8 @@ def cmd_serve(args) -> int:
 
 def cmd_gc(args) -> int:
     """Remove what an interrupted stage left behind and no live process holds."""
-    from flows.config import load_config
-    from flows.schedule import collect_garbage
+    from ratchet.flows.config import load_config
+    from ratchet.flows.schedule import collect_garbage
 
     cfg = load_config(args.config, args.overrides)
     removed, freed = collect_garbage(Path(cfg.workdir).resolve(), dry_run=args.dry_run)
@@ -148,7 +148,7 @@ def cmd_gc(args) -> int:
 
 
 def cmd_model(args) -> int:
-    from models.default_model import default_model_dir
+    from ratchet.models.default_model import default_model_dir
 
     print(default_model_dir())
     return 0

@@ -14,15 +14,15 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from data.errors import ConfigError
-from data.prompts import AdditionSource, SourceConfig
-from flows.tracking import TrackingConfig
-from models.sampler import SamplerConfig
-from tasks.evaluate import EvaluateConfig
-from tasks.filter import FilterConfig, RFTFilter
-from tasks.label import LabelConfig, VerifierLabel, reward_range
-from tasks.sample import SampleConfig
-from tasks.train import RFTTrainConfig, TrainConfig
+from ratchet.data.errors import ConfigError
+from ratchet.data.prompts import AdditionSource, SourceConfig
+from ratchet.flows.tracking import TrackingConfig
+from ratchet.models.sampler import SamplerConfig
+from ratchet.tasks.evaluate import EvaluateConfig
+from ratchet.tasks.filter import FilterConfig, RFTFilter
+from ratchet.tasks.label import LabelConfig, VerifierLabel, reward_range
+from ratchet.tasks.sample import SampleConfig
+from ratchet.tasks.train import RFTTrainConfig, TrainConfig
 
 
 class ModelConfig(BaseModel):

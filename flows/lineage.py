@@ -16,10 +16,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from data.digest import sha256_json
-from data.errors import ArtifactError, RatchetError, TamperedArtifactError
-from data.manifest import StageManifest, read_manifest
-from data.store import ArtifactStore
+from ratchet.data.digest import sha256_json
+from ratchet.data.errors import ArtifactError, RatchetError, TamperedArtifactError
+from ratchet.data.manifest import StageManifest, read_manifest
+from ratchet.data.store import ArtifactStore
 
 
 class Link(BaseModel):

@@ -20,18 +20,18 @@ from prefect import flow, task
 from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict
 
-from data.digest import sha256_file, sha256_json
-from data.errors import ConfigError
-from data.manifest import StageManifest
-from data.store import ArtifactStore
-from flows.config import PipelineConfig
-from flows.tracking import Tracker
-from models.default_model import default_model_dir
-from tasks import evaluate as evaluate_mod
-from tasks import filter as filter_mod
-from tasks import label as label_mod
-from tasks import prepare, sample as sample_mod, train as train_mod
-from tasks.stage import code_version
+from ratchet.data.digest import sha256_file, sha256_json
+from ratchet.data.errors import ConfigError
+from ratchet.data.manifest import StageManifest
+from ratchet.data.store import ArtifactStore
+from ratchet.flows.config import PipelineConfig
+from ratchet.flows.tracking import Tracker
+from ratchet.models.default_model import default_model_dir
+from ratchet.tasks import evaluate as evaluate_mod
+from ratchet.tasks import filter as filter_mod
+from ratchet.tasks import label as label_mod
+from ratchet.tasks import prepare, sample as sample_mod, train as train_mod
+from ratchet.tasks.stage import code_version
 
 
 class RunContext(BaseModel):
@@ -58,7 +58,7 @@ class RoundResult(BaseModel):
 
 
 def code_digest() -> str:
-    return code_version(*[f"{pkg}.{p.stem}" for pkg in ("data", "models", "tasks", "flows")
+    return code_version(*[f"ratchet.{pkg}.{p.stem}" for pkg in ("data", "models", "tasks", "flows")
                           for p in sorted((Path(__file__).parents[1] / pkg).glob("*.py")) if p.stem != "__init__"])
 
 
@@ -135,7 +135,7 @@ def start_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
 
 def start_manifest(store: ArtifactStore, tracker: Tracker, version: str) -> StageManifest:
     """The stage behind a registered version, re-verified: what a continuation starts from."""
-    from flows.lineage import version_manifest
+    from ratchet.flows.lineage import version_manifest
 
     m = version_manifest(store, tracker, version)
     store.verify(m)
@@ -240,7 +240,7 @@ def lineage_task(cfg: PipelineConfig, ctx: RunContext, final: RoundResult) -> bo
 
     from prefect.artifacts import create_markdown_artifact
 
-    from flows.lineage import annotate, as_json, render_mermaid, render_text, walk
+    from ratchet.flows.lineage import annotate, as_json, render_mermaid, render_text, walk
 
     store, t = _store(ctx), _tracker(cfg, ctx)
     links = walk(store, final.policy)
@@ -409,7 +409,7 @@ def continue_improve(config: dict, start_from: str = "champion", overrides: list
     """
     from prefect import get_run_logger
 
-    from flows.config import config_from_dict
+    from ratchet.flows.config import config_from_dict
 
     cfg = config_from_dict(config, overrides or [], source="deployment parameters")
     ctx, results, tracker = execute(cfg, start_from)

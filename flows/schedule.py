@@ -16,9 +16,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from data.errors import ConfigError, RatchetError
-from data.manifest import MANIFEST
-from flows.config import PipelineConfig
+from ratchet.data.errors import ConfigError, RatchetError
+from ratchet.data.manifest import MANIFEST
+from ratchet.flows.config import PipelineConfig
 
 FLOW_NAME = "ratchet-continue"
 
@@ -74,7 +74,7 @@ def deploy(cfg: PipelineConfig, *, cron: str, name: str | None, pool: str | None
     from prefect.client.orchestration import get_client
     from prefect.deployments.runner import EntrypointType
 
-    from flows.pipeline import code_digest, continue_improve
+    from ratchet.flows.pipeline import code_digest, continue_improve
 
     if start_from not in ("champion", "base") and not start_from.isdigit():
         raise ConfigError([f"--from {start_from!r} is not 'champion', 'base' or a model version number"])

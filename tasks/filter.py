@@ -28,13 +28,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from data.errors import EmptyStageError
-from data.manifest import StageManifest
-from data.records import LabeledCompletion, PairRow, SFTRow, read_jsonl, write_jsonl
-from data.store import ArtifactStore
-from tasks.stage import StageRequest, code_version, run_stage
+from ratchet.data.errors import EmptyStageError
+from ratchet.data.manifest import StageManifest
+from ratchet.data.records import LabeledCompletion, PairRow, SFTRow, read_jsonl, write_jsonl
+from ratchet.data.store import ArtifactStore
+from ratchet.tasks.stage import StageRequest, code_version, run_stage
 
-CODE = code_version("tasks.filter", "tasks.mcts", "data.records")
+CODE = code_version("ratchet.tasks.filter", "ratchet.tasks.mcts", "ratchet.data.records")
 
 
 class RFTFilter(BaseModel):
@@ -201,7 +201,7 @@ def verifier_view(pairs: list[PairRow]) -> dict[str, float]:
 
 
 def tree_pairs(trees: list, cfg: StepPairFilter) -> tuple[list[PairRow], dict[str, float]]:
-    from tasks.mcts import step_pairs
+    from ratchet.tasks.mcts import step_pairs
 
     pairs: list[PairRow] = []
     gaps, depths = [], []
@@ -226,7 +226,7 @@ def tree_pairs(trees: list, cfg: StepPairFilter) -> tuple[list[PairRow], dict[st
 def _tree_pair_set(req: StageRequest, store: ArtifactStore) -> tuple[list[PairRow], dict[str, float]]:
     import json
 
-    from tasks.mcts import Tree
+    from ratchet.tasks.mcts import Tree
 
     cfg = StepPairFilter.model_validate(req.config["filter"])
     lab = req.parent("label")
@@ -291,5 +291,5 @@ def filter_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
 def filter_rows(store: ArtifactStore, labels: StageManifest, cfg: RFTFilter | PairFilter | StepPairFilter,
                 seed: int, round: int) -> tuple[StageManifest, bool]:
     config = {"filter": cfg.model_dump(), "seed": seed}
-    return run_stage(store, stage="filter", round=round, body="tasks.filter:filter_body", code=CODE,
+    return run_stage(store, stage="filter", round=round, body="ratchet.tasks.filter:filter_body", code=CODE,
                      config=config, parents=[labels])

@@ -190,8 +190,8 @@ def digit_token_ids(tokenizer) -> dict[int, float]:
 
 def check_fits(tokenizer, cfg: JudgeLabel, items: list[tuple[str, str]], max_model_len: int) -> None:
     """Fail before judging anything if the longest judge prompt plus its verdict exceeds the context."""
-    from data.errors import ConfigError
-    from models.sampler import chat_token_ids
+    from ratchet.data.errors import ConfigError
+    from ratchet.models.sampler import chat_token_ids
 
     template = cfg.prompt_template()
     longest = max(items, key=lambda pr: len(judge_prompt(template, *pr)))
@@ -207,7 +207,7 @@ def check_fits(tokenizer, cfg: JudgeLabel, items: list[tuple[str, str]], max_mod
 def judge_batch(sampler, cfg: JudgeLabel, items: list[tuple[str, str]], seed: int
                 ) -> list[tuple[float | None, list[float | None]]]:
     """(reward, per-sample verdicts) for each (prompt, response); reward None when nothing was readable."""
-    from models.sampler import SamplingParams
+    from ratchet.models.sampler import SamplingParams
 
     template = cfg.prompt_template()
     prompts = [judge_prompt(template, p, r) for p, r in items]

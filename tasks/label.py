@@ -36,22 +36,22 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from data import failpoints
-from data.checkers import answer_key, check, extract
-from data.errors import ConfigError
-from data.manifest import StageManifest
-from data.prompts import SourceConfig
-from data.records import Completion, LabeledCompletion, Prompt, read_jsonl, write_jsonl
-from data.store import ArtifactStore
-from tasks.judge import JudgeLabel
-from tasks.mcts import MctsLabel
-from tasks.stage import StageRequest, code_version, run_stage
+from ratchet.data import failpoints
+from ratchet.data.checkers import answer_key, check, extract
+from ratchet.data.errors import ConfigError
+from ratchet.data.manifest import StageManifest
+from ratchet.data.prompts import SourceConfig
+from ratchet.data.records import Completion, LabeledCompletion, Prompt, read_jsonl, write_jsonl
+from ratchet.data.store import ArtifactStore
+from ratchet.tasks.judge import JudgeLabel
+from ratchet.tasks.mcts import MctsLabel
+from ratchet.tasks.stage import StageRequest, code_version, run_stage
 
-CODE = code_version("tasks.label", "tasks.judge", "data.checkers", "data.records")
-JUDGE_CODE = code_version("tasks.label", "tasks.judge", "tasks.sample", "models.sampler", "data.checkers",
-                          "data.records")
-MCTS_CODE = code_version("tasks.label", "tasks.mcts", "tasks.judge", "tasks.sample", "models.sampler",
-                         "data.checkers", "data.records")
+CODE = code_version("ratchet.tasks.label", "ratchet.tasks.judge", "ratchet.data.checkers", "ratchet.data.records")
+JUDGE_CODE = code_version("ratchet.tasks.label", "ratchet.tasks.judge", "ratchet.tasks.sample", "ratchet.models.sampler", "ratchet.data.checkers",
+                          "ratchet.data.records")
+MCTS_CODE = code_version("ratchet.tasks.label", "ratchet.tasks.mcts", "ratchet.tasks.judge", "ratchet.tasks.sample", "ratchet.models.sampler",
+                         "ratchet.data.checkers", "ratchet.data.records")
 
 
 class VerifierLabel(BaseModel):
@@ -203,10 +203,10 @@ def judge(req: StageRequest, store: ArtifactStore, rows: list[Completion], check
     """Score rows with the policy as judge, shard by shard (resumable); returns rows and judge metrics."""
     from tqdm import tqdm
 
-    from models.sampler import SamplerConfig, open_sampler
-    from tasks.judge import check_fits, judge_batch
-    from tasks.prepare import model_dir
-    from tasks.sample import shard_seed
+    from ratchet.models.sampler import SamplerConfig, open_sampler
+    from ratchet.tasks.judge import check_fits, judge_batch
+    from ratchet.tasks.prepare import model_dir
+    from ratchet.tasks.sample import shard_seed
 
     shard_dir = store.stage_dir(req.stage, req.key) / "shards"
     shard_dir.mkdir(exist_ok=True)
@@ -255,11 +255,11 @@ def tree_search(req: StageRequest, store: ArtifactStore, prompts: list[Prompt], 
 
     from tqdm import tqdm
 
-    from models.sampler import SamplerConfig, open_sampler
-    from tasks.judge import judge_batch
-    from tasks.mcts import Tree, complete_nodes, search, tree_stats
-    from tasks.prepare import model_dir
-    from tasks.sample import shard_seed
+    from ratchet.models.sampler import SamplerConfig, open_sampler
+    from ratchet.tasks.judge import judge_batch
+    from ratchet.tasks.mcts import Tree, complete_nodes, search, tree_stats
+    from ratchet.tasks.prepare import model_dir
+    from ratchet.tasks.sample import shard_seed
 
     d = store.stage_dir(req.stage, req.key)
     shard_dir = d / "shards"
@@ -356,13 +356,13 @@ def label(store: ArtifactStore, samples: StageManifest,
         if policy is None or sampler is None or samples.stage != "prompts":
             raise ValueError("label.kind='mcts' searches from the prompts stage with the policy and sampler settings")
         config.update(sampler=sampler, seed=seed)
-        return run_stage(store, stage="label", round=round, body="tasks.label:label_body", code=MCTS_CODE,
+        return run_stage(store, stage="label", round=round, body="ratchet.tasks.label:label_body", code=MCTS_CODE,
                          config=config, parents=[samples, policy], isolate=isolate, keep_partial=True)
     if cfg.kind != "judge":
-        return run_stage(store, stage="label", round=round, body="tasks.label:label_body", code=CODE,
+        return run_stage(store, stage="label", round=round, body="ratchet.tasks.label:label_body", code=CODE,
                          config=config, parents=[samples])
     if policy is None or sampler is None:
         raise ValueError("label.kind='judge' needs the judging policy and the sampler settings")
     config.update(sampler=sampler, seed=seed)
-    return run_stage(store, stage="label", round=round, body="tasks.label:label_body", code=JUDGE_CODE,
+    return run_stage(store, stage="label", round=round, body="ratchet.tasks.label:label_body", code=JUDGE_CODE,
                      config=config, parents=[samples, policy], isolate=isolate, keep_partial=True)

@@ -32,7 +32,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasks.judge import JudgeLabel
+from ratchet.tasks.judge import JudgeLabel
 
 
 class MctsLabel(BaseModel):
@@ -180,7 +180,7 @@ def wave(trees: list[Tree], sampler, cfg: MctsLabel, seed: int, score) -> None:
     """One simulation for every tree: select, expand k steps (batched), roll out the new
     children (batched), score, back up. `score(items)` takes [(tree, text)] and returns
     [(value in [0, 1], correct or None)]."""
-    from models.sampler import SamplingParams
+    from ratchet.models.sampler import SamplingParams
 
     leaves = [select(t, cfg.selection, cfg.c_explore) for t in trees]
     for t, x in zip(trees, leaves):
@@ -219,7 +219,7 @@ def wave(trees: list[Tree], sampler, cfg: MctsLabel, seed: int, score) -> None:
 
 
 def search(trees: list[Tree], sampler, cfg: MctsLabel, seed: int, score) -> None:
-    from tasks.sample import shard_seed
+    from ratchet.tasks.sample import shard_seed
 
     for w in range(cfg.simulations):
         wave(trees, sampler, cfg, shard_seed(seed, w), score)

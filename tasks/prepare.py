@@ -11,22 +11,22 @@ import os
 import shutil
 from pathlib import Path
 
-from data.digest import sha256_file
-from data.errors import ConfigError
-from data.manifest import StageManifest
-from data.prompts import load_split
-from data.records import write_jsonl
-from data.store import ArtifactStore
-from tasks.stage import StageRequest, code_version, run_stage
+from ratchet.data.digest import sha256_file
+from ratchet.data.errors import ConfigError
+from ratchet.data.manifest import StageManifest
+from ratchet.data.prompts import load_split
+from ratchet.data.records import write_jsonl
+from ratchet.data.store import ArtifactStore
+from ratchet.tasks.stage import StageRequest, code_version, run_stage
 
-PROMPTS_CODE = code_version("tasks.prepare", "data.prompts", "data.records")
-BASE_CODE = code_version("tasks.prepare")
+PROMPTS_CODE = code_version("ratchet.tasks.prepare", "ratchet.data.prompts", "ratchet.data.records")
+BASE_CODE = code_version("ratchet.tasks.prepare")
 
 
 def prompts_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     from pydantic import TypeAdapter
 
-    from data.prompts import SourceConfig
+    from ratchet.data.prompts import SourceConfig
 
     src = TypeAdapter(SourceConfig).validate_python(req.config["data"])
     train, ev = load_split(src, req.seed)
@@ -47,7 +47,7 @@ def prompts_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
 def prompts(store: ArtifactStore, data_cfg: dict, seed: int,
             source_digest: str | None) -> tuple[StageManifest, bool]:
     cfg = {"data": data_cfg, "seed": seed, "source_sha256": source_digest}
-    return run_stage(store, stage="prompts", round=0, body="tasks.prepare:prompts_body",
+    return run_stage(store, stage="prompts", round=0, body="ratchet.tasks.prepare:prompts_body",
                      code=PROMPTS_CODE, config=cfg, parents=[])
 
 
@@ -83,7 +83,7 @@ def base_model(store: ArtifactStore, source: str, model_dir: Path) -> tuple[Stag
                            "point model.path at a Hugging Face model directory"])
     digests = {f.name: sha256_file(f) for f in model_files(model_dir)}
     cfg = {"source": source, "path": str(model_dir), "files": digests}
-    return run_stage(store, stage="base", round=0, body="tasks.prepare:base_body",
+    return run_stage(store, stage="base", round=0, body="ratchet.tasks.prepare:base_body",
                      code=BASE_CODE, config=cfg, parents=[])
 
 

@@ -4,7 +4,7 @@ Prompts are cut into shards; each finished shard is written atomically to
 shards/NNNNN.jsonl, seeded by (seed, shard index), so a resumed stage generates
 only the missing shards and gets the same text it would have.
 
-    python -m flows.cli run flows/configs/default.yaml   # runs this as part of a round
+    ratchet run flows/configs/default.yaml   # runs this as part of a round
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from data import failpoints
-from data.digest import sha256_json
-from data.manifest import StageManifest
-from data.records import Completion, Prompt, read_jsonl, write_jsonl
-from data.store import ArtifactStore
-from models.sampler import SamplerConfig, SamplingParams
-from tasks.stage import StageRequest, code_version, run_stage
+from ratchet.data import failpoints
+from ratchet.data.digest import sha256_json
+from ratchet.data.manifest import StageManifest
+from ratchet.data.records import Completion, Prompt, read_jsonl, write_jsonl
+from ratchet.data.store import ArtifactStore
+from ratchet.models.sampler import SamplerConfig, SamplingParams
+from ratchet.tasks.stage import StageRequest, code_version, run_stage
 
-CODE = code_version("tasks.sample", "models.sampler", "data.records")
+CODE = code_version("ratchet.tasks.sample", "ratchet.models.sampler", "ratchet.data.records")
 
 
 class SampleConfig(BaseModel):
@@ -81,8 +81,8 @@ def generate_shards(sampler, prompts: list[Prompt], params: SamplingParams, seed
 
 
 def sample_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
-    from models.sampler import open_sampler
-    from tasks.prepare import model_dir
+    from ratchet.models.sampler import open_sampler
+    from ratchet.tasks.prepare import model_dir
 
     cfg = SampleConfig.model_validate(req.config["sample"])
     prompts = read_jsonl(store.path(req.parent("prompts"), "train.jsonl"), Prompt)
@@ -107,5 +107,5 @@ def sample_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
 def sample(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: SampleConfig,
            sampler: SamplerConfig, seed: int, round: int, isolate: bool = True) -> tuple[StageManifest, bool]:
     config = {"sample": cfg.model_dump(), "sampler": sampler.model_dump(), "seed": seed}
-    return run_stage(store, stage="sample", round=round, body="tasks.sample:sample_body", code=CODE,
+    return run_stage(store, stage="sample", round=round, body="ratchet.tasks.sample:sample_body", code=CODE,
                      config=config, parents=[policy, prompts], isolate=isolate, keep_partial=True)

@@ -4,7 +4,7 @@ A stage body is a plain function ``body(req: StageRequest, store: ArtifactStore)
 It writes files into ``store.stage_dir(req.stage, req.key)`` and finishes with
 ``store.finish(...)``, which writes the manifest last.
 
-Heavy stages run in a fresh Python process (``python -m tasks.stage REQUEST.json``)
+Heavy stages run in a fresh Python process (``worker(REQUEST.json)``, see WORKER)
 so all memory a model engine took (vLLM's KV cache, optimizer state) is returned to
 the OS before the next stage starts.
 """
@@ -24,12 +24,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from data.digest import sha256_text
-from data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError
-from data.manifest import StageManifest
-from data.store import ArtifactStore, stage_key
+from ratchet.data.digest import sha256_text
+from ratchet.data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError
+from ratchet.data.manifest import StageManifest
+from ratchet.data.store import ArtifactStore, stage_key
 
 log = logging.getLogger("ratchet")
+# The worker's entry point. `python -c` puts the current directory first on sys.path; it is
+# dropped before anything is imported, so a `data.py` or a second checkout in the directory
+# the user runs from can never stand in for the installed code.
+WORKER = "import sys; sys.path.pop(0); from ratchet.tasks.stage import worker; sys.exit(worker(sys.argv[1]))"
 ERROR_FILE = "worker-error.json"
 MODEL_STAGES = ("base", "train")
 
@@ -123,7 +127,7 @@ def _run_in_worker(store: ArtifactStore, d: Path, body: str, req: StageRequest) 
     spec = d / "worker-request.json"
     spec.write_text(json.dumps({"body": body, "store": str(store.root), "request": req.model_dump(mode="json")}))
     (d / ERROR_FILE).unlink(missing_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "tasks.stage", str(spec)], env=os.environ.copy())
+    proc = subprocess.run([sys.executable, "-c", WORKER, str(spec)], env=os.environ.copy())
     if proc.returncode == 0:
         m = store.find(req.stage, req.key, verify=False)
         if m is None:
@@ -158,7 +162,9 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _worker_main(spec_path: str) -> int:
+def worker(spec_path: str) -> int:
+    """A worker process's main: run one stage body from its request file."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     _die_with_parent()
     spec = json.loads(Path(spec_path).read_text())
     req = StageRequest.model_validate(spec["request"])
@@ -173,7 +179,3 @@ def _worker_main(spec_path: str) -> int:
         (Path(spec_path).parent / ERROR_FILE).write_text(json.dumps(payload, indent=2))
         raise
 
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    sys.exit(_worker_main(sys.argv[1]))

@@ -15,20 +15,20 @@ from typing import Annotated
 
 from pydantic import Field
 
-from data.manifest import StageManifest
-from data.records import PairRow, SFTRow, read_jsonl
-from data.store import ArtifactStore
-from models.trainer import DPOTrainConfig, RFTTrainConfig
-from tasks.stage import StageRequest, code_version, run_stage
+from ratchet.data.manifest import StageManifest
+from ratchet.data.records import PairRow, SFTRow, read_jsonl
+from ratchet.data.store import ArtifactStore
+from ratchet.models.trainer import DPOTrainConfig, RFTTrainConfig
+from ratchet.tasks.stage import StageRequest, code_version, run_stage
 
-CODE = code_version("tasks.train", "models.trainer", "data.records")
+CODE = code_version("ratchet.tasks.train", "ratchet.models.trainer", "ratchet.data.records")
 
 TrainConfig = Annotated[RFTTrainConfig | DPOTrainConfig, Field(discriminator="kind")]
 
 
 def train_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
-    from models.trainer import train_dpo, train_rft
-    from tasks.prepare import model_dir
+    from ratchet.models.trainer import train_dpo, train_rft
+    from ratchet.tasks.prepare import model_dir
 
     d = store.stage_dir(req.stage, req.key)
     data = store.path(req.parent("filter"), "train_set.jsonl")
@@ -57,5 +57,5 @@ def train_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
 def train(store: ArtifactStore, policy: StageManifest, train_set: StageManifest, cfg: RFTTrainConfig | DPOTrainConfig,
           seed: int, round: int, isolate: bool = True) -> tuple[StageManifest, bool]:
     config = {"train": cfg.model_dump(), "seed": seed}
-    return run_stage(store, stage="train", round=round, body="tasks.train:train_body", code=CODE,
+    return run_stage(store, stage="train", round=round, body="ratchet.tasks.train:train_body", code=CODE,
                      config=config, parents=[policy, train_set], isolate=isolate, keep_partial=True)

@@ -13,6 +13,10 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.pop("PREFECT_API_URL", None)
+# Stage workers never import from the directory they start in; tests that hand a worker a
+# body defined in a test module put the repository on the path explicitly.
+_ROOT = str(Path(__file__).parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
 
 import pytest  # noqa: E402
 
@@ -20,7 +24,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def default_model() -> Path:
     """The real default model (converted once into the user cache)."""
-    from models.default_model import default_model_dir
+    from ratchet.models.default_model import default_model_dir
 
     return default_model_dir()
 

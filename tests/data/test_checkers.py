@@ -1,6 +1,6 @@
 import pytest
 
-from data.checkers import ExactCheck, NumberCheck, RegexCheck, check
+from ratchet.data.checkers import ExactCheck, NumberCheck, RegexCheck, check
 
 
 @pytest.mark.parametrize(
@@ -40,7 +40,7 @@ def test_exact_and_regex_checks():
 
 
 def test_extract_gives_voting_keys():
-    from data.checkers import extract
+    from ratchet.data.checkers import extract
 
     assert extract(NumberCheck(), "so 1,234.") == "1234"
     assert extract(NumberCheck(), "It is 12.0") == "12"

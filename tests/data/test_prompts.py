@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from data.errors import ConfigError
-from data.prompts import AdditionSource, FileSource, load_split
+from ratchet.data.errors import ConfigError
+from ratchet.data.prompts import AdditionSource, FileSource, load_split
 
 
 def test_addition_split_is_disjoint_complete_and_seeded():

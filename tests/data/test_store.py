@@ -1,9 +1,9 @@
 import pytest
 
-from data.errors import ArtifactError, TamperedArtifactError
-from data.manifest import MANIFEST
-from data.records import SFTRow, read_jsonl, write_jsonl
-from data.store import ArtifactStore, stage_key
+from ratchet.data.errors import ArtifactError, TamperedArtifactError
+from ratchet.data.manifest import MANIFEST
+from ratchet.data.records import SFTRow, read_jsonl, write_jsonl
+from ratchet.data.store import ArtifactStore, stage_key
 
 
 def _finish(store, key, text="a"):

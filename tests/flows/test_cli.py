@@ -6,7 +6,7 @@ ROOT = Path(__file__).parents[2]
 
 
 def ratchet(*args):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "ratchet.flows.cli", *args], cwd=ROOT, capture_output=True, text=True)
 
 
 def test_help_lists_commands_and_examples():
@@ -31,7 +31,7 @@ def test_bad_config_exits_2_with_every_problem_and_no_traceback():
 def test_gc_removes_only_unfinished_unlocked_stage_dirs(tmp_path):
     import fcntl
 
-    from flows.schedule import collect_garbage
+    from ratchet.flows.schedule import collect_garbage
 
     stages = tmp_path / "stages"
     for name in ("sample-aaaa", "train-bbbb", "label-cccc"):
@@ -54,15 +54,15 @@ def test_serve_refuses_bad_cron_and_missing_server_before_touching_anything(tmp_
     import os
 
     env = {**os.environ, "PREFECT_API_URL": ""}
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "serve", "flows/configs/default.yaml",
+    r = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "serve", "flows/configs/default.yaml",
                         f"workdir={tmp_path}", "--cron", "61 * * * *"], cwd=ROOT, capture_output=True, text=True,
                        env=env)
     assert r.returncode == 2 and "--cron '61 * * * *'" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "serve", "flows/configs/default.yaml",
+    r = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "serve", "flows/configs/default.yaml",
                         f"workdir={tmp_path}", "--cron", "0 3 * * *", "--from", "newest"], cwd=ROOT,
                        capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "--from 'newest'" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "serve", "flows/configs/default.yaml",
+    r = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "serve", "flows/configs/default.yaml",
                         f"workdir={tmp_path}", "--cron", "0 3 * * *"], cwd=ROOT, capture_output=True, text=True,
                        env=env)
     assert r.returncode == 1 and "ephemeral" in r.stderr and "prefect server start" in r.stderr
@@ -72,9 +72,9 @@ def test_serve_refuses_bad_cron_and_missing_server_before_touching_anything(tmp_
 def test_start_from_names_the_versions_that_exist(tmp_path):
     import pytest
 
-    from data.errors import ConfigError
-    from flows.pipeline import start_version
-    from flows.tracking import Tracker, TrackingConfig
+    from ratchet.data.errors import ConfigError
+    from ratchet.flows.pipeline import start_version
+    from ratchet.flows.tracking import Tracker, TrackingConfig
 
     t = Tracker(TrackingConfig(), tmp_path, "x")
     assert start_version(t, None) is None and start_version(t, "base") is None

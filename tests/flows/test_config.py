@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from data.errors import ConfigError
-from flows.config import load_config
+from ratchet.data.errors import ConfigError
+from ratchet.flows.config import load_config
 
 CONFIGS = Path(__file__).parents[2] / "flows" / "configs"
 

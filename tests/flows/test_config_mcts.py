@@ -1,7 +1,7 @@
 import pytest
 
-from data.errors import ConfigError
-from flows.config import load_config
+from ratchet.data.errors import ConfigError
+from ratchet.flows.config import load_config
 
 MCTS = "flows/configs/mcts_dpo.yaml"
 

@@ -8,7 +8,7 @@ without a manifest, trainer checkpoints, evaluation output without a manifest.
 
 import pytest
 
-from data.manifest import read_manifest
+from ratchet.data.manifest import read_manifest
 from tests.flows.tiny import CONFIG, overrides as _overrides, ratchet
 
 pytestmark = pytest.mark.integration
@@ -72,8 +72,8 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
         assert {k: f.sha256 for k, f in done[name].outputs.items()} == {k: f.sha256 for k, f in m.outputs.items()}, name
 
     # MLflow: one parent run and one child per round, all finished; each stage logged once
-    from flows.config import load_config
-    from flows.tracking import Tracker
+    from ratchet.flows.config import load_config
+    from ratchet.flows.tracking import Tracker
 
     cfg = load_config(CONFIG, _overrides(work, tiny_model))
     t = Tracker(cfg.tracking, work, cfg.name)

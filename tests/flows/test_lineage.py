@@ -2,8 +2,8 @@
 
 import shutil
 
-from data.store import ArtifactStore
-from flows.lineage import render_mermaid, render_text, walk
+from ratchet.data.store import ArtifactStore
+from ratchet.flows.lineage import render_mermaid, render_text, walk
 
 
 def _stage(store, stage, rnd, parents, text):

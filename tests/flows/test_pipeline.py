@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import load_config
+from ratchet.flows.config import load_config
 
 pytestmark = pytest.mark.integration
 CONFIGS = Path(__file__).parents[2] / "flows" / "configs"
@@ -15,7 +15,7 @@ STAGES = ["base", "evaluate", "evaluate", "filter", "label", "prompts", "sample"
 
 
 def _run(cfg):
-    from flows.pipeline import self_improve, start
+    from ratchet.flows.pipeline import self_improve, start
 
     ctx, tracker = start(cfg)
     results = self_improve(cfg, ctx)
@@ -59,7 +59,7 @@ def test_one_round_end_to_end(reference):
     filt = next(p for p in r1.policy.parents if p.stage == "filter")
     train_set = [v for k, v in inputs.items() if k.startswith("filter-r1")][0]
     assert train_set["mlflow.data.context"] == "training"
-    from data.manifest import read_manifest
+    from ratchet.data.manifest import read_manifest
 
     assert train_set["ratchet.sha256"] == read_manifest(tmp_path / filt.dir).outputs["train_set.jsonl"].sha256
 
@@ -121,7 +121,7 @@ def _lineage(workdir, version):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "flows.cli", "lineage", str(CONFIGS / "default.yaml"), version,
+    return subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "lineage", str(CONFIGS / "default.yaml"), version,
                            f"workdir={workdir}", "--json"], capture_output=True, text=True,
                           cwd=Path(__file__).parents[2])
 
@@ -135,10 +135,10 @@ def test_sigkill_during_training_then_rerun_recomputes_nothing_finished(referenc
     import sys
     import time
 
-    from data.manifest import read_manifest
+    from ratchet.data.manifest import read_manifest
 
     ref_dir, _, _, _, ref_results = reference
-    cmd = [sys.executable, "-m", "flows.cli", "run", str(CONFIGS / "default.yaml"), f"workdir={tmp_path}", *SMALL]
+    cmd = [sys.executable, "-m", "ratchet.flows.cli", "run", str(CONFIGS / "default.yaml"), f"workdir={tmp_path}", *SMALL]
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
     env.pop("PREFECT_API_URL", None)
     proc = subprocess.Popen(cmd, cwd=Path(__file__).parents[2], env=env, start_new_session=True,
@@ -169,7 +169,7 @@ def test_sigkill_during_training_then_rerun_recomputes_nothing_finished(referenc
     assert train.outputs["model/model.safetensors"].sha256 == ref_train.outputs["model/model.safetensors"].sha256
 
     # one parent and one child per round in MLflow, all finished
-    from flows.tracking import Tracker
+    from ratchet.flows.tracking import Tracker
 
     cfg = load_config(CONFIGS / "default.yaml", [f"workdir={tmp_path}", *SMALL])
     t = Tracker(cfg.tracking, tmp_path, cfg.name)
@@ -195,7 +195,7 @@ def test_self_reward_dpo_round_end_to_end(tmp_path, prefect_harness, default_mod
     assert 0 <= m["filter.pair_accuracy"] <= 1
     for key in ("train/loss", "train/rewards/margins", "train/rewards/accuracies", "train/logps/chosen"):
         assert len(c.get_metric_history(child.info.run_id, key)) >= 1, key
-    from data.manifest import read_manifest
+    from ratchet.data.manifest import read_manifest
 
     label = read_manifest(tmp_path / next(p for p in read_manifest(
         tmp_path / next(p for p in r1.policy.parents if p.stage == "filter").dir).parents).dir)
@@ -209,9 +209,9 @@ def test_mcts_dpo_round_end_to_end(tmp_path, prefect_harness, default_model):
     """The shipped MCTS config, small: no sample stage; the search runs in a worker on vLLM,
     its trees and statistics reach the store and MLflow, step pairs train DPO, and the
     lineage runs label -> prompts + base."""
-    from data.manifest import read_manifest
-    from data.store import ArtifactStore
-    from flows.lineage import walk
+    from ratchet.data.manifest import read_manifest
+    from ratchet.data.store import ArtifactStore
+    from ratchet.flows.lineage import walk
 
     cfg = load_config(CONFIGS / "mcts_dpo.yaml", [
         f"workdir={tmp_path}", "rounds=1", "data.train_size=8", "data.eval_size=8", "label.simulations=2",

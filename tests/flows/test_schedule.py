@@ -103,11 +103,11 @@ def _wait_final(url, flow_run_id, timeout=480):
 
 
 def test_serve_continues_from_the_champion(tiny_model, tmp_path, prefect_server):
-    from flows.config import load_config
-    from flows.lineage import walk
-    from flows.pipeline import start_manifest
-    from flows.tracking import Tracker
-    from data.store import ArtifactStore
+    from ratchet.flows.config import load_config
+    from ratchet.flows.lineage import walk
+    from ratchet.flows.pipeline import start_manifest
+    from ratchet.flows.tracking import Tracker
+    from ratchet.data.store import ArtifactStore
 
     url = prefect_server["url"]
     ov = overrides(tmp_path / "work", tiny_model)
@@ -127,7 +127,7 @@ def test_serve_continues_from_the_champion(tiny_model, tmp_path, prefect_server)
     assert no_server.returncode == 1 and "prefect server start" in no_server.stderr
 
     serve_log = open(tmp_path / "serve.log", "w")
-    serve = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", str(CONFIG), *ov, "--cron", CRON],
+    serve = subprocess.Popen([sys.executable, "-m", "ratchet.flows.cli", "serve", str(CONFIG), *ov, "--cron", CRON],
                              cwd=ROOT, env={**os.environ, "PREFECT_API_URL": url}, stdout=serve_log,
                              stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -23,5 +23,5 @@ def ratchet(*args, api_url: str, env: dict | None = None, timeout: int = 600) ->
     full = {**os.environ, "PREFECT_API_URL": api_url}
     full.pop("RATCHET_FAILPOINTS", None)
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "flows.cli", *map(str, args)], cwd=ROOT, env=full,
+    return subprocess.run([sys.executable, "-m", "ratchet.flows.cli", *map(str, args)], cwd=ROOT, env=full,
                           start_new_session=True, capture_output=True, text=True, timeout=timeout)

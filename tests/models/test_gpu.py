@@ -9,7 +9,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_train_rft_on_cuda_uses_bf16_and_changes_weights(tiny_model, tmp_path):
     from safetensors.torch import load_file
 
-    from models.trainer import RFTTrainConfig, resolve_precision, train_rft
+    from ratchet.models.trainer import RFTTrainConfig, resolve_precision, train_rft
 
     rows = [{"prompt": f"What is {a} + 1?", "completion": f"{a + 1}"} for a in range(16)]
     m = train_rft(tiny_model, rows, RFTTrainConfig(epochs=1, batch_size=8, learning_rate=1e-2), tmp_path, seed=0)
@@ -19,7 +19,7 @@ def test_train_rft_on_cuda_uses_bf16_and_changes_weights(tiny_model, tmp_path):
 
 
 def test_hf_sampler_on_cuda(tiny_model):
-    from models.sampler import HFSampler, SamplerConfig, SamplingParams
+    from ratchet.models.sampler import HFSampler, SamplerConfig, SamplingParams
 
     s = HFSampler(tiny_model, SamplerConfig(backend="hf", dtype="bfloat16"), seed=0)
     assert s.device == "cuda"

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from models.sampler import HFSampler, SamplerConfig, SamplingParams, chat_token_ids, open_sampler
-from models.trainer import RFTTrainConfig, train_rft
+from ratchet.models.sampler import HFSampler, SamplerConfig, SamplingParams, chat_token_ids, open_sampler
+from ratchet.models.trainer import RFTTrainConfig, train_rft
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,7 @@ def _weights(model_dir):
 def test_default_model_is_converted_once_with_chat_template(default_model):
     from transformers import AutoTokenizer
 
-    from models.default_model import default_model_dir
+    from ratchet.models.default_model import default_model_dir
 
     assert default_model_dir() == default_model  # cached: second call finds the same directory
     tok = AutoTokenizer.from_pretrained(default_model)
@@ -77,7 +77,7 @@ def test_plain_loss_matches_trl_loss(tiny_model):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from models.trainer import load_policy, plain_loss
+    from ratchet.models.trainer import load_policy, plain_loss
 
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}],
                              "completion": [{"role": "assistant", "content": r["completion"]}]} for r in ROWS[:4]])
@@ -101,7 +101,7 @@ PAIRS = [{"prompt": f"What is {a} + {b}?", "chosen": f"{a} + {b} = {a + b}.", "r
 def test_one_dpo_step_moves_the_policy_toward_chosen(tiny_model, tmp_path, adapter):
     """A real TRL DPOTrainer step: the weights change, the implicit reward margin is logged,
     and the trained policy prefers chosen over rejected more than its reference did."""
-    from models.trainer import DPOTrainConfig, train_dpo
+    from ratchet.models.trainer import DPOTrainConfig, train_dpo
 
     cfg = DPOTrainConfig(adapter=adapter, epochs=1, batch_size=8, learning_rate=5e-2 if adapter == "lora" else 5e-3,
                          logging_steps=1, beta=0.1)
@@ -115,7 +115,7 @@ def test_one_dpo_step_moves_the_policy_toward_chosen(tiny_model, tmp_path, adapt
     def margin(model_dir):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from models.sampler import chat_token_ids
+        from ratchet.models.sampler import chat_token_ids
 
         tok = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -137,7 +137,7 @@ def test_one_dpo_step_moves_the_policy_toward_chosen(tiny_model, tmp_path, adapt
 
 
 def test_dpo_config_errors_name_the_fix():
-    from models.trainer import DPOTrainConfig
+    from ratchet.models.trainer import DPOTrainConfig
 
     with pytest.raises(ValueError, match="one weight per loss"):
         DPOTrainConfig(loss_type=["sigmoid", "sft"], loss_weights=[1.0])
@@ -151,7 +151,7 @@ def test_plain_lm_head_matches_trl_fused_head(tiny_model):
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from models.trainer import DPOTrainConfig, load_policy, plain_lm_head
+    from ratchet.models.trainer import DPOTrainConfig, load_policy, plain_lm_head
 
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}],
                              "chosen": [{"role": "assistant", "content": r["chosen"]}],

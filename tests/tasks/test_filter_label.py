@@ -1,11 +1,11 @@
 import pytest
 
-from data.checkers import NumberCheck
-from data.errors import ConfigError, EmptyStageError
-from data.records import Completion, LabeledCompletion
-from data.store import ArtifactStore
-from tasks.filter import PairFilter, RFTFilter, accept, build_pairs, filter_rows
-from tasks.label import agreement, auc, reward_stats, verify
+from ratchet.data.checkers import NumberCheck
+from ratchet.data.errors import ConfigError, EmptyStageError
+from ratchet.data.records import Completion, LabeledCompletion
+from ratchet.data.store import ArtifactStore
+from ratchet.tasks.filter import PairFilter, RFTFilter, accept, build_pairs, filter_rows
+from ratchet.tasks.label import agreement, auc, reward_stats, verify
 
 
 def lc(pid, idx, text, reward, n_tokens=None, correct=None):
@@ -42,7 +42,7 @@ def test_accept_length_cap_and_random_is_seeded():
 
 
 def test_empty_filter_stops_the_round_naming_the_knobs(tmp_path):
-    from data.records import write_jsonl
+    from ratchet.data.records import write_jsonl
 
     store = ArtifactStore(tmp_path)
     d = store.prepare("label", "l" * 64)
@@ -78,7 +78,7 @@ VOTE_ROWS = (_comps("a", "3", ["1 + 2 = 3", "3", "4", "it is 3.0"])  # 3 of 4 sa
 
 
 def test_majority_vote_hand_worked():
-    from tasks.label import ConsistencyLabel, majority_vote
+    from ratchet.tasks.label import ConsistencyLabel, majority_vote
 
     rows, m = majority_vote(VOTE_ROWS, NumberCheck(), ConsistencyLabel())
     by = {(r.prompt_id, r.index): r for r in rows}
@@ -92,7 +92,7 @@ def test_majority_vote_hand_worked():
 
 
 def test_majority_vote_thresholds():
-    from tasks.label import ConsistencyLabel, majority_vote
+    from ratchet.tasks.label import ConsistencyLabel, majority_vote
 
     rows, m = majority_vote(VOTE_ROWS, NumberCheck(), ConsistencyLabel(min_agreement=0.6))
     assert all(r.reward == 0.0 for r in rows if r.prompt_id == "c")  # 2/4 < 0.6
@@ -148,7 +148,7 @@ def test_pairs_per_prompt_use_each_completion_once():
 
 
 def test_too_few_pairs_stop_the_round_naming_the_knobs(tmp_path):
-    from data.records import write_jsonl
+    from ratchet.data.records import write_jsonl
 
     store = ArtifactStore(tmp_path)
     d = store.prepare("label", "k" * 64)

@@ -2,9 +2,9 @@ import math
 
 import pytest
 
-from data.errors import ConfigError
-from models.sampler import Generation
-from tasks.judge import (JudgeLabel, copied_mask, expected_rating, judge_batch, judge_prompt, p_yes,
+from ratchet.data.errors import ConfigError
+from ratchet.models.sampler import Generation
+from ratchet.tasks.judge import (JudgeLabel, copied_mask, expected_rating, judge_batch, judge_prompt, p_yes,
                          parse_verdict)
 
 
@@ -91,7 +91,7 @@ def test_hf_next_token_logprobs_ignore_left_padding(tiny_model):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from models.sampler import HFSampler, SamplerConfig, chat_token_ids
+    from ratchet.models.sampler import HFSampler, SamplerConfig, chat_token_ids
 
     s = HFSampler(tiny_model, SamplerConfig(backend="hf", dtype="float32"), seed=0)
     prompts = ["short", "a much longer prompt that needs left padding in the batch"]
@@ -110,7 +110,7 @@ def test_hf_next_token_logprobs_ignore_left_padding(tiny_model):
 def test_judge_that_cannot_fit_its_context_fails_before_judging(tiny_model):
     from transformers import AutoTokenizer
 
-    from tasks.judge import check_fits
+    from ratchet.tasks.judge import check_fits
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     with pytest.raises(ConfigError, match="raise sampler.max_model_len to at least"):

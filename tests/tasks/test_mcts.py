@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from models.sampler import Generation
-from tasks.mcts import MctsLabel, Node, Tree, backup, complete_nodes, puct, search, select, step_pairs, uct, wave
+from ratchet.models.sampler import Generation
+from ratchet.tasks.mcts import MctsLabel, Node, Tree, backup, complete_nodes, puct, search, select, step_pairs, uct, wave
 
 
 def hand_tree() -> Tree:
@@ -142,7 +142,7 @@ def test_text_judge_cannot_value_rollouts():
 def test_same_seed_same_trees_on_a_real_model(tiny_model):
     from pathlib import Path
 
-    from models.sampler import SamplerConfig, open_sampler
+    from ratchet.models.sampler import SamplerConfig, open_sampler
 
     sampler = open_sampler(Path(tiny_model), SamplerConfig(backend="hf", dtype="float32"), seed=0)
     cfg = MctsLabel(simulations=3, k=3, max_depth=3, step_max_tokens=3, rollout_tokens=4)

@@ -1,8 +1,8 @@
 """Sharded sampling with a fake sampler: shards, per-shard seeds, resume of missing shards only."""
 
-from models.sampler import Generation, SamplingParams
-from data.records import Completion, Prompt, read_jsonl
-from tasks.sample import generate_shards, shard_seed
+from ratchet.models.sampler import Generation, SamplingParams
+from ratchet.data.records import Completion, Prompt, read_jsonl
+from ratchet.tasks.sample import generate_shards, shard_seed
 
 
 class FakeSampler:

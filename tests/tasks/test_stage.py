@@ -2,10 +2,10 @@
 
 import pytest
 
-from data.errors import EmptyStageError, StageFailedError
-from data.manifest import StageManifest
-from data.store import ArtifactStore
-from tasks.stage import StageRequest, code_version, run_stage
+from ratchet.data.errors import EmptyStageError, StageFailedError
+from ratchet.data.manifest import StageManifest
+from ratchet.data.store import ArtifactStore
+from ratchet.tasks.stage import StageRequest, code_version, run_stage
 
 CALLS: list[str] = []
 
@@ -71,8 +71,8 @@ def test_killed_worker_keeps_partial_files_and_says_how_to_resume(tmp_path):
 
 
 def test_code_version_covers_helpers():
-    assert code_version("tasks.filter", "data.records") != code_version("tasks.filter")
-    assert code_version("tasks.filter", "data.records") == code_version("data.records", "tasks.filter")
+    assert code_version("ratchet.tasks.filter", "ratchet.data.records") != code_version("ratchet.tasks.filter")
+    assert code_version("ratchet.tasks.filter", "ratchet.data.records") == code_version("ratchet.data.records", "ratchet.tasks.filter")
 
 
 def slow_body(req, store):
@@ -89,8 +89,8 @@ def test_two_processes_on_one_key_compute_it_once(tmp_path):
     import sys
 
     script = (
-        "import json, sys; from pathlib import Path; from data.store import ArtifactStore; "
-        "from tasks.stage import run_stage; "
+        "import json, sys; from pathlib import Path; from ratchet.data.store import ArtifactStore; "
+        "from ratchet.tasks.stage import run_stage; "
         f"m, reused = run_stage(ArtifactStore(Path({str(tmp_path)!r})), stage='s', round=1, "
         "body='tests.tasks.test_stage:slow_body', code='c', config={'x': 3}, parents=[]); "
         "print(json.dumps({'reused': reused, 'key': m.key}))"
@@ -117,7 +117,7 @@ def test_worker_dies_with_its_orchestrator(tmp_path):
     import time
 
     script = (
-        "from pathlib import Path; from data.store import ArtifactStore; from tasks.stage import run_stage; "
+        "from pathlib import Path; from ratchet.data.store import ArtifactStore; from ratchet.tasks.stage import run_stage; "
         f"run_stage(ArtifactStore(Path({str(tmp_path)!r})), stage='s', round=1, "
         "body='tests.tasks.test_stage:orphan_body', code='c', config={}, parents=[], isolate=True)"
     )

@@ -2,16 +2,16 @@
 
 import pytest
 
-from data.prompts import AdditionSource
-from data.records import SFTRow, write_jsonl
-from data.store import ArtifactStore
-from models.sampler import SamplerConfig
-from models.trainer import RFTTrainConfig
-from tasks import evaluate, filter as filt, label, prepare, sample, train
-from tasks.evaluate import EvaluateConfig
-from tasks.filter import RFTFilter
-from tasks.label import VerifierLabel
-from tasks.sample import SampleConfig
+from ratchet.data.prompts import AdditionSource
+from ratchet.data.records import SFTRow, write_jsonl
+from ratchet.data.store import ArtifactStore
+from ratchet.models.sampler import SamplerConfig
+from ratchet.models.trainer import RFTTrainConfig
+from ratchet.tasks import evaluate, filter as filt, label, prepare, sample, train
+from ratchet.tasks.evaluate import EvaluateConfig
+from ratchet.tasks.filter import RFTFilter
+from ratchet.tasks.label import VerifierLabel
+from ratchet.tasks.sample import SampleConfig
 
 pytestmark = pytest.mark.integration
 HF = SamplerConfig(backend="hf", dtype="float32")
@@ -69,7 +69,7 @@ def test_empty_accepted_set_stops_before_training(tiny_model, tmp_path):
     base, _ = prepare.base_model(store, "tiny", tiny_model)
     s, _ = sample.sample(store, base, pm, SampleConfig(n=2, max_tokens=4), HF, seed=1, round=1, isolate=False)
     lab, _ = label.label(store, s, VerifierLabel(), src.model_dump(), round=1)
-    from data.errors import EmptyStageError
+    from ratchet.data.errors import EmptyStageError
 
     with pytest.raises(EmptyStageError, match="filter.min_rows"):
         filt.filter_rows(store, lab, RFTFilter(min_rows=1), seed=0, round=1)
@@ -77,11 +77,11 @@ def test_empty_accepted_set_stops_before_training(tiny_model, tmp_path):
 
 def test_self_reward_chain_judge_pairs_dpo(tiny_model, tmp_path):
     """sample -> judge (the policy scores itself, P(yes) mode) -> pairs -> DPO, on the tiny model."""
-    from data.records import LabeledCompletion, PairRow, read_jsonl
-    from data.store import stage_key
-    from models.trainer import DPOTrainConfig
-    from tasks.filter import PairFilter
-    from tasks.judge import JudgeLabel
+    from ratchet.data.records import LabeledCompletion, PairRow, read_jsonl
+    from ratchet.data.store import stage_key
+    from ratchet.models.trainer import DPOTrainConfig
+    from ratchet.tasks.filter import PairFilter
+    from ratchet.tasks.judge import JudgeLabel
 
     store = ArtifactStore(tmp_path / "a")
     src = AdditionSource(a_max=4, b_max=3, eval_size=4)
@@ -127,11 +127,11 @@ def test_mcts_chain_trees_pairs_dpo_and_shard_resume(tiny_model, tmp_path):
     """prompts -> MCTS label (sharded, resumable) -> step pairs / best trajectories -> DPO."""
     import json
 
-    from data.records import LabeledCompletion, PairRow, read_jsonl
-    from data.store import stage_key
-    from models.trainer import DPOTrainConfig
-    from tasks.filter import StepPairFilter
-    from tasks.mcts import MctsLabel
+    from ratchet.data.records import LabeledCompletion, PairRow, read_jsonl
+    from ratchet.data.store import stage_key
+    from ratchet.models.trainer import DPOTrainConfig
+    from ratchet.tasks.filter import StepPairFilter
+    from ratchet.tasks.mcts import MctsLabel
 
     src = AdditionSource(a_max=4, b_max=3, eval_size=4)
     cfg = MctsLabel(simulations=2, k=3, max_depth=2, step_max_tokens=3, rollout_tokens=4, shard_size=4,
