@@ -40,7 +40,7 @@ def main() -> None:
 
     cfg = load_config(CONFIG, a.overrides + ([f"sampler.backend={a.backend}"] if a.backend else []))
     mc = cfg.label
-    train, _ = load_split(cfg.data, cfg.seed)
+    train = load_split(cfg.data, cfg.seed).train
     prompts = train[: a.prompts]
     t0 = time.time()
     sampler = open_sampler(default_model_dir(), cfg.sampler, seed=cfg.seed)

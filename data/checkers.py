@@ -13,7 +13,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 _NUM = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w])")
 
@@ -42,6 +42,17 @@ class RegexCheck(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["regex"] = "regex"
     pattern: str = Field(description=r"regex with one group, e.g. 'Answer:\s*(.+)'")
+
+    @field_validator("pattern")
+    @classmethod
+    def _one_group(cls, v: str) -> str:
+        try:
+            groups = re.compile(v).groups
+        except re.error as e:
+            raise ValueError(f"not a valid regular expression ({e})") from None
+        if groups < 1:
+            raise ValueError("the pattern needs a group around the answer, e.g. 'Answer:\\s*(.+)'")
+        return v
 
 
 CheckConfig = Annotated[NumberCheck | ExactCheck | RegexCheck, Field(discriminator="kind")]

@@ -19,6 +19,45 @@ class ConfigError(RatchetError):
         super().__init__(f"{len(self.problems)} problem(s) in {source}:\n{lines}")
 
 
+class ProblemReport:
+    """Problems found in user data, grouped by kind: the first few places of each kind,
+    with a count, and the fix. Raised all at once as one ConfigError.
+
+        report.add("prompts.jsonl", "malformed JSON", "line 4", "Expecting ',' delimiter", "fix the line")
+    """
+
+    def __init__(self, examples: int = 3):
+        self.examples = examples
+        self._groups: dict[tuple[str, str], dict] = {}
+
+    def add(self, source: str, kind: str, where: str, detail: str, fix: str) -> None:
+        g = self._groups.setdefault((source, kind), {"places": [], "count": 0, "fix": fix})
+        g["count"] += 1
+        if len(g["places"]) < self.examples:
+            g["places"].append(f"{where}: {detail}" if detail else where)
+
+    def __bool__(self) -> bool:
+        return bool(self._groups)
+
+    def lines(self) -> list[str]:
+        out = []
+        for (source, kind), g in self._groups.items():
+            more = g["count"] - len(g["places"])
+            places = "; ".join(g["places"]) + (f"; and {more} more" if more else "")
+            out.append(f"{source}: {kind} ({g['count']}): {places}. Fix: {g['fix']}")
+        return out
+
+    def raise_if_any(self, source: str = "data") -> None:
+        if self:
+            raise ConfigError(self.lines(), source=source)
+
+
+def show(value, limit: int = 60) -> str:
+    """A value as it appears in an error message: repr, cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class ArtifactError(RatchetError):
     """An artifact is missing, unreadable or malformed."""
 

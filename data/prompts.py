@@ -4,22 +4,33 @@ Built-in `addition`: "What is a + b?" over every pair a < a_max, b < b_max,
 shuffled by seed and split by pair into disjoint train and held-out sets, so a
 held-out question is never trained on.
 
-Users bring JSONL, Parquet, or a `datasets` dataset (a `save_to_disk` directory
-or a name `load_dataset` can resolve) with a prompt field and an optional
-reference answer field.
+Users bring JSONL, JSON, CSV, Parquet, or a `datasets` dataset (a `save_to_disk`
+directory or a name `load_dataset` can resolve) with a prompt field and an
+optional reference answer field. Every row is checked before any model is
+loaded: a malformed line, a missing or non-text prompt, an answer that cannot be
+compared, a duplicate id, an empty split or a prompt in both splits is reported,
+all of them at once, with the file, the line, the value and the fix.
+
+`load_split` also returns a digest of the rows it read from each file: the
+prompts stage keys on it, so an edited file is a new stage, never a stale reuse.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
+import string
+import unicodedata
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ratchet.data.checkers import CheckConfig, NumberCheck
-from ratchet.data.errors import ConfigError
+from ratchet.data.checkers import CheckConfig, NumberCheck, answer_key
+from ratchet.data.digest import sha256_file, sha256_json
+from ratchet.data.errors import ConfigError, ProblemReport, show
 from ratchet.data.records import Prompt
 
 
@@ -35,13 +46,25 @@ class AdditionSource(BaseModel):
     train_size: int | None = Field(default=None, ge=1, description="cap on train prompts (None = all the rest)")
     check: CheckConfig = Field(default_factory=NumberCheck, description="answer check")
 
+    @field_validator("template")
+    @classmethod
+    def _placeholders(cls, v: str) -> str:
+        try:
+            names = {f for _, f, _, _ in string.Formatter().parse(v) if f is not None}
+        except ValueError as e:
+            raise ValueError(f"not a valid template ({e}); write literal braces as {{{{ and }}}}") from None
+        if names != {"a", "b"}:
+            raise ValueError(f"the template needs exactly the placeholders {{a}} and {{b}}, found "
+                             f"{sorted(names) or 'none'}")
+        return v
+
 
 class FileSource(BaseModel):
-    """User prompts from JSONL, Parquet or a `datasets` dataset."""
+    """User prompts from JSONL, JSON, CSV, Parquet or a `datasets` dataset."""
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["file"] = "file"
-    path: str = Field(description="a .jsonl/.parquet file, a save_to_disk directory, or a datasets name")
+    path: str = Field(description="a .jsonl/.json/.csv/.parquet file, a save_to_disk directory, or a datasets name")
     split: str = Field(default="train", description="split name for datasets")
     prompt_field: str = Field(default="prompt", description="column holding the prompt text")
     answer_field: str | None = Field(default="answer", description="column with the reference answer, or null")
@@ -49,21 +72,38 @@ class FileSource(BaseModel):
     eval_size: int = Field(default=50, ge=1, description="rows held out when eval_path is not given")
     train_size: int | None = Field(default=None, ge=1, description="cap on train prompts")
     check: CheckConfig = Field(default_factory=NumberCheck, description="answer check for rows with answers")
+    allow_overlap: bool = Field(default=False, description="allow the same prompt text in the train and eval "
+                                "splits (normally an error: held-out accuracy on trained prompts is not held out)")
 
 
 SourceConfig = Annotated[AdditionSource | FileSource, Field(discriminator="kind")]
 
 
-def load_split(cfg: AdditionSource | FileSource, seed: int) -> tuple[list[Prompt], list[Prompt]]:
-    """(train, eval), deterministic in seed, disjoint."""
+@dataclass(frozen=True)
+class Split:
+    """The train and eval prompts, where each came from, and the digest of every file read."""
+
+    train: list[Prompt]
+    eval: list[Prompt]
+    digests: dict[str, str] = field(default_factory=dict)  # config field (path, eval_path) -> rows digest
+    places: dict[str, tuple[str, str]] = field(default_factory=dict)  # prompt id -> (file, "line N"), for messages
+
+
+def load_split(cfg: AdditionSource | FileSource, seed: int, *, train_answers: bool = False) -> Split:
+    """(train, eval), deterministic in seed, disjoint, every row checked.
+
+    `train_answers`: every train prompt needs a reference answer (the verifier labels).
+    Eval prompts always need one: held-out accuracy, and so the champion gate, is
+    computed from them. Raises one ConfigError listing every problem.
+    """
     match cfg.kind:
         case "addition":
             return _addition(cfg, seed)
         case "file":
-            return _file(cfg, seed)
+            return _file(cfg, seed, train_answers)
 
 
-def _addition(cfg: AdditionSource, seed: int) -> tuple[list[Prompt], list[Prompt]]:
+def _addition(cfg: AdditionSource, seed: int) -> Split:
     pairs = [(a, b) for a in range(cfg.a_max) for b in range(cfg.b_max)]
     if cfg.eval_size >= len(pairs):
         raise ConfigError(
@@ -76,56 +116,246 @@ def _addition(cfg: AdditionSource, seed: int) -> tuple[list[Prompt], list[Prompt
         for a, b in pairs
     ]
     ev, tr = rows[: cfg.eval_size], rows[cfg.eval_size :]
-    return tr[: cfg.train_size] if cfg.train_size else tr, ev
+    return Split(tr[: cfg.train_size] if cfg.train_size else tr, ev)
 
 
-def _read_rows(path: str, split: str) -> list[dict]:
-    p = Path(path)
-    if p.suffix == ".jsonl" or p.suffix == ".json":
-        if not p.is_file():
-            raise ConfigError([f"data.path={path!r} does not exist; give an existing .jsonl file"])
-        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-    if p.suffix == ".parquet":
-        import pyarrow.parquet as pq
+# reading ----------------------------------------------------------------------
 
-        if not p.is_file():
-            raise ConfigError([f"data.path={path!r} does not exist; give an existing .parquet file"])
-        return pq.read_table(p).to_pylist()
+FILE_TYPES = (".jsonl", ".json", ".csv", ".parquet")
+
+
+def _read(path: str, split: str, field_name: str, report: ProblemReport) -> tuple[list[tuple[str, Any]], str]:
+    """(place, row) for every row of a source, and a digest of what was read.
+
+    Unreadable rows go to `report` and are left out; the digest covers the file's bytes
+    (a directory: every file's), or the rows of a dataset resolved by name. A source that
+    cannot be read at all gives no rows and an empty digest.
+    """
+    p = Path(path).expanduser()
+    if p.is_file():
+        suffix = p.suffix.lower()
+        if suffix not in FILE_TYPES:
+            report.add(path, "unsupported file type", field_name, show(p.suffix),
+                       f"give a {', '.join(FILE_TYPES)} file, a save_to_disk directory or a datasets name")
+            return [], ""
+        reader = {".jsonl": _jsonl, ".json": _json, ".csv": _csv, ".parquet": _parquet}[suffix]
+        return reader(p, path, report), sha256_file(p)
+    if p.is_dir():
+        rows = _dataset(path, split, report, local=True)
+        if rows is None:
+            return [], ""
+        files = sorted(f for f in p.rglob("*") if f.is_file())
+        return rows, sha256_json({f.relative_to(p).as_posix(): sha256_file(f) for f in files})
+    if p.suffix.lower() in FILE_TYPES or "/" in path and Path(path).parent.exists():
+        report.add(path, "file not found", field_name, "does not exist",
+                   f"set data.{field_name} to an existing file (relative paths start from where ratchet runs)")
+        return [], ""
+    rows = _dataset(path, split, report, local=False)
+    return ([], "") if rows is None else (rows, sha256_json([r for _, r in rows]))
+
+
+def _jsonl(p: Path, path: str, report: ProblemReport) -> list[tuple[str, Any]]:
+    rows = []
+    with open(p, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                report.add(path, "lines that are not UTF-8 text", f"line {n}", str(e), "save the file as UTF-8")
+                continue
+            if not line.strip():
+                continue
+            line = line.rstrip("\r\n")
+            try:
+                rows.append((f"line {n}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                report.add(path, "malformed JSON lines", f"line {n}", f"{e.msg} (column {e.colno}) in "
+                           f"{show(line.strip(), 50)}", "make every line one complete JSON object, or delete it")
+    return rows
+
+
+def _json(p: Path, path: str, report: ProblemReport) -> list[tuple[str, Any]]:
+    text = p.read_text(encoding="utf-8-sig", errors="replace")
+    if not text.lstrip().startswith("["):
+        return _jsonl(p, path, report)  # JSON lines saved as .json
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as e:
+        report.add(path, "malformed JSON", f"line {e.lineno}", f"{e.msg} (column {e.colno})",
+                   "fix the JSON array, or write one JSON object per line (.jsonl)")
+        return []
+    return [(f"item {i}", r) for i, r in enumerate(items, 1)]
+
+
+def _csv(p: Path, path: str, report: ProblemReport) -> list[tuple[str, Any]]:
+    import csv
+
+    with open(p, newline="", encoding="utf-8-sig", errors="replace") as f:
+        reader = csv.DictReader(f)
+        return [(f"line {reader.line_num}", dict(r)) for r in reader]
+
+
+def _parquet(p: Path, path: str, report: ProblemReport) -> list[tuple[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(p)
+    except Exception as e:  # pyarrow raises several types for a broken file
+        report.add(path, "unreadable Parquet file", "file", f"{type(e).__name__}: {e}",
+                   "write it again with pandas/pyarrow, or give a .jsonl file")
+        return []
+    return [(f"row {i}", r) for i, r in enumerate(table.to_pylist(), 1)]
+
+
+def _dataset(path: str, split: str, report: ProblemReport, local: bool) -> list[tuple[str, Any]] | None:
     import datasets
 
-    if p.is_dir():
-        ds = datasets.load_from_disk(str(p))
+    try:
+        if local and any((Path(path) / m).exists() for m in ("dataset_info.json", "dataset_dict.json", "state.json")):
+            ds = datasets.load_from_disk(path)
+        else:
+            ds = datasets.load_dataset(path, split=split) if not local else datasets.load_dataset(path)
         if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                report.add(path, "missing split", "data.split", show(split),
+                           f"set data.split to one of {sorted(ds)}")
+                return None
             ds = ds[split]
-    else:
-        ds = datasets.load_dataset(path, split=split)
-    return ds.to_list()
+    except Exception as e:  # offline, unknown name, not a dataset: one message for the user
+        where = "a local directory" if local else "a datasets name"
+        report.add(path, "dataset that cannot be loaded", where, f"{type(e).__name__}: {str(e)[:200]}",
+                   "give a .jsonl/.parquet file, a save_to_disk directory, or a dataset in the local Hugging Face "
+                   "cache (no hub is needed when it is cached)")
+        return None
+    return [(f"row {i}", r) for i, r in enumerate(ds.to_list(), 1)]
 
 
-def _to_prompts(rows: list[dict], cfg: FileSource, source: str) -> list[Prompt]:
-    if rows and cfg.prompt_field not in rows[0]:
-        raise ConfigError(
-            [f"data.prompt_field={cfg.prompt_field!r} is not a column of {source} (columns: {sorted(rows[0])}); "
-             "set data.prompt_field to the column holding the prompt"]
-        )
-    af = cfg.answer_field if rows and cfg.answer_field in rows[0] else None
+# checking rows ------------------------------------------------------------------
+
+def _answer(value: Any, check, source: str, place: str, report: ProblemReport) -> str | None:
+    """A row's reference answer as text, or None (missing); bad values go to the report."""
+    if value is None:
+        return None
+    fix = "give a text or number answer, or null for none"
+    if isinstance(value, bool) or isinstance(value, (list, dict)):
+        report.add(source, "answers that are not text or a number", place, show(value), fix)
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        report.add(source, "answers that are not finite numbers", place, show(value), fix)
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = str(value)
+    if not text.strip():
+        report.add(source, "empty answers", place, show(value), "give the reference answer, or null for none")
+        return None
+    if answer_key(check, text) is None:
+        report.add(source, f"answers the {check.kind!r} check cannot compare", place, show(value),
+                   "fix the answer, or set data.check.kind to 'exact' or 'regex'")
+        return None
+    return text
+
+
+def _to_prompts(rows: list[tuple[str, Any]], cfg: FileSource, source: str, id_prefix: str, need_answers: bool,
+                report: ProblemReport) -> list[tuple[Prompt, tuple[str, str]]]:
+    dicts = [(place, r) for place, r in rows if isinstance(r, dict)]
+    for place, r in rows:
+        if not isinstance(r, dict):
+            report.add(source, "rows that are not objects", place, show(r),
+                       'make every row an object such as {"prompt": "...", "answer": "..."}')
+    columns = sorted({k for _, r in dicts for k in r})
+    if dicts and cfg.prompt_field not in columns:
+        report.add(source, f"data.prompt_field={cfg.prompt_field!r} is not a column", "columns", str(columns),
+                   "set data.prompt_field to the column holding the prompt")
+        return []
+    if dicts and need_answers and cfg.answer_field not in columns:
+        report.add(source, f"data.answer_field={cfg.answer_field!r} is not a column", "columns", str(columns),
+                   "set data.answer_field to the column holding the reference answers")
     out = []
-    for i, r in enumerate(rows):
-        ans = r.get(af) if af else None
-        out.append(Prompt(id=str(r.get("id", f"row-{i}")), prompt=str(r[cfg.prompt_field]),
-                          answer=None if ans is None else str(ans), task="file"))
+    for place, r in dicts:
+        text = r.get(cfg.prompt_field)
+        if cfg.prompt_field not in r:
+            report.add(source, f"rows without the prompt field {cfg.prompt_field!r}", place, f"keys {sorted(r)}",
+                       f"add {cfg.prompt_field!r} to every row, or remove the row")
+            continue
+        if not isinstance(text, str):
+            kind = "null prompts" if text is None else "prompts that are not text"
+            report.add(source, kind, place, show(text), "give every row its prompt as a JSON string")
+            continue
+        if not text.strip():
+            report.add(source, "empty prompts", place, show(text), "give every row a prompt, or remove the row")
+            continue
+        pid = r.get("id", f"{id_prefix}{place.split()[-1]}")
+        if isinstance(pid, bool) or not isinstance(pid, (str, int)) or not str(pid).strip():
+            report.add(source, "ids that are not text or an integer", place, show(pid),
+                       "give every row a unique text id, or drop the id field to number rows by line")
+            continue
+        answer = _answer(r.get(cfg.answer_field), cfg.check, source, place, report) if cfg.answer_field else None
+        out.append((Prompt(id=str(pid), prompt=text, answer=answer, task="file"), (source, place)))
     return out
 
 
-def _file(cfg: FileSource, seed: int) -> tuple[list[Prompt], list[Prompt]]:
-    rows = _to_prompts(_read_rows(cfg.path, cfg.split), cfg, cfg.path)
+def _norm(text: str) -> str:
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+Placed = tuple[Prompt, tuple[str, str]]
+
+
+def _at(place: tuple[str, str]) -> str:
+    return f"{place[0]} {place[1]}"
+
+
+def _check_split(cfg: FileSource, train: list[Placed], ev: list[Placed], train_answers: bool,
+                 report: ProblemReport) -> None:
+    seen: dict[str, tuple[str, str]] = {}
+    for p, place in train + ev:
+        if p.id in seen:
+            report.add("data", "duplicate ids", f"{p.id!r}", f"{_at(seen[p.id])} and {_at(place)}",
+                       "make ids unique (they key each prompt's samples, votes and pairs), or drop the id field "
+                       "to number rows by line")
+        else:
+            seen[p.id] = place
+    for p, (source, place) in ev:
+        if p.answer is None:
+            report.add(source, "eval rows without a reference answer", place, f"id {p.id!r}",
+                       f"give every eval row its {cfg.answer_field!r} (held-out accuracy is computed from them)")
+    if train_answers:
+        for p, (source, place) in train:
+            if p.answer is None:
+                report.add(source, "train rows without a reference answer", place, f"id {p.id!r}",
+                           f"give every row its {cfg.answer_field!r}: the verifier label needs one per prompt "
+                           "(or use label.kind='consistency' or 'judge', which need none)")
+    if not cfg.allow_overlap:
+        trained = {_norm(p.prompt): place for p, place in train}
+        for p, place in ev:
+            if (other := trained.get(_norm(p.prompt))) is not None:
+                report.add("data", "prompts in both the train and the eval split", f"{_at(other)} and {_at(place)}",
+                           show(p.prompt, 50), "remove them from one side (accuracy on trained prompts is not "
+                           "held out), or set data.allow_overlap=true if that is what you want")
+
+
+def _file(cfg: FileSource, seed: int, train_answers: bool) -> Split:
+    report = ProblemReport()
+    rows, digest = _read(cfg.path, cfg.split, "path", report)
+    if digest and not rows:
+        report.add(cfg.path, "no rows", "data.path", "the source is empty", "give a file with at least one row")
+    train = _to_prompts(rows, cfg, cfg.path, "row-", train_answers or not cfg.eval_path, report)
+    digests = {"path": digest}
     if cfg.eval_path:
-        ev = _to_prompts(_read_rows(cfg.eval_path, cfg.split), cfg, cfg.eval_path)
-        tr = rows
+        ev_rows, digests["eval_path"] = _read(cfg.eval_path, cfg.split, "eval_path", report)
+        if digests["eval_path"] and not ev_rows:
+            report.add(cfg.eval_path, "no rows", "data.eval_path", "the file is empty",
+                       "held-out accuracy (and the champion gate) needs at least one answered row")
+        ev = _to_prompts(ev_rows, cfg, cfg.eval_path, "eval-row-", True, report)
     else:
-        if cfg.eval_size >= len(rows):
-            raise ConfigError([f"data.eval_size={cfg.eval_size} >= {len(rows)} rows in {cfg.path}; "
-                               "lower data.eval_size or give data.eval_path"])
-        random.Random(seed).shuffle(rows)
-        ev, tr = rows[: cfg.eval_size], rows[cfg.eval_size :]
-    return tr[: cfg.train_size] if cfg.train_size else tr, ev
+        if train and cfg.eval_size >= len(train):
+            report.add(cfg.path, "too few rows to split", "data.eval_size", f"{cfg.eval_size} >= {len(train)} rows",
+                       "lower data.eval_size or give data.eval_path")
+        random.Random(seed).shuffle(train)
+        ev, train = train[: cfg.eval_size], train[cfg.eval_size :]
+    _check_split(cfg, train, ev, train_answers, report)
+    report.raise_if_any()
+    train = train[: cfg.train_size] if cfg.train_size else train
+    places = {p.id: place for p, place in train + ev}
+    return Split([p for p, _ in train], [p for p, _ in ev], digests, places)

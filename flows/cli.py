@@ -46,13 +46,14 @@ def _prepare_env(workdir: Path | None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _summary(results) -> str:
-    """Round table: accuracy, version, champion mark, and each stage's wall time
-    (the time the stage took when it was computed; reused stages cost ~0 now)."""
+def _summary(results, champion: str | None) -> str:
+    """Round table: accuracy, version, the registry's promotion decision, the current champion,
+    and each stage's wall time (the time the stage took when it was computed)."""
     lines = [f"{'round':>5} {'accuracy':>9} {'version':>7} {'promoted':>8}  stage wall times (s)"]
     for r in results:
         walls = ", ".join(f"{s} {t:.0f}" for s, t in r.stage_wall_s.items())
-        lines.append(f"{r.round:>5} {r.accuracy:>9.3f} {r.version:>7} {'*' if r.promoted else '':>8}  {walls}")
+        mark = ("*" if r.promoted else "") + (" (champion)" if r.version == champion else "")
+        lines.append(f"{r.round:>5} {r.accuracy:>9.3f} {r.version:>7} {mark:>8}  {walls}")
     return "\n".join(lines)
 
 
@@ -75,19 +76,25 @@ def cmd_resume(args) -> int:
 
 
 def _execute(cfg, start_from: str | None = None) -> int:
+    from ratchet.flows.inputs import check_inputs
+
+    split = check_inputs(cfg)  # before anything is written: bad data leaves no workdir behind
     _prepare_env(Path(cfg.workdir).resolve())
     from ratchet.flows.pipeline import execute, start
+    from ratchet.flows.tracking import redact
 
-    ctx, tracker = start(cfg, start_from)
+    ctx, tracker = start(cfg, start_from, split)
     origin = f"continuing from {tracker.model_name} version {ctx.start_version}" if ctx.start_version else \
         "from the base model"
-    print(f"run {ctx.run_name} ({origin}): workdir {ctx.workdir}, MLflow {tracker.uri}, parent run "
+    print(f"run {ctx.run_name} ({origin}): workdir {ctx.workdir}, MLflow {redact(tracker.uri)}, parent run "
           f"{ctx.parent_run_id}", flush=True)
     _, results, _ = execute(cfg, ctx=ctx)
-    print(_summary(results))
     champ = tracker.champion()
+    print(_summary(results, champ))
     if champ:
-        print(f"champion: {tracker.model_name} version {champ[0]} (held-out accuracy {champ[1]:.3f})")
+        acc = tracker.accuracy(champ, results[-1].eval_set)
+        on = f"held-out accuracy {acc:.3f}" if acc is not None else "not evaluated on this eval set"
+        print(f"champion: {tracker.model_name} version {champ} ({on})")
     return 0
 
 

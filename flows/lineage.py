@@ -84,13 +84,22 @@ def walk(store: ArtifactStore, start: StageManifest) -> list[Link]:
 
 
 def annotate(links: list[Link], tracker) -> None:
-    """Add registered versions and MLflow run ids to model links (base and train stages)."""
+    """Add registered versions and MLflow run ids to model links (base and train stages), and
+    check what the registry recorded for each version against the store: a version whose
+    recorded stage key or file digest differs from the stage on disk is a problem."""
     for link in links:
-        if link.stage in ("base", "train"):
-            v = tracker.version_of(link.key)
-            if v is not None:
-                mv = tracker.client.get_model_version(tracker.model_name, v)
-                link.model_version, link.mlflow_run_id = v, mv.run_id
+        if link.stage not in ("base", "train"):
+            continue
+        v = tracker.version_of(link.key)
+        if v is None:
+            continue
+        mv = tracker.version(v)
+        link.model_version, link.mlflow_run_id = v, mv.run_id
+        recorded, actual = mv.tags.get("ratchet.content"), sha256_json(link.outputs)
+        if recorded is not None and recorded != actual:
+            link.verified = False
+            link.problem = (f"registry version {v} records content {recorded[:16]} but the store holds {actual[:16]} "
+                            f"at {link.dir}: the files were replaced after registration")
 
 
 def resolve(target: str, store: ArtifactStore, tracker) -> StageManifest:
@@ -113,14 +122,18 @@ def resolve(target: str, store: ArtifactStore, tracker) -> StageManifest:
 
 def version_manifest(store: ArtifactStore, tracker, version: str) -> StageManifest:
     """The stage manifest behind a registered model version (not re-verified here)."""
-    stage_dir = tracker.client.get_model_version(tracker.model_name, version).tags.get("ratchet.stage_dir")
+    mv = tracker.version(version)
+    stage_dir = mv.tags.get("ratchet.stage_dir")
     if not stage_dir:
         raise RatchetError(f"{tracker.model_name} version {version} carries no ratchet.stage_dir tag, so its "
                            "files cannot be found in the store")
     m = read_manifest(store.root / stage_dir)
     if m is None:
         raise ArtifactError(f"{tracker.model_name} version {version} points at {store.root / stage_dir}, which "
-                            "has no manifest: the store behind this version is gone")
+                            "has no manifest: the store behind this version is gone (or is another workdir's)")
+    if (key := mv.tags.get("ratchet.stage_key")) is not None and key != m.key:
+        raise ArtifactError(f"{tracker.model_name} version {version} records stage key {key[:16]}, but "
+                            f"{store.root / stage_dir} holds {m.key[:16]}: the registry and the store disagree")
     return m
 
 

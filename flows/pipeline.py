@@ -14,19 +14,22 @@ manifests only; heavy stages run in worker processes.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Literal
 
 from prefect import flow, task
 from prefect.cache_policies import NONE
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from ratchet.data.digest import sha256_file, sha256_json
-from ratchet.data.errors import ConfigError
+from ratchet.data.digest import sha256_json
+from ratchet.data.errors import ConfigError, RatchetError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore
+from ratchet.data.prompts import Split
 from ratchet.flows.config import PipelineConfig
-from ratchet.flows.tracking import Tracker
-from ratchet.models.default_model import default_model_dir
+from ratchet.flows.inputs import check_inputs, resolve_model
+from ratchet.flows.tracking import Gate, Tracker, TrackingError
 from ratchet.tasks import evaluate as evaluate_mod
 from ratchet.tasks import filter as filter_mod
 from ratchet.tasks import label as label_mod
@@ -44,6 +47,7 @@ class RunContext(BaseModel):
     code_version: str
     config_hash: str
     start_version: str | None = None  # continue from this registered model version instead of the base model
+    sources: dict[str, str] = {}  # content digest of every data file the config reads, as checked at start
 
 
 class RoundResult(BaseModel):
@@ -52,7 +56,9 @@ class RoundResult(BaseModel):
     policy: StageManifest
     version: str
     accuracy: float
-    promoted: bool
+    eval_set: str = ""
+    promoted: bool = Field(description="the registry's promotion decision for this version")
+    gate: str = ""
     child_run_id: str
     stage_wall_s: dict[str, float] = {}
 
@@ -109,9 +115,7 @@ def _value(x):
 
 @task(name="prompts", cache_policy=NONE, retries=0)
 def prompts_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
-    data = cfg.data.model_dump()
-    digest = sha256_file(Path(cfg.data.path)) if cfg.data.kind == "file" and Path(cfg.data.path).is_file() else None
-    m, reused = prepare.prompts(_store(ctx), data, cfg.seed, digest)
+    m, reused = prepare.prompts(_store(ctx), cfg.data.model_dump(), cfg.seed, ctx.sources)
     t = _tracker(cfg, ctx)
     if t.log_stage(ctx.parent_run_id, m, reused):
         t.log_dataset(ctx.parent_run_id, _store(ctx), m, "train.jsonl", "train-prompts")
@@ -121,9 +125,7 @@ def prompts_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
 
 @task(name="base-model", cache_policy=NONE, retries=0)
 def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
-    src = cfg.model.path
-    path = default_model_dir() if src == "default" else _local_model(src)
-    return _finished(*prepare.base_model(_store(ctx), src, path))
+    return _finished(*prepare.base_model(_store(ctx), cfg.model.path, resolve_model(cfg.model.path)))
 
 
 @task(name="start-model", cache_policy=NONE, retries=0)
@@ -140,19 +142,6 @@ def start_manifest(store: ArtifactStore, tracker: Tracker, version: str) -> Stag
     m = version_manifest(store, tracker, version)
     store.verify(m)
     return m
-
-
-def _local_model(src: str) -> Path:
-    p = Path(src).expanduser()
-    if p.is_dir():
-        return p
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(src))
-    except Exception as e:  # offline, unknown repo, auth: all mean the same thing to the user
-        raise ConfigError([f"model.path={src!r} is not a local directory and could not be fetched from a hub "
-                           f"({type(e).__name__}); give a local Hugging Face model directory, or 'default'"]) from e
 
 
 @task(name="sample", cache_policy=NONE, retries=0)
@@ -211,25 +200,53 @@ def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
 
 @task(name="register", cache_policy=NONE, retries=0)
 def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, evaluation: StageManifest,
-                  parent_version: str | None, child: str, stages: list[StageManifest]) -> RoundResult:
+                  prompts: StageManifest, parent_version: str | None, child: str,
+                  stages: list[StageManifest]) -> RoundResult:
+    """Register the round's model, record its accuracy on this eval set, and put it to the
+    champion gate; the round table reports the decision the registry holds."""
     store, t = _store(ctx), _tracker(cfg, ctx)
-    acc = evaluation.metrics["accuracy"]
+    acc, eval_set = evaluation.metrics["accuracy"], evaluation.info["eval_set"]
     data_digests = {p.stage: p.content for p in policy.parents}
     tags = {
         "ratchet.round": str(k), "ratchet.run": ctx.run_name, "ratchet.accuracy": f"{acc:.6f}",
-        "ratchet.parent_version": parent_version or "", "ratchet.stage_key": policy.key,
-        "ratchet.stage_dir": policy.dir, "ratchet.config_hash": ctx.config_hash,
-        "ratchet.code_version": ctx.code_version, "ratchet.data_digests": sha256_json(data_digests),
-        **{f"ratchet.digest.{s}": d for s, d in data_digests.items()},
+        "ratchet.eval_set": eval_set, "ratchet.parent_version": parent_version or "",
+        "ratchet.config_hash": ctx.config_hash, "ratchet.code_version": ctx.code_version,
+        "ratchet.data_digests": sha256_json(data_digests), **{f"ratchet.digest.{s}": d for s, d in data_digests.items()},
     }
     version = t.register(child, store, policy, tags)
-    promoted = t.promote_if_better(version, acc, cfg.evaluate.min_improvement)
-    t.log_metrics(child, {"accuracy": acc, "promoted": float(promoted)}, prefix="round.")
+    t.record_accuracy(version, eval_set, acc)
+    gate = champion_gate(cfg, ctx, t, store, version, acc, eval_set, prompts)
+    t.log_metrics(child, {"accuracy": acc, "promoted": float(gate.promoted)}, prefix="round.")
     t.client.set_tag(child, "ratchet.model_version", version)
     t.end(child)
     walls = {m.stage: m.wall_s for m in stages}
-    return RoundResult(round=k, policy=policy, version=version, accuracy=acc, promoted=promoted, child_run_id=child,
-                       stage_wall_s=walls)
+    return RoundResult(round=k, policy=policy, version=version, accuracy=acc, eval_set=eval_set,
+                       promoted=gate.promoted, gate=gate.reason, child_run_id=child, stage_wall_s=walls)
+
+
+def champion_gate(cfg: PipelineConfig, ctx: RunContext, t: Tracker, store: ArtifactStore, version: str, acc: float,
+                  eval_set: str, prompts: StageManifest) -> Gate:
+    """The registry's promotion decision for `version`. A champion never evaluated on this
+    eval set (another split, another scoring) is evaluated here first, as a stage of its own."""
+    from prefect import get_run_logger
+
+    for _ in range(5):  # the champion can move while it is being evaluated
+        gate = t.promote_if_better(version, acc, eval_set, cfg.evaluate.min_improvement)
+        if gate.needs_eval is None:
+            return gate
+        try:
+            champ = start_manifest(store, t, gate.needs_eval)
+        except RatchetError as e:
+            get_run_logger().warning("version %s is not compared with the champion: %s", version, e)
+            return Gate(promoted=False, reason=f"not decided: the champion (version {gate.needs_eval}) has no "
+                        f"accuracy on eval set {eval_set} and cannot be evaluated here ({e})")
+        get_run_logger().info("re-evaluating champion version %s on eval set %s before comparing", gate.needs_eval,
+                              eval_set)
+        m, _ = evaluate_mod.evaluate(store, champ, prompts, cfg.evaluate, cfg.sampler, cfg.data.model_dump(),
+                                     cfg.seed, champ.round, isolate=cfg.isolate)
+        t.record_accuracy(gate.needs_eval, m.info["eval_set"], m.metrics["accuracy"])
+    raise TrackingError(f"the champion of {t.model_name} moved five times while version {version} was being "
+                        "compared with it; re-run the same command to decide")
 
 
 @task(name="lineage", cache_policy=NONE, retries=0)
@@ -271,7 +288,7 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
         train_set = _value(filter_task(cfg, ctx, k, labels, child))
         candidate = _value(train_task(cfg, ctx, k, policy, train_set, child))
         evaluation = _value(evaluate_task(cfg, ctx, k, candidate, prompts, child))
-        return register_task(cfg, ctx, k, candidate, evaluation, parent_version, child,
+        return register_task(cfg, ctx, k, candidate, evaluation, prompts, parent_version, child,
                              [*done, train_set, candidate, evaluation])
     except BaseException:
         _tracker(cfg, ctx).end(child, "FAILED")
@@ -286,7 +303,7 @@ def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, prompt
     child = _tracker(cfg, ctx).child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
     try:
         evaluation = _value(evaluate_task(cfg, ctx, k, base, prompts, child))
-        return register_task(cfg, ctx, k, base, evaluation, None, child, [evaluation])
+        return register_task(cfg, ctx, k, base, evaluation, prompts, None, child, [evaluation])
     except BaseException:
         _tracker(cfg, ctx).end(child, "FAILED")
         raise
@@ -306,16 +323,19 @@ def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
 
 
 class RunRecord(BaseModel):
-    """What `ratchet resume` needs: the context and the exact config of a pipeline run."""
+    """What `ratchet resume` needs: the context and the exact config of a pipeline run, and
+    how its last attempt ended (running while an attempt is alive or was killed)."""
 
     model_config = ConfigDict(extra="forbid")
     ctx: RunContext
     config: dict
+    state: Literal["running", "finished", "failed"] = "running"
 
 
-def run_name_for(cfg: PipelineConfig) -> str:
-    """A pipeline run is its config: the same command names the same run, so it continues it."""
-    return f"{cfg.name}-{sha256_json(cfg.model_dump(mode='json'))[:10]}"
+def run_name_for(cfg: PipelineConfig, sources: dict[str, str]) -> str:
+    """A pipeline run is its config and its data: the same command on the same files names the
+    same run, so it continues it; an edited data file starts a new one."""
+    return f"{cfg.name}-{sha256_json([cfg.model_dump(mode='json'), sources])[:10]}"
 
 
 def load_record(workdir: Path, run_name: str) -> RunRecord:
@@ -335,8 +355,7 @@ def start_version(tracker: Tracker, start_from: str | None) -> str | None:
     if start_from in (None, "base"):
         return None
     if start_from == "champion":
-        champ = tracker.champion()
-        return champ[0] if champ else None
+        return tracker.champion()
     if not str(start_from).isdigit():
         raise ConfigError([f"start_from={start_from!r} is not 'champion', 'base' or a model version number"])
     from mlflow.exceptions import MlflowException
@@ -350,15 +369,19 @@ def start_version(tracker: Tracker, start_from: str | None) -> str | None:
     return str(start_from)
 
 
-def start(cfg: PipelineConfig, start_from: str | None = None) -> tuple[RunContext, Tracker]:
+def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | None = None
+          ) -> tuple[RunContext, Tracker]:
     """The run's context: continue the MLflow parent run of an earlier attempt of the same
-    config (and the same starting model version) in this workdir, or create one. Finished
-    stages are reused either way."""
+    config and data (and the same starting model version) in this workdir, or create one.
+    Finished stages are reused either way. The data is checked first (`split`, if the caller
+    already checked it): a problem stops the run before anything is written."""
+    if split is None:
+        split = check_inputs(cfg)
     workdir = Path(cfg.workdir).resolve()
     (workdir / "runs").mkdir(parents=True, exist_ok=True)
     tracker = Tracker(cfg.tracking, workdir, cfg.name)
     version = start_version(tracker, start_from)
-    run_name = run_name_for(cfg) + (f"-from-v{version}" if version else "")
+    run_name = run_name_for(cfg, split.digests) + (f"-from-v{version}" if version else "")
     resolved = cfg.model_dump(mode="json")
     code, commit = code_digest(), git_commit()
     tags = {"ratchet.run": run_name, "ratchet.code_version": code, "ratchet.config_hash": sha256_json(resolved)[:16]}
@@ -367,19 +390,33 @@ def start(cfg: PipelineConfig, start_from: str | None = None) -> tuple[RunContex
     if commit:
         tags["mlflow.source.git.commit"] = commit
     record = workdir / "runs" / f"{run_name}.json"
-    parent = None
-    if record.exists():
-        parent = RunRecord.model_validate_json(record.read_text()).ctx.parent_run_id
-        if not tracker.reopen(parent, tags):
-            parent = None  # the tracking store was reset: start a fresh parent run
-    if parent is None:
-        parent = tracker.start_parent(run_name, resolved, tags)
-    ctx = RunContext(run_name=run_name, workdir=str(workdir), parent_run_id=parent, code_version=code,
-                     config_hash=tags["ratchet.config_hash"], start_version=version)
-    tmp = record.with_suffix(".json.tmp")
-    tmp.write_text(RunRecord(ctx=ctx, config=resolved).model_dump_json(indent=2))
-    tmp.replace(record)
+    with tracker.lock():  # two processes starting the same run continue one parent run, never two
+        parent = None
+        if record.exists():
+            parent = RunRecord.model_validate_json(record.read_text()).ctx.parent_run_id
+            if not tracker.reopen(parent, tags):
+                parent = None  # the tracking store was reset: start a fresh parent run
+        if parent is None:
+            parent = tracker.start_parent(run_name, resolved, tags)
+        ctx = RunContext(run_name=run_name, workdir=str(workdir), parent_run_id=parent, code_version=code,
+                         config_hash=tags["ratchet.config_hash"], start_version=version, sources=split.digests)
+        write_record(workdir, RunRecord(ctx=ctx, config=resolved, state="running"))
     return ctx, tracker
+
+
+def write_record(workdir: Path, record: RunRecord) -> None:
+    path = workdir / "runs" / f"{record.ctx.run_name}.json"
+    tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
+    tmp.write_text(record.model_dump_json(indent=2))
+    tmp.replace(path)
+
+
+def set_state(ctx: RunContext, tracker: Tracker, state: str) -> None:
+    """Record how the pipeline run ended (finished or failed) in its run record."""
+    workdir = Path(ctx.workdir)
+    with tracker.lock():
+        rec = load_record(workdir, ctx.run_name)
+        write_record(workdir, rec.model_copy(update={"state": state}))
 
 
 def execute(cfg: PipelineConfig, start_from: str | None = None,
@@ -393,8 +430,10 @@ def execute(cfg: PipelineConfig, start_from: str | None = None,
         results = self_improve(cfg, ctx)
     except BaseException:
         tracker.end(ctx.parent_run_id, "FAILED")
+        set_state(ctx, tracker, "failed")
         raise
     tracker.end(ctx.parent_run_id)
+    set_state(ctx, tracker, "finished")
     return ctx, results, tracker
 
 
@@ -418,7 +457,7 @@ def continue_improve(config: dict, start_from: str = "champion", overrides: list
         "run": ctx.run_name, "start_version": ctx.start_version,
         "rounds": [{"round": r.round, "version": r.version, "accuracy": r.accuracy, "promoted": r.promoted}
                    for r in results],
-        "champion": champ[0] if champ else None,
+        "champion": champ,
     }
     get_run_logger().info("%s from %s: %s", ctx.run_name, f"version {ctx.start_version}" if ctx.start_version
                           else "the base model", summary)

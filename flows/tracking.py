@@ -1,37 +1,161 @@
-"""MLflow tracking: a parent run per pipeline run, a child run per round.
+"""MLflow tracking: a parent run per pipeline run, a child run per round, and the registry.
 
 Everything goes through MlflowClient with explicit run ids: MLflow's fluent
 "active run" is thread-local, and Prefect runs tasks on worker threads.
 Datasets are logged with the project's own full-file sha256 (MLflow's pandas
 digest reads only the first 10,000 rows). Each round's model is registered as a
-version tagged with its parent version, data digests, config hash and code version.
+version tagged with its parent version, data digests, config hash, code version
+and the digest of its files in the store.
+
+The registry never disagrees with the store:
+- a transient MLflow error (SQLite "database is locked", a dropped connection) is
+  retried and then fails the stage; it is never read as "not there";
+- registration, promotion, round-run creation and the run record are serialised
+  across processes by a lock beside the tracking store (or in the workdir);
+- a version is promoted only by beating the champion on the same eval set: each
+  evaluation of a version is recorded on it per eval set, and the decision, with
+  the numbers it compared, is recorded on the candidate (`ratchet.promoted`,
+  `ratchet.gate`), so a resumed run reports what the registry says.
+
+Credentials never reach a config, a record or MLflow: `user:password@` in
+tracking.uri is moved to MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, the
+variables MLflow's client reads, and the URI keeps only its host.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import logging
 import math
 import os
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ratchet.data.digest import sha256_text
+from ratchet.data.errors import RatchetError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore
 
+log = logging.getLogger("ratchet")
 CHAMPION = "champion"
+SECRET_QUERY = ("token", "password", "passwd", "secret", "key", "apikey", "api_key", "access_token")
+
+
+class TrackingError(RatchetError):
+    """MLflow kept failing after retries; the stage fails rather than guess."""
+
+
+def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
+    """(uri without userinfo, user, password). Other URIs come back unchanged."""
+    parts = urlsplit(uri)
+    if not parts.scheme or "@" not in parts.netloc:
+        return uri, None, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    return urlunsplit(parts._replace(netloc=host)), user or None, password or None
+
+
+def redact(uri: str) -> str:
+    """A URI safe to print: password and secret query values replaced by ***."""
+    clean, user, password = split_credentials(uri)
+    parts = urlsplit(clean)
+    if user or password:
+        parts = parts._replace(netloc=f"{user or ''}{':***' if password else ''}@{parts.netloc}")
+    if parts.query:
+        q = "&".join(f"{k}=***" if k.lower() in SECRET_QUERY else f"{k}={v}" for k, v in parse_qsl(parts.query))
+        parts = parts._replace(query=q)
+    return urlunsplit(parts)
 
 
 class TrackingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    uri: str | None = Field(default=None, description="MLflow tracking URI; default sqlite:///<workdir>/mlflow.db")
+    uri: str | None = Field(default=None, description="MLflow tracking URI; default sqlite:///<workdir>/mlflow.db. "
+                            "user:password@ in it is moved to MLFLOW_TRACKING_USERNAME/PASSWORD and never stored")
     experiment: str | None = Field(default=None, description="experiment name; default ratchet-<name>")
     model_name: str | None = Field(default=None, description="registered model name; default ratchet-<name>")
     log_weights: bool = Field(
         default=False, description="copy full merged weights into MLflow artifacts (else adapter + digests only)"
     )
+
+    @model_validator(mode="after")
+    def _take_credentials(self) -> TrackingConfig:
+        """Move credentials out of the URI into the environment MLflow's client reads, so the
+        config (logged, recorded, deployed) carries none."""
+        if self.uri is None:
+            return self
+        secrets = [k for k, _ in parse_qsl(urlsplit(self.uri).query) if k.lower() in SECRET_QUERY]
+        if secrets:
+            raise ValueError(f"tracking.uri carries a secret in its query string ({', '.join(secrets)}); pass it "
+                             "as MLFLOW_TRACKING_TOKEN (or user:password@host) instead, so it is never stored")
+        clean, user, password = split_credentials(self.uri)
+        if user:
+            os.environ["MLFLOW_TRACKING_USERNAME"] = user
+        if password:
+            os.environ["MLFLOW_TRACKING_PASSWORD"] = password
+        self.uri = clean
+        return self
+
+
+# retries ----------------------------------------------------------------------
+
+RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0)
+_TRANSIENT_CODES = {"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "INTERNAL_ERROR"}
+
+
+def transient(e: BaseException) -> bool:
+    """An error worth retrying: a locked SQLite store, an unavailable or overloaded server."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(e, MlflowException):
+        return e.error_code in _TRANSIENT_CODES or "database is locked" in str(e)
+    try:
+        import requests
+
+        if isinstance(e, (requests.ConnectionError, requests.Timeout)):
+            return True
+    except ImportError:
+        pass
+    return "database is locked" in str(e)
+
+
+def retrying(fn, what: str):
+    """`fn` with transient errors retried (RETRY_DELAYS), then raised as TrackingError."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        for delay in (*RETRY_DELAYS, None):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                if not transient(e):
+                    raise
+                if delay is None:
+                    raise TrackingError(f"MLflow {what} failed {len(RETRY_DELAYS) + 1} times ({type(e).__name__}: "
+                                        f"{str(e).splitlines()[0][:200]}); the stage stops here and can be resumed "
+                                        "with the same command once the tracking store answers") from e
+                log.warning("MLflow %s failed (%s); retrying in %.1f s", what, str(e).splitlines()[0][:120], delay)
+                time.sleep(delay)
+
+    return call
+
+
+class RetryingClient:
+    """An MlflowClient whose every call retries transient errors instead of failing or guessing."""
+
+    def __init__(self, client):
+        self._client = client
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._client, name)
+        return retrying(attr, name) if callable(attr) else attr
 
 
 def flat(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -45,23 +169,66 @@ def flat(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+class Gate(BaseModel):
+    """A promotion decision, as recorded on the candidate version."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    promoted: bool
+    reason: str
+    needs_eval: str | None = None  # the champion version to evaluate on this eval set first
+
+
 class Tracker:
     def __init__(self, cfg: TrackingConfig, workdir: Path, name: str):
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         from mlflow.tracking import MlflowClient
 
         self.uri = cfg.uri or f"sqlite:///{workdir / 'mlflow.db'}"
-        self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        self.client = RetryingClient(MlflowClient(tracking_uri=self.uri, registry_uri=self.uri))
         self.cfg = cfg
         self.workdir = workdir
         self.model_name = cfg.model_name or f"ratchet-{name}"
-        exp_name = cfg.experiment or f"ratchet-{name}"
-        exp = self.client.get_experiment_by_name(exp_name)
-        if exp is None:
-            art = None if cfg.uri else (workdir / "mlartifacts").resolve().as_uri()
-            self.experiment_id = self.client.create_experiment(exp_name, artifact_location=art)
-        else:
-            self.experiment_id = exp.experiment_id
+        with self.lock():
+            exp_name = cfg.experiment or f"ratchet-{name}"
+            exp = self.client.get_experiment_by_name(exp_name)
+            if exp is None:
+                art = None if cfg.uri else (workdir / "mlartifacts").resolve().as_uri()
+                self.experiment_id = self.client.create_experiment(exp_name, artifact_location=art)
+            else:
+                self.experiment_id = exp.experiment_id
+
+    # one writer at a time ---------------------------------------------------
+    _held = threading.local()
+
+    def lock_path(self) -> Path:
+        """Beside a SQLite store (every workdir sharing it shares the lock), else in the workdir."""
+        if self.uri.startswith("sqlite:///"):
+            db = Path(self.uri[len("sqlite:///"):])
+            return db.with_name(db.name + ".ratchet-lock")
+        return self.workdir / "locks" / f"tracking-{sha256_text(self.uri)[:12]}.lock"
+
+    @contextlib.contextmanager
+    def lock(self):
+        """Serialise a check-then-write on the tracking store across processes (re-entrant
+        within a thread; the kernel drops it if the holder dies)."""
+        import fcntl
+
+        path = self.lock_path()
+        held = getattr(self._held, "paths", None)
+        if held is None:
+            held = self._held.paths = set()
+        if path in held:
+            yield
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            held.add(path)
+            try:
+                yield
+            finally:
+                held.discard(path)
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     # runs -----------------------------------------------------------------
     def start_parent(self, run_name: str, config: dict, tags: dict[str, str]) -> str:
@@ -78,11 +245,8 @@ class Tracker:
 
     def reopen(self, run_id: str, tags: dict[str, str]) -> bool:
         """Mark an earlier attempt's run as running again; False if the store no longer has it."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            self.client.get_run(run_id)
-        except MlflowException:
+        found = self.client.search_runs([self.experiment_id], f"attributes.run_id = '{run_id}'")
+        if not found:
             return False
         self.client.update_run(run_id, status="RUNNING")
         for k, v in tags.items():
@@ -90,17 +254,18 @@ class Tracker:
         return True
 
     def child(self, parent_id: str, round: int, tags: dict[str, str]) -> str:
-        """The round's child run: the one an earlier attempt created, or a new one."""
-        found = self.client.search_runs(
-            [self.experiment_id],
-            f"tags.mlflow.parentRunId = '{parent_id}' and tags.`ratchet.round` = '{round}'",
-        )
-        if found:
-            rid = found[0].info.run_id
-            self.client.update_run(rid, status="RUNNING")
-            return rid
-        tags = {"mlflow.parentRunId": parent_id, "ratchet.round": str(round), **tags}
-        return self.client.create_run(self.experiment_id, run_name=f"round-{round}", tags=tags).info.run_id
+        """The round's child run: the one an earlier attempt created, or a new one (never two)."""
+        with self.lock():
+            found = self.client.search_runs(
+                [self.experiment_id],
+                f"tags.mlflow.parentRunId = '{parent_id}' and tags.`ratchet.round` = '{round}'",
+            )
+            if found:
+                rid = found[0].info.run_id
+                self.client.update_run(rid, status="RUNNING")
+                return rid
+            tags = {"mlflow.parentRunId": parent_id, "ratchet.round": str(round), **tags}
+            return self.client.create_run(self.experiment_id, run_name=f"round-{round}", tags=tags).info.run_id
 
     def end(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
@@ -120,11 +285,13 @@ class Tracker:
     def log_stage(self, run_id: str, m: StageManifest, reused: bool) -> bool:
         """Log a stage's metrics once per run: a resumed run that reuses a stage it already
         logged adds nothing. Returns whether anything was logged."""
-        run = self.client.get_run(run_id)
-        if run.data.tags.get(f"ratchet.stage.{m.stage}") == m.dir:
-            return False
-        self.log_metrics(run_id, {**m.metrics, "wall_s": m.wall_s, "reused": float(reused)}, prefix=f"{m.stage}.")
-        self.client.set_tag(run_id, f"ratchet.stage.{m.stage}", m.dir)
+        with self.lock():
+            run = self.client.get_run(run_id)
+            if run.data.tags.get(f"ratchet.stage.{m.stage}") == m.dir:
+                return False
+            self.log_metrics(run_id, {**m.metrics, "wall_s": m.wall_s, "reused": float(reused)},
+                             prefix=f"{m.stage}.")
+            self.client.set_tag(run_id, f"ratchet.stage.{m.stage}", m.dir)
         return True
 
     def log_text(self, run_id: str, text: str, path: str) -> None:
@@ -175,55 +342,100 @@ class Tracker:
     # registry -------------------------------------------------------------
     def version_of(self, stage_key: str) -> str | None:
         """The registered version of the model a stage produced, if it was registered before."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            found = self.client.search_model_versions(
-                f"name='{self.model_name}' and tags.`ratchet.stage_key` = '{stage_key}'"
-            )
-        except MlflowException:
-            return None
+        found = self.client.search_model_versions(
+            f"name='{self.model_name}' and tags.`ratchet.stage_key` = '{stage_key}'"
+        )
         return str(min(int(v.version) for v in found)) if found else None
+
+    def version(self, version: str):
+        return self.client.get_model_version(self.model_name, version)
 
     def register(self, run_id: str, store: ArtifactStore, model: StageManifest, tags: dict[str, str]) -> str:
         """Log the model's artifacts to the round's run and register them as a version.
 
-        The same model (same stage key) is registered once: a re-run gets the existing version.
+        The same model (same stage key) is registered once, also by two runs at once: a
+        re-run gets the existing version.
         """
-        from mlflow.exceptions import MlflowException
+        with self.lock():
+            if (existing := self.version_of(model.key)) is not None:
+                return existing
+            d = store.dir_of(model)
+            card = {"stage_dir": str(d), "key": model.key, "content": model.content,
+                    "files": {k: v.sha256 for k, v in model.outputs.items()}}
+            self.log_text(run_id, json.dumps(card, indent=2), "model/ratchet-model.json")
+            if (d / "adapter").is_dir():
+                self.client.log_artifacts(run_id, str(d / "adapter"), artifact_path="model/adapter")
+            if self.cfg.log_weights:
+                self.client.log_artifacts(run_id, str(d / "model"), artifact_path="model/weights")
+            if not self.client.search_registered_models(f"name='{self.model_name}'"):
+                self.client.create_registered_model(self.model_name)
+            source = f"{self.client.get_run(run_id).info.artifact_uri}/model"
+            tags = {**tags, "ratchet.stage_key": model.key, "ratchet.stage_dir": model.dir,
+                    "ratchet.content": model.content, "ratchet.workdir": str(store.root)}
+            # not retried blindly: a retry after a failure that did register would register twice
+            for delay in (*RETRY_DELAYS, None):
+                try:
+                    v = self.client._client.create_model_version(self.model_name, source=source, run_id=run_id,
+                                                                 tags=tags)
+                    return str(v.version)
+                except Exception as e:
+                    if delay is None or not transient(e):
+                        raise
+                    time.sleep(delay)
+                    if (existing := self.version_of(model.key)) is not None:
+                        return existing
+            raise AssertionError("unreachable")
 
-        if (existing := self.version_of(model.key)) is not None:
-            return existing
+    def record_accuracy(self, version: str, eval_set: str, accuracy: float) -> None:
+        """Record a version's held-out accuracy on one eval set (a version can have several)."""
+        self.client.set_model_version_tag(self.model_name, version, f"ratchet.accuracy.{eval_set}", f"{accuracy:.6f}")
 
-        d = store.dir_of(model)
-        card = {"stage_dir": str(d), "key": model.key, "files": {k: v.sha256 for k, v in model.outputs.items()}}
-        self.log_text(run_id, json.dumps(card, indent=2), "model/ratchet-model.json")
-        if (d / "adapter").is_dir():
-            self.client.log_artifacts(run_id, str(d / "adapter"), artifact_path="model/adapter")
-        if self.cfg.log_weights:
-            self.client.log_artifacts(run_id, str(d / "model"), artifact_path="model/weights")
-        try:
-            self.client.create_registered_model(self.model_name)
-        except MlflowException:
-            pass  # already exists
-        source = f"{self.client.get_run(run_id).info.artifact_uri}/model"
-        v = self.client.create_model_version(self.model_name, source=source, run_id=run_id, tags=tags)
-        return str(v.version)
+    def accuracy(self, version: str, eval_set: str) -> float | None:
+        value = self.version(version).tags.get(f"ratchet.accuracy.{eval_set}")
+        return None if value is None else float(value)
 
-    def champion(self) -> tuple[str, float] | None:
-        """(version, accuracy) of the current champion, if any."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            v = self.client.get_model_version_by_alias(self.model_name, CHAMPION)
-        except MlflowException:
+    def champion(self) -> str | None:
+        """The version the `champion` alias points at, if any. An error is raised, never read as none."""
+        found = self.client.search_registered_models(f"name='{self.model_name}'")
+        if not found:
             return None
-        return str(v.version), float(v.tags.get("ratchet.accuracy", "nan"))
+        v = found[0].aliases.get(CHAMPION)
+        return None if v is None else str(v)
 
-    def promote_if_better(self, version: str, accuracy: float, min_improvement: float) -> bool:
-        """Move `champion` to this version only if it beats the champion's held-out accuracy."""
-        cur = self.champion()
-        if cur is not None and not accuracy > cur[1] + min_improvement:
-            return False
-        self.client.set_registered_model_alias(self.model_name, CHAMPION, version)
-        return True
+    def decided(self, version: str) -> Gate | None:
+        """The promotion decision recorded on a version, if one was made."""
+        tags = self.version(version).tags
+        if "ratchet.promoted" not in tags:
+            return None
+        return Gate(promoted=tags["ratchet.promoted"] == "true", reason=tags.get("ratchet.gate", ""))
+
+    def promote_if_better(self, version: str, accuracy: float, eval_set: str, min_improvement: float) -> Gate:
+        """Move `champion` to this version only if it beats the champion on the same eval set.
+
+        Decided once per version, under the lock, and recorded on it. When the champion has no
+        accuracy on this eval set the answer is `needs_eval`: evaluate it there, record it
+        (record_accuracy), and ask again.
+        """
+        with self.lock():
+            if (done := self.decided(version)) is not None:
+                return done
+            champ = self.champion()
+            if champ is None:
+                gate = Gate(promoted=True, reason=f"first champion: accuracy {accuracy:.4f} on eval set {eval_set}")
+            elif champ == version:
+                gate = Gate(promoted=True, reason="already the champion")
+            else:
+                bar = self.accuracy(champ, eval_set)
+                if bar is None:
+                    return Gate(promoted=False, reason=f"champion version {champ} has no accuracy on eval set "
+                                f"{eval_set}", needs_eval=champ)
+                won = accuracy > bar + min_improvement
+                gate = Gate(promoted=won, reason=f"accuracy {accuracy:.4f} {'>' if won else '<='} champion version "
+                            f"{champ}'s {bar:.4f}" + (f" + {min_improvement:g}" if min_improvement else "")
+                            + f" on eval set {eval_set}")
+            if gate.promoted:
+                self.client.set_registered_model_alias(self.model_name, CHAMPION, version)
+            self.client.set_model_version_tag(self.model_name, version, "ratchet.promoted",
+                                              "true" if gate.promoted else "false")
+            self.client.set_model_version_tag(self.model_name, version, "ratchet.gate", gate.reason)
+            return gate

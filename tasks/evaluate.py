@@ -1,6 +1,10 @@
 """evaluate: held-out accuracy of a policy, greedy, with the task's answer check.
 
 Runs for round 0 (the starting model) too, so every round has a comparable number.
+Every evaluation names its eval set (`info.eval_set`): the held-out prompts' digest and
+everything that scores them (answer check, token limit, engine and dtype). Two
+accuracies are comparable exactly when their eval sets are equal; the champion gate
+compares nothing else.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import time
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from ratchet.data.checkers import check
+from ratchet.data.digest import sha256_json
 from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig
 from ratchet.data.records import LabeledCompletion, Prompt, read_jsonl, write_jsonl
@@ -26,6 +31,13 @@ class EvaluateConfig(BaseModel):
     min_improvement: float = Field(
         default=0.0, ge=0, description="champion moves only if accuracy beats the champion's by more than this"
     )
+
+
+def eval_set_id(prompts: StageManifest, eval_cfg: dict, sampler: dict, check_cfg: dict) -> str:
+    """What makes two held-out accuracies comparable: the same prompts, scored the same way."""
+    return sha256_json({"eval": prompts.outputs["eval.jsonl"].sha256, "check": check_cfg,
+                        "max_tokens": eval_cfg["max_tokens"], "backend": sampler["backend"],
+                        "dtype": sampler["dtype"]})[:16]
 
 
 def evaluate_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
@@ -57,9 +69,11 @@ def evaluate_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     metrics = {"accuracy": sum(r.reward for r in scored) / max(len(scored), 1), "eval_prompts": float(n),
                "mean_tokens": toks / max(n, 1), "gen_s": gen_s, "load_s": load_s,
                "tokens_per_s": toks / gen_s if gen_s else 0.0}
+    eval_set = eval_set_id(req.parent("prompts"), req.config["evaluate"], req.config["sampler"],
+                           req.config["data"]["check"])
     return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
                         config=req.config, parents=req.parents, outputs={"eval.jsonl": n}, metrics=metrics,
-                        started=req.started)
+                        info={"eval_set": eval_set}, started=req.started)
 
 
 def evaluate(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: EvaluateConfig,

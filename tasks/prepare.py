@@ -29,13 +29,17 @@ def prompts_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     from ratchet.data.prompts import SourceConfig
 
     src = TypeAdapter(SourceConfig).validate_python(req.config["data"])
-    train, ev = load_split(src, req.seed)
-    if not train:
+    split = load_split(src, req.seed)
+    if split.digests != req.config["sources"]:
+        changed = sorted(k for k in split.digests if split.digests[k] != req.config["sources"].get(k))
+        raise ConfigError([f"data.{k}={getattr(src, k)!r} changed after this run checked it; re-run the command "
+                           "to start from the new content" for k in changed])
+    if not split.train:
         raise ConfigError([f"data: the source {src.kind!r} yielded no train prompts; check data.path / data.train_size"])
     d = store.stage_dir(req.stage, req.key)
-    n_tr = write_jsonl(d / "train.jsonl", train)
-    n_ev = write_jsonl(d / "eval.jsonl", ev)
-    with_answer = sum(p.answer is not None for p in train)
+    n_tr = write_jsonl(d / "train.jsonl", split.train)
+    n_ev = write_jsonl(d / "eval.jsonl", split.eval)
+    with_answer = sum(p.answer is not None for p in split.train)
     return store.finish(
         stage=req.stage, round=req.round, key=req.key, code_version=req.code_version, config=req.config,
         parents=[], outputs={"train.jsonl": n_tr, "eval.jsonl": n_ev},
@@ -44,9 +48,10 @@ def prompts_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     )
 
 
-def prompts(store: ArtifactStore, data_cfg: dict, seed: int,
-            source_digest: str | None) -> tuple[StageManifest, bool]:
-    cfg = {"data": data_cfg, "seed": seed, "source_sha256": source_digest}
+def prompts(store: ArtifactStore, data_cfg: dict, seed: int, sources: dict[str, str]) -> tuple[StageManifest, bool]:
+    """The train/eval split. `sources`: the content digest of every file the data config reads
+    (load_split's digests), so an edited file, directory or dataset is a new stage."""
+    cfg = {"data": data_cfg, "seed": seed, "sources": sources}
     return run_stage(store, stage="prompts", round=0, body="ratchet.tasks.prepare:prompts_body",
                      code=PROMPTS_CODE, config=cfg, parents=[])
 

@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -7,51 +8,183 @@ from ratchet.data.prompts import AdditionSource, FileSource, load_split
 
 
 def test_addition_split_is_disjoint_complete_and_seeded():
-    tr, ev = load_split(AdditionSource(a_max=20, b_max=10, eval_size=50), seed=0)
+    s = load_split(AdditionSource(a_max=20, b_max=10, eval_size=50), seed=0)
+    tr, ev = s.train, s.eval
     assert (len(tr), len(ev)) == (150, 50)
     assert not {p.id for p in tr} & {p.id for p in ev}
     assert {p.id for p in tr + ev} == {f"add-{a}-{b}" for a in range(20) for b in range(10)}
     p = next(p for p in tr + ev if p.id == "add-7-5")
     assert (p.prompt, p.answer) == ("What is 7 + 5?", "12")
-    assert load_split(AdditionSource(), seed=0) == (tr, ev)
-    assert load_split(AdditionSource(), seed=1)[1] != ev
+    assert load_split(AdditionSource(), seed=0) == s
+    assert load_split(AdditionSource(), seed=1).eval != ev
 
 
-def test_addition_train_size_and_bad_eval_size():
-    tr, ev = load_split(AdditionSource(train_size=10, eval_size=5), seed=0)
-    assert (len(tr), len(ev)) == (10, 5)
+def test_addition_train_size_bad_eval_size_and_template():
+    s = load_split(AdditionSource(train_size=10, eval_size=5), seed=0)
+    assert (len(s.train), len(s.eval)) == (10, 5)
     with pytest.raises(ConfigError, match="data.eval_size=200"):
         load_split(AdditionSource(a_max=20, b_max=10, eval_size=200), seed=0)
+    with pytest.raises(ValueError, match=r"placeholders \{a\} and \{b\}, found \['a', 'c'\]"):
+        AdditionSource(template="What is {a} + {c}?")
 
 
 def _rows(n):
     return [{"question": f"q{i}?", "answer": i} for i in range(n)]
 
 
+def _write(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
 def test_jsonl_source(tmp_path):
-    p = tmp_path / "p.jsonl"
-    p.write_text("\n".join(json.dumps(r) for r in _rows(10)))
-    tr, ev = load_split(FileSource(path=str(p), prompt_field="question", eval_size=3), seed=0)
-    assert (len(tr), len(ev)) == (7, 3)
-    assert {r.prompt for r in tr + ev} == {f"q{i}?" for i in range(10)}
-    assert all(r.answer == r.prompt[1:-1] for r in tr + ev)
+    p = _write(tmp_path / "p.jsonl", _rows(10))
+    s = load_split(FileSource(path=str(p), prompt_field="question", eval_size=3), seed=0)
+    assert (len(s.train), len(s.eval)) == (7, 3)
+    assert {r.prompt for r in s.train + s.eval} == {f"q{i}?" for i in range(10)}
+    assert all(r.answer == r.prompt[1:-1] for r in s.train + s.eval)
+    assert s.places["row-4"] == (str(p), "line 4")  # rows without ids are numbered by line
 
 
-def test_parquet_and_datasets_sources(tmp_path):
+def test_parquet_csv_json_and_datasets_sources(tmp_path):
     import datasets
 
     ds = datasets.Dataset.from_list(_rows(6))
     ds.to_parquet(str(tmp_path / "p.parquet"))
     ds.save_to_disk(str(tmp_path / "ds"))
-    for path in (tmp_path / "p.parquet", tmp_path / "ds"):
-        tr, ev = load_split(FileSource(path=str(path), prompt_field="question", eval_size=2), seed=0)
-        assert (len(tr), len(ev)) == (4, 2)
+    (tmp_path / "p.csv").write_text("question,answer\n" + "".join(f"q{i}?,{i}\n" for i in range(6)))
+    (tmp_path / "p.json").write_text(json.dumps(_rows(6)))
+    for name in ("p.parquet", "ds", "p.csv", "p.json"):
+        s = load_split(FileSource(path=str(tmp_path / name), prompt_field="question", eval_size=2), seed=0)
+        assert (len(s.train), len(s.eval)) == (4, 2), name
+        assert sorted(p.answer for p in s.train + s.eval) == [str(i) for i in range(6)], name
 
 
-def test_file_source_names_the_missing_column(tmp_path):
-    p = tmp_path / "p.jsonl"
-    p.write_text("\n".join(json.dumps(r) for r in _rows(5)))
-    with pytest.raises(ConfigError, match=r"data.prompt_field='prompt' is not a column.*question"):
+def test_file_source_names_the_missing_column_and_file(tmp_path):
+    p = _write(tmp_path / "p.jsonl", _rows(5))
+    with pytest.raises(ConfigError, match=r"data.prompt_field='prompt' is not a column.*'question'"):
         load_split(FileSource(path=str(p), eval_size=1), seed=0)
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match=r"nope.jsonl: file not found"):
         load_split(FileSource(path=str(tmp_path / "nope.jsonl")), seed=0)
+    with pytest.raises(ConfigError, match=r"unsupported file type.*'.txt'"):
+        load_split(FileSource(path=str(_write(tmp_path / "p.txt", _rows(3)))), seed=0)
+
+
+def _problems(tmp_path, rows, eval_rows=None, **kw):
+    """The problems load_split reports for these rows (and a separate eval file)."""
+    path = _write(tmp_path / "train.jsonl", rows)
+    if eval_rows is not None:
+        kw["eval_path"] = str(_write(tmp_path / "eval.jsonl", eval_rows))
+    with pytest.raises(ConfigError) as e:
+        load_split(FileSource(path=str(path), **{"eval_size": 1, **kw}), seed=0)
+    return e.value.problems, str(e.value)
+
+
+GOOD = [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(4)]
+HELD = [{"prompt": "What is 50 + 1?", "answer": 51}]
+
+
+@pytest.mark.parametrize("bad, kind, where", [
+    ('{"prompt": "What is 1 + 1?", "answer": 2', "malformed JSON lines", "line 5: Expecting ',' delimiter"),
+    ('["What is 1 + 1?", 2]', "rows that are not objects", "line 5: ['What is 1 + 1?', 2]"),
+    ({"question": "What is 1 + 1?", "answer": 2}, "rows without the prompt field 'prompt'", "line 5: keys"),
+    ({"prompt": None, "answer": 2}, "null prompts", "line 5: None"),
+    ({"prompt": 12, "answer": 2}, "prompts that are not text", "line 5: 12"),
+    ({"prompt": ["What is", "1 + 1?"], "answer": 2}, "prompts that are not text", "line 5: ['What is'"),
+    ({"prompt": "   ", "answer": 2}, "empty prompts", "line 5"),
+    ('{"prompt": "What is 1 + 1?", "answer": NaN}', "answers that are not finite numbers", "line 5: nan"),
+    ({"prompt": "What is 1 + 1?", "answer": True}, "answers that are not text or a number", "line 5: True"),
+    ({"prompt": "What is 1 + 1?", "answer": ""}, "empty answers", "line 5"),
+    ({"prompt": "What is 1 + 1?", "answer": "two"}, "answers the 'number' check cannot compare", "line 5: 'two'"),
+    ({"prompt": "What is 1 + 1?", "answer": 2, "id": {"a": 1}}, "ids that are not text or an integer", "line 5"),
+])
+def test_each_bad_row_is_named_by_file_line_value_and_fix(tmp_path, bad, kind, where):
+    problems, text = _problems(tmp_path, [*GOOD, bad], eval_rows=HELD)
+    (line,) = [p for p in problems if kind in p]
+    assert line.startswith(f"{tmp_path / 'train.jsonl'}: {kind} (1): {where}"), line
+    assert "Fix: " in line
+    assert len(problems) == 1, problems  # the other rows are fine
+
+
+def test_non_utf8_line(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(b'{"prompt": "What is 1 + 1?", "answer": 2}\n{"prompt": "caf\xe9", "answer": 1}\n')
+    with pytest.raises(ConfigError, match=r"lines that are not UTF-8 text \(1\): line 2"):
+        load_split(FileSource(path=str(path), eval_size=1), seed=0)
+
+
+def test_duplicate_ids_name_both_places(tmp_path):
+    rows = [{"id": "q1", "prompt": "What is 1 + 1?", "answer": 2}, {"id": "q2", "prompt": "What is 2 + 2?", "answer": 4},
+            {"id": "q1", "prompt": "What is 3 + 3?", "answer": 6}]
+    problems, _ = _problems(tmp_path, rows, eval_rows=[{"id": "q2", "prompt": "What is 5 + 5?", "answer": 10}])
+    (line,) = problems
+    train, ev = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    assert f"duplicate ids (2): 'q1': {train} line 1 and {train} line 3; 'q2': {train} line 2 and {ev} line 1" in line
+
+
+def test_empty_eval_file_and_unanswered_eval_rows(tmp_path):
+    problems, _ = _problems(tmp_path, GOOD, eval_rows=[])
+    assert problems == [f"{tmp_path / 'eval.jsonl'}: no rows (1): data.eval_path: the file is empty. Fix: held-out "
+                        "accuracy (and the champion gate) needs at least one answered row"]
+    problems, _ = _problems(tmp_path, GOOD, eval_rows=[{"prompt": "What is 9 + 9?"}, {"prompt": "What is 8 + 8?"}])
+    column, rows = problems
+    assert "data.answer_field='answer' is not a column (1): columns: ['prompt']" in column
+    assert "eval rows without a reference answer (2): line 1: id 'eval-row-1'; line 2: id 'eval-row-2'" in rows
+
+
+def test_train_answers_are_required_only_when_the_label_needs_them(tmp_path):
+    rows = [{"prompt": f"What is {i} + 1?"} for i in range(3)]
+    path = _write(tmp_path / "train.jsonl", rows)
+    ev = str(_write(tmp_path / "eval.jsonl", HELD))
+    s = load_split(FileSource(path=str(path), eval_path=ev), seed=0)  # label-free: fine
+    assert [p.answer for p in s.train] == [None] * 3
+    with pytest.raises(ConfigError, match=r"data.answer_field='answer' is not a column \(1\): columns: \['prompt'\]"):
+        load_split(FileSource(path=str(path), eval_path=ev), seed=0, train_answers=True)
+
+
+def test_overlap_between_train_and_eval_is_an_error_unless_allowed(tmp_path):
+    ev = [{"prompt": "what is 0  + 1?", "answer": 1}]  # the same text once normalised
+    problems, _ = _problems(tmp_path, GOOD, eval_rows=ev)
+    (line,) = problems
+    assert (f"prompts in both the train and the eval split (1): {tmp_path / 'train.jsonl'} line 1 and "
+            f"{tmp_path / 'eval.jsonl'} line 1: 'what is 0  + 1?'") in line and "data.allow_overlap=true" in line
+    s = load_split(FileSource(path=str(tmp_path / "train.jsonl"), eval_path=str(tmp_path / "eval.jsonl"),
+                              allow_overlap=True), seed=0)
+    assert len(s.eval) == 1
+
+
+def test_every_problem_is_reported_at_once_first_few_with_a_count(tmp_path):
+    rows = [*GOOD, *['{"prompt": broken' for _ in range(5)], {"prompt": None}, {"q": "x"}]
+    problems, text = _problems(tmp_path, rows, eval_rows=[])
+    assert len(problems) == 4, problems
+    malformed = next(p for p in problems if "malformed JSON lines" in p)
+    assert "(5): line 5:" in malformed and "line 7:" in malformed and "line 8" not in malformed
+    assert len(re.findall(r"line \d+:", malformed)) == 3 and "; and 2 more. Fix:" in malformed
+    assert text.startswith("4 problem(s) in data:")
+
+
+def test_digests_follow_the_content_of_every_kind_of_source(tmp_path, monkeypatch):
+    import datasets
+
+    p = _write(tmp_path / "p.jsonl", _rows(6))
+    ev = _write(tmp_path / "e.jsonl", [{"question": "z?", "answer": 9}])
+    cfg = FileSource(path=str(p), eval_path=str(ev), prompt_field="question")
+    first = load_split(cfg, seed=0).digests
+    _write(ev, [{"question": "z?", "answer": 8}])
+    second = load_split(cfg, seed=0).digests
+    assert first["path"] == second["path"] and first["eval_path"] != second["eval_path"]
+
+    d = tmp_path / "ds"
+    datasets.Dataset.from_list(_rows(6)).save_to_disk(str(d))
+    a = load_split(FileSource(path=str(d), prompt_field="question", eval_size=2), seed=0).digests["path"]
+    datasets.Dataset.from_list(_rows(7)).save_to_disk(str(d))
+    b = load_split(FileSource(path=str(d), prompt_field="question", eval_size=2), seed=0).digests["path"]
+    assert a != b
+
+    # a dataset named by id (no hub here: the loader stands in for the local HF cache)
+    hub = {"rows": _rows(6)}
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, split: datasets.Dataset.from_list(hub["rows"]))
+    named = FileSource(path="someone/arith", prompt_field="question", eval_size=2)
+    a = load_split(named, seed=0).digests["path"]
+    hub["rows"] = [{**r, "answer": r["answer"] + 1} for r in _rows(6)]
+    assert load_split(named, seed=0).digests["path"] != a

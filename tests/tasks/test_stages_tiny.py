@@ -25,7 +25,7 @@ def files(store, m):
 def test_stages_write_exactly_their_files(tiny_model, tmp_path):
     store = ArtifactStore(tmp_path)
     src = AdditionSource(a_max=4, b_max=3, eval_size=4)
-    pm, _ = prepare.prompts(store, src.model_dump(), seed=0, source_digest=None)
+    pm, _ = prepare.prompts(store, src.model_dump(), seed=0, sources={})
     assert files(store, pm) == ["eval.jsonl", "manifest.json", "train.jsonl"]
     assert pm.metrics == {"train_prompts": 8.0, "eval_prompts": 4.0, "train_with_answer": 8.0}
 
@@ -65,7 +65,7 @@ def test_stages_write_exactly_their_files(tiny_model, tmp_path):
 def test_empty_accepted_set_stops_before_training(tiny_model, tmp_path):
     store = ArtifactStore(tmp_path)
     src = AdditionSource(a_max=4, b_max=3, eval_size=4)
-    pm, _ = prepare.prompts(store, src.model_dump(), seed=0, source_digest=None)
+    pm, _ = prepare.prompts(store, src.model_dump(), seed=0, sources={})
     base, _ = prepare.base_model(store, "tiny", tiny_model)
     s, _ = sample.sample(store, base, pm, SampleConfig(n=2, max_tokens=4), HF, seed=1, round=1, isolate=False)
     lab, _ = label.label(store, s, VerifierLabel(), src.model_dump(), round=1)
@@ -85,7 +85,7 @@ def test_self_reward_chain_judge_pairs_dpo(tiny_model, tmp_path):
 
     store = ArtifactStore(tmp_path / "a")
     src = AdditionSource(a_max=4, b_max=3, eval_size=4)
-    pm, _ = prepare.prompts(store, src.model_dump(), seed=0, source_digest=None)
+    pm, _ = prepare.prompts(store, src.model_dump(), seed=0, sources={})
     base, _ = prepare.base_model(store, "tiny", tiny_model)
     s, _ = sample.sample(store, base, pm, SampleConfig(n=4, max_tokens=6), HF, seed=1, round=1, isolate=False)
     # a random model spreads its next token over the whole vocabulary: read all of it (HF can)
@@ -101,7 +101,7 @@ def test_self_reward_chain_judge_pairs_dpo(tiny_model, tmp_path):
 
     # resume: a second store holding a finished first shard judges only the rest
     other = ArtifactStore(tmp_path / "b")
-    pm2, _ = prepare.prompts(other, src.model_dump(), seed=0, source_digest=None)
+    pm2, _ = prepare.prompts(other, src.model_dump(), seed=0, sources={})
     base2, _ = prepare.base_model(other, "tiny", tiny_model)
     s2, _ = sample.sample(other, base2, pm2, SampleConfig(n=4, max_tokens=6), HF, seed=1, round=1, isolate=False)
     config = {"label": judge.model_dump(), "data": src.model_dump(), "sampler": HF.model_dump(), "seed": 1}
@@ -139,7 +139,7 @@ def test_mcts_chain_trees_pairs_dpo_and_shard_resume(tiny_model, tmp_path):
 
     def run(root, seed_shard=None):
         store = ArtifactStore(root)
-        pm, _ = prepare.prompts(store, src.model_dump(), seed=0, source_digest=None)
+        pm, _ = prepare.prompts(store, src.model_dump(), seed=0, sources={})
         base, _ = prepare.base_model(store, "tiny", tiny_model)
         if seed_shard is not None:  # a killed earlier attempt left its first shard
             config = {"label": cfg.model_dump(), "data": src.model_dump(), "sampler": HF.model_dump(), "seed": 1}

@@ -1,0 +1,108 @@
+"""The user's inputs, checked before anything is loaded or written.
+
+    ratchet run my.yaml        # a bad row stops here: exit 2, one report, no workdir touched
+
+Reads the prompt source (every row checked, see data/prompts.py) and measures each
+prompt with the model's tokenizer against the token budget of every stage that will
+see it, so a prompt too long for the context is named by its file and line instead of
+failing deep inside an engine in round 3. Only the tokenizer is loaded here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ratchet.data.errors import ProblemReport
+from ratchet.data.prompts import Split, load_split
+from ratchet.flows.config import PipelineConfig
+
+
+def needs_train_answers(cfg: PipelineConfig) -> bool:
+    """Whether the label needs a reference answer for every train prompt."""
+    return cfg.label.kind == "verifier" or (cfg.label.kind == "mcts" and cfg.label.value == "verifier")
+
+
+def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
+    """The checked split; raises one ConfigError listing every problem in the data.
+
+    `model_dir` gives the tokenizer for the length checks (default: the configured model).
+    """
+    split = load_split(cfg.data, cfg.seed, train_answers=needs_train_answers(cfg))
+    tok = _tokenizer(model_dir if model_dir is not None else resolve_model(cfg.model.path))
+    report = ProblemReport()
+    for what, prompts, budgets in (("train", split.train, train_budgets(cfg)), ("eval", split.eval, eval_budgets(cfg))):
+        for p in prompts:
+            for name, (wrap, extra, limit, fix) in budgets.items():
+                need = len(_ids(tok, wrap(p.prompt))) + extra
+                if need > limit:
+                    source, place = split.places.get(p.id, ("data", f"id {p.id!r}"))
+                    report.add(source, f"{what} prompts too long for {name}", place,
+                               f"{need} tokens with what {name} adds > {limit}", f"shorten or drop these rows, or {fix}")
+    report.raise_if_any()
+    return split
+
+
+def _ids(tok, text: str) -> list[int]:
+    from ratchet.models.sampler import chat_token_ids
+
+    return chat_token_ids(tok, [text])[0]
+
+
+def train_budgets(cfg: PipelineConfig) -> dict:
+    """stage -> (prompt wrapper, tokens it adds after the prompt, limit, how to raise the limit)."""
+    same = lambda p: p  # noqa: E731
+    ctx, raise_ctx = cfg.sampler.max_model_len, "raise sampler.max_model_len"
+    out = {}
+    if cfg.label.kind == "mcts":
+        L = cfg.label
+        path = L.max_depth * L.step_max_tokens + L.rollout_tokens
+        out["the tree search"] = (same, path, ctx, f"{raise_ctx} or shorten the search (label.max_depth, "
+                                  "label.step_max_tokens, label.rollout_tokens)")
+        if L.value == "judge":
+            out["the judge"] = (_judge_wrap(L.judge), path + 4, ctx, raise_ctx)
+    else:
+        out["sampling"] = (same, cfg.sample.max_tokens, ctx, f"{raise_ctx} or lower sample.max_tokens")
+        if cfg.label.kind == "judge":
+            verdict = cfg.label.max_tokens if cfg.label.mode == "text" else 4
+            out["the judge"] = (_judge_wrap(cfg.label), cfg.sample.max_tokens + verdict, ctx,
+                                f"{raise_ctx} or lower sample.max_tokens")
+    out["training"] = (same, 1, cfg.train.max_length, "raise train.max_length")
+    return out
+
+
+def eval_budgets(cfg: PipelineConfig) -> dict:
+    return {"evaluation": (lambda p: p, cfg.evaluate.max_tokens, cfg.sampler.max_model_len,
+                           "raise sampler.max_model_len or lower evaluate.max_tokens")}
+
+
+def _judge_wrap(judge_cfg):
+    from ratchet.tasks.judge import judge_prompt
+
+    template = judge_cfg.prompt_template()
+    return lambda p: judge_prompt(template, p, "")
+
+
+def _tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def resolve_model(src: str) -> Path:
+    """The model directory a config names: the embedded default, a local directory, or a hub id."""
+    from ratchet.data.errors import ConfigError
+
+    if src == "default":
+        from ratchet.models.default_model import default_model_dir
+
+        return default_model_dir()
+    p = Path(src).expanduser()
+    if p.is_dir():
+        return p
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(src))
+    except Exception as e:  # offline, unknown repo, auth: all mean the same thing to the user
+        raise ConfigError([f"model.path={src!r} is not a local directory and could not be fetched from a hub "
+                           f"({type(e).__name__}); give a local Hugging Face model directory, or 'default'"]) from e

@@ -1,0 +1,133 @@
+"""User data is checked before anything is loaded or written, and every input is in the key."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ratchet.data.errors import ConfigError
+from ratchet.flows.config import config_from_dict
+from ratchet.flows.inputs import check_inputs
+
+ROOT = Path(__file__).parents[2]
+GOOD = [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(6)]
+HELD = [{"prompt": "What is 50 + 1?", "answer": 51}]
+
+
+def _write(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def _cfg(tmp_path, rows, eval_rows=HELD, **sections):
+    data = {"kind": "file", "path": _write(tmp_path / "train.jsonl", rows),
+            "eval_path": _write(tmp_path / "eval.jsonl", eval_rows)}
+    return config_from_dict({"workdir": str(tmp_path / "w"), "data": data, **sections})
+
+
+def test_prompts_too_long_for_a_stage_are_named_with_the_budget(tmp_path, default_model):
+    long = {"prompt": "Add these up: " + " + ".join(["1"] * 300) + "?", "answer": 300}
+    cfg = _cfg(tmp_path, [*GOOD, long], [*HELD, long | {"prompt": long["prompt"] + " Now."}],
+               train={"max_length": 512})
+    with pytest.raises(ConfigError) as e:
+        check_inputs(cfg, default_model)
+    train = next(p for p in e.value.problems if "train prompts too long for sampling" in p)
+    assert train.startswith(f"{tmp_path / 'train.jsonl'}: train prompts too long for sampling (1): line 7: ")
+    assert "> 512. Fix: shorten or drop these rows, or raise sampler.max_model_len or lower sample.max_tokens" in train
+    training = next(p for p in e.value.problems if "too long for training" in p)
+    assert "(1): line 7:" in training and "raise train.max_length" in training
+    ev = next(p for p in e.value.problems if "eval prompts too long for evaluation" in p)
+    assert ev.startswith(f"{tmp_path / 'eval.jsonl'}: eval prompts too long for evaluation (1): line 2: ")
+    # the same rows fit a context that holds them
+    split = check_inputs(cfg.model_copy(update={"sampler": cfg.sampler.model_copy(update={"max_model_len": 2048}),
+                                                "train": cfg.train.model_copy(update={"max_length": 2048})}),
+                         default_model)
+    assert len(split.train) == 7
+
+
+def test_the_judge_budget_counts_its_template_and_the_response(tmp_path, default_model):
+    prompt = {"prompt": "Add these up: " + " + ".join(["1"] * 150) + "?", "answer": 150}
+    cfg = _cfg(tmp_path, [*GOOD, prompt], label={"kind": "judge", "mode": "rating"},
+               filter={"kind": "pairs"}, train={"kind": "dpo"})
+    with pytest.raises(ConfigError, match=r"train prompts too long for the judge \(1\): line 7: "):
+        check_inputs(cfg, default_model)  # ~300 prompt tokens fit sampling, not the ~350-token rubric around them
+
+
+def test_bad_data_exits_2_with_one_report_and_writes_nothing(tmp_path):
+    rows = [*GOOD, '{"prompt": "What is', {"prompt": None, "answer": 1}, {"id": 3, "prompt": "x", "answer": 1},
+            {"id": 3, "prompt": "y", "answer": 2}]
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"workdir: {tmp_path / 'w'}\nrounds: 1\ndata:\n  kind: file\n  path: "
+                   f"{_write(tmp_path / 'train.jsonl', rows)}\n  eval_path: {_write(tmp_path / 'eval.jsonl', [])}\n")
+    r = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "run", str(cfg)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    err = r.stderr
+    assert "ratchet: error: 4 problem(s) in data:" in err
+    assert f"{tmp_path / 'train.jsonl'}: malformed JSON lines (1): line 7: Unterminated string" in err
+    assert f"{tmp_path / 'train.jsonl'}: null prompts (1): line 8: None" in err
+    assert "duplicate ids (1): '3':" in err and f"{tmp_path / 'eval.jsonl'}: no rows (1)" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "w").exists()  # no workdir, no MLflow store, no run record
+
+
+@pytest.mark.integration
+def test_every_kind_of_input_is_in_the_key_of_the_split_and_its_evaluation(tmp_path, tiny_model, monkeypatch):
+    """Edit a JSONL file, a separate eval file, a save_to_disk directory and a dataset named by id:
+    each edit gives a new prompts stage and a new evaluation, never a stale reuse."""
+    import datasets
+
+    from ratchet.data.prompts import FileSource, load_split
+    from ratchet.data.records import Prompt, read_jsonl
+    from ratchet.data.store import ArtifactStore
+    from ratchet.models.sampler import SamplerConfig
+    from ratchet.tasks import evaluate, prepare
+    from ratchet.tasks.evaluate import EvaluateConfig
+
+    store = ArtifactStore(tmp_path / "store")
+    base, _ = prepare.base_model(store, "tiny", tiny_model)
+    hf = SamplerConfig(backend="hf", dtype="float32")
+
+    def split_and_eval(src: FileSource):
+        split = load_split(src, seed=0)
+        pm, _ = prepare.prompts(store, src.model_dump(), 0, split.digests)
+        ev, reused = evaluate.evaluate(store, base, pm, EvaluateConfig(max_tokens=2), hf, src.model_dump(), 0, 0,
+                                       isolate=False)
+        held = [p.prompt for p in read_jsonl(store.path(pm, "eval.jsonl"), Prompt)]
+        return pm.key, ev.key, reused, held
+
+    rows = [{"q": f"What is {i} + 2?", "answer": i + 2} for i in range(6)]
+    d = tmp_path / "ds"
+    hub = {"rows": rows}
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, split: datasets.Dataset.from_list(hub["rows"]))
+
+    def edit_jsonl():
+        _write(tmp_path / "t.jsonl", [{**r, "q": r["q"].replace("?", " ?")} for r in rows])
+
+    def edit_eval():
+        _write(tmp_path / "e.jsonl", [{"q": "What is 90 + 1?", "answer": 91}])
+
+    def edit_dir():
+        datasets.Dataset.from_list([{**r, "q": r["q"] + "!"} for r in rows]).save_to_disk(str(d))
+
+    def edit_hub():
+        hub["rows"] = [{**r, "q": r["q"] + "!"} for r in rows]
+
+    _write(tmp_path / "t.jsonl", rows)
+    _write(tmp_path / "e.jsonl", [{"q": "What is 80 + 1?", "answer": 81}])
+    datasets.Dataset.from_list(rows).save_to_disk(str(d))
+    cases = [
+        (FileSource(path=str(tmp_path / "t.jsonl"), prompt_field="q", eval_size=2), edit_jsonl),
+        (FileSource(path=str(tmp_path / "t.jsonl"), eval_path=str(tmp_path / "e.jsonl"), prompt_field="q"), edit_eval),
+        (FileSource(path=str(d), prompt_field="q", eval_size=2), edit_dir),
+        (FileSource(path="someone/arith", prompt_field="q", eval_size=2), edit_hub),
+    ]
+    for src, edit in cases:
+        first = split_and_eval(src)
+        assert split_and_eval(src)[2] is True  # unchanged input: the same stage, reused
+        edit()
+        second = split_and_eval(src)
+        assert second[0] != first[0] and second[1] != first[1], src.path
+        assert second[2] is False and second[3] != first[3], src.path  # a fresh evaluation of the new split

@@ -1,0 +1,164 @@
+"""The registry never disagrees with the store: retries, locks, the champion gate, redaction."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ratchet.data.store import ArtifactStore
+from ratchet.flows import tracking
+from ratchet.flows.tracking import Tracker, TrackingConfig, TrackingError, redact
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture
+def fast_retries(monkeypatch):
+    monkeypatch.setattr(tracking, "RETRY_DELAYS", (0.0, 0.0, 0.0))
+
+
+def _model(store: ArtifactStore, name: str):
+    """A finished `train` stage holding one small file: enough to register."""
+    key = (name * 64)[:64]
+    d = store.prepare("train", key)
+    (d / "model").mkdir()
+    (d / "model" / "weights.bin").write_text(name)
+    return store.finish(stage="train", round=1, key=key, code_version="t", config={}, parents=[],
+                        outputs={"model/weights.bin": None})
+
+
+def _tracker(tmp_path) -> tuple[Tracker, ArtifactStore, str]:
+    t = Tracker(TrackingConfig(), tmp_path, "t")
+    run = t.client.create_run(t.experiment_id).info.run_id
+    return t, ArtifactStore(tmp_path), run
+
+
+def _locked(times: int, real):
+    """`real`, failing the first `times` calls as SQLite does under contention."""
+    from mlflow.exceptions import MlflowException
+
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] <= times:
+            raise MlflowException("(sqlite3.OperationalError) database is locked", "TEMPORARILY_UNAVAILABLE")
+        return real(*args, **kwargs)
+
+    return flaky, calls
+
+
+def test_a_transient_error_is_retried_never_read_as_absent(tmp_path, fast_retries, monkeypatch):
+    t, store, run = _tracker(tmp_path)
+    m = _model(store, "a")
+    assert t.register(run, store, m, {}) == "1"
+    raw = t.client._client
+    flaky, calls = _locked(2, raw.search_model_versions)
+    monkeypatch.setattr(raw, "search_model_versions", flaky)
+    assert t.register(run, store, m, {}) == "1"  # found after two retries: no duplicate version
+    assert calls["n"] == 3
+    assert len(raw.search_model_versions("name='ratchet-t'")) == 1
+
+
+def test_a_store_that_keeps_failing_fails_the_stage_and_changes_nothing(tmp_path, fast_retries, monkeypatch):
+    t, store, run = _tracker(tmp_path)
+    a, b = _model(store, "a"), _model(store, "b")
+    v1 = t.register(run, store, a, {})
+    assert t.promote_if_better(v1, 0.5, "E", 0.0).promoted
+    raw = t.client._client
+    monkeypatch.setattr(raw, "search_model_versions", _locked(99, raw.search_model_versions)[0])
+    with pytest.raises(TrackingError, match="search_model_versions failed 4 times.*resumed with the same command"):
+        t.register(run, store, b, {})
+    monkeypatch.setattr(raw, "search_registered_models", _locked(99, raw.search_registered_models)[0])
+    with pytest.raises(TrackingError):
+        t.champion()
+    monkeypatch.undo()
+    assert len(raw.search_model_versions("name='ratchet-t'")) == 1  # nothing registered
+    assert t.champion() == v1  # the alias did not move
+
+
+def test_the_champion_is_compared_on_the_same_eval_set_and_decided_once(tmp_path):
+    t, store, run = _tracker(tmp_path)
+    v1, v2, v3 = (t.register(run, store, _model(store, x), {}) for x in "abc")
+    t.record_accuracy(v1, "A", 0.50)
+    first = t.promote_if_better(v1, 0.50, "A", 0.0)
+    assert first.promoted and first.reason.startswith("first champion")
+
+    t.record_accuracy(v2, "B", 0.60)  # another split: 0.60 on B says nothing against 0.50 on A
+    ask = t.promote_if_better(v2, 0.60, "B", 0.0)
+    assert (ask.promoted, ask.needs_eval) == (False, v1) and t.decided(v2) is None and t.champion() == v1
+    t.record_accuracy(v1, "B", 0.70)  # the champion, evaluated on B
+    lost = t.promote_if_better(v2, 0.60, "B", 0.0)
+    assert not lost.promoted and lost.reason == "accuracy 0.6000 <= champion version 1's 0.7000 on eval set B"
+    assert t.champion() == v1
+
+    t.record_accuracy(v3, "A", 0.55)
+    held = t.promote_if_better(v3, 0.55, "A", 0.1)  # min_improvement is part of the bar
+    assert not held.promoted and "0.5000 + 0.1" in held.reason
+    # decided once: asking again (a resumed run) returns the recorded decision
+    assert t.promote_if_better(v3, 0.99, "A", 0.0) == held
+    assert t.version(v3).tags["ratchet.promoted"] == "false"
+    assert t.version(v1).tags["ratchet.promoted"] == "true"
+
+
+def test_two_processes_register_and_open_rounds_once(tmp_path):
+    """Registration and round-run creation are check-then-write: two racing processes must not
+    both see "absent"."""
+    t, store, run = _tracker(tmp_path)
+    m = _model(store, "a")
+    parent = t.client.create_run(t.experiment_id).info.run_id
+    script = (
+        "import json, sys; from pathlib import Path; from ratchet.data.store import ArtifactStore; "
+        "from ratchet.data.manifest import read_manifest; from ratchet.flows.tracking import Tracker, TrackingConfig; "
+        f"root = Path({str(tmp_path)!r}); t = Tracker(TrackingConfig(), root, 't'); s = ArtifactStore(root); "
+        f"m = read_manifest(root / {m.dir!r}); "
+        f"v = t.register({run!r}, s, m, {{}}); c = t.child({parent!r}, 1, {{}}); print(json.dumps([v, c]))"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+             for _ in range(3)]
+    outs = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
+    assert {v for v, _ in outs} == {"1"} and len({c for _, c in outs}) == 1
+    assert len(t.client.search_model_versions("name='ratchet-t'")) == 1
+    children = t.client.search_runs([t.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
+    assert len(children) == 1
+
+
+def test_lineage_reports_a_registry_that_disagrees_with_the_store(tmp_path):
+    from ratchet.data.manifest import read_manifest
+    from ratchet.flows.lineage import annotate, walk
+
+    t, store, run = _tracker(tmp_path)
+    m = _model(store, "a")
+    v = t.register(run, store, m, {})
+    links = walk(store, m)
+    annotate(links, t)
+    assert links[0].verified and links[0].model_version == v
+    # the stage is recomputed in place with other bytes, manifest and all: self-consistent, but
+    # not what version 1 was registered as
+    d = store.dir_of(m)
+    (d / "manifest.json").unlink()
+    (d / "model" / "weights.bin").write_text("other")
+    again = store.finish(stage="train", round=1, key=m.key, code_version="t", config={}, parents=[],
+                         outputs={"model/weights.bin": None})
+    assert read_manifest(d) == again
+    links = walk(store, again)
+    annotate(links, t)
+    assert not links[0].verified and links[0].problem.startswith(f"registry version {v} records content")
+
+
+def test_credentials_never_stay_in_the_config(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    cfg = TrackingConfig(uri="https://alice:s3cret@mlflow.example.com:5000/path")
+    assert cfg.uri == "https://mlflow.example.com:5000/path"
+    assert (os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]) == ("alice", "s3cret")
+    assert "s3cret" not in json.dumps(cfg.model_dump())
+    assert redact("https://alice:s3cret@host/x?token=abc&a=1") == "https://alice:***@host/x?token=***&a=1"
+    with pytest.raises(ValueError, match=r"secret in its query string \(token\).*MLFLOW_TRACKING_TOKEN"):
+        TrackingConfig(uri="https://host/?token=abc")
+    r = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "config", "flows/configs/default.yaml",
+                        "tracking.uri=http://bob:hunter2@127.0.0.1:5999"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and "uri: http://127.0.0.1:5999" in r.stdout and "hunter2" not in r.stdout + r.stderr
