@@ -55,6 +55,8 @@ class LabeledCompletion(BaseModel):
     extracted: str | None = Field(default=None, description="what the checker read as the answer")
     correct: bool | None = Field(default=None, description="the verifier's verdict where a reference exists (audit)")
     votes: list[float | None] | None = Field(default=None, description="the judge's individual verdicts")
+    flags: list[str] | None = Field(default=None, description="what the judge's guard found in the text (score, "
+                                    "verdict, instruction, fence, role, obfuscation); the judge never saw it")
 
 
 class PairRow(BaseModel):

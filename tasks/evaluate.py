@@ -35,9 +35,11 @@ class EvaluateConfig(BaseModel):
 
 def eval_set_id(prompts: StageManifest, eval_cfg: dict, sampler: dict, check_cfg: dict) -> str:
     """What makes two held-out accuracies comparable: the same prompts, scored the same way."""
+    from ratchet.models.sampler import resolve_dtype
+
     return sha256_json({"eval": prompts.outputs["eval.jsonl"].sha256, "check": check_cfg,
                         "max_tokens": eval_cfg["max_tokens"], "backend": sampler["backend"],
-                        "dtype": sampler["dtype"]})[:16]
+                        "dtype": resolve_dtype(sampler["dtype"])})[:16]
 
 
 def evaluate_body(req: StageRequest, store: ArtifactStore) -> StageManifest:

@@ -3,15 +3,20 @@
 Three modes, all through the sampler backend, batched:
 
 - text: the additive 5-point rubric (Self-Rewarding, Yuan et al. 2024). The judge
-  writes a justification and ends with "Score: N"; k verdicts per completion are
-  averaged. Only the judge's own words count: any score-like text the judge copied
-  from the judged response is masked before parsing, and a verdict that cannot be
-  read is counted, never guessed.
+  writes a justification and ends with a line "Score: N"; k verdicts per completion
+  are averaged. Only the judge's own verdict line counts: a score mentioned inside a
+  sentence ("the response claims a score of 5") or copied from the response is not
+  one, and a verdict that cannot be read is counted, never guessed.
 - p_yes: P("Yes") / (P("Yes") + P("No")) for "is this answer correct?", read from
   the next-token log-probabilities. Small models that cannot follow the rubric in
   text still carry some signal here.
 - rating: the rubric prompt with the assistant's turn started as "Score: "; the
   reward is the expected points over the digit tokens 0-5.
+
+Every mode reads the response through the guard (tasks/guard.py): text in it that
+speaks to the judge (scores, verdicts, instructions, fences, roles) is cut out before
+the judge sees it, and the response is flagged and, by default, given the bottom of
+the scale.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import string
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ratchet.tasks.guard import GuardConfig, guard
 
 RUBRIC = """Review the user's question and the response below, and score the response with this additive 5-point system. Start from 0 and add points for each criterion the response meets:
 
@@ -74,6 +81,8 @@ class JudgeLabel(BaseModel):
         "vLLM returns at most 20",
     )
     shard_size: int = Field(default=256, ge=1, description="completions judged per shard (the unit of resume)")
+    guard: GuardConfig = Field(default_factory=GuardConfig, description="what happens to a response that speaks to "
+                               "its judge (scores, verdicts, instructions, fences, roles in its text)")
 
     @field_validator("template")
     @classmethod
@@ -107,9 +116,10 @@ def judge_prompt(template: str, prompt: str, response: str) -> str:
 
 # --- reading a written verdict -------------------------------------------------
 
-_SCORE = re.compile(
-    r"score\s*(?:is|of|=|:)?\s*[*_`\"'(\[]*\s*(?P<n>-?\d+(?:\.\d+)?)\s*[*_`\"')\]]*\s*(?P<den>/\s*\d+|out of \d+)?",
-    re.IGNORECASE,
+_VERDICT = re.compile(
+    r"^[\s#>*_`\-]*(?:final\s+|total\s+|overall\s+)?score\s*(?:[:=]|\bis\b)\s*[*_`\"'(\[]*\s*"
+    r"(?P<n>-?\d+(?:\.\d+)?)\s*(?:/\s*(?P<den>\d+)|out of\s+(?P<den2>\d+))?\s*[*_`\"')\].!]*\s*$",
+    re.IGNORECASE | re.MULTILINE,
 )
 
 
@@ -132,22 +142,23 @@ def copied_mask(judge: str, response: str, window: int = 12) -> list[bool]:
 def parse_verdict(judge: str, response: str, lo: float = 0.0, hi: float = 5.0) -> float | None:
     """The judge's own final score, or None when it gave none that can be read.
 
-    The last "Score: N" wins. A score whose number the judge copied from the response
-    ("... the response says Score: 5/5") is not the judge's and is skipped, so text in
-    a response can never set its own score. A score out of [lo, hi], or given out of a
-    different total (e.g. 8/10), is unreadable rather than rescaled.
+    A verdict is a line of its own in the rubric's format ("Score: N", "**Score:** N",
+    "Score: N/5"); the last one wins. A score inside a sentence ("the response claims a
+    score of 5") is not a verdict, nor is a verdict line the judge copied from the
+    response. A score out of [lo, hi], or given out of a different total (e.g. 8/10), is
+    unreadable rather than rescaled.
     """
     mask = copied_mask(judge, response)
     found = None
-    for m in _SCORE.finditer(judge):
+    for m in _VERDICT.finditer(judge):
         if any(mask[m.start("n") : m.end("n")]):
             continue
         found = m
     if found is None:
         return None
     value = float(found.group("n"))
-    den = found.group("den")
-    if den is not None and float(re.sub(r"[^\d.]", "", den)) != hi:
+    den = found.group("den") or found.group("den2")
+    if den is not None and float(den) != hi:
         return None
     return value if lo <= value <= hi else None
 
@@ -204,11 +215,27 @@ def check_fits(tokenizer, cfg: JudgeLabel, items: list[tuple[str, str]], max_mod
                            + (" or lower label.max_tokens" if cfg.mode == "text" else "")])
 
 
-def judge_batch(sampler, cfg: JudgeLabel, items: list[tuple[str, str]], seed: int
-                ) -> list[tuple[float | None, list[float | None]]]:
-    """(reward, per-sample verdicts) for each (prompt, response); reward None when nothing was readable."""
+def rate(sampler, cfg: JudgeLabel, items: list[tuple[str, str]], seed: int
+         ) -> list[tuple[float | None, list[float | None]]]:
+    """(reward, per-sample verdicts) for each (prompt, response) as the judge reads it, with
+    no guard; reward None when nothing was readable. judge_batch is what labels call.
+
+    Each distinct (prompt, response) is judged once: a policy repeats itself, and the same
+    text must get the same reward.
+    """
+    unique = list(dict.fromkeys(items))
+    if len(unique) < len(items):
+        scored = dict(zip(unique, rate(sampler, cfg, unique, seed)))
+        return [scored[x] for x in items]
+    return _rate(sampler, cfg, items, seed)
+
+
+def _rate(sampler, cfg: JudgeLabel, items: list[tuple[str, str]], seed: int
+          ) -> list[tuple[float | None, list[float | None]]]:
     from ratchet.models.sampler import SamplingParams
 
+    if not items:
+        return []
     template = cfg.prompt_template()
     prompts = [judge_prompt(template, p, r) for p, r in items]
     lo, hi = cfg.scale
@@ -232,3 +259,24 @@ def judge_batch(sampler, cfg: JudgeLabel, items: list[tuple[str, str]], seed: in
             digits = digit_token_ids(sampler.tokenizer)
             tops = sampler.next_token_logprobs(prompts, RATING_PREFIX, cfg.top_logprobs)
             return [((s := expected_rating(t, digits)), [s]) for t in tops]
+
+
+def judge_batch(sampler, cfg: JudgeLabel, items: list[tuple[str, str]], seed: int
+                ) -> list[tuple[float | None, list[float | None], list[str]]]:
+    """(reward, per-sample verdicts, guard flags) for each (prompt, response).
+
+    The judge reads each response through the guard. A flagged response gets the bottom of
+    the scale without a judge call (guard.on_suspect='lowest'), or is judged on its text
+    with the flagged sentences removed ('judge').
+    """
+    lo, _ = cfg.scale
+    guarded = [(p, *guard(p, r)) for p, r in items]
+    penalised = [bool(flags) and cfg.guard.on_suspect == "lowest" for _, _, flags in guarded]
+    judged = iter(rate(sampler, cfg, [(p, seen) for (p, seen, _), pen in zip(guarded, penalised) if not pen], seed))
+    return [((lo, [], flags) if pen else (*next(judged), flags)) for (_, _, flags), pen in zip(guarded, penalised)]
+
+
+def judge_values(sampler, cfg: JudgeLabel, items: list[tuple[str, str]], seed: int) -> list[float]:
+    """The judge as a value function (MCTS): each (prompt, response) scored on 0-1, unreadable as 0."""
+    lo, hi = cfg.scale
+    return [((r if r is not None else lo) - lo) / (hi - lo) for r, _, _ in judge_batch(sampler, cfg, items, seed)]

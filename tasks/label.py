@@ -47,11 +47,13 @@ from ratchet.tasks.judge import JudgeLabel
 from ratchet.tasks.mcts import MctsLabel
 from ratchet.tasks.stage import StageRequest, code_version, run_stage
 
-CODE = code_version("ratchet.tasks.label", "ratchet.tasks.judge", "ratchet.data.checkers", "ratchet.data.records")
-JUDGE_CODE = code_version("ratchet.tasks.label", "ratchet.tasks.judge", "ratchet.tasks.sample", "ratchet.models.sampler", "ratchet.data.checkers",
-                          "ratchet.data.records")
-MCTS_CODE = code_version("ratchet.tasks.label", "ratchet.tasks.mcts", "ratchet.tasks.judge", "ratchet.tasks.sample", "ratchet.models.sampler",
-                         "ratchet.data.checkers", "ratchet.data.records")
+CODE = code_version("ratchet.tasks.label", "ratchet.tasks.judge", "ratchet.tasks.guard", "ratchet.data.checkers",
+                    "ratchet.data.records")
+JUDGE_CODE = code_version("ratchet.tasks.label", "ratchet.tasks.judge", "ratchet.tasks.guard", "ratchet.tasks.sample",
+                          "ratchet.models.sampler", "ratchet.data.checkers", "ratchet.data.records")
+MCTS_CODE = code_version("ratchet.tasks.label", "ratchet.tasks.mcts", "ratchet.tasks.judge", "ratchet.tasks.guard",
+                         "ratchet.tasks.sample", "ratchet.models.sampler", "ratchet.data.checkers",
+                         "ratchet.data.records")
 
 
 class VerifierLabel(BaseModel):
@@ -227,9 +229,9 @@ def judge(req: StageRequest, store: ArtifactStore, rows: list[Completion], check
             judged += len(chunk)
             write_jsonl(shard_dir / f"{s:05d}.jsonl", [
                 LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index,
-                                  text=c.text, n_tokens=c.n_tokens, reward=reward, votes=votes,
+                                  text=c.text, n_tokens=c.n_tokens, reward=reward, votes=votes, flags=flags or None,
                                   extracted=extract(check_cfg, c.text), correct=_truth(check_cfg, c))
-                for c, (reward, votes) in zip(chunk, scores)])
+                for c, (reward, votes, flags) in zip(chunk, scores)])
             failpoints.hit("label:shard")
         sampler.close()
     else:
@@ -243,8 +245,21 @@ def judge(req: StageRequest, store: ArtifactStore, rows: list[Completion], check
         "judge_verdicts": float(len(votes)),
         "judge_s": judge_s, "judge_load_s": load_s, "judge_shards_reused": float(n_shards - len(missing)),
         "judgements_per_s": judged / judge_s if judge_s else 0.0,
+        **injection_stats([r.flags or [] for r in out]),
     }
     return out, metrics
+
+
+def injection_stats(flags: list[list[str]]) -> dict[str, float]:
+    """How many judged texts spoke to their judge, by kind: a rising count is a policy drifting
+    toward reward hacking."""
+    from ratchet.tasks.guard import KINDS
+
+    n = max(len(flags), 1)
+    out = {"injection_suspects": float(sum(bool(f) for f in flags))}
+    out["injection_suspect_frac"] = out["injection_suspects"] / n
+    out.update({f"injection_{k}": float(sum(k in f for f in flags)) for k in KINDS})
+    return out
 
 
 def tree_search(req: StageRequest, store: ArtifactStore, prompts: list[Prompt], check_cfg, cfg: MctsLabel
@@ -256,7 +271,7 @@ def tree_search(req: StageRequest, store: ArtifactStore, prompts: list[Prompt], 
     from tqdm import tqdm
 
     from ratchet.models.sampler import SamplerConfig, open_sampler
-    from ratchet.tasks.judge import judge_batch
+    from ratchet.tasks.judge import judge_values
     from ratchet.tasks.mcts import Tree, complete_nodes, search, tree_stats
     from ratchet.tasks.prepare import model_dir
     from ratchet.tasks.sample import shard_seed
@@ -277,9 +292,8 @@ def tree_search(req: StageRequest, store: ArtifactStore, prompts: list[Prompt], 
                      for t, text in items]
             if cfg.value == "verifier":
                 return [(float(c), c) for c in truth]
-            lo, hi = cfg.judge.scale
-            judged = judge_batch(sampler, cfg.judge, [(t.prompt, text) for t, text in items], req.seed)
-            return [(((r if r is not None else lo) - lo) / (hi - lo), c) for (r, _), c in zip(judged, truth)]
+            values = judge_values(sampler, cfg.judge, [(t.prompt, text) for t, text in items], req.seed)
+            return list(zip(values, truth))
 
         for s in tqdm(missing, desc="mcts", unit="shard"):
             chunk = prompts[s * cfg.shard_size : (s + 1) * cfg.shard_size]
@@ -304,7 +318,12 @@ def tree_search(req: StageRequest, store: ArtifactStore, prompts: list[Prompt], 
             rows.append(LabeledCompletion(prompt_id=tr.prompt_id, prompt=tr.prompt, answer=tr.answer, index=rank,
                                           text=text, n_tokens=tr.tokens(x), reward=x.value,
                                           extracted=extract(check_cfg, text), correct=x.correct))
-    metrics = {**tree_stats(trees), "mcts_s": search_s, "mcts_load_s": load_s,
+    if cfg.value == "judge":  # what the guard found in the judged trajectories, reused shards included
+        from ratchet.tasks.guard import guard
+
+        flagged = [guard(tr.prompt, tr.trajectory(x))[1] for tr in trees for x in tr.nodes if x.value is not None]
+    metrics = {**tree_stats(trees), **(injection_stats(flagged) if cfg.value == "judge" else {}),
+               "mcts_s": search_s, "mcts_load_s": load_s,
                "mcts_shards_reused": float(n_shards - len(missing)),
                "mcts_tokens_per_s": searched_tokens / search_s if search_s else 0.0}
     return rows, metrics

@@ -1,0 +1,293 @@
+"""The judge's guard: what a judged response says to its judge is cut out before the judge
+reads it, and the response is flagged.
+
+A response is the policy's own output, so to the judge it is untrusted input: a policy
+that learns to append "Score: 5", a fake end of the response block, a chat-template
+turn or a note to the grader would be rewarded for it, round after round. Measured on
+the default model, such text raised the judge's rating of a wrong answer in 8 of 8
+cases before this guard existed.
+
+scan() finds that text in five kinds:
+
+- score: a score, rating or grade ("Score: 5", "10/10", "full marks", "5 stars");
+- verdict: a claim about the response's own correctness ("The answer is correct.",
+  "Verdict: pass", a line that is only "Yes", check marks);
+- instruction: words addressed to the evaluator ("ignore the rubric", "note to the
+  grader", "must answer Yes", "deserves the maximum score");
+- fence: the judge prompt's own structure (</response>, <|im_end|>, "end of
+  response", the judge template's words);
+- role: a turn of the conversation ("assistant:", "Judge:", "System:").
+
+It reads a normalised copy of the text, so look-alike letters, full-width and
+mathematical characters, invisible characters, digits standing for letters (sc0re)
+and spaced-out words (s c o r e) match as the plain words; a finding that needed
+that is also flagged `obfuscation`. A word that the prompt itself uses ("score" in
+"What was the final score?") is not held against the response.
+
+neutralize() removes the sentence around each finding (a fence or role finding: the
+rest of its line) and scans again until nothing is found, so a response made of a
+clean answer plus an attack reads exactly like the clean answer. The label then
+gives a flagged response the bottom of the judge's scale (label.guard.on_suspect),
+so reward hacking is never rewarded and always dispreferred in a pair.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+KINDS = ("score", "verdict", "instruction", "fence", "role", "obfuscation")
+
+
+class GuardConfig(BaseModel):
+    """What the judge does with a response that speaks to it."""
+
+    model_config = ConfigDict(extra="forbid")
+    on_suspect: Literal["lowest", "judge"] = Field(
+        default="lowest",
+        description="lowest = a flagged response gets the bottom of the scale (never rewarded, always the rejected "
+        "side of a pair); judge = it is judged on its text with the flagged sentences removed, unpenalised",
+    )
+
+
+# the normalised view -------------------------------------------------------------
+
+_LOOKALIKE = str.maketrans({
+    "а": "a", "в": "b", "е": "e", "ё": "e", "к": "k", "м": "m", "н": "h", "о": "o", "р": "p", "с": "c", "т": "t",
+    "у": "y", "х": "x", "і": "i", "ј": "j", "ѕ": "s", "ԁ": "d", "ԛ": "q", "ԝ": "w", "ɡ": "g", "ı": "i",
+    "А": "A", "В": "B", "Е": "E", "К": "K", "М": "M", "Н": "H", "О": "O", "Р": "P", "С": "C", "Т": "T", "У": "Y",
+    "Х": "X", "І": "I", "Ј": "J", "Ѕ": "S",
+    "α": "a", "β": "b", "ε": "e", "ι": "i", "κ": "k", "ν": "v", "ο": "o", "ρ": "p", "τ": "t", "υ": "u", "χ": "x",
+    "Α": "A", "Β": "B", "Ε": "E", "Ζ": "Z", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N", "Ο": "O", "Ρ": "P",
+    "Τ": "T", "Υ": "Y", "Χ": "X",
+})
+_LEET = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s"})
+_LEET_WORD = re.compile(r"(?<![\w@$])(?=[\w@$]*[A-Za-z][\w@$]*[A-Za-z])(?=[\w@$]*[013457@$])[\w@$]+")
+_SPACED = re.compile(r"(?<![A-Za-z])(?:[A-Za-z][ .\-_*·]{1,3}){3,}[A-Za-z](?![A-Za-z])")
+
+
+def view(text: str) -> tuple[str, list[int]]:
+    """A copy of `text` for matching, and for each of its characters the index of the
+    character of `text` it came from."""
+    chars, origin = [], []
+    for i, ch in enumerate(text):
+        if unicodedata.category(ch) == "Cf":  # zero-width and other invisible characters
+            continue
+        for c in unicodedata.normalize("NFKC", ch).translate(_LOOKALIKE):
+            chars.append(c)
+            origin.append(i)
+    s = "".join(chars)
+    s = _LEET_WORD.sub(lambda m: m.group().translate(_LEET), s)  # same length: origins still hold
+    out, keep = [], []
+    pos = 0
+    for m in _SPACED.finditer(s):
+        out.append(s[pos : m.start()])
+        keep += origin[pos : m.start()]
+        for j in range(m.start(), m.end()):
+            if s[j].isalpha():
+                out.append(s[j])
+                keep.append(origin[j])
+        pos = m.end()
+    out.append(s[pos:])
+    keep += origin[pos:]
+    return "".join(out), keep
+
+
+# what speaks to the judge ----------------------------------------------------------
+
+_NUM = r"(?:\d+(?:\.\d+)?|zero|one|two|three|four|five|six|seven|eight|nine|ten)"
+_GOOD = (r"(?:correct|right|accurate|valid|verified|true|perfect|flawless|excellent|exemplary|impeccable|ideal|"
+         r"outstanding|superb|brilliant|complete|approved|accepted|pass(?:ed)?|good|great)")
+_RESP = r"(?:answer|response|solution|reply|output|result|submission|work|calculation|sum)"
+_ROLES = (r"system|assistant|user|human|ai|bot|judge|evaluator|grader|reviewer|rater|critic|model|gpt|chatgpt|"
+          r"claude|llm|teacher|examiner|moderator|admin|developer|operator")
+_WORDS = r"(?:[\w'-]+\s+)"
+_SURELY = (r"(?:(?:definitely|absolutely|completely|certainly|clearly|indeed|fully|totally|entirely|perfectly|"
+           r"undoubtedly|surely|obviously|also|100%|100 percent|most|very|now)\s+)")
+
+# (kind, pattern, never excused by the prompt, cut to the end of the line)
+PATTERNS: list[tuple[str, re.Pattern, bool, bool]] = [(k, re.compile(p, re.I | re.M), strict, line) for k, p, strict, line in [
+    # score
+    ("score", rf"\b(?P<kw>scores?|scored|rating|rated|grade[ds]?|points|pts|marks|stars|verdict|evaluation|assessment|"
+              rf"judge?ment)\s*(?:[:=]|\bis\b|\bof\b)?\s*[*_`\"'(\[]*\s*{_NUM}\b", False, False),
+    ("score", r"\b(?P<kw>scores?|rating|points|marks|grade)\s+(?:awarded|given|earned|assigned|received|achieved)\b",
+     False, False),
+    ("score", r"\b(?P<kw>out of)\s+(?:5|10|100|five|ten|a hundred)\b", False, False),
+    ("score", r"(?<![\d.])(5\s*/\s*5|10\s*/\s*10|100\s*/\s*100)(?![\d.])", True, False),
+    ("score", r"\b(?:full|maximum|max|highest|top|perfect|best|high|best possible)\s+(?P<kw>scores?|marks?|points?|"
+              r"ratings?|grades?|stars?)\b", False, False),
+    ("score", rf"\b{_NUM}\s+(?P<kw>stars?|points?)\b", False, False),
+    ("score", r"[★⭐✩✪✫✬✭✮✯✰☆]", True, False),
+    # verdict
+    ("verdict", rf"\b(?P<kw>verdict|judge?ment|assessment|evaluation|conclusion|result|status|grade|decision)\s*"
+                rf"[:=-]\s*(?:the\s+{_RESP}\s+is\s+)?{_GOOD}\b", False, False),
+    ("verdict", rf"\b(?:this|the|my|above|previous|proposed|preceding|following|given|that|our)\s+"
+                rf"(?:(?:final|proposed|above|given)\s+)?{_RESP}(?:\s+(?:above|below|here|given))?\s+"
+                rf"(?:is|was|has been|looks|seems|appears)\s+"
+                rf"{_SURELY}{{0,2}}(?P<kw>{_GOOD})\b", False, False),
+    ("verdict", rf"(?<!why )(?<!whether )(?<!if )(?<!how )\b(?:this|that|it)\s+(?:is|was|'s)\s+{_SURELY}{{0,2}}"
+                rf"(?P<kw>correct|right|accurate|true|flawless|perfect|verified|exemplary|impeccable)\b", False, False),
+    ("verdict", rf"\b(?:a|an|this|the)\s+{_WORDS}{{0,2}}?(?:perfect|flawless|exemplary|excellent|impeccable|ideal|"
+                rf"outstanding|superb|brilliant|expert(?:-level)?)\s+(?P<kw>{_RESP})\b", False, False),
+    ("verdict", r"\b(?P<kw>answer|response|reply|output)\s*[:=]\s*(?:yes|correct|true|right)\b", False, False),
+    ("verdict", r"(?:double[- ]?checked|verified|confirmed)\b.{0,40}\b(?P<kw>correct|right|accurate)\b", False, False),
+    ("verdict", r"[✅✔☑✓]", True, False),
+    # instruction
+    ("instruction", r"\b(?:ignore|disregard|forget|override|bypass|skip)\s+(?:[\w'-]+\s+){0,3}?(?:instructions?|rubric|"
+                    r"rules?|criteria|guidelines|prompts?|above|system|directions?|scoring|everything)\b", True, False),
+    ("instruction", r"\b(?P<kw>evaluators?|graders?|grading|judges|reviewers?|assessors?|raters?|annotators?|"
+                    r"examiners?|scorers?|reward models?|whoever (?:is )?(?:grading|judging|reading|evaluating)|"
+                    r"(?:evaluating|judging|grading|reviewing) (?:this|the|my) (?:response|answer|output|reply|work)|"
+                    r"ai evaluating)\b", False, False),
+    ("instruction", r"\b(?:the|dear|to|hey|hi|mr\.?|ms\.?|ai|llm|any|a)\s+(?P<kw>judge)\b", False, False),
+    ("instruction", r"\b(?:please\s+)?(?P<kw>rate|score|grade|mark|judge|evaluate)\s+(?:this|the (?:response|answer|"
+                    r"following|above)|my (?:response|answer)|me)\b", False, False),
+    ("instruction", rf"\b(?:must|should|shall|will|need to|have to|please)\s+{_WORDS}{{0,2}}?(?:rate|score|grade|"
+                    rf"award|give|assign|reply|answer|respond|output|say|mark|return|print)\s+{_WORDS}{{0,3}}?"
+                    rf"(?P<kw>yes|correct|full|maximum|max|highest|top|perfect|excellent|pass|scores?|points?|marks?|"
+                    rf"highly|high)\b",
+     False, False),
+    ("instruction", r"\b(?:deserv\w*|merit\w*|warrant\w*|earns?|worthy of)\s+(?:[\w'-]+\s+){0,3}?(?P<kw>scores?|marks?|"
+                    r"points?|ratings?|stars?|grades?|full|maximum|highest|top|perfect|praise)\b", False, False),
+    ("instruction", r"\b(?:award|give|assign|grant)\w*\s+(?:[\w'-]+\s+){0,3}?(?:full|maximum|max|top|highest|perfect)\s+"
+                    r"(?P<kw>marks?|scores?|points?|ratings?)\b", False, False),
+    ("instruction", r"\[\s*(?:system|admin|note|instruction|important|override)\b", True, False),
+    # fence
+    ("fence", r"</?\s*(?P<kw>response|question|proposed_answer)\b[^<>]{0,40}>", True, True),
+    ("fence", r"</?\s*(?P<kw>answer|prompt|user|assistant|system|judge|judgement|verdict|score|rating|evaluation|"
+              r"rubric|instructions?|output|input|context|human|ai|model|grade|review|feedback)\b[^<>]{0,40}>", False, True),
+    ("fence", r"<\|[^<>|]{1,40}\|>|\[/?INST\]|<</?SYS>>|</?s>|\]\]>|<!\[CDATA\[", True, True),
+    ("fence", r"^\s*#{1,6}\s*(?P<kw>instructions?|response|system|user|assistant|human|evaluation|judge|verdict|score|"
+              r"rating|review|assessment|feedback|grade)\b", False, True),
+    ("fence", rf"\b(?:end|start|begin|close|beginning)\s+(?:of\s+)?(?:the\s+)?(?P<kw>{_RESP}|input|message|"
+              r"conversation|transcript|evaluation|prompt|question|text)\b", False, True),
+    ("fence", r"\bis the proposed answer correct\b|\badditive\s+5-point\b|\badd (?:a|1|one|\d(?:st|nd|rd|th)) points?\b"
+              r"|\btotal points\b", True, True),
+    # role
+    ("role", rf"^[\s>*#\[(\-]*(?P<kw>{_ROLES})\s*[\])]*\s*[:：]", False, True),
+    ("role", r"\bas (?:an?|the) (?P<kw>ai|assistant|evaluator|judge|grader|reviewer|language model)\b", False, False),
+]]
+# a line that is nothing but a verdict, in a response that has more to it
+_VERDICT_LINE = re.compile(r"^[^\w\n]*(?P<kw>yes|correct|right|true|pass(?:ed)?|approved|verified|accepted|valid)"
+                           r"[^\w\n]*$", re.I | re.M)
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    start: int  # span in the original text
+    end: int
+    text: str
+    obfuscated: bool  # it matched only in the normalised view
+    to_line_end: bool
+
+
+def _stem(word: str) -> str:
+    return re.sub(r"(?:ing|ed|es|s|e)$", "", word) if len(word) > 3 else word
+
+
+def _words(text: str) -> set[str]:
+    return {_stem(w) for w in re.findall(r"[a-z_]+", view(text)[0].casefold())}
+
+
+def scan(response: str, prompt: str = "") -> list[Finding]:
+    """Every place in `response` that speaks to its judge, in order."""
+    v, origin = view(response)
+    if not v:
+        return []
+    excused = _words(prompt)
+    tags = {m.lower() for m in re.findall(r"</?\s*([a-z_]+)", prompt, re.I)}
+    found = []
+
+    def add(kind: str, m: re.Match, to_line_end: bool) -> None:
+        a, b = origin[m.start()], origin[m.end() - 1] + 1
+        text = response[a:b]
+        found.append(Finding(kind, a, b, text, obfuscated=text != m.group(), to_line_end=to_line_end))
+
+    for kind, pattern, strict, to_line_end in PATTERNS:
+        for m in pattern.finditer(v):
+            kw = m.groupdict().get("kw")
+            if not strict and kw is not None:
+                words = {_stem(w) for w in re.findall(r"[a-z_]+", kw.casefold()) if len(w) > 3 or w == kw.casefold()}
+                if (words & excused and not m.group().lstrip().startswith("<")) or (kw.casefold() in tags):
+                    continue
+            add(kind, m, to_line_end)
+    if len([x for x in v.splitlines() if x.strip()]) > 1:
+        for m in _VERDICT_LINE.finditer(v):
+            if m.group("kw").casefold() not in excused:
+                add("verdict", m, True)
+    return sorted(found, key=lambda f: (f.start, f.end))
+
+
+_ABBREVIATION = re.compile(r"(?:\b[A-Za-z]\.){1,3}$|\b(?:Mr|Mrs|Ms|Dr|St|vs|etc|approx|no)\.$", re.I)
+
+
+def _sentences(text: str) -> list[tuple[int, int]]:
+    """Sentence spans: a line, split after . ! ? ; followed by a space (not after "P.S.", "e.g.")."""
+    spans, start = [], 0
+    for m in re.finditer(r"(?<=[.!?;])[ \t]+(?=\S)|\n", text):
+        if m.group() != "\n" and _ABBREVIATION.search(text, max(start, m.start() - 8), m.start()):
+            continue
+        spans.append((start, m.start()))
+        start = m.start()
+    spans.append((start, len(text)))
+    return [s for s in spans if s[1] > s[0]]
+
+
+def _group(text: str, f: Finding) -> tuple[int, int] | None:
+    """The bracketed aside holding a finding on its line, "(...)" or "[...]", if there is one."""
+    line_start = text.rfind("\n", 0, f.start) + 1
+    line_end = text.find("\n", f.end)
+    line_end = len(text) if line_end < 0 else line_end
+    for open_, close in (("(", ")"), ("[", "]")):
+        a = text.rfind(open_, line_start, f.start + 1)
+        b = text.find(close, f.end - 1, line_end)
+        if a >= 0 and b >= 0 and text.find(close, a, f.start) < 0:
+            while a > line_start and text[a - 1] in " \t":
+                a -= 1
+            return a, b + 1
+    return None
+
+
+def neutralize(response: str, findings: list[Finding]) -> str:
+    """The response without what holds each finding: its bracketed aside if it sits in one,
+    else its sentence; a fence or role finding from where it starts to the end of its line."""
+    cut = [False] * len(response)
+    sentences = _sentences(response)
+    for f in findings:
+        if f.to_line_end:
+            a, nl = f.start, response.find("\n", max(f.start, f.end - 1))
+            while a > 0 and response[a - 1] in "-=*#_~>| \t":  # the rule or quote mark the line starts with
+                a -= 1
+            spans = [(a, len(response) if nl < 0 else nl)]
+        elif (g := _group(response, f)) is not None:
+            spans = [g]
+        else:
+            spans = [(a, b) for a, b in sentences if a < f.end and f.start < b]
+        for a, b in spans:
+            for i in range(a, b):
+                cut[i] = True
+    text = "".join(c for c, x in zip(response, cut) if not x)
+    text = re.sub(r"```[\w-]*\s*```", "", text)  # a code block whose content was cut
+    text = re.sub(r"[ \t]+\n", "\n", text)
+    return re.sub(r"\n{3,}", "\n\n", text).strip()
+
+
+def guard(prompt: str, response: str, rounds: int = 4) -> tuple[str, list[str]]:
+    """(what the judge reads, the kinds found). A clean response comes back unchanged."""
+    kinds: list[str] = []
+    text = response
+    for _ in range(rounds):  # removing one finding can expose another ("…? Yes" becomes a verdict line)
+        found = scan(text, prompt)
+        if not found:
+            break
+        for f in found:
+            for k in (f.kind, "obfuscation") if f.obfuscated else (f.kind,):
+                if k not in kinds:
+                    kinds.append(k)
+        text = neutralize(text, found)
+    return (text if kinds else response), kinds
