@@ -10,6 +10,7 @@ re-run finds finished stages by key.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import time
 from pathlib import Path
@@ -99,6 +100,20 @@ class ArtifactStore:
         d.mkdir(parents=True, exist_ok=True)
         return d
 
+    OWNERS = "runs.json"
+
+    def add_owner(self, d: Path, run: str) -> None:
+        """Record that pipeline run `run` started (or resumed) the unfinished stage in `d`."""
+        runs = self.owners(d)
+        if run not in runs:
+            tmp = d / (self.OWNERS + ".tmp")
+            tmp.write_text(json.dumps(sorted([*runs, run])))
+            tmp.replace(d / self.OWNERS)
+
+    def owners(self, d: Path) -> list[str]:
+        p = d / self.OWNERS
+        return json.loads(p.read_text()) if p.exists() else []
+
     def finish(
         self,
         *,
@@ -112,8 +127,13 @@ class ArtifactStore:
         metrics: dict[str, float] | None = None,
         info: dict[str, Any] | None = None,
         started: float | None = None,
+        scratch: tuple[str, ...] = (),
     ) -> StageManifest:
-        """Digest the named outputs (relative path -> row count or None) and write the manifest."""
+        """Digest the named outputs (relative path -> row count or None) and write the manifest.
+
+        `scratch`: folders the stage resumes from (shards, trainer checkpoints). They are
+        removed only once the manifest is durable, so a kill at any moment loses no work.
+        """
         d = self.stage_dir(stage, key)
         refs = {}
         for name, rows in sorted(outputs.items()):
@@ -138,6 +158,8 @@ class ArtifactStore:
         failpoints.hit(f"{stage}:before-manifest")
         write_manifest(d, m)
         failpoints.hit(f"{stage}:after-manifest")
+        for name in scratch:
+            shutil.rmtree(d / name, ignore_errors=True)
         return m
 
 

@@ -141,16 +141,17 @@ def cmd_serve(args) -> int:
 
 
 def cmd_gc(args) -> int:
-    """Remove what an interrupted stage left behind and no live process holds."""
+    """Remove what interrupted stages left behind that no recorded run will resume."""
     from ratchet.flows.config import load_config
     from ratchet.flows.schedule import collect_garbage
 
     cfg = load_config(args.config, args.overrides)
-    removed, freed = collect_garbage(Path(cfg.workdir).resolve(), dry_run=args.dry_run)
+    items = collect_garbage(Path(cfg.workdir).resolve(), dry_run=args.dry_run, everything=args.all)
     verb = "would remove" if args.dry_run else "removed"
-    for path, size in removed:
-        print(f"{verb} {path}  ({size / 2**20:.1f} MiB)")
-    print(f"{verb} {len(removed)} unfinished stage dir(s), {freed / 2**20:.1f} MiB")
+    for x in items:
+        print(f"{verb if x.remove else 'kept':>12} {x.path}  ({x.bytes / 2**20:.1f} MiB): {x.why}")
+    gone = [x for x in items if x.remove]
+    print(f"{verb} {len(gone)} item(s), {sum(x.bytes for x in gone) / 2**20:.1f} MiB; kept {len(items) - len(gone)}")
     return 0
 
 
@@ -213,13 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--from", dest="start_from", default="champion", metavar="START",
                    help="what each scheduled run starts from: 'champion' (default), 'base' or a version number")
     s.set_defaults(fn=cmd_serve)
-    s = sub.add_parser("gc", help="remove unfinished stage dirs that no live run holds",
-                       description="Delete stage directories without a manifest (left by a killed or failed "
-                       "stage whose config was never re-run) unless a live process holds their lock. Finished "
-                       "stages are never touched.")
+    s = sub.add_parser("gc", help="remove unfinished stage dirs that no recorded run will resume",
+                       description="Delete stage directories without a manifest that no recorded pipeline run "
+                       "can resume (every run that started them finished, or has no record), and scratch a "
+                       "kill left in finished stages. A directory a live process holds is never touched, nor "
+                       "is any finished output. --dry-run lists each with the reason.")
     s.add_argument("config", help="the run's YAML config (gives the workdir)")
     s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
-    s.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    s.add_argument("--dry-run", action="store_true", help="list what would be removed and why, remove nothing")
+    s.add_argument("--all", action="store_true", help="also remove unfinished stages a recorded run could still "
+                   "resume (never one a live process holds)")
     s.set_defaults(fn=cmd_gc)
     s = sub.add_parser("model", help="convert (once) and print the default model directory")
     s.set_defaults(fn=cmd_model)

@@ -115,7 +115,7 @@ def _value(x):
 
 @task(name="prompts", cache_policy=NONE, retries=0)
 def prompts_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
-    m, reused = prepare.prompts(_store(ctx), cfg.data.model_dump(), cfg.seed, ctx.sources)
+    m, reused = prepare.prompts(_store(ctx), cfg.data.model_dump(), cfg.seed, ctx.sources, run=ctx.run_name)
     t = _tracker(cfg, ctx)
     if t.log_stage(ctx.parent_run_id, m, reused):
         t.log_dataset(ctx.parent_run_id, _store(ctx), m, "train.jsonl", "train-prompts")
@@ -125,7 +125,8 @@ def prompts_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
 
 @task(name="base-model", cache_policy=NONE, retries=0)
 def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
-    return _finished(*prepare.base_model(_store(ctx), cfg.model.path, resolve_model(cfg.model.path)))
+    return _finished(*prepare.base_model(_store(ctx), cfg.model.path, resolve_model(cfg.model.path),
+                                         run=ctx.run_name))
 
 
 @task(name="start-model", cache_policy=NONE, retries=0)
@@ -148,7 +149,7 @@ def start_manifest(store: ArtifactStore, tracker: Tracker, version: str) -> Stag
 def sample_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
                 child: str) -> StageManifest:
     m, reused = sample_mod.sample(_store(ctx), policy, prompts, cfg.sample, cfg.sampler, _round_seed(cfg, k), k,
-                                  isolate=cfg.isolate)
+                                  isolate=cfg.isolate, run=ctx.run_name)
     t = _tracker(cfg, ctx)
     if t.log_stage(child, m, reused):
         t.log_dataset(child, _store(ctx), m, "samples.jsonl", "samples")
@@ -160,7 +161,8 @@ def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, samples: StageManif
                child: str) -> StageManifest:
     store = _store(ctx)
     m, reused = label_mod.label(store, samples, cfg.label, cfg.data.model_dump(), k, policy=policy,
-                                sampler=cfg.sampler.model_dump(), seed=_round_seed(cfg, k), isolate=cfg.isolate)
+                                sampler=cfg.sampler.model_dump(), seed=_round_seed(cfg, k), isolate=cfg.isolate,
+                                run=ctx.run_name)
     t = _tracker(cfg, ctx)
     if t.log_stage(child, m, reused) and "trees.jsonl" in m.outputs:  # the search trees, for inspection
         t.client.log_artifact(child, str(store.path(m, "trees.jsonl")), artifact_path="label")
@@ -169,7 +171,7 @@ def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, samples: StageManif
 
 @task(name="filter", cache_policy=NONE, retries=0)
 def filter_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageManifest, child: str) -> StageManifest:
-    m, reused = filter_mod.filter_rows(_store(ctx), labels, cfg.filter, _round_seed(cfg, k), k)
+    m, reused = filter_mod.filter_rows(_store(ctx), labels, cfg.filter, _round_seed(cfg, k), k, run=ctx.run_name)
     t = _tracker(cfg, ctx)
     if t.log_stage(child, m, reused):
         t.log_dataset(child, _store(ctx), m, "train_set.jsonl", "training")
@@ -180,7 +182,8 @@ def filter_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageManif
 def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, train_set: StageManifest,
                child: str) -> StageManifest:
     store = _store(ctx)
-    m, reused = train_mod.train(store, policy, train_set, cfg.train, _round_seed(cfg, k), k, isolate=cfg.isolate)
+    m, reused = train_mod.train(store, policy, train_set, cfg.train, _round_seed(cfg, k), k, isolate=cfg.isolate,
+                                run=ctx.run_name)
     t = _tracker(cfg, ctx)
     if t.log_stage(child, m, reused):
         t.log_train_curve(child, store, m)
@@ -191,7 +194,7 @@ def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
 def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
                   child: str) -> StageManifest:
     m, reused = evaluate_mod.evaluate(_store(ctx), policy, prompts, cfg.evaluate, cfg.sampler, cfg.data.model_dump(),
-                                      cfg.seed, k, isolate=cfg.isolate)
+                                      cfg.seed, k, isolate=cfg.isolate, run=ctx.run_name)
     t = _tracker(cfg, ctx)
     if t.log_stage(child, m, reused):
         t.log_metrics(ctx.parent_run_id, {"accuracy": m.metrics["accuracy"]}, prefix="eval.", step=k)
@@ -216,8 +219,8 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     version = t.register(child, store, policy, tags)
     t.record_accuracy(version, eval_set, acc)
     gate = champion_gate(cfg, ctx, t, store, version, acc, eval_set, prompts)
-    t.log_metrics(child, {"accuracy": acc, "promoted": float(gate.promoted)}, prefix="round.")
-    t.client.set_tag(child, "ratchet.model_version", version)
+    t.log_once(child, "ratchet.model_version", version, {"accuracy": acc, "promoted": float(gate.promoted)},
+               prefix="round.")
     t.end(child)
     walls = {m.stage: m.wall_s for m in stages}
     return RoundResult(round=k, policy=policy, version=version, accuracy=acc, eval_set=eval_set,
@@ -243,7 +246,7 @@ def champion_gate(cfg: PipelineConfig, ctx: RunContext, t: Tracker, store: Artif
         get_run_logger().info("re-evaluating champion version %s on eval set %s before comparing", gate.needs_eval,
                               eval_set)
         m, _ = evaluate_mod.evaluate(store, champ, prompts, cfg.evaluate, cfg.sampler, cfg.data.model_dump(),
-                                     cfg.seed, champ.round, isolate=cfg.isolate)
+                                     cfg.seed, champ.round, isolate=cfg.isolate, run=ctx.run_name)
         t.record_accuracy(gate.needs_eval, m.info["eval_set"], m.metrics["accuracy"])
     raise TrackingError(f"the champion of {t.model_name} moved five times while version {version} was being "
                         "compared with it; re-run the same command to decide")

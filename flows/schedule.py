@@ -14,6 +14,7 @@ long as that process.
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from ratchet.data.errors import ConfigError, RatchetError
@@ -131,36 +132,83 @@ def _ensure_process_pool(client, pool: str) -> None:
                            "(runs in the worker's own environment). Name a process pool or a new one"])
 
 
-def collect_garbage(workdir: Path, dry_run: bool = False) -> tuple[list[tuple[Path, int]], int]:
-    """Stage dirs without a manifest that no live process holds the lock of: remove them.
+@dataclass(frozen=True)
+class Leftover:
+    path: Path
+    bytes: int
+    remove: bool
+    why: str
 
-    A killed stage's dir is normally resumed or wiped by the next run with the same key;
-    this is for the ones no run will revisit (the config changed). Finished stages
-    (with a manifest) are never touched.
+
+def collect_garbage(workdir: Path, dry_run: bool = False, everything: bool = False) -> list[Leftover]:
+    """What killed or failed stages left in the store, each with what gc does to it and why.
+
+    An unfinished stage directory is removed only when no recorded pipeline run can resume
+    it: every run that started it finished (so it was superseded, e.g. by new code), or has
+    no record. One a recorded unfinished run would still resume is kept (`everything`
+    removes it too), and one whose lock a live process holds is never touched. In finished
+    stages, scratch that a kill left between the manifest and its clean-up (shards,
+    trainer checkpoints) is removed. Finished outputs are never touched.
     """
     import fcntl
+
+    from ratchet.data.store import ArtifactStore
+    from ratchet.flows.pipeline import RunRecord
 
     stages = workdir / "stages"
     if not stages.is_dir():
         raise RatchetError(f"no artifact store at {stages}; check the config's workdir")
+    store = ArtifactStore(workdir)
+    records: dict[str, RunRecord] = {}
+    for p in sorted((workdir / "runs").glob("*.json")) if (workdir / "runs").is_dir() else []:
+        try:
+            records[p.stem] = RunRecord.model_validate_json(p.read_text())
+        except ValueError:
+            continue
     (workdir / "locks").mkdir(exist_ok=True)
-    removed, freed = [], 0
+    out: list[Leftover] = []
     for d in sorted(p for p in stages.iterdir() if p.is_dir()):
         if (d / MANIFEST).exists():
+            for name in ("shards", "checkpoints"):
+                if (d / name).is_dir():
+                    out.append(_act(d / name, True, "scratch a finished stage no longer needs", dry_run))
             continue
         with open(workdir / "locks" / f"{d.name}.lock", "w") as f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                continue  # a live stage is writing it
+                out.append(Leftover(d, _size(d), False, "a live run is writing it"))
+                continue
             try:
-                if (d / MANIFEST).exists():  # finished while we waited for nothing
+                if (d / MANIFEST).exists():  # it finished while we looked
                     continue
-                size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file() and not p.is_symlink())
-                if not dry_run:
-                    shutil.rmtree(d)
-                removed.append((d, size))
-                freed += size
+                out.append(_act(d, *_verdict(store.owners(d), records, workdir, everything), dry_run))
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
-    return removed, freed
+    return out
+
+
+def _verdict(owners: list[str], records: dict, workdir: Path, everything: bool) -> tuple[bool, str]:
+    resumable = [o for o in owners if o in records and records[o].state != "finished"]
+    if resumable:
+        o = resumable[0]
+        if everything:
+            return True, f"run {o} ({records[o].state}) could resume it; removed because of --all"
+        return False, f"run {o} ({records[o].state}) resumes it: ratchet resume {o} --workdir {workdir}"
+    if not owners:
+        return True, "unfinished, and no recorded run started it"
+    gone = [o for o in owners if o not in records]
+    if gone:
+        return True, f"unfinished; run {gone[0]} started it and has no record left"
+    return True, f"unfinished; run {owners[0]} started it and finished without it (its config or code changed)"
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _act(path: Path, remove: bool, why: str, dry_run: bool) -> Leftover:
+    item = Leftover(path, _size(path), remove, why)
+    if remove and not dry_run:
+        shutil.rmtree(path)
+    return item

@@ -285,13 +285,17 @@ class Tracker:
     def log_stage(self, run_id: str, m: StageManifest, reused: bool) -> bool:
         """Log a stage's metrics once per run: a resumed run that reuses a stage it already
         logged adds nothing. Returns whether anything was logged."""
+        return self.log_once(run_id, f"ratchet.stage.{m.stage}", m.dir,
+                             {**m.metrics, "wall_s": m.wall_s, "reused": float(reused)}, prefix=f"{m.stage}.")
+
+    def log_once(self, run_id: str, tag: str, value: str, metrics: dict[str, float], prefix: str = "") -> bool:
+        """Log `metrics` and set `tag` = `value` on a run, unless the tag already says so: one
+        entry per fact, however many times (or by however many processes) a step runs."""
         with self.lock():
-            run = self.client.get_run(run_id)
-            if run.data.tags.get(f"ratchet.stage.{m.stage}") == m.dir:
+            if self.client.get_run(run_id).data.tags.get(tag) == value:
                 return False
-            self.log_metrics(run_id, {**m.metrics, "wall_s": m.wall_s, "reused": float(reused)},
-                             prefix=f"{m.stage}.")
-            self.client.set_tag(run_id, f"ratchet.stage.{m.stage}", m.dir)
+            self.log_metrics(run_id, metrics, prefix=prefix)
+            self.client.set_tag(run_id, tag, value)
         return True
 
     def log_text(self, run_id: str, text: str, path: str) -> None:

@@ -332,8 +332,9 @@ def chat_dataset(rows: list[dict]):
                                for k, v in r.items()} for r in rows])
 
 
-def _run(trainer, out: Path) -> bool:
-    """Train, resuming from out/checkpoints when an earlier attempt left one; True if resumed."""
+def _run(trainer, out: Path) -> int | None:
+    """Train, resuming from out/checkpoints when an earlier attempt left one; the step it
+    resumed from, or None."""
     from ratchet.data import failpoints
 
     if failpoints.armed("train:checkpoint"):
@@ -346,7 +347,7 @@ def _run(trainer, out: Path) -> bool:
         trainer.add_callback(_DieAfterSave())
     ck = last_checkpoint(out / "checkpoints")
     trainer.train(resume_from_checkpoint=str(ck) if ck else None)
-    return ck is not None
+    return int(ck.name.split("-")[1]) if ck else None
 
 
 def train_rft(model_dir: Path, rows: list[dict], cfg: RFTTrainConfig, out: Path, seed: int) -> dict[str, float]:
@@ -365,7 +366,8 @@ def train_rft(model_dir: Path, rows: list[dict], cfg: RFTTrainConfig, out: Path,
     resumed = _run(trainer, out)
     save_merged(trainer, tok, model_dir, out, cfg.adapter)
     metrics = write_log(trainer, out, started, n_tokens)
-    metrics.update(rows=float(len(rows)), bf16=float(prec == "bf16"), resumed=float(resumed))
+    metrics.update(rows=float(len(rows)), bf16=float(prec == "bf16"), resumed=float(resumed is not None),
+                   resumed_from_step=float(resumed or 0))
     return metrics
 
 
@@ -396,6 +398,6 @@ def train_dpo(model_dir: Path, rows: list[dict], cfg: DPOTrainConfig, out: Path,
     if last:
         for k in ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"):
             metrics["last_" + k.replace("/", "_")] = float(last[-1][k])
-    metrics.update(rows=float(len(rows)), bf16=float(prec == "bf16"), resumed=float(resumed),
-                   plain_lm_head=float(plain))
+    metrics.update(rows=float(len(rows)), bf16=float(prec == "bf16"), resumed=float(resumed is not None),
+                   resumed_from_step=float(resumed or 0), plain_lm_head=float(plain))
     return metrics

@@ -80,8 +80,8 @@ def evaluate_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
 
 def evaluate(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: EvaluateConfig,
              sampler: SamplerConfig, data_cfg: dict, seed: int, round: int,
-             isolate: bool = True) -> tuple[StageManifest, bool]:
+             isolate: bool = True, run: str | None = None) -> tuple[StageManifest, bool]:
     config = {"evaluate": cfg.model_dump(exclude={"min_improvement"}), "sampler": sampler.model_dump(),
               "data": data_cfg, "seed": seed}
     return run_stage(store, stage="evaluate", round=round, body="ratchet.tasks.evaluate:evaluate_body", code=CODE,
-                     config=config, parents=[policy, prompts], isolate=isolate)
+                     config=config, parents=[policy, prompts], isolate=isolate, run=run)

@@ -289,7 +289,7 @@ def filter_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
 
 
 def filter_rows(store: ArtifactStore, labels: StageManifest, cfg: RFTFilter | PairFilter | StepPairFilter,
-                seed: int, round: int) -> tuple[StageManifest, bool]:
+                seed: int, round: int, run: str | None = None) -> tuple[StageManifest, bool]:
     config = {"filter": cfg.model_dump(), "seed": seed}
     return run_stage(store, stage="filter", round=round, body="ratchet.tasks.filter:filter_body", code=CODE,
-                     config=config, parents=[labels])
+                     config=config, parents=[labels], run=run)

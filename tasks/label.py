@@ -29,7 +29,6 @@ informative for this model.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections import Counter, defaultdict
 from typing import Annotated, Literal
@@ -42,6 +41,7 @@ from ratchet.data.errors import ConfigError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig
 from ratchet.data.records import Completion, LabeledCompletion, Prompt, read_jsonl, write_jsonl
+from ratchet.data.shards import Shards, count
 from ratchet.data.store import ArtifactStore
 from ratchet.tasks.judge import JudgeLabel
 from ratchet.tasks.mcts import MctsLabel
@@ -50,10 +50,11 @@ from ratchet.tasks.stage import StageRequest, code_version, run_stage
 CODE = code_version("ratchet.tasks.label", "ratchet.tasks.judge", "ratchet.tasks.guard", "ratchet.data.checkers",
                     "ratchet.data.records")
 JUDGE_CODE = code_version("ratchet.tasks.label", "ratchet.tasks.judge", "ratchet.tasks.guard", "ratchet.tasks.sample",
-                          "ratchet.models.sampler", "ratchet.data.checkers", "ratchet.data.records")
+                          "ratchet.models.sampler", "ratchet.data.checkers", "ratchet.data.records",
+                          "ratchet.data.shards")
 MCTS_CODE = code_version("ratchet.tasks.label", "ratchet.tasks.mcts", "ratchet.tasks.judge", "ratchet.tasks.guard",
                          "ratchet.tasks.sample", "ratchet.models.sampler", "ratchet.data.checkers",
-                         "ratchet.data.records")
+                         "ratchet.data.records", "ratchet.data.shards")
 
 
 class VerifierLabel(BaseModel):
@@ -210,12 +211,10 @@ def judge(req: StageRequest, store: ArtifactStore, rows: list[Completion], check
     from ratchet.tasks.prepare import model_dir
     from ratchet.tasks.sample import shard_seed
 
-    shard_dir = store.stage_dir(req.stage, req.key) / "shards"
-    shard_dir.mkdir(exist_ok=True)
-    n_shards = (len(rows) + cfg.shard_size - 1) // cfg.shard_size
-    missing = [s for s in range(n_shards) if not (shard_dir / f"{s:05d}.jsonl").exists()]
-    t0, judge_s, judged = time.time(), 0.0, 0
+    shards = Shards(store.stage_dir(req.stage, req.key) / "shards", count(len(rows), cfg.shard_size))
+    missing, load_s = shards.missing(), 0.0
     if missing:
+        t0 = time.time()
         scfg = SamplerConfig.model_validate(req.config["sampler"])
         sampler = open_sampler(model_dir(store, req.parent_model), scfg, seed=req.seed)
         load_s = time.time() - t0
@@ -225,26 +224,23 @@ def judge(req: StageRequest, store: ArtifactStore, rows: list[Completion], check
             chunk = rows[s * cfg.shard_size : (s + 1) * cfg.shard_size]
             t = time.time()
             scores = judge_batch(sampler, cfg, [(c.prompt, c.text) for c in chunk], shard_seed(req.seed, s))
-            judge_s += time.time() - t
-            judged += len(chunk)
-            write_jsonl(shard_dir / f"{s:05d}.jsonl", [
+            shards.write(s, [
                 LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index,
                                   text=c.text, n_tokens=c.n_tokens, reward=reward, votes=votes, flags=flags or None,
                                   extracted=extract(check_cfg, c.text), correct=_truth(check_cfg, c))
-                for c, (reward, votes, flags) in zip(chunk, scores)])
+                for c, (reward, votes, flags) in zip(chunk, scores)], {"judge_s": time.time() - t, "judged": len(chunk)})
             failpoints.hit("label:shard")
         sampler.close()
-    else:
-        load_s = 0.0
-    out = [r for s in range(n_shards) for r in read_jsonl(shard_dir / f"{s:05d}.jsonl", LabeledCompletion)]
-    shutil.rmtree(shard_dir)
+    out = [LabeledCompletion.model_validate_json(x) for x in shards.lines()]
+    cost = shards.cost()
     votes = [v for r in out for v in (r.votes or [])]
     metrics = {
         "judge_scored_frac": sum(r.reward is not None for r in out) / max(len(out), 1),
         "judge_verdicts_read_frac": sum(v is not None for v in votes) / max(len(votes), 1),
         "judge_verdicts": float(len(votes)),
-        "judge_s": judge_s, "judge_load_s": load_s, "judge_shards_reused": float(n_shards - len(missing)),
-        "judgements_per_s": judged / judge_s if judge_s else 0.0,
+        "judge_s": cost.get("judge_s", 0.0), "judge_load_s": load_s,
+        "judge_shards_reused": float(shards.n - len(missing)),
+        "judgements_per_s": cost["judged"] / cost["judge_s"] if cost.get("judge_s") else 0.0,
         **injection_stats([r.flags or [] for r in out]),
     }
     return out, metrics
@@ -277,12 +273,10 @@ def tree_search(req: StageRequest, store: ArtifactStore, prompts: list[Prompt], 
     from ratchet.tasks.sample import shard_seed
 
     d = store.stage_dir(req.stage, req.key)
-    shard_dir = d / "shards"
-    shard_dir.mkdir(exist_ok=True)
-    n_shards = (len(prompts) + cfg.shard_size - 1) // cfg.shard_size
-    missing = [s for s in range(n_shards) if not (shard_dir / f"{s:05d}.jsonl").exists()]
-    t0, search_s, searched_tokens, load_s = time.time(), 0.0, 0, 0.0
+    shards = Shards(d / "shards", count(len(prompts), cfg.shard_size))
+    missing, load_s = shards.missing(), 0.0
     if missing:
+        t0 = time.time()
         sampler = open_sampler(model_dir(store, req.parent_model), SamplerConfig.model_validate(req.config["sampler"]),
                                seed=req.seed)
         load_s = time.time() - t0
@@ -300,17 +294,13 @@ def tree_search(req: StageRequest, store: ArtifactStore, prompts: list[Prompt], 
             trees = [Tree(prompt_id=p.id, prompt=p.prompt, answer=p.answer) for p in chunk]
             t = time.time()
             search(trees, sampler, cfg, shard_seed(req.seed, s), score)
-            search_s += time.time() - t
-            searched_tokens += sum(tr.gen_tokens() for tr in trees)
-            tmp = shard_dir / f"{s:05d}.jsonl.tmp"
-            tmp.write_text("".join(json.dumps(tr.to_json(), sort_keys=True) + "\n" for tr in trees))
-            tmp.replace(shard_dir / f"{s:05d}.jsonl")
+            shards.write(s, [tr.to_json() for tr in trees],
+                         {"mcts_s": time.time() - t, "tokens": sum(tr.gen_tokens() for tr in trees)})
             failpoints.hit("label:shard")
         sampler.close()
-    trees = [Tree.from_json(json.loads(line)) for s in range(n_shards)
-             for line in (shard_dir / f"{s:05d}.jsonl").read_text().splitlines()]
+    trees = [Tree.from_json(json.loads(line)) for line in shards.lines()]
     (d / "trees.jsonl").write_text("".join(json.dumps(tr.to_json(), sort_keys=True) + "\n" for tr in trees))
-    shutil.rmtree(shard_dir)
+    cost = shards.cost()
     rows = []
     for tr in trees:
         for rank, x in enumerate(complete_nodes(tr)):
@@ -323,9 +313,9 @@ def tree_search(req: StageRequest, store: ArtifactStore, prompts: list[Prompt], 
 
         flagged = [guard(tr.prompt, tr.trajectory(x))[1] for tr in trees for x in tr.nodes if x.value is not None]
     metrics = {**tree_stats(trees), **(injection_stats(flagged) if cfg.value == "judge" else {}),
-               "mcts_s": search_s, "mcts_load_s": load_s,
-               "mcts_shards_reused": float(n_shards - len(missing)),
-               "mcts_tokens_per_s": searched_tokens / search_s if search_s else 0.0}
+               "mcts_s": cost.get("mcts_s", 0.0), "mcts_load_s": load_s,
+               "mcts_shards_reused": float(shards.n - len(missing)),
+               "mcts_tokens_per_s": cost["tokens"] / cost["mcts_s"] if cost.get("mcts_s") else 0.0}
     return rows, metrics
 
 
@@ -345,7 +335,7 @@ def label_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
         return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
                             config=req.config, parents=req.parents,
                             outputs={"labels.jsonl": n, "trees.jsonl": len(prompts)},
-                            metrics={**reward_stats(labeled), **extra}, started=req.started)
+                            metrics={**reward_stats(labeled), **extra}, started=req.started, scratch=("shards",))
     rows = read_jsonl(store.path(req.parent("sample"), "samples.jsonl"), Completion)
     match cfg.kind:
         case "verifier":
@@ -360,13 +350,13 @@ def label_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     n = write_jsonl(d / "labels.jsonl", labeled)
     return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
                         config=req.config, parents=req.parents, outputs={"labels.jsonl": n},
-                        metrics={**reward_stats(labeled), **extra}, started=req.started)
+                        metrics={**reward_stats(labeled), **extra}, started=req.started, scratch=("shards",))
 
 
 def label(store: ArtifactStore, samples: StageManifest,
           cfg: VerifierLabel | ConsistencyLabel | JudgeLabel | MctsLabel, data_cfg: dict, round: int,
           policy: StageManifest | None = None, sampler: dict | None = None, seed: int = 0,
-          isolate: bool = True) -> tuple[StageManifest, bool]:
+          isolate: bool = True, run: str | None = None) -> tuple[StageManifest, bool]:
     """Label a sample stage (for mcts: search from a prompts stage). The judge and the
     search need the policy (the round's starting model), the sampler settings and a seed;
     they run in a worker process like sampling."""
@@ -376,12 +366,13 @@ def label(store: ArtifactStore, samples: StageManifest,
             raise ValueError("label.kind='mcts' searches from the prompts stage with the policy and sampler settings")
         config.update(sampler=sampler, seed=seed)
         return run_stage(store, stage="label", round=round, body="ratchet.tasks.label:label_body", code=MCTS_CODE,
-                         config=config, parents=[samples, policy], isolate=isolate, keep_partial=True)
+                         config=config, parents=[samples, policy], isolate=isolate, keep_partial=True,
+                         run=run)
     if cfg.kind != "judge":
         return run_stage(store, stage="label", round=round, body="ratchet.tasks.label:label_body", code=CODE,
-                         config=config, parents=[samples])
+                         config=config, parents=[samples], run=run)
     if policy is None or sampler is None:
         raise ValueError("label.kind='judge' needs the judging policy and the sampler settings")
     config.update(sampler=sampler, seed=seed)
     return run_stage(store, stage="label", round=round, body="ratchet.tasks.label:label_body", code=JUDGE_CODE,
-                     config=config, parents=[samples, policy], isolate=isolate, keep_partial=True)
+                     config=config, parents=[samples, policy], isolate=isolate, keep_partial=True, run=run)

@@ -48,12 +48,13 @@ def prompts_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     )
 
 
-def prompts(store: ArtifactStore, data_cfg: dict, seed: int, sources: dict[str, str]) -> tuple[StageManifest, bool]:
+def prompts(store: ArtifactStore, data_cfg: dict, seed: int, sources: dict[str, str],
+            run: str | None = None) -> tuple[StageManifest, bool]:
     """The train/eval split. `sources`: the content digest of every file the data config reads
     (load_split's digests), so an edited file, directory or dataset is a new stage."""
     cfg = {"data": data_cfg, "seed": seed, "sources": sources}
     return run_stage(store, stage="prompts", round=0, body="ratchet.tasks.prepare:prompts_body",
-                     code=PROMPTS_CODE, config=cfg, parents=[])
+                     code=PROMPTS_CODE, config=cfg, parents=[], run=run)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -80,7 +81,8 @@ def base_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     )
 
 
-def base_model(store: ArtifactStore, source: str, model_dir: Path) -> tuple[StageManifest, bool]:
+def base_model(store: ArtifactStore, source: str, model_dir: Path, run: str | None = None
+               ) -> tuple[StageManifest, bool]:
     """The starting policy as a store stage; keyed by the weights' digest, not the path."""
     weights = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
     if not weights:
@@ -89,7 +91,7 @@ def base_model(store: ArtifactStore, source: str, model_dir: Path) -> tuple[Stag
     digests = {f.name: sha256_file(f) for f in model_files(model_dir)}
     cfg = {"source": source, "path": str(model_dir), "files": digests}
     return run_stage(store, stage="base", round=0, body="ratchet.tasks.prepare:base_body",
-                     code=BASE_CODE, config=cfg, parents=[])
+                     code=BASE_CODE, config=cfg, parents=[], run=run)
 
 
 def model_dir(store: ArtifactStore, m: StageManifest) -> Path:

@@ -91,11 +91,14 @@ def run_stage(
     parents: list[StageManifest],
     isolate: bool = False,
     keep_partial: bool = False,
+    run: str | None = None,
 ) -> tuple[StageManifest, bool]:
     """(manifest, reused). Reuses a finished stage with the same key; verifies its digests.
 
     An exclusive lock per key means two pipelines that reach the same work at once
-    compute it once: the second waits, then finds it finished.
+    compute it once: the second waits, then finds it finished. `run` (the pipeline run)
+    is recorded in an unfinished stage's directory, so `ratchet gc` can tell whether a
+    recorded run would still resume it.
     """
     import time
 
@@ -110,6 +113,8 @@ def run_stage(
             log.info("%s (round %d): finished by another run at %s, reused", stage, round, found.dir)
             return found, True
         d = store.prepare(stage, key, keep_partial=keep_partial)
+        if run is not None:
+            store.add_owner(d, run)
         req = StageRequest(
             stage=stage, round=round, key=key, code_version=code, config=config, parents=parents, started=time.time()
         )

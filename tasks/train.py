@@ -10,7 +10,6 @@ inside (train.checkpoint_steps); a resumed stage continues from its last checkpo
 
 from __future__ import annotations
 
-import shutil
 from typing import Annotated
 
 from pydantic import Field
@@ -42,7 +41,6 @@ def train_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
         cfg = RFTTrainConfig.model_validate(req.config["train"])
         rows = read_jsonl(data, SFTRow)
         metrics = train_rft(base, [{"prompt": r.prompt, "completion": r.completion} for r in rows], cfg, d, req.seed)
-    shutil.rmtree(d / "checkpoints", ignore_errors=True)
     outputs = {p.relative_to(d).as_posix(): None for p in sorted(d.rglob("*"))
                if p.is_file() and p.parts[len(d.parts)] in ("model", "adapter")}
     outputs["train_log.jsonl"] = None
@@ -51,11 +49,12 @@ def train_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
                         info={"adapter": cfg.adapter, "objective": cfg.kind,
                               # DPO's reference policy: the weights this round started from
                               **({"reference": req.parent_model.dir} if cfg.kind == "dpo" else {})},
-                        started=req.started)
+                        started=req.started, scratch=("checkpoints",))
 
 
 def train(store: ArtifactStore, policy: StageManifest, train_set: StageManifest, cfg: RFTTrainConfig | DPOTrainConfig,
-          seed: int, round: int, isolate: bool = True) -> tuple[StageManifest, bool]:
+          seed: int, round: int, isolate: bool = True, run: str | None = None) -> tuple[StageManifest, bool]:
     config = {"train": cfg.model_dump(), "seed": seed}
     return run_stage(store, stage="train", round=round, body="ratchet.tasks.train:train_body", code=CODE,
-                     config=config, parents=[policy, train_set], isolate=isolate, keep_partial=True)
+                     config=config, parents=[policy, train_set], isolate=isolate, keep_partial=True,
+                     run=run)

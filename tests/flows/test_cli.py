@@ -28,26 +28,53 @@ def test_bad_config_exits_2_with_every_problem_and_no_traceback():
     assert "Traceback" not in r.stderr
 
 
-def test_gc_removes_only_unfinished_unlocked_stage_dirs(tmp_path):
+def _record(workdir, name, state):
+    import json
+
+    (workdir / "runs").mkdir(exist_ok=True)
+    ctx = {"run_name": name, "workdir": str(workdir), "parent_run_id": "p", "code_version": "c", "config_hash": "h"}
+    (workdir / "runs" / f"{name}.json").write_text(json.dumps({"ctx": ctx, "config": {}, "state": state}))
+
+
+def test_gc_removes_only_what_no_recorded_run_will_resume(tmp_path):
     import fcntl
+    import re
 
     from ratchet.flows.schedule import collect_garbage
 
     stages = tmp_path / "stages"
-    for name in ("sample-aaaa", "train-bbbb", "label-cccc"):
+    owners = {"sample-aaaa": None, "train-bbbb": "done", "label-cccc": "killed", "sample-dddd": "killed",
+              "filter-eeee": "gone"}
+    for name, owner in owners.items():
         (stages / name / "shards").mkdir(parents=True)
         (stages / name / "shards" / "00000.jsonl").write_text("x" * 1000)
-    (stages / "sample-aaaa" / "manifest.json").write_text("{}")  # finished: never touched
+        if owner:
+            (stages / name / "runs.json").write_text(f'["{owner}"]')
+    (stages / "sample-aaaa" / "manifest.json").write_text("{}")  # finished: only its leftover scratch goes
+    _record(tmp_path, "done", "finished")
+    _record(tmp_path, "killed", "running")
     (tmp_path / "locks").mkdir()
     with open(tmp_path / "locks" / "label-cccc.lock", "w") as held:  # a live stage holds this one
         fcntl.flock(held, fcntl.LOCK_EX)
         r = ratchet("gc", "flows/configs/default.yaml", f"workdir={tmp_path}", "--dry-run")
-        assert r.returncode == 0 and "would remove 1 unfinished" in r.stdout and "train-bbbb" in r.stdout
-        assert (stages / "train-bbbb").exists()
-        removed, freed = collect_garbage(tmp_path)
-    assert [p.name for p, _ in removed] == ["train-bbbb"] and freed == 1000
-    assert sorted(p.name for p in stages.iterdir()) == ["label-cccc", "sample-aaaa"]
-    assert collect_garbage(tmp_path) == ([(stages / "label-cccc", 1000)], 1000)  # released: now it goes
+        assert r.returncode == 0, r.stderr
+        lines = {re.search(r"/stages/(\S+)", line).group(1).split("/")[-1]: line
+                 for line in r.stdout.splitlines() if "MiB):" in line}
+        assert "run done started it and finished without it" in lines["train-bbbb"]
+        assert "run gone started it and has no record left" in lines["filter-eeee"]
+        assert lines["sample-dddd"].lstrip().startswith("kept") and "ratchet resume killed" in lines["sample-dddd"]
+        assert "a live run is writing it" in lines["label-cccc"]
+        assert "scratch a finished stage no longer needs" in lines["shards"]
+        assert r.stdout.splitlines()[-1] == "would remove 3 item(s), 0.0 MiB; kept 2"
+        assert all((stages / n / "shards").exists() for n in owners)  # a dry run removes nothing
+        removed = [x.path.relative_to(stages).as_posix() for x in collect_garbage(tmp_path) if x.remove]
+    assert removed == ["filter-eeee", "sample-aaaa/shards", "train-bbbb"]
+    assert sorted(p.name for p in stages.iterdir()) == ["label-cccc", "sample-aaaa", "sample-dddd"]
+    assert (stages / "sample-aaaa" / "manifest.json").exists()
+    # released, label-cccc is resumable like sample-dddd; --all removes both
+    kept = [x.path.name for x in collect_garbage(tmp_path) if not x.remove]
+    assert kept == ["label-cccc", "sample-dddd"]
+    assert [x.path.name for x in collect_garbage(tmp_path, everything=True) if x.remove] == kept
 
 
 def test_serve_refuses_bad_cron_and_missing_server_before_touching_anything(tmp_path):

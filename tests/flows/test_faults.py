@@ -15,11 +15,13 @@ pytestmark = pytest.mark.integration
 
 # in stage order (round 0's evaluation has finished in the reference-shaped first run below)
 KILLS = [
-    "sample:shard",
+    "sample:shard",  # one shard written
+    "sample:before-manifest",  # every shard and samples.jsonl written, no manifest yet
     "label:shard",
+    "label:before-manifest",
     "filter:before-manifest",
-    "train:checkpoint",
-    "train:after-manifest",  # a boundary: train finished, nothing after it started or was logged
+    "train:checkpoint",  # the first trainer checkpoint saved
+    "train:before-manifest",  # the model written, the last checkpoint still there, no manifest
     "evaluate:before-manifest",
 ]
 
@@ -33,6 +35,17 @@ def _finished(workdir):
     return {d.name: m for d in (workdir / "stages").iterdir() if (m := read_manifest(d)) is not None}
 
 
+def _written(workdir) -> dict[str, tuple[int, int]]:
+    """(inode, mtime in ns) of every finished stage's manifest: a manifest written again (the
+    stage recomputed, even within the same second) changes both."""
+    out = {}
+    for d in (workdir / "stages").iterdir():
+        if (m := d / "manifest.json").exists():
+            st = m.stat()
+            out[d.name] = (st.st_ino, st.st_mtime_ns)
+    return out
+
+
 def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path, prefect_harness):
     from prefect.settings import PREFECT_API_URL
 
@@ -44,11 +57,12 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
     work = tmp_path / "work"
     for failpoint in ["evaluate:after-manifest", *KILLS]:  # first: a boundary right after round 0
         before = _finished(work) if (work / "stages").exists() else {}
+        written = _written(work) if (work / "stages").exists() else {}
         killed = _run(work, tiny_model, api, failpoint)
         assert killed.returncode == -9, (failpoint, killed.returncode, killed.stderr[-3000:])
         after = _finished(work)
         # nothing finished earlier was recomputed or lost
-        assert {n: m.created_at for n, m in before.items()} == {n: after[n].created_at for n in before}, failpoint
+        assert {n: _written(work)[n] for n in written} == written, failpoint
         stage = failpoint.split(":")[0]
         unfinished = [d.name.split("-")[0] for d in (work / "stages").iterdir() if d.name not in after]
         if failpoint.endswith("after-manifest"):  # a boundary: the stage finished, nothing after it started
@@ -56,15 +70,22 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
         else:  # the killed stage left its directory without a manifest
             assert unfinished == [stage], (failpoint, unfinished)
 
+    written = _written(work)
     final = _run(work, tiny_model, api)
     assert final.returncode == 0, final.stderr[-3000:]
     done = _finished(work)
+    assert {n: _written(work)[n] for n in written} == written
 
-    # the partial work of the killed stages was resumed, not redone
+    # the work of the stages killed before their manifest was resumed whole, not redone
     by_stage = {(m.stage, m.round): m for m in done.values()}
-    assert by_stage[("sample", 1)].metrics["shards_reused"] == 1
-    assert by_stage[("label", 1)].metrics["judge_shards_reused"] == 1
-    assert by_stage[("train", 1)].metrics["resumed"] == 1
+    sample, label, train = by_stage[("sample", 1)], by_stage[("label", 1)], by_stage[("train", 1)]
+    assert sample.metrics["shards_reused"] == sample.metrics["shards"] == 4
+    assert label.metrics["judge_shards_reused"] == 4
+    assert train.metrics["resumed"] == 1 and train.metrics["resumed_from_step"] == train.metrics["steps"]
+    # and the resumed stages report what the uninterrupted ones did
+    ref_sample = next(m for m in reference.values() if (m.stage, m.round) == ("sample", 1))
+    assert sample.metrics["gen_tokens"] == ref_sample.metrics["gen_tokens"]
+    assert not any((work / "stages" / n / s).exists() for n in done for s in ("shards", "checkpoints"))
 
     # and every artifact is byte-identical to the uninterrupted run's
     assert sorted(done) == sorted(reference)

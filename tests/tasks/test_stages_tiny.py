@@ -59,7 +59,12 @@ def test_stages_write_exactly_their_files(tiny_model, tmp_path):
     ev, _ = evaluate.evaluate(store, tm, pm, EvaluateConfig(max_tokens=5), HF, src.model_dump(), seed=0, round=1,
                               isolate=False)
     assert files(store, ev) == ["eval.jsonl", "manifest.json"] and ev.metrics["eval_prompts"] == 4.0
-    assert 0.0 <= ev.metrics["accuracy"] <= 1.0
+    from ratchet.data.checkers import check
+    from ratchet.data.records import LabeledCompletion, read_jsonl
+
+    answered = read_jsonl(store.path(ev, "eval.jsonl"), LabeledCompletion)
+    right = [check(src.check, r.text, r.answer).correct for r in answered]
+    assert ev.metrics["accuracy"] == sum(right) / len(right)  # the number is the answers it scored
 
 
 def test_empty_accepted_set_stops_before_training(tiny_model, tmp_path):
@@ -95,8 +100,9 @@ def test_self_reward_chain_judge_pairs_dpo(tiny_model, tmp_path):
     assert files(store, lab) == ["labels.jsonl", "manifest.json"]  # judge shards folded in and removed
     assert [p.stage for p in lab.parents] == ["sample", "base"]
     rows = read_jsonl(store.path(lab, "labels.jsonl"), LabeledCompletion)
-    assert len(rows) == 32 and all(r.reward is not None and 0 <= r.reward <= 1 for r in rows)
-    assert all(r.correct is not None and r.votes == [r.reward] for r in rows)
+    assert len(rows) == 32 and all(r.correct is not None and r.votes == [r.reward] for r in rows)
+    for r in rows[:3]:  # each reward is P(yes) / (P(yes) + P(no)) of the judge prompt, from the model's logits
+        assert r.reward == pytest.approx(_p_yes_by_hand(tiny_model, r.prompt, r.text), abs=1e-4)
     assert lab.metrics["judge_scored_frac"] == 1.0 and lab.metrics["unscored"] == 0
 
     # resume: a second store holding a finished first shard judges only the rest
@@ -156,13 +162,16 @@ def test_mcts_chain_trees_pairs_dpo_and_shard_resume(tiny_model, tmp_path):
     trees = [json.loads(x) for x in store.path(lab, "trees.jsonl").read_text().splitlines()]
     assert len(trees) == 8 and all(t["nodes"][0]["n"] >= cfg.simulations for t in trees)
     rows = read_jsonl(store.path(lab, "labels.jsonl"), LabeledCompletion)
-    assert all(r.reward is not None and 0 <= r.reward <= 1 and r.correct is not None for r in rows)
+    assert all(r.correct is not None for r in rows)
+    for r in rows[:2]:  # a trajectory's value is the judge's P(yes) for its text
+        assert r.reward == pytest.approx(_p_yes_by_hand(tiny_model, r.prompt, r.text), abs=1e-4)
     for pid in {r.prompt_id for r in rows}:  # best first within each prompt
         rewards = [r.reward for r in rows if r.prompt_id == pid]
         assert rewards == sorted(rewards, reverse=True)
     m = lab.metrics
     assert m["mcts_prompts"] == 8 and m["mcts_gen_tokens"] > 0 and m["mcts_shards_reused"] == 0
-    assert 0 <= m["mcts_solved_frac"] <= 1 and m["labeled"] == len(rows)
+    solved = [any(n["correct"] for n in tr["nodes"]) for tr in trees]
+    assert m["mcts_solved_frac"] == sum(solved) / len(solved) and m["labeled"] == len(rows)
 
     # resume: an unfinished stage holding shard 0 searches only shard 1, and shard 0 stays as it was
     first_shard = store.path(lab, "trees.jsonl").read_text().splitlines()[:4]
@@ -186,3 +195,20 @@ def test_mcts_chain_trees_pairs_dpo_and_shard_resume(tiny_model, tmp_path):
 
     tm, _ = train.train(store, base, pairs, DPOTrainConfig(epochs=1, batch_size=4), seed=1, round=1, isolate=False)
     assert tm.metrics["rows"] == len(prs) and tm.info["objective"] == "dpo"
+
+
+def _p_yes_by_hand(model_dir, prompt: str, response: str) -> float:
+    """P(yes) / (P(yes) + P(no)) over the whole vocabulary, from the model's own next-token logits."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ratchet.models.sampler import chat_token_ids
+    from ratchet.tasks.judge import NO_WORDS, YES_WORDS, YES_NO, first_token_ids, judge_prompt
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([chat_token_ids(tok, [judge_prompt(YES_NO, prompt, response)])[0]])
+    with torch.inference_mode():
+        p = torch.softmax(model(input_ids=ids).logits[0, -1].float(), -1)
+    yes, no = (sum(p[i].item() for i in first_token_ids(tok, w)) for w in (YES_WORDS, NO_WORDS))
+    return yes / (yes + no)

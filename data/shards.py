@@ -1,0 +1,62 @@
+"""A stage's units of work on disk: `shards/NNNNN.jsonl`, each written whole and atomically,
+with what it cost (`NNNNN.cost.json`) written before it.
+
+A shard file exists exactly when its unit is done, so a resumed stage computes only the
+missing shards, and its metrics sum the cost of every shard, whichever attempt computed
+it: a stage resumed from all of its shards reports what the uninterrupted stage would.
+The folder is scratch: the stage folds the shards into its outputs and the store removes
+them after the manifest is written (ArtifactStore.finish(scratch=...)).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from pydantic import BaseModel
+
+
+def count(items: int, size: int) -> int:
+    return (items + size - 1) // size
+
+
+class Shards:
+    def __init__(self, folder: Path, n: int):
+        self.dir, self.n = Path(folder), n
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def path(self, i: int) -> Path:
+        return self.dir / f"{i:05d}.jsonl"
+
+    def missing(self) -> list[int]:
+        return [i for i in range(self.n) if not self.path(i).exists()]
+
+    def write(self, i: int, rows: Iterable[BaseModel | dict], cost: dict[str, float]) -> None:
+        """The shard's cost, then the shard itself; both atomic, the shard last."""
+        _atomic(self.dir / f"{i:05d}.cost.json", json.dumps(cost, sort_keys=True))
+        _atomic(self.path(i), "".join((r.model_dump_json() if isinstance(r, BaseModel) else
+                                       json.dumps(r, sort_keys=True)) + "\n" for r in rows))
+
+    def lines(self) -> Iterator[str]:
+        for i in range(self.n):
+            yield from (x for x in self.path(i).read_text().splitlines() if x.strip())
+
+    def cost(self) -> dict[str, float]:
+        """Every cost key summed over the shards (a shard written without one counts as 0)."""
+        total: dict[str, float] = {}
+        for i in range(self.n):
+            p = self.dir / f"{i:05d}.cost.json"
+            for k, v in (json.loads(p.read_text()) if p.exists() else {}).items():
+                total[k] = total.get(k, 0.0) + float(v)
+        return total
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
