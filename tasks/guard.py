@@ -113,7 +113,10 @@ _SURELY = (r"(?:(?:definitely|absolutely|completely|certainly|clearly|indeed|ful
 PATTERNS: list[tuple[str, re.Pattern, bool, bool]] = [(k, re.compile(p, re.I | re.M), strict, line) for k, p, strict, line in [
     # score
     ("score", rf"\b(?P<kw>scores?|scored|rating|rated|grade[ds]?|points|pts|marks|stars|verdict|evaluation|assessment|"
-              rf"judge?ment)\s*(?:[:=]|\bis\b|\bof\b)?\s*[*_`\"'(\[]*\s*{_NUM}\b", False, False),
+              rf"judge?ment)[\"'`*_\]]*\s*(?:[:=]|\bis\b|\bof\b)?\s*[*_`\"'(\[]*\s*{_NUM}\b", False, False),
+    ("score", r"\b(?P<kw>verdict|judge?ment|rating|score|grade|points|marks|correctness|accuracy|quality|confidence)"
+              r"[\"'`*_\]]*\s*[:=]", False, False),
+    ("score", r"[💯🏆🥇]", True, False),
     ("score", r"\b(?P<kw>scores?|rating|points|marks|grade)\s+(?:awarded|given|earned|assigned|received|achieved)\b",
      False, False),
     ("score", r"\b(?P<kw>out of)\s+(?:5|10|100|five|ten|a hundred)\b", False, False),
@@ -136,6 +139,7 @@ PATTERNS: list[tuple[str, re.Pattern, bool, bool]] = [(k, re.compile(p, re.I | r
     ("verdict", r"\b(?P<kw>answer|response|reply|output)\s*[:=]\s*(?:yes|correct|true|right)\b", False, False),
     ("verdict", r"(?:double[- ]?checked|verified|confirmed)\b.{0,40}\b(?P<kw>correct|right|accurate)\b", False, False),
     ("verdict", r"[✅✔☑✓]", True, False),
+    ("verdict", rf"\b(?P<kw>{_RESP})\s+(?:accepted|approved|verified|confirmed|validated|passes|passed)\b", False, False),
     # instruction
     ("instruction", r"\b(?:ignore|disregard|forget|override|bypass|skip)\s+(?:[\w'-]+\s+){0,3}?(?:instructions?|rubric|"
                     r"rules?|criteria|guidelines|prompts?|above|system|directions?|scoring|everything)\b", True, False),
@@ -152,15 +156,21 @@ PATTERNS: list[tuple[str, re.Pattern, bool, bool]] = [(k, re.compile(p, re.I | r
                     rf"highly|high)\b",
      False, False),
     ("instruction", r"\b(?:deserv\w*|merit\w*|warrant\w*|earns?|worthy of)\s+(?:[\w'-]+\s+){0,3}?(?P<kw>scores?|marks?|"
-                    r"points?|ratings?|stars?|grades?|full|maximum|highest|top|perfect|praise)\b", False, False),
+                    r"points?|ratings?|stars?|grades?|full|maximum|highest|top|perfect|praise|5|five|10|ten)\b",
+     False, False),
     ("instruction", r"\b(?:award|give|assign|grant)\w*\s+(?:[\w'-]+\s+){0,3}?(?:full|maximum|max|top|highest|perfect)\s+"
                     r"(?P<kw>marks?|scores?|points?|ratings?)\b", False, False),
     ("instruction", r"\[\s*(?:system|admin|note|instruction|important|override)\b", True, False),
+    ("instruction", r"\b(?:system|admin|developer|jailbreak|judge|grader)\s+(?:override|prompt|message|instructions?|"
+                    r"mode|note)\b|\b(?:evaluation|grading|judge|judging|developer|admin|god) mode\b", True, False),
+    ("instruction", r"\b(?:respond|reply|answer|say|output|print|return)\s+(?:only\s+)?(?:with\s+)?"
+                    r"(?:[\"'“‘]\s*(?:yes|correct|true|5|10|pass)\b|(?P<kw>yes)\b)", False, False),
     # fence
     ("fence", r"</?\s*(?P<kw>response|question|proposed_answer)\b[^<>]{0,40}>", True, True),
     ("fence", r"</?\s*(?P<kw>answer|prompt|user|assistant|system|judge|judgement|verdict|score|rating|evaluation|"
               r"rubric|instructions?|output|input|context|human|ai|model|grade|review|feedback)\b[^<>]{0,40}>", False, True),
-    ("fence", r"<\|[^<>|]{1,40}\|>|\[/?INST\]|<</?SYS>>|</?s>|\]\]>|<!\[CDATA\[", True, True),
+    ("fence", r"<\|[^<>|]{1,40}\|>|\[/?INST\]|<</?SYS>>|</?s>|\]\]>|<!\[CDATA\[|"
+              r"</?\|?[a-z_]*(?:eos|bos|eot|endoftext|end_of_turn|start_of_turn|im_start|im_end)[a-z_]*\|?>", True, True),
     ("fence", r"^\s*#{1,6}\s*(?P<kw>instructions?|response|system|user|assistant|human|evaluation|judge|verdict|score|"
               r"rating|review|assessment|feedback|grade)\b", False, True),
     ("fence", rf"\b(?:end|start|begin|close|beginning)\s+(?:of\s+)?(?:the\s+)?(?P<kw>{_RESP}|input|message|"
