@@ -34,6 +34,19 @@ from ratchet.data.errors import ConfigError, ProblemReport, show
 from ratchet.data.records import Prompt
 
 
+def check_placeholders(template: str, names: set[str]) -> str:
+    """`template` if its {placeholders} are exactly `names`; else a ValueError that says so."""
+    try:
+        found = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as e:
+        raise ValueError(f"not a valid template ({e}); write literal braces as {{{{ and }}}}") from None
+    if found != names:
+        want = " and ".join(f"{{{n}}}" for n in sorted(names))
+        raise ValueError(f"the template needs exactly the placeholders {want}, found {sorted(found) or 'none'}; "
+                         "write literal braces as {{ and }}")
+    return template
+
+
 class AdditionSource(BaseModel):
     """Built-in: single-step integer addition with a checkable answer."""
 
@@ -49,14 +62,7 @@ class AdditionSource(BaseModel):
     @field_validator("template")
     @classmethod
     def _placeholders(cls, v: str) -> str:
-        try:
-            names = {f for _, f, _, _ in string.Formatter().parse(v) if f is not None}
-        except ValueError as e:
-            raise ValueError(f"not a valid template ({e}); write literal braces as {{{{ and }}}}") from None
-        if names != {"a", "b"}:
-            raise ValueError(f"the template needs exactly the placeholders {{a}} and {{b}}, found "
-                             f"{sorted(names) or 'none'}")
-        return v
+        return check_placeholders(v, {"a", "b"})
 
 
 class FileSource(BaseModel):

@@ -20,9 +20,11 @@ from ratchet.data.prompts import SourceConfig
 from ratchet.data.records import LabeledCompletion, Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig, SamplingParams
+from ratchet.tasks.sample import open_policy
 from ratchet.tasks.stage import StageRequest, code_version, run_stage
 
-CODE = code_version("ratchet.tasks.evaluate", "ratchet.models.sampler", "ratchet.data.checkers", "ratchet.data.records")
+CODE = code_version("ratchet.tasks.evaluate", "ratchet.tasks.sample", "ratchet.models.sampler", "ratchet.data.checkers",
+                    "ratchet.data.records")
 
 
 class EvaluateConfig(BaseModel):
@@ -43,16 +45,11 @@ def eval_set_id(prompts: StageManifest, eval_cfg: dict, sampler: dict, check_cfg
 
 
 def evaluate_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
-    from ratchet.models.sampler import open_sampler
-    from ratchet.tasks.prepare import model_dir
 
     cfg = EvaluateConfig.model_validate(req.config["evaluate"])
     src = TypeAdapter(SourceConfig).validate_python(req.config["data"])
     prompts = read_jsonl(store.path(req.parent("prompts"), "eval.jsonl"), Prompt)
-    t = time.time()
-    sampler = open_sampler(model_dir(store, req.parent_model), SamplerConfig.model_validate(req.config["sampler"]),
-                           seed=req.seed)
-    load_s = time.time() - t
+    sampler, load_s = open_policy(req, store)
     t = time.time()
     gens = sampler.generate([p.prompt for p in prompts], SamplingParams(n=1, temperature=0.0,
                             max_tokens=cfg.max_tokens), seed=req.seed)

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import math
 import re
-import string
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ratchet.data.prompts import check_placeholders
 from ratchet.tasks.guard import GuardConfig, guard
 
 RUBRIC = """Review the user's question and the response below, and score the response with this additive 5-point system. Start from 0 and add points for each criterion the response meets:
@@ -87,15 +87,7 @@ class JudgeLabel(BaseModel):
     @field_validator("template")
     @classmethod
     def _template_fields(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                names = {f for _, f, _, _ in string.Formatter().parse(v) if f is not None}
-            except ValueError as e:
-                raise ValueError(f"not a valid template ({e}); write literal braces as {{{{ and }}}}") from None
-            if names != {"prompt", "response"}:
-                raise ValueError(f"a judge template needs exactly the placeholders {{prompt}} and {{response}}, "
-                                 f"found {sorted(names) or 'none'}; write literal braces as {{{{ and }}}}")
-        return v
+        return v if v is None else check_placeholders(v, {"prompt", "response"})
 
     def prompt_template(self) -> str:
         return self.template if self.template is not None else DEFAULT_TEMPLATES[self.mode]

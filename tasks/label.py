@@ -206,18 +206,15 @@ def judge(req: StageRequest, store: ArtifactStore, rows: list[Completion], check
     """Score rows with the policy as judge, shard by shard (resumable); returns rows and judge metrics."""
     from tqdm import tqdm
 
-    from ratchet.models.sampler import SamplerConfig, open_sampler
+    from ratchet.models.sampler import SamplerConfig
     from ratchet.tasks.judge import check_fits, judge_batch
-    from ratchet.tasks.prepare import model_dir
-    from ratchet.tasks.sample import shard_seed
+    from ratchet.tasks.sample import open_policy, shard_seed
 
     shards = Shards(store.stage_dir(req.stage, req.key) / "shards", count(len(rows), cfg.shard_size))
     missing, load_s = shards.missing(), 0.0
     if missing:
-        t0 = time.time()
+        sampler, load_s = open_policy(req, store)
         scfg = SamplerConfig.model_validate(req.config["sampler"])
-        sampler = open_sampler(model_dir(store, req.parent_model), scfg, seed=req.seed)
-        load_s = time.time() - t0
         if scfg.backend == "vllm":
             check_fits(sampler.tokenizer, cfg, [(c.prompt, c.text) for c in rows], scfg.max_model_len)
         for s in tqdm(missing, desc="judge", unit="shard"):
@@ -266,20 +263,15 @@ def tree_search(req: StageRequest, store: ArtifactStore, prompts: list[Prompt], 
 
     from tqdm import tqdm
 
-    from ratchet.models.sampler import SamplerConfig, open_sampler
     from ratchet.tasks.judge import judge_values
     from ratchet.tasks.mcts import Tree, complete_nodes, search, tree_stats
-    from ratchet.tasks.prepare import model_dir
-    from ratchet.tasks.sample import shard_seed
+    from ratchet.tasks.sample import open_policy, shard_seed
 
     d = store.stage_dir(req.stage, req.key)
     shards = Shards(d / "shards", count(len(prompts), cfg.shard_size))
     missing, load_s = shards.missing(), 0.0
     if missing:
-        t0 = time.time()
-        sampler = open_sampler(model_dir(store, req.parent_model), SamplerConfig.model_validate(req.config["sampler"]),
-                               seed=req.seed)
-        load_s = time.time() - t0
+        sampler, load_s = open_policy(req, store)
 
         def score(items: list[tuple[Tree, str]]) -> list[tuple[float, bool | None]]:
             truth = [check(check_cfg, text, t.answer).correct if t.answer is not None else None

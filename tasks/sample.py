@@ -65,20 +65,25 @@ def generate_shards(sampler, prompts: list[Prompt], params: SamplingParams, seed
         failpoints.hit("sample:shard")
 
 
-def sample_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
+def open_policy(req: StageRequest, store: ArtifactStore):
+    """(sampler, seconds it took to load) for the stage's policy, with the stage's sampler settings."""
     from ratchet.models.sampler import open_sampler
     from ratchet.tasks.prepare import model_dir
 
+    t = time.time()
+    sampler = open_sampler(model_dir(store, req.parent_model), SamplerConfig.model_validate(req.config["sampler"]),
+                           seed=req.seed)
+    return sampler, time.time() - t
+
+
+def sample_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     cfg = SampleConfig.model_validate(req.config["sample"])
     prompts = read_jsonl(store.path(req.parent("prompts"), "train.jsonl"), Prompt)
     d = store.stage_dir(req.stage, req.key)
     shards = Shards(d / "shards", count(len(prompts), cfg.shard_size))
     missing, load_s = shards.missing(), 0.0
     if missing:
-        t = time.time()
-        sampler = open_sampler(model_dir(store, req.parent_model), SamplerConfig.model_validate(req.config["sampler"]),
-                               seed=req.seed)
-        load_s = time.time() - t
+        sampler, load_s = open_policy(req, store)
         generate_shards(sampler, prompts, cfg.params(), req.seed, shards, cfg.shard_size)
         sampler.close()
     rows = [Completion.model_validate_json(x) for x in shards.lines()]

@@ -107,8 +107,9 @@ def test_one_round_end_to_end(reference):
     assert all(r.info.status == "FINISHED" for r in runs2)
     assert len(c.get_metric_history(children[1].info.run_id, "sample.tokens_per_s")) == 1
     assert len(c.get_metric_history(ctx.parent_run_id, "eval.accuracy")) == 2  # rounds 0 and 1, once each
-    # the same models are not registered twice
+    # the same models are not registered twice, and the round table shows the registry's decisions again
     assert [r.version for r in again] == [r.version for r in results]
+    assert [r.promoted for r in again] == [r.promoted for r in results] and results[0].promoted
     assert len(c.search_model_versions(f"name='{tracker.model_name}'")) == 2
 
     # a hand-corrupted artifact is reported, and the command fails

@@ -11,7 +11,6 @@ and reuses that work instead of redoing it.
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,16 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.tiny import CONFIG, ROOT, overrides, ratchet
+from tests.flows.tiny import CONFIG, ROOT, free_port, overrides, ratchet
 
 pytestmark = pytest.mark.integration
 CRON = "0 4 1 1 *"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -47,7 +40,7 @@ def prefect_server(tmp_path_factory):
     import httpx
 
     home = tmp_path_factory.mktemp("prefect-server")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_UI_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
     log = open(home / "server.log", "w")

@@ -5,7 +5,6 @@ which must end up nowhere."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,22 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.tiny import CONFIG, overrides
+from tests.flows.tiny import CONFIG, free_port, overrides
 
 pytestmark = pytest.mark.integration
 SECRET = "s3cret-pw"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def mlflow_server(tmp_path):
     """A real `mlflow server` on loopback, stopped after the test."""
-    port = _free_port()
+    port = free_port()
     root = tmp_path / "mlflow-server"
     root.mkdir()
     proc = subprocess.Popen(

@@ -25,3 +25,12 @@ def ratchet(*args, api_url: str, env: dict | None = None, timeout: int = 600) ->
     full.update(env or {})
     return subprocess.run([sys.executable, "-m", "ratchet.flows.cli", *map(str, args)], cwd=ROOT, env=full,
                           start_new_session=True, capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on, for a server a test starts."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
