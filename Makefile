@@ -34,6 +34,7 @@ bench: setup
 	$(BIN)/python bench/sample_bench.py
 	$(BIN)/python bench/dpo_bench.py
 	$(BIN)/python bench/mcts_bench.py
+	$(BIN)/python bench/judge_attack_bench.py
 
 clean:
 	rm -rf runs

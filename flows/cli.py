@@ -52,8 +52,8 @@ def _summary(results, champion: str | None) -> str:
     lines = [f"{'round':>5} {'accuracy':>9} {'version':>7} {'promoted':>8}  stage wall times (s)"]
     for r in results:
         walls = ", ".join(f"{s} {t:.0f}" for s, t in r.stage_wall_s.items())
-        mark = ("*" if r.promoted else "") + (" (champion)" if r.version == champion else "")
-        lines.append(f"{r.round:>5} {r.accuracy:>9.3f} {r.version:>7} {mark:>8}  {walls}")
+        tail = "  <- champion" if r.version == champion else ""
+        lines.append(f"{r.round:>5} {r.accuracy:>9.3f} {r.version:>7} {'*' if r.promoted else '':>8}  {walls}{tail}")
     return "\n".join(lines)
 
 

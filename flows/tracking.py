@@ -67,6 +67,8 @@ def redact(uri: str) -> str:
     """A URI safe to print: password and secret query values replaced by ***."""
     clean, user, password = split_credentials(uri)
     parts = urlsplit(clean)
+    if not (user or password or any(k.lower() in SECRET_QUERY for k, _ in parse_qsl(parts.query))):
+        return uri  # nothing to hide; rebuilding could drop the slashes of sqlite:////abs/path
     if user or password:
         parts = parts._replace(netloc=f"{user or ''}{':***' if password else ''}@{parts.netloc}")
     if parts.query:

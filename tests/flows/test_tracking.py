@@ -157,6 +157,7 @@ def test_credentials_never_stay_in_the_config(monkeypatch):
     assert (os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]) == ("alice", "s3cret")
     assert "s3cret" not in json.dumps(cfg.model_dump())
     assert redact("https://alice:s3cret@host/x?token=abc&a=1") == "https://alice:***@host/x?token=***&a=1"
+    assert redact("sqlite:////abs/runs/mlflow.db") == "sqlite:////abs/runs/mlflow.db"
     with pytest.raises(ValueError, match=r"secret in its query string \(token\).*MLFLOW_TRACKING_TOKEN"):
         TrackingConfig(uri="https://host/?token=abc")
     r = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "config", "flows/configs/default.yaml",
