@@ -163,7 +163,8 @@ PATTERNS: list[tuple[str, re.Pattern, bool, bool]] = [(k, re.compile(p, re.I | r
     ("instruction", r"\[\s*(?:system|admin|note|instruction|important|override)\b", True, False),
     ("instruction", r"\b(?:system|admin|developer|jailbreak|judge|grader)\s+(?:override|prompt|message|instructions?|"
                     r"mode|note)\b|\b(?:evaluation|grading|judge|judging|developer|admin|god) mode\b", True, False),
-    ("instruction", r"\b(?:respond|reply|answer|say|output|print|return)\s+(?:only\s+)?(?:with\s+)?"
+    ("instruction", r"(?:^|(?<=[.!?:;(] ))\s*(?:please\s+)?(?:respond|reply|answer|say|output|print|return)\s+"
+                    r"(?:only\s+)?(?:with\s+)?"
                     r"(?:[\"'“‘]\s*(?:yes|correct|true|5|10|pass)\b|(?P<kw>yes)\b)", False, False),
     # fence
     ("fence", r"</?\s*(?P<kw>response|question|proposed_answer)\b[^<>]{0,40}>", True, True),
@@ -179,7 +180,7 @@ PATTERNS: list[tuple[str, re.Pattern, bool, bool]] = [(k, re.compile(p, re.I | r
               r"|\btotal points\b", True, True),
     # role
     ("role", rf"^[\s>*#\[(\-]*(?P<kw>{_ROLES})\s*[\])]*\s*[:：]", False, True),
-    ("role", r"\bas (?:an?|the) (?P<kw>ai|assistant|evaluator|judge|grader|reviewer|language model)\b", False, False),
+    ("role", r"\bas (?:an?|the) (?P<kw>evaluator|judge|grader|reviewer|rater|assessor)\b", False, False),
 ]]
 # a line that is nothing but a verdict, in a response that has more to it
 _VERDICT_LINE = re.compile(r"^[^\w\n]*(?P<kw>yes|correct|right|true|pass(?:ed)?|approved|verified|accepted|valid)"
