@@ -123,7 +123,8 @@ PATTERNS: list[tuple[str, re.Pattern, bool, bool]] = [(k, re.compile(p, re.I | r
     ("score", r"(?<![\d.])(5\s*/\s*5|10\s*/\s*10|100\s*/\s*100)(?![\d.])", True, False),
     ("score", r"\b(?:full|maximum|max|highest|top|perfect|best|high|best possible)\s+(?P<kw>scores?|marks?|points?|"
               r"ratings?|grades?|stars?)\b", False, False),
-    ("score", rf"\b{_NUM}\s+(?P<kw>stars?|points?)\b", False, False),
+    ("score", r"\b(?:\d+(?:\.\d+)?|one|two|three|four|five|six|seven|eight|nine|ten)\s+(?P<kw>stars?|points?)\b",
+     False, False),  # "zero point" is a phrase, not a score
     ("score", r"[★⭐✩✪✫✬✭✮✯✰☆]", True, False),
     # verdict
     ("verdict", rf"\b(?P<kw>verdict|judge?ment|assessment|evaluation|conclusion|result|status|grade|decision)\s*"
