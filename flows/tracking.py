@@ -128,6 +128,16 @@ def transient(e: BaseException) -> bool:
     return "database is locked" in str(e)
 
 
+# Setting a tag or alias is an upsert, so repeating one is safe. An MLflow server's SQL store
+# implements it as read-then-insert, so two clients setting the same new tag at once can lose
+# the race with a UNIQUE constraint error; the retry finds the row and updates it.
+_UPSERTS = {"set_tag", "set_model_version_tag", "set_registered_model_tag", "set_registered_model_alias"}
+
+
+def lost_upsert_race(e: BaseException, what: str) -> bool:
+    return what in _UPSERTS and "UNIQUE constraint failed" in str(e)
+
+
 def retrying(fn, what: str):
     """`fn` with transient errors retried (RETRY_DELAYS), then raised as TrackingError."""
 
@@ -137,7 +147,7 @@ def retrying(fn, what: str):
             try:
                 return fn(*args, **kwargs)
             except Exception as e:
-                if not transient(e):
+                if not (transient(e) or lost_upsert_race(e, what)):
                     raise
                 if delay is None:
                     raise TrackingError(f"MLflow {what} failed {len(RETRY_DELAYS) + 1} times ({type(e).__name__}: "
@@ -394,7 +404,9 @@ class Tracker:
 
     def record_accuracy(self, version: str, eval_set: str, accuracy: float) -> None:
         """Record a version's held-out accuracy on one eval set (a version can have several)."""
-        self.client.set_model_version_tag(self.model_name, version, f"ratchet.accuracy.{eval_set}", f"{accuracy:.6f}")
+        with self.lock():
+            self.client.set_model_version_tag(self.model_name, version, f"ratchet.accuracy.{eval_set}",
+                                              f"{accuracy:.6f}")
 
     def accuracy(self, version: str, eval_set: str) -> float | None:
         value = self.version(version).tags.get(f"ratchet.accuracy.{eval_set}")

@@ -63,6 +63,39 @@ def test_a_transient_error_is_retried_never_read_as_absent(tmp_path, fast_retrie
     assert len(raw.search_model_versions("name='ratchet-t'")) == 1
 
 
+def test_a_tag_write_that_loses_the_servers_insert_race_is_retried_as_the_upsert_it_is(tmp_path, fast_retries,
+                                                                                       monkeypatch):
+    """An MLflow server sets a tag by read-then-insert: two clients setting the same new tag at
+    once can get a UNIQUE constraint error. Setting a tag is an upsert, so it is repeated; any
+    other call with that error is not."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import BAD_REQUEST
+
+    t, store, run = _tracker(tmp_path)
+    v = t.register(run, store, _model(store, "a"), {})
+    raw = t.client._client
+    real, calls = raw.set_model_version_tag, {"n": 0}
+
+    def racing(name, version, key, value):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            real(name, version, key, "0.100000")  # the other client's insert lands first
+            raise MlflowException("BAD_REQUEST: (sqlite3.IntegrityError) UNIQUE constraint failed: "
+                                  "model_version_tags.key", error_code=BAD_REQUEST)
+        return real(name, version, key, value)
+
+    monkeypatch.setattr(raw, "set_model_version_tag", racing)
+    t.record_accuracy(v, "E", 0.25)
+    assert calls["n"] == 2 and t.accuracy(v, "E") == 0.25
+
+    def unique(*args, **kwargs):
+        raise MlflowException("UNIQUE constraint failed: registered_models.name", error_code=BAD_REQUEST)
+
+    monkeypatch.setattr(raw, "create_registered_model", unique)
+    with pytest.raises(MlflowException, match="UNIQUE"):
+        t.client.create_registered_model("x")  # not an upsert: raised as it is, not retried
+
+
 def test_a_store_that_keeps_failing_fails_the_stage_and_changes_nothing(tmp_path, fast_retries, monkeypatch):
     t, store, run = _tracker(tmp_path)
     a, b = _model(store, "a"), _model(store, "b")
