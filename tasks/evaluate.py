@@ -10,6 +10,7 @@ compares nothing else.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -20,11 +21,12 @@ from ratchet.data.prompts import SourceConfig
 from ratchet.data.records import LabeledCompletion, Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig, SamplingParams
-from ratchet.tasks.sample import open_policy
+from ratchet.tasks.sample import PolicyWork, policy_of
 from ratchet.tasks.stage import StageRequest, code_version, run_stage
+from ratchet.tasks.units import run_units
 
-CODE = code_version("ratchet.tasks.evaluate", "ratchet.tasks.sample", "ratchet.models.sampler", "ratchet.data.checkers",
-                    "ratchet.data.records")
+CODE = code_version("ratchet.tasks.evaluate", "ratchet.tasks.sample", "ratchet.tasks.units", "ratchet.models.sampler",
+                    "ratchet.data.checkers", "ratchet.data.records", "ratchet.data.shards")
 
 
 class EvaluateConfig(BaseModel):
@@ -33,6 +35,7 @@ class EvaluateConfig(BaseModel):
     min_improvement: float = Field(
         default=0.0, ge=0, description="champion moves only if accuracy beats the champion's by more than this"
     )
+    shard_size: int = Field(default=64, ge=1, description="held-out prompts per unit (the unit of resume)")
 
 
 def eval_set_id(prompts: StageManifest, eval_cfg: dict, sampler: dict, check_cfg: dict) -> str:
@@ -44,35 +47,47 @@ def eval_set_id(prompts: StageManifest, eval_cfg: dict, sampler: dict, check_cfg
                         "dtype": resolve_dtype(sampler["dtype"])})[:16]
 
 
-def evaluate_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
+@dataclass
+class EvaluateWork(PolicyWork):
+    """A unit: greedy answers to `size` held-out prompts, checked against their references."""
 
+    stage = "evaluate"
+    max_tokens: int
+    check: object  # the data source's answer check
+
+    def run(self, sampler, chunk: list[Prompt], seed: int):
+        t = time.time()
+        gens = sampler.generate([p.prompt for p in chunk], SamplingParams(n=1, temperature=0.0,
+                                max_tokens=self.max_tokens), seed=seed)
+        rows = []
+        for p, (g,) in zip(chunk, gens):
+            v = check(self.check, g.text, p.answer) if p.answer is not None else None
+            rows.append(LabeledCompletion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, index=0, text=g.text,
+                                          n_tokens=g.n_tokens, reward=float(v.correct) if v else 0.0,
+                                          extracted=v.extracted if v else None, correct=v.correct if v else None))
+        return rows, {"gen_s": time.time() - t, "gen_tokens": sum(r.n_tokens for r in rows)}
+
+
+def evaluate_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     cfg = EvaluateConfig.model_validate(req.config["evaluate"])
     src = TypeAdapter(SourceConfig).validate_python(req.config["data"])
     prompts = read_jsonl(store.path(req.parent("prompts"), "eval.jsonl"), Prompt)
-    sampler, load_s = open_policy(req, store)
-    t = time.time()
-    gens = sampler.generate([p.prompt for p in prompts], SamplingParams(n=1, temperature=0.0,
-                            max_tokens=cfg.max_tokens), seed=req.seed)
-    gen_s = time.time() - t
-    sampler.close()
-    rows = []
-    for p, (g,) in zip(prompts, gens):
-        v = check(src.check, g.text, p.answer) if p.answer is not None else None
-        rows.append(LabeledCompletion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, index=0, text=g.text,
-                                      n_tokens=g.n_tokens, reward=float(v.correct) if v else 0.0,
-                                      extracted=v.extracted if v else None))
     d = store.stage_dir(req.stage, req.key)
+    done = run_units(EvaluateWork(items=prompts, size=cfg.shard_size, max_tokens=cfg.max_tokens, check=src.check,
+                                  **policy_of(req, store)), d / "shards")
+    rows = [LabeledCompletion.model_validate_json(x) for x in done.shards.lines()]
     n = write_jsonl(d / "eval.jsonl", rows)
-    scored = [r for r, p in zip(rows, prompts) if p.answer is not None]
-    toks = sum(r.n_tokens for r in rows)
+    scored = [r for r in rows if r.correct is not None]
+    cost = done.cost
     metrics = {"accuracy": sum(r.reward for r in scored) / max(len(scored), 1), "eval_prompts": float(n),
-               "mean_tokens": toks / max(n, 1), "gen_s": gen_s, "load_s": load_s,
-               "tokens_per_s": toks / gen_s if gen_s else 0.0}
+               "mean_tokens": cost.get("gen_tokens", 0.0) / max(n, 1), "gen_s": cost.get("gen_s", 0.0),
+               "load_s": done.load_s, "shards_reused": float(done.reused),
+               "tokens_per_s": cost["gen_tokens"] / cost["gen_s"] if cost.get("gen_s") else 0.0}
     eval_set = eval_set_id(req.parent("prompts"), req.config["evaluate"], req.config["sampler"],
                            req.config["data"]["check"])
     return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
                         config=req.config, parents=req.parents, outputs={"eval.jsonl": n}, metrics=metrics,
-                        info={"eval_set": eval_set}, started=req.started)
+                        info={"eval_set": eval_set}, started=req.started, scratch=("shards",))
 
 
 def evaluate(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: EvaluateConfig,
@@ -81,4 +96,4 @@ def evaluate(store: ArtifactStore, policy: StageManifest, prompts: StageManifest
     config = {"evaluate": cfg.model_dump(exclude={"min_improvement"}), "sampler": sampler.model_dump(),
               "data": data_cfg, "seed": seed}
     return run_stage(store, stage="evaluate", round=round, body="ratchet.tasks.evaluate:evaluate_body", code=CODE,
-                     config=config, parents=[policy, prompts], isolate=isolate, run=run)
+                     config=config, parents=[policy, prompts], isolate=isolate, keep_partial=True, run=run)

@@ -31,30 +31,31 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from ratchet.data import failpoints
 from ratchet.data.checkers import answer_key, check, extract
 from ratchet.data.errors import ConfigError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig
 from ratchet.data.records import Completion, LabeledCompletion, Prompt, read_jsonl, write_jsonl
-from ratchet.data.shards import Shards, count
 from ratchet.data.store import ArtifactStore
 from ratchet.tasks.judge import JudgeLabel
 from ratchet.tasks.mcts import MctsLabel
+from ratchet.tasks.sample import PolicyWork, policy_of
 from ratchet.tasks.stage import StageRequest, code_version, run_stage
+from ratchet.tasks.units import run_units
 
 CODE = code_version("ratchet.tasks.label", "ratchet.tasks.judge", "ratchet.tasks.guard", "ratchet.data.checkers",
                     "ratchet.data.records")
 JUDGE_CODE = code_version("ratchet.tasks.label", "ratchet.tasks.judge", "ratchet.tasks.guard", "ratchet.tasks.sample",
-                          "ratchet.models.sampler", "ratchet.data.checkers", "ratchet.data.records",
-                          "ratchet.data.shards")
+                          "ratchet.tasks.units", "ratchet.models.sampler", "ratchet.data.checkers",
+                          "ratchet.data.records", "ratchet.data.shards")
 MCTS_CODE = code_version("ratchet.tasks.label", "ratchet.tasks.mcts", "ratchet.tasks.judge", "ratchet.tasks.guard",
-                         "ratchet.tasks.sample", "ratchet.models.sampler", "ratchet.data.checkers",
-                         "ratchet.data.records", "ratchet.data.shards")
+                         "ratchet.tasks.sample", "ratchet.tasks.units", "ratchet.models.sampler",
+                         "ratchet.data.checkers", "ratchet.data.records", "ratchet.data.shards")
 
 
 class VerifierLabel(BaseModel):
@@ -201,42 +202,48 @@ def reward_stats(rows: list[LabeledCompletion]) -> dict[str, float]:
     return out
 
 
+@dataclass
+class JudgeWork(PolicyWork):
+    """A unit: `size` completions rated by the policy as judge (tasks/judge.py)."""
+
+    stage = "label"
+    cfg: JudgeLabel
+    check: object  # the data source's answer check (the verifier's verdict is kept beside the reward)
+
+    def open(self):
+        sampler = super().open()
+        if self.sampler.backend == "vllm":  # every judge prompt must fit the engine's context
+            from ratchet.tasks.judge import check_fits
+
+            check_fits(sampler.tokenizer, self.cfg, [(c.prompt, c.text) for c in self.items], self.sampler.max_model_len)
+        return sampler
+
+    def run(self, sampler, chunk: list[Completion], seed: int):
+        from ratchet.tasks.judge import judge_batch
+
+        t = time.time()
+        scores = judge_batch(sampler, self.cfg, [(c.prompt, c.text) for c in chunk], seed)
+        rows = [LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index,
+                                  text=c.text, n_tokens=c.n_tokens, reward=reward, votes=votes, flags=flags or None,
+                                  extracted=extract(self.check, c.text), correct=_truth(self.check, c))
+                for c, (reward, votes, flags) in zip(chunk, scores)]
+        return rows, {"judge_s": time.time() - t, "judged": len(chunk)}
+
+
 def judge(req: StageRequest, store: ArtifactStore, rows: list[Completion], check_cfg, cfg: JudgeLabel
           ) -> tuple[list[LabeledCompletion], dict[str, float]]:
-    """Score rows with the policy as judge, shard by shard (resumable); returns rows and judge metrics."""
-    from tqdm import tqdm
-
-    from ratchet.models.sampler import SamplerConfig
-    from ratchet.tasks.judge import check_fits, judge_batch
-    from ratchet.tasks.sample import open_policy, shard_seed
-
-    shards = Shards(store.stage_dir(req.stage, req.key) / "shards", count(len(rows), cfg.shard_size))
-    missing, load_s = shards.missing(), 0.0
-    if missing:
-        sampler, load_s = open_policy(req, store)
-        scfg = SamplerConfig.model_validate(req.config["sampler"])
-        if scfg.backend == "vllm":
-            check_fits(sampler.tokenizer, cfg, [(c.prompt, c.text) for c in rows], scfg.max_model_len)
-        for s in tqdm(missing, desc="judge", unit="shard"):
-            chunk = rows[s * cfg.shard_size : (s + 1) * cfg.shard_size]
-            t = time.time()
-            scores = judge_batch(sampler, cfg, [(c.prompt, c.text) for c in chunk], shard_seed(req.seed, s))
-            shards.write(s, [
-                LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index,
-                                  text=c.text, n_tokens=c.n_tokens, reward=reward, votes=votes, flags=flags or None,
-                                  extracted=extract(check_cfg, c.text), correct=_truth(check_cfg, c))
-                for c, (reward, votes, flags) in zip(chunk, scores)], {"judge_s": time.time() - t, "judged": len(chunk)})
-            failpoints.hit("label:shard")
-        sampler.close()
-    out = [LabeledCompletion.model_validate_json(x) for x in shards.lines()]
-    cost = shards.cost()
+    """Score rows with the policy as judge, unit by unit (resumable); returns rows and judge metrics."""
+    done = run_units(JudgeWork(items=rows, size=cfg.shard_size, cfg=cfg, check=check_cfg, **policy_of(req, store)),
+                     store.stage_dir(req.stage, req.key) / "shards")
+    out = [LabeledCompletion.model_validate_json(x) for x in done.shards.lines()]
+    cost = done.cost
     votes = [v for r in out for v in (r.votes or [])]
     metrics = {
         "judge_scored_frac": sum(r.reward is not None for r in out) / max(len(out), 1),
         "judge_verdicts_read_frac": sum(v is not None for v in votes) / max(len(votes), 1),
         "judge_verdicts": float(len(votes)),
-        "judge_s": cost.get("judge_s", 0.0), "judge_load_s": load_s,
-        "judge_shards_reused": float(shards.n - len(missing)),
+        "judge_s": cost.get("judge_s", 0.0), "judge_load_s": done.load_s,
+        "judge_shards_reused": float(done.reused),
         "judgements_per_s": cost["judged"] / cost["judge_s"] if cost.get("judge_s") else 0.0,
         **injection_stats([r.flags or [] for r in out]),
     }
@@ -255,44 +262,48 @@ def injection_stats(flags: list[list[str]]) -> dict[str, float]:
     return out
 
 
+@dataclass
+class MctsWork(PolicyWork):
+    """A unit: one tree search per prompt for `size` prompts (tasks/mcts.py), scored by the
+    verifier or by the policy as judge."""
+
+    stage = "label"
+    cfg: MctsLabel
+    check: object
+
+    def run(self, sampler, chunk: list[Prompt], seed: int):
+        from ratchet.tasks.judge import judge_values
+        from ratchet.tasks.mcts import Tree, search
+
+        def score(items: list[tuple[Tree, str]]) -> list[tuple[float, bool | None]]:
+            truth = [check(self.check, text, t.answer).correct if t.answer is not None else None
+                     for t, text in items]
+            if self.cfg.value == "verifier":
+                return [(float(c), c) for c in truth]
+            values = judge_values(sampler, self.cfg.judge, [(t.prompt, text) for t, text in items], self.seed)
+            return list(zip(values, truth))
+
+        trees = [Tree(prompt_id=p.id, prompt=p.prompt, answer=p.answer) for p in chunk]
+        t = time.time()
+        search(trees, sampler, self.cfg, seed, score)
+        return [tr.to_json() for tr in trees], {"mcts_s": time.time() - t,
+                                                 "tokens": sum(tr.gen_tokens() for tr in trees)}
+
+
 def tree_search(req: StageRequest, store: ArtifactStore, prompts: list[Prompt], check_cfg, cfg: MctsLabel
                 ) -> tuple[list[LabeledCompletion], dict[str, float]]:
-    """MCTS over the prompts, shard by shard (a resumed stage searches only missing shards).
+    """MCTS over the prompts, unit by unit (a resumed stage searches only missing units).
     Writes trees.jsonl; returns every scored trajectory (best first per prompt) and metrics."""
     import json
 
-    from tqdm import tqdm
-
-    from ratchet.tasks.judge import judge_values
-    from ratchet.tasks.mcts import Tree, complete_nodes, search, tree_stats
-    from ratchet.tasks.sample import open_policy, shard_seed
+    from ratchet.tasks.mcts import Tree, complete_nodes, tree_stats
 
     d = store.stage_dir(req.stage, req.key)
-    shards = Shards(d / "shards", count(len(prompts), cfg.shard_size))
-    missing, load_s = shards.missing(), 0.0
-    if missing:
-        sampler, load_s = open_policy(req, store)
-
-        def score(items: list[tuple[Tree, str]]) -> list[tuple[float, bool | None]]:
-            truth = [check(check_cfg, text, t.answer).correct if t.answer is not None else None
-                     for t, text in items]
-            if cfg.value == "verifier":
-                return [(float(c), c) for c in truth]
-            values = judge_values(sampler, cfg.judge, [(t.prompt, text) for t, text in items], req.seed)
-            return list(zip(values, truth))
-
-        for s in tqdm(missing, desc="mcts", unit="shard"):
-            chunk = prompts[s * cfg.shard_size : (s + 1) * cfg.shard_size]
-            trees = [Tree(prompt_id=p.id, prompt=p.prompt, answer=p.answer) for p in chunk]
-            t = time.time()
-            search(trees, sampler, cfg, shard_seed(req.seed, s), score)
-            shards.write(s, [tr.to_json() for tr in trees],
-                         {"mcts_s": time.time() - t, "tokens": sum(tr.gen_tokens() for tr in trees)})
-            failpoints.hit("label:shard")
-        sampler.close()
-    trees = [Tree.from_json(json.loads(line)) for line in shards.lines()]
+    done = run_units(MctsWork(items=prompts, size=cfg.shard_size, cfg=cfg, check=check_cfg, **policy_of(req, store)),
+                     d / "shards")
+    trees = [Tree.from_json(json.loads(line)) for line in done.shards.lines()]
     (d / "trees.jsonl").write_text("".join(json.dumps(tr.to_json(), sort_keys=True) + "\n" for tr in trees))
-    cost = shards.cost()
+    cost = done.cost
     rows = []
     for tr in trees:
         for rank, x in enumerate(complete_nodes(tr)):
@@ -305,8 +316,8 @@ def tree_search(req: StageRequest, store: ArtifactStore, prompts: list[Prompt], 
 
         flagged = [guard(tr.prompt, tr.trajectory(x))[1] for tr in trees for x in tr.nodes if x.value is not None]
     metrics = {**tree_stats(trees), **(injection_stats(flagged) if cfg.value == "judge" else {}),
-               "mcts_s": cost.get("mcts_s", 0.0), "mcts_load_s": load_s,
-               "mcts_shards_reused": float(shards.n - len(missing)),
+               "mcts_s": cost.get("mcts_s", 0.0), "mcts_load_s": done.load_s,
+               "mcts_shards_reused": float(done.reused),
                "mcts_tokens_per_s": cost["tokens"] / cost["mcts_s"] if cost.get("mcts_s") else 0.0}
     return rows, metrics
 

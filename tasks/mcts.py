@@ -219,10 +219,10 @@ def wave(trees: list[Tree], sampler, cfg: MctsLabel, seed: int, score) -> None:
 
 
 def search(trees: list[Tree], sampler, cfg: MctsLabel, seed: int, score) -> None:
-    from ratchet.tasks.sample import shard_seed
+    from ratchet.tasks.units import unit_seed
 
     for w in range(cfg.simulations):
-        wave(trees, sampler, cfg, shard_seed(seed, w), score)
+        wave(trees, sampler, cfg, unit_seed(seed, w), score)
 
 
 # what the trees give -------------------------------------------------------------

@@ -1,8 +1,8 @@
 """sample: n completions per train prompt from the current policy.
 
-Prompts are cut into shards; each finished shard is written atomically to
-shards/NNNNN.jsonl, seeded by (seed, shard index), so a resumed stage generates
-only the missing shards and gets the same text it would have.
+Prompts are cut into units (tasks/units.py); each finished unit is written atomically
+to shards/NNNNN.jsonl, seeded by (seed, unit index), so a resumed stage generates only
+the missing units and gets the same text it would have.
 
     ratchet run flows/configs/default.yaml   # runs this as part of a round
 """
@@ -10,19 +10,20 @@ only the missing shards and gets the same text it would have.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ratchet.data import failpoints
-from ratchet.data.digest import sha256_json
 from ratchet.data.manifest import StageManifest
 from ratchet.data.records import Completion, Prompt, read_jsonl, write_jsonl
-from ratchet.data.shards import Shards, count
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig, SamplingParams
 from ratchet.tasks.stage import StageRequest, code_version, run_stage
+from ratchet.tasks.units import UnitWork, run_units
 
-CODE = code_version("ratchet.tasks.sample", "ratchet.models.sampler", "ratchet.data.records", "ratchet.data.shards")
+CODE = code_version("ratchet.tasks.sample", "ratchet.tasks.units", "ratchet.models.sampler", "ratchet.data.records",
+                    "ratchet.data.shards")
 
 
 class SampleConfig(BaseModel):
@@ -42,55 +43,60 @@ class SampleConfig(BaseModel):
         )
 
 
-def shard_seed(seed: int, shard: int) -> int:
-    return int(sha256_json([seed, shard])[:8], 16)
+@dataclass
+class PolicyWork(UnitWork):
+    """Units that run on a sampler over the stage's policy (sample, judge, MCTS, evaluate)."""
+
+    model: Path  # the policy's model directory
+    sampler: SamplerConfig
+    seed: int
+    items: list
+    size: int
+
+    def open(self):
+        from ratchet.models.sampler import open_sampler
+
+        return open_sampler(self.model, self.sampler, seed=self.seed)
 
 
-def generate_shards(sampler, prompts: list[Prompt], params: SamplingParams, seed: int, shards: Shards,
-                    shard_size: int, progress: bool = True) -> None:
-    """Generate every missing shard, each seeded by (seed, shard index), so a resumed stage
-    writes the same text it would have written."""
-    from tqdm import tqdm
+def policy_of(req: StageRequest, store: ArtifactStore) -> dict:
+    """The PolicyWork fields a stage's request decides: its policy's model directory, the
+    sampler settings and the stage seed."""
+    from ratchet.tasks.prepare import model_dir
 
-    for s in tqdm(shards.missing(), desc="sample", unit="shard", disable=not progress):
-        chunk = prompts[s * shard_size : (s + 1) * shard_size]
+    return {"model": model_dir(store, req.parent_model),
+            "sampler": SamplerConfig.model_validate(req.config["sampler"]), "seed": req.seed}
+
+
+@dataclass
+class SampleWork(PolicyWork):
+    """A unit: `n` completions for each of `size` prompts, seeded by (seed, unit)."""
+
+    stage = "sample"
+    params: SamplingParams
+
+    def run(self, sampler, chunk: list[Prompt], seed: int):
         t = time.time()
-        gens = sampler.generate([p.prompt for p in chunk], params, seed=shard_seed(seed, s))
+        gens = sampler.generate([p.prompt for p in chunk], self.params, seed=seed)
         rows = [
             Completion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, index=i,
                        text=g.text, n_tokens=g.n_tokens, finish_reason=g.finish_reason)
             for p, gs in zip(chunk, gens) for i, g in enumerate(gs)
         ]
-        shards.write(s, rows, {"gen_tokens": sum(r.n_tokens for r in rows), "gen_s": time.time() - t})
-        failpoints.hit("sample:shard")
-
-
-def open_policy(req: StageRequest, store: ArtifactStore):
-    """(sampler, seconds it took to load) for the stage's policy, with the stage's sampler settings."""
-    from ratchet.models.sampler import open_sampler
-    from ratchet.tasks.prepare import model_dir
-
-    t = time.time()
-    sampler = open_sampler(model_dir(store, req.parent_model), SamplerConfig.model_validate(req.config["sampler"]),
-                           seed=req.seed)
-    return sampler, time.time() - t
+        return rows, {"gen_tokens": sum(r.n_tokens for r in rows), "gen_s": time.time() - t}
 
 
 def sample_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     cfg = SampleConfig.model_validate(req.config["sample"])
     prompts = read_jsonl(store.path(req.parent("prompts"), "train.jsonl"), Prompt)
     d = store.stage_dir(req.stage, req.key)
-    shards = Shards(d / "shards", count(len(prompts), cfg.shard_size))
-    missing, load_s = shards.missing(), 0.0
-    if missing:
-        sampler, load_s = open_policy(req, store)
-        generate_shards(sampler, prompts, cfg.params(), req.seed, shards, cfg.shard_size)
-        sampler.close()
-    rows = [Completion.model_validate_json(x) for x in shards.lines()]
+    done = run_units(SampleWork(items=prompts, size=cfg.shard_size, params=cfg.params(), **policy_of(req, store)),
+                     d / "shards")
+    rows = [Completion.model_validate_json(x) for x in done.shards.lines()]
     n = write_jsonl(d / "samples.jsonl", rows)
-    m = shards.cost()
-    m.update(tokens_per_s=m["gen_tokens"] / m["gen_s"] if m.get("gen_s") else 0.0, shards=float(shards.n),
-             shards_reused=float(shards.n - len(missing)), load_s=load_s, completions=n, prompts=len(prompts),
+    m = done.cost
+    m.update(tokens_per_s=m["gen_tokens"] / m["gen_s"] if m.get("gen_s") else 0.0, shards=float(done.shards.n),
+             shards_reused=float(done.reused), load_s=done.load_s, completions=n, prompts=len(prompts),
              mean_tokens=sum(r.n_tokens for r in rows) / max(n, 1),
              truncated_frac=sum(r.finish_reason == "length" for r in rows) / max(n, 1))
     return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,

@@ -1,11 +1,14 @@
-"""Sharded sampling: shards, per-shard seeds, cost beside each shard, resume of missing shards only."""
+"""Sampling in units: shards, per-unit seeds, cost beside each shard, resume of missing units only."""
+
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from ratchet.data.records import Completion, Prompt, read_jsonl
-from ratchet.data.shards import Shards
-from ratchet.models.sampler import Generation, SamplingParams
-from ratchet.tasks.sample import generate_shards, shard_seed
+from ratchet.models.sampler import Generation, SamplerConfig, SamplingParams
+from ratchet.tasks.sample import SampleWork
+from ratchet.tasks.units import run_units, unit_seed
 
 PROMPTS = [Prompt(id=f"p{i}", prompt=f"What is {i} + 1?", answer=str(i + 1)) for i in range(5)]
 
@@ -20,14 +23,36 @@ class RecordingSampler:
         self.calls.append((tuple(prompts), seed))
         return [[Generation("x", 3, "stop") for _ in range(params.n)] for _ in prompts]
 
+    def close(self):
+        pass
+
+
+@dataclass
+class Given(SampleWork):
+    """SampleWork on an engine the test holds."""
+
+    engine: object = None
+
+    def open(self):
+        return self.engine
+
+    def close(self, engine):
+        pass
+
+
+def work(engine, params, seed=7) -> Given:
+    return Given(model=Path("unused"), sampler=SamplerConfig(backend="hf"), seed=seed, items=PROMPTS, size=2,
+                 params=params, engine=engine)
+
 
 def test_shards_are_written_seeded_per_shard_with_their_cost(tmp_path):
     s = RecordingSampler()
-    shards = Shards(tmp_path / "sh", 3)
-    generate_shards(s, PROMPTS, SamplingParams(n=2), seed=7, shards=shards, shard_size=2, progress=False)
+    done = run_units(work(s, SamplingParams(n=2)), tmp_path / "sh")
+    shards = done.shards
+    assert done.reused == 0 and shards.n == 3
     assert sorted(p.name for p in (tmp_path / "sh").iterdir()) == [
         "00000.cost.json", "00000.jsonl", "00001.cost.json", "00001.jsonl", "00002.cost.json", "00002.jsonl"]
-    assert [c[1] for c in s.calls] == [shard_seed(7, 0), shard_seed(7, 1), shard_seed(7, 2)]
+    assert [c[1] for c in s.calls] == [unit_seed(7, 0), unit_seed(7, 1), unit_seed(7, 2)]
     rows = read_jsonl(tmp_path / "sh" / "00002.jsonl", Completion)
     assert [(r.prompt_id, r.index) for r in rows] == [("p4", 0), ("p4", 1)]
     assert shards.cost()["gen_tokens"] == 5 * 2 * 3 and shards.missing() == []
@@ -41,19 +66,17 @@ def test_resume_on_real_generations_writes_the_same_bytes(tiny_model, tmp_path):
 
     sampler = open_sampler(tiny_model, SamplerConfig(backend="hf", dtype="float32"), seed=0)
     params = SamplingParams(n=2, temperature=0.8, top_k=50, max_tokens=8)
-    full = Shards(tmp_path / "a", 3)
-    generate_shards(sampler, PROMPTS, params, seed=7, shards=full, shard_size=2, progress=False)
+    full = run_units(work(sampler, params), tmp_path / "a").shards
     texts = [r.text for r in read_jsonl(full.path(1), Completion)]
     assert len(set(texts)) > 1  # real samples, not one repeated string
 
-    killed = Shards(tmp_path / "b", 3)
-    generate_shards(sampler, PROMPTS, params, seed=7, shards=killed, shard_size=2, progress=False)
+    killed = run_units(work(sampler, params), tmp_path / "b").shards
     killed.path(1).unlink()  # as if the process died while writing shard 1
     (tmp_path / "b" / "00001.cost.json").unlink()
     calls = []
     real = sampler.generate
     sampler.generate = lambda prompts, *a, **k: calls.append(prompts) or real(prompts, *a, **k)
-    generate_shards(sampler, PROMPTS, params, seed=7, shards=killed, shard_size=2, progress=False)
+    assert run_units(work(sampler, params), tmp_path / "b").reused == 2
     assert calls == [[p.prompt for p in PROMPTS[2:4]]]  # only the missing shard
     for i in range(3):
         assert full.path(i).read_bytes() == killed.path(i).read_bytes(), i
