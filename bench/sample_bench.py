@@ -40,7 +40,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = ArtifactStore(Path(tmp))
         src = AdditionSource(eval_size=50, train_size=a.prompts)
-        pm, _ = prompts_stage(store, src.model_dump(), seed=0, sources={})
+        pm, _ = prompts_stage(store, src, seed=0, sources={})
         base, _ = base_model(store, "default", model)
         from ratchet.data.records import Prompt, read_jsonl
 

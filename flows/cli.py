@@ -66,7 +66,7 @@ def cmd_run(args) -> int:
 def cmd_resume(args) -> int:
     """Continue a pipeline run by name with the exact config it was started with."""
     from ratchet.flows.config import PipelineConfig
-    from ratchet.flows.pipeline import load_record
+    from ratchet.flows.runs import load_record
 
     record = load_record(Path(args.workdir).resolve(), args.run)
     cfg = PipelineConfig.model_validate(record.config)
@@ -80,7 +80,8 @@ def _execute(cfg, start_from: str | None = None) -> int:
 
     split = check_inputs(cfg)  # before anything is written: bad data leaves no workdir behind
     _prepare_env(Path(cfg.workdir).resolve())
-    from ratchet.flows.pipeline import execute, start
+    from ratchet.flows.pipeline import execute
+    from ratchet.flows.runs import start
     from ratchet.flows.tracking import redact
 
     ctx, tracker = start(cfg, start_from, split)

@@ -75,7 +75,8 @@ def deploy(cfg: PipelineConfig, *, cron: str, name: str | None, pool: str | None
     from prefect.client.orchestration import get_client
     from prefect.deployments.runner import EntrypointType
 
-    from ratchet.flows.pipeline import code_digest, continue_improve
+    from ratchet.flows.pipeline import continue_improve
+    from ratchet.flows.runs import code_digest
 
     if start_from not in ("champion", "base") and not start_from.isdigit():
         raise ConfigError([f"--from {start_from!r} is not 'champion', 'base' or a model version number"])
@@ -153,7 +154,7 @@ def collect_garbage(workdir: Path, dry_run: bool = False, everything: bool = Fal
     import fcntl
 
     from ratchet.data.store import ArtifactStore
-    from ratchet.flows.pipeline import RunRecord
+    from ratchet.flows.runs import RunRecord
 
     stages = workdir / "stages"
     if not stages.is_dir():

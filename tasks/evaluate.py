@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.data.checkers import check
 from ratchet.data.digest import sha256_json
@@ -29,22 +29,35 @@ CODE = code_version("ratchet.tasks.evaluate", "ratchet.tasks.sample", "ratchet.t
                     "ratchet.data.checkers", "ratchet.data.records", "ratchet.data.shards")
 
 
-class EvaluateConfig(BaseModel):
+class EvalRun(BaseModel):
+    """What the evaluate stage reads of `evaluate:` (its key); the rest belongs to the gate."""
+
     model_config = ConfigDict(extra="forbid")
     max_tokens: int = Field(default=48, ge=1, description="completion token limit for held-out answers")
-    min_improvement: float = Field(
-        default=0.0, ge=0, description="champion moves only if accuracy beats the champion's by more than this"
-    )
     shard_size: int = Field(default=64, ge=1, description="held-out prompts per unit (the unit of resume)")
 
 
-def eval_set_id(prompts: StageManifest, eval_cfg: dict, sampler: dict, check_cfg: dict) -> str:
+class EvaluateConfig(EvalRun):
+    min_improvement: float = Field(
+        default=0.0, ge=0, description="champion moves only if accuracy beats the champion's by more than this"
+    )
+
+
+class EvaluateJob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    evaluate: EvalRun
+    sampler: SamplerConfig
+    data: SourceConfig
+    seed: int
+
+
+def eval_set_id(prompts: StageManifest, job: EvaluateJob) -> str:
     """What makes two held-out accuracies comparable: the same prompts, scored the same way."""
     from ratchet.models.sampler import resolve_dtype
 
-    return sha256_json({"eval": prompts.outputs["eval.jsonl"].sha256, "check": check_cfg,
-                        "max_tokens": eval_cfg["max_tokens"], "backend": sampler["backend"],
-                        "dtype": resolve_dtype(sampler["dtype"])})[:16]
+    return sha256_json({"eval": prompts.outputs["eval.jsonl"].sha256, "check": job.data.check.model_dump(mode="json"),
+                        "max_tokens": job.evaluate.max_tokens, "backend": job.sampler.backend,
+                        "dtype": resolve_dtype(job.sampler.dtype)})[:16]
 
 
 @dataclass
@@ -68,9 +81,8 @@ class EvaluateWork(PolicyWork):
         return rows, {"gen_s": time.time() - t, "gen_tokens": sum(r.n_tokens for r in rows)}
 
 
-def evaluate_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
-    cfg = EvaluateConfig.model_validate(req.config["evaluate"])
-    src = TypeAdapter(SourceConfig).validate_python(req.config["data"])
+def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> StageManifest:
+    cfg, src = req.config.evaluate, req.config.data
     prompts = read_jsonl(store.path(req.parent("prompts"), "eval.jsonl"), Prompt)
     d = store.stage_dir(req.stage, req.key)
     done = run_units(EvaluateWork(items=prompts, size=cfg.shard_size, max_tokens=cfg.max_tokens, check=src.check,
@@ -83,17 +95,14 @@ def evaluate_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
                "mean_tokens": cost.get("gen_tokens", 0.0) / max(n, 1), "gen_s": cost.get("gen_s", 0.0),
                "load_s": done.load_s, "shards_reused": float(done.reused),
                "tokens_per_s": cost["gen_tokens"] / cost["gen_s"] if cost.get("gen_s") else 0.0}
-    eval_set = eval_set_id(req.parent("prompts"), req.config["evaluate"], req.config["sampler"],
-                           req.config["data"]["check"])
-    return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
-                        config=req.config, parents=req.parents, outputs={"eval.jsonl": n}, metrics=metrics,
-                        info={"eval_set": eval_set}, started=req.started, scratch=("shards",))
+    return req.finish(store, outputs={"eval.jsonl": n}, metrics=metrics,
+                      info={"eval_set": eval_set_id(req.parent("prompts"), req.config)}, scratch=("shards",))
 
 
 def evaluate(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: EvaluateConfig,
-             sampler: SamplerConfig, data_cfg: dict, seed: int, round: int,
+             sampler: SamplerConfig, data_cfg: SourceConfig, seed: int, round: int,
              isolate: bool = True, run: str | None = None) -> tuple[StageManifest, bool]:
-    config = {"evaluate": cfg.model_dump(exclude={"min_improvement"}), "sampler": sampler.model_dump(),
-              "data": data_cfg, "seed": seed}
-    return run_stage(store, stage="evaluate", round=round, body="ratchet.tasks.evaluate:evaluate_body", code=CODE,
-                     config=config, parents=[policy, prompts], isolate=isolate, keep_partial=True, run=run)
+    job = EvaluateJob(evaluate=EvalRun.model_validate(cfg.model_dump(exclude={"min_improvement"})), sampler=sampler,
+                      data=data_cfg, seed=seed)
+    return run_stage(store, stage="evaluate", round=round, body=evaluate_body, code=CODE, config=job,
+                     parents=[policy, prompts], isolate=isolate, keep_partial=True, run=run)

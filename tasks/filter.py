@@ -85,6 +85,12 @@ class StepPairFilter(BaseModel):
 FilterConfig = Annotated[RFTFilter | PairFilter | StepPairFilter, Field(discriminator="kind")]
 
 
+class FilterJob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    filter: FilterConfig
+    seed: int
+
+
 def _norm(text: str) -> str:
     return " ".join(text.lower().split())
 
@@ -223,12 +229,12 @@ def tree_pairs(trees: list, cfg: StepPairFilter) -> tuple[list[PairRow], dict[st
     return pairs, metrics
 
 
-def _tree_pair_set(req: StageRequest, store: ArtifactStore) -> tuple[list[PairRow], dict[str, float]]:
+def _tree_pair_set(req: StageRequest[FilterJob], store: ArtifactStore) -> tuple[list[PairRow], dict[str, float]]:
     import json
 
     from ratchet.tasks.mcts import Tree
 
-    cfg = StepPairFilter.model_validate(req.config["filter"])
+    cfg = req.config.filter
     lab = req.parent("label")
     if "trees.jsonl" not in lab.outputs:
         raise EmptyStageError(f"filter.kind='step_pairs' needs the trees of label.kind='mcts'; the label stage "
@@ -245,8 +251,8 @@ def _tree_pair_set(req: StageRequest, store: ArtifactStore) -> tuple[list[PairRo
     return kept, metrics
 
 
-def _pair_set(req: StageRequest, rows: list[LabeledCompletion]) -> tuple[list[PairRow], dict[str, float]]:
-    cfg = PairFilter.model_validate(req.config["filter"])
+def _pair_set(req: StageRequest[FilterJob], rows: list[LabeledCompletion]) -> tuple[list[PairRow], dict[str, float]]:
+    cfg = req.config.filter
     kept, metrics = build_pairs(rows, cfg)
     if len(kept) < cfg.min_pairs:
         raise EmptyStageError(
@@ -261,8 +267,8 @@ def _pair_set(req: StageRequest, rows: list[LabeledCompletion]) -> tuple[list[Pa
     return kept, metrics
 
 
-def _accepted_set(req: StageRequest, rows: list[LabeledCompletion]) -> tuple[list[SFTRow], dict[str, float]]:
-    cfg = RFTFilter.model_validate(req.config["filter"])
+def _accepted_set(req: StageRequest[FilterJob], rows: list[LabeledCompletion]) -> tuple[list[SFTRow], dict[str, float]]:
+    cfg = req.config.filter
     kept, metrics = accept(rows, cfg, req.seed)
     if len(kept) < cfg.min_rows:
         raise EmptyStageError(
@@ -274,8 +280,8 @@ def _accepted_set(req: StageRequest, rows: list[LabeledCompletion]) -> tuple[lis
     return kept, metrics
 
 
-def filter_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
-    kind = req.config["filter"]["kind"]
+def filter_body(req: StageRequest[FilterJob], store: ArtifactStore) -> StageManifest:
+    kind = req.config.filter.kind
     if kind == "step_pairs":
         kept, metrics = _tree_pair_set(req, store)
     else:
@@ -283,13 +289,11 @@ def filter_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
         kept, metrics = _pair_set(req, rows) if kind == "pairs" else _accepted_set(req, rows)
     d = store.stage_dir(req.stage, req.key)
     n = write_jsonl(d / "train_set.jsonl", kept)
-    return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
-                        config=req.config, parents=req.parents, outputs={"train_set.jsonl": n},
-                        metrics=metrics, info={"rows": "rft" if kind == "rft" else "pairs"}, started=req.started)
+    return req.finish(store, outputs={"train_set.jsonl": n}, metrics=metrics,
+                      info={"rows": "rft" if kind == "rft" else "pairs"})
 
 
 def filter_rows(store: ArtifactStore, labels: StageManifest, cfg: RFTFilter | PairFilter | StepPairFilter,
                 seed: int, round: int, run: str | None = None) -> tuple[StageManifest, bool]:
-    config = {"filter": cfg.model_dump(), "seed": seed}
-    return run_stage(store, stage="filter", round=round, body="ratchet.tasks.filter:filter_body", code=CODE,
-                     config=config, parents=[labels], run=run)
+    return run_stage(store, stage="filter", round=round, body=filter_body, code=CODE,
+                     config=FilterJob(filter=cfg, seed=seed), parents=[labels], run=run)

@@ -43,6 +43,13 @@ class SampleConfig(BaseModel):
         )
 
 
+class SampleJob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    sample: SampleConfig
+    sampler: SamplerConfig
+    seed: int
+
+
 @dataclass
 class PolicyWork(UnitWork):
     """Units that run on a sampler over the stage's policy (sample, judge, MCTS, evaluate)."""
@@ -64,8 +71,7 @@ def policy_of(req: StageRequest, store: ArtifactStore) -> dict:
     sampler settings and the stage seed."""
     from ratchet.tasks.prepare import model_dir
 
-    return {"model": model_dir(store, req.parent_model),
-            "sampler": SamplerConfig.model_validate(req.config["sampler"]), "seed": req.seed}
+    return {"model": model_dir(store, req.parent_model), "sampler": req.config.sampler, "seed": req.seed}
 
 
 @dataclass
@@ -86,8 +92,8 @@ class SampleWork(PolicyWork):
         return rows, {"gen_tokens": sum(r.n_tokens for r in rows), "gen_s": time.time() - t}
 
 
-def sample_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
-    cfg = SampleConfig.model_validate(req.config["sample"])
+def sample_body(req: StageRequest[SampleJob], store: ArtifactStore) -> StageManifest:
+    cfg = req.config.sample
     prompts = read_jsonl(store.path(req.parent("prompts"), "train.jsonl"), Prompt)
     d = store.stage_dir(req.stage, req.key)
     done = run_units(SampleWork(items=prompts, size=cfg.shard_size, params=cfg.params(), **policy_of(req, store)),
@@ -99,14 +105,13 @@ def sample_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
              shards_reused=float(done.reused), load_s=done.load_s, completions=n, prompts=len(prompts),
              mean_tokens=sum(r.n_tokens for r in rows) / max(n, 1),
              truncated_frac=sum(r.finish_reason == "length" for r in rows) / max(n, 1))
-    return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
-                        config=req.config, parents=req.parents, outputs={"samples.jsonl": n}, metrics=m,
-                        info={"backend": req.config["sampler"]["backend"]}, started=req.started, scratch=("shards",))
+    return req.finish(store, outputs={"samples.jsonl": n}, metrics=m, info={"backend": req.config.sampler.backend},
+                      scratch=("shards",))
 
 
 def sample(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: SampleConfig,
            sampler: SamplerConfig, seed: int, round: int, isolate: bool = True,
            run: str | None = None) -> tuple[StageManifest, bool]:
-    config = {"sample": cfg.model_dump(), "sampler": sampler.model_dump(), "seed": seed}
-    return run_stage(store, stage="sample", round=round, body="ratchet.tasks.sample:sample_body", code=CODE,
-                     config=config, parents=[policy, prompts], isolate=isolate, keep_partial=True, run=run)
+    return run_stage(store, stage="sample", round=round, body=sample_body, code=CODE,
+                     config=SampleJob(sample=cfg, sampler=sampler, seed=seed), parents=[policy, prompts],
+                     isolate=isolate, keep_partial=True, run=run)

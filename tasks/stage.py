@@ -1,8 +1,12 @@
 """Running a stage: key it, reuse it if finished, else compute it (optionally in a worker process).
 
-A stage body is a plain function ``body(req: StageRequest, store: ArtifactStore) -> StageManifest``.
-It writes files into ``store.stage_dir(req.stage, req.key)`` and finishes with
-``store.finish(...)``, which writes the manifest last.
+A stage body is a module-level function ``body(req: StageRequest[Job], store) -> StageManifest``
+whose annotation names its job: the pydantic model of the config slice the stage reads
+(``SampleJob``, ``TrainJob``, ...). The flow builds the job, ``run_stage`` keys the stage
+by it, and the body gets it back typed, in this process or in a worker (which re-reads it
+from JSON through the same annotation). The body writes files into
+``store.stage_dir(req.stage, req.key)`` and ends with ``req.finish(store, ...)``, which
+writes the manifest last.
 
 Heavy stages run in a fresh Python process (``worker(REQUEST.json)``, see WORKER)
 so all memory a model engine took (vLLM's KV cache, optimizer state) is returned to
@@ -13,14 +17,17 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
 import subprocess
 import sys
 import traceback
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -49,15 +56,19 @@ def code_version(*modules: str) -> str:
     return sha256_text("\n".join(parts))[:16]
 
 
-class StageRequest(BaseModel):
-    """Everything a stage body needs; small and JSON-serialisable."""
+Job = TypeVar("Job", bound=BaseModel)
+
+
+class StageRequest(BaseModel, Generic[Job]):
+    """Everything a stage body needs; small and JSON-serialisable. `config` is the stage's
+    typed job, the exact slice of the pipeline config (and seed) its key is made of."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     stage: str
     round: int
     key: str
     code_version: str
-    config: dict[str, Any]
+    config: Job
     parents: list[StageManifest]
     started: float = 0.0
 
@@ -77,7 +88,36 @@ class StageRequest(BaseModel):
 
     @property
     def seed(self) -> int:
-        return int(self.config.get("seed", 0))
+        return int(getattr(self.config, "seed", 0) or 0)
+
+    def finish(self, store: ArtifactStore, *, outputs: dict[str, int | None], metrics: dict[str, float] | None = None,
+               info: dict[str, Any] | None = None, parents: list[StageManifest] | None = None,
+               scratch: tuple[str, ...] = ()) -> StageManifest:
+        """Digest the outputs and write this stage's manifest (store.finish), last."""
+        return store.finish(stage=self.stage, round=self.round, key=self.key, code_version=self.code_version,
+                            config=self.config.model_dump(mode="json"),
+                            parents=self.parents if parents is None else parents, outputs=outputs, metrics=metrics,
+                            info=info, started=self.started, scratch=scratch)
+
+
+Body = Callable[[Any, ArtifactStore], StageManifest]
+
+
+def body_name(body: Body) -> str:
+    """`module:function`, how a worker process finds the body again."""
+    name = f"{body.__module__}:{body.__qualname__}"
+    if "<" in body.__qualname__ or _resolve(name) is not body:
+        raise RatchetError(f"stage body {name} must be a module-level function so a worker process can import it")
+    return name
+
+
+def request_type(body: Body) -> type[StageRequest]:
+    """The StageRequest[Job] the body's first parameter is annotated with."""
+    first = next(iter(inspect.signature(body).parameters))
+    t = typing.get_type_hints(body).get(first)
+    if not (isinstance(t, type) and issubclass(t, StageRequest)):
+        raise RatchetError(f"stage body {body.__qualname__} must annotate its first parameter as StageRequest[Job]")
+    return t
 
 
 def run_stage(
@@ -85,9 +125,9 @@ def run_stage(
     *,
     stage: str,
     round: int,
-    body: str,
+    body: Body,
     code: str,
-    config: dict[str, Any],
+    config: BaseModel,
     parents: list[StageManifest],
     isolate: bool = False,
     keep_partial: bool = False,
@@ -102,7 +142,9 @@ def run_stage(
     """
     import time
 
-    key = stage_key(stage, code, config, parents)
+    request = request_type(body)  # a body that cannot run is an error before anything is written
+    name = body_name(body) if isolate else None
+    key = stage_key(stage, code, config.model_dump(mode="json"), parents)
     found = store.find(stage, key)
     if found is not None:
         log.info("%s (round %d): finished earlier at %s, reused", stage, round, found.dir)
@@ -115,12 +157,11 @@ def run_stage(
         d = store.prepare(stage, key, keep_partial=keep_partial)
         if run is not None:
             store.add_owner(d, run)
-        req = StageRequest(
-            stage=stage, round=round, key=key, code_version=code, config=config, parents=parents, started=time.time()
-        )
-        if isolate:
-            return _run_in_worker(store, d, body, req), False
-        return _resolve(body)(req, store), False
+        req = request(stage=stage, round=round, key=key, code_version=code, config=config, parents=parents,
+                      started=time.time())
+        if name is not None:
+            return _run_in_worker(store, d, name, req), False
+        return body(req, store), False
 
 
 def _resolve(body: str):
@@ -172,10 +213,11 @@ def worker(spec_path: str) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     _die_with_parent()
     spec = json.loads(Path(spec_path).read_text())
-    req = StageRequest.model_validate(spec["request"])
+    body = _resolve(spec["body"])
+    req = request_type(body).model_validate(spec["request"])
     store = ArtifactStore(Path(spec["store"]))
     try:
-        _resolve(spec["body"])(req, store)
+        body(req, store)
         return 0
     except BaseException as e:  # report every failure to the orchestrator, then re-raise for the log
         payload = {"type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc()}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.data.manifest import StageManifest
 from ratchet.data.records import PairRow, SFTRow, read_jsonl
@@ -25,36 +25,39 @@ CODE = code_version("ratchet.tasks.train", "ratchet.models.trainer", "ratchet.da
 TrainConfig = Annotated[RFTTrainConfig | DPOTrainConfig, Field(discriminator="kind")]
 
 
-def train_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
+class TrainJob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    train: TrainConfig
+    seed: int
+
+
+def train_body(req: StageRequest[TrainJob], store: ArtifactStore) -> StageManifest:
     from ratchet.models.trainer import train_dpo, train_rft
     from ratchet.tasks.prepare import model_dir
 
     d = store.stage_dir(req.stage, req.key)
     data = store.path(req.parent("filter"), "train_set.jsonl")
     base = model_dir(store, req.parent_model)
-    if req.config["train"]["kind"] == "dpo":
-        cfg = DPOTrainConfig.model_validate(req.config["train"])
+    cfg = req.config.train
+    if cfg.kind == "dpo":
         pairs = read_jsonl(data, PairRow)
         metrics = train_dpo(base, [{"prompt": r.prompt, "chosen": r.chosen, "rejected": r.rejected} for r in pairs],
                             cfg, d, req.seed)
     else:
-        cfg = RFTTrainConfig.model_validate(req.config["train"])
         rows = read_jsonl(data, SFTRow)
         metrics = train_rft(base, [{"prompt": r.prompt, "completion": r.completion} for r in rows], cfg, d, req.seed)
     outputs = {p.relative_to(d).as_posix(): None for p in sorted(d.rglob("*"))
                if p.is_file() and p.parts[len(d.parts)] in ("model", "adapter")}
     outputs["train_log.jsonl"] = None
-    return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
-                        config=req.config, parents=req.parents, outputs=outputs, metrics=metrics,
-                        info={"adapter": cfg.adapter, "objective": cfg.kind,
-                              # DPO's reference policy: the weights this round started from
-                              **({"reference": req.parent_model.dir} if cfg.kind == "dpo" else {})},
-                        started=req.started, scratch=("checkpoints",))
+    return req.finish(store, outputs=outputs, metrics=metrics,
+                      info={"adapter": cfg.adapter, "objective": cfg.kind,
+                            # DPO's reference policy: the weights this round started from
+                            **({"reference": req.parent_model.dir} if cfg.kind == "dpo" else {})},
+                      scratch=("checkpoints",))
 
 
 def train(store: ArtifactStore, policy: StageManifest, train_set: StageManifest, cfg: RFTTrainConfig | DPOTrainConfig,
           seed: int, round: int, isolate: bool = True, run: str | None = None) -> tuple[StageManifest, bool]:
-    config = {"train": cfg.model_dump(), "seed": seed}
-    return run_stage(store, stage="train", round=round, body="ratchet.tasks.train:train_body", code=CODE,
-                     config=config, parents=[policy, train_set], isolate=isolate, keep_partial=True,
-                     run=run)
+    return run_stage(store, stage="train", round=round, body=train_body, code=CODE,
+                     config=TrainJob(train=cfg, seed=seed), parents=[policy, train_set], isolate=isolate,
+                     keep_partial=True, run=run)

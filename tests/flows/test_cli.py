@@ -100,7 +100,7 @@ def test_start_from_names_the_versions_that_exist(tmp_path):
     import pytest
 
     from ratchet.data.errors import ConfigError
-    from ratchet.flows.pipeline import start_version
+    from ratchet.flows.runs import start_version
     from ratchet.flows.tracking import Tracker, TrackingConfig
 
     t = Tracker(TrackingConfig(), tmp_path, "x")

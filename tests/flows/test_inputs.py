@@ -92,8 +92,8 @@ def test_every_kind_of_input_is_in_the_key_of_the_split_and_its_evaluation(tmp_p
 
     def split_and_eval(src: FileSource):
         split = load_split(src, seed=0)
-        pm, _ = prepare.prompts(store, src.model_dump(), 0, split.digests)
-        ev, reused = evaluate.evaluate(store, base, pm, EvaluateConfig(max_tokens=2), hf, src.model_dump(), 0, 0,
+        pm, _ = prepare.prompts(store, src, 0, split.digests)
+        ev, reused = evaluate.evaluate(store, base, pm, EvaluateConfig(max_tokens=2), hf, src, 0, 0,
                                        isolate=False)
         held = [p.prompt for p in read_jsonl(store.path(pm, "eval.jsonl"), Prompt)]
         return pm.key, ev.key, reused, held

@@ -15,7 +15,8 @@ STAGES = ["base", "evaluate", "evaluate", "filter", "label", "prompts", "sample"
 
 
 def _run(cfg):
-    from ratchet.flows.pipeline import self_improve, start
+    from ratchet.flows.pipeline import self_improve
+    from ratchet.flows.runs import start
 
     ctx, tracker = start(cfg)
     results = self_improve(cfg, ctx)
@@ -192,7 +193,7 @@ def test_self_reward_dpo_round_end_to_end(tmp_path, prefect_harness, default_mod
     child = next(r for r in c.search_runs([tracker.experiment_id]) if r.info.run_name == "round-1")
     m = child.data.metrics
     from ratchet.data.records import LabeledCompletion, PairRow, read_jsonl
-    from ratchet.tasks.label import agreement
+    from ratchet.tasks.labels import agreement
 
     label_dir = next((tmp_path / "stages").glob("label-*"))
     rows = read_jsonl(label_dir / "labels.jsonl", LabeledCompletion)

@@ -98,7 +98,7 @@ def _wait_final(url, flow_run_id, timeout=480):
 def test_serve_continues_from_the_champion(tiny_model, tmp_path, prefect_server):
     from ratchet.flows.config import load_config
     from ratchet.flows.lineage import walk
-    from ratchet.flows.pipeline import start_manifest
+    from ratchet.flows.stages import start_manifest
     from ratchet.flows.tracking import Tracker
     from ratchet.data.store import ArtifactStore
 

@@ -5,7 +5,8 @@ from ratchet.data.errors import ConfigError, EmptyStageError
 from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.data.store import ArtifactStore
 from ratchet.tasks.filter import PairFilter, RFTFilter, accept, build_pairs, filter_rows
-from ratchet.tasks.label import agreement, auc, reward_stats, verify
+from ratchet.tasks.labels import agreement, auc, reward_stats
+from ratchet.tasks.labels.verifier import verify
 
 
 def lc(pid, idx, text, reward, n_tokens=None, correct=None):
@@ -78,7 +79,7 @@ VOTE_ROWS = (_comps("a", "3", ["1 + 2 = 3", "3", "4", "it is 3.0"])  # 3 of 4 sa
 
 
 def test_majority_vote_hand_worked():
-    from ratchet.tasks.label import ConsistencyLabel, majority_vote
+    from ratchet.tasks.labels.consistency import ConsistencyLabel, majority_vote
 
     rows, m = majority_vote(VOTE_ROWS, NumberCheck(), ConsistencyLabel())
     by = {(r.prompt_id, r.index): r for r in rows}
@@ -92,7 +93,7 @@ def test_majority_vote_hand_worked():
 
 
 def test_majority_vote_thresholds():
-    from ratchet.tasks.label import ConsistencyLabel, majority_vote
+    from ratchet.tasks.labels.consistency import ConsistencyLabel, majority_vote
 
     rows, m = majority_vote(VOTE_ROWS, NumberCheck(), ConsistencyLabel(min_agreement=0.6))
     assert all(r.reward == 0.0 for r in rows if r.prompt_id == "c")  # 2/4 < 0.6

@@ -1,8 +1,9 @@
 """run_stage: reuse by key, worker isolation, errors carried back from the worker."""
 
 import pytest
+from pydantic import BaseModel
 
-from ratchet.data.errors import EmptyStageError, StageFailedError
+from ratchet.data.errors import EmptyStageError, RatchetError, StageFailedError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore
 from ratchet.tasks.stage import StageRequest, code_version, run_stage
@@ -10,34 +11,35 @@ from ratchet.tasks.stage import StageRequest, code_version, run_stage
 CALLS: list[str] = []
 
 
-def ok_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
+class X(BaseModel):
+    x: int = 0
+
+
+def ok_body(req: StageRequest[X], store: ArtifactStore) -> StageManifest:
     CALLS.append(req.key)
+    assert isinstance(req.config, X)  # typed, in this process and in a worker
     d = store.stage_dir(req.stage, req.key)
-    (d / "out.txt").write_text(str(req.config["x"]))
-    return store.finish(stage=req.stage, round=req.round, key=req.key, code_version=req.code_version,
-                        config=req.config, parents=req.parents, outputs={"out.txt": None})
+    (d / "out.txt").write_text(str(req.config.x))
+    return req.finish(store, outputs={"out.txt": None})
 
 
-def empty_body(req, store):
+def empty_body(req: StageRequest[X], store):
     raise EmptyStageError("round 1: nothing accepted; lower filter.min_rows")
 
 
-def crash_body(req, store):
+def crash_body(req: StageRequest[X], store):
     import os
 
     (store.stage_dir(req.stage, req.key) / "partial.txt").write_text("half")
     os.kill(os.getpid(), 9)
 
 
-BODY = "tests.tasks.test_stage:"
-
-
 def test_finished_stage_is_reused_not_recomputed(tmp_path):
     store = ArtifactStore(tmp_path)
     CALLS.clear()
-    m1, reused1 = run_stage(store, stage="s", round=1, body=BODY + "ok_body", code="c", config={"x": 1}, parents=[])
-    m2, reused2 = run_stage(store, stage="s", round=1, body=BODY + "ok_body", code="c", config={"x": 1}, parents=[])
-    m3, _ = run_stage(store, stage="s", round=1, body=BODY + "ok_body", code="c", config={"x": 2}, parents=[])
+    m1, reused1 = run_stage(store, stage="s", round=1, body=ok_body, code="c", config=X(x=1), parents=[])
+    m2, reused2 = run_stage(store, stage="s", round=1, body=ok_body, code="c", config=X(x=1), parents=[])
+    m3, _ = run_stage(store, stage="s", round=1, body=ok_body, code="c", config=X(x=2), parents=[])
     assert (reused1, reused2) == (False, True)
     assert m1 == m2 and m3.key != m1.key
     assert len(CALLS) == 2
@@ -47,7 +49,7 @@ def test_finished_stage_is_reused_not_recomputed(tmp_path):
 def test_worker_process_runs_the_body(tmp_path):
     store = ArtifactStore(tmp_path)
     CALLS.clear()
-    m, _ = run_stage(store, stage="s", round=1, body=BODY + "ok_body", code="c", config={"x": 7}, parents=[],
+    m, _ = run_stage(store, stage="s", round=1, body=ok_body, code="c", config=X(x=7), parents=[],
                      isolate=True)
     assert CALLS == []  # ran in another process
     assert (store.dir_of(m) / "out.txt").read_text() == "7"
@@ -57,17 +59,33 @@ def test_worker_process_runs_the_body(tmp_path):
 def test_worker_errors_come_back_typed(tmp_path):
     store = ArtifactStore(tmp_path)
     with pytest.raises(EmptyStageError, match="lower filter.min_rows"):
-        run_stage(store, stage="s", round=1, body=BODY + "empty_body", code="c", config={}, parents=[], isolate=True)
+        run_stage(store, stage="s", round=1, body=empty_body, code="c", config=X(), parents=[], isolate=True)
 
 
 def test_killed_worker_keeps_partial_files_and_says_how_to_resume(tmp_path):
     store = ArtifactStore(tmp_path)
     with pytest.raises(StageFailedError, match=r"exit code -9.*re-run the same command to resume"):
-        run_stage(store, stage="s", round=1, body=BODY + "crash_body", code="c", config={}, parents=[],
+        run_stage(store, stage="s", round=1, body=crash_body, code="c", config=X(), parents=[],
                   isolate=True, keep_partial=True)
     (d,) = (tmp_path / "stages").iterdir()
     assert (d / "partial.txt").read_text() == "half"
     assert not (d / "manifest.json").exists()
+
+
+def test_a_body_must_be_importable_and_name_its_job(tmp_path):
+    store = ArtifactStore(tmp_path)
+
+    def local(req: StageRequest[X], store):
+        raise AssertionError("never run")
+
+    with pytest.raises(RatchetError, match="module-level function"):
+        run_stage(store, stage="s", round=1, body=local, code="c", config=X(), parents=[], isolate=True)
+
+    def untyped(req, store):
+        raise AssertionError("never run")
+
+    with pytest.raises(RatchetError, match=r"StageRequest\[Job\]"):
+        run_stage(store, stage="s", round=1, body=untyped, code="c", config=X(), parents=[])
 
 
 def test_code_version_covers_helpers():
@@ -75,7 +93,7 @@ def test_code_version_covers_helpers():
     assert code_version("ratchet.tasks.filter", "ratchet.data.records") == code_version("ratchet.data.records", "ratchet.tasks.filter")
 
 
-def slow_body(req, store):
+def slow_body(req: StageRequest[X], store):
     import time
 
     time.sleep(1.0)
@@ -90,9 +108,9 @@ def test_two_processes_on_one_key_compute_it_once(tmp_path):
 
     script = (
         "import json, sys; from pathlib import Path; from ratchet.data.store import ArtifactStore; "
-        "from ratchet.tasks.stage import run_stage; "
+        "from ratchet.tasks.stage import run_stage; from tests.tasks.test_stage import X, slow_body; "
         f"m, reused = run_stage(ArtifactStore(Path({str(tmp_path)!r})), stage='s', round=1, "
-        "body='tests.tasks.test_stage:slow_body', code='c', config={'x': 3}, parents=[]); "
+        "body=slow_body, code='c', config=X(x=3), parents=[]); "
         "print(json.dumps({'reused': reused, 'key': m.key}))"
     )
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
@@ -101,7 +119,7 @@ def test_two_processes_on_one_key_compute_it_once(tmp_path):
     assert outs[0]["key"] == outs[1]["key"]
 
 
-def orphan_body(req, store):
+def orphan_body(req: StageRequest[X], store):
     import time
 
     (store.stage_dir(req.stage, req.key) / "pid").write_text(str(__import__("os").getpid()))
@@ -117,9 +135,10 @@ def test_worker_dies_with_its_orchestrator(tmp_path):
     import time
 
     script = (
-        "from pathlib import Path; from ratchet.data.store import ArtifactStore; from ratchet.tasks.stage import run_stage; "
+        "from pathlib import Path; from ratchet.data.store import ArtifactStore; "
+        "from ratchet.tasks.stage import run_stage; from tests.tasks.test_stage import X, orphan_body; "
         f"run_stage(ArtifactStore(Path({str(tmp_path)!r})), stage='s', round=1, "
-        "body='tests.tasks.test_stage:orphan_body', code='c', config={}, parents=[], isolate=True)"
+        "body=orphan_body, code='c', config=X(), parents=[], isolate=True)"
     )
     orch = subprocess.Popen([sys.executable, "-c", script])
     pid_file = None

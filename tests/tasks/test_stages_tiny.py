@@ -25,7 +25,7 @@ def files(store, m):
 def test_stages_write_exactly_their_files(tiny_model, tmp_path):
     store = ArtifactStore(tmp_path)
     src = AdditionSource(a_max=4, b_max=3, eval_size=4)
-    pm, _ = prepare.prompts(store, src.model_dump(), seed=0, sources={})
+    pm, _ = prepare.prompts(store, src, seed=0, sources={})
     assert files(store, pm) == ["eval.jsonl", "manifest.json", "train.jsonl"]
     assert pm.metrics == {"train_prompts": 8.0, "eval_prompts": 4.0, "train_with_answer": 8.0}
 
@@ -39,7 +39,7 @@ def test_stages_write_exactly_their_files(tiny_model, tmp_path):
     assert s.outputs["samples.jsonl"].rows == 24 and s.metrics["shards"] == 3
     assert [p.stage for p in s.parents] == ["base", "prompts"]
 
-    lab, _ = label.label(store, s, VerifierLabel(), src.model_dump(), round=1)
+    lab, _ = label.label(store, s, VerifierLabel(), src, round=1)
     assert files(store, lab) == ["labels.jsonl", "manifest.json"] and lab.outputs["labels.jsonl"].rows == 24
 
     # a random 2-layer model answers nothing right: a hand-made accepted set stands in for the filter
@@ -56,7 +56,7 @@ def test_stages_write_exactly_their_files(tiny_model, tmp_path):
     assert "train_log.jsonl" in got and not any(f.startswith("checkpoints/") for f in got)
     assert set(got) - {"manifest.json"} == set(tm.outputs)
 
-    ev, _ = evaluate.evaluate(store, tm, pm, EvaluateConfig(max_tokens=5), HF, src.model_dump(), seed=0, round=1,
+    ev, _ = evaluate.evaluate(store, tm, pm, EvaluateConfig(max_tokens=5), HF, src, seed=0, round=1,
                               isolate=False)
     assert files(store, ev) == ["eval.jsonl", "manifest.json"] and ev.metrics["eval_prompts"] == 4.0
     from ratchet.data.checkers import check
@@ -70,10 +70,10 @@ def test_stages_write_exactly_their_files(tiny_model, tmp_path):
 def test_empty_accepted_set_stops_before_training(tiny_model, tmp_path):
     store = ArtifactStore(tmp_path)
     src = AdditionSource(a_max=4, b_max=3, eval_size=4)
-    pm, _ = prepare.prompts(store, src.model_dump(), seed=0, sources={})
+    pm, _ = prepare.prompts(store, src, seed=0, sources={})
     base, _ = prepare.base_model(store, "tiny", tiny_model)
     s, _ = sample.sample(store, base, pm, SampleConfig(n=2, max_tokens=4), HF, seed=1, round=1, isolate=False)
-    lab, _ = label.label(store, s, VerifierLabel(), src.model_dump(), round=1)
+    lab, _ = label.label(store, s, VerifierLabel(), src, round=1)
     from ratchet.data.errors import EmptyStageError
 
     with pytest.raises(EmptyStageError, match="filter.min_rows"):
@@ -90,12 +90,12 @@ def test_self_reward_chain_judge_pairs_dpo(tiny_model, tmp_path):
 
     store = ArtifactStore(tmp_path / "a")
     src = AdditionSource(a_max=4, b_max=3, eval_size=4)
-    pm, _ = prepare.prompts(store, src.model_dump(), seed=0, sources={})
+    pm, _ = prepare.prompts(store, src, seed=0, sources={})
     base, _ = prepare.base_model(store, "tiny", tiny_model)
     s, _ = sample.sample(store, base, pm, SampleConfig(n=4, max_tokens=6), HF, seed=1, round=1, isolate=False)
     # a random model spreads its next token over the whole vocabulary: read all of it (HF can)
     judge = JudgeLabel(mode="p_yes", shard_size=8, top_logprobs=50_000)
-    lab, _ = label.label(store, s, judge, src.model_dump(), round=1, policy=base, sampler=HF.model_dump(), seed=1,
+    lab, _ = label.label(store, s, judge, src, round=1, policy=base, sampler=HF, seed=1,
                          isolate=False)
     assert files(store, lab) == ["labels.jsonl", "manifest.json"]  # judge shards folded in and removed
     assert [p.stage for p in lab.parents] == ["sample", "base"]
@@ -107,14 +107,14 @@ def test_self_reward_chain_judge_pairs_dpo(tiny_model, tmp_path):
 
     # resume: a second store holding a finished first shard judges only the rest
     other = ArtifactStore(tmp_path / "b")
-    pm2, _ = prepare.prompts(other, src.model_dump(), seed=0, sources={})
+    pm2, _ = prepare.prompts(other, src, seed=0, sources={})
     base2, _ = prepare.base_model(other, "tiny", tiny_model)
     s2, _ = sample.sample(other, base2, pm2, SampleConfig(n=4, max_tokens=6), HF, seed=1, round=1, isolate=False)
-    config = {"label": judge.model_dump(), "data": src.model_dump(), "sampler": HF.model_dump(), "seed": 1}
-    d = other.prepare("label", stage_key("label", label.JUDGE_CODE, config, [s2, base2]), keep_partial=True)
+    job = label.LabelJob(label=judge, data=src, sampler=HF, seed=1).model_dump(mode="json")
+    d = other.prepare("label", stage_key("label", label.CODE["judge"], job, [s2, base2]), keep_partial=True)
     (d / "shards").mkdir()
     write_jsonl(d / "shards" / "00000.jsonl", [r.model_copy(update={"reward": 0.123}) for r in rows[:8]])
-    lab2, _ = label.label(other, s2, judge, src.model_dump(), round=1, policy=base2, sampler=HF.model_dump(), seed=1,
+    lab2, _ = label.label(other, s2, judge, src, round=1, policy=base2, sampler=HF, seed=1,
                           isolate=False)
     rows2 = read_jsonl(other.path(lab2, "labels.jsonl"), LabeledCompletion)
     assert [r.reward for r in rows2[:8]] == [0.123] * 8 and lab2.metrics["judge_shards_reused"] == 1
@@ -145,14 +145,14 @@ def test_mcts_chain_trees_pairs_dpo_and_shard_resume(tiny_model, tmp_path):
 
     def run(root, seed_shard=None):
         store = ArtifactStore(root)
-        pm, _ = prepare.prompts(store, src.model_dump(), seed=0, sources={})
+        pm, _ = prepare.prompts(store, src, seed=0, sources={})
         base, _ = prepare.base_model(store, "tiny", tiny_model)
         if seed_shard is not None:  # a killed earlier attempt left its first shard
-            config = {"label": cfg.model_dump(), "data": src.model_dump(), "sampler": HF.model_dump(), "seed": 1}
-            d = store.prepare("label", stage_key("label", label.MCTS_CODE, config, [pm, base]), keep_partial=True)
+            job = label.LabelJob(label=cfg, data=src, sampler=HF, seed=1).model_dump(mode="json")
+            d = store.prepare("label", stage_key("label", label.CODE["mcts"], job, [pm, base]), keep_partial=True)
             (d / "shards").mkdir()
             (d / "shards" / "00000.jsonl").write_text(seed_shard)
-        lab, _ = label.label(store, pm, cfg, src.model_dump(), round=1, policy=base, sampler=HF.model_dump(),
+        lab, _ = label.label(store, pm, cfg, src, round=1, policy=base, sampler=HF,
                              seed=1, isolate=False)
         return store, pm, base, lab
 

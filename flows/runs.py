@@ -1,0 +1,155 @@
+"""Run identity: which pipeline run a command is, where its record lives, how it ended.
+
+A pipeline run is its config and its data (run_name_for): the same command on the same
+files is the same run, so running it again continues it. Its record
+(`<workdir>/runs/<run>.json`) holds the context every stage task gets and the exact
+resolved config, so `ratchet resume RUN` needs nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ratchet.data.digest import sha256_json
+from ratchet.data.errors import ConfigError
+from ratchet.data.prompts import Split
+from ratchet.flows.config import PipelineConfig
+from ratchet.flows.inputs import check_inputs
+from ratchet.flows.tracking import Tracker
+from ratchet.tasks.stage import code_version
+
+
+class RunContext(BaseModel):
+    """What every task needs to find the store and the MLflow runs; small and serialisable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    run_name: str
+    workdir: str
+    parent_run_id: str
+    code_version: str
+    config_hash: str
+    start_version: str | None = None  # continue from this registered model version instead of the base model
+    sources: dict[str, str] = {}  # content digest of every data file the config reads, as checked at start
+
+
+def code_digest() -> str:
+    """Digest of every module of the installed package: the code a run's results came from."""
+    root = Path(__file__).parents[1]
+    names = []
+    for pkg in ("data", "models", "tasks", "flows"):
+        for p in sorted((root / pkg).rglob("*.py")):
+            parts = p.relative_to(root).with_suffix("").parts
+            names.append(".".join(("ratchet", *(parts[:-1] if parts[-1] == "__init__" else parts))))
+    return code_version(*names)
+
+
+def git_commit() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parents[1], capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+class RunRecord(BaseModel):
+    """What `ratchet resume` needs: the context and the exact config of a pipeline run, and
+    how its last attempt ended (running while an attempt is alive or was killed)."""
+
+    model_config = ConfigDict(extra="forbid")
+    ctx: RunContext
+    config: dict
+    state: Literal["running", "finished", "failed"] = "running"
+
+
+def run_name_for(cfg: PipelineConfig, sources: dict[str, str]) -> str:
+    """A pipeline run is its config and its data: the same command on the same files names the
+    same run, so it continues it; an edited data file starts a new one."""
+    return f"{cfg.name}-{sha256_json([cfg.model_dump(mode='json'), sources])[:10]}"
+
+
+def load_record(workdir: Path, run_name: str) -> RunRecord:
+    p = workdir / "runs" / f"{run_name}.json"
+    if not p.exists():
+        known = sorted(x.stem for x in (workdir / "runs").glob("*.json")) if (workdir / "runs").is_dir() else []
+        raise ConfigError([f"no pipeline run {run_name!r} in {workdir / 'runs'}; known runs: {known or 'none'}"])
+    return RunRecord.model_validate_json(p.read_text())
+
+
+def start_version(tracker: Tracker, start_from: str | None) -> str | None:
+    """Which registered model version a run starts from: None for the base model.
+
+    "champion" is the version the `champion` alias points at (the base model if there is
+    none yet), a number is that version, "base" or None is the configured base model.
+    """
+    if start_from in (None, "base"):
+        return None
+    if start_from == "champion":
+        return tracker.champion()
+    if not str(start_from).isdigit():
+        raise ConfigError([f"start_from={start_from!r} is not 'champion', 'base' or a model version number"])
+    from mlflow.exceptions import MlflowException
+
+    try:
+        tracker.client.get_model_version(tracker.model_name, str(start_from))
+    except MlflowException:
+        known = sorted(int(v.version) for v in tracker.client.search_model_versions(f"name='{tracker.model_name}'"))
+        raise ConfigError([f"start_from={start_from!r}: {tracker.model_name} has no such version in {tracker.uri}; "
+                           f"registered versions: {known or 'none'}"]) from None
+    return str(start_from)
+
+
+def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | None = None
+          ) -> tuple[RunContext, Tracker]:
+    """The run's context: continue the MLflow parent run of an earlier attempt of the same
+    config and data (and the same starting model version) in this workdir, or create one.
+    Finished stages are reused either way. The data is checked first (`split`, if the caller
+    already checked it): a problem stops the run before anything is written."""
+    if split is None:
+        split = check_inputs(cfg)
+    workdir = Path(cfg.workdir).resolve()
+    (workdir / "runs").mkdir(parents=True, exist_ok=True)
+    tracker = Tracker(cfg.tracking, workdir, cfg.name)
+    version = start_version(tracker, start_from)
+    run_name = run_name_for(cfg, split.digests) + (f"-from-v{version}" if version else "")
+    resolved = cfg.model_dump(mode="json")
+    code, commit = code_digest(), git_commit()
+    tags = {"ratchet.run": run_name, "ratchet.code_version": code, "ratchet.config_hash": sha256_json(resolved)[:16]}
+    if version:
+        tags["ratchet.start_version"] = version
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    record = workdir / "runs" / f"{run_name}.json"
+    with tracker.lock():  # two processes starting the same run continue one parent run, never two
+        parent = None
+        if record.exists():
+            parent = RunRecord.model_validate_json(record.read_text()).ctx.parent_run_id
+            if not tracker.reopen(parent, tags):
+                parent = None  # the tracking store was reset: start a fresh parent run
+        if parent is None:
+            parent = tracker.start_parent(run_name, resolved, tags)
+        ctx = RunContext(run_name=run_name, workdir=str(workdir), parent_run_id=parent, code_version=code,
+                         config_hash=tags["ratchet.config_hash"], start_version=version, sources=split.digests)
+        write_record(workdir, RunRecord(ctx=ctx, config=resolved, state="running"))
+    return ctx, tracker
+
+
+def write_record(workdir: Path, record: RunRecord) -> None:
+    path = workdir / "runs" / f"{record.ctx.run_name}.json"
+    tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
+    tmp.write_text(record.model_dump_json(indent=2))
+    tmp.replace(path)
+
+
+def set_state(ctx: RunContext, tracker: Tracker, state: str) -> None:
+    """Record how the pipeline run ended (finished or failed) in its run record."""
+    workdir = Path(ctx.workdir)
+    with tracker.lock():
+        rec = load_record(workdir, ctx.run_name)
+        write_record(workdir, rec.model_copy(update={"state": state}))

@@ -1,0 +1,122 @@
+"""Label kinds: what gives each sampled completion (or each searched prompt) its reward.
+
+Every kind lives in one module of this package and describes itself with one `LabelKind`:
+what it consumes (the sample stage's completions, or the prompts, for a kind that
+generates its own rollouts), whether it runs the policy (then the label stage runs in a
+worker with the sampler settings and a seed), the modules its result depends on (its
+code version), and the function that labels. The label stage (tasks/label.py) and the
+round flow ask the kind; neither has a special case for one.
+
+    verifier     the task's answer check (RFT / ReST-EM / STaR)
+    consistency  majority vote of a prompt's own samples (label-free)
+    judge        the policy rates its own completions (Self-Rewarding)
+    mcts         step-level tree search from the prompts (MCTS-DPO / ReST-MCTS*)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ratchet.data.checkers import check
+from ratchet.data.records import Completion, LabeledCompletion
+
+
+@dataclass
+class Labeled:
+    """What a kind returns: every labeled row, its own metrics, and any further output files
+    (name -> row count) it wrote into the stage directory."""
+
+    rows: list[LabeledCompletion]
+    metrics: dict[str, float] = field(default_factory=dict)
+    outputs: dict[str, int | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LabelKind:
+    name: str
+    consumes: Literal["samples", "prompts"]  # the parent stage it reads: sample's completions, or the prompts
+    uses_policy: bool  # runs the round's policy (judge, search): a worker, the sampler settings and a seed
+    modules: tuple[str, ...]  # what its result depends on, for the stage's code version
+    run: Callable[..., Labeled]  # run(req, store, items, check_cfg, cfg) -> Labeled
+
+
+def truth(check_cfg: Any, c: Completion) -> bool | None:
+    """The verifier's verdict on a completion, where its prompt has a reference answer."""
+    return check(check_cfg, c.text, c.answer).correct if c.answer is not None else None
+
+
+def injection_stats(flags: list[list[str]]) -> dict[str, float]:
+    """How many judged texts spoke to their judge, by kind: a rising count is a policy drifting
+    toward reward hacking."""
+    from ratchet.tasks.guard import KINDS
+
+    n = max(len(flags), 1)
+    out = {"injection_suspects": float(sum(bool(f) for f in flags))}
+    out["injection_suspect_frac"] = out["injection_suspects"] / n
+    out.update({f"injection_{k}": float(sum(k in f for f in flags)) for k in KINDS})
+    return out
+
+
+# what every kind's labels are measured by --------------------------------------
+
+def auc(scores: list[float], truth: list[bool]) -> float | None:
+    """P(score of a right answer > score of a wrong one), ties counting half; None without both."""
+    pos = sorted(s for s, t in zip(scores, truth) if t)
+    neg = sorted(s for s, t in zip(scores, truth) if not t)
+    if not pos or not neg:
+        return None
+    import bisect
+
+    wins = sum(bisect.bisect_left(neg, p) + 0.5 * (bisect.bisect_right(neg, p) - bisect.bisect_left(neg, p))
+               for p in pos)
+    return wins / (len(pos) * len(neg))
+
+
+def agreement(rows: list[LabeledCompletion]) -> dict[str, float]:
+    """How well the label's reward ranks verifier-correct completions above wrong ones.
+
+    verifier_auc pools all completions; verifier_within_prompt_auc averages the AUC of
+    each prompt that has both right and wrong samples, which is what best-vs-worst pair
+    building relies on. Unscored completions are left out.
+    """
+    scored = [r for r in rows if r.correct is not None and r.reward is not None]
+    out: dict[str, float] = {}
+    if (a := auc([r.reward for r in scored], [r.correct for r in scored])) is not None:
+        out["verifier_auc"] = a
+    by_prompt: dict[str, list[LabeledCompletion]] = defaultdict(list)
+    for r in scored:
+        by_prompt[r.prompt_id].append(r)
+    per = [a for g in by_prompt.values() if (a := auc([r.reward for r in g], [r.correct for r in g])) is not None]
+    if per:
+        out["verifier_within_prompt_auc"] = sum(per) / len(per)
+        out["verifier_auc_prompts"] = float(len(per))
+    return out
+
+
+def reward_stats(rows: list[LabeledCompletion]) -> dict[str, float]:
+    by_prompt: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r.reward is not None:
+            by_prompt[r.prompt_id].append(r.reward)
+    scored = [r.reward for r in rows if r.reward is not None]
+    n = max(len(scored), 1)
+    mean = sum(scored) / n
+    out = {
+        "reward_mean": mean,
+        "reward_std": (sum((x - mean) ** 2 for x in scored) / n) ** 0.5,
+        "labeled": float(len(rows)),
+        "unscored": float(len(rows) - len(scored)),
+    }
+    truth = [r.correct for r in rows if r.correct is not None]
+    if truth:  # the verifier's view of the samples, whatever the label kind
+        per: dict[str, list[bool]] = defaultdict(list)
+        for r in rows:
+            if r.correct is not None:
+                per[r.prompt_id].append(r.correct)
+        out["correct_frac"] = sum(truth) / len(truth)
+        out["pass_at_n"] = sum(any(v) for v in per.values()) / len(per)
+        out["all_correct_frac"] = sum(all(v) for v in per.values()) / len(per)
+    return out

@@ -1,0 +1,74 @@
+"""judge: the round's policy rates its own completions (Self-Rewarding).
+
+The rubric and the scoring modes (text verdicts, or token-probability modes for small
+models) are in tasks/judge.py, and every judged text passes the guard (tasks/guard.py)
+first. Runs through the unit loop (tasks/units.py), so a resumed stage judges only the
+missing units.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ratchet.data.checkers import extract
+from ratchet.data.records import Completion, LabeledCompletion
+from ratchet.tasks.judge import JudgeLabel
+from ratchet.tasks.labels import Labeled, LabelKind, agreement, injection_stats, truth
+from ratchet.tasks.sample import PolicyWork, policy_of
+from ratchet.tasks.units import run_units
+
+
+@dataclass
+class JudgeWork(PolicyWork):
+    """A unit: `size` completions rated by the policy as judge (tasks/judge.py)."""
+
+    stage = "label"
+    cfg: JudgeLabel
+    check: object  # the data source's answer check (the verifier's verdict is kept beside the reward)
+
+    def open(self):
+        sampler = super().open()
+        if self.sampler.backend == "vllm":  # every judge prompt must fit the engine's context
+            from ratchet.tasks.judge import check_fits
+
+            check_fits(sampler.tokenizer, self.cfg, [(c.prompt, c.text) for c in self.items],
+                       self.sampler.max_model_len)
+        return sampler
+
+    def run(self, sampler, chunk: list[Completion], seed: int):
+        from ratchet.tasks.judge import judge_batch
+
+        t = time.time()
+        scores = judge_batch(sampler, self.cfg, [(c.prompt, c.text) for c in chunk], seed)
+        rows = [LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index,
+                                  text=c.text, n_tokens=c.n_tokens, reward=reward, votes=votes, flags=flags or None,
+                                  extracted=extract(self.check, c.text), correct=truth(self.check, c))
+                for c, (reward, votes, flags) in zip(chunk, scores)]
+        return rows, {"judge_s": time.time() - t, "judged": len(chunk)}
+
+
+def run(req, store, rows: list[Completion], check_cfg, cfg: JudgeLabel) -> Labeled:
+    """Score rows with the policy as judge, unit by unit (resumable)."""
+    done = run_units(JudgeWork(items=rows, size=cfg.shard_size, cfg=cfg, check=check_cfg, **policy_of(req, store)),
+                     store.stage_dir(req.stage, req.key) / "shards")
+    out = [LabeledCompletion.model_validate_json(x) for x in done.shards.lines()]
+    cost = done.cost
+    votes = [v for r in out for v in (r.votes or [])]
+    metrics = {
+        "judge_scored_frac": sum(r.reward is not None for r in out) / max(len(out), 1),
+        "judge_verdicts_read_frac": sum(v is not None for v in votes) / max(len(votes), 1),
+        "judge_verdicts": float(len(votes)),
+        "judge_s": cost.get("judge_s", 0.0), "judge_load_s": done.load_s,
+        "judge_shards_reused": float(done.reused),
+        "judgements_per_s": cost["judged"] / cost["judge_s"] if cost.get("judge_s") else 0.0,
+        **injection_stats([r.flags or [] for r in out]),
+        **agreement(out),
+    }
+    return Labeled(out, metrics)
+
+
+KIND = LabelKind(name="judge", consumes="samples", uses_policy=True, run=run,
+                 modules=("ratchet.tasks.labels.judge", "ratchet.tasks.judge", "ratchet.tasks.guard",
+                          "ratchet.tasks.sample", "ratchet.tasks.units", "ratchet.models.sampler",
+                          "ratchet.data.checkers", "ratchet.data.shards"))

@@ -1,0 +1,87 @@
+"""mcts: no sample stage; a step-level tree search per prompt (tasks/mcts.py) generates its
+own rollouts, scores them with the verifier (or the judge), and writes the trees next to
+every trajectory it found (MCTS-DPO / ReST-MCTS* style). Runs through the unit loop
+(tasks/units.py), in units of prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from ratchet.data.checkers import check, extract
+from ratchet.data.errors import ConfigError
+from ratchet.data.records import LabeledCompletion, Prompt
+from ratchet.tasks.labels import Labeled, LabelKind, agreement, injection_stats
+from ratchet.tasks.mcts import MctsLabel
+from ratchet.tasks.sample import PolicyWork, policy_of
+from ratchet.tasks.units import run_units
+
+
+@dataclass
+class MctsWork(PolicyWork):
+    """A unit: one tree search per prompt for `size` prompts (tasks/mcts.py), scored by the
+    verifier or by the policy as judge."""
+
+    stage = "label"
+    cfg: MctsLabel
+    check: object
+
+    def run(self, sampler, chunk: list[Prompt], seed: int):
+        from ratchet.tasks.judge import judge_values
+        from ratchet.tasks.mcts import Tree, search
+
+        def score(items: list[tuple[Tree, str]]) -> list[tuple[float, bool | None]]:
+            truth = [check(self.check, text, t.answer).correct if t.answer is not None else None
+                     for t, text in items]
+            if self.cfg.value == "verifier":
+                return [(float(c), c) for c in truth]
+            values = judge_values(sampler, self.cfg.judge, [(t.prompt, text) for t, text in items], self.seed)
+            return list(zip(values, truth))
+
+        trees = [Tree(prompt_id=p.id, prompt=p.prompt, answer=p.answer) for p in chunk]
+        t = time.time()
+        search(trees, sampler, self.cfg, seed, score)
+        return [tr.to_json() for tr in trees], {"mcts_s": time.time() - t,
+                                                 "tokens": sum(tr.gen_tokens() for tr in trees)}
+
+
+def run(req, store, prompts: list[Prompt], check_cfg, cfg: MctsLabel) -> Labeled:
+    """MCTS over the prompts, unit by unit (a resumed stage searches only missing units).
+    Writes trees.jsonl; labels every scored trajectory (best first per prompt)."""
+    from ratchet.tasks.mcts import Tree, complete_nodes, tree_stats
+
+    if cfg.value == "verifier" and (missing := [p.id for p in prompts if p.answer is None]):
+        raise ConfigError([f"label.kind='mcts' with value='verifier' needs reference answers, but "
+                           f"{len(missing)} prompt(s) have none (first: {missing[0]!r}); set data.answer_field, "
+                           "or label.value='judge'"])
+    d = store.stage_dir(req.stage, req.key)
+    done = run_units(MctsWork(items=prompts, size=cfg.shard_size, cfg=cfg, check=check_cfg, **policy_of(req, store)),
+                     d / "shards")
+    trees = [Tree.from_json(json.loads(line)) for line in done.shards.lines()]
+    (d / "trees.jsonl").write_text("".join(json.dumps(tr.to_json(), sort_keys=True) + "\n" for tr in trees))
+    cost = done.cost
+    rows = []
+    for tr in trees:
+        for rank, x in enumerate(complete_nodes(tr)):
+            text = tr.trajectory(x)
+            rows.append(LabeledCompletion(prompt_id=tr.prompt_id, prompt=tr.prompt, answer=tr.answer, index=rank,
+                                          text=text, n_tokens=tr.tokens(x), reward=x.value,
+                                          extracted=extract(check_cfg, text), correct=x.correct))
+    if cfg.value == "judge":  # what the guard found in the judged trajectories, reused shards included
+        from ratchet.tasks.guard import guard
+
+        flagged = [guard(tr.prompt, tr.trajectory(x))[1] for tr in trees for x in tr.nodes if x.value is not None]
+    metrics = {**tree_stats(trees), "mcts_s": cost.get("mcts_s", 0.0), "mcts_load_s": done.load_s,
+               "mcts_shards_reused": float(done.reused),
+               "mcts_tokens_per_s": cost["tokens"] / cost["mcts_s"] if cost.get("mcts_s") else 0.0}
+    if cfg.value == "judge":  # label-free: how well the judge's values agree with the verifier, where it can tell
+        metrics.update(injection_stats(flagged), **agreement(rows))
+    return Labeled(rows, metrics, outputs={"trees.jsonl": len(trees)})
+
+
+KIND = LabelKind(name="mcts", consumes="prompts", uses_policy=True, run=run,
+                 modules=("ratchet.tasks.labels.mcts", "ratchet.tasks.mcts", "ratchet.tasks.judge",
+                          "ratchet.tasks.guard", "ratchet.tasks.sample", "ratchet.tasks.units",
+                          "ratchet.models.sampler", "ratchet.data.checkers", "ratchet.data.shards"))
