@@ -14,6 +14,7 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -33,8 +34,12 @@ class Shards:
     def missing(self) -> list[int]:
         return [i for i in range(self.n) if not self.path(i).exists()]
 
-    def write(self, i: int, rows: Iterable[BaseModel | dict], cost: dict[str, float]) -> None:
-        """The shard's cost, then the shard itself; both atomic, the shard last."""
+    def write(self, i: int, rows: Iterable[BaseModel | dict], cost: dict[str, float],
+              holder: dict[str, Any] | None = None) -> None:
+        """The shard's cost (and which engine holder computed it), then the shard itself; all
+        atomic, the shard last."""
+        if holder is not None:
+            _atomic(self.dir / f"{i:05d}.holder.json", json.dumps(holder, sort_keys=True))
         _atomic(self.dir / f"{i:05d}.cost.json", json.dumps(cost, sort_keys=True))
         _atomic(self.path(i), "".join((r.model_dump_json() if isinstance(r, BaseModel) else
                                        json.dumps(r, sort_keys=True)) + "\n" for r in rows))
@@ -42,6 +47,11 @@ class Shards:
     def lines(self) -> Iterator[str]:
         for i in range(self.n):
             yield from (x for x in self.path(i).read_text().splitlines() if x.strip())
+
+    def holders(self) -> list[dict[str, Any]]:
+        """Which holder computed each unit (empty dicts for units written without one)."""
+        paths = [self.dir / f"{i:05d}.holder.json" for i in range(self.n)]
+        return [json.loads(p.read_text()) if p.exists() else {} for p in paths]
 
     def cost(self) -> dict[str, float]:
         """Every cost key summed over the shards (a shard written without one counts as 0)."""

@@ -101,6 +101,16 @@ class ArtifactStore:
         return d
 
     OWNERS = "runs.json"
+    SCRATCH = ("shards", "checkpoints")  # what stages resume from; dead weight once the manifest is written
+
+    def drop_scratch(self, m: StageManifest) -> list[Path]:
+        """Remove the scratch a kill left in a finished stage (between its manifest and the
+        clean-up in finish); the removed folders."""
+        d = self.dir_of(m)
+        gone = [d / name for name in self.SCRATCH if (d / name).is_dir()]
+        for p in gone:
+            shutil.rmtree(p, ignore_errors=True)
+        return gone
 
     def add_owner(self, d: Path, run: str) -> None:
         """Record that pipeline run `run` started (or resumed) the unfinished stage in `d`."""

@@ -23,6 +23,7 @@ from ratchet.tasks.filter import FilterConfig, RFTFilter
 from ratchet.tasks.label import LabelConfig, VerifierLabel, reward_range
 from ratchet.tasks.sample import SampleConfig
 from ratchet.tasks.train import RFTTrainConfig, TrainConfig
+from ratchet.tasks.units import ExecutorConfig
 
 
 class ModelConfig(BaseModel):
@@ -53,6 +54,7 @@ class PipelineConfig(BaseModel):
     train: TrainConfig = Field(default_factory=RFTTrainConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
 
 
 def _cross_checks(cfg: PipelineConfig) -> list[str]:

@@ -71,7 +71,8 @@ class RunRecord(BaseModel):
 def run_name_for(cfg: PipelineConfig, sources: dict[str, str]) -> str:
     """A pipeline run is its config and its data: the same command on the same files names the
     same run, so it continues it; an edited data file starts a new one."""
-    return f"{cfg.name}-{sha256_json([cfg.model_dump(mode='json'), sources])[:10]}"
+    same = cfg.model_dump(mode="json", exclude={"executor"})  # where units run changes no result
+    return f"{cfg.name}-{sha256_json([same, sources])[:10]}"
 
 
 def load_record(workdir: Path, run_name: str) -> RunRecord:

@@ -170,7 +170,7 @@ def collect_garbage(workdir: Path, dry_run: bool = False, everything: bool = Fal
     out: list[Leftover] = []
     for d in sorted(p for p in stages.iterdir() if p.is_dir()):
         if (d / MANIFEST).exists():
-            for name in ("shards", "checkpoints"):
+            for name in ArtifactStore.SCRATCH:
                 if (d / name).is_dir():
                     out.append(_act(d / name, True, "scratch a finished stage no longer needs", dry_run))
             continue

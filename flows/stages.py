@@ -110,7 +110,7 @@ def start_manifest(store: ArtifactStore, tracker: Tracker, version: str) -> Stag
 def sample_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
                 child: str) -> StageManifest:
     m, reused = sample_mod.sample(store_of(ctx), policy, prompts, cfg.sample, cfg.sampler, round_seed(cfg, k), k,
-                                  isolate=cfg.isolate, run=ctx.run_name)
+                                  isolate=cfg.isolate, run=ctx.run_name, executor=cfg.executor)
     t = tracker_of(cfg, ctx)
     if t.log_stage(child, m, reused):
         t.log_dataset(child, store_of(ctx), m, "samples.jsonl", "samples")
@@ -123,7 +123,8 @@ def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, source: StageManife
     """Label the round's samples, or search from its prompts (a kind that consumes prompts)."""
     store = store_of(ctx)
     m, reused = label_mod.label(store, source, cfg.label, cfg.data, k, policy=policy, sampler=cfg.sampler,
-                                seed=round_seed(cfg, k), isolate=cfg.isolate, run=ctx.run_name)
+                                seed=round_seed(cfg, k), isolate=cfg.isolate, run=ctx.run_name,
+                                executor=cfg.executor)
     t = tracker_of(cfg, ctx)
     if t.log_stage(child, m, reused) and "trees.jsonl" in m.outputs:  # the search trees, for inspection
         t.client.log_artifact(child, str(store.path(m, "trees.jsonl")), artifact_path="label")
@@ -155,7 +156,7 @@ def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
 def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
                   child: str) -> StageManifest:
     m, reused = evaluate_mod.evaluate(store_of(ctx), policy, prompts, cfg.evaluate, cfg.sampler, cfg.data, cfg.seed, k,
-                                      isolate=cfg.isolate, run=ctx.run_name)
+                                      isolate=cfg.isolate, run=ctx.run_name, executor=cfg.executor)
     t = tracker_of(cfg, ctx)
     if t.log_stage(child, m, reused):
         t.log_metrics(ctx.parent_run_id, {"accuracy": m.metrics["accuracy"]}, prefix="eval.", step=k)
@@ -207,7 +208,7 @@ def champion_gate(cfg: PipelineConfig, ctx: RunContext, t: Tracker, store: Artif
         get_run_logger().info("re-evaluating champion version %s on eval set %s before comparing", gate.needs_eval,
                               eval_set)
         m, _ = evaluate_mod.evaluate(store, champ, prompts, cfg.evaluate, cfg.sampler, cfg.data, cfg.seed,
-                                     champ.round, isolate=cfg.isolate, run=ctx.run_name)
+                                     champ.round, isolate=cfg.isolate, run=ctx.run_name, executor=cfg.executor)
         t.record_accuracy(gate.needs_eval, m.info["eval_set"], m.metrics["accuracy"])
     raise TrackingError(f"the champion of {t.model_name} moved five times while version {version} was being "
                         "compared with it; re-run the same command to decide")

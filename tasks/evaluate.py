@@ -23,7 +23,7 @@ from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig, SamplingParams
 from ratchet.tasks.sample import PolicyWork, policy_of
 from ratchet.tasks.stage import StageRequest, code_version, run_stage
-from ratchet.tasks.units import run_units
+from ratchet.tasks.units import ExecutorConfig, run_units
 
 CODE = code_version("ratchet.tasks.evaluate", "ratchet.tasks.sample", "ratchet.tasks.units", "ratchet.models.sampler",
                     "ratchet.data.checkers", "ratchet.data.records", "ratchet.data.shards")
@@ -86,14 +86,14 @@ def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> Stage
     prompts = read_jsonl(store.path(req.parent("prompts"), "eval.jsonl"), Prompt)
     d = store.stage_dir(req.stage, req.key)
     done = run_units(EvaluateWork(items=prompts, size=cfg.shard_size, max_tokens=cfg.max_tokens, check=src.check,
-                                  **policy_of(req, store)), d / "shards")
+                                  **policy_of(req, store)), d / "shards", req.executor)
     rows = [LabeledCompletion.model_validate_json(x) for x in done.shards.lines()]
     n = write_jsonl(d / "eval.jsonl", rows)
     scored = [r for r in rows if r.correct is not None]
     cost = done.cost
     metrics = {"accuracy": sum(r.reward for r in scored) / max(len(scored), 1), "eval_prompts": float(n),
                "mean_tokens": cost.get("gen_tokens", 0.0) / max(n, 1), "gen_s": cost.get("gen_s", 0.0),
-               "load_s": done.load_s, "shards_reused": float(done.reused),
+               "load_s": done.load_s, "shards_reused": float(done.reused), "holders": done.metrics["holders"],
                "tokens_per_s": cost["gen_tokens"] / cost["gen_s"] if cost.get("gen_s") else 0.0}
     return req.finish(store, outputs={"eval.jsonl": n}, metrics=metrics,
                       info={"eval_set": eval_set_id(req.parent("prompts"), req.config)}, scratch=("shards",))
@@ -101,8 +101,9 @@ def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> Stage
 
 def evaluate(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: EvaluateConfig,
              sampler: SamplerConfig, data_cfg: SourceConfig, seed: int, round: int,
-             isolate: bool = True, run: str | None = None) -> tuple[StageManifest, bool]:
+             isolate: bool = True, run: str | None = None,
+             executor: ExecutorConfig | None = None) -> tuple[StageManifest, bool]:
     job = EvaluateJob(evaluate=EvalRun.model_validate(cfg.model_dump(exclude={"min_improvement"})), sampler=sampler,
                       data=data_cfg, seed=seed)
     return run_stage(store, stage="evaluate", round=round, body=evaluate_body, code=CODE, config=job,
-                     parents=[policy, prompts], isolate=isolate, keep_partial=True, run=run)
+                     parents=[policy, prompts], isolate=isolate, keep_partial=True, run=run, executor=executor)

@@ -31,6 +31,7 @@ from ratchet.tasks.labels.consistency import ConsistencyLabel
 from ratchet.tasks.labels.verifier import VerifierLabel
 from ratchet.tasks.mcts import MctsLabel
 from ratchet.tasks.stage import StageRequest, code_version, run_stage
+from ratchet.tasks.units import ExecutorConfig
 
 LabelConfig = Annotated[VerifierLabel | ConsistencyLabel | JudgeLabel | MctsLabel, Field(discriminator="kind")]
 KINDS: dict[str, LabelKind] = {k.name: k for k in (verifier.KIND, consistency.KIND, judge.KIND, mcts.KIND)}
@@ -70,7 +71,7 @@ def label_body(req: StageRequest[LabelJob], store: ArtifactStore) -> StageManife
 def label(store: ArtifactStore, source: StageManifest, cfg: VerifierLabel | ConsistencyLabel | JudgeLabel | MctsLabel,
           data_cfg: SourceConfig, round: int, policy: StageManifest | None = None,
           sampler: SamplerConfig | None = None, seed: int = 0, isolate: bool = True,
-          run: str | None = None) -> tuple[StageManifest, bool]:
+          run: str | None = None, executor: ExecutorConfig | None = None) -> tuple[StageManifest, bool]:
     """Label `source`: the sample stage, or the prompts stage for a kind that consumes prompts.
     A kind that runs the policy (the round's starting model) needs it, the sampler settings
     and a seed, and runs in a worker process like sampling."""
@@ -85,4 +86,4 @@ def label(store: ArtifactStore, source: StageManifest, cfg: VerifierLabel | Cons
         raise ValueError(f"label.kind={kind.name!r} needs the round's policy and the sampler settings")
     return run_stage(store, stage="label", round=round, body=label_body, code=CODE[kind.name],
                      config=LabelJob(label=cfg, data=data_cfg, sampler=sampler, seed=seed), parents=[source, policy],
-                     isolate=isolate, keep_partial=True, run=run)
+                     isolate=isolate, keep_partial=True, run=run, executor=executor)

@@ -20,7 +20,7 @@ from ratchet.data.records import Completion, Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig, SamplingParams
 from ratchet.tasks.stage import StageRequest, code_version, run_stage
-from ratchet.tasks.units import UnitWork, run_units
+from ratchet.tasks.units import ExecutorConfig, UnitWork, run_units
 
 CODE = code_version("ratchet.tasks.sample", "ratchet.tasks.units", "ratchet.models.sampler", "ratchet.data.records",
                     "ratchet.data.shards")
@@ -97,12 +97,13 @@ def sample_body(req: StageRequest[SampleJob], store: ArtifactStore) -> StageMani
     prompts = read_jsonl(store.path(req.parent("prompts"), "train.jsonl"), Prompt)
     d = store.stage_dir(req.stage, req.key)
     done = run_units(SampleWork(items=prompts, size=cfg.shard_size, params=cfg.params(), **policy_of(req, store)),
-                     d / "shards")
+                     d / "shards", req.executor)
     rows = [Completion.model_validate_json(x) for x in done.shards.lines()]
     n = write_jsonl(d / "samples.jsonl", rows)
     m = done.cost
     m.update(tokens_per_s=m["gen_tokens"] / m["gen_s"] if m.get("gen_s") else 0.0, shards=float(done.shards.n),
-             shards_reused=float(done.reused), load_s=done.load_s, completions=n, prompts=len(prompts),
+             shards_reused=float(done.reused), holders=done.metrics["holders"], load_s=done.load_s,
+             completions=n, prompts=len(prompts),
              mean_tokens=sum(r.n_tokens for r in rows) / max(n, 1),
              truncated_frac=sum(r.finish_reason == "length" for r in rows) / max(n, 1))
     return req.finish(store, outputs={"samples.jsonl": n}, metrics=m, info={"backend": req.config.sampler.backend},
@@ -111,7 +112,7 @@ def sample_body(req: StageRequest[SampleJob], store: ArtifactStore) -> StageMani
 
 def sample(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: SampleConfig,
            sampler: SamplerConfig, seed: int, round: int, isolate: bool = True,
-           run: str | None = None) -> tuple[StageManifest, bool]:
+           run: str | None = None, executor: ExecutorConfig | None = None) -> tuple[StageManifest, bool]:
     return run_stage(store, stage="sample", round=round, body=sample_body, code=CODE,
                      config=SampleJob(sample=cfg, sampler=sampler, seed=seed), parents=[policy, prompts],
-                     isolate=isolate, keep_partial=True, run=run)
+                     isolate=isolate, keep_partial=True, run=run, executor=executor)

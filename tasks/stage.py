@@ -35,6 +35,7 @@ from ratchet.data.digest import sha256_text
 from ratchet.data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore, stage_key
+from ratchet.tasks.units import ExecutorConfig
 
 log = logging.getLogger("ratchet")
 # The worker's entry point. `python -c` puts the current directory first on sys.path; it is
@@ -71,6 +72,8 @@ class StageRequest(BaseModel, Generic[Job]):
     config: Job
     parents: list[StageManifest]
     started: float = 0.0
+    executor: ExecutorConfig | None = None  # where fan-out units run; not part of the key
+
 
     def parent(self, stage: str) -> StageManifest:
         for p in self.parents:
@@ -132,6 +135,7 @@ def run_stage(
     isolate: bool = False,
     keep_partial: bool = False,
     run: str | None = None,
+    executor: ExecutorConfig | None = None,
 ) -> tuple[StageManifest, bool]:
     """(manifest, reused). Reuses a finished stage with the same key; verifies its digests.
 
@@ -148,6 +152,7 @@ def run_stage(
     found = store.find(stage, key)
     if found is not None:
         log.info("%s (round %d): finished earlier at %s, reused", stage, round, found.dir)
+        store.drop_scratch(found)
         return found, True
     with store.lock(stage, key):
         found = store.find(stage, key)
@@ -158,7 +163,7 @@ def run_stage(
         if run is not None:
             store.add_owner(d, run)
         req = request(stage=stage, round=round, key=key, code_version=code, config=config, parents=parents,
-                      started=time.time())
+                      started=time.time(), executor=executor)
         if name is not None:
             return _run_in_worker(store, d, name, req), False
         return body(req, store), False

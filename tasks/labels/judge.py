@@ -51,7 +51,7 @@ class JudgeWork(PolicyWork):
 def run(req, store, rows: list[Completion], check_cfg, cfg: JudgeLabel) -> Labeled:
     """Score rows with the policy as judge, unit by unit (resumable)."""
     done = run_units(JudgeWork(items=rows, size=cfg.shard_size, cfg=cfg, check=check_cfg, **policy_of(req, store)),
-                     store.stage_dir(req.stage, req.key) / "shards")
+                     store.stage_dir(req.stage, req.key) / "shards", req.executor)
     out = [LabeledCompletion.model_validate_json(x) for x in done.shards.lines()]
     cost = done.cost
     votes = [v for r in out for v in (r.votes or [])]
@@ -60,7 +60,7 @@ def run(req, store, rows: list[Completion], check_cfg, cfg: JudgeLabel) -> Label
         "judge_verdicts_read_frac": sum(v is not None for v in votes) / max(len(votes), 1),
         "judge_verdicts": float(len(votes)),
         "judge_s": cost.get("judge_s", 0.0), "judge_load_s": done.load_s,
-        "judge_shards_reused": float(done.reused),
+        "judge_shards_reused": float(done.reused), "holders": done.metrics["holders"],
         "judgements_per_s": cost["judged"] / cost["judge_s"] if cost.get("judge_s") else 0.0,
         **injection_stats([r.flags or [] for r in out]),
         **agreement(out),

@@ -58,7 +58,7 @@ def run(req, store, prompts: list[Prompt], check_cfg, cfg: MctsLabel) -> Labeled
                            "or label.value='judge'"])
     d = store.stage_dir(req.stage, req.key)
     done = run_units(MctsWork(items=prompts, size=cfg.shard_size, cfg=cfg, check=check_cfg, **policy_of(req, store)),
-                     d / "shards")
+                     d / "shards", req.executor)
     trees = [Tree.from_json(json.loads(line)) for line in done.shards.lines()]
     (d / "trees.jsonl").write_text("".join(json.dumps(tr.to_json(), sort_keys=True) + "\n" for tr in trees))
     cost = done.cost
@@ -74,7 +74,7 @@ def run(req, store, prompts: list[Prompt], check_cfg, cfg: MctsLabel) -> Labeled
 
         flagged = [guard(tr.prompt, tr.trajectory(x))[1] for tr in trees for x in tr.nodes if x.value is not None]
     metrics = {**tree_stats(trees), "mcts_s": cost.get("mcts_s", 0.0), "mcts_load_s": done.load_s,
-               "mcts_shards_reused": float(done.reused),
+               "mcts_shards_reused": float(done.reused), "holders": done.metrics["holders"],
                "mcts_tokens_per_s": cost["tokens"] / cost["mcts_s"] if cost.get("mcts_s") else 0.0}
     if cfg.value == "judge":  # label-free: how well the judge's values agree with the verifier, where it can tell
         metrics.update(injection_stats(flagged), **agreement(rows))
