@@ -1,5 +1,6 @@
 """Sampling in units: shards, per-unit seeds, cost beside each shard, resume of missing units only."""
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +52,8 @@ def test_shards_are_written_seeded_per_shard_with_their_cost(tmp_path):
     shards = done.shards
     assert done.reused == 0 and shards.n == 3
     assert sorted(p.name for p in (tmp_path / "sh").iterdir()) == [
-        "00000.cost.json", "00000.jsonl", "00001.cost.json", "00001.jsonl", "00002.cost.json", "00002.jsonl"]
+        f"{i:05d}.{ext}" for i in range(3) for ext in ("cost.json", "holder.json", "jsonl")]
+    assert shards.holders() == [{"host": __import__("socket").gethostname(), "pid": os.getpid()}] * 3
     assert [c[1] for c in s.calls] == [unit_seed(7, 0), unit_seed(7, 1), unit_seed(7, 2)]
     rows = read_jsonl(tmp_path / "sh" / "00002.jsonl", Completion)
     assert [(r.prompt_id, r.index) for r in rows] == [("p4", 0), ("p4", 1)]
