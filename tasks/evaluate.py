@@ -93,7 +93,7 @@ def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> Stage
     cost = done.cost
     metrics = {"accuracy": sum(r.reward for r in scored) / max(len(scored), 1), "eval_prompts": float(n),
                "mean_tokens": cost.get("gen_tokens", 0.0) / max(n, 1), "gen_s": cost.get("gen_s", 0.0),
-               "load_s": done.load_s, "shards_reused": float(done.reused), "holders": done.metrics["holders"],
+               "load_s": done.load_s, "shards_reused": float(done.reused), "holders": done.holders,
                "tokens_per_s": cost["gen_tokens"] / cost["gen_s"] if cost.get("gen_s") else 0.0}
     return req.finish(store, outputs={"eval.jsonl": n}, metrics=metrics,
                       info={"eval_set": eval_set_id(req.parent("prompts"), req.config)}, scratch=("shards",))

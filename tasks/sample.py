@@ -102,7 +102,7 @@ def sample_body(req: StageRequest[SampleJob], store: ArtifactStore) -> StageMani
     n = write_jsonl(d / "samples.jsonl", rows)
     m = done.cost
     m.update(tokens_per_s=m["gen_tokens"] / m["gen_s"] if m.get("gen_s") else 0.0, shards=float(done.shards.n),
-             shards_reused=float(done.reused), holders=done.metrics["holders"], load_s=done.load_s,
+             shards_reused=float(done.reused), holders=done.holders, load_s=done.load_s,
              completions=n, prompts=len(prompts),
              mean_tokens=sum(r.n_tokens for r in rows) / max(n, 1),
              truncated_frac=sum(r.finish_reason == "length" for r in rows) / max(n, 1))

@@ -106,16 +106,20 @@ class UnitsDone:
         return self.shards.cost()
 
     @property
-    def metrics(self) -> dict[str, float]:
-        """Units, units reused, and how many engine holders computed the rest."""
-        held = {(h.get("host"), h.get("pid")) for h in self.shards.holders() if h}
-        return {"units": float(self.shards.n), "units_reused": float(self.reused), "holders": float(len(held))}
+    def holders(self) -> float:
+        """How many engine holders computed the stage's units (this attempt's and earlier ones')."""
+        return float(len({(h.get("host"), h.get("pid")) for h in self.shards.holders() if h}))
+
+
+def _run_one(work: UnitWork, engine: Any, shards: Shards, i: int) -> None:
+    """Compute unit i, write it with its holder, then pass the stage's shard failpoint."""
+    rows, cost = work.run(engine, work.unit(i), unit_seed(work.seed, i))
+    shards.write(i, rows, cost, holder_id())
+    failpoints.hit(f"{work.stage}:shard")
 
 
 class LocalExecutor:
     """Runs a stage's missing units one after another on one engine in this process."""
-
-    kind = "local"
 
     def run(self, work: UnitWork, shards: Shards, missing: list[int]) -> float:
         from tqdm import tqdm
@@ -125,9 +129,7 @@ class LocalExecutor:
         load_s = time.time() - t
         try:
             for i in tqdm(missing, desc=work.stage, unit="unit"):
-                rows, cost = work.run(engine, work.unit(i), unit_seed(work.seed, i))
-                shards.write(i, rows, cost, holder_id())
-                failpoints.hit(f"{work.stage}:shard")
+                _run_one(work, engine, shards, i)
         finally:
             work.close(engine)
         return load_s
@@ -159,17 +161,13 @@ def _holder(work: UnitWork, folder: str, n: int, todo, events, threads: int, sta
                 i = todo.get(timeout=0.2)
             except queue.Empty:
                 return
-            rows, cost = work.run(engine, work.unit(i), unit_seed(work.seed, i))
-            shards.write(i, rows, cost, holder_id())
-            failpoints.hit(f"{work.stage}:shard")
+            _run_one(work, engine, shards, i)
     finally:
         work.close(engine)
 
 
 class PoolExecutor:
     """`engines` holder processes share one queue of units (see the module docstring)."""
-
-    kind = "local"
 
     def __init__(self, cfg: ExecutorConfig):
         self.cfg = cfg

@@ -60,7 +60,7 @@ def run(req, store, rows: list[Completion], check_cfg, cfg: JudgeLabel) -> Label
         "judge_verdicts_read_frac": sum(v is not None for v in votes) / max(len(votes), 1),
         "judge_verdicts": float(len(votes)),
         "judge_s": cost.get("judge_s", 0.0), "judge_load_s": done.load_s,
-        "judge_shards_reused": float(done.reused), "holders": done.metrics["holders"],
+        "judge_shards_reused": float(done.reused), "holders": done.holders,
         "judgements_per_s": cost["judged"] / cost["judge_s"] if cost.get("judge_s") else 0.0,
         **injection_stats([r.flags or [] for r in out]),
         **agreement(out),

@@ -74,7 +74,7 @@ def run(req, store, prompts: list[Prompt], check_cfg, cfg: MctsLabel) -> Labeled
 
         flagged = [guard(tr.prompt, tr.trajectory(x))[1] for tr in trees for x in tr.nodes if x.value is not None]
     metrics = {**tree_stats(trees), "mcts_s": cost.get("mcts_s", 0.0), "mcts_load_s": done.load_s,
-               "mcts_shards_reused": float(done.reused), "holders": done.metrics["holders"],
+               "mcts_shards_reused": float(done.reused), "holders": done.holders,
                "mcts_tokens_per_s": cost["tokens"] / cost["mcts_s"] if cost.get("mcts_s") else 0.0}
     if cfg.value == "judge":  # label-free: how well the judge's values agree with the verifier, where it can tell
         metrics.update(injection_stats(flagged), **agreement(rows))

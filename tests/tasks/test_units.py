@@ -63,7 +63,7 @@ def test_a_dead_holder_loses_only_its_unit(tmp_path):
     rows = [json.loads(x) for x in done.shards.lines()]
     assert [r["x"] for r in rows] == list(range(20))
     assert [r["seed"] for r in rows[::2]] == [unit_seed(3, i) for i in range(10)]
-    assert done.metrics["holders"] >= 2
+    assert done.holders >= 2
 
     run_units(Arithmetic(items=list(range(20)), size=2, seed=3), tmp_path / "one")
     assert _bytes(tmp_path / "pool", 10) == _bytes(tmp_path / "one", 10)
@@ -96,7 +96,7 @@ def test_one_or_two_holders_sample_the_same_bytes(tiny_model, tmp_path):
     finally:
         torch.set_num_threads(threads)
     two = run_units(work(), tmp_path / "two", ExecutorConfig(engines=2, threads_per_engine=1))
-    assert one.metrics["holders"] == 1 and two.metrics["holders"] == 2
+    assert one.holders == 1 and two.holders == 2
     assert _bytes(tmp_path / "one", 6) == _bytes(tmp_path / "two", 6)
     texts = {r for x in _bytes(tmp_path / "one", 6) for r in x.decode().splitlines()}
     assert len(texts) == 12  # real, distinct samples
