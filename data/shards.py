@@ -31,8 +31,11 @@ class Shards:
     def path(self, i: int) -> Path:
         return self.dir / f"{i:05d}.jsonl"
 
+    def has(self, i: int) -> bool:
+        return self.path(i).exists()
+
     def missing(self) -> list[int]:
-        return [i for i in range(self.n) if not self.path(i).exists()]
+        return [i for i in range(self.n) if not self.has(i)]
 
     def write(self, i: int, rows: Iterable[BaseModel | dict], cost: dict[str, float],
               holder: dict[str, Any] | None = None) -> None:

@@ -96,7 +96,8 @@ def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> Stage
                "load_s": done.load_s, "shards_reused": float(done.reused), "holders": done.holders,
                "tokens_per_s": cost["gen_tokens"] / cost["gen_s"] if cost.get("gen_s") else 0.0}
     return req.finish(store, outputs={"eval.jsonl": n}, metrics=metrics,
-                      info={"eval_set": eval_set_id(req.parent("prompts"), req.config)}, scratch=("shards",))
+                      info={"eval_set": eval_set_id(req.parent("prompts"), req.config), "units": done.placement},
+                      scratch=("shards",))
 
 
 def evaluate(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: EvaluateConfig,

@@ -65,7 +65,7 @@ def label_body(req: StageRequest[LabelJob], store: ArtifactStore) -> StageManife
     out = kind.run(req, store, items, req.config.data.check, cfg)
     n = write_jsonl(store.stage_dir(req.stage, req.key) / "labels.jsonl", out.rows)
     return req.finish(store, outputs={"labels.jsonl": n, **out.outputs},
-                      metrics={**reward_stats(out.rows), **out.metrics}, scratch=("shards",))
+                      metrics={**reward_stats(out.rows), **out.metrics}, info=out.info or None, scratch=("shards",))
 
 
 def label(store: ArtifactStore, source: StageManifest, cfg: VerifierLabel | ConsistencyLabel | JudgeLabel | MctsLabel,

@@ -106,7 +106,7 @@ def sample_body(req: StageRequest[SampleJob], store: ArtifactStore) -> StageMani
              completions=n, prompts=len(prompts),
              mean_tokens=sum(r.n_tokens for r in rows) / max(n, 1),
              truncated_frac=sum(r.finish_reason == "length" for r in rows) / max(n, 1))
-    return req.finish(store, outputs={"samples.jsonl": n}, metrics=m, info={"backend": req.config.sampler.backend},
+    return req.finish(store, outputs={"samples.jsonl": n}, metrics=m, info={"backend": req.config.sampler.backend, "units": done.placement},
                       scratch=("shards",))
 
 

@@ -25,15 +25,17 @@ Executors (`executor:` in the pipeline config; not part of any stage key):
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ratchet.data import failpoints
 from ratchet.data.digest import sha256_json
@@ -47,19 +49,45 @@ class ExecutorConfig(BaseModel):
     """Where a stage's units run. Outputs do not depend on it, so it is not part of any key."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    kind: Literal["local"] = Field(default="local", description="local: engine holders on this machine")
+    kind: Literal["local", "ray"] = Field(default="local", description="local: engine holders on this machine; "
+                                          "ray: engine holders placed on a Ray cluster's nodes")
     engines: int = Field(default=1, ge=1, description="engine holders; above 1 each is a process with its own "
                          "engine, taking units as they free up (e.g. one per GPU, or one per few CPU cores)")
-    threads_per_engine: int | None = Field(default=None, ge=1, description="CPU threads of each holder "
-                                           "(default: this machine's cores / engines)")
+    threads_per_engine: int | None = Field(default=None, ge=1, description="CPU threads of each holder, and on "
+                                           "Ray the CPUs it reserves (default: local, this machine's cores / "
+                                           "engines; ray, 1)")
     restarts: int = Field(default=2, ge=0, description="holders started again for units a dead holder left")
+    address: str | None = Field(default=None, description="ray: the cluster to join, as `ray start --head` "
+                                "prints it (host:port, or 'auto'); unset: a Ray instance on this machine for "
+                                "the stage")
+    gpus_per_engine: float = Field(default=0.0, ge=0, description="ray: GPUs each holder reserves (the "
+                                   "sampler's tensor_parallel_size on a GPU cluster)")
+    accelerator_type: str | None = Field(default=None, description="ray: place holders only on nodes with this "
+                                         "accelerator (Ray's names, e.g. H100, A100-80G)")
+
+    @model_validator(mode="after")
+    def _ray_settings_need_ray(self) -> "ExecutorConfig":
+        ray_only = [f for f in ("address", "accelerator_type") if getattr(self, f) is not None]
+        ray_only += ["gpus_per_engine"] if self.gpus_per_engine else []
+        if self.kind != "ray" and ray_only:
+            raise ValueError(f"{', '.join('executor.' + f for f in ray_only)} only apply to executor.kind=ray "
+                             f"(kind is {self.kind!r}); set executor.kind=ray or remove them")
+        if self.kind == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError("executor.kind=ray needs Ray on this machine and every node: "
+                             "pip install 'ratchet[ray]' (or executor.kind=local)")
+        return self
 
 
 def holder_id() -> dict[str, Any]:
-    """Which engine holder computed a unit: the machine and the process."""
+    """Which engine holder computed a unit: the machine and the process, and on Ray the node."""
     import socket
 
-    return {"host": socket.gethostname(), "pid": os.getpid()}
+    who: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ctx = ray.get_runtime_context()
+        who.update(node=ctx.get_node_id(), node_ip=ray.util.get_node_ip_address())
+    return who
 
 
 def unit_seed(seed: int, unit: int) -> int:
@@ -106,32 +134,47 @@ class UnitsDone:
         return self.shards.cost()
 
     @property
+    def placement(self) -> list[dict[str, Any]]:
+        """Which holder (host, process, and on Ray the node) computed each unit, in unit order:
+        kept in the stage's manifest, since the shards themselves are scratch."""
+        return self.shards.holders()
+
+    @property
     def holders(self) -> float:
         """How many engine holders computed the stage's units (this attempt's and earlier ones')."""
         return float(len({(h.get("host"), h.get("pid")) for h in self.shards.holders() if h}))
 
 
 def _run_one(work: UnitWork, engine: Any, shards: Shards, i: int) -> None:
-    """Compute unit i, write it with its holder, then pass the stage's shard failpoint."""
+    """Compute unit i and write it with its holder."""
     rows, cost = work.run(engine, work.unit(i), unit_seed(work.seed, i))
     shards.write(i, rows, cost, holder_id())
-    failpoints.hit(f"{work.stage}:shard")
 
 
 class LocalExecutor:
-    """Runs a stage's missing units one after another on one engine in this process."""
+    """Runs a stage's missing units one after another on one engine in this process
+    (with `threads` CPU threads, if given, for the stage's duration)."""
+
+    def __init__(self, threads: int | None = None):
+        self.threads = threads
 
     def run(self, work: UnitWork, shards: Shards, missing: list[int]) -> float:
+        import torch
         from tqdm import tqdm
 
+        before = torch.get_num_threads()
         t = time.time()
         engine = work.open()
         load_s = time.time() - t
+        if self.threads:
+            torch.set_num_threads(self.threads)  # after open: an engine may set its own on start
         try:
             for i in tqdm(missing, desc=work.stage, unit="unit"):
                 _run_one(work, engine, shards, i)
+                failpoints.hit(f"{work.stage}:shard")
         finally:
             work.close(engine)
+            torch.set_num_threads(before)
         return load_s
 
 
@@ -162,6 +205,7 @@ def _holder(work: UnitWork, folder: str, n: int, todo, events, threads: int, sta
             except queue.Empty:
                 return
             _run_one(work, engine, shards, i)
+            failpoints.hit(f"{work.stage}:shard")  # kills the stage's process group, as in process
     finally:
         work.close(engine)
 
@@ -221,9 +265,157 @@ class PoolExecutor:
         return load_s
 
 
+class _RayHolder:
+    """An engine holder as a Ray actor: opens the stage's engine once, then computes the units
+    it is handed, writing each to the stage's shard folder (storage every node mounts)."""
+
+    def __init__(self, work: UnitWork, folder: str, n: int, threads: int):
+        import torch
+
+        torch.set_num_threads(threads)
+        self.work, self.shards, self.threads = work, Shards(Path(folder), n), threads
+        t = time.time()
+        self.engine = work.open()
+        torch.set_num_threads(threads)
+        self.load_s = time.time() - t
+
+    def ready(self) -> float:
+        return self.load_s
+
+    def unit(self, i: int) -> int:
+        _run_one(self.work, self.engine, self.shards, i)
+        return i
+
+
+NO_HOLDER_WARN_S = 60.0
+
+
+class RayExecutor:
+    """Engine holders as Ray actors, placed by Ray on any node with the resources they declare.
+
+    The driver (the stage's process) hands each holder one unit at a time, the next as soon as
+    it returns, so fast holders take more units. A holder writes its unit to the shard folder
+    itself; the driver only learns its index. A holder that dies (its process or node lost)
+    gives its unit back to the queue, unless its write had landed, and a new holder is started
+    for the rest, up to `restarts` times. A unit that raises fails the stage with that error:
+    a bug or bad input is not retried. Holders never outlive the stage; with no `address`,
+    neither does the Ray instance started for it."""
+
+    def __init__(self, cfg: ExecutorConfig):
+        self.cfg = cfg
+
+    def _connect(self) -> bool:
+        """Join the cluster (or start one here); True if this call did, so the stage leaves it after."""
+        import ray
+
+        if ray.is_initialized():
+            return False
+        ray.init(address=self.cfg.address, include_dashboard=False, configure_logging=False,
+                 log_to_driver=True) if self.cfg.address else \
+            ray.init(include_dashboard=False, configure_logging=False, log_to_driver=True)
+        return True
+
+    def run(self, work: UnitWork, shards: Shards, missing: list[int]) -> float:
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+        from tqdm import tqdm
+
+        from ratchet.data.errors import StageFailedError
+
+        joined = self._connect()
+        threads = self.cfg.threads_per_engine or 1
+        opts: dict[str, Any] = dict(num_cpus=threads, num_gpus=self.cfg.gpus_per_engine, max_restarts=0,
+                                    max_task_retries=0)
+        if self.cfg.accelerator_type:
+            opts["accelerator_type"] = self.cfg.accelerator_type
+        holder_cls = ray.remote(_RayHolder).options(**opts)
+        todo, restarts, load_s = list(missing), 0, 0.0
+        bar = tqdm(total=len(missing), desc=work.stage, unit="unit")
+        holders: dict[Any, Any] = {}  # pending call -> (holder, unit index or None for its start)
+        started: list[Any] = []
+
+        def start_holder() -> None:
+            h = holder_cls.remote(work, str(shards.dir), shards.n, threads)
+            started.append(h)
+            holders[h.ready.remote()] = (h, None)
+
+        def give(h) -> None:
+            if todo:
+                i = todo.pop(0)
+                holders[h.unit.remote(i)] = (h, i)
+
+        idle: list[Any] = []  # holders with their engine open, waiting for the common start
+        try:
+            for _ in range(min(self.cfg.engines, len(missing))):
+                start_holder()
+            # Units are shared from a common start, as in the local pool: the first engine to load
+            # would otherwise take every unit of a small stage. At most START_WAIT_S for the slow.
+            starting, first_ready, shared = len(holders), 0.0, False
+            waited, warned = time.time(), False
+            while todo or any(i is not None for _, i in holders.values()):
+                if not shared and idle and (starting == 0 or time.time() - first_ready > START_WAIT_S):
+                    shared = True
+                    for h in idle:
+                        give(h)
+                    idle.clear()
+                if not holders:
+                    raise StageFailedError(
+                        f"{work.stage}: {len(todo)} unit(s) unfinished after {restarts} restart(s) of its engine "
+                        f"holders on Ray; the finished units are kept in {shards.dir}, re-run the same command "
+                        "to resume")
+                ready, _ = ray.wait(list(holders), num_returns=1, timeout=5.0)
+                if not ready:
+                    if not warned and load_s == 0 and time.time() - waited > NO_HOLDER_WARN_S:
+                        warned = True
+                        log.warning("%s: no engine holder has started after %.0f s; each asks for %s, the "
+                                    "cluster has %s free", work.stage, NO_HOLDER_WARN_S, opts,
+                                    ray.available_resources())
+                    continue
+                h, i = holders.pop(ready[0])
+                if i is None and not shared:
+                    starting -= 1
+                try:
+                    value = ray.get(ready[0])
+                except RayTaskError as e:  # the work itself failed: a real error, not a lost holder
+                    raise e.as_instanceof_cause() from None
+                except RayActorError as e:  # the holder's process or node is gone
+                    if e.actor_init_failed:  # its engine would not open: the same on any node
+                        log.error("%s: %s", work.stage, e.error_msg)
+                        last = e.error_msg.strip().splitlines()[-1]
+                        raise StageFailedError(f"{work.stage}: an engine holder could not open its engine: {last} "
+                                               "(its traceback is in the stage's log above)") from None
+                    if i is not None and not shards.has(i):
+                        todo.insert(0, i)
+                    if todo and restarts < self.cfg.restarts:
+                        restarts += 1
+                        log.warning("%s: an engine holder was lost (%s); %d unit(s) left, starting another",
+                                    work.stage, type(e).__name__, len(todo))
+                        start_holder()
+                    continue
+                if i is None:
+                    load_s = max(load_s, value)
+                    if not shared:
+                        first_ready = first_ready or time.time()
+                        idle.append(h)
+                        continue
+                else:
+                    bar.update(1)
+                    failpoints.hit(f"{work.stage}:shard")
+                give(h)
+        finally:
+            for h in started:
+                ray.kill(h)  # holders idle, still starting, or never placed: none outlives the stage
+            bar.close()
+            if joined:
+                ray.shutdown()
+        return load_s
+
+
 def executor_for(cfg: ExecutorConfig | None):
+    if cfg is not None and cfg.kind == "ray":
+        return RayExecutor(cfg)
     if cfg is None or cfg.engines == 1:
-        return LocalExecutor()
+        return LocalExecutor(cfg.threads_per_engine if cfg else None)
     return PoolExecutor(cfg)
 
 

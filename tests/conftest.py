@@ -17,6 +17,9 @@ os.environ.pop("PREFECT_API_URL", None)
 # body defined in a test module put the repository on the path explicitly.
 _ROOT = str(Path(__file__).parents[1])
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+# Ray clusters the tests start stay on loopback: with this, Ray takes 127.0.0.1 as every
+# node's address (and as the driver's) instead of the machine's outward one.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 import pytest  # noqa: E402
 
@@ -54,3 +57,19 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real two-node Ray cluster on loopback (Ray's own multi-node test cluster: a head and a
+    second raylet, one CPU each, on this machine); yields its address, stops it after."""
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                      "node_ip_address": "127.0.0.1"})
+    try:
+        c.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+        c.wait_for_nodes()
+        yield c.address
+    finally:
+        c.shutdown()

@@ -26,12 +26,14 @@ from ratchet.data.records import Completion, LabeledCompletion
 
 @dataclass
 class Labeled:
-    """What a kind returns: every labeled row, its own metrics, and any further output files
-    (name -> row count) it wrote into the stage directory."""
+    """What a kind returns: every labeled row, its own metrics, any further output files
+    (name -> row count) it wrote into the stage directory, and what its manifest's info holds
+    (for a kind run in units: which holder, process and node computed each unit)."""
 
     rows: list[LabeledCompletion]
     metrics: dict[str, float] = field(default_factory=dict)
     outputs: dict[str, int | None] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

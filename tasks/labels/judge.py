@@ -65,7 +65,7 @@ def run(req, store, rows: list[Completion], check_cfg, cfg: JudgeLabel) -> Label
         **injection_stats([r.flags or [] for r in out]),
         **agreement(out),
     }
-    return Labeled(out, metrics)
+    return Labeled(out, metrics, info={"units": done.placement})
 
 
 KIND = LabelKind(name="judge", consumes="samples", uses_policy=True, run=run,

@@ -78,7 +78,7 @@ def run(req, store, prompts: list[Prompt], check_cfg, cfg: MctsLabel) -> Labeled
                "mcts_tokens_per_s": cost["tokens"] / cost["mcts_s"] if cost.get("mcts_s") else 0.0}
     if cfg.value == "judge":  # label-free: how well the judge's values agree with the verifier, where it can tell
         metrics.update(injection_stats(flagged), **agreement(rows))
-    return Labeled(rows, metrics, outputs={"trees.jsonl": len(trees)})
+    return Labeled(rows, metrics, outputs={"trees.jsonl": len(trees)}, info={"units": done.placement})
 
 
 KIND = LabelKind(name="mcts", consumes="prompts", uses_policy=True, run=run,
