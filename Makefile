@@ -35,6 +35,7 @@ bench: setup
 	$(BIN)/python bench/dpo_bench.py
 	$(BIN)/python bench/mcts_bench.py
 	$(BIN)/python bench/judge_attack_bench.py
+	$(BIN)/python bench/executor_bench.py
 
 clean:
 	rm -rf runs
