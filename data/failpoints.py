@@ -19,6 +19,7 @@ import os
 import signal
 
 ENV = "RATCHET_FAILPOINTS"
+GROUP = "RATCHET_FAILPOINTS_GROUP"  # set for helpers started in a group of their own (torchrun's processes)
 
 
 def armed(name: str) -> bool:
@@ -26,6 +27,10 @@ def armed(name: str) -> bool:
 
 
 def hit(name: str) -> None:
-    """Die here, with the whole process group, if `name` is armed."""
+    """Die here, with the whole process group (the pipeline's, where a helper runs in a group
+    of its own), if `name` is armed."""
     if armed(name):
+        pipeline = int(os.environ.get(GROUP, os.getpgrp()))
+        if pipeline != os.getpgrp():
+            os.killpg(pipeline, signal.SIGKILL)
         os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -4,6 +4,12 @@ preference pairs, both with TRL + PEFT.
 The output is always a full model directory: a LoRA adapter is merged into the
 weights it was trained on, so the next round samples from plain weights (vLLM
 with an active adapter ran ~4x slower on CPU) and its reference is well-defined.
+
+With `num_processes` above 1, `train` runs the same trainer in that many processes under
+torchrun (DDP: gloo on CPU, NCCL on GPUs), `batch_size` rows each per step, so the global
+batch is batch_size x grad_accum x num_processes. Checkpoints hold every process's state;
+a resumed run continues from them in the same number of processes. The main process alone
+merges the adapter and writes the model, the train log and the metrics.
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ class OptimSettings(BaseModel):
     )
     checkpoint_steps: int = Field(default=20, ge=1, description="save a resumable trainer checkpoint every N steps")
     logging_steps: int = Field(default=2, ge=1)
+    num_processes: int = Field(default=1, ge=1, description="training processes (torchrun, DDP; one per GPU, or "
+                               "CPU cores split between them): the global batch is batch_size x grad_accum x "
+                               "num_processes")
 
 
 class RFTTrainConfig(OptimSettings):
@@ -252,7 +261,12 @@ def plain_loss(trainer_cls):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             keep = {k: inputs[k] for k in ("input_ids", "attention_mask", "position_ids", "labels") if k in inputs}
             out = model(**keep, use_cache=False, num_items_in_batch=num_items_in_batch)
-            return (out.loss, out) if return_outputs else out.loss
+            loss = out.loss
+            if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+                # As Trainer.compute_loss does: the token count is the global one, and DDP averages
+                # gradients over processes, so each process's share is scaled back up by their number.
+                loss = loss * self.accelerator.num_processes
+            return (loss, out) if return_outputs else loss
 
     PlainLoss.__name__ = f"PlainLoss{trainer_cls.__name__}"
     return PlainLoss
@@ -364,10 +378,12 @@ def train_rft(model_dir: Path, rows: list[dict], cfg: RFTTrainConfig, out: Path,
     trainer = _trainer_class(SFTTrainer)(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config)
     n_tokens = sum(len(x) for x in trainer.train_dataset["input_ids"])
     resumed = _run(trainer, out)
+    if not trainer.is_world_process_zero():
+        return {}
     save_merged(trainer, tok, model_dir, out, cfg.adapter)
     metrics = write_log(trainer, out, started, n_tokens)
     metrics.update(rows=float(len(rows)), bf16=float(prec == "bf16"), resumed=float(resumed is not None),
-                   resumed_from_step=float(resumed or 0))
+                   resumed_from_step=float(resumed or 0), processes=float(trainer.args.world_size))
     return metrics
 
 
@@ -392,6 +408,8 @@ def train_dpo(model_dir: Path, rows: list[dict], cfg: DPOTrainConfig, out: Path,
     d = trainer.train_dataset
     n_tokens = sum(len(p) + len(c) + len(r) for p, c, r in zip(d["prompt_ids"], d["chosen_ids"], d["rejected_ids"]))
     resumed = _run(trainer, out)
+    if not trainer.is_world_process_zero():
+        return {}
     save_merged(trainer, tok, model_dir, out, cfg.adapter)
     metrics = write_log(trainer, out, started, n_tokens)
     last = [h for h in trainer.state.log_history if "rewards/margins" in h]
@@ -399,5 +417,56 @@ def train_dpo(model_dir: Path, rows: list[dict], cfg: DPOTrainConfig, out: Path,
         for k in ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"):
             metrics["last_" + k.replace("/", "_")] = float(last[-1][k])
     metrics.update(rows=float(len(rows)), bf16=float(prec == "bf16"), resumed=float(resumed is not None),
-                   resumed_from_step=float(resumed or 0), plain_lm_head=float(plain))
+                   resumed_from_step=float(resumed or 0), plain_lm_head=float(plain),
+                   processes=float(trainer.args.world_size))
     return metrics
+
+
+def train(kind: str, model_dir: Path, rows: list[dict], cfg: RFTTrainConfig | DPOTrainConfig, out: Path,
+          seed: int) -> dict[str, float]:
+    """train_rft or train_dpo, in this process or, with cfg.num_processes > 1, in that many
+    processes under torchrun (on this machine, rendezvous on localhost)."""
+    fn = train_dpo if kind == "dpo" else train_rft
+    if cfg.num_processes == 1:
+        return fn(model_dir, rows, cfg, out, seed)
+    import os
+    import subprocess
+    import sys
+
+    from ratchet.data import failpoints
+    from ratchet.data.errors import StageFailedError
+
+    out.mkdir(parents=True, exist_ok=True)
+    spec, result = out / "train-processes.json", out / "train-metrics.json"
+    spec.write_text(json.dumps({"kind": kind, "model": str(model_dir), "rows": rows, "out": str(out), "seed": seed,
+                                "cfg": cfg.model_dump(mode="json")}))
+    result.unlink(missing_ok=True)
+    n = cfg.num_processes
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // n)))  # the cores, split
+    env.setdefault(failpoints.GROUP, str(os.getpgrp()))  # torchrun starts its processes in groups of their own
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+                           "-m", "ratchet.models.trainer", str(spec)], env=env)
+    if proc.returncode != 0 or not result.exists():
+        raise StageFailedError(f"training in {n} processes (torchrun) failed with exit code {proc.returncode}; "
+                               f"its checkpoints are kept in {out / 'checkpoints'}, re-run the same command to resume")
+    metrics = json.loads(result.read_text())
+    spec.unlink()
+    result.unlink()
+    return metrics
+
+
+def _process_main(spec_path: str) -> None:
+    """One training process under torchrun: the trainer, then (main process) the metrics file."""
+    spec = json.loads(Path(spec_path).read_text())
+    cls = DPOTrainConfig if spec["kind"] == "dpo" else RFTTrainConfig
+    fn = train_dpo if spec["kind"] == "dpo" else train_rft
+    metrics = fn(Path(spec["model"]), spec["rows"], cls.model_validate(spec["cfg"]), Path(spec["out"]), spec["seed"])
+    if metrics:
+        (Path(spec["out"]) / "train-metrics.json").write_text(json.dumps(metrics))
+
+
+if __name__ == "__main__":
+    import sys
+
+    _process_main(sys.argv[1])

@@ -32,7 +32,7 @@ class TrainJob(BaseModel):
 
 
 def train_body(req: StageRequest[TrainJob], store: ArtifactStore) -> StageManifest:
-    from ratchet.models.trainer import train_dpo, train_rft
+    from ratchet.models.trainer import train
     from ratchet.tasks.prepare import model_dir
 
     d = store.stage_dir(req.stage, req.key)
@@ -40,12 +40,10 @@ def train_body(req: StageRequest[TrainJob], store: ArtifactStore) -> StageManife
     base = model_dir(store, req.parent_model)
     cfg = req.config.train
     if cfg.kind == "dpo":
-        pairs = read_jsonl(data, PairRow)
-        metrics = train_dpo(base, [{"prompt": r.prompt, "chosen": r.chosen, "rejected": r.rejected} for r in pairs],
-                            cfg, d, req.seed)
+        rows = [{"prompt": r.prompt, "chosen": r.chosen, "rejected": r.rejected} for r in read_jsonl(data, PairRow)]
     else:
-        rows = read_jsonl(data, SFTRow)
-        metrics = train_rft(base, [{"prompt": r.prompt, "completion": r.completion} for r in rows], cfg, d, req.seed)
+        rows = [{"prompt": r.prompt, "completion": r.completion} for r in read_jsonl(data, SFTRow)]
+    metrics = train(cfg.kind, base, rows, cfg, d, req.seed)
     outputs = {p.relative_to(d).as_posix(): None for p in sorted(d.rglob("*"))
                if p.is_file() and p.parts[len(d.parts)] in ("model", "adapter")}
     outputs["train_log.jsonl"] = None

@@ -1,0 +1,86 @@
+"""Training in two processes (torchrun, DDP over gloo on CPU) against one process.
+
+The tolerance, derived: at the same global batch B = 2b, two processes average two means of
+b rows each, which is what one process computes with batch b and grad_accum=2; so those two
+must agree to float rounding (1e-6 here). One process with batch B sums the same rows in
+another order; that order alone moves the weights by some amount d (measured in the same
+test as one-process B vs one-process b x 2), and two processes must be within 2 d of it.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROWS = [{"prompt": f"What is {a} + 2?", "completion": f"{a} + 2 = {a + 2}."} for a in range(8)]
+PAIRS = [{"prompt": f"What is {a} + 2?", "chosen": f"{a + 2}", "rejected": f"{a + 3}"} for a in range(8)]
+COMMON = dict(epochs=2, learning_rate=5e-3, logging_steps=1, checkpoint_steps=2)
+
+
+@pytest.fixture(autouse=True)
+def _loopback(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # the processes talk over loopback only
+
+
+def _train(kind, model, out, **kw):
+    from ratchet.models.trainer import DPOTrainConfig, RFTTrainConfig, train
+
+    cfg = (DPOTrainConfig if kind == "dpo" else RFTTrainConfig)(**COMMON, **kw)
+    return train(kind, model, PAIRS if kind == "dpo" else ROWS, cfg, out, seed=0)
+
+
+def _weights(out):
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "model" / "model.safetensors"))
+
+
+def _diff(a, b) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def _losses(out) -> list[float]:
+    return [json.loads(x)["loss"] for x in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("kind", ["rft", "dpo"])
+def test_two_processes_train_what_one_does_at_the_same_global_batch(kind, tiny_model, tmp_path):
+    one = _train(kind, tiny_model, tmp_path / "one", batch_size=4)
+    accum = _train(kind, tiny_model, tmp_path / "accum", batch_size=2, grad_accum=2)
+    two = _train(kind, tiny_model, tmp_path / "two", batch_size=2, num_processes=2)
+    assert one["processes"] == accum["processes"] == 1 and two["processes"] == 2
+    assert one["steps"] == accum["steps"] == two["steps"] == 4  # 8 rows, global batch 4, 2 epochs
+    w1, wa, w2 = _weights(tmp_path / "one"), _weights(tmp_path / "accum"), _weights(tmp_path / "two")
+    assert _diff(w1, _weights(tmp_path / "accum")) > 0  # the weights moved, and the order of sums shows
+    assert _diff(w2, wa) <= 1e-6
+    assert _diff(w2, w1) <= 2 * _diff(wa, w1)
+    # the train log has today's shape, its losses on the same scale as one process's
+    assert len(_losses(tmp_path / "two")) == len(_losses(tmp_path / "one")) == 4
+    assert _losses(tmp_path / "two") == pytest.approx(_losses(tmp_path / "accum"), abs=1e-5)
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
+
+
+def test_training_killed_in_two_processes_resumes_from_their_checkpoint(tiny_model, tmp_path):
+    full = _train("rft", tiny_model, tmp_path / "full", batch_size=2, num_processes=2)
+    out = tmp_path / "killed"
+    script = (f"import sys; sys.path.insert(0, {os.getcwd()!r}); from pathlib import Path; "
+              "from tests.models.test_train_processes import _train; "
+              f"_train('rft', Path({str(tiny_model)!r}), Path({str(out)!r}), batch_size=2, num_processes=2)")
+    env = {**os.environ, "RATCHET_FAILPOINTS": "train:checkpoint"}
+    t = time.time()
+    proc = subprocess.run([sys.executable, "-c", script], env=env, start_new_session=True, capture_output=True,
+                          timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]  # every process of the group died at the first checkpoint
+    assert (out / "checkpoints" / "checkpoint-2" / "trainer_state.json").exists() and not (out / "model").exists()
+    assert time.time() - t < 300
+
+    resumed = _train("rft", tiny_model, out, batch_size=2, num_processes=2)
+    assert resumed["resumed"] == 1 and resumed["resumed_from_step"] == 2 and resumed["steps"] == full["steps"] == 4
+    assert _diff(_weights(out), _weights(tmp_path / "full")) <= 1e-6
+    assert (out / "train_log.jsonl").read_bytes() == (tmp_path / "full" / "train_log.jsonl").read_bytes()
