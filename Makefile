@@ -36,6 +36,7 @@ bench: setup
 	$(BIN)/python bench/mcts_bench.py
 	$(BIN)/python bench/judge_attack_bench.py
 	$(BIN)/python bench/executor_bench.py
+	$(BIN)/python bench/train_processes_bench.py
 
 clean:
 	rm -rf runs
