@@ -25,7 +25,7 @@ demo: setup
 	$(BIN)/ratchet run flows/configs/default.yaml
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not integration"

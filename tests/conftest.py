@@ -59,10 +59,11 @@ def prefect_harness():
         yield
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
     """A real two-node Ray cluster on loopback (Ray's own multi-node test cluster: a head and a
-    second raylet, one CPU each, on this machine); yields its address, stops it after."""
+    second raylet, one CPU each, on this machine); yields its address, stops it after the
+    module, so its idle processes do not slow the tests that follow."""
     from ray.cluster_utils import Cluster
 
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
