@@ -19,7 +19,8 @@ pytestmark = pytest.mark.integration
 
 ROWS = [{"prompt": f"What is {a} + 2?", "completion": f"{a} + 2 = {a + 2}."} for a in range(8)]
 PAIRS = [{"prompt": f"What is {a} + 2?", "chosen": f"{a + 2}", "rejected": f"{a + 3}"} for a in range(8)]
-COMMON = dict(epochs=2, learning_rate=5e-3, logging_steps=1, checkpoint_steps=2)
+# fp32 everywhere: the same arithmetic on CPUs with and without native bf16
+COMMON = dict(epochs=2, learning_rate=5e-3, logging_steps=1, checkpoint_steps=2, precision="fp32")
 
 
 @pytest.fixture(autouse=True)
@@ -57,9 +58,11 @@ def test_two_processes_train_what_one_does_at_the_same_global_batch(kind, tiny_m
     assert one["processes"] == accum["processes"] == 1 and two["processes"] == 2
     assert one["steps"] == accum["steps"] == two["steps"] == 4  # 8 rows, global batch 4, 2 epochs
     w1, wa, w2 = _weights(tmp_path / "one"), _weights(tmp_path / "accum"), _weights(tmp_path / "two")
-    assert _diff(w1, _weights(tmp_path / "accum")) > 0  # the weights moved, and the order of sums shows
+    from safetensors.torch import load_file
+
+    assert _diff(w1, load_file(str(tiny_model / "model.safetensors"))) > 1e-3  # training moved the weights
     assert _diff(w2, wa) <= 1e-6
-    assert _diff(w2, w1) <= 2 * _diff(wa, w1)
+    assert _diff(w2, w1) <= max(2 * _diff(wa, w1), 1e-6)
     # the train log has today's shape, its losses on the same scale as one process's
     assert len(_losses(tmp_path / "two")) == len(_losses(tmp_path / "one")) == 4
     assert _losses(tmp_path / "two") == pytest.approx(_losses(tmp_path / "accum"), abs=1e-5)
