@@ -3,6 +3,7 @@
     ratchet run flows/configs/default.yaml [key=value ...]   run the pipeline
     ratchet config flows/configs/default.yaml [key=value ...]  print the resolved config
     ratchet serve flows/configs/default.yaml --cron "0 3 * * *"  schedule continuation from the champion
+    ratchet runs flows/configs/default.yaml                  list the runs in the workdir, how to resume them
     ratchet gc flows/configs/default.yaml                    remove unfinished stage dirs
     ratchet model                                            convert/find the default model
 """
@@ -60,7 +61,7 @@ def _summary(results, champion: str | None) -> str:
 def cmd_run(args) -> int:
     from ratchet.flows.config import load_config
 
-    return _execute(load_config(args.config, args.overrides), args.start_from)
+    return _execute(load_config(args.config, args.overrides), args.start_from, verbose=args.verbose)
 
 
 def cmd_resume(args) -> int:
@@ -72,30 +73,64 @@ def cmd_resume(args) -> int:
     cfg = PipelineConfig.model_validate(record.config)
     if Path(cfg.workdir).resolve() != Path(args.workdir).resolve():
         cfg = cfg.model_copy(update={"workdir": str(Path(args.workdir).resolve())})
-    return _execute(cfg, record.ctx.start_version)
+    return _execute(cfg, record.ctx.start_version, verbose=args.verbose)
 
 
-def _execute(cfg, start_from: str | None = None) -> int:
+def _execute(cfg, start_from: str | None = None, verbose: bool = False) -> int:
+    """Run the pipeline under the console: stage lines on the terminal, everything else in logs
+    (see flows/console.py). Errors found before the run starts are raised to `main`; a run
+    that fails prints one block (what failed, why, its log, how to resume) and exits 1."""
+    import time
+    import traceback
+
+    from ratchet.flows.console import RunConsole, redirect_output
     from ratchet.flows.inputs import check_inputs
 
     split = check_inputs(cfg)  # before anything is written: bad data leaves no workdir behind
-    _prepare_env(Path(cfg.workdir).resolve())
+    workdir = Path(cfg.workdir).resolve()
+    _prepare_env(workdir)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    if verbose:
+        os.environ["RATCHET_VERBOSE"] = "1"
+        run_log, out, err = None, sys.stdout, sys.stderr
+    else:
+        run_log = workdir / "logs" / f"{stamp}-{os.getpid()}.log"
+        out, err = redirect_output(run_log)
     from ratchet.flows.pipeline import execute
     from ratchet.flows.runs import start
     from ratchet.flows.tracking import redact
 
-    ctx, tracker = start(cfg, start_from, split)
-    origin = f"continuing from {tracker.model_name} version {ctx.start_version}" if ctx.start_version else \
-        "from the base model"
-    print(f"run {ctx.run_name} ({origin}): workdir {ctx.workdir}, MLflow {redact(tracker.uri)}, parent run "
-          f"{ctx.parent_run_id}", flush=True)
-    _, results, _ = execute(cfg, ctx=ctx)
-    champ = tracker.champion()
-    print(_summary(results, champ))
-    if champ:
-        acc = tracker.accuracy(champ, results[-1].eval_set)
-        on = f"held-out accuracy {acc:.3f}" if acc is not None else "not evaluated on this eval set"
-        print(f"champion: {tracker.model_name} version {champ} ({on})")
+    ctx = None
+    with RunConsole.for_streams(out, err, plain=verbose) as console:
+        try:
+            ctx, tracker = start(cfg, start_from, split)
+            if run_log is not None:  # named after the run, now that it has a name
+                named = run_log.with_name(f"{ctx.run_name}.{stamp}.log")
+                run_log.rename(named)
+                run_log = named
+            origin = f"continuing from {tracker.model_name} version {ctx.start_version}" if ctx.start_version \
+                else "from the base model"
+            console.header([
+                f"ratchet run {ctx.run_name}: {cfg.rounds} round(s) {origin}",
+                f"  workdir  {ctx.workdir}",
+                f"  MLflow   {redact(tracker.uri)} (parent run {ctx.parent_run_id})",
+                f"  log      {run_log} (each stage's own: stage.log in its directory)" if run_log else
+                "  verbose: every library's output follows",
+            ])
+            _, results, _ = execute(cfg, ctx=ctx)
+        except BaseException as e:
+            traceback.print_exc()  # into the run's log (the terminal with --verbose)
+            resume = f"ratchet resume {ctx.run_name} --workdir {ctx.workdir}" if ctx else "re-run the same command"
+            if isinstance(e, KeyboardInterrupt):
+                resume = f"{resume} (interrupted)"
+            console.failure(e, run_log, resume)
+            return 130 if isinstance(e, KeyboardInterrupt) else 2 if type(e).__name__ == "ConfigError" else 1
+        champ = tracker.champion()
+        console.text("\n" + _summary(results, champ))
+        if champ:
+            acc = tracker.accuracy(champ, results[-1].eval_set)
+            on = f"held-out accuracy {acc:.3f}" if acc is not None else "not evaluated on this eval set"
+            console.text(f"champion: {tracker.model_name} version {champ} ({on})")
     return 0
 
 
@@ -128,6 +163,39 @@ def cmd_lineage(args) -> int:
     annotate(links, tracker)
     print(json.dumps(as_json(links), indent=2) if args.json else render_text(links))
     return 0 if all(x.verified for x in links) else 1
+
+
+def cmd_runs(args) -> int:
+    """The pipeline runs recorded in a workdir: state, rounds, versions, champion, how to resume."""
+    import json
+    import time
+
+    from ratchet.flows.config import load_config
+    from ratchet.flows.runs import list_runs
+    from ratchet.flows.tracking import Tracker, redact
+
+    cfg = load_config(args.config, args.overrides)
+    workdir = Path(cfg.workdir).resolve()
+    if not (workdir / "runs").is_dir():
+        raise RatchetError(f"no pipeline runs recorded in {workdir}/runs; run the pipeline first or set workdir=...")
+    tracker = Tracker(cfg.tracking, workdir, cfg.name)
+    runs, champ = list_runs(workdir, tracker), tracker.champion()
+    if args.json:
+        print(json.dumps({"workdir": str(workdir), "model": tracker.model_name, "champion": champ,
+                          "runs": [r.model_dump() for r in runs]}, indent=2))
+        return 0
+    print(f"workdir {workdir} · MLflow {redact(tracker.uri)} · model {tracker.model_name} · champion "
+          f"{'version ' + champ if champ else 'none yet'}")
+    print(f"{'run':<34} {'state':<11} {'rounds':>6}  {'started':<16}  versions (held-out accuracy; * promoted)")
+    for r in runs:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "?"
+        versions = ", ".join(f"v{e.version}{'*' if e.promoted else ''} "
+                             f"{'?' if e.accuracy is None else f'{e.accuracy:.1%}'}"
+                             f"{' (champion)' if e.version == champ else ''}" for e in r.entries)
+        print(f"{r.run:<34} {r.state:<11} {f'{r.rounds_done}/{r.rounds}':>6}  {when:<16}  {versions or '-'}")
+        if r.resume:
+            print(f"{'':<34} resume: {r.resume}")
+    return 0
 
 
 def cmd_serve(args) -> int:
@@ -181,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.beta=0.2")
         s.set_defaults(fn=fn)
         if name == "run":
+            s.add_argument("--verbose", action="store_true", help="also stream every engine's, trainer's and "
+                           "library's output to the terminal (it always goes to the logs)")
             s.add_argument("--from", dest="start_from", default=None, metavar="START",
                            help="start from 'champion' (the MLflow alias; the base model if none yet), a "
                            "registered version number, or 'base' (default)")
@@ -189,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "stages are reused, the same MLflow parent and round runs continue.")
     s.add_argument("run", help="run name, e.g. default-1a2b3c4d5e (a file in WORKDIR/runs/)")
     s.add_argument("--workdir", default="runs", help="the run's workdir (default: runs)")
+    s.add_argument("--verbose", action="store_true", help="also stream every library's output to the terminal")
     s.set_defaults(fn=cmd_resume)
     s = sub.add_parser("lineage", help="print and verify the chain that produced a model version",
                        description="Walk a model's manifests back to the base model and prompts, re-verifying "
@@ -198,6 +269,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=cmd_lineage)
+    s = sub.add_parser("runs", help="list the pipeline runs in a workdir, their state and how to resume them",
+                       description="The pipeline runs recorded in the config's workdir: finished, failed, "
+                       "interrupted (killed or lost) or running; rounds done; each round's registered version and "
+                       "held-out accuracy; the champion; and the command that resumes an unfinished run.")
+    s.add_argument("config", help="the runs' YAML config (gives workdir, tracking URI and model name)")
+    s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(fn=cmd_runs)
     s = sub.add_parser("serve", help="deploy on a cron schedule to a Prefect server; each run continues from "
                        "the champion", description="Create a Prefect deployment of the pipeline with a cron "
                        "schedule. Each scheduled run adds `rounds` rounds on top of the MLflow `champion` model "

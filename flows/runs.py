@@ -9,6 +9,7 @@ resolved config, so `ratchet resume RUN` needs nothing else.
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -66,6 +67,8 @@ class RunRecord(BaseModel):
     ctx: RunContext
     config: dict
     state: Literal["running", "finished", "failed"] = "running"
+    host: str | None = None  # where the last attempt ran, and its process: a "running" record whose
+    pid: int | None = None  # process is gone was interrupted (killed, or its machine lost)
 
 
 def run_name_for(cfg: PipelineConfig, sources: dict[str, str]) -> str:
@@ -137,7 +140,8 @@ def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | Non
             parent = tracker.start_parent(run_name, resolved, tags)
         ctx = RunContext(run_name=run_name, workdir=str(workdir), parent_run_id=parent, code_version=code,
                          config_hash=tags["ratchet.config_hash"], start_version=version, sources=split.digests)
-        write_record(workdir, RunRecord(ctx=ctx, config=resolved, state="running"))
+        write_record(workdir, RunRecord(ctx=ctx, config=resolved, state="running", host=socket.gethostname(),
+                                        pid=os.getpid()))
     return ctx, tracker
 
 
@@ -154,3 +158,72 @@ def set_state(ctx: RunContext, tracker: Tracker, state: str) -> None:
     with tracker.lock():
         rec = load_record(workdir, ctx.run_name)
         write_record(workdir, rec.model_copy(update={"state": state}))
+
+
+class RoundEntry(BaseModel):
+    round: int
+    version: str
+    accuracy: float | None
+    promoted: bool
+
+
+class RunSummary(BaseModel):
+    """One pipeline run as `ratchet runs` lists it."""
+
+    run: str
+    state: Literal["running", "finished", "failed", "interrupted"]
+    rounds_done: int
+    rounds: int
+    start_version: str | None
+    started: float | None  # the MLflow parent run's start, seconds since the epoch
+    entries: list[RoundEntry]
+    resume: str | None  # the command that continues an unfinished run
+
+
+def _alive(record: RunRecord) -> bool | None:
+    """Whether the process of a record's last attempt still runs; None when it ran elsewhere."""
+    if record.pid is None:
+        return False
+    if record.host != socket.gethostname():
+        return None
+    try:
+        os.kill(record.pid, 0)
+        cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes()
+    except (OSError, PermissionError):
+        return False
+    return b"ratchet" in cmdline
+
+
+def list_runs(workdir: Path, tracker: Tracker) -> list[RunSummary]:
+    """Every pipeline run recorded in `workdir`, oldest first: its state, its rounds as MLflow
+    holds them (each round's registered version, accuracy and promotion), how to resume it."""
+    out = []
+    for p in sorted((workdir / "runs").glob("*.json")) if (workdir / "runs").is_dir() else []:
+        rec = RunRecord.model_validate_json(p.read_text())
+        state = rec.state
+        if state == "running" and _alive(rec) is False:
+            state = "interrupted"
+        started, entries = None, []
+        try:
+            parent = tracker.client.get_run(rec.ctx.parent_run_id)
+            started = parent.info.start_time / 1000 if parent.info.start_time else None
+            children = tracker.client.search_runs(
+                [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{rec.ctx.parent_run_id}'")
+        except Exception:  # the tracking store was reset or moved: the record alone
+            children = []
+        for c in children:
+            v = c.data.tags.get("ratchet.model_version")
+            if v is None or "ratchet.round" not in c.data.tags:
+                continue
+            entries.append(RoundEntry(round=int(c.data.tags["ratchet.round"]), version=v,
+                                      accuracy=c.data.metrics.get("round.accuracy"),
+                                      promoted=bool(c.data.metrics.get("round.promoted"))))
+        entries.sort(key=lambda e: e.round)
+        first = entries[0].round if entries else 0
+        done = len([e for e in entries if e.round > first])
+        rounds = int(rec.config.get("rounds", 0))
+        resume = None if state in ("finished", "running") else \
+            f"ratchet resume {rec.ctx.run_name} --workdir {workdir}"
+        out.append(RunSummary(run=rec.ctx.run_name, state=state, rounds_done=done, rounds=rounds,
+                              start_version=rec.ctx.start_version, started=started, entries=entries, resume=resume))
+    return sorted(out, key=lambda r: (r.started or 0, r.run))

@@ -15,6 +15,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
+from ratchet.data import events
 from ratchet.data.digest import sha256_json
 from ratchet.data.errors import RatchetError
 from ratchet.data.manifest import StageManifest
@@ -48,6 +49,16 @@ def store_of(ctx: RunContext) -> ArtifactStore:
 
 def tracker_of(cfg: PipelineConfig, ctx: RunContext) -> Tracker:
     return Tracker(cfg.tracking, Path(ctx.workdir), cfg.name)
+
+
+def logged(t: Tracker, child: str, store: ArtifactStore, m: StageManifest, reused: bool) -> bool:
+    """Log a stage's metrics on the round's run (once), and its worker's log as `logs/<stage>.log`."""
+    if not t.log_stage(child, m, reused):
+        return False
+    log = store.dir_of(m) / events.STAGE_LOG
+    if log.exists():
+        t.log_file(child, log, f"logs/{m.stage}.log")
+    return True
 
 
 def round_seed(cfg: PipelineConfig, k: int) -> int:
@@ -112,7 +123,7 @@ def sample_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManif
     m, reused = sample_mod.sample(store_of(ctx), policy, prompts, cfg.sample, cfg.sampler, round_seed(cfg, k), k,
                                   isolate=cfg.isolate, run=ctx.run_name, executor=cfg.executor)
     t = tracker_of(cfg, ctx)
-    if t.log_stage(child, m, reused):
+    if logged(t, child, store_of(ctx), m, reused):
         t.log_dataset(child, store_of(ctx), m, "samples.jsonl", "samples")
     return finished(m, reused)
 
@@ -126,7 +137,7 @@ def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, source: StageManife
                                 seed=round_seed(cfg, k), isolate=cfg.isolate, run=ctx.run_name,
                                 executor=cfg.executor)
     t = tracker_of(cfg, ctx)
-    if t.log_stage(child, m, reused) and "trees.jsonl" in m.outputs:  # the search trees, for inspection
+    if logged(t, child, store_of(ctx), m, reused) and "trees.jsonl" in m.outputs:  # the search trees, for inspection
         t.client.log_artifact(child, str(store.path(m, "trees.jsonl")), artifact_path="label")
     return finished(m, reused)
 
@@ -135,7 +146,7 @@ def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, source: StageManife
 def filter_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageManifest, child: str) -> StageManifest:
     m, reused = filter_mod.filter_rows(store_of(ctx), labels, cfg.filter, round_seed(cfg, k), k, run=ctx.run_name)
     t = tracker_of(cfg, ctx)
-    if t.log_stage(child, m, reused):
+    if logged(t, child, store_of(ctx), m, reused):
         t.log_dataset(child, store_of(ctx), m, "train_set.jsonl", "training")
     return finished(m, reused)
 
@@ -147,7 +158,7 @@ def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
     m, reused = train_mod.train(store, policy, train_set, cfg.train, round_seed(cfg, k), k, isolate=cfg.isolate,
                                 run=ctx.run_name)
     t = tracker_of(cfg, ctx)
-    if t.log_stage(child, m, reused):
+    if logged(t, child, store_of(ctx), m, reused):
         t.log_train_curve(child, store, m)
     return finished(m, reused)
 
@@ -158,7 +169,7 @@ def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     m, reused = evaluate_mod.evaluate(store_of(ctx), policy, prompts, cfg.evaluate, cfg.sampler, cfg.data, cfg.seed, k,
                                       isolate=cfg.isolate, run=ctx.run_name, executor=cfg.executor)
     t = tracker_of(cfg, ctx)
-    if t.log_stage(child, m, reused):
+    if logged(t, child, store_of(ctx), m, reused):
         t.log_metrics(ctx.parent_run_id, {"accuracy": m.metrics["accuracy"]}, prefix="eval.", step=k)
     return finished(m, reused)
 
@@ -183,6 +194,8 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     gate = champion_gate(cfg, ctx, t, store, version, acc, eval_set, prompts)
     t.log_once(child, "ratchet.model_version", version, {"accuracy": acc, "promoted": float(gate.promoted)},
                prefix="round.")
+    events.emit(events.Event("round", round=k, data={"version": version, "accuracy": acc, "promoted": gate.promoted,
+                                                     "gate": gate.reason}))
     t.end(child)
     walls = {m.stage: m.wall_s for m in stages}
     return RoundResult(round=k, policy=policy, version=version, accuracy=acc, eval_set=eval_set,

@@ -316,6 +316,15 @@ class Tracker:
             p.write_text(text)
             self.client.log_artifact(run_id, str(p), artifact_path=str(Path(path).parent) or None)
 
+    def log_file(self, run_id: str, path: Path, name: str) -> None:
+        """A local file as the run's artifact `name` (a folder and a file name)."""
+        import shutil
+
+        with tempfile.TemporaryDirectory() as t:
+            p = Path(t) / Path(name).name
+            shutil.copyfile(path, p)
+            self.client.log_artifact(run_id, str(p), artifact_path=str(Path(name).parent) or None)
+
     def log_train_curve(self, run_id: str, store: ArtifactStore, m: StageManifest) -> None:
         """The trainer's per-step log as stepped metrics: loss, grad norm, learning rate, and for
         DPO the implicit rewards, margins, accuracies and log-probs of chosen and rejected."""

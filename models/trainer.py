@@ -146,7 +146,7 @@ def _trainer_args(cls, cfg: OptimSettings, out: Path, seed: int, **extra):
         seed=seed,
         data_seed=seed,
         dataloader_num_workers=0,
-        disable_tqdm=False,
+        disable_tqdm=True,  # a progress bar is noise in a log file; the console shows progress.json
         **extra,
     ), prec
 
@@ -349,11 +349,29 @@ def chat_dataset(rows: list[dict]):
 def _run(trainer, out: Path) -> int | None:
     """Train, resuming from out/checkpoints when an earlier attempt left one; the step it
     resumed from, or None."""
-    from ratchet.data import failpoints
+    from transformers import TrainerCallback
 
+    from ratchet.data import events, failpoints
+
+    class _Progress(TrainerCallback):
+        """Steps done of the run's total, and the last logged loss, in out/progress.json."""
+
+        def __init__(self):
+            self.progress, self.loss = None, None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if not state.is_world_process_zero:
+                return
+            if self.progress is None:  # the first step of this attempt (a resumed run starts late)
+                self.progress = events.Progress(out, state.max_steps, "step", state.global_step - 1)
+            self.progress.update(state.global_step, {"loss": self.loss} if self.loss is not None else {})
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                self.loss = float(logs["loss"])
+
+    trainer.add_callback(_Progress())
     if failpoints.armed("train:checkpoint"):
-        from transformers import TrainerCallback
-
         class _DieAfterSave(TrainerCallback):
             def on_save(self, args, state, control, **kwargs):
                 failpoints.hit("train:checkpoint")

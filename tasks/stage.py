@@ -31,6 +31,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from ratchet.data import events
 from ratchet.data.digest import sha256_text
 from ratchet.data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError
 from ratchet.data.manifest import StageManifest
@@ -153,20 +154,30 @@ def run_stage(
     if found is not None:
         log.info("%s (round %d): finished earlier at %s, reused", stage, round, found.dir)
         store.drop_scratch(found)
-        return found, True
+        return _reused(store, found), True
     with store.lock(stage, key):
         found = store.find(stage, key)
         if found is not None:
             log.info("%s (round %d): finished by another run at %s, reused", stage, round, found.dir)
-            return found, True
+            return _reused(store, found), True
         d = store.prepare(stage, key, keep_partial=keep_partial)
         if run is not None:
             store.add_owner(d, run)
         req = request(stage=stage, round=round, key=key, code_version=code, config=config, parents=parents,
                       started=time.time(), executor=executor)
-        if name is not None:
-            return _run_in_worker(store, d, name, req), False
-        return body(req, store), False
+        events.emit(events.Event("start", stage, round, d))
+        try:
+            m = _run_in_worker(store, d, name, req) if name is not None else body(req, store)
+        except BaseException as e:
+            events.emit(events.Event("failed", stage, round, d, error=f"{type(e).__name__}: {e}"))
+            raise
+        events.emit(events.Event("done", stage, round, d, metrics=dict(m.metrics), wall_s=m.wall_s))
+        return m, False
+
+
+def _reused(store: ArtifactStore, m: StageManifest) -> StageManifest:
+    events.emit(events.Event("reused", m.stage, m.round, store.dir_of(m), metrics=dict(m.metrics), wall_s=m.wall_s))
+    return m
 
 
 def _resolve(body: str):
@@ -178,8 +189,9 @@ def _run_in_worker(store: ArtifactStore, d: Path, body: str, req: StageRequest) 
     spec = d / "worker-request.json"
     spec.write_text(json.dumps({"body": body, "store": str(store.root), "request": req.model_dump(mode="json")}))
     (d / ERROR_FILE).unlink(missing_ok=True)
-    proc = subprocess.run([sys.executable, "-c", WORKER, str(spec)], env=os.environ.copy())
-    if proc.returncode == 0:
+    stage_log = d / events.STAGE_LOG
+    returncode = _run_logged([sys.executable, "-c", WORKER, str(spec)], stage_log)
+    if returncode == 0:
         m = store.find(req.stage, req.key, verify=False)
         if m is None:
             raise StageFailedError(f"{req.stage} worker exited 0 but wrote no manifest in {d}")
@@ -191,12 +203,42 @@ def _run_in_worker(store: ArtifactStore, d: Path, body: str, req: StageRequest) 
             raise EmptyStageError(e["message"])
         if e["type"] == "ConfigError":
             raise ConfigError(e.get("problems") or [e["message"]], source=f"{req.stage} stage")
-        raise StageFailedError(f"{req.stage} stage (round {req.round}) failed in its worker: {e['type']}: {e['message']}")
+        raise StageFailedError(f"{req.stage} stage (round {req.round}) failed in its worker: {e['type']}: "
+                               f"{e['message']} (its log: {stage_log})")
     raise StageFailedError(
-        f"{req.stage} stage (round {req.round}) worker died with exit code {proc.returncode} "
+        f"{req.stage} stage (round {req.round}) worker died with exit code {returncode} "
         f"(negative = killed by signal; -9 is often the kernel's out-of-memory killer). "
-        f"Its partial files are kept in {d}; re-run the same command to resume."
+        f"Its partial files are kept in {d}; re-run the same command to resume. Its log: {stage_log}"
     )
+
+
+def verbose() -> bool:
+    """`ratchet run --verbose` (RATCHET_VERBOSE=1): stage workers stream to the terminal too."""
+    return os.environ.get("RATCHET_VERBOSE", "") not in ("", "0")
+
+
+def _run_logged(cmd: list[str], stage_log: Path) -> int:
+    """Run a worker with its output (the engine's, the trainer's, every library's) appended to
+    the stage's log; with RATCHET_VERBOSE also copied to this process's stdout as it comes."""
+    import threading
+
+    with open(stage_log, "ab") as f:
+        if not verbose():
+            return subprocess.run(cmd, env=os.environ.copy(), stdout=f, stderr=subprocess.STDOUT).returncode
+        proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+        def copy() -> None:
+            for line in iter(proc.stdout.readline, b""):
+                f.write(line)
+                f.flush()
+                sys.stdout.buffer.write(line)
+                sys.stdout.flush()
+
+        t = threading.Thread(target=copy, daemon=True)
+        t.start()
+        code = proc.wait()
+        t.join(timeout=5)  # a holder the worker started may keep the pipe open; never wait on it
+        return code
 
 
 def _die_with_parent() -> None:

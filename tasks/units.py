@@ -37,7 +37,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ratchet.data import failpoints
+from ratchet.data import events, failpoints
 from ratchet.data.digest import sha256_json
 from ratchet.data.shards import Shards, count
 
@@ -145,6 +145,16 @@ class UnitsDone:
         return float(len({(h.get("host"), h.get("pid")) for h in self.shards.holders() if h}))
 
 
+def _progress(work: UnitWork, shards: Shards, missing: list[int]) -> events.Progress:
+    """The stage's progress file (in the stage's directory, beside the shard folder)."""
+    return events.Progress(shards.dir.parent, shards.n, "unit", shards.n - len(missing), shards.cost())
+
+
+def _advance(work: UnitWork, shards: Shards, progress: events.Progress, done: int) -> None:
+    progress.update(done, shards.cost())
+    log.info("%s: %d/%d units done", work.stage, done, shards.n)
+
+
 def _run_one(work: UnitWork, engine: Any, shards: Shards, i: int) -> None:
     """Compute unit i and write it with its holder."""
     rows, cost = work.run(engine, work.unit(i), unit_seed(work.seed, i))
@@ -160,17 +170,18 @@ class LocalExecutor:
 
     def run(self, work: UnitWork, shards: Shards, missing: list[int]) -> float:
         import torch
-        from tqdm import tqdm
 
         before = torch.get_num_threads()
+        progress = _progress(work, shards, missing)
         t = time.time()
         engine = work.open()
         load_s = time.time() - t
         if self.threads:
             torch.set_num_threads(self.threads)  # after open: an engine may set its own on start
         try:
-            for i in tqdm(missing, desc=work.stage, unit="unit"):
+            for i in missing:
                 _run_one(work, engine, shards, i)
+                _advance(work, shards, progress, shards.n - len(shards.missing()))
                 failpoints.hit(f"{work.stage}:shard")
         finally:
             work.close(engine)
@@ -219,13 +230,12 @@ class PoolExecutor:
     def run(self, work: UnitWork, shards: Shards, missing: list[int]) -> float:
         import multiprocessing as mp
 
-        from tqdm import tqdm
-
         from ratchet.data.errors import StageFailedError
 
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited engine, lock or thread pool
         threads = self.cfg.threads_per_engine or max(1, (os.cpu_count() or 1) // self.cfg.engines)
-        load_s, restarts, bar = 0.0, 0, tqdm(total=len(missing), desc=work.stage, unit="unit")
+        load_s, restarts, progress = 0.0, 0, _progress(work, shards, missing)
+        done = progress.base
         while missing:
             todo, events = ctx.Queue(), ctx.Queue()
             for i in missing:
@@ -240,10 +250,14 @@ class PoolExecutor:
             # can leave a pipe with half a message, which must not stall the stage.
             while any(p.is_alive() for p in procs):
                 time.sleep(0.25)
-                bar.n = bar.total - len(shards.missing())
-                bar.refresh()
+                if (now := shards.n - len(shards.missing())) != done:
+                    done = now
+                    _advance(work, shards, progress, done)
             for p in procs:
                 p.join()
+            if (now := shards.n - len(shards.missing())) != done:
+                done = now
+                _advance(work, shards, progress, done)
             for _ in procs:  # each holder that opened its engine said how long that took
                 try:
                     kind, _, value = events.get(timeout=0.05)
@@ -261,7 +275,6 @@ class PoolExecutor:
                 restarts += 1
                 log.warning("%s: %d engine holder(s) died (exit codes %s); %d unit(s) left, starting holders again",
                             work.stage, len(dead), dead, len(missing))
-        bar.close()
         return load_s
 
 
@@ -318,7 +331,6 @@ class RayExecutor:
     def run(self, work: UnitWork, shards: Shards, missing: list[int]) -> float:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
-        from tqdm import tqdm
 
         from ratchet.data.errors import StageFailedError
 
@@ -330,7 +342,7 @@ class RayExecutor:
             opts["accelerator_type"] = self.cfg.accelerator_type
         holder_cls = ray.remote(_RayHolder).options(**opts)
         todo, restarts, load_s = list(missing), 0, 0.0
-        bar = tqdm(total=len(missing), desc=work.stage, unit="unit")
+        progress = _progress(work, shards, missing)
         holders: dict[Any, Any] = {}  # pending call -> (holder, unit index or None for its start)
         started: list[Any] = []
 
@@ -399,13 +411,12 @@ class RayExecutor:
                         idle.append(h)
                         continue
                 else:
-                    bar.update(1)
+                    _advance(work, shards, progress, shards.n - len(shards.missing()))
                     failpoints.hit(f"{work.stage}:shard")
                 give(h)
         finally:
             for h in started:
                 ray.kill(h)  # holders idle, still starting, or never placed: none outlives the stage
-            bar.close()
             if joined:
                 ray.shutdown()
         return load_s

@@ -114,3 +114,56 @@ def test_start_from_names_the_versions_that_exist(tmp_path):
         start_version(t, "7")
     with pytest.raises(ConfigError, match="start_from='latest'"):
         start_version(t, "latest")
+
+
+def test_runs_lists_each_run_with_its_state_rounds_and_how_to_resume(tmp_path):
+    import json
+    import os
+    import socket
+
+    from ratchet.flows.config import load_config
+    from ratchet.flows.runs import RunContext, RunRecord, write_record
+    from ratchet.flows.tracking import Tracker
+
+    cfg = load_config(ROOT / "flows" / "configs" / "default.yaml", [f"workdir={tmp_path}"])
+    t = Tracker(cfg.tracking, tmp_path, cfg.name)
+    (tmp_path / "runs").mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "ratchet-run"])
+    t.client.create_registered_model(t.model_name)
+    try:
+        for name, state, pid, rounds in [("a-finished", "finished", gone, [(0, 0.42, 1), (1, 0.8, 1), (2, 0.7, 0)]),
+                                         ("b-failed", "failed", gone, [(0, 0.42, 1)]),
+                                         ("c-killed", "running", gone, [(0, 0.42, 1), (1, 0.5, 0)]),
+                                         ("d-live", "running", alive, [])]:
+            parent = t.start_parent(name, {}, {"ratchet.run": name})
+            for k, acc, promoted in rounds:
+                child = t.child(parent, k, {})
+                version = str(len(t.client.search_model_versions(f"name='{t.model_name}'")) + 1)
+                t.client.create_model_version(t.model_name, source=str(tmp_path), run_id=child)
+                t.log_once(child, "ratchet.model_version", version, {"accuracy": acc, "promoted": float(promoted)},
+                           prefix="round.")
+            ctx = RunContext(run_name=name, workdir=str(tmp_path), parent_run_id=parent, code_version="c",
+                             config_hash="h")
+            pid_of = int(gone.stdout) if pid is gone else alive.pid
+            write_record(tmp_path, RunRecord(ctx=ctx, config={"rounds": 3}, state=state, host=socket.gethostname(),
+                                             pid=pid_of))
+        t.client.set_registered_model_alias(t.model_name, "champion", "2")
+        r = ratchet("runs", "flows/configs/default.yaml", f"workdir={tmp_path}", "--json")
+        text = ratchet("runs", "flows/configs/default.yaml", f"workdir={tmp_path}")
+    finally:
+        alive.kill()
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["champion"] == "2"
+    runs = {x["run"]: x for x in got["runs"]}
+    assert {n: (x["state"], x["rounds_done"], x["rounds"]) for n, x in runs.items()} == {
+        "a-finished": ("finished", 2, 3), "b-failed": ("failed", 0, 3), "c-killed": ("interrupted", 1, 3),
+        "d-live": ("running", 0, 3)}
+    assert [(e["version"], e["accuracy"], e["promoted"]) for e in runs["a-finished"]["entries"]] == \
+        [("1", 0.42, True), ("2", 0.8, True), ("3", 0.7, False)]
+    assert runs["a-finished"]["resume"] is None and runs["d-live"]["resume"] is None
+    for n in ("b-failed", "c-killed"):
+        assert runs[n]["resume"] == f"ratchet resume {n} --workdir {tmp_path}"
+        assert f"resume: ratchet resume {n} --workdir {tmp_path}" in text.stdout
+    assert "v2* 80.0% (champion)" in text.stdout and os.path.basename(str(tmp_path)) in text.stdout

@@ -53,6 +53,13 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
     ref = _run(tmp_path / "ref", tiny_model, api)
     assert ref.returncode == 0, ref.stderr[-3000:]
     reference = _finished(tmp_path / "ref")
+    # what a person sees: a line per stage and round, the table; every library's output is in the logs
+    lines = ref.stdout.splitlines()
+    assert ref.stderr == "" and len(lines) < 40 and max(map(len, lines)) < 200, ref.stdout + ref.stderr
+    assert sum(" ✓ " in x for x in lines) == 8 and any("round 1  train    ✓" in x and "steps · loss" in x for x in lines)
+    for name, m in reference.items():
+        if m.stage in ("sample", "label", "train", "evaluate"):  # the stages that run in a worker
+            assert (tmp_path / "ref" / "stages" / name / "stage.log").stat().st_size > 0, name
 
     work = tmp_path / "work"
     for failpoint in ["evaluate:after-manifest", *KILLS]:  # first: a boundary right after round 0
@@ -106,3 +113,5 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
     for key in ("sample.gen_tokens", "label.judge_scored_frac", "filter.pairs", "train.steps", "evaluate.accuracy"):
         assert len(t.client.get_metric_history(child.info.run_id, key)) == 1, key
     assert len(t.client.search_model_versions(f"name='{t.model_name}'")) == 2
+    assert {a.path for a in t.client.list_artifacts(child.info.run_id, "logs")} == \
+        {f"logs/{s}.log" for s in ("sample", "label", "train", "evaluate")}

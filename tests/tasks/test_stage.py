@@ -56,6 +56,38 @@ def test_worker_process_runs_the_body(tmp_path):
     assert store.find("s", m.key) == m
 
 
+def chatty_body(req: StageRequest[X], store: ArtifactStore) -> StageManifest:
+    import os
+    import sys
+
+    print("engine config: " + "x" * 3000)  # what an engine prints on start
+    print("a warning from a library", file=sys.stderr)
+    os.system("echo from a subprocess of the worker")
+    return ok_body(req, store)
+
+
+def test_worker_output_goes_to_the_stage_log_not_the_terminal(tmp_path, capfd, monkeypatch):
+    from ratchet.data import events
+
+    monkeypatch.delenv("RATCHET_VERBOSE", raising=False)
+    seen = []
+    unsubscribe = events.subscribe(seen.append)
+    try:
+        store = ArtifactStore(tmp_path)
+        m, _ = run_stage(store, stage="s", round=3, body=chatty_body, code="c", config=X(x=1), parents=[],
+                         isolate=True)
+        again, reused = run_stage(store, stage="s", round=3, body=chatty_body, code="c", config=X(x=1), parents=[],
+                                  isolate=True)
+    finally:
+        unsubscribe()
+    out, err = capfd.readouterr()
+    assert "engine config" not in out + err and "a warning" not in out + err and "from a subprocess" not in out
+    log = (store.dir_of(m) / events.STAGE_LOG).read_text()
+    assert "engine config: xxx" in log and "a warning from a library" in log and "from a subprocess" in log
+    assert [(e.kind, e.stage, e.round) for e in seen] == [("start", "s", 3), ("done", "s", 3), ("reused", "s", 3)]
+    assert seen[0].dir == store.dir_of(m) and reused
+
+
 def test_worker_errors_come_back_typed(tmp_path):
     store = ArtifactStore(tmp_path)
     with pytest.raises(EmptyStageError, match="lower filter.min_rows"):
@@ -64,7 +96,7 @@ def test_worker_errors_come_back_typed(tmp_path):
 
 def test_killed_worker_keeps_partial_files_and_says_how_to_resume(tmp_path):
     store = ArtifactStore(tmp_path)
-    with pytest.raises(StageFailedError, match=r"exit code -9.*re-run the same command to resume"):
+    with pytest.raises(StageFailedError, match=r"exit code -9.*re-run the same command to resume.*stage.log"):
         run_stage(store, stage="s", round=1, body=crash_body, code="c", config=X(), parents=[],
                   isolate=True, keep_partial=True)
     (d,) = (tmp_path / "stages").iterdir()

@@ -1,0 +1,265 @@
+"""What `ratchet run` shows: a few lines a person wants to read, and everything else in logs.
+
+On a terminal, finished stages print one line each, and the running stage is one live line
+below them (a spinner, its units or steps, its rate), redrawn from the stage's progress
+file (data/events.py). Without a terminal (CI, cron, a Prefect worker) the same facts are
+plain lines, one per event. Either way the output of the engines, the trainer and every
+library goes to logs instead: a stage worker's to `<stage dir>/stage.log` (also logged to
+the round's MLflow run), the orchestrator's own (Prefect, MLflow, warnings) to
+`<workdir>/logs/<run>.<time>.log`. `--verbose` streams all of it to the terminal as well.
+
+    console = RunConsole.for_terminal(out, err)
+    with console:               # subscribes to stage events; on a terminal, starts the live line
+        ...run the pipeline...
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from ratchet.data import events
+from ratchet.data.errors import RatchetError, StageFailedError
+
+STAGE_WIDTH = 8
+
+
+def redirect_output(log_path: Path) -> tuple[TextIO, TextIO]:
+    """Send this process's stdout and stderr (file descriptors 1 and 2, so subprocesses such as
+    Prefect's server and C libraries too) to `log_path`; return files on the original two,
+    for the console. For the `ratchet` command's process: nothing restores them."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    out, err = os.dup(1), os.dup(2)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return open(out, "w", buffering=1, encoding="utf-8", errors="replace"), \
+        open(err, "w", buffering=1, encoding="utf-8", errors="replace")
+
+
+def _n(x: float) -> str:
+    return f"{int(round(x)):,}"
+
+
+def result_of(stage: str, m: dict[str, float]) -> str:
+    """A finished stage's key result, in a few words."""
+    g = m.get
+    parts: list[str] = []
+    if stage == "prompts":
+        parts = [f"{_n(g('train_prompts', 0))} train / {_n(g('eval_prompts', 0))} held-out prompts"]
+    elif stage == "sample":
+        parts = [f"{_n(g('completions', 0))} completions", f"{g('tokens_per_s', 0):.0f} tok/s"]
+        if g("truncated_frac"):
+            parts.append(f"{g('truncated_frac'):.0%} truncated")
+    elif stage == "label":
+        if "mcts_prompts" in m:
+            parts = [f"{_n(m['mcts_prompts'])} trees", f"{g('mcts_tokens_per_prompt', 0):.0f} tokens/prompt"]
+            if "mcts_solved_frac" in m:
+                parts.append(f"solved {m['mcts_solved_frac']:.0%}")
+        else:
+            parts = [f"{_n(g('labeled', 0))} labeled", f"mean reward {g('reward_mean', 0):.2f}"]
+        if "pass_at_n" in m:
+            parts.append(f"pass@n {m['pass_at_n']:.0%}")
+        if "verifier_auc" in m:
+            parts.append(f"AUC vs verifier {m['verifier_auc']:.2f}")
+        if g("injection_suspects"):
+            parts.append(f"{_n(m['injection_suspects'])} injection suspects")
+    elif stage == "filter":
+        if "pairs" in m:
+            parts = [f"{_n(m['pairs'])} pairs"]
+            if "pair_accuracy" in m:
+                parts.append(f"pair accuracy {m['pair_accuracy']:.0%}")
+        else:
+            parts = [f"{_n(g('accepted', 0))} rows accepted"]
+        if "prompts" in m:
+            parts.append(f"{_n(g('prompts_covered', 0))}/{_n(m['prompts'])} prompts")
+    elif stage == "train":
+        parts = [f"{_n(g('steps', 0))} steps", f"loss {g('first_loss', 0):.3f} -> {g('last_loss', 0):.3f}"]
+        if g("train_s"):
+            parts.append(f"{g('steps', 0) / m['train_s']:.2f} steps/s")
+    elif stage == "evaluate":
+        parts = [f"held-out accuracy {g('accuracy', 0):.1%}"]
+    return " · ".join(parts)
+
+
+def rate_of(p: dict[str, Any]) -> str:
+    """The running stage's rate: work done per second of work, over what this attempt added."""
+    now, base = p.get("counters", {}), p.get("counters_at_start", {})
+    for key, secs, unit in (("gen_tokens", "gen_s", "tok/s"), ("tokens", "mcts_s", "tok/s"),
+                            ("judged", "judge_s", "judgements/s")):
+        if key in now:
+            dt = now.get(secs, 0) - base.get(secs, 0)
+            return f"{(now[key] - base.get(key, 0)) / dt:.0f} {unit}" if dt > 0 else ""
+    if p.get("unit") == "step":
+        done = p.get("done", 0) - p.get("done_at_start", 0)
+        dt = max(p.get("at", 0) - p.get("started", 0), 1e-9)
+        loss = f" · loss {now['loss']:.3f}" if "loss" in now else ""
+        return f"{done / dt:.2f} steps/s{loss}"
+    return ""
+
+
+@dataclass
+class _Running:
+    stage: str
+    round: int
+    dir: Path | None
+    since: float
+
+
+class RunConsole:
+    """Prints stage events as lines (and, on a terminal, keeps one live line for the running
+    stage). Thread-safe: Prefect may run tasks on threads of its own."""
+
+    def __init__(self, out: TextIO, err: TextIO, live: bool):
+        self.out, self.err, self.live = out, err, live
+        self._lock = threading.Lock()
+        self._running: _Running | None = None
+        self._failed: events.Event | None = None
+        self._last_acc: float | None = None
+        self._unsubscribe = None
+        self._live = None
+        self._rich = None
+
+    @classmethod
+    def for_streams(cls, out: TextIO, err: TextIO, plain: bool = False) -> "RunConsole":
+        term = not plain and out.isatty() and os.environ.get("TERM", "") not in ("", "dumb")
+        return cls(out, err, live=term)
+
+    # lifecycle ------------------------------------------------------------------
+
+    def __enter__(self) -> "RunConsole":
+        self._unsubscribe = events.subscribe(self.on_event)
+        if self.live:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._rich = Console(file=self.out, highlight=False)
+            self._live = Live(get_renderable=self._render, console=self._rich, refresh_per_second=4,
+                              transient=True, redirect_stdout=False, redirect_stderr=False)
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._unsubscribe:
+            self._unsubscribe()
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    # output ---------------------------------------------------------------------
+
+    def line(self, text: str, style: str = "") -> None:
+        """A permanent line: above the live line on a terminal, a timestamped line otherwise."""
+        if self._rich is not None:
+            self._rich.print(text, style=style or None, markup=False, highlight=False)
+        else:
+            self.out.write(f"{time.strftime('%H:%M:%S')} {text}\n")
+            self.out.flush()
+
+    def text(self, text: str) -> None:
+        """Lines as they are (the round table), on the console's stream."""
+        if self._rich is not None:
+            self._rich.print(text, markup=False, highlight=False)
+        else:
+            self.out.write(text.rstrip("\n") + "\n")
+            self.out.flush()
+
+    def header(self, lines: list[str]) -> None:
+        for i, x in enumerate(lines):
+            self.line(x, "bold" if i == 0 else "")
+
+    # events ---------------------------------------------------------------------
+
+    def on_event(self, e: events.Event) -> None:
+        with self._lock:
+            name = f"round {e.round:<2} {e.stage:<{STAGE_WIDTH}}"
+            if e.kind == "start":
+                self._running = _Running(e.stage, e.round, e.dir, time.time())
+                if not self.live:
+                    self.line(f"{name} started")
+            elif e.kind in ("done", "reused"):
+                self._running = None
+                how = "reused  " if e.kind == "reused" else f"{e.wall_s:5.0f} s "
+                mark = "↺" if e.kind == "reused" else "✓"
+                self.line(f"{name} {mark} {how} {result_of(e.stage, e.metrics)}".rstrip(),
+                          "dim" if e.kind == "reused" else "")
+            elif e.kind == "failed":
+                self._running = None
+                self._failed = e
+                self.line(f"{name} ✗ failed", "bold red")
+            elif e.kind == "round":
+                d = e.data
+                gain = f" ({(d['accuracy'] - self._last_acc) * 100:+.1f} points)" if self._last_acc is not None else ""
+                self._last_acc = d["accuracy"]
+                verdict = "promoted to champion" if d.get("promoted") else \
+                    "not promoted" + (f" ({d['gate'].split(' on eval set')[0]})" if d.get("gate") else "")
+                self.line(f"round {e.round:<2} -> version {d['version']} · held-out accuracy "
+                          f"{d['accuracy']:.1%}{gain} · {verdict}", "bold")
+
+    def _render(self):
+        from rich.spinner import Spinner
+        from rich.table import Table
+
+        with self._lock:
+            r = self._running
+        if r is None:
+            return Table.grid()
+        p = events.read_progress(r.dir)
+        grid = Table.grid(padding=(0, 1))
+        grid.add_row(Spinner("dots"), f"round {r.round:<2} {r.stage:<{STAGE_WIDTH}}", self._status(r, p))
+        return grid
+
+    @staticmethod
+    def _status(r: _Running, p: dict[str, Any] | None) -> str:
+        elapsed = f"{time.time() - r.since:5.0f} s"
+        if not p:
+            return f"{elapsed}  starting"
+        done, total = p.get("done", 0), max(p.get("total", 0), 1)
+        width = 12
+        fill = int(width * done / total)
+        bar = "━" * fill + "╺" + "─" * (width - fill - 1) if fill < width else "━" * width
+        started = p.get("done", 0) == p.get("done_at_start", 0) and not p.get("counters")
+        rate = "opening the engine" if started and p.get("unit") == "unit" else rate_of(p)
+        return f"{elapsed}  {bar} {done}/{total} {p.get('unit', 'unit')}s  {rate}"
+
+    # the end --------------------------------------------------------------------
+
+    def failure(self, error: BaseException, run_log: Path | None, resume: str) -> None:
+        """One block on stderr: what failed, the error, where its log is, how to resume."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        e = self._failed
+        what = f"round {e.round} {e.stage}" if e else "the run"
+        log = (Path(e.dir) / events.STAGE_LOG) if e and e.dir and (Path(e.dir) / events.STAGE_LOG).exists() else run_log
+        lines = [f"ratchet: {what} failed", f"  {type(error).__name__}: {error}"]
+        if log is not None:
+            lines.append(f"  log: {log}")
+            # a clear error says all; a crash or an unexpected exception shows how the log ends
+            tail = _tail(log, 12) if isinstance(error, StageFailedError) or not isinstance(error, RatchetError) \
+                else []
+            if tail:
+                lines += ["  its last lines:", *("    " + x for x in tail)]
+        lines.append(f"  finished stages are kept; to resume: {resume}")
+        self.err.write("\n".join(lines) + "\n")
+        self.err.flush()
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    lines = [x.rstrip()[:300] for x in text.replace("\r", "\n").splitlines() if x.strip()]
+    return lines[-n:]

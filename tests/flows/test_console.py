@@ -1,0 +1,110 @@
+"""The run console: stage events as lines, the running stage's progress, one block per failure."""
+
+import io
+import re
+from pathlib import Path
+
+from ratchet.data import events
+from ratchet.data.errors import EmptyStageError, StageFailedError
+from ratchet.flows.console import RunConsole, rate_of, result_of
+
+STAMP = re.compile(r"^\d\d:\d\d:\d\d ")
+
+
+def _plain() -> tuple[RunConsole, io.StringIO, io.StringIO]:
+    out, err = io.StringIO(), io.StringIO()
+    return RunConsole.for_streams(out, err), out, err
+
+
+def test_without_a_terminal_every_event_is_one_plain_line(tmp_path):
+    console, out, _ = _plain()
+    assert not console.live  # a StringIO is no terminal: plain lines
+    with console:
+        console.header(["ratchet run demo-1: 1 round(s) from the base model"])
+        events.emit(events.Event("reused", "evaluate", 0, tmp_path, metrics={"accuracy": 0.42}, wall_s=20))
+        events.emit(events.Event("round", round=0, data={"version": "1", "accuracy": 0.42, "promoted": True}))
+        events.emit(events.Event("start", "sample", 1, tmp_path))
+        events.emit(events.Event("done", "sample", 1, tmp_path, wall_s=121.4,
+                                 metrics={"completions": 1200, "tokens_per_s": 437.4, "truncated_frac": 0.49}))
+        events.emit(events.Event("done", "train", 1, tmp_path, wall_s=139,
+                                 metrics={"steps": 48, "first_loss": 1.073, "last_loss": 1.162, "train_s": 130}))
+        events.emit(events.Event("round", round=1, data={"version": "2", "accuracy": 0.8, "promoted": False,
+                                                         "gate": "accuracy 0.8 <= champion's 0.9 on eval set ab"}))
+    events.emit(events.Event("start", "sample", 2, tmp_path))  # after the console closed: not shown
+    lines = out.getvalue().splitlines()
+    assert all(STAMP.match(x) for x in lines) and len(lines) == 7
+    text = [STAMP.sub("", x) for x in lines]
+    assert text[1] == "round 0  evaluate ↺ reused   held-out accuracy 42.0%"
+    assert text[2] == "round 0  -> version 1 · held-out accuracy 42.0% · promoted to champion"
+    assert text[3] == "round 1  sample   started"
+    assert text[4] == "round 1  sample   ✓   121 s  1,200 completions · 437 tok/s · 49% truncated"
+    assert text[5] == "round 1  train    ✓   139 s  48 steps · loss 1.073 -> 1.162 · 0.37 steps/s"
+    assert text[6] == ("round 1  -> version 2 · held-out accuracy 80.0% (+38.0 points) · not promoted "
+                       "(accuracy 0.8 <= champion's 0.9)")
+
+
+def test_key_results_name_what_each_stage_made():
+    assert result_of("filter", {"pairs": 40, "pair_accuracy": 0.75, "prompts": 50, "prompts_covered": 40}) == \
+        "40 pairs · pair accuracy 75% · 40/50 prompts"
+    assert result_of("filter", {"accepted": 185, "prompts": 150, "prompts_covered": 106}) == \
+        "185 rows accepted · 106/150 prompts"
+    assert result_of("label", {"labeled": 1200, "reward_mean": 0.25, "pass_at_n": 0.71, "verifier_auc": 0.62,
+                               "injection_suspects": 3}) == \
+        "1,200 labeled · mean reward 0.25 · pass@n 71% · AUC vs verifier 0.62 · 3 injection suspects"
+    assert result_of("label", {"mcts_prompts": 48, "mcts_tokens_per_prompt": 410.2, "mcts_solved_frac": 0.5}) == \
+        "48 trees · 410 tokens/prompt · solved 50%"
+
+
+def test_progress_files_give_the_running_stage_its_rate(tmp_path):
+    p = events.Progress(tmp_path, 4, "unit", done=1, counters={"gen_tokens": 100.0, "gen_s": 1.0})
+    p.update(2, {"gen_tokens": 150.0, "gen_s": 2.0})  # within every_s of the first write: skipped
+    assert events.read_progress(tmp_path)["done"] == 1
+    p.update(3, {"gen_tokens": 700.0, "gen_s": 3.0}, force=True)
+    got = events.read_progress(tmp_path)
+    assert (got["done"], got["total"], got["done_at_start"]) == (3, 4, 1)
+    assert rate_of(got) == "300 tok/s"  # (700 - 100) tokens over (3 - 1) s of generation: reused work excluded
+    p.update(4, {"gen_tokens": 800.0, "gen_s": 4.0})  # the last unit is always written
+    assert events.read_progress(tmp_path)["done"] == 4
+    (tmp_path / "t").mkdir()
+    steps = events.Progress(tmp_path / "t", 10, "step")
+    steps.update(10, {"loss": 0.25})
+    assert rate_of(events.read_progress(tmp_path / "t")).endswith("steps/s · loss 0.250")
+    assert events.read_progress(tmp_path / "missing") is None
+
+
+def test_a_failed_stage_prints_one_block_with_its_log_and_the_resume_command(tmp_path):
+    stage = tmp_path / "train-abc"
+    stage.mkdir()
+    (stage / events.STAGE_LOG).write_text("loading\n" + "".join(f"step {i}\n" for i in range(40)) + "Killed\n")
+    console, out, err = _plain()
+    with console:
+        events.emit(events.Event("start", "train", 2, stage))
+        events.emit(events.Event("failed", "train", 2, stage, error="StageFailedError: died"))
+        console.failure(StageFailedError("train stage (round 2) worker died with exit code -9"), Path("run.log"),
+                        "ratchet resume demo-1 --workdir runs")
+    block = err.getvalue().splitlines()
+    assert block[0] == "ratchet: round 2 train failed"
+    assert block[1] == "  StageFailedError: train stage (round 2) worker died with exit code -9"
+    assert block[2] == f"  log: {stage / events.STAGE_LOG}"
+    assert block[-2] == "    Killed" and "    step 39" in block  # a crash shows how its log ends
+    assert block[-1] == "  finished stages are kept; to resume: ratchet resume demo-1 --workdir runs"
+    assert "✗ failed" in out.getvalue()
+
+    console, _, err = _plain()  # a clear error is the whole story: no log tail
+    with console:
+        console.failure(EmptyStageError("round 1: 3 pairs < filter.min_pairs=16; lower filter.min_pairs"),
+                        tmp_path / "run.log", "re-run the same command")
+    assert err.getvalue().splitlines() == [
+        "ratchet: the run failed", "  EmptyStageError: round 1: 3 pairs < filter.min_pairs=16; lower filter.min_pairs",
+        f"  log: {tmp_path / 'run.log'}", "  finished stages are kept; to resume: re-run the same command"]
+
+
+def test_a_listener_that_raises_never_fails_the_run():
+    def broken(e):
+        raise RuntimeError("display bug")
+
+    unsubscribe = events.subscribe(broken)
+    try:
+        events.emit(events.Event("start", "sample", 1))  # logged, not raised
+    finally:
+        unsubscribe()
