@@ -4,6 +4,7 @@
     ratchet config flows/configs/default.yaml [key=value ...]  print the resolved config
     ratchet serve flows/configs/default.yaml --cron "0 3 * * *"  schedule continuation from the champion
     ratchet runs flows/configs/default.yaml                  list the runs in the workdir, how to resume them
+    ratchet report flows/configs/default.yaml [RUN]          a run's rounds as PNG figures and an HTML page
     ratchet gc flows/configs/default.yaml                    remove unfinished stage dirs
     ratchet model                                            convert/find the default model
 """
@@ -198,6 +199,23 @@ def cmd_runs(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    """Draw a run's rounds: PNGs and one self-contained HTML page, also logged to its MLflow run."""
+    from ratchet.flows.config import load_config
+    from ratchet.flows.report import build
+    from ratchet.flows.tracking import Tracker
+
+    run = args.rest[0] if args.rest and "=" not in args.rest[0] else None
+    cfg = load_config(args.config, args.rest[1:] if run else args.rest)
+    workdir = Path(cfg.workdir).resolve()
+    report = build(workdir, Tracker(cfg.tracking, workdir, cfg.name), run, log=not args.no_log)
+    print(f"{report.run.run}: {len(report.rounds)} round(s), {len(report.figures)} figure(s)")
+    for title, path in report.figures.items():
+        print(f"  {path}  {title}")
+    print(f"page: {report.html}" + ("" if args.no_log else "  (also on the MLflow parent run under report/)"))
+    return 0
+
+
 def cmd_serve(args) -> int:
     """Deploy the pipeline on a cron schedule; each run continues from the MLflow champion."""
     from ratchet.flows.config import load_config
@@ -277,6 +295,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=cmd_runs)
+    s = sub.add_parser("report", help="draw a run's rounds as PNG figures and one HTML page",
+                       description="Held-out accuracy by round (promoted rounds marked), label rewards, training "
+                       "rows or pairs, label-vs-verifier agreement, tree-search figures where used, wall time per "
+                       "stage and throughput: PNG files and one self-contained HTML page in "
+                       "WORKDIR/reports/RUN/, logged to the run's MLflow parent run under report/. Every run "
+                       "writes its own at the end; this draws one again, or an older run's.")
+    s.add_argument("config", help="the run's YAML config (gives workdir, tracking URI and model name)")
+    s.add_argument("rest", nargs="*", metavar="[RUN] key=value", help="the run's name (see `ratchet runs`; "
+                   "default: the newest), then dotted overrides as given to `run`")
+    s.add_argument("--no-log", action="store_true", help="write the files only, log nothing to MLflow")
+    s.set_defaults(fn=cmd_report)
     s = sub.add_parser("serve", help="deploy on a cron schedule to a Prefect server; each run continues from "
                        "the champion", description="Create a Prefect deployment of the pipeline with a cron "
                        "schedule. Each scheduled run adds `rounds` rounds on top of the MLflow `champion` model "

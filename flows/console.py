@@ -195,6 +195,8 @@ class RunConsole:
                 self._running = None
                 self._failed = e
                 self.line(f"{name} ✗ failed", "bold red")
+            elif e.kind == "report":
+                self.line(f"report   {e.data['html']}")
             elif e.kind == "round":
                 d = e.data
                 gain = f" ({(d['accuracy'] - self._last_acc) * 100:+.1f} points)" if self._last_acc is not None else ""

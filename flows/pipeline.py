@@ -23,8 +23,8 @@ from ratchet.data.manifest import StageManifest
 from ratchet.flows.config import PipelineConfig
 from ratchet.flows.runs import RunContext, set_state, start
 from ratchet.flows.stages import (RoundResult, base_task, evaluate_task, filter_task, label_task, lineage_task,
-                                  prompts_task, register_task, sample_task, start_model_task, tracker_of, train_task,
-                                  unwrap)
+                                  prompts_task, register_task, report_task, sample_task, start_model_task, tracker_of,
+                                  train_task, unwrap)
 from ratchet.flows.tracking import Tracker
 from ratchet.tasks import label as label_mod
 
@@ -75,6 +75,7 @@ def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
         last = results[-1]
         results.append(round_flow(cfg, ctx, k, last.policy, prompts, last.version))
     lineage_task(cfg, ctx, results[-1])
+    report_task(cfg, ctx)
     return results
 
 

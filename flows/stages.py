@@ -249,3 +249,26 @@ def lineage_task(cfg: PipelineConfig, ctx: RunContext, final: RoundResult) -> bo
     key = re.sub(r"[^a-z0-9-]+", "-", f"lineage-{cfg.name}".lower()).strip("-")
     create_markdown_artifact(markdown=md, key=key, description=f"{ctx.run_name}: lineage of the final model")
     return all(x.verified for x in links)
+
+
+@task(name="report", cache_policy=NONE, retries=0)
+def report_task(cfg: PipelineConfig, ctx: RunContext) -> str | None:
+    """The run's report (flows/report.py): PNGs and one HTML page under workdir/reports/RUN, on
+    the MLflow parent run under `report/`, and its round table as a Prefect artifact. A report
+    that cannot be drawn is a warning, not a failed run: every model is registered by now."""
+    import re
+
+    from prefect import get_run_logger
+    from prefect.artifacts import create_markdown_artifact
+
+    from ratchet.flows.report import build, markdown
+
+    try:
+        report = build(Path(ctx.workdir), tracker_of(cfg, ctx), ctx.run_name, state="finished")
+    except Exception as e:  # noqa: BLE001 - reported, and the run's results stand
+        get_run_logger().warning("the run's report could not be written: %s: %s", type(e).__name__, e)
+        return None
+    key = re.sub(r"[^a-z0-9-]+", "-", f"report-{cfg.name}".lower()).strip("-")
+    create_markdown_artifact(markdown=markdown(report), key=key, description=f"{ctx.run_name}: rounds and report")
+    events.emit(events.Event("report", data={"html": str(report.html)}))
+    return str(report.html)

@@ -57,6 +57,9 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
     lines = ref.stdout.splitlines()
     assert ref.stderr == "" and len(lines) < 40 and max(map(len, lines)) < 200, ref.stdout + ref.stderr
     assert sum(" ✓ " in x for x in lines) == 8 and any("round 1  train    ✓" in x and "steps · loss" in x for x in lines)
+    (report,) = (tmp_path / "ref" / "reports").iterdir()  # every run ends with its report
+    assert {p.name for p in report.iterdir()} >= {"index.html", "accuracy.png", "rewards.png", "wall_time.png"}
+    assert f"report   {report / 'index.html'}" in ref.stdout
     for name, m in reference.items():
         if m.stage in ("sample", "label", "train", "evaluate"):  # the stages that run in a worker
             assert (tmp_path / "ref" / "stages" / name / "stage.log").stat().st_size > 0, name

@@ -1,0 +1,317 @@
+"""`ratchet report`: a pipeline run's rounds as pictures, PNG files and one self-contained HTML page.
+
+    ratchet report flows/configs/default.yaml            the newest run in the workdir
+    ratchet report flows/configs/default.yaml RUN        a run by name (see `ratchet runs`)
+
+The figures come from what the run recorded: each round's MLflow child run (its stage
+metrics and its decision) and the label stage's rows in the artifact store (the reward
+distribution). They are written to `<workdir>/reports/<run>/`, logged to the run's MLflow
+parent run under `report/`, and every pipeline run ends by writing its own (flows/stages.py).
+
+Figures, each only where the run has its data:
+- held-out accuracy by round, promoted rounds filled, the champion marked;
+- the label's reward distribution per round;
+- accepted rows or preference pairs per round;
+- the label's agreement with the verifier (AUC, pair accuracy) where references exist;
+- MCTS: solved fraction and generated tokens per prompt;
+- wall time per stage, and sampling / evaluation throughput.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ratchet.data.errors import RatchetError
+from ratchet.flows.runs import RunSummary, list_runs
+from ratchet.flows.tracking import Tracker
+
+STAGES = ("sample", "label", "filter", "train", "evaluate")
+COLORS = {"sample": "#4C72B0", "label": "#DD8452", "filter": "#937860", "train": "#C44E52", "evaluate": "#55A868"}
+
+
+@dataclass
+class Round:
+    round: int
+    version: str | None
+    accuracy: float | None
+    promoted: bool
+    metrics: dict[str, float]
+    stage_dirs: dict[str, str]
+    rewards: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    run: RunSummary
+    model: str
+    champion: str | None
+    rounds: list[Round]
+    figures: dict[str, Path] = field(default_factory=dict)  # title -> PNG
+    html: Path | None = None
+
+
+def gather(workdir: Path, tracker: Tracker, run: str | None = None) -> Report:
+    """What the report shows, read from MLflow and the artifact store."""
+    runs = list_runs(workdir, tracker)
+    if not runs:
+        raise RatchetError(f"no pipeline runs recorded in {workdir}/runs; run the pipeline first or set workdir=...")
+    if run is None:
+        chosen = runs[-1]
+    else:
+        chosen = next((r for r in runs if r.run == run), None)
+        if chosen is None:
+            raise RatchetError(f"no pipeline run {run!r} in {workdir}/runs; known runs: {[r.run for r in runs]}")
+    from ratchet.flows.runs import load_record
+
+    rec = load_record(workdir, chosen.run)
+    children = tracker.client.search_runs(
+        [tracker.experiment_id], f"tags.mlflow.parentRunId = '{rec.ctx.parent_run_id}'")
+    rounds = []
+    for c in children:
+        if "ratchet.round" not in c.data.tags:
+            continue
+        tags = c.data.tags
+        dirs = {k.removeprefix("ratchet.stage."): v for k, v in tags.items() if k.startswith("ratchet.stage.")}
+        r = Round(round=int(tags["ratchet.round"]), version=tags.get("ratchet.model_version"),
+                  accuracy=c.data.metrics.get("round.accuracy", c.data.metrics.get("evaluate.accuracy")),
+                  promoted=bool(c.data.metrics.get("round.promoted")), metrics=dict(c.data.metrics), stage_dirs=dirs)
+        labels = workdir / dirs["label"] / "labels.jsonl" if "label" in dirs else None
+        if labels is not None and labels.exists():
+            for line in labels.read_text().splitlines():
+                if line.strip() and (x := json.loads(line).get("reward")) is not None:
+                    r.rewards.append(float(x))
+        rounds.append(r)
+    rounds.sort(key=lambda r: r.round)
+    return Report(run=chosen, model=tracker.model_name, champion=tracker.champion(), rounds=rounds)
+
+
+def _axes(title: str, ylabel: str, rounds: list[int]):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=110)
+    ax.set_title(title)
+    ax.set_xlabel("round")
+    ax.set_ylabel(ylabel)
+    ax.set_xticks(rounds)
+    ax.grid(axis="y", alpha=0.3)
+    return fig, ax
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def draw(report: Report, out: Path) -> dict[str, Path]:
+    """Write the report's figures into `out` as PNG files; returns title -> path."""
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.png"):
+        old.unlink()
+    rs = report.rounds
+    ks = [r.round for r in rs]
+    figs: dict[str, Path] = {}
+
+    scored = [r for r in rs if r.accuracy is not None]
+    if scored:
+        fig, ax = _axes("Held-out accuracy by round", "accuracy (%)", ks)
+        x, y = [r.round for r in scored], [100 * r.accuracy for r in scored]
+        ax.plot(x, y, color="#4C72B0", zorder=1)
+        for r in scored:
+            ax.scatter([r.round], [100 * r.accuracy], s=60, zorder=2, color="#4C72B0" if r.promoted else "white",
+                       edgecolors="#4C72B0", linewidths=1.5)
+            tail = f"\nv{r.version}" + (" champion" if r.version == report.champion else "") if r.version else ""
+            ax.annotate(f"{100 * r.accuracy:.0f}%{tail}", (r.round, 100 * r.accuracy), textcoords="offset points",
+                        xytext=(0, 8), ha="center", fontsize=8)
+        ax.scatter([], [], s=60, color="#4C72B0", label="promoted to champion")
+        ax.scatter([], [], s=60, color="white", edgecolors="#4C72B0", label="not promoted")
+        ax.set_ylim(0, 110)
+        ax.legend(loc="lower right", fontsize=8)
+        figs["Held-out accuracy by round"] = _save(fig, out / "accuracy.png")
+
+    with_rewards = [r for r in rs if r.rewards]
+    if with_rewards and all(x in (0.0, 1.0) for r in with_rewards for x in r.rewards):  # a 0/1 label: counts
+        fig, ax = _axes("Label rewards by round", "completions", [r.round for r in with_rewards])
+        ks_r = [r.round for r in with_rewards]
+        ones = [sum(r.rewards) for r in with_rewards]
+        zeros = [len(r.rewards) - o for r, o in zip(with_rewards, ones)]
+        ax.bar(ks_r, ones, color=COLORS["evaluate"], width=0.6, label="reward 1")
+        ax.bar(ks_r, zeros, bottom=ones, color="#BBBBBB", width=0.6, label="reward 0")
+        for k, o, z in zip(ks_r, ones, zeros):
+            ax.annotate(f"{o / (o + z):.0%}", (k, o), textcoords="offset points", xytext=(0, -12), ha="center",
+                        fontsize=8, color="white")
+        ax.legend(fontsize=8)
+        figs["Label rewards by round"] = _save(fig, out / "rewards.png")
+    elif with_rewards:
+        fig, ax = _axes("Label reward distribution by round", "reward", [r.round for r in with_rewards])
+        parts = ax.violinplot([r.rewards for r in with_rewards], positions=[r.round for r in with_rewards],
+                              showmeans=True, widths=0.7)
+        for b in parts["bodies"]:
+            b.set_facecolor(COLORS["label"])
+            b.set_alpha(0.5)
+        ax.set_xticks([r.round for r in with_rewards],
+                      [f"{r.round}\nmean {sum(r.rewards) / len(r.rewards):.2f}, n={len(r.rewards)}" for r in with_rewards])
+        lo, hi = min(min(r.rewards) for r in with_rewards), max(max(r.rewards) for r in with_rewards)
+        pad = max((hi - lo) * 0.1, 0.05)
+        ax.set_ylim(lo - pad, hi + pad)
+        figs["Label reward distribution by round"] = _save(fig, out / "rewards.png")
+
+    kept = [(r.round, r.metrics.get("filter.pairs", r.metrics.get("filter.accepted"))) for r in rs]
+    kept = [(k, v) for k, v in kept if v is not None]
+    if kept:
+        pairs = any("filter.pairs" in r.metrics for r in rs)
+        what = "preference pairs" if pairs else "accepted rows"
+        fig, ax = _axes(f"Training data per round ({what})", what, [k for k, _ in kept])
+        ax.bar([k for k, _ in kept], [v for _, v in kept], color=COLORS["filter"], width=0.6)
+        for k, v in kept:
+            ax.annotate(f"{v:.0f}", (k, v), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+        ax.set_ylim(0, max(v for _, v in kept) * 1.15 or 1)
+        figs["Training data per round"] = _save(fig, out / "training_data.png")
+
+    series = [("label.verifier_auc", "label vs verifier AUC"),
+              ("label.verifier_within_prompt_auc", "AUC within a prompt"),
+              ("filter.pair_accuracy", "pair accuracy (chosen right, rejected wrong)")]
+    present = [(k, name) for k, name in series if any(k in r.metrics for r in rs)]
+    if present:
+        fig, ax = _axes("Label agreement with the verifier", "AUC / fraction", ks)
+        for k, name in present:
+            pts = [(r.round, r.metrics[k]) for r in rs if k in r.metrics]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        ax.axhline(0.5, color="grey", linestyle=":", linewidth=1, label="chance (AUC)")
+        ax.set_ylim(-0.05, 1.05)
+        ax.legend(fontsize=8)
+        figs["Label agreement with the verifier"] = _save(fig, out / "agreement.png")
+
+    if any("label.mcts_tokens_per_prompt" in r.metrics for r in rs):
+        pts = [r for r in rs if "label.mcts_tokens_per_prompt" in r.metrics]
+        fig, ax = _axes("Tree search per round", "generated tokens per prompt", [r.round for r in pts])
+        ax.bar([r.round for r in pts], [r.metrics["label.mcts_tokens_per_prompt"] for r in pts],
+               color=COLORS["label"], width=0.6, label="tokens per prompt")
+        if any("label.mcts_solved_frac" in r.metrics for r in pts):
+            ax2 = ax.twinx()
+            ax2.plot([r.round for r in pts], [100 * r.metrics.get("label.mcts_solved_frac", 0) for r in pts],
+                     color="black", marker="o", label="solved (%)")
+            ax2.set_ylabel("prompts solved by the search (%)")
+            ax2.set_ylim(0, 105)
+            ax2.legend(loc="upper right", fontsize=8)
+        ax.legend(loc="upper left", fontsize=8)
+        figs["Tree search per round"] = _save(fig, out / "mcts.png")
+
+    walls = [(r.round, {s: r.metrics[f"{s}.wall_s"] for s in STAGES if f"{s}.wall_s" in r.metrics}) for r in rs]
+    walls = [(k, w) for k, w in walls if w]
+    if walls:
+        fig, ax = _axes("Wall time per stage", "seconds", [k for k, _ in walls])
+        bottom = [0.0] * len(walls)
+        for s in STAGES:
+            h = [w.get(s, 0.0) for _, w in walls]
+            if any(h):
+                ax.bar([k for k, _ in walls], h, bottom=bottom, color=COLORS[s], label=s, width=0.6)
+                bottom = [b + x for b, x in zip(bottom, h)]
+        ax.legend(fontsize=8, ncols=len(STAGES))
+        ax.set_ylim(0, max(bottom) * 1.2 if max(bottom) > 0 else 1)
+        figs["Wall time per stage"] = _save(fig, out / "wall_time.png")
+
+    tput = [(k, name) for k, name in (("sample.tokens_per_s", "sample"), ("label.mcts_tokens_per_s", "label"),
+                                      ("train.tokens_per_s", "train"), ("evaluate.tokens_per_s", "evaluate"))
+            if any(k in r.metrics for r in rs)]
+    if tput:
+        fig, ax = _axes("Throughput", "tokens per second", ks)
+        for k, name in tput:
+            pts = [(r.round, r.metrics[k]) for r in rs if k in r.metrics]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, color=COLORS[name])
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+        figs["Throughput"] = _save(fig, out / "throughput.png")
+    report.figures = figs
+    return figs
+
+
+def _table(report: Report) -> str:
+    rows = []
+    for r in report.rounds:
+        m = r.metrics
+        data = m.get("filter.pairs", m.get("filter.accepted"))
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in (
+            r.round, f"v{r.version}" + (" (champion)" if r.version == report.champion else "") if r.version else "",
+            f"{100 * r.accuracy:.1f}%" if r.accuracy is not None else "", "yes" if r.promoted else "no",
+            f"{data:.0f}" if data is not None else "",
+            f"{m['label.reward_mean']:.3f}" if "label.reward_mean" in m else "",
+            f"{sum(m.get(f'{s}.wall_s', 0.0) for s in STAGES):.0f} s")) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("round", "version", "held-out accuracy", "promoted", "training rows",
+                                             "mean reward", "wall time"))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def write_html(report: Report, out: Path) -> Path:
+    """One page, figures embedded as data URIs: it opens anywhere, alone."""
+    r = report.run
+    imgs = "".join(
+        f"<figure><img alt=\"{html.escape(title)}\" src=\"data:image/png;base64,"
+        f"{base64.b64encode(p.read_bytes()).decode()}\"></figure>"
+        for title, p in report.figures.items())
+    origin = f"continued from version {r.start_version}" if r.start_version else "from the base model"
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Ratchet report: {html.escape(r.run)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 70rem; color: #222; }}
+table {{ border-collapse: collapse; margin: 1rem 0; }}
+th, td {{ border-bottom: 1px solid #ddd; padding: .3rem .8rem; text-align: right; }}
+figure {{ display: inline-block; margin: .5rem; }} img {{ max-width: 100%; }}
+</style></head><body>
+<h1>{html.escape(r.run)}</h1>
+<p>{html.escape(report.model)} · {r.state} · {r.rounds_done} of {r.rounds} round(s) {origin} ·
+champion: {('version ' + html.escape(report.champion)) if report.champion else 'none yet'}</p>
+{_table(report)}
+{imgs}
+</body></html>
+"""
+    path = out / "index.html"
+    path.write_text(page)
+    report.html = path
+    return path
+
+
+def build(workdir: Path, tracker: Tracker, run: str | None = None, log: bool = True,
+          state: str | None = None) -> Report:
+    """Gather, draw and write a run's report under `<workdir>/reports/<run>/`; log it to the run's
+    MLflow parent run under `report/` unless `log` is False. `state`: what to call the run's
+    state (the flow reports itself as finished just before its record says so)."""
+    report = gather(workdir, tracker, run)
+    if state is not None:
+        report.run = report.run.model_copy(update={"state": state})
+    out = workdir / "reports" / report.run.run
+    draw(report, out)
+    write_html(report, out)
+    if log:
+        from ratchet.flows.runs import load_record
+
+        parent = load_record(workdir, report.run.run).ctx.parent_run_id
+        tracker.client.log_artifacts(parent, str(out), artifact_path="report")
+    return report
+
+
+def markdown(report: Report) -> str:
+    """The round table and where the report's files are: a Prefect artifact's body."""
+    lines = [f"# {report.run.run}", "", f"{report.model}: {report.run.rounds_done} of {report.run.rounds} round(s); "
+             f"champion {'version ' + report.champion if report.champion else 'none yet'}.", "",
+             "| round | version | held-out accuracy | promoted | training rows | wall time (s) |",
+             "|---:|---:|---:|:---:|---:|---:|"]
+    for r in report.rounds:
+        data = r.metrics.get("filter.pairs", r.metrics.get("filter.accepted"))
+        lines.append(f"| {r.round} | {r.version or ''} | "
+                     f"{'' if r.accuracy is None else f'{100 * r.accuracy:.1f}%'} | {'yes' if r.promoted else 'no'} | "
+                     f"{'' if data is None else f'{data:.0f}'} | "
+                     f"{sum(r.metrics.get(f'{s}.wall_s', 0.0) for s in STAGES):.0f} |")
+    lines += ["", f"Figures: {', '.join(report.figures)}; the page with all of them: `{report.html}` "
+              "(and the MLflow parent run's `report/` artifacts)."]
+    return "\n".join(lines) + "\n"

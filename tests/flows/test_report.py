@@ -1,0 +1,83 @@
+"""`ratchet report`: figures from a run's MLflow rounds and label rows, one self-contained page."""
+
+import base64
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _recorded_run(tmp_path: Path, mcts: bool):
+    """A run as the pipeline records it: a parent run, a child per round with its stage metrics,
+    its version and decision, the label stage's rows in the store, the run's record."""
+    from ratchet.flows.config import load_config
+    from ratchet.flows.runs import RunContext, RunRecord, write_record
+    from ratchet.flows.tracking import Tracker
+
+    cfg = load_config(ROOT / "flows" / "configs" / "default.yaml", [f"workdir={tmp_path}"])
+    t = Tracker(cfg.tracking, tmp_path, cfg.name)
+    t.client.create_registered_model(t.model_name)
+    parent = t.start_parent("demo-1", {}, {"ratchet.run": "demo-1"})
+    accuracy = [0.42, 0.8, 0.78, 0.96]
+    for k, acc in enumerate(accuracy):
+        child = t.child(parent, k, {})
+        t.client.create_model_version(t.model_name, source=str(tmp_path), run_id=child)
+        metrics = {"evaluate.accuracy": acc, "evaluate.wall_s": 25.0, "evaluate.tokens_per_s": 200.0 - k}
+        if k:
+            label = tmp_path / "stages" / f"label-{k}"
+            label.mkdir(parents=True)
+            rewards = [1.0] * (300 * k) + [0.0] * (1200 - 300 * k)
+            label.joinpath("labels.jsonl").write_text("".join(json.dumps({"reward": r}) + "\n" for r in rewards))
+            t.client.set_tag(child, "ratchet.stage.label", f"stages/label-{k}")
+            metrics.update({"sample.wall_s": 100.0, "sample.tokens_per_s": 400.0, "label.wall_s": 1.0,
+                            "filter.accepted": 150.0 + 50 * k, "train.wall_s": 130.0, "train.tokens_per_s": 190.0,
+                            "label.reward_mean": sum(rewards) / len(rewards), "label.verifier_auc": 0.5 + k / 10})
+            if mcts:
+                metrics.update({"label.mcts_tokens_per_prompt": 400.0 + k, "label.mcts_solved_frac": 0.3 * k})
+        t.log_metrics(child, metrics)
+        t.log_once(child, "ratchet.model_version", str(k + 1), {"accuracy": acc, "promoted": float(k != 2)},
+                   prefix="round.")
+    t.client.set_registered_model_alias(t.model_name, "champion", "4")
+    ctx = RunContext(run_name="demo-1", workdir=str(tmp_path), parent_run_id=parent, code_version="c",
+                     config_hash="h")
+    (tmp_path / "runs").mkdir()
+    write_record(tmp_path, RunRecord(ctx=ctx, config={"rounds": 3}, state="finished"))
+    return t, parent
+
+
+def test_a_report_draws_every_figure_it_has_data_for_into_one_page(tmp_path):
+    from ratchet.flows.report import build, markdown
+
+    t, parent = _recorded_run(tmp_path, mcts=False)
+    report = build(tmp_path, t)
+    out = tmp_path / "reports" / "demo-1"
+    assert [p.name for p in report.figures.values()] == [
+        "accuracy.png", "rewards.png", "training_data.png", "agreement.png", "wall_time.png", "throughput.png"]
+    for p in report.figures.values():
+        assert p.parent == out and p.read_bytes().startswith(PNG) and p.stat().st_size > 5000
+    page = report.html.read_text()
+    embedded = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert [base64.b64decode(x) for x in embedded] == [p.read_bytes() for p in report.figures.values()]
+    assert "src=\"http" not in page and "<script" not in page  # self-contained: opens alone, offline
+    assert "<td>3</td><td>v4 (champion)</td><td>96.0%</td><td>yes</td><td>300</td>" in page
+    assert "<td>2</td><td>v3</td><td>78.0%</td><td>no</td>" in page
+    assert {a.path for a in t.client.list_artifacts(parent, "report")} == \
+        {f"report/{p.name}" for p in [*report.figures.values(), report.html]}
+    md = markdown(report)
+    assert "| 3 | 4 | 96.0% | yes | 300 | 256 |" in md and str(report.html) in md
+
+
+def test_tree_search_runs_get_their_figure_and_the_cli_names_the_files(tmp_path):
+    _recorded_run(tmp_path, mcts=True)
+    r = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "report", "flows/configs/default.yaml", "demo-1",
+                        f"workdir={tmp_path}", "--no-log"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "demo-1: 4 round(s), 7 figure(s)" in r.stdout and "mcts.png  Tree search per round" in r.stdout
+    assert (tmp_path / "reports" / "demo-1" / "mcts.png").read_bytes().startswith(PNG)
+    bad = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "report", "flows/configs/default.yaml", "nope",
+                          f"workdir={tmp_path}"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 1 and "no pipeline run 'nope'" in bad.stderr and "demo-1" in bad.stderr
