@@ -5,6 +5,7 @@
     ratchet serve flows/configs/default.yaml --cron "0 3 * * *"  schedule continuation from the champion
     ratchet runs flows/configs/default.yaml                  list the runs in the workdir, how to resume them
     ratchet report flows/configs/default.yaml [RUN]          a run's rounds as PNG figures and an HTML page
+    ratchet export flows/configs/default.yaml champion DIR   the champion as a plain Hugging Face model dir
     ratchet gc flows/configs/default.yaml                    remove unfinished stage dirs
     ratchet model                                            convert/find the default model
 """
@@ -216,6 +217,25 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    """Write a registered version as a plain Hugging Face model directory with a lineage card."""
+    from ratchet.data.store import ArtifactStore
+    from ratchet.flows.config import load_config
+    from ratchet.flows.lineage import export
+    from ratchet.flows.tracking import Tracker
+
+    cfg = load_config(args.config, args.overrides)
+    workdir = Path(cfg.workdir).resolve()
+    tracker = Tracker(cfg.tracking, workdir, cfg.name)
+    version = tracker.champion() if args.version == "champion" else args.version.rsplit("/", 1)[-1]
+    if version is None:
+        raise RatchetError(f"{tracker.model_name} has no champion yet; name a version (see `ratchet runs`)")
+    out = export(ArtifactStore(workdir), tracker, version, Path(args.dir))
+    print(f"{tracker.model_name} version {version} -> {out} (transformers: AutoModelForCausalLM.from_pretrained("
+          f"{str(out)!r}); vLLM: LLM(model={str(out)!r}))")
+    return 0
+
+
 def cmd_serve(args) -> int:
     """Deploy the pipeline on a cron schedule; each run continues from the MLflow champion."""
     from ratchet.flows.config import load_config
@@ -306,6 +326,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "default: the newest), then dotted overrides as given to `run`")
     s.add_argument("--no-log", action="store_true", help="write the files only, log nothing to MLflow")
     s.set_defaults(fn=cmd_report)
+    s = sub.add_parser("export", help="write a registered version as a plain Hugging Face model directory",
+                       description="Copy a registered version's merged weights and tokenizer, re-verified against "
+                       "their digests, into DIR with a model card (README.md) naming its lineage: a directory "
+                       "transformers' from_pretrained and vLLM load as is.")
+    s.add_argument("config", help="the run's YAML config (gives workdir, tracking URI and model name)")
+    s.add_argument("version", help="a version number, models:/NAME/N, or 'champion'")
+    s.add_argument("dir", help="where to write the model (must not exist, or be empty)")
+    s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
+    s.set_defaults(fn=cmd_export)
     s = sub.add_parser("serve", help="deploy on a cron schedule to a Prefect server; each run continues from "
                        "the champion", description="Create a Prefect deployment of the pipeline with a cron "
                        "schedule. Each scheduled run adds `rounds` rounds on top of the MLflow `champion` model "

@@ -171,3 +171,42 @@ def render_mermaid(links: list[Link]) -> str:
 
 def as_json(links: list[Link]) -> list[dict[str, Any]]:
     return [link.model_dump() for link in links]
+
+
+def export(store: ArtifactStore, tracker, version: str, out: Path) -> Path:
+    """Copy a registered version's merged model (weights, config, tokenizer) into `out`, each
+    file checked against its manifest digest, with a model card naming its lineage."""
+    import shutil
+
+    if out.exists() and any(out.iterdir()):
+        raise RatchetError(f"{out} exists and is not empty; give a new directory to export into")
+    m = version_manifest(store, tracker, version)
+    store.verify(m)
+    links = walk(store, m)
+    annotate(links, tracker)
+    files = sorted(k for k in m.outputs if k.startswith("model/"))
+    if not files:
+        raise RatchetError(f"{tracker.model_name} version {version} ({m.dir}) has no model/ files to export")
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for k in files:
+        dst = tmp / k.removeprefix("model/")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(store.path(m, k), dst)
+    tags = tracker.version(version).tags
+    acc = {k.removeprefix("ratchet.accuracy."): v for k, v in tags.items() if k.startswith("ratchet.accuracy.")}
+    card = [f"# {tracker.model_name} version {version}", "",
+            f"Exported from a Ratchet run: round {m.round}, stage `{m.dir}` (content {m.content[:16]}), "
+            f"MLflow `models:/{tracker.model_name}/{version}`.", "",
+            "Held-out accuracy: " + (", ".join(f"{float(v):.1%} on eval set {k}" for k, v in sorted(acc.items()))
+                                     or "not recorded") + ".", "",
+            "Load it with `transformers.AutoModelForCausalLM.from_pretrained(\"<this dir>\")` or "
+            "`vllm.LLM(model=\"<this dir>\")`.", "",
+            "## Lineage (each link re-verified against its digests when exported)", "", "```",
+            render_text(links), "```", ""]
+    (tmp / "README.md").write_text("\n".join(card))
+    if out.exists():
+        out.rmdir()
+    tmp.replace(out)
+    return out

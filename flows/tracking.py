@@ -390,6 +390,7 @@ class Tracker:
             self.log_text(run_id, json.dumps(card, indent=2), "model/ratchet-model.json")
             if (d / "adapter").is_dir():
                 self.client.log_artifacts(run_id, str(d / "adapter"), artifact_path="model/adapter")
+            self._log_mlflow_model(run_id, d)
             if self.cfg.log_weights:
                 self.client.log_artifacts(run_id, str(d / "model"), artifact_path="model/weights")
             if not self.client.search_registered_models(f"name='{self.model_name}'"):
@@ -410,6 +411,18 @@ class Tracker:
                     if (existing := self.version_of(model.key)) is not None:
                         return existing
             raise AssertionError("unreachable")
+
+    def _log_mlflow_model(self, run_id: str, d: Path) -> None:
+        """Make the version loadable by MLflow's API: the MLflow model the train stage wrote
+        (a LoRA adapter against its local base), or, for the base model and full fine-tunes,
+        the weights saved as one (models/mlflow_model.py)."""
+        from ratchet.models.mlflow_model import FOLDER, save_full
+
+        if (d / FOLDER / "MLmodel").exists():
+            self.client.log_artifacts(run_id, str(d / FOLDER), artifact_path="model")
+        elif (d / "model" / "config.json").exists():
+            with tempfile.TemporaryDirectory() as t:
+                self.client.log_artifacts(run_id, str(save_full(d / "model", Path(t) / "m")), artifact_path="model")
 
     def record_accuracy(self, version: str, eval_set: str, accuracy: float) -> None:
         """Record a version's held-out accuracy on one eval set (a version can have several)."""

@@ -216,7 +216,11 @@ def save_merged(trainer, tok, base_dir: Path, out: Path, adapter: str) -> None:
             c["target_modules"] = sorted(c["target_modules"])
         conf.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
         base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-        model = PeftModel.from_pretrained(base, out / "adapter").merge_and_unload()
+        model = PeftModel.from_pretrained(base, out / "adapter")
+        from ratchet.models.mlflow_model import save_adapter
+
+        save_adapter(model, tok, base_dir, out)  # what the registered version loads from (before the merge)
+        model = model.merge_and_unload()
     tmp = out / "model.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)

@@ -118,3 +118,57 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
     assert len(t.client.search_model_versions(f"name='{t.model_name}'")) == 2
     assert {a.path for a in t.client.list_artifacts(child.info.run_id, "logs")} == \
         {f"logs/{s}.log" for s in ("sample", "label", "train", "evaluate")}
+
+    # every registered version loads through MLflow's own API, in a fresh process, and exports
+    _champion_and_round_model_load_through_mlflow_and_export(work, t, tmp_path / "exported", tiny_model)
+
+
+LOAD = """
+import json, sys
+import mlflow, mlflow.pyfunc, mlflow.transformers, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+mlflow.set_tracking_uri(sys.argv[1])
+name, exported = sys.argv[2], sys.argv[3]
+out = {}
+for ref in ("@champion", "/2"):
+    pipe = mlflow.transformers.load_model(f"models:/{name}{ref}")
+    text = pipe("What is 2 + 3?", max_new_tokens=4, do_sample=False)[0]["generated_text"]
+    py = mlflow.pyfunc.load_model(f"models:/{name}{ref}").predict(["What is 2 + 3?"])
+    ids = pipe.tokenizer("What is 2 + 3?", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = pipe.model(ids).logits
+    out[ref] = {"type": type(pipe.model).__name__, "text": text, "pyfunc": py[0], "logits": logits[0, -1].tolist()}
+model = AutoModelForCausalLM.from_pretrained(exported)
+with torch.no_grad():
+    out["exported"] = model(AutoTokenizer.from_pretrained(exported)("What is 2 + 3?", return_tensors="pt").input_ids
+                            ).logits[0, -1].tolist()
+print(json.dumps(out))
+"""
+
+
+def _champion_and_round_model_load_through_mlflow_and_export(work, t, exported, tiny_model):
+    import json
+    import subprocess
+    import sys
+
+    from tests.flows.tiny import ROOT
+
+    assert t.champion() == "1"  # the tiny model learns nothing: the base stays champion, version 2 is round 1's
+    e = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "export", str(CONFIG), "2", str(exported),
+                        *_overrides(work, tiny_model)], cwd=ROOT, capture_output=True, text=True)
+    assert e.returncode == 0, e.stderr[-2000:]
+    assert "## Lineage" in (exported / "README.md").read_text() and (exported / "model.safetensors").exists()
+    r = subprocess.run([sys.executable, "-c", LOAD, t.uri, t.model_name, str(exported)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["@champion"]["type"] == "LlamaForCausalLM"  # the base: its weights in the version
+    assert got["/2"]["type"] == "PeftModelForCausalLM"  # a LoRA round: the adapter on its local base
+    for ref in ("@champion", "/2"):
+        assert got[ref]["text"].startswith("What is 2 + 3?") and len(got[ref]["text"]) > len("What is 2 + 3?")
+        assert got[ref]["pyfunc"].startswith("What is 2 + 3?")
+    # the adapter on its base computes what the exported merged weights do (float error), and
+    # training moved them from the base by far more than that
+    merged = max(abs(a - b) for a, b in zip(got["/2"]["logits"], got["exported"]))
+    trained = max(abs(a - b) for a, b in zip(got["@champion"]["logits"], got["exported"]))
+    assert merged < 1e-4 and trained > 10 * merged, (merged, trained)

@@ -1,0 +1,63 @@
+"""A policy as an MLflow model: what a registered version holds so MLflow's own API loads it.
+
+    mlflow.transformers.load_model("models:/ratchet-default@champion")   a text-generation pipeline
+    mlflow.pyfunc.load_model("models:/ratchet-default/3").predict([...])
+
+A LoRA round is saved as MLflow's transformers flavor with a PEFT adapter against a *local*
+base model path: the base is the round's starting policy in the artifact store (the base
+model's directory, or the previous round's merged model), so a version adds megabytes, not
+a copy of the model. The base model and fully fine-tuned rounds have no adapter: their
+weights are copied once into the version. Either way the folder is written beside the
+stage's outputs (`mlflow-model/`) and is not one of them: it records creation times and
+absolute paths, and the digests of a stage are a function of its inputs alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+FOLDER = "mlflow-model"
+TASK = "text-generation"
+
+
+def requirements() -> list[str]:
+    """The pinned packages a loader needs. Given explicitly: MLflow's own guess for a torch model
+    adds torchvision, which this stack does not install."""
+    out = []
+    for p in ("torch", "transformers", "peft", "accelerate", "safetensors"):
+        try:
+            out.append(f"{p}=={version(p)}")
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def _quiet():
+    logging.getLogger("mlflow.transformers").setLevel(logging.WARNING)
+
+
+def save_adapter(peft_model, tokenizer, base_dir: Path, out: Path) -> Path:
+    """A PEFT model as MLflow's transformers flavor, its base referenced by path, not copied."""
+    import mlflow.transformers
+
+    _quiet()
+    path = out / FOLDER
+    shutil.rmtree(path, ignore_errors=True)
+    mlflow.transformers.save_model(transformers_model={"model": peft_model, "tokenizer": tokenizer}, path=str(path),
+                                   base_model_path=str(Path(base_dir).resolve()), task=TASK,
+                                   pip_requirements=requirements())
+    return path
+
+
+def save_full(model_dir: Path, path: Path) -> Path:
+    """A full model directory as MLflow's transformers flavor (its weights copied in)."""
+    import mlflow.transformers
+
+    _quiet()
+    shutil.rmtree(path, ignore_errors=True)
+    mlflow.transformers.save_model(transformers_model=str(Path(model_dir).resolve()), path=str(path), task=TASK,
+                                   pip_requirements=requirements())
+    return path
