@@ -269,6 +269,15 @@ def cmd_model(args) -> int:
     return 0
 
 
+def _workdir_args(s: argparse.ArgumentParser, target: str | None = None) -> None:
+    """CONFIG [TARGET] [key=value ...] [--json]: a command that reads what runs left in a workdir."""
+    s.add_argument("config", help="the run's YAML config (gives workdir, tracking URI and model name)")
+    if target:
+        s.add_argument("target", help=target)
+    s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ratchet",
@@ -302,18 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("lineage", help="print and verify the chain that produced a model version",
                        description="Walk a model's manifests back to the base model and prompts, re-verifying "
                        "every digest. Exits 1 if any link was changed after it finished.")
-    s.add_argument("config", help="the run's YAML config (gives workdir, tracking URI and model name)")
-    s.add_argument("target", help="model version number, models:/NAME/N, a round's MLflow run id, or a stage dir")
-    s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
+    _workdir_args(s, target="model version number, models:/NAME/N, a round's MLflow run id, or a stage dir")
     s.set_defaults(fn=cmd_lineage)
     s = sub.add_parser("runs", help="list the pipeline runs in a workdir, their state and how to resume them",
                        description="The pipeline runs recorded in the config's workdir: finished, failed, "
                        "interrupted (killed or lost) or running; rounds done; each round's registered version and "
                        "held-out accuracy; the champion; and the command that resumes an unfinished run.")
-    s.add_argument("config", help="the runs' YAML config (gives workdir, tracking URI and model name)")
-    s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
+    _workdir_args(s)
     s.set_defaults(fn=cmd_runs)
     s = sub.add_parser("report", help="draw a run's rounds as PNG figures and one HTML page",
                        description="Held-out accuracy by round (promoted rounds marked), label rewards, training "
