@@ -171,6 +171,7 @@ def run_stage(
         except BaseException as e:
             events.emit(events.Event("failed", stage, round, d, error=f"{type(e).__name__}: {e}"))
             raise
+        (d / events.PROGRESS).unlink(missing_ok=True)  # the console's, for the running stage only
         events.emit(events.Event("done", stage, round, d, metrics=dict(m.metrics), wall_s=m.wall_s))
         return m, False
 
