@@ -1,16 +1,19 @@
 """MCTS vs best-of-N at the same number of generated tokens, side by side in one run.
 
-On the default task and model, for the same prompts and the same sampler settings:
+On a config's task and model (flows/configs/mcts_dpo.yaml unless --config), for the same
+prompts and the same sampler settings:
 
-  1. MCTS as the label stage runs it (flows/configs/mcts_dpo.yaml's label section, or
-     overrides): a prompt is solved if any trajectory in its tree is correct.
+  1. MCTS as the label stage runs it (the config's label section, or overrides): a
+     prompt is solved if any trajectory in its tree is correct.
   2. best-of-N: independent samples of each prompt, taken in order while their
      tokens fit that prompt's MCTS spend; solved if any of them is correct.
 
 Both count every generated token (MCTS: all k candidate steps, merged or not, and
-every rollout). Printed per seed and pooled.
+every rollout). Printed per seed and pooled, with the standard error of the difference
+paired by prompt (the same prompts meet both methods).
 
-    python bench/mcts_bench.py [--prompts 48] [--seeds 0 1] [label.simulations=8 ...]
+    python bench/mcts_bench.py [--config flows/configs/chain_mcts_dpo.yaml] [--prompts 96] \
+        [--seeds 0 1 2] [label.simulations=8 ...]
 """
 
 from __future__ import annotations
@@ -25,25 +28,26 @@ CONFIG = Path(__file__).resolve().parents[1] / "flows" / "configs" / "mcts_dpo.y
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(CONFIG))
     ap.add_argument("--prompts", type=int, default=48)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--backend", default=None, help="vllm (config default) or hf")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of mcts_dpo.yaml, e.g. label.k=3")
-    a = ap.parse_args()
+    a = ap.parse_intermixed_args()
 
     from ratchet.data.checkers import check
     from ratchet.data.prompts import load_split
     from ratchet.flows.config import load_config
-    from ratchet.models.default_model import default_model_dir
+    from ratchet.flows.inputs import resolve_model
     from ratchet.models.sampler import SamplingParams, open_sampler
     from ratchet.tasks.mcts import Tree, search
 
-    cfg = load_config(CONFIG, a.overrides + ([f"sampler.backend={a.backend}"] if a.backend else []))
+    cfg = load_config(a.config, a.overrides + ([f"sampler.backend={a.backend}"] if a.backend else []))
     mc = cfg.label
     train = load_split(cfg.data, cfg.seed).train
     prompts = train[: a.prompts]
     t0 = time.time()
-    sampler = open_sampler(default_model_dir(), cfg.sampler, seed=cfg.seed)
+    sampler = open_sampler(resolve_model(cfg.model.path), cfg.sampler, seed=cfg.seed)
     print(f"model loaded in {time.time() - t0:.1f}s ({cfg.sampler.backend}); {len(prompts)} prompts; MCTS "
           f"{mc.selection} c={mc.c_explore} simulations={mc.simulations} k={mc.k} max_depth={mc.max_depth} "
           f"step={mc.step_delimiter!r}/{mc.step_max_tokens} tok rollout={mc.rollout_tokens} tok; "
@@ -56,7 +60,7 @@ def main() -> None:
             out.append((float(ok), ok))
         return out
 
-    rows = []
+    rows, diffs = [], []
     for seed in a.seeds:
         trees = [Tree(prompt_id=p.id, prompt=p.prompt, answer=p.answer) for p in prompts]
         t = time.time()
@@ -89,6 +93,9 @@ def main() -> None:
         bon_s = time.time() - t
         rows.append((seed, sum(budget), sum(mcts_solved), mcts_s, sum(spent), sum(solved), bon_s,
                      sum(used) / len(used)))
+        diffs += [float(m) - float(b) for m, b in zip(mcts_solved, solved)]
+        d = [float(m) - float(b) for m, b in zip(mcts_solved, solved)]
+        print(f"seed {seed}: MCTS - best-of-N {sum(d) / len(d):+.3f} (paired s.e. {paired_se(d):.3f})", flush=True)
         print(f"seed {seed}: MCTS solved {sum(mcts_solved)}/{len(prompts)} with {sum(budget)} tokens "
               f"({mcts_s:.0f}s); best-of-N solved {sum(solved)}/{len(prompts)} with {sum(spent)} tokens, "
               f"N = {sum(used) / len(used):.1f} per prompt ({bon_s:.0f}s)", flush=True)
@@ -104,9 +111,18 @@ def main() -> None:
     print(f"{'tokens per prompt':24}{m_tok / n:>12.0f}{b_tok / n:>12.0f}")
     print(f"{'wall s':24}{sum(r[3] for r in rows):>12.0f}{sum(r[6] for r in rows):>12.0f}")
     print(f"{'N (best-of-N)':24}{'':>12}{sum(r[7] for r in rows) / len(rows):>12.1f}")
-    diff = (m_sol - b_sol) / n
-    se = math.sqrt(max((m_sol / n) * (1 - m_sol / n) + (b_sol / n) * (1 - b_sol / n), 1e-12) / n)
-    print(f"MCTS - best-of-N: {diff:+.3f} solved fraction ({n} prompt-seeds; rough s.e. {se:.3f})")
+    diff, se = sum(diffs) / len(diffs), paired_se(diffs)
+    print(f"MCTS - best-of-N: {diff:+.3f} solved fraction over {n} prompt-seeds, paired s.e. {se:.3f} "
+          f"({diff / se if se else float('inf'):+.1f} s.e.)")
+
+
+def paired_se(d: list[float]) -> float:
+    """Standard error of the mean of per-prompt differences."""
+    n = len(d)
+    if n < 2:
+        return 0.0
+    mean = sum(d) / n
+    return math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ STAGE_LOG = "stage.log"
 
 @dataclass(frozen=True)
 class Event:
-    """kind: start | reused | done | failed (a stage), round (a round decided)."""
+    """kind: start | reused | done | failed (a stage), note (a check's finding, data["text"]),
+    round (a round decided), report (the run's report written)."""
 
     kind: str
     stage: str = ""

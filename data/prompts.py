@@ -4,6 +4,12 @@ Built-in `addition`: "What is a + b?" over every pair a < a_max, b < b_max,
 shuffled by seed and split by pair into disjoint train and held-out sets, so a
 held-out question is never trained on.
 
+Built-in `chain`: a start number and `steps` additions and subtractions applied in
+turn ("Start with 7. Subtract 1, then subtract 5, then add 7. What number do you end
+with?"), so the answer takes several dependent steps. Problems are drawn by seed, every
+one distinct; the held-out problems are drawn first, so the eval set does not move
+when the train pool grows.
+
 Users bring JSONL, JSON, CSV, Parquet, or a `datasets` dataset (a `save_to_disk`
 directory or a name `load_dataset` can resolve) with a prompt field and an
 optional reference answer field. Every row is checked before any model is
@@ -26,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ratchet.data.checkers import CheckConfig, NumberCheck, answer_key
 from ratchet.data.digest import sha256_file, sha256_json
@@ -47,10 +53,23 @@ def check_placeholders(template: str, names: set[str]) -> str:
     return template
 
 
-class AdditionSource(BaseModel):
-    """Built-in: single-step integer addition with a checkable answer."""
+class PoolSource(BaseModel):
+    """What every prompt source shares: how each round draws from its train prompts."""
 
     model_config = ConfigDict(extra="forbid")
+    prompts_per_round: int | None = Field(
+        default=None, ge=1, description="each round trains on this many train prompts drawn from the pool without "
+        "repeats until the pool is spent (then a new seeded order); a continuation draws on where the last run "
+        "stopped. Unset: every round uses the whole pool")
+
+    def pool(self):
+        """This source without the per-round draw: what the prompt split, labels and evaluation depend on."""
+        return self.model_copy(update={"prompts_per_round": None})
+
+
+class AdditionSource(PoolSource):
+    """Built-in: single-step integer addition with a checkable answer."""
+
     kind: Literal["addition"] = "addition"
     a_max: int = Field(default=20, ge=1, description="first operand ranges over 0..a_max-1")
     b_max: int = Field(default=10, ge=1, description="second operand ranges over 0..b_max-1")
@@ -65,10 +84,73 @@ class AdditionSource(BaseModel):
         return check_placeholders(v, {"a", "b"})
 
 
-class FileSource(BaseModel):
+class ChainSource(PoolSource):
+    """Built-in: a number carried through several additions and subtractions (multi-step)."""
+
+    kind: Literal["chain"] = "chain"
+    steps: int = Field(default=3, ge=1, le=8, description="operations applied in turn to the start number")
+    start_max: int = Field(default=10, ge=2, description="the start number ranges over 1..start_max-1")
+    operand_max: int = Field(default=10, ge=2, description="each operand ranges over 1..operand_max-1")
+    ops: str = Field(default="+-", pattern=r"^(\+|-|\+-|-\+)$", description="'+', '-' or '+-'; a subtraction "
+                     "never takes the running value below zero")
+    template: str = Field(default="Start with {start}. {steps}. What number do you end with? Work step by step.",
+                          description="prompt text with {start} and {steps} ('Subtract 1, then add 7')")
+    eval_size: int = Field(default=100, ge=1, description="problems held out for evaluation (drawn first)")
+    train_size: int = Field(default=2000, ge=1, description="problems in the train pool")
+    check: CheckConfig = Field(default_factory=NumberCheck, description="answer check; unset: the last number, "
+                               "with room for the 2 x steps + 1 numbers a worked answer names (start, operands, "
+                               "running values) and two more")
+
+    @field_validator("template")
+    @classmethod
+    def _placeholders(cls, v: str) -> str:
+        return check_placeholders(v, {"start", "steps"})
+
+    @model_validator(mode="after")
+    def _fits(self) -> "ChainSource":
+        need = 2 * self.steps + 1
+        if "check" not in self.model_fields_set:
+            self.check = NumberCheck(max_numbers=need + 2)
+        if self.check.kind == "number" and self.check.max_numbers < need:
+            raise ValueError(f"check.max_numbers={self.check.max_numbers} is below the {need} distinct numbers a "
+                             f"worked answer to {self.steps} steps can name, so right answers would be marked wrong; "
+                             f"set data.check.max_numbers to at least {need}")
+        ops = len(self.ops)
+        space = (self.start_max - 1) * (ops * (self.operand_max - 1)) ** self.steps
+        if self.eval_size + self.train_size > space // 2:
+            raise ValueError(f"eval_size + train_size = {self.eval_size + self.train_size} distinct problems from "
+                             f"about {space} possible ones; lower data.train_size or raise data.steps, "
+                             "data.start_max or data.operand_max")
+        return self
+
+
+def chain_problem(rng: random.Random, cfg: ChainSource) -> tuple[int, tuple[tuple[str, int], ...], int]:
+    """(start, ((op, operand), ...), answer): one problem, drawn from rng."""
+    value = start = rng.randrange(1, cfg.start_max)
+    ops = []
+    for _ in range(cfg.steps):
+        op = rng.choice(cfg.ops)
+        if op == "-" and value < 1:
+            op = "+" if "+" in cfg.ops else op
+        if op == "-" and value < 1:  # subtraction only, and nothing left: the problem ends at 0
+            op, b = "-", 0
+        elif op == "-":
+            b = rng.randrange(1, min(cfg.operand_max - 1, value) + 1)
+        else:
+            b = rng.randrange(1, cfg.operand_max)
+        value = value + b if op == "+" else value - b
+        ops.append((op, b))
+    return start, tuple(ops), value
+
+
+def chain_text(cfg: ChainSource, start: int, ops: tuple[tuple[str, int], ...]) -> str:
+    words = ", then ".join(f"{'add' if op == '+' else 'subtract'} {b}" for op, b in ops)
+    return cfg.template.format(start=start, steps=words[:1].upper() + words[1:])
+
+
+class FileSource(PoolSource):
     """User prompts from JSONL, JSON, CSV, Parquet or a `datasets` dataset."""
 
-    model_config = ConfigDict(extra="forbid")
     kind: Literal["file"] = "file"
     path: str = Field(description="a .jsonl/.json/.csv/.parquet file, a save_to_disk directory, or a datasets name")
     split: str = Field(default="train", description="split name for datasets")
@@ -82,7 +164,7 @@ class FileSource(BaseModel):
                                 "splits (normally an error: held-out accuracy on trained prompts is not held out)")
 
 
-SourceConfig = Annotated[AdditionSource | FileSource, Field(discriminator="kind")]
+SourceConfig = Annotated[AdditionSource | ChainSource | FileSource, Field(discriminator="kind")]
 
 
 @dataclass(frozen=True)
@@ -95,7 +177,7 @@ class Split:
     places: dict[str, tuple[str, str]] = field(default_factory=dict)  # prompt id -> (file, "line N"), for messages
 
 
-def load_split(cfg: AdditionSource | FileSource, seed: int, *, train_answers: bool = False) -> Split:
+def load_split(cfg: AdditionSource | ChainSource | FileSource, seed: int, *, train_answers: bool = False) -> Split:
     """(train, eval), deterministic in seed, disjoint, every row checked.
 
     `train_answers`: every train prompt needs a reference answer (the verifier labels).
@@ -105,6 +187,8 @@ def load_split(cfg: AdditionSource | FileSource, seed: int, *, train_answers: bo
     match cfg.kind:
         case "addition":
             return _addition(cfg, seed)
+        case "chain":
+            return _chain(cfg, seed)
         case "file":
             return _file(cfg, seed, train_answers)
 
@@ -123,6 +207,53 @@ def _addition(cfg: AdditionSource, seed: int) -> Split:
     ]
     ev, tr = rows[: cfg.eval_size], rows[cfg.eval_size :]
     return Split(tr[: cfg.train_size] if cfg.train_size else tr, ev)
+
+
+def _chain(cfg: ChainSource, seed: int) -> Split:
+    rng = random.Random(sha256_json(["chain", seed]))
+    seen: set = set()
+    rows: list[Prompt] = []
+    while len(rows) < cfg.eval_size + cfg.train_size:
+        start, ops, answer = chain_problem(rng, cfg)
+        if (start, ops) in seen:
+            continue
+        seen.add((start, ops))
+        pid = f"chain-{start}" + "".join(f"{'p' if op == '+' else 'm'}{b}" for op, b in ops)
+        rows.append(Prompt(id=pid, prompt=chain_text(cfg, start, ops), answer=str(answer), task="chain"))
+    return Split(rows[cfg.eval_size :], rows[: cfg.eval_size])
+
+
+def pool_slice(pool: list[Prompt], start: int, count: int, seed: int) -> tuple[list[Prompt], dict]:
+    """`count` prompts from position `start` of the pool's stream, and where they lie.
+
+    The stream is the pool in its order, then the pool again in a new order (seeded by
+    `seed` and the pass), and so on; a pipeline run's rounds take consecutive stretches of
+    it, so no prompt repeats until the pool is spent. A stretch across the end of a pass
+    drops any prompt it already holds.
+    """
+    if not 0 < count <= len(pool):
+        raise ConfigError([f"data.prompts_per_round={count} exceeds the {len(pool)} train prompts; lower it, "
+                           "or unset it to train every round on the whole pool"])
+    order: dict[int, list[int]] = {}
+
+    def at(pos: int) -> Prompt:
+        epoch, i = divmod(pos, len(pool))
+        if epoch not in order:
+            order[epoch] = list(range(len(pool)))
+            if epoch:
+                random.Random(sha256_json(["pool-pass", seed, epoch])).shuffle(order[epoch])
+        return pool[order[epoch][i]]
+
+    rows, seen = [], set()
+    for pos in range(start, start + count):
+        p = at(pos)
+        if p.id not in seen:
+            seen.add(p.id)
+            rows.append(p)
+    (p0, i0), (p1, i1) = divmod(start, len(pool)), divmod(start + count - 1, len(pool))
+    passes = f"pass {p0 + 1}" if p0 == p1 else f"passes {p0 + 1}-{p1 + 1}"
+    return rows, {"stream": [start, start + count], "pool": len(pool), "passes": [p0 + 1, p1 + 1],
+                  "summary": f"train prompts {i0}-{i1} of a pool of {len(pool)} ({passes})"}
 
 
 # reading ----------------------------------------------------------------------

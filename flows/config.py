@@ -18,6 +18,7 @@ from ratchet.data.errors import ConfigError
 from ratchet.data.prompts import AdditionSource, SourceConfig
 from ratchet.flows.tracking import TrackingConfig
 from ratchet.models.sampler import SamplerConfig
+from ratchet.tasks.agreement import AgreementConfig
 from ratchet.tasks.evaluate import EvaluateConfig
 from ratchet.tasks.filter import FilterConfig, RFTFilter
 from ratchet.tasks.label import LabelConfig, VerifierLabel, reward_range
@@ -53,6 +54,7 @@ class PipelineConfig(BaseModel):
     filter: FilterConfig = Field(default_factory=RFTFilter)
     train: TrainConfig = Field(default_factory=RFTTrainConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    agreement: AgreementConfig = Field(default_factory=AgreementConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
 
@@ -91,6 +93,11 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
     if cfg.train.kind == "dpo" and cfg.filter.kind not in ("pairs", "step_pairs"):
         problems.append(f"train.kind='dpo' needs preference pairs, but filter.kind={cfg.filter.kind!r} builds "
                         "accepted samples; set filter.kind='pairs' (or train.kind='rft')")
+    if cfg.agreement.min is not None and (cfg.label.kind == "verifier" or (cfg.label.kind == "mcts"
+                                                                           and cfg.label.value == "verifier")):
+        problems.append(f"agreement.min={cfg.agreement.min}: {label} scores with the reference answers themselves, "
+                        "so there is no agreement to check; remove agreement.min (it gates labels such as the judge, "
+                        "a majority vote or a reward model)")
     if cfg.train.max_length <= cfg.sample.max_tokens:
         problems.append(f"train.max_length={cfg.train.max_length} cannot hold a prompt plus "
                         f"sample.max_tokens={cfg.sample.max_tokens}; raise train.max_length")

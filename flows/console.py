@@ -55,6 +55,9 @@ def result_of(stage: str, m: dict[str, float]) -> str:
     parts: list[str] = []
     if stage == "prompts":
         parts = [f"{_n(g('train_prompts', 0))} train / {_n(g('eval_prompts', 0))} held-out prompts"]
+    elif stage == "slice":
+        parts = [f"{_n(g('prompts', 0))} prompts from position {_n(g('stream_start', 0))} of the pool "
+                 f"({_n(g('pool', 0))}, pass {_n(g('pass', 1))})"]
     elif stage == "sample":
         parts = [f"{_n(g('completions', 0))} completions", f"{g('tokens_per_s', 0):.0f} tok/s"]
         if g("truncated_frac"):
@@ -195,6 +198,8 @@ class RunConsole:
                 self._running = None
                 self._failed = e
                 self.line(f"{name} ✗ failed", "bold red")
+            elif e.kind == "note":
+                self.line(f"{name} {e.data['text']}")
             elif e.kind == "report":
                 self.line(f"report   {e.data['html']}")
             elif e.kind == "round":
@@ -239,8 +244,13 @@ class RunConsole:
         if self._live is not None:
             self._live.stop()
             self._live = None
+        from ratchet.tasks.agreement import LabelDisagreesError
+
         e = self._failed
         what = f"round {e.round} {e.stage}" if e else "the run"
+        if isinstance(error, LabelDisagreesError):
+            what = f"round {error.round}'s agreement gate"
+            resume = "run the command again with one of the changes above (e.g. agreement.on_below=train)"
         log = (Path(e.dir) / events.STAGE_LOG) if e and e.dir and (Path(e.dir) / events.STAGE_LOG).exists() else run_log
         lines = [f"ratchet: {what} failed", f"  {type(error).__name__}: {error}"]
         if log is not None:

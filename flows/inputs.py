@@ -28,6 +28,12 @@ def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
     `model_dir` gives the tokenizer for the length checks (default: the configured model).
     """
     split = load_split(cfg.data, cfg.seed, train_answers=needs_train_answers(cfg))
+    if (per := cfg.data.prompts_per_round) and per > len(split.train):
+        from ratchet.data.errors import ConfigError
+
+        raise ConfigError([f"data.prompts_per_round={per} exceeds the {len(split.train)} train prompts of the pool; "
+                           "lower it, or unset it to train every round on the whole pool"])
+    check_label_model(cfg)
     tok = _tokenizer(model_dir if model_dir is not None else resolve_model(cfg.model.path))
     report = ProblemReport()
     for what, prompts, budgets in (("train", split.train, train_budgets(cfg)), ("eval", split.eval, eval_budgets(cfg))):
@@ -40,6 +46,27 @@ def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
                                f"{need} tokens with what {name} adds > {limit}", f"shorten or drop these rows, or {fix}")
     report.raise_if_any()
     return split
+
+
+def check_label_model(cfg: PipelineConfig) -> None:
+    """A fixed judge or reward model (label.model) must be a model directory of the right kind;
+    only its config.json is read."""
+    from ratchet.data.errors import ConfigError
+    from ratchet.tasks.label import fixed_model
+
+    src = fixed_model(cfg.label)
+    if src is None:
+        return
+    path = resolve_model(src)
+    if not (path / "config.json").is_file():
+        raise ConfigError([f"label.model={src!r}: {path} has no config.json; give a Hugging Face model directory"])
+    if cfg.label.kind == "reward_model":
+        from ratchet.models.reward_model import describe
+
+        found = describe(path)
+        if isinstance(found, str):
+            raise ConfigError([f"label.model={src!r}: {found}; give a reward model directory, or use "
+                               "label.kind='judge' for a generative judge"])
 
 
 def _ids(tok, text: str) -> list[int]:

@@ -37,12 +37,14 @@ class Link(BaseModel):
     model_version: str | None = None
     mlflow_run_id: str | None = None
     metrics: dict[str, float] = {}
+    summary: str | None = None  # what the stage holds, where it says (a round's draw of prompts)
 
 
 def _link(m: StageManifest, problem: str | None) -> Link:
     return Link(stage=m.stage, round=m.round, key=m.key, dir=m.dir, code_version=m.code_version,
                 config_hash=sha256_json(m.config)[:16], outputs={k: v.sha256 for k, v in m.outputs.items()},
-                parents=[p.key for p in m.parents], verified=problem is None, problem=problem, metrics=m.metrics)
+                parents=[p.key for p in m.parents], verified=problem is None, problem=problem, metrics=m.metrics,
+                summary=(m.info or {}).get("summary"))
 
 
 def walk(store: ArtifactStore, start: StageManifest) -> list[Link]:
@@ -146,6 +148,8 @@ def render_text(links: list[Link]) -> str:
         out.append(head)
         out.append(f"    config {link.config_hash}  code {link.code_version}  "
                    + ("verified" if link.verified else f"PROBLEM: {link.problem}"))
+        if link.summary:
+            out.append(f"    {link.summary}")
         for name, digest in sorted(link.outputs.items()):
             if not name.startswith(("model/", "adapter/")) or name.endswith(".safetensors"):
                 out.append(f"    {name}  sha256 {digest[:16]}")

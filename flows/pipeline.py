@@ -22,9 +22,9 @@ from prefect import flow
 from ratchet.data.manifest import StageManifest
 from ratchet.flows.config import PipelineConfig
 from ratchet.flows.runs import RunContext, set_state, start
-from ratchet.flows.stages import (RoundResult, base_task, evaluate_task, filter_task, label_task, lineage_task,
-                                  prompts_task, register_task, report_task, sample_task, start_model_task, tracker_of,
-                                  train_task, unwrap)
+from ratchet.flows.stages import (RoundResult, agreement_task, base_task, evaluate_task, filter_task, label_model_task,
+                                  label_task, lineage_task, prompts_task, register_task, report_task, sample_task,
+                                  slice_task, start_model_task, tracker_of, train_task, unwrap)
 from ratchet.flows.tracking import Tracker
 from ratchet.tasks import label as label_mod
 
@@ -33,19 +33,24 @@ from ratchet.tasks import label as label_mod
 
 @flow(name="round", flow_run_name="round-{k}", validate_parameters=False)
 def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
-               parent_version: str) -> RoundResult:
+               parent_version: str, first: int = 0, label_model: StageManifest | None = None) -> RoundResult:
+    """Round k (this run's first round is first + 1); `label_model`: the label's fixed model, if any."""
     child = tracker_of(cfg, ctx).child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
     try:
+        done, train = [], prompts
+        if cfg.data.prompts_per_round:  # this round's own draw from the pool
+            done.append(train := unwrap(slice_task(cfg, ctx, k, first, prompts, child)))
         if label_mod.kind_of(cfg.label).consumes == "prompts":  # e.g. a tree search: it samples its own rollouts
-            done = [labels := unwrap(label_task(cfg, ctx, k, prompts, policy, child))]
+            done.append(labels := unwrap(label_task(cfg, ctx, k, train, policy, child, label_model)))
         else:
-            samples = unwrap(sample_task(cfg, ctx, k, policy, prompts, child))
-            done = [samples, labels := unwrap(label_task(cfg, ctx, k, samples, policy, child))]
+            samples = unwrap(sample_task(cfg, ctx, k, policy, train, child))
+            done += [samples, labels := unwrap(label_task(cfg, ctx, k, samples, policy, child, label_model))]
         train_set = unwrap(filter_task(cfg, ctx, k, labels, child))
+        note = agreement_task(cfg, ctx, k, labels, train_set, child)  # may stop the round before training
         candidate = unwrap(train_task(cfg, ctx, k, policy, train_set, child))
         evaluation = unwrap(evaluate_task(cfg, ctx, k, candidate, prompts, child))
         return register_task(cfg, ctx, k, candidate, evaluation, prompts, parent_version, child,
-                             [*done, train_set, candidate, evaluation])
+                             [*done, train_set, candidate, evaluation], note)
     except BaseException:
         tracker_of(cfg, ctx).end(child, "FAILED")
         raise
@@ -70,10 +75,11 @@ def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
     prompts = unwrap(prompts_task(cfg, ctx))
     base = unwrap(start_model_task(cfg, ctx) if ctx.start_version else base_task(cfg, ctx))
     first = base.round if ctx.start_version else 0  # rounds count generations: a continuation numbers on
+    fixed = unwrap(label_model_task(cfg, ctx)) if label_mod.fixed_model(cfg.label) else None
     results = [round_zero(cfg, ctx, base, prompts, first)]
     for k in range(first + 1, first + cfg.rounds + 1):
         last = results[-1]
-        results.append(round_flow(cfg, ctx, k, last.policy, prompts, last.version))
+        results.append(round_flow(cfg, ctx, k, last.policy, prompts, last.version, first, fixed))
     lineage_task(cfg, ctx, results[-1])
     report_task(cfg, ctx)
     return results

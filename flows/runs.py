@@ -35,6 +35,7 @@ class RunContext(BaseModel):
     config_hash: str
     start_version: str | None = None  # continue from this registered model version instead of the base model
     sources: dict[str, str] = {}  # content digest of every data file the config reads, as checked at start
+    pool_start: int = 0  # data.prompts_per_round: where in the pool's stream this run's first round draws
 
 
 def code_digest() -> str:
@@ -131,18 +132,40 @@ def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | Non
         tags["mlflow.source.git.commit"] = commit
     record = workdir / "runs" / f"{run_name}.json"
     with tracker.lock():  # two processes starting the same run continue one parent run, never two
-        parent = None
+        parent, pool_start = None, 0
         if record.exists():
-            parent = RunRecord.model_validate_json(record.read_text()).ctx.parent_run_id
+            old = RunRecord.model_validate_json(record.read_text()).ctx
+            parent, pool_start = old.parent_run_id, old.pool_start
             if not tracker.reopen(parent, tags):
                 parent = None  # the tracking store was reset: start a fresh parent run
+        elif version and cfg.data.prompts_per_round:
+            pool_start = pool_drawn(workdir, cfg, split.digests)
         if parent is None:
             parent = tracker.start_parent(run_name, resolved, tags)
         ctx = RunContext(run_name=run_name, workdir=str(workdir), parent_run_id=parent, code_version=code,
-                         config_hash=tags["ratchet.config_hash"], start_version=version, sources=split.digests)
+                         config_hash=tags["ratchet.config_hash"], start_version=version, sources=split.digests,
+                         pool_start=pool_start)
         write_record(workdir, RunRecord(ctx=ctx, config=resolved, state="running", host=socket.gethostname(),
                                         pid=os.getpid()))
     return ctx, tracker
+
+
+def pool_drawn(workdir: Path, cfg: PipelineConfig, sources: dict[str, str]) -> int:
+    """How far into the pool's stream this experiment's runs have drawn: where a continuation
+    starts, so its rounds train on prompts no earlier round of this pool has seen (until
+    the pool is spent). Runs of other experiments, pools or seeds do not count."""
+    pool = cfg.data.pool().model_dump(mode="json")
+    end = 0
+    for p in sorted((workdir / "runs").glob("*.json")):
+        rec = RunRecord.model_validate_json(p.read_text())
+        data = dict(rec.config.get("data") or {})
+        per = data.pop("prompts_per_round", None)
+        same = (rec.config.get("name") == cfg.name and rec.config.get("seed") == cfg.seed and per
+                and {**pool, "prompts_per_round": None} == {**data, "prompts_per_round": None}
+                and rec.ctx.sources == sources)
+        if same:
+            end = max(end, rec.ctx.pool_start + int(rec.config.get("rounds", 0)) * int(per))
+    return end
 
 
 def write_record(workdir: Path, record: RunRecord) -> None:

@@ -30,6 +30,9 @@ def absolute_paths(cfg: PipelineConfig) -> PipelineConfig:
     update: dict = {"workdir": str(Path(cfg.workdir).expanduser().resolve())}
     if cfg.model.path != "default" and Path(cfg.model.path).expanduser().exists():
         update["model"] = cfg.model.model_copy(update={"path": str(Path(cfg.model.path).expanduser().resolve())})
+    label_model = getattr(cfg.label, "model", None)
+    if label_model and label_model != "default" and Path(label_model).expanduser().exists():
+        update["label"] = cfg.label.model_copy(update={"model": str(Path(label_model).expanduser().resolve())})
     if cfg.data.kind == "file":
         data = {}
         for field in ("path", "eval_path"):

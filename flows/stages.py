@@ -41,6 +41,7 @@ class RoundResult(BaseModel):
     gate: str = ""
     child_run_id: str
     stage_wall_s: dict[str, float] = {}
+    agreement: str = Field(default="", description="the agreement gate's note on this round's labels")
 
 
 def store_of(ctx: RunContext) -> ArtifactStore:
@@ -87,7 +88,7 @@ def unwrap(x):
 
 @task(name="prompts", cache_policy=NONE, retries=0)
 def prompts_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
-    m, reused = prepare.prompts(store_of(ctx), cfg.data, cfg.seed, ctx.sources, run=ctx.run_name)
+    m, reused = prepare.prompts(store_of(ctx), cfg.data.pool(), cfg.seed, ctx.sources, run=ctx.run_name)
     t = tracker_of(cfg, ctx)
     if t.log_stage(ctx.parent_run_id, m, reused):
         t.log_dataset(ctx.parent_run_id, store_of(ctx), m, "train.jsonl", "train-prompts")
@@ -95,10 +96,33 @@ def prompts_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     return finished(m, reused)
 
 
+@task(name="slice", cache_policy=NONE, retries=0)
+def slice_task(cfg: PipelineConfig, ctx: RunContext, k: int, first: int, prompts: StageManifest,
+               child: str) -> StageManifest:
+    """Round k's train prompts: the next data.prompts_per_round of the pool's stream (this run
+    starts at ctx.pool_start; its first round is first + 1)."""
+    count = cfg.data.prompts_per_round
+    m, reused = prepare.round_prompts(store_of(ctx), prompts, ctx.pool_start + (k - first - 1) * count, count,
+                                      cfg.seed, k, run=ctx.run_name)
+    t = tracker_of(cfg, ctx)
+    if t.log_stage(child, m, reused):
+        t.log_dataset(child, store_of(ctx), m, "train.jsonl", "round-prompts")
+        t.client.set_tag(child, "ratchet.prompts", m.info["summary"])
+    return finished(m, reused)
+
+
 @task(name="base-model", cache_policy=NONE, retries=0)
 def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     return finished(*prepare.base_model(store_of(ctx), cfg.model.path, resolve_model(cfg.model.path),
                                          run=ctx.run_name))
+
+
+@task(name="label-model", cache_policy=NONE, retries=0)
+def label_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
+    """The label's own fixed model (a judge or a reward model, label.model) as a store stage."""
+    src = label_mod.fixed_model(cfg.label)
+    return finished(*prepare.base_model(store_of(ctx), src, resolve_model(src), run=ctx.run_name,
+                                         stage="label-model", field="label.model"))
 
 
 @task(name="start-model", cache_policy=NONE, retries=0)
@@ -130,10 +154,12 @@ def sample_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManif
 
 @task(name="label", cache_policy=NONE, retries=0)
 def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, source: StageManifest, policy: StageManifest,
-               child: str) -> StageManifest:
-    """Label the round's samples, or search from its prompts (a kind that consumes prompts)."""
+               child: str, label_model: StageManifest | None = None) -> StageManifest:
+    """Label the round's samples, or search from its prompts (a kind that consumes prompts);
+    with the label's fixed model (`label_model`) where it has one, else the policy."""
     store = store_of(ctx)
-    m, reused = label_mod.label(store, source, cfg.label, cfg.data, k, policy=policy, sampler=cfg.sampler,
+    m, reused = label_mod.label(store, source, cfg.label, cfg.data.pool(), k, policy=label_model or policy,
+                                sampler=cfg.sampler,
                                 seed=round_seed(cfg, k), isolate=cfg.isolate, run=ctx.run_name,
                                 executor=cfg.executor)
     t = tracker_of(cfg, ctx)
@@ -151,6 +177,36 @@ def filter_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageManif
     return finished(m, reused)
 
 
+@task(name="agreement", cache_policy=NONE, retries=0)
+def agreement_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageManifest, train_set: StageManifest,
+                   child: str) -> str:
+    """The agreement gate (tasks/agreement.py), before training: raises LabelDisagreesError to stop
+    the round, or returns its note, which goes on the round's MLflow run and to the console."""
+    from ratchet.tasks import agreement
+
+    t = tracker_of(cfg, ctx)
+    try:
+        verdict = agreement.check(cfg.agreement, label_name(cfg), k, labels.metrics, train_set.metrics)
+    except agreement.LabelDisagreesError as e:
+        t.client.set_tag(child, "ratchet.agreement", str(e)[:5000])
+        raise
+    if verdict.note:
+        t.client.set_tag(child, "ratchet.agreement", verdict.note)
+        if verdict.value is not None:
+            t.log_metrics(child, {"value": verdict.value, "passed": float(verdict.value >= cfg.agreement.min)},
+                          prefix="agreement.", step=k)
+        events.emit(events.Event("note", round=k, stage="agreement", data={"text": verdict.note}))
+    return verdict.note
+
+
+def label_name(cfg: PipelineConfig) -> str:
+    """The round's label as a user configured it, in a few words."""
+    lab = cfg.label
+    if lab.kind == "judge":
+        return f"judge ({lab.mode}, {'the policy' if lab.model is None else lab.model})"
+    return lab.kind
+
+
 @task(name="train", cache_policy=NONE, retries=0)
 def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, train_set: StageManifest,
                child: str) -> StageManifest:
@@ -166,7 +222,7 @@ def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
 @task(name="evaluate", cache_policy=NONE, retries=0)
 def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
                   child: str) -> StageManifest:
-    m, reused = evaluate_mod.evaluate(store_of(ctx), policy, prompts, cfg.evaluate, cfg.sampler, cfg.data, cfg.seed, k,
+    m, reused = evaluate_mod.evaluate(store_of(ctx), policy, prompts, cfg.evaluate, cfg.sampler, cfg.data.pool(), cfg.seed, k,
                                       isolate=cfg.isolate, run=ctx.run_name, executor=cfg.executor)
     t = tracker_of(cfg, ctx)
     if logged(t, child, store_of(ctx), m, reused):
@@ -177,7 +233,7 @@ def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
 @task(name="register", cache_policy=NONE, retries=0)
 def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, evaluation: StageManifest,
                   prompts: StageManifest, parent_version: str | None, child: str,
-                  stages: list[StageManifest]) -> RoundResult:
+                  stages: list[StageManifest], agreement: str = "") -> RoundResult:
     """Register the round's model, record its accuracy on this eval set, and put it to the
     champion gate; the round table reports the decision the registry holds."""
     store, t = store_of(ctx), tracker_of(cfg, ctx)
@@ -189,6 +245,11 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
         "ratchet.config_hash": ctx.config_hash, "ratchet.code_version": ctx.code_version,
         "ratchet.data_digests": sha256_json(data_digests), **{f"ratchet.digest.{s}": d for s, d in data_digests.items()},
     }
+    drawn = next((m for m in stages if m.stage == "slice"), None)
+    if drawn is not None:
+        tags["ratchet.prompts"] = drawn.info["summary"]
+    if agreement:
+        tags["ratchet.agreement"] = agreement
     version = t.register(child, store, policy, tags)
     t.record_accuracy(version, eval_set, acc)
     gate = champion_gate(cfg, ctx, t, store, version, acc, eval_set, prompts)
@@ -199,7 +260,8 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     t.end(child)
     walls = {m.stage: m.wall_s for m in stages}
     return RoundResult(round=k, policy=policy, version=version, accuracy=acc, eval_set=eval_set,
-                       promoted=gate.promoted, gate=gate.reason, child_run_id=child, stage_wall_s=walls)
+                       promoted=gate.promoted, gate=gate.reason, child_run_id=child, stage_wall_s=walls,
+                       agreement=agreement)
 
 
 def champion_gate(cfg: PipelineConfig, ctx: RunContext, t: Tracker, store: ArtifactStore, version: str, acc: float,
@@ -220,7 +282,7 @@ def champion_gate(cfg: PipelineConfig, ctx: RunContext, t: Tracker, store: Artif
                         f"accuracy on eval set {eval_set} and cannot be evaluated here ({e})")
         get_run_logger().info("re-evaluating champion version %s on eval set %s before comparing", gate.needs_eval,
                               eval_set)
-        m, _ = evaluate_mod.evaluate(store, champ, prompts, cfg.evaluate, cfg.sampler, cfg.data, cfg.seed,
+        m, _ = evaluate_mod.evaluate(store, champ, prompts, cfg.evaluate, cfg.sampler, cfg.data.pool(), cfg.seed,
                                      champ.round, isolate=cfg.isolate, run=ctx.run_name, executor=cfg.executor)
         t.record_accuracy(gate.needs_eval, m.info["eval_set"], m.metrics["accuracy"])
     raise TrackingError(f"the champion of {t.model_name} moved five times while version {version} was being "

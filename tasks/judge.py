@@ -58,10 +58,14 @@ DIGITS = tuple(str(d) for d in range(6))
 
 
 class JudgeLabel(BaseModel):
-    """Reward = the current policy's own judgement of each completion (self-rewarding)."""
+    """Reward = the current policy's own judgement of each completion (self-rewarding), or a
+    fixed judge model's (`model`)."""
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["judge"] = "judge"
+    model: str | None = Field(
+        default=None, description="a fixed judge: a local Hugging Face model directory ('default' for the embedded "
+        "model), run with the sampler settings; unset: the round's policy judges its own samples (Self-Rewarding)")
     mode: Literal["text", "p_yes", "rating"] = Field(
         default="text",
         description="text = the rubric's written verdict averaged over k samples (0-5); p_yes = probability of "

@@ -2,12 +2,16 @@
 
     verifier     the task's answer check (RFT / ReST-EM / STaR)
     consistency  majority vote of a prompt's own samples (label-free)
-    judge        the policy rates its own completions (Self-Rewarding; tasks/judge.py)
+    judge        the policy rates its own completions (Self-Rewarding; tasks/judge.py), or a
+                 fixed judge model does (label.model)
+    reward_model a sequence-classification reward model scores them (label.model)
     mcts         step-level tree search from the prompts (tasks/mcts.py)
 
 A kind says what it consumes (the sample stage's completions, or the prompts) and whether
-it runs the policy; those that do run in a worker process through the unit loop, so a
-resumed stage labels only what is missing. Where reference answers exist, every kind
+it runs a model: the round's policy, or a fixed model of its own (`label.model`: a judge
+or a reward model, linked into the store as a `label-model` stage so its digest keys the
+label and its lineage names it). Those that run a model run in a worker process through
+the unit loop, so a resumed stage labels only what is missing. Where reference answers exist, every kind
 records the verifier's verdict next to its reward, and the label-free kinds log how well
 their reward ranks right above wrong answers (AUC, overall and within prompts): whether
 self-reward is informative for this model.
@@ -15,27 +19,33 @@ self-reward is informative for this model.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig
-from ratchet.data.records import Completion, Prompt, read_jsonl, write_jsonl
+from ratchet.data.records import Completion, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig
 from ratchet.tasks.judge import JudgeLabel
 from ratchet.tasks.labels import LabelKind, reward_stats
-from ratchet.tasks.labels import consistency, judge, mcts, verifier
+from ratchet.tasks.labels import consistency, judge, mcts, reward_model, verifier
 from ratchet.tasks.labels.consistency import ConsistencyLabel
+from ratchet.tasks.labels.reward_model import RewardModelLabel
 from ratchet.tasks.labels.verifier import VerifierLabel
 from ratchet.tasks.mcts import MctsLabel
+from ratchet.tasks.prepare import train_prompts
 from ratchet.tasks.stage import StageRequest, code_version, run_stage
 from ratchet.tasks.units import ExecutorConfig
 
-LabelConfig = Annotated[VerifierLabel | ConsistencyLabel | JudgeLabel | MctsLabel, Field(discriminator="kind")]
-KINDS: dict[str, LabelKind] = {k.name: k for k in (verifier.KIND, consistency.KIND, judge.KIND, mcts.KIND)}
-CODE = {name: code_version("ratchet.tasks.label", "ratchet.tasks.labels", "ratchet.data.records", *k.modules)
+LabelConfig = Annotated[VerifierLabel | ConsistencyLabel | JudgeLabel | RewardModelLabel | MctsLabel,
+                        Field(discriminator="kind")]
+KINDS: dict[str, LabelKind] = {k.name: k for k in (verifier.KIND, consistency.KIND, judge.KIND, reward_model.KIND,
+                                                   mcts.KIND)}
+CODE = {name: code_version("ratchet.tasks.label", "ratchet.tasks.labels", "ratchet.tasks.prepare", "ratchet.data.records",
+                          *k.modules)
         for name, k in KINDS.items()}
 
 
@@ -44,7 +54,14 @@ def kind_of(cfg: BaseModel) -> LabelKind:
 
 
 def reward_range(cfg) -> tuple[float, float]:
+    if cfg.kind == "reward_model":
+        return (-math.inf, math.inf)  # a reward model's logits have no fixed scale
     return cfg.scale if cfg.kind == "judge" else (0.0, 1.0)
+
+
+def fixed_model(cfg) -> str | None:
+    """The model a label runs instead of the policy (a fixed judge, a reward model), if any."""
+    return getattr(cfg, "model", None)
 
 
 class LabelJob(BaseModel):
@@ -59,7 +76,7 @@ def label_body(req: StageRequest[LabelJob], store: ArtifactStore) -> StageManife
     cfg = req.config.label
     kind = kind_of(cfg)
     if kind.consumes == "prompts":
-        items = read_jsonl(store.path(req.parent("prompts"), "train.jsonl"), Prompt)
+        items = train_prompts(req, store)
     else:
         items = read_jsonl(store.path(req.parent("sample"), "samples.jsonl"), Completion)
     out = kind.run(req, store, items, req.config.data.check, cfg)
@@ -68,17 +85,18 @@ def label_body(req: StageRequest[LabelJob], store: ArtifactStore) -> StageManife
                       metrics={**reward_stats(out.rows), **out.metrics}, info=out.info or None, scratch=("shards",))
 
 
-def label(store: ArtifactStore, source: StageManifest, cfg: VerifierLabel | ConsistencyLabel | JudgeLabel | MctsLabel,
-          data_cfg: SourceConfig, round: int, policy: StageManifest | None = None,
-          sampler: SamplerConfig | None = None, seed: int = 0, isolate: bool = True,
-          run: str | None = None, executor: ExecutorConfig | None = None) -> tuple[StageManifest, bool]:
+def label(store: ArtifactStore, source: StageManifest, cfg: LabelConfig, data_cfg: SourceConfig, round: int,
+          policy: StageManifest | None = None, sampler: SamplerConfig | None = None, seed: int = 0,
+          isolate: bool = True, run: str | None = None,
+          executor: ExecutorConfig | None = None) -> tuple[StageManifest, bool]:
     """Label `source`: the sample stage, or the prompts stage for a kind that consumes prompts.
-    A kind that runs the policy (the round's starting model) needs it, the sampler settings
-    and a seed, and runs in a worker process like sampling."""
+    A kind that runs a model needs it as `policy` (the round's starting model, or the
+    label's fixed `label-model` stage), the sampler settings and a seed, and runs in a
+    worker process like sampling."""
     kind = kind_of(cfg)
-    want = "sample" if kind.consumes == "samples" else "prompts"
-    if source.stage != want:
-        raise ValueError(f"label.kind={kind.name!r} labels the {want} stage, not {source.stage}")
+    want = ("sample",) if kind.consumes == "samples" else ("prompts", "slice")
+    if source.stage not in want:
+        raise ValueError(f"label.kind={kind.name!r} labels the {' or '.join(want)} stage, not {source.stage}")
     if not kind.uses_policy:
         return run_stage(store, stage="label", round=round, body=label_body, code=CODE[kind.name],
                          config=LabelJob(label=cfg, data=data_cfg), parents=[source], run=run)

@@ -1,6 +1,9 @@
-"""The two root stages of every pipeline: the prompt split and the base model.
+"""The root stages of every pipeline: the prompt split and the base model, and each
+round's draw of prompts.
 
 `prompts` writes train.jsonl and eval.jsonl from the configured source.
+`slice` writes the train prompts one round draws from that pool (data.prompts_per_round),
+so the lineage of every model names the prompts it was trained on.
 `base` links the starting model's files into the store, so a model is always a
 stage directory with digests, whatever its origin.
 """
@@ -16,13 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from ratchet.data.digest import sha256_file
 from ratchet.data.errors import ConfigError
 from ratchet.data.manifest import StageManifest
-from ratchet.data.prompts import SourceConfig, load_split
-from ratchet.data.records import write_jsonl
+from ratchet.data.prompts import SourceConfig, load_split, pool_slice
+from ratchet.data.records import Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.tasks.stage import StageRequest, code_version, run_stage
 
 PROMPTS_CODE = code_version("ratchet.tasks.prepare", "ratchet.data.prompts", "ratchet.data.records")
 BASE_CODE = code_version("ratchet.tasks.prepare")
+SLICE_CODE = PROMPTS_CODE
 
 
 class PromptsJob(BaseModel):
@@ -30,6 +34,13 @@ class PromptsJob(BaseModel):
     data: SourceConfig
     seed: int
     sources: dict[str, str] = Field(description="content digest of every file the data config reads")
+
+
+class SliceJob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    start: int = Field(description="position in the pool's stream where this round's prompts begin")
+    count: int = Field(description="data.prompts_per_round")
+    seed: int
 
 
 class BaseJob(BaseModel):
@@ -64,6 +75,28 @@ def prompts(store: ArtifactStore, data_cfg: SourceConfig, seed: int, sources: di
                      config=PromptsJob(data=data_cfg, seed=seed, sources=sources), parents=[], run=run)
 
 
+def slice_body(req: StageRequest[SliceJob], store: ArtifactStore) -> StageManifest:
+    pool = read_jsonl(store.path(req.parent("prompts"), "train.jsonl"), Prompt)
+    rows, where = pool_slice(pool, req.config.start, req.config.count, req.config.seed)
+    n = write_jsonl(store.stage_dir(req.stage, req.key) / "train.jsonl", rows)
+    return req.finish(store, outputs={"train.jsonl": n}, info=where,
+                      metrics={"prompts": n, "pool": len(pool), "stream_start": req.config.start,
+                               "pass": where["passes"][1]})
+
+
+def round_prompts(store: ArtifactStore, prompts: StageManifest, start: int, count: int, seed: int, round: int,
+                  run: str | None = None) -> tuple[StageManifest, bool]:
+    """One round's train prompts: `count` of the pool's stream from position `start`."""
+    return run_stage(store, stage="slice", round=round, body=slice_body, code=SLICE_CODE,
+                     config=SliceJob(start=start, count=count, seed=seed), parents=[prompts], run=run)
+
+
+def train_prompts(req: StageRequest, store: ArtifactStore) -> list[Prompt]:
+    """The train prompts a round's stage works on: its round's draw, or the whole pool."""
+    source = next((p for p in req.parents if p.stage == "slice"), None) or req.parent("prompts")
+    return read_jsonl(store.path(source, "train.jsonl"), Prompt)
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     try:
         os.link(src, dst)
@@ -85,15 +118,16 @@ def base_body(req: StageRequest[BaseJob], store: ArtifactStore) -> StageManifest
                       info={"source": req.config.source, "origin_path": str(src)})
 
 
-def base_model(store: ArtifactStore, source: str, model_dir: Path, run: str | None = None
-               ) -> tuple[StageManifest, bool]:
-    """The starting policy as a store stage; keyed by the weights' digest, not the path."""
+def base_model(store: ArtifactStore, source: str, model_dir: Path, run: str | None = None,
+               stage: str = "base", field: str = "model.path") -> tuple[StageManifest, bool]:
+    """The starting policy as a store stage; keyed by the weights' digest, not the path.
+    stage="label-model": a label's fixed model (a judge or a reward model), the same way."""
     weights = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
     if not weights:
-        raise ConfigError([f"model.path={str(model_dir)!r} has no *.safetensors or *.bin weights; "
-                           "point model.path at a Hugging Face model directory"])
+        raise ConfigError([f"{field}={str(model_dir)!r} has no *.safetensors or *.bin weights; "
+                           f"point {field} at a Hugging Face model directory"])
     digests = {f.name: sha256_file(f) for f in model_files(model_dir)}
-    return run_stage(store, stage="base", round=0, body=base_body, code=BASE_CODE,
+    return run_stage(store, stage=stage, round=0, body=base_body, code=BASE_CODE,
                      config=BaseJob(source=source, path=str(model_dir), files=digests), parents=[], run=run)
 
 

@@ -16,13 +16,14 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.data.manifest import StageManifest
-from ratchet.data.records import Completion, Prompt, read_jsonl, write_jsonl
+from ratchet.data.records import Completion, Prompt, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig, SamplingParams
+from ratchet.tasks.prepare import train_prompts
 from ratchet.tasks.stage import StageRequest, code_version, run_stage
 from ratchet.tasks.units import ExecutorConfig, UnitWork, run_units
 
-CODE = code_version("ratchet.tasks.sample", "ratchet.tasks.units", "ratchet.models.sampler", "ratchet.data.records",
+CODE = code_version("ratchet.tasks.sample", "ratchet.tasks.prepare", "ratchet.tasks.units", "ratchet.models.sampler", "ratchet.data.records",
                     "ratchet.data.shards")
 
 
@@ -94,7 +95,7 @@ class SampleWork(PolicyWork):
 
 def sample_body(req: StageRequest[SampleJob], store: ArtifactStore) -> StageManifest:
     cfg = req.config.sample
-    prompts = read_jsonl(store.path(req.parent("prompts"), "train.jsonl"), Prompt)
+    prompts = train_prompts(req, store)
     d = store.stage_dir(req.stage, req.key)
     done = run_units(SampleWork(items=prompts, size=cfg.shard_size, params=cfg.params(), **policy_of(req, store)),
                      d / "shards", req.executor)

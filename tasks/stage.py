@@ -44,7 +44,7 @@ log = logging.getLogger("ratchet")
 # the user runs from can never stand in for the installed code.
 WORKER = "import sys; sys.path.pop(0); from ratchet.tasks.stage import worker; sys.exit(worker(sys.argv[1]))"
 ERROR_FILE = "worker-error.json"
-MODEL_STAGES = ("base", "train")
+MODEL_STAGES = ("base", "train", "label-model")
 
 
 def code_version(*modules: str) -> str:

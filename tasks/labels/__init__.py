@@ -9,7 +9,8 @@ round flow ask the kind; neither has a special case for one.
 
     verifier     the task's answer check (RFT / ReST-EM / STaR)
     consistency  majority vote of a prompt's own samples (label-free)
-    judge        the policy rates its own completions (Self-Rewarding)
+    judge        the policy rates its own completions (Self-Rewarding), or a fixed judge does
+    reward_model a sequence-classification reward model scores them
     mcts         step-level tree search from the prompts (MCTS-DPO / ReST-MCTS*)
 """
 
@@ -40,7 +41,7 @@ class Labeled:
 class LabelKind:
     name: str
     consumes: Literal["samples", "prompts"]  # the parent stage it reads: sample's completions, or the prompts
-    uses_policy: bool  # runs the round's policy (judge, search): a worker, the sampler settings and a seed
+    uses_policy: bool  # runs a model (the round's policy, or the label's fixed model): a worker, a seed
     modules: tuple[str, ...]  # what its result depends on, for the stage's code version
     run: Callable[..., Labeled]  # run(req, store, items, check_cfg, cfg) -> Labeled
 

@@ -4,7 +4,7 @@ import re
 import pytest
 
 from ratchet.data.errors import ConfigError
-from ratchet.data.prompts import AdditionSource, FileSource, load_split
+from ratchet.data.prompts import AdditionSource, ChainSource, FileSource, load_split, pool_slice
 
 
 def test_addition_split_is_disjoint_complete_and_seeded():
@@ -35,6 +35,61 @@ def _rows(n):
 def _write(path, rows):
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
     return path
+
+
+def test_chain_problems_are_seeded_distinct_disjoint_and_worked_out_right():
+    from ratchet.data.checkers import check
+
+    cfg = ChainSource(train_size=300, eval_size=40)
+    split = load_split(cfg, seed=0)
+    assert len(split.train) == 300 and len(split.eval) == 40
+    ids = [p.id for p in split.train + split.eval]
+    assert len(set(ids)) == len(ids) and len({p.prompt for p in split.train + split.eval}) == len(ids)
+    assert load_split(cfg, seed=0) == split and load_split(cfg, seed=1).eval != split.eval
+    # the held-out problems are drawn first: a bigger pool keeps the same eval set and extends the train pool
+    bigger = load_split(ChainSource(train_size=500, eval_size=40), seed=0)
+    assert bigger.eval == split.eval and bigger.train[:300] == split.train
+    for p in split.train + split.eval:  # the answer is the start carried through every step, never below zero
+        m = re.fullmatch(r"Start with (\d+)\. (.+)\. What number do you end with\? Work step by step\.", p.prompt)
+        value = int(m.group(1))
+        steps = m.group(2).split(", then ")
+        assert len(steps) == 3
+        for step in steps:
+            op, b = step.lower().split()
+            value += int(b) if op == "add" else -int(b)
+            assert value >= 0
+        assert p.answer == str(value)
+    # a worked answer names start, operands and running values: the default check has room for them
+    worked = "First, 7 - 1 = 6. Then, 6 - 5 = 1. Finally, 1 + 7 = 8. So the answer is 8."
+    assert check(cfg.check, worked, "8").correct and not check(cfg.check, worked, "1").correct
+
+
+def test_chain_settings_that_cannot_work_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"check.max_numbers=4 .* at least 7"):
+        ChainSource(check={"kind": "number", "max_numbers": 4})
+    assert ChainSource(steps=5).check.max_numbers == 13  # the default check grows with the steps
+    with pytest.raises(ValueError, match="lower data.train_size"):
+        ChainSource(steps=1, train_size=500)
+    with pytest.raises(ValueError, match="placeholders"):
+        ChainSource(template="Start with {start}.")
+
+
+def test_rounds_draw_the_pool_without_repeats_until_it_is_spent():
+    from ratchet.data.records import Prompt
+
+    pool = [Prompt(id=f"p{i}", prompt=f"q{i}", answer="1") for i in range(10)]
+    draws = [pool_slice(pool, start, 4, seed=0) for start in (0, 4, 8, 12)]
+    first = [p.id for p in draws[0][0] + draws[1][0]]
+    assert first == [f"p{i}" for i in range(8)]  # the pool in its order
+    assert draws[0][1]["summary"] == "train prompts 0-3 of a pool of 10 (pass 1)"
+    across, where = draws[2]  # positions 8-11: the last two of pass 1, then two of pass 2's new order
+    assert [p.id for p in across[:2]] == ["p8", "p9"] and where["passes"] == [1, 2]
+    assert len({p.id for p in across}) == len(across)  # never the same prompt twice in one round
+    pass2 = [p.id for p in across[2:] + draws[3][0]]
+    assert pass2 != sorted(pass2, key=lambda x: int(x[1:]))  # a new order ...
+    assert pool_slice(pool, 8, 4, seed=0) == draws[2] and pool_slice(pool, 8, 4, seed=1) != draws[2]  # ... by seed
+    with pytest.raises(ConfigError, match="prompts_per_round=11 exceeds the 10 train prompts"):
+        pool_slice(pool, 0, 11, seed=0)
 
 
 def test_jsonl_source(tmp_path):

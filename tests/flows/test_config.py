@@ -60,7 +60,7 @@ def test_every_problem_is_reported_at_once_with_field_value_and_fix():
     assert "rounds=0: Input should be greater than or equal to 1" in text and "(self-improvement rounds to run)" in text
     assert "train.lr: unknown field (value 3); remove it or fix its spelling" in text
     assert "sample.n='x'" in text
-    assert "data.kind='nope' is not a known kind; use one of 'addition', 'file'" in text
+    assert "data.kind='nope' is not a known kind; use one of 'addition', 'chain', 'file'" in text
     assert "sampler.dtype='int8'" in text
 
 

@@ -181,16 +181,35 @@ def test_sigkill_during_training_then_rerun_recomputes_nothing_finished(referenc
     assert all(r.info.status == "FINISHED" for r in runs)
 
 
-def test_self_reward_dpo_round_end_to_end(tmp_path, prefect_harness, default_model):
-    """The shipped self-rewarding config, small: the policy judges itself (vLLM logprobs), pairs
-    are built, DPO trains against the round's start, and MLflow holds the judge's statistics,
+def test_self_reward_dpo_round_stops_at_its_agreement_gate_then_trains_anyway(tmp_path, prefect_harness,
+                                                                            default_model):
+    """The shipped self-rewarding config, small: the policy judges itself (vLLM logprobs) and
+    pairs are built; a gate its judge cannot meet stops the round before training with a
+    message that says why; `agreement.on_below=train` then trains on the kept stages (DPO
+    against the round's start) and the round says so. MLflow holds the judge's statistics,
     its agreement with the verifier, the pairs and the DPO curves."""
-    cfg = load_config(CONFIGS / "self_reward_dpo.yaml", [
-        f"workdir={tmp_path}", *[o for o in SMALL if not o.startswith("filter.")], "filter.min_pairs=2",
-        "filter.margin=0.01", "filter.max_length_ratio=null"])
+    from ratchet.tasks.agreement import LabelDisagreesError
+
+    small = [f"workdir={tmp_path}", *[o for o in SMALL if not o.startswith("filter.")], "filter.min_pairs=2",
+             "filter.margin=0.01", "filter.max_length_ratio=null", "agreement.metric=verifier_auc",
+             "agreement.min=0.95", "agreement.min_prompts=1"]
+    with pytest.raises(LabelDisagreesError, match=r"round 1 stopped before training: the judge \(rating, the policy\)"
+                       r" label .* verifier_auc=0\.\d{3} over \d+ prompts .* below agreement.min=0.95") as stop:
+        _run(load_config(CONFIG := CONFIGS / "self_reward_dpo.yaml", small))
+    assert "agreement.on_below=train" in str(stop.value)
+    kept = {d.name.split("-")[0]: (d / "manifest.json").stat().st_mtime_ns for d in (tmp_path / "stages").iterdir()}
+    assert sorted(kept) == ["base", "evaluate", "filter", "label", "prompts", "sample"]  # no training
+
+    cfg = load_config(CONFIG, small + ["agreement.on_below=train"])
     ctx, tracker, (r0, r1) = _run(cfg)
+    assert r1.agreement.startswith("agreement BELOW the gate: verifier_auc=") and "trained anyway" in r1.agreement
+    assert {d.name.split("-")[0]: (d / "manifest.json").stat().st_mtime_ns for d in (tmp_path / "stages").iterdir()
+            if d.name.split("-")[0] in kept} == kept  # what the stopped round finished is reused, not redone
+    assert tracker.version(r1.version).tags["ratchet.agreement"] == r1.agreement
     c = tracker.client
-    child = next(r for r in c.search_runs([tracker.experiment_id]) if r.info.run_name == "round-1")
+    child = next(r for r in c.search_runs([tracker.experiment_id], f"tags.mlflow.parentRunId = '{ctx.parent_run_id}'")
+                 if r.info.run_name == "round-1")
+    assert child.data.tags["ratchet.agreement"] == r1.agreement and child.data.metrics["agreement.passed"] == 0
     m = child.data.metrics
     from ratchet.data.records import LabeledCompletion, PairRow, read_jsonl
     from ratchet.tasks.labels import agreement

@@ -103,7 +103,7 @@ def test_serve_continues_from_the_champion(tiny_model, tmp_path, prefect_server)
     from ratchet.data.store import ArtifactStore
 
     url = prefect_server["url"]
-    ov = overrides(tmp_path / "work", tiny_model)
+    ov = overrides(tmp_path / "work", tiny_model) + ["data.prompts_per_round=4"]  # 3 rounds' worth in the pool
     first = ratchet("run", CONFIG, *ov, api_url=url)
     assert first.returncode == 0, first.stderr[-3000:]
     cfg = load_config(CONFIG, ov)
@@ -149,9 +149,15 @@ def test_serve_continues_from_the_champion(tiny_model, tmp_path, prefect_server)
     children = t.client.search_runs([t.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
     assert sorted(r.info.run_name for r in children) == ["round-1", "round-2"]
 
+    # it trained on the next 4 prompts of the pool, where the first run stopped, and says so
+    assert versions["2"].tags["ratchet.prompts"] == "train prompts 0-3 of a pool of 12 (pass 1)"
+    assert v3.tags["ratchet.prompts"] == "train prompts 4-7 of a pool of 12 (pass 1)"
+
     # and its lineage runs through version 2's training back to the base model, all verified
     links = walk(store, start_manifest(store, t, "3"))
     assert [x.stage for x in links if x.stage in ("train", "base")] == ["train", "train", "base"]
+    assert [x.summary for x in links if x.stage == "slice"] == [v3.tags["ratchet.prompts"],
+                                                                 versions["2"].tags["ratchet.prompts"]]
     assert v2.dir in [x.dir for x in links] and all(x.verified for x in links)
     md = Path(t.client.download_artifacts(parent, "lineage/lineage.md", str(tmp_path))).read_text()
     assert "continued from version 2" in md and "```mermaid" in md

@@ -1,0 +1,95 @@
+"""reward_model: a sequence-classification reward model scores every completion.
+
+The model is fixed (a local directory, `label.model`), not the policy: its files are a
+stage of their own (`label-model`), so its digest keys the label stage and its lineage
+names it. Runs through the unit loop (tasks/units.py) in a worker, batched, so a resumed
+stage scores only the missing units and the executor can spread units over holders.
+Every response passes the guard (tasks/guard.py) first, as for the judge: a response that
+speaks to its grader is flagged, scored on its text with the flagged sentences cut, and
+by default given a reward one below the stage's lowest clean one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ratchet.data.checkers import extract
+from ratchet.data.records import Completion, LabeledCompletion
+from ratchet.models.sampler import resolve_dtype
+from ratchet.tasks.guard import GuardConfig
+from ratchet.tasks.labels import Labeled, LabelKind, agreement, injection_stats, truth
+from ratchet.tasks.units import UnitWork, run_units
+
+
+class RewardModelLabel(BaseModel):
+    """Reward = a sequence-classification reward model's score of (prompt, completion)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["reward_model"] = "reward_model"
+    model: str = Field(description="a local Hugging Face directory of a *ForSequenceClassification reward model "
+                       "(1 label: the reward is its logit; 2 labels: the probability of label 1)")
+    batch_size: int = Field(default=16, ge=1, description="completions per forward pass")
+    max_length: int = Field(default=1024, ge=16, description="tokens of prompt + response read (the start is cut "
+                            "first)")
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(default="auto", description="auto: bfloat16 where the "
+                                                          "hardware computes it natively, else float32")
+    shard_size: int = Field(default=256, ge=1, description="completions scored per unit (the unit of resume)")
+    guard: GuardConfig = Field(default_factory=GuardConfig, description="what happens to a response that speaks to "
+                               "its grader (scores, verdicts, instructions, fences, roles in its text)")
+
+
+@dataclass
+class RewardWork(UnitWork):
+    """A unit: `size` completions scored by the reward model."""
+
+    stage = "label"
+    model: Path
+    cfg: RewardModelLabel
+    check: object
+    seed: int
+    items: list
+    size: int
+
+    def open(self):
+        from ratchet.models.reward_model import RewardScorer
+
+        return RewardScorer(self.model, resolve_dtype(self.cfg.dtype), self.cfg.batch_size, self.cfg.max_length)
+
+    def run(self, scorer, chunk: list[Completion], seed: int):
+        from ratchet.tasks.guard import guard
+
+        t = time.time()
+        seen = [guard(c.prompt, c.text) for c in chunk]
+        scores = scorer.score([(c.prompt, text) for c, (text, _) in zip(chunk, seen)])
+        rows = [LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index,
+                                  text=c.text, n_tokens=c.n_tokens, reward=s, votes=[s], flags=flags or None,
+                                  extracted=extract(self.check, c.text), correct=truth(self.check, c))
+                for c, s, (_, flags) in zip(chunk, scores, seen)]
+        return rows, {"score_s": time.time() - t, "scored": len(chunk)}
+
+
+def run(req, store, rows: list[Completion], check_cfg, cfg: RewardModelLabel) -> Labeled:
+    from ratchet.tasks.prepare import model_dir
+
+    done = run_units(RewardWork(items=rows, size=cfg.shard_size, model=model_dir(store, req.parent_model), cfg=cfg,
+                                check=check_cfg, seed=req.seed), store.stage_dir(req.stage, req.key) / "shards",
+                     req.executor)
+    out = [LabeledCompletion.model_validate_json(x) for x in done.shards.lines()]
+    if cfg.guard.on_suspect == "lowest" and (clean := [r.reward for r in out if not r.flags]):
+        floor = min(clean) - 1.0  # below every clean response: a flagged one is always the rejected side
+        out = [r.model_copy(update={"reward": floor}) if r.flags else r for r in out]
+    cost = done.cost
+    metrics = {"rm_s": cost.get("score_s", 0.0), "rm_load_s": done.load_s, "rm_shards_reused": float(done.reused),
+               "holders": done.holders, "scored_per_s": cost["scored"] / cost["score_s"] if cost.get("score_s") else 0.0,
+               **injection_stats([r.flags or [] for r in out]), **agreement(out)}
+    return Labeled(out, metrics, info={"units": done.placement})
+
+
+KIND = LabelKind(name="reward_model", consumes="samples", uses_policy=True, run=run,
+                 modules=("ratchet.tasks.labels.reward_model", "ratchet.models.reward_model", "ratchet.tasks.guard",
+                          "ratchet.tasks.units", "ratchet.data.checkers", "ratchet.data.shards"))
