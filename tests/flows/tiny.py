@@ -15,7 +15,8 @@ def overrides(workdir, tiny_model) -> list[str]:
             "sampler.dtype=float32", "data.a_max=6", "data.b_max=4", "data.train_size=12", "data.eval_size=4",
             "sample.n=3", "sample.max_tokens=6", "sample.shard_size=3", "label.top_logprobs=60000",
             "label.shard_size=9", "filter.margin=0", "filter.min_pairs=1", "filter.max_length_ratio=null",
-            "train.epochs=2", "train.batch_size=4", "train.checkpoint_steps=2", "evaluate.max_tokens=6"]
+            "train.epochs=2", "train.batch_size=4", "train.checkpoint_steps=2", "evaluate.max_tokens=6",
+            "agreement.min=null"]  # a random model's labels agree with nothing; these runs test the machinery
 
 
 def ratchet(*args, api_url: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
