@@ -93,8 +93,8 @@ def main() -> None:
         bon_s = time.time() - t
         rows.append((seed, sum(budget), sum(mcts_solved), mcts_s, sum(spent), sum(solved), bon_s,
                      sum(used) / len(used)))
-        diffs += [float(m) - float(b) for m, b in zip(mcts_solved, solved)]
         d = [float(m) - float(b) for m, b in zip(mcts_solved, solved)]
+        diffs += d
         print(f"seed {seed}: MCTS - best-of-N {sum(d) / len(d):+.3f} (paired s.e. {paired_se(d):.3f})", flush=True)
         print(f"seed {seed}: MCTS solved {sum(mcts_solved)}/{len(prompts)} with {sum(budget)} tokens "
               f"({mcts_s:.0f}s); best-of-N solved {sum(solved)}/{len(prompts)} with {sum(spent)} tokens, "

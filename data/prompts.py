@@ -130,14 +130,12 @@ def chain_problem(rng: random.Random, cfg: ChainSource) -> tuple[int, tuple[tupl
     ops = []
     for _ in range(cfg.steps):
         op = rng.choice(cfg.ops)
-        if op == "-" and value < 1:
-            op = "+" if "+" in cfg.ops else op
-        if op == "-" and value < 1:  # subtraction only, and nothing left: the problem ends at 0
-            op, b = "-", 0
-        elif op == "-":
-            b = rng.randrange(1, min(cfg.operand_max - 1, value) + 1)
-        else:
+        if op == "-" and value < 1 and "+" in cfg.ops:  # nothing left to take away
+            op = "+"
+        if op == "+":
             b = rng.randrange(1, cfg.operand_max)
+        else:  # subtraction only and nothing left: the problem stays at 0
+            b = rng.randrange(1, min(cfg.operand_max - 1, value) + 1) if value else 0
         value = value + b if op == "+" else value - b
         ops.append((op, b))
     return start, tuple(ops), value
@@ -223,6 +221,13 @@ def _chain(cfg: ChainSource, seed: int) -> Split:
     return Split(rows[cfg.eval_size :], rows[: cfg.eval_size])
 
 
+def check_draw(count: int, pool: int) -> None:
+    """A round's draw must fit in the pool: a ConfigError with the fix if it does not."""
+    if not 0 < count <= pool:
+        raise ConfigError([f"data.prompts_per_round={count} exceeds the {pool} train prompts; lower it, "
+                           "or unset it to train every round on the whole pool"])
+
+
 def pool_slice(pool: list[Prompt], start: int, count: int, seed: int) -> tuple[list[Prompt], dict]:
     """`count` prompts from position `start` of the pool's stream, and where they lie.
 
@@ -231,9 +236,7 @@ def pool_slice(pool: list[Prompt], start: int, count: int, seed: int) -> tuple[l
     it, so no prompt repeats until the pool is spent. A stretch across the end of a pass
     drops any prompt it already holds.
     """
-    if not 0 < count <= len(pool):
-        raise ConfigError([f"data.prompts_per_round={count} exceeds the {len(pool)} train prompts; lower it, "
-                           "or unset it to train every round on the whole pool"])
+    check_draw(count, len(pool))
     order: dict[int, list[int]] = {}
 
     def at(pos: int) -> Prompt:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ratchet.data.errors import ProblemReport
-from ratchet.data.prompts import Split, load_split
+from ratchet.data.prompts import Split, check_draw, load_split
 from ratchet.flows.config import PipelineConfig
 
 
@@ -28,11 +28,8 @@ def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
     `model_dir` gives the tokenizer for the length checks (default: the configured model).
     """
     split = load_split(cfg.data, cfg.seed, train_answers=needs_train_answers(cfg))
-    if (per := cfg.data.prompts_per_round) and per > len(split.train):
-        from ratchet.data.errors import ConfigError
-
-        raise ConfigError([f"data.prompts_per_round={per} exceeds the {len(split.train)} train prompts of the pool; "
-                           "lower it, or unset it to train every round on the whole pool"])
+    if cfg.data.prompts_per_round:
+        check_draw(cfg.data.prompts_per_round, len(split.train))
     check_label_model(cfg)
     tok = _tokenizer(model_dir if model_dir is not None else resolve_model(cfg.model.path))
     report = ProblemReport()

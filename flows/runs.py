@@ -161,7 +161,7 @@ def pool_drawn(workdir: Path, cfg: PipelineConfig, sources: dict[str, str]) -> i
         data = dict(rec.config.get("data") or {})
         per = data.pop("prompts_per_round", None)
         same = (rec.config.get("name") == cfg.name and rec.config.get("seed") == cfg.seed and per
-                and {**pool, "prompts_per_round": None} == {**data, "prompts_per_round": None}
+                and pool == {**data, "prompts_per_round": None}
                 and rec.ctx.sources == sources)
         if same:
             end = max(end, rec.ctx.pool_start + int(rec.config.get("rounds", 0)) * int(per))

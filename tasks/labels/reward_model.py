@@ -73,16 +73,23 @@ class RewardWork(UnitWork):
         return rows, {"score_s": time.time() - t, "scored": len(chunk)}
 
 
+def penalise(rows: list[LabeledCompletion], on_suspect: str) -> list[LabeledCompletion]:
+    """on_suspect='lowest': every flagged response gets one below the lowest clean reward, so it
+    is always the rejected side of a pair (a reward model's scale has no bottom to give)."""
+    clean = [r.reward for r in rows if not r.flags]
+    if on_suspect != "lowest" or not clean:
+        return rows
+    floor = min(clean) - 1.0
+    return [r.model_copy(update={"reward": floor}) if r.flags else r for r in rows]
+
+
 def run(req, store, rows: list[Completion], check_cfg, cfg: RewardModelLabel) -> Labeled:
     from ratchet.tasks.prepare import model_dir
 
     done = run_units(RewardWork(items=rows, size=cfg.shard_size, model=model_dir(store, req.parent_model), cfg=cfg,
                                 check=check_cfg, seed=req.seed), store.stage_dir(req.stage, req.key) / "shards",
                      req.executor)
-    out = [LabeledCompletion.model_validate_json(x) for x in done.shards.lines()]
-    if cfg.guard.on_suspect == "lowest" and (clean := [r.reward for r in out if not r.flags]):
-        floor = min(clean) - 1.0  # below every clean response: a flagged one is always the rejected side
-        out = [r.model_copy(update={"reward": floor}) if r.flags else r for r in out]
+    out = penalise([LabeledCompletion.model_validate_json(x) for x in done.shards.lines()], cfg.guard.on_suspect)
     cost = done.cost
     metrics = {"rm_s": cost.get("score_s", 0.0), "rm_load_s": done.load_s, "rm_shards_reused": float(done.reused),
                "holders": done.holders, "scored_per_s": cost["scored"] / cost["score_s"] if cost.get("score_s") else 0.0,
