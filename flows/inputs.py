@@ -19,7 +19,7 @@ from ratchet.flows.config import PipelineConfig
 
 def needs_train_answers(cfg: PipelineConfig) -> bool:
     """Whether the label needs a reference answer for every train prompt."""
-    return cfg.label.kind == "verifier" or (cfg.label.kind == "mcts" and cfg.label.value == "verifier")
+    return cfg.label.kind == "verifier" or (cfg.label.kind == "mcts" and cfg.label.uses_reference)
 
 
 def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
@@ -32,11 +32,13 @@ def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
         check_draw(cfg.data.prompts_per_round, len(split.train))
     check_label_model(cfg)
     tok = _tokenizer(model_dir if model_dir is not None else resolve_model(cfg.model.path))
+    # a fixed judge reads its prompts with its own tokenizer
+    judge_tok = _tokenizer(resolve_model(cfg.label.model)) if cfg.label.kind == "judge" and cfg.label.model else tok
     report = ProblemReport()
     for what, prompts, budgets in (("train", split.train, train_budgets(cfg)), ("eval", split.eval, eval_budgets(cfg))):
         for p in prompts:
             for name, (wrap, extra, limit, fix) in budgets.items():
-                need = len(_ids(tok, wrap(p.prompt))) + extra
+                need = len(_ids(judge_tok if name == "the judge" else tok, wrap(p.prompt))) + extra
                 if need > limit:
                     source, place = split.places.get(p.id, ("data", f"id {p.id!r}"))
                     report.add(source, f"{what} prompts too long for {name}", place,

@@ -55,6 +55,22 @@ def test_the_judge_budget_counts_its_template_and_the_response(tmp_path, default
         check_inputs(cfg, default_model)  # ~300 prompt tokens fit sampling, not the ~350-token rubric around them
 
 
+def test_a_fixed_judge_is_measured_with_its_own_tokenizer(tmp_path, default_model):
+    import shutil
+
+    judge = tmp_path / "judge"  # the default's tokenizer, its chat template led by a long system text
+    judge.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model / name, judge / name)
+    (judge / "chat_template.jinja").write_text("{{ '" + "Judge with care. " * 120 + "' }}"
+                                               + (default_model / "chat_template.jinja").read_text())
+    sections = dict(filter={"kind": "pairs"}, train={"kind": "dpo"})
+    label = {"kind": "judge", "mode": "rating"}
+    assert len(check_inputs(_cfg(tmp_path, GOOD, label=label, **sections), default_model).train) == 6
+    with pytest.raises(ConfigError, match=r"train prompts too long for the judge \(6\): line 1: "):
+        check_inputs(_cfg(tmp_path, GOOD, label={**label, "model": str(judge)}, **sections), default_model)
+
+
 def test_bad_data_exits_2_with_one_report_and_writes_nothing(tmp_path):
     rows = [*GOOD, '{"prompt": "What is', {"prompt": None, "answer": 1}, {"id": 3, "prompt": "x", "answer": 1},
             {"id": 3, "prompt": "y", "answer": 2}]
