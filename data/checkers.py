@@ -100,6 +100,18 @@ def extract(cfg: NumberCheck | ExactCheck | RegexCheck, response: str) -> str | 
             return _norm(last)
 
 
+def graded(cfg: NumberCheck | ExactCheck | RegexCheck, response: str, answer: str, partial: float) -> float:
+    """1 for a correct response; for a wrong number, `partial` / (1 + its distance from the
+    reference); 0 for anything the check cannot read (no number, or more distinct numbers
+    than it allows, so listing many numbers earns nothing) and for non-number checks."""
+    if check(cfg, response, answer).correct:
+        return 1.0
+    got, want = extract(cfg, response), _to_float(answer.strip())
+    if cfg.kind != "number" or got is None or want is None:
+        return 0.0
+    return partial / (1.0 + abs(float(got) - want))
+
+
 def answer_key(cfg: NumberCheck | ExactCheck | RegexCheck, answer: str) -> str | None:
     """A reference answer in the same canonical form `extract` gives responses."""
     if cfg.kind == "number":

@@ -83,6 +83,10 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
     if cfg.filter.kind == "step_pairs" and cfg.label.kind != "mcts":
         problems.append(f"filter.kind='step_pairs' reads the search trees of label.kind='mcts', but label.kind="
                         f"{cfg.label.kind!r}; set label.kind='mcts' (or filter.kind='pairs')")
+    if cfg.label.kind == "mcts" and cfg.label.value == "graded" and cfg.data.check.kind != "number":
+        problems.append(f"label.value='graded' gives partial credit by a wrong number's distance from the reference, "
+                        f"but data.check.kind={cfg.data.check.kind!r} does not read numbers; use label.value='verifier' "
+                        "(or data.check.kind='number')")
     if cfg.label.kind == "mcts":
         need = cfg.label.max_depth * cfg.label.step_max_tokens + cfg.label.rollout_tokens + 64
         if need > cfg.sampler.max_model_len:
@@ -94,7 +98,7 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
         problems.append(f"train.kind='dpo' needs preference pairs, but filter.kind={cfg.filter.kind!r} builds "
                         "accepted samples; set filter.kind='pairs' (or train.kind='rft')")
     if cfg.agreement.min is not None and (cfg.label.kind == "verifier" or (cfg.label.kind == "mcts"
-                                                                           and cfg.label.value == "verifier")):
+                                                                           and cfg.label.uses_reference)):
         problems.append(f"agreement.min={cfg.agreement.min}: {label} scores with the reference answers themselves, "
                         "so there is no agreement to check; remove agreement.min (it gates labels such as the judge, "
                         "a majority vote or a reward model)")

@@ -11,7 +11,8 @@ tree; every simulation wave does, for all prompts of a shard at once:
    all prompts); identical candidates merge into one child whose prior P is their
    share of the k;
 3. evaluation: roll every new child out to a final answer (one batched call) and
-   score the whole response with the task's verifier, or the self-reward judge
+   score the whole response with the task's verifier (0/1, or graded: partial credit
+   for a wrong number by its distance from the reference), or the self-reward judge
    where there is no reference;
 4. backup: each rollout's value is added to the new child and to every node on the
    path to the root (N += 1, W += value; Q = W / N).
@@ -53,13 +54,22 @@ class MctsLabel(BaseModel):
     temperature: float = Field(default=0.8, gt=0, description="sampling temperature of expansions and rollouts")
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=50, ge=0, description="0 = off")
-    value: Literal["verifier", "judge"] = Field(
-        default="verifier", description="what scores a rollout: the task's answer check (needs reference answers) "
-        "or the self-reward judge (label-free; a probability mode, rescaled to 0-1)",
+    value: Literal["verifier", "graded", "judge"] = Field(
+        default="verifier", description="what scores a rollout: the task's answer check (1 or 0; needs reference "
+        "answers), 'graded' (the same check, and a wrong number earns partial / (1 + its distance from the "
+        "reference), so a tree has a value to follow before its first correct rollout; number checks only), or "
+        "the self-reward judge (label-free; a probability mode, rescaled to 0-1)",
     )
+    partial: float = Field(default=0.5, gt=0, lt=1, description="value='graded': the most a wrong answer earns "
+                           "(an answer one away from the reference earns half of it)")
     judge: JudgeLabel = Field(default_factory=lambda: JudgeLabel(mode="rating"),
                               description="the judge used when value='judge' (mode p_yes or rating)")
     shard_size: int = Field(default=32, ge=1, description="prompts per resumable shard")
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether rollouts are scored against reference answers (every prompt needs one)."""
+        return self.value in ("verifier", "graded")
 
     @model_validator(mode="after")
     def _judge_mode(self):

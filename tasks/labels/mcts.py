@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from ratchet.data.checkers import check, extract
+from ratchet.data.checkers import check, extract, graded
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import LabeledCompletion, Prompt
 from ratchet.tasks.labels import Labeled, LabelKind, agreement, injection_stats
@@ -37,6 +37,8 @@ class MctsWork(PolicyWork):
                      for t, text in items]
             if self.cfg.value == "verifier":
                 return [(float(c), c) for c in truth]
+            if self.cfg.value == "graded":
+                return [(graded(self.check, text, t.answer, self.cfg.partial), c) for (t, text), c in zip(items, truth)]
             values = judge_values(sampler, self.cfg.judge, [(t.prompt, text) for t, text in items], self.seed)
             return list(zip(values, truth))
 
@@ -52,8 +54,8 @@ def run(req, store, prompts: list[Prompt], check_cfg, cfg: MctsLabel) -> Labeled
     Writes trees.jsonl; labels every scored trajectory (best first per prompt)."""
     from ratchet.tasks.mcts import Tree, complete_nodes, tree_stats
 
-    if cfg.value == "verifier" and (missing := [p.id for p in prompts if p.answer is None]):
-        raise ConfigError([f"label.kind='mcts' with value='verifier' needs reference answers, but "
+    if cfg.uses_reference and (missing := [p.id for p in prompts if p.answer is None]):
+        raise ConfigError([f"label.kind='mcts' with value={cfg.value!r} needs reference answers, but "
                            f"{len(missing)} prompt(s) have none (first: {missing[0]!r}); set data.answer_field, "
                            "or label.value='judge'"])
     d = store.stage_dir(req.stage, req.key)

@@ -49,3 +49,19 @@ def test_extract_gives_voting_keys():
     assert extract(NumberCheck(), "none") is None
     assert extract(ExactCheck(), " Paris. ") == "paris"
     assert extract(RegexCheck(pattern=r"A:\s*(\w+)"), "A: x A: Yes") == "yes"
+
+
+def test_graded_value_credits_a_wrong_number_by_its_distance():
+    from ratchet.data.checkers import graded
+
+    num = NumberCheck()
+    assert graded(num, "6 + 5 = 11", "11", 0.5) == 1.0
+    assert graded(num, "6 + 5 = 10", "11", 0.5) == 0.25  # one away: half the partial credit
+    assert graded(num, "so 15", "11", 0.5) == 0.1
+    assert graded(num, "so 15", "11", 0.2) == pytest.approx(0.04)
+    assert graded(num, "no number at all", "11", 0.5) == 0.0
+    # listing candidates earns nothing, even around the answer; nor does a verdict-like tail
+    assert graded(num, "10 11 12 13 14", "11", 0.5) == 0.0
+    assert graded(num, "The answer is 3. Value: 1.0 (full marks)", "11", 0.5) == 0.5 / 11
+    assert graded(ExactCheck(), "Paris", "paris", 0.5) == 1.0
+    assert graded(ExactCheck(), "Lyon", "paris", 0.5) == 0.0  # no distance between words

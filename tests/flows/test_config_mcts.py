@@ -23,3 +23,10 @@ def test_step_pairs_imply_dpo_and_need_the_trees():
 def test_search_longer_than_the_context_is_refused():
     with pytest.raises(ConfigError, match=r"max_depth=8 x step_max_tokens=64.*sampler.max_model_len=512"):
         load_config(MCTS, ["label.max_depth=8", "label.step_max_tokens=64"])
+
+
+def test_graded_value_needs_a_number_check():
+    cfg = load_config("flows/configs/chain_mcts_dpo.yaml", ["label.value=graded"])
+    assert cfg.label.uses_reference
+    with pytest.raises(ConfigError, match=r"label.value='graded'.*data.check.kind='exact' does not read numbers"):
+        load_config("flows/configs/chain_mcts_dpo.yaml", ["label.value=graded", "data.check.kind=exact"])

@@ -156,3 +156,27 @@ def test_same_seed_same_trees_on_a_real_model(tiny_model):
     assert trees(7) == first
     assert trees(8) != first
     assert all(len(t["nodes"]) > 1 + cfg.k for t in first)  # more than the root's expansion happened
+
+
+def test_a_graded_value_steers_a_tree_before_its_first_correct_rollout():
+    """With 0/1 values every node of an unsolved tree has Q = 0, so the tree policy can
+    follow only the priors; a graded value ranks the near miss above the far one."""
+    from ratchet.data.checkers import NumberCheck, graded
+
+    def grade(items):
+        return [(graded(NumberCheck(), text, t.answer, 0.5), False) for t, text in items]
+
+    cfg = MctsLabel(k=3, max_depth=3, step_delimiter=". ", selection="puct", c_explore=0.1)
+    for score, picked in [(verifier, "It is 20"), (grade, "Add them. ")]:
+        sampler = Scripted(steps={"": [Generation("It is 20", 4, "stop"), Generation("It is 20", 4, "stop"),
+                                       Generation("Add them. ", 4, "stop", ". ")]},
+                           rollouts={"Add them. ": "The sum is 10"})
+        t = Tree(prompt_id="p", prompt="What is 6 + 5?", answer="11")
+        wave([t], sampler, cfg, seed=0, score=score)
+        far, near = (t.nodes[i] for i in t.root.children)
+        assert (far.step, near.step) == ("It is 20", "Add them. ")
+        if score is verifier:
+            assert far.q == near.q == 0.0
+        else:
+            assert (far.q, near.q) == (pytest.approx(0.5 / 10), 0.25)
+        assert select(t, "puct", cfg.c_explore).step == picked  # the prior (2/3) or the value decides
