@@ -19,6 +19,7 @@ paired by prompt (the same prompts meet both methods).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
 from pathlib import Path
@@ -32,47 +33,70 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=48)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--backend", default=None, help="vllm (config default) or hf")
-    ap.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of mcts_dpo.yaml, e.g. label.k=3")
+    ap.add_argument("--variant", action="append", default=[], metavar="key=value[,key=value]",
+                    help="an MCTS setting to compare on the same prompts and best-of-N samples, e.g. "
+                    "label.c_explore=2 (repeatable; the config's own settings always run first)")
+    ap.add_argument("--dump", default=None, help="write each seed's trees and best-of-N samples to this JSON file")
+    ap.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the config, e.g. label.k=3")
     a = ap.parse_intermixed_args()
 
-    from ratchet.data.checkers import check
+    from ratchet.data.checkers import check, graded
     from ratchet.data.prompts import load_split
     from ratchet.flows.config import load_config
     from ratchet.flows.inputs import resolve_model
     from ratchet.models.sampler import SamplingParams, open_sampler
-    from ratchet.tasks.mcts import Tree, search
+    from ratchet.tasks.mcts import Tree, wave
+    from ratchet.tasks.units import unit_seed
 
-    cfg = load_config(a.config, a.overrides + ([f"sampler.backend={a.backend}"] if a.backend else []))
-    mc = cfg.label
+    base = a.overrides + ([f"sampler.backend={a.backend}"] if a.backend else [])
+    cfg = load_config(a.config, base)
+    variants = {"config": cfg.label}
+    for v in a.variant:
+        variants[v] = load_config(a.config, base + v.split(",")).label
     train = load_split(cfg.data, cfg.seed).train
     prompts = train[: a.prompts]
     t0 = time.time()
     sampler = open_sampler(resolve_model(cfg.model.path), cfg.sampler, seed=cfg.seed)
+    mc = cfg.label
     print(f"model loaded in {time.time() - t0:.1f}s ({cfg.sampler.backend}); {len(prompts)} prompts; MCTS "
           f"{mc.selection} c={mc.c_explore} simulations={mc.simulations} k={mc.k} max_depth={mc.max_depth} "
           f"step={mc.step_delimiter!r}/{mc.step_max_tokens} tok rollout={mc.rollout_tokens} tok; "
-          f"T={mc.temperature} top_k={mc.top_k}", flush=True)
+          f"T={mc.temperature} top_k={mc.top_k}; variants: {', '.join(list(variants)[1:]) or 'none'}", flush=True)
 
-    def score(items):
-        out = []
-        for t, text in items:
-            ok = check(cfg.data.check, text, t.answer).correct
-            out.append((float(ok), ok))
-        return out
+    def scorer(v):
+        def score(items):  # what the label stage scores with (the judge value is not benchmarked here)
+            out = []
+            for t, text in items:
+                ok = check(cfg.data.check, text, t.answer).correct
+                out.append((graded(cfg.data.check, text, t.answer, v.partial) if v.value == "graded" else float(ok),
+                            ok))
+            return out
+        return score
 
-    rows, diffs = [], []
+    # per variant, over all seeds: per prompt-seed (MCTS solved, best-of-N solved, MCTS tokens, best-of-N tokens,
+    # best-of-N samples), MCTS wall s, and per wave the (MCTS, best-of-N) solved lists
+    res = {name: {"pairs": [], "wall": 0.0, "waves": [([], []) for _ in range(v.simulations)]}
+           for name, v in variants.items()}
+    bon_wall, dumps = 0.0, []
     for seed in a.seeds:
-        trees = [Tree(prompt_id=p.id, prompt=p.prompt, answer=p.answer) for p in prompts]
-        t = time.time()
-        search(trees, sampler, mc, seed, score)
-        mcts_s = time.time() - t
-        budget = [tr.gen_tokens() for tr in trees]
-        mcts_solved = [any(x.correct for x in tr.nodes) for tr in trees]
+        runs = {}
+        for name, v in variants.items():
+            trees = [Tree(prompt_id=p.id, prompt=p.prompt, answer=p.answer) for p in prompts]
+            t = time.time()
+            by_wave = []  # after each wave: every tree's tokens so far and whether it is solved
+            for w in range(v.simulations):  # what search() does, wave by wave
+                wave(trees, sampler, v, unit_seed(seed, w), scorer(v))
+                by_wave.append([(tr.gen_tokens(), any(x.correct for x in tr.nodes)) for tr in trees])
+            res[name]["wall"] += time.time() - t
+            runs[name] = (trees, by_wave)
 
-        # best-of-N: draw batches of samples until every prompt's tokens pass its budget
+        # best-of-N: independent samples in order, drawn in batches until every prompt's tokens pass the
+        # largest spend of any variant on it; each variant meets the samples that fit its own spend
+        budget = [max(runs[name][1][-1][i][0] for name in runs) for i in range(len(prompts))]
         params = SamplingParams(n=8, temperature=mc.temperature, top_p=mc.top_p, top_k=mc.top_k,
                                 max_tokens=mc.max_depth * mc.step_max_tokens + mc.rollout_tokens)
-        spent, solved, used = [0] * len(prompts), [False] * len(prompts), [0] * len(prompts)
+        spent = [0] * len(prompts)
+        drawn = [[] for _ in prompts]  # every prompt's samples in order: (tokens, correct)
         open_ = list(range(len(prompts)))
         t = time.time()
         draw = 0
@@ -85,35 +109,62 @@ def main() -> None:
                     if spent[i] + max(g.n_tokens, 1) > budget[i]:
                         break
                     spent[i] += max(g.n_tokens, 1)
-                    used[i] += 1
-                    solved[i] |= check(cfg.data.check, g.text, prompts[i].answer).correct
+                    drawn[i].append((max(g.n_tokens, 1), check(cfg.data.check, g.text, prompts[i].answer).correct))
                 else:
                     still.append(i)
             open_ = still
-        bon_s = time.time() - t
-        rows.append((seed, sum(budget), sum(mcts_solved), mcts_s, sum(spent), sum(solved), bon_s,
-                     sum(used) / len(used)))
-        d = [float(m) - float(b) for m, b in zip(mcts_solved, solved)]
-        diffs += d
-        print(f"seed {seed}: MCTS - best-of-N {sum(d) / len(d):+.3f} (paired s.e. {paired_se(d):.3f})", flush=True)
-        print(f"seed {seed}: MCTS solved {sum(mcts_solved)}/{len(prompts)} with {sum(budget)} tokens "
-              f"({mcts_s:.0f}s); best-of-N solved {sum(solved)}/{len(prompts)} with {sum(spent)} tokens, "
-              f"N = {sum(used) / len(used):.1f} per prompt ({bon_s:.0f}s)", flush=True)
+        bon_wall += time.time() - t
+
+        for name, (trees, by_wave) in runs.items():
+            pairs = []
+            for i, tr in enumerate(trees):
+                used = within(drawn[i], tr.gen_tokens())
+                pairs.append((any(x.correct for x in tr.nodes), any(ok for _, ok in used), tr.gen_tokens(),
+                              sum(tok for tok, _ in used), len(used)))
+            res[name]["pairs"] += pairs
+            d = [float(m) - float(b) for m, b, *_ in pairs]
+            print(f"seed {seed} {name}: MCTS solved {sum(p[0] for p in pairs)}/{len(prompts)} with "
+                  f"{sum(p[2] for p in pairs)} tokens; best-of-N solved {sum(p[1] for p in pairs)}/{len(prompts)} "
+                  f"with {sum(p[3] for p in pairs)} tokens, N = {sum(p[4] for p in pairs) / len(pairs):.1f}; "
+                  f"MCTS - best-of-N {sum(d) / len(d):+.3f} (paired s.e. {paired_se(d):.3f})", flush=True)
+            for w, state in enumerate(by_wave):
+                res[name]["waves"][w][0].extend(ok for _, ok in state)
+                res[name]["waves"][w][1].extend(any(ok for _, ok in within(drawn[i], tok))
+                                                for i, (tok, _) in enumerate(state))
+        if a.dump:
+            dumps.append({"seed": seed, "best_of_n": drawn,
+                          "variants": {name: {"trees": [tr.to_json() for tr in trees], "by_wave": by_wave}
+                                       for name, (trees, by_wave) in runs.items()}})
+            Path(a.dump).write_text(json.dumps(dumps))
     sampler.close()
 
-    n = len(prompts) * len(rows)
-    m_sol, b_sol = sum(r[2] for r in rows), sum(r[5] for r in rows)
-    m_tok, b_tok = sum(r[1] for r in rows), sum(r[4] for r in rows)
+    n = len(prompts) * len(a.seeds)
     print()
-    print(f"{'':24}{'MCTS':>12}{'best-of-N':>12}")
-    print(f"{'prompts solved':24}{m_sol / n:>12.3f}{b_sol / n:>12.3f}")
-    print(f"{'generated tokens':24}{m_tok:>12}{b_tok:>12}")
-    print(f"{'tokens per prompt':24}{m_tok / n:>12.0f}{b_tok / n:>12.0f}")
-    print(f"{'wall s':24}{sum(r[3] for r in rows):>12.0f}{sum(r[6] for r in rows):>12.0f}")
-    print(f"{'N (best-of-N)':24}{'':>12}{sum(r[7] for r in rows) / len(rows):>12.1f}")
-    diff, se = sum(diffs) / len(diffs), paired_se(diffs)
-    print(f"MCTS - best-of-N: {diff:+.3f} solved fraction over {n} prompt-seeds, paired s.e. {se:.3f} "
-          f"({diff / se if se else float('inf'):+.1f} s.e.)")
+    print(f"pooled over {n} prompt-seeds; best-of-N meets each variant at that variant's tokens per prompt")
+    print(f"{'variant':34}{'MCTS':>7}{'BoN':>7}{'diff':>8}{'s.e.':>7}{'z':>6}{'tok/prompt':>11}{'N':>6}{'MCTS s':>8}")
+    for name, r in res.items():
+        p = r["pairs"]
+        d = [float(m) - float(b) for m, b, *_ in p]
+        diff, se = sum(d) / n, paired_se(d)
+        print(f"{name:34}{sum(x[0] for x in p) / n:>7.3f}{sum(x[1] for x in p) / n:>7.3f}{diff:>+8.3f}{se:>7.3f}"
+              f"{diff / se if se else float('inf'):>+6.1f}{sum(x[2] for x in p) / n:>11.0f}"
+              f"{sum(x[4] for x in p) / n:>6.1f}{r['wall']:>8.0f}")
+    print(f"best-of-N wall s (drawn to the largest spend of any variant): {bon_wall:.0f}")
+    print()
+    print("solved after each wave (MCTS / best-of-N at the same tokens per prompt)")
+    for name, r in res.items():
+        print(f"{name:34}" + "  ".join(f"{sum(m) / n:.3f}/{sum(b) / n:.3f}" for m, b in r["waves"]))
+
+
+def within(samples: list[tuple[int, bool]], budget: int) -> list[tuple[int, bool]]:
+    """Best-of-N's samples, in order, whose tokens together fit `budget`."""
+    out, spent = [], 0
+    for tokens, ok in samples:
+        spent += tokens
+        if spent > budget:
+            break
+        out.append((tokens, ok))
+    return out
 
 
 def paired_se(d: list[float]) -> float:
