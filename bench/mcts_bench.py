@@ -10,10 +10,12 @@ prompts and the same sampler settings:
 
 Both count every generated token (MCTS: all k candidate steps, merged or not, and
 every rollout). Printed per seed and pooled, with the standard error of the difference
-paired by prompt (the same prompts meet both methods).
+paired by prompt (the same prompts meet both methods), and the solved fraction after each
+wave. Each --variant (other search settings) meets the same prompts and the same best-of-N
+samples, drawn once per seed to the largest spend of any variant.
 
     python bench/mcts_bench.py [--config flows/configs/chain_mcts_dpo.yaml] [--prompts 96] \
-        [--seeds 0 1 2] [label.simulations=8 ...]
+        [--seeds 0 1 2] [--variant label.value=graded ...] [--dump trees.json] [-- label.simulations=8 ...]
 """
 
 from __future__ import annotations
