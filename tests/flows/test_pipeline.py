@@ -197,14 +197,17 @@ def test_self_reward_dpo_round_stops_at_its_agreement_gate_then_trains_anyway(tm
                        r" label .* verifier_auc=0\.\d{3} over \d+ prompts .* below agreement.min=0.95") as stop:
         _run(load_config(CONFIG := CONFIGS / "self_reward_dpo.yaml", small))
     assert "agreement.on_below=train" in str(stop.value)
-    kept = {d.name.split("-")[0]: (d / "manifest.json").stat().st_mtime_ns for d in (tmp_path / "stages").iterdir()}
-    assert sorted(kept) == ["base", "evaluate", "filter", "label", "prompts", "sample"]  # no training
+    kept = {d.name: (d / "manifest.json").stat().st_mtime_ns for d in (tmp_path / "stages").iterdir()}
+    assert sorted(n.split("-")[0] for n in kept) == ["base", "evaluate", "filter", "label", "prompts", "sample"]
 
     cfg = load_config(CONFIG, small + ["agreement.on_below=train"])
     ctx, tracker, (r0, r1) = _run(cfg)
     assert r1.agreement.startswith("agreement BELOW the gate: verifier_auc=") and "trained anyway" in r1.agreement
-    assert {d.name.split("-")[0]: (d / "manifest.json").stat().st_mtime_ns for d in (tmp_path / "stages").iterdir()
-            if d.name.split("-")[0] in kept} == kept  # what the stopped round finished is reused, not redone
+    # what the stopped round finished is reused, not redone (round 1's evaluate is a new stage of its own)
+    assert {d.name: (d / "manifest.json").stat().st_mtime_ns for d in (tmp_path / "stages").iterdir()
+            if d.name in kept} == kept
+    assert {d.name.split("-")[0] for d in (tmp_path / "stages").iterdir() if d.name not in kept} == {"train",
+                                                                                                   "evaluate"}
     assert tracker.version(r1.version).tags["ratchet.agreement"] == r1.agreement
     c = tracker.client
     child = next(r for r in c.search_runs([tracker.experiment_id], f"tags.mlflow.parentRunId = '{ctx.parent_run_id}'")
