@@ -42,11 +42,12 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the config, e.g. label.k=3")
     a = ap.parse_intermixed_args()
 
-    from ratchet.data.checkers import check, graded
+    from ratchet.data.checkers import check
     from ratchet.data.prompts import load_split
     from ratchet.flows.config import load_config
     from ratchet.flows.inputs import resolve_model
     from ratchet.models.sampler import SamplingParams, open_sampler
+    from ratchet.tasks.labels.mcts import reference_values
     from ratchet.tasks.mcts import Tree, wave
     from ratchet.tasks.units import unit_seed
 
@@ -65,15 +66,8 @@ def main() -> None:
           f"step={mc.step_delimiter!r}/{mc.step_max_tokens} tok rollout={mc.rollout_tokens} tok; "
           f"T={mc.temperature} top_k={mc.top_k}; variants: {', '.join(list(variants)[1:]) or 'none'}", flush=True)
 
-    def scorer(v):
-        def score(items):  # what the label stage scores with (the judge value is not benchmarked here)
-            out = []
-            for t, text in items:
-                ok = check(cfg.data.check, text, t.answer).correct
-                out.append((graded(cfg.data.check, text, t.answer, v.partial) if v.value == "graded" else float(ok),
-                            ok))
-            return out
-        return score
+    def scorer(v):  # what the label stage scores with (the judge value is not benchmarked here)
+        return lambda items: reference_values(v, cfg.data.check, items)
 
     # per variant, over all seeds: per prompt-seed (MCTS solved, best-of-N solved, MCTS tokens, best-of-N tokens,
     # best-of-N samples), MCTS wall s, and per wave the (MCTS, best-of-N) solved lists

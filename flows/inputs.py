@@ -32,13 +32,14 @@ def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
         check_draw(cfg.data.prompts_per_round, len(split.train))
     check_label_model(cfg)
     tok = _tokenizer(model_dir if model_dir is not None else resolve_model(cfg.model.path))
-    # a fixed judge reads its prompts with its own tokenizer
-    judge_tok = _tokenizer(resolve_model(cfg.label.model)) if cfg.label.kind == "judge" and cfg.label.model else tok
+    # the model that reads each budget's prompts tokenizes them: a fixed judge its own way
+    readers = {"policy": tok, "judge": _tokenizer(resolve_model(cfg.label.model))
+               if cfg.label.kind == "judge" and cfg.label.model else tok}
     report = ProblemReport()
     for what, prompts, budgets in (("train", split.train, train_budgets(cfg)), ("eval", split.eval, eval_budgets(cfg))):
         for p in prompts:
-            for name, (wrap, extra, limit, fix) in budgets.items():
-                need = len(_ids(judge_tok if name == "the judge" else tok, wrap(p.prompt))) + extra
+            for name, (wrap, extra, limit, fix, reader) in budgets.items():
+                need = len(_ids(readers[reader], wrap(p.prompt))) + extra
                 if need > limit:
                     source, place = split.places.get(p.id, ("data", f"id {p.id!r}"))
                     report.add(source, f"{what} prompts too long for {name}", place,
@@ -75,7 +76,8 @@ def _ids(tok, text: str) -> list[int]:
 
 
 def train_budgets(cfg: PipelineConfig) -> dict:
-    """stage -> (prompt wrapper, tokens it adds after the prompt, limit, how to raise the limit)."""
+    """stage -> (prompt wrapper, tokens it adds after the prompt, limit, how to raise the limit, which model
+    reads it: 'policy' or 'judge')."""
     same = lambda p: p  # noqa: E731
     ctx, raise_ctx = cfg.sampler.max_model_len, "raise sampler.max_model_len"
     out = {}
@@ -83,22 +85,22 @@ def train_budgets(cfg: PipelineConfig) -> dict:
         L = cfg.label
         path = L.max_depth * L.step_max_tokens + L.rollout_tokens
         out["the tree search"] = (same, path, ctx, f"{raise_ctx} or shorten the search (label.max_depth, "
-                                  "label.step_max_tokens, label.rollout_tokens)")
+                                  "label.step_max_tokens, label.rollout_tokens)", "policy")
         if L.value == "judge":
-            out["the judge"] = (_judge_wrap(L.judge), path + 4, ctx, raise_ctx)
+            out["the judge"] = (_judge_wrap(L.judge), path + 4, ctx, raise_ctx, "judge")
     else:
-        out["sampling"] = (same, cfg.sample.max_tokens, ctx, f"{raise_ctx} or lower sample.max_tokens")
+        out["sampling"] = (same, cfg.sample.max_tokens, ctx, f"{raise_ctx} or lower sample.max_tokens", "policy")
         if cfg.label.kind == "judge":
             verdict = cfg.label.max_tokens if cfg.label.mode == "text" else 4
             out["the judge"] = (_judge_wrap(cfg.label), cfg.sample.max_tokens + verdict, ctx,
-                                f"{raise_ctx} or lower sample.max_tokens")
-    out["training"] = (same, 1, cfg.train.max_length, "raise train.max_length")
+                                f"{raise_ctx} or lower sample.max_tokens", "judge")
+    out["training"] = (same, 1, cfg.train.max_length, "raise train.max_length", "policy")
     return out
 
 
 def eval_budgets(cfg: PipelineConfig) -> dict:
     return {"evaluation": (lambda p: p, cfg.evaluate.max_tokens, cfg.sampler.max_model_len,
-                           "raise sampler.max_model_len or lower evaluate.max_tokens")}
+                           "raise sampler.max_model_len or lower evaluate.max_tokens", "policy")}
 
 
 def _judge_wrap(judge_cfg):

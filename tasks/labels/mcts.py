@@ -33,12 +33,10 @@ class MctsWork(PolicyWork):
         from ratchet.tasks.mcts import Tree, search
 
         def score(items: list[tuple[Tree, str]]) -> list[tuple[float, bool | None]]:
+            if self.cfg.uses_reference:
+                return reference_values(self.cfg, self.check, items)
             truth = [check(self.check, text, t.answer).correct if t.answer is not None else None
                      for t, text in items]
-            if self.cfg.value == "verifier":
-                return [(float(c), c) for c in truth]
-            if self.cfg.value == "graded":
-                return [(graded(self.check, text, t.answer, self.cfg.partial), c) for (t, text), c in zip(items, truth)]
             values = judge_values(sampler, self.cfg.judge, [(t.prompt, text) for t, text in items], self.seed)
             return list(zip(values, truth))
 
@@ -47,6 +45,16 @@ class MctsWork(PolicyWork):
         search(trees, sampler, self.cfg, seed, score)
         return [tr.to_json() for tr in trees], {"mcts_s": time.time() - t,
                                                  "tokens": sum(tr.gen_tokens() for tr in trees)}
+
+
+def reference_values(cfg: MctsLabel, check_cfg, items: list) -> list[tuple[float, bool]]:
+    """(value, correct) of each (tree, trajectory) by the reference answer: the verdict (value
+    'verifier') or the verdict with partial credit for a near number (value 'graded')."""
+    out = []
+    for t, text in items:
+        ok = check(check_cfg, text, t.answer).correct
+        out.append((graded(check_cfg, text, t.answer, cfg.partial) if cfg.value == "graded" else float(ok), ok))
+    return out
 
 
 def run(req, store, prompts: list[Prompt], check_cfg, cfg: MctsLabel) -> Labeled:
