@@ -12,7 +12,9 @@ Both count every generated token (MCTS: all k candidate steps, merged or not, an
 every rollout). Printed per seed and pooled, with the standard error of the difference
 paired by prompt (the same prompts meet both methods), and the solved fraction after each
 wave. Each --variant (other search settings) meets the same prompts and the same best-of-N
-samples, drawn once per seed to the largest spend of any variant.
+samples, drawn once per seed to the largest spend of any variant. On the chain task it
+also counts the correct answers that state every running value in order ("derived"),
+apart from those whose last number is right by luck.
 
     python bench/mcts_bench.py [--config flows/configs/chain_mcts_dpo.yaml] [--prompts 96] \
         [--seeds 0 1 2] [--variant label.value=graded ...] [--dump trees.json] [-- label.simulations=8 ...]
@@ -42,8 +44,8 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the config, e.g. label.k=3")
     a = ap.parse_intermixed_args()
 
-    from ratchet.data.checkers import check
-    from ratchet.data.prompts import load_split
+    from ratchet.data.checkers import check, shown_steps
+    from ratchet.data.prompts import chain_values, load_split
     from ratchet.flows.config import load_config
     from ratchet.flows.inputs import resolve_model
     from ratchet.models.sampler import SamplingParams, open_sampler
@@ -66,6 +68,11 @@ def main() -> None:
           f"step={mc.step_delimiter!r}/{mc.step_max_tokens} tok rollout={mc.rollout_tokens} tok; "
           f"T={mc.temperature} top_k={mc.top_k}; variants: {', '.join(list(variants)[1:]) or 'none'}", flush=True)
 
+    values = {p.id: chain_values(p.id) for p in prompts} if cfg.data.kind == "chain" else {}
+
+    def derived(p_id: str, text: str, ok: bool) -> bool:  # a correct answer that states every running value
+        return ok and bool(values) and shown_steps(cfg.data.check, text, values[p_id]) == len(values[p_id])
+
     def scorer(v):  # what the label stage scores with (the judge value is not benchmarked here)
         return lambda items: reference_values(v, cfg.data.check, items)
 
@@ -74,6 +81,7 @@ def main() -> None:
     res = {name: {"pairs": [], "wall": 0.0, "waves": [([], []) for _ in range(v.simulations)]}
            for name, v in variants.items()}
     bon_wall, dumps = 0.0, []
+    shown = {name: ([], []) for name in variants}  # per prompt-seed (correct, derived, all) of MCTS, of best-of-N
     for seed in a.seeds:
         runs = {}
         for name, v in variants.items():
@@ -105,7 +113,8 @@ def main() -> None:
                     if spent[i] + max(g.n_tokens, 1) > budget[i]:
                         break
                     spent[i] += max(g.n_tokens, 1)
-                    drawn[i].append((max(g.n_tokens, 1), check(cfg.data.check, g.text, prompts[i].answer).correct))
+                    ok = check(cfg.data.check, g.text, prompts[i].answer).correct
+                    drawn[i].append((max(g.n_tokens, 1), ok, derived(prompts[i].id, g.text, ok)))
                 else:
                     still.append(i)
             open_ = still
@@ -115,8 +124,13 @@ def main() -> None:
             pairs = []
             for i, tr in enumerate(trees):
                 used = within(drawn[i], tr.gen_tokens())
-                pairs.append((any(x.correct for x in tr.nodes), any(ok for _, ok in used), tr.gen_tokens(),
-                              sum(tok for tok, _ in used), len(used)))
+                pairs.append((any(x.correct for x in tr.nodes), any(ok for _, ok, _ in used), tr.gen_tokens(),
+                              sum(tok for tok, *_ in used), len(used)))
+                done = [x for x in tr.nodes if x.value is not None]
+                shown[name][0].append((sum(bool(x.correct) for x in done),
+                                       sum(derived(tr.prompt_id, tr.trajectory(x), bool(x.correct)) for x in done),
+                                       len(done)))
+                shown[name][1].append((sum(ok for _, ok, _ in used), sum(d for *_, d in used), len(used)))
             res[name]["pairs"] += pairs
             d = [float(m) - float(b) for m, b, *_ in pairs]
             print(f"seed {seed} {name}: MCTS solved {sum(p[0] for p in pairs)}/{len(prompts)} with "
@@ -125,7 +139,7 @@ def main() -> None:
                   f"MCTS - best-of-N {sum(d) / len(d):+.3f} (paired s.e. {paired_se(d):.3f})", flush=True)
             for w, state in enumerate(by_wave):
                 res[name]["waves"][w][0].extend(ok for _, ok in state)
-                res[name]["waves"][w][1].extend(any(ok for _, ok in within(drawn[i], tok))
+                res[name]["waves"][w][1].extend(any(ok for _, ok, _ in within(drawn[i], tok))
                                                 for i, (tok, _) in enumerate(state))
         if a.dump:
             dumps.append({"seed": seed, "best_of_n": drawn,
@@ -150,16 +164,26 @@ def main() -> None:
     print("solved after each wave (MCTS / best-of-N at the same tokens per prompt)")
     for name, r in res.items():
         print(f"{name:34}" + "  ".join(f"{sum(m) / n:.3f}/{sum(b) / n:.3f}" for m, b in r["waves"]))
+    if values:
+        print()
+        print("correct answers that state every running value in order (derived), not a lucky last number")
+        print(f"{'variant':34}{'method':>12}{'answers':>9}{'correct':>9}{'derived':>9}{'share':>7}{'solved':>8}"
+              f"{'derived-solved':>16}")
+        for name in variants:
+            for method, rows in zip(("MCTS", "best-of-N"), shown[name]):
+                c, dv, tot = (sum(r[i] for r in rows) for i in range(3))
+                print(f"{name:34}{method:>12}{tot:>9}{c:>9}{dv:>9}{dv / max(c, 1):>7.1%}"
+                      f"{sum(r[0] > 0 for r in rows) / n:>8.3f}{sum(r[1] > 0 for r in rows) / n:>16.3f}")
 
 
-def within(samples: list[tuple[int, bool]], budget: int) -> list[tuple[int, bool]]:
+def within(samples: list[tuple[int, bool, bool]], budget: int) -> list[tuple[int, bool, bool]]:
     """Best-of-N's samples, in order, whose tokens together fit `budget`."""
     out, spent = [], 0
-    for tokens, ok in samples:
-        spent += tokens
+    for sample in samples:
+        spent += sample[0]
         if spent > budget:
             break
-        out.append((tokens, ok))
+        out.append(sample)
     return out
 
 

@@ -112,6 +112,25 @@ def graded(cfg: NumberCheck | ExactCheck | RegexCheck, response: str, answer: st
     return partial / (1.0 + abs(float(got) - want))
 
 
+_RESULT = re.compile(r"(?:=|\b(?:is|are|equals|gives(?: us)?|gets?|leaves|makes|results in)\b)\s*(-?\d+(?:\.\d+)?)(?![\w.]\d)")
+
+
+def shown_steps(cfg: NumberCheck, response: str, values: list[int | float]) -> int:
+    """How many of a worked answer's reference values (in order: the running values, the
+    last being the answer) the response states as results ("7 - 1 = 6", "... gives us 6"),
+    in that order; 0 for a response listing more distinct numbers than the check allows.
+    It tells a derived answer from a lucky last number: a response that reaches the answer
+    without stating the values before it shows fewer than all of them."""
+    nums = _NUM.findall(response)
+    if len({_to_float(n) for n in nums}) > cfg.max_numbers:
+        return 0
+    shown = 0
+    for got in _RESULT.findall(response):
+        if shown < len(values) and abs(float(got) - float(values[shown])) <= cfg.tolerance:
+            shown += 1
+    return shown
+
+
 def answer_key(cfg: NumberCheck | ExactCheck | RegexCheck, answer: str) -> str | None:
     """A reference answer in the same canonical form `extract` gives responses."""
     if cfg.kind == "number":

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import string
 import unicodedata
 from dataclasses import dataclass, field
@@ -219,6 +220,19 @@ def _chain(cfg: ChainSource, seed: int) -> Split:
         pid = f"chain-{start}" + "".join(f"{'p' if op == '+' else 'm'}{b}" for op, b in ops)
         rows.append(Prompt(id=pid, prompt=chain_text(cfg, start, ops), answer=str(answer), task="chain"))
     return Split(rows[cfg.eval_size :], rows[: cfg.eval_size])
+
+
+def chain_values(prompt_id: str) -> list[int] | None:
+    """The running values of a built-in chain problem (after each step, the last being the
+    answer), read back from its id ("chain-7m1m5p7" -> [6, 1, 8]); None for other ids."""
+    m = re.fullmatch(r"chain-(\d+)((?:[pm]\d+)+)", prompt_id)
+    if m is None:
+        return None
+    value, out = int(m.group(1)), []
+    for op, b in re.findall(r"([pm])(\d+)", m.group(2)):
+        value = value + int(b) if op == "p" else value - int(b)
+        out.append(value)
+    return out
 
 
 def check_draw(count: int, pool: int) -> None:

@@ -65,3 +65,22 @@ def test_graded_value_credits_a_wrong_number_by_its_distance():
     assert graded(num, "The answer is 3. Value: 1.0 (full marks)", "11", 0.5) == 0.5 / 11
     assert graded(ExactCheck(), "Paris", "paris", 0.5) == 1.0
     assert graded(ExactCheck(), "Lyon", "paris", 0.5) == 0.0  # no distance between words
+
+
+def test_shown_steps_counts_the_running_values_stated_as_results_in_order():
+    from ratchet.data.checkers import shown_steps
+
+    num = NumberCheck(max_numbers=9)
+    values = [6, 1, 8]  # start 7: subtract 1, subtract 5, add 7
+    assert shown_steps(num, "First, 7 - 1 = 6. Then, 6 - 5 = 1. Finally, 1 + 7 = 8. So the answer is 8.", values) == 3
+    assert shown_steps(num, "7 minus 1 gives us 6, which minus 5 is 1, and adding 7 gets 8.", values) == 3
+    # a right last number without the work before it is not a derivation
+    assert shown_steps(num, "The answer is 8.", values) == 0
+    assert shown_steps(num, "7 - 1 = 6. 6 - 5 = 2. 2 + 7 = 8.", values) == 1  # a wrong step stops the count
+    # the values must come in order and as results: operands and restated numbers do not count
+    assert shown_steps(num, "1 + 7 = 8 after 7 - 1 = 6.", values) == 1
+    assert shown_steps(num, "Subtract 1 from 6, subtract 1, add 8.", values) == 0
+    assert shown_steps(num, "6.5 = 6.5 and 1.0 = 1", [6, 1]) == 0  # 6.5 is not 6
+    # listing candidates as results earns nothing: more distinct numbers than the check allows
+    assert shown_steps(num, " ".join(f"= {i}" for i in range(12)), values) == 0
+    assert shown_steps(num, "= 6 = 1 = 8", values) == 3  # within the cap, stating the values is showing them

@@ -4,7 +4,7 @@ import re
 import pytest
 
 from ratchet.data.errors import ConfigError
-from ratchet.data.prompts import AdditionSource, ChainSource, FileSource, load_split, pool_slice
+from ratchet.data.prompts import AdditionSource, ChainSource, FileSource, chain_values, load_split, pool_slice
 
 
 def test_addition_split_is_disjoint_complete_and_seeded():
@@ -59,6 +59,8 @@ def test_chain_problems_are_seeded_distinct_disjoint_and_worked_out_right():
             value += int(b) if op == "add" else -int(b)
             assert value >= 0
         assert p.answer == str(value)
+        assert chain_values(p.id)[-1] == value and len(chain_values(p.id)) == 3
+    assert chain_values("chain-7m1m5p7") == [6, 1, 8] and chain_values("add-7-5") is None
     # a worked answer names start, operands and running values: the default check has room for them
     worked = "First, 7 - 1 = 6. Then, 6 - 5 = 1. Finally, 1 + 7 = 8. So the answer is 8."
     assert check(cfg.check, worked, "8").correct and not check(cfg.check, worked, "1").correct
