@@ -112,7 +112,8 @@ def graded(cfg: NumberCheck | ExactCheck | RegexCheck, response: str, answer: st
     return partial / (1.0 + abs(float(got) - want))
 
 
-_RESULT = re.compile(r"(?:=|\b(?:is|are|equals|gives(?: us)?|gets?|leaves|makes|results in)\b)\s*(-?\d+(?:\.\d+)?)(?![\w.]\d)")
+_RESULT = re.compile(r"(?:=|\b(?:is|are|equals|gives(?: us)?|gets?|leaves|makes|results in)\b)\s*"
+                     r"(-?\d+(?:\.\d+)?)(?!\w)(?!\.\d)")  # a stated result: "= 6", "gives us 6"
 
 
 def shown_steps(cfg: NumberCheck, response: str, values: list[int | float]) -> int:

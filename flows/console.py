@@ -90,6 +90,8 @@ def result_of(stage: str, m: dict[str, float]) -> str:
             parts.append(f"{g('steps', 0) / m['train_s']:.2f} steps/s")
     elif stage == "evaluate":
         parts = [f"held-out accuracy {g('accuracy', 0):.1%}"]
+        if "worked_accuracy" in m:
+            parts.append(f"{m['worked_accuracy']:.1%} with every step shown")
     return " · ".join(parts)
 
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ratchet.data.checkers import check
+from ratchet.data.checkers import check, shown_steps
 from ratchet.data.digest import sha256_json
 from ratchet.data.manifest import StageManifest
-from ratchet.data.prompts import SourceConfig
+from ratchet.data.prompts import SourceConfig, chain_values
 from ratchet.data.records import LabeledCompletion, Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig, SamplingParams
@@ -26,7 +26,7 @@ from ratchet.tasks.stage import StageRequest, code_version, run_stage
 from ratchet.tasks.units import ExecutorConfig, run_units
 
 CODE = code_version("ratchet.tasks.evaluate", "ratchet.tasks.sample", "ratchet.tasks.units", "ratchet.models.sampler",
-                    "ratchet.data.checkers", "ratchet.data.records", "ratchet.data.shards")
+                    "ratchet.data.checkers", "ratchet.data.prompts", "ratchet.data.records", "ratchet.data.shards")
 
 
 class EvalRun(BaseModel):
@@ -81,6 +81,18 @@ class EvaluateWork(PolicyWork):
         return rows, {"gen_s": time.time() - t, "gen_tokens": sum(r.n_tokens for r in rows)}
 
 
+def worked_accuracy(check_cfg, prompts: list[Prompt], rows: list[LabeledCompletion]) -> float | None:
+    """On the built-in chain task: the share of held-out answers that are right AND state every
+    running value in order, so a right last number reached by luck does not count; None for
+    other tasks. Next to `accuracy` it tells learning the steps from learning to guess."""
+    values = {p.id: chain_values(p.id) for p in prompts if p.task == "chain"}
+    scored = [r for r in rows if r.correct is not None and values.get(r.prompt_id)]
+    if not scored or check_cfg.kind != "number":
+        return None
+    return sum(bool(r.correct) and shown_steps(check_cfg, r.text, values[r.prompt_id]) == len(values[r.prompt_id])
+               for r in scored) / len(scored)
+
+
 def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> StageManifest:
     cfg, src = req.config.evaluate, req.config.data
     prompts = read_jsonl(store.path(req.parent("prompts"), "eval.jsonl"), Prompt)
@@ -95,6 +107,8 @@ def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> Stage
                "mean_tokens": cost.get("gen_tokens", 0.0) / max(n, 1), "gen_s": cost.get("gen_s", 0.0),
                "load_s": done.load_s, "shards_reused": float(done.reused), "holders": done.holders,
                "tokens_per_s": cost["gen_tokens"] / cost["gen_s"] if cost.get("gen_s") else 0.0}
+    if worked := worked_accuracy(src.check, prompts, rows):
+        metrics["worked_accuracy"] = worked
     return req.finish(store, outputs={"eval.jsonl": n}, metrics=metrics,
                       info={"eval_set": eval_set_id(req.parent("prompts"), req.config), "units": done.placement},
                       scratch=("shards",))

@@ -81,6 +81,29 @@ def test_shown_steps_counts_the_running_values_stated_as_results_in_order():
     assert shown_steps(num, "1 + 7 = 8 after 7 - 1 = 6.", values) == 1
     assert shown_steps(num, "Subtract 1 from 6, subtract 1, add 8.", values) == 0
     assert shown_steps(num, "6.5 = 6.5 and 1.0 = 1", [6, 1]) == 0  # 6.5 is not 6
+    assert shown_steps(num, "7 - 1 = 61. 6x1 = 1.", [6, 1]) == 0  # nor is 61, nor a 6 inside a word
     # listing candidates as results earns nothing: more distinct numbers than the check allows
     assert shown_steps(num, " ".join(f"= {i}" for i in range(12)), values) == 0
     assert shown_steps(num, "= 6 = 1 = 8", values) == 3  # within the cap, stating the values is showing them
+
+
+def test_worked_accuracy_counts_only_right_answers_with_every_step_shown():
+    from ratchet.data.records import LabeledCompletion, Prompt
+    from ratchet.tasks.evaluate import worked_accuracy
+
+    num = NumberCheck(max_numbers=9)
+    prompts = [Prompt(id="chain-7m1m5p7", prompt="Start with 7. ...", answer="8", task="chain"),
+               Prompt(id="chain-2p2p2p2", prompt="Start with 2. ...", answer="8", task="chain")]
+
+    def row(pid, text, correct):
+        return LabeledCompletion(prompt_id=pid, prompt="", answer="8", index=0, text=text, n_tokens=1,
+                                 reward=float(correct), correct=correct)
+
+    rows = [row("chain-7m1m5p7", "7 - 1 = 6. 6 - 5 = 1. 1 + 7 = 8. The answer is 8.", True),
+            row("chain-2p2p2p2", "Adding 2s, the answer is 8.", True)]  # right by its last number only
+    assert worked_accuracy(num, prompts, rows) == 0.5
+    # a right-looking derivation with a wrong answer is not worked out; other tasks have no such measure
+    rows[0] = row("chain-7m1m5p7", "7 - 1 = 6. 6 - 5 = 1. 1 + 7 = 8. Oops, 9.", False)
+    assert worked_accuracy(num, prompts, rows) == 0.0
+    other = [Prompt(id="chain-7m1m5p7", prompt="a file row whose id looks like a chain problem", answer="8")]
+    assert worked_accuracy(num, other, rows[:1]) is None

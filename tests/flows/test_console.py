@@ -51,6 +51,8 @@ def test_key_results_name_what_each_stage_made():
     assert result_of("label", {"labeled": 1200, "reward_mean": 0.25, "pass_at_n": 0.71, "verifier_auc": 0.62,
                                "injection_suspects": 3}) == \
         "1,200 labeled · mean reward 0.25 · pass@n 71% · AUC vs verifier 0.62 · 3 injection suspects"
+    assert result_of("evaluate", {"accuracy": 0.2, "worked_accuracy": 0.04}) == \
+        "held-out accuracy 20.0% · 4.0% with every step shown"
     assert result_of("label", {"mcts_prompts": 48, "mcts_tokens_per_prompt": 410.2, "mcts_solved_frac": 0.5}) == \
         "48 trees · 410 tokens/prompt · solved 50%"
 
