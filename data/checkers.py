@@ -3,7 +3,10 @@
 The check must not be easy to game. `number` reads the LAST number in the response
 (so "7 + 5 = 12" reads 12) and rejects responses that list more than
 `max_numbers` distinct numbers, so enumerating candidates ("11 12 13 14 ...")
-never scores.
+never scores. `steps` is stricter: the reference lists the values a derivation passes
+through ("6, 1, 8"), and a response is right only if its last number is the last value
+and it states every value, in order, as a result ("7 - 1 = 6", "... gives us 1"), so a
+right last number reached by luck is wrong.
 """
 
 from __future__ import annotations
@@ -55,7 +58,20 @@ class RegexCheck(BaseModel):
         return v
 
 
-CheckConfig = Annotated[NumberCheck | ExactCheck | RegexCheck, Field(discriminator="kind")]
+class StepsCheck(BaseModel):
+    """A worked answer: the reference lists the values a derivation reaches, in order ("6, 1,
+    8"); right when the last number is the last value and every value is stated as a result."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["steps"] = "steps"
+    max_numbers: int = Field(
+        default=9, ge=1, description="responses with more distinct numbers than this are wrong (anti-enumeration)"
+    )
+    tolerance: float = Field(default=1e-6, ge=0, description="absolute tolerance for non-integer values")
+
+
+CheckConfig = Annotated[NumberCheck | ExactCheck | RegexCheck | StepsCheck, Field(discriminator="kind")]
+AnyCheck = NumberCheck | ExactCheck | RegexCheck | StepsCheck
 
 
 @dataclass(frozen=True)
@@ -77,14 +93,20 @@ def _to_float(s: str) -> float | None:
         return None
 
 
-def extract(cfg: NumberCheck | ExactCheck | RegexCheck, response: str) -> str | None:
+def reference_values(answer: str) -> list[float] | None:
+    """The values a `steps` reference lists ("6, 1, 8" -> [6.0, 1.0, 8.0]); None if it has none."""
+    values = [_to_float(n) for n in _NUM.findall(answer)]
+    return values if values and None not in values else None
+
+
+def extract(cfg: AnyCheck, response: str) -> str | None:
     """The response's final answer as a comparable key, or None if it gives none.
 
     Numbers are canonicalised ("1,234" and "1234.0" both read "1234"), so answers
     that mean the same vote together.
     """
     match cfg.kind:
-        case "number":
+        case "number" | "steps":
             nums = _NUM.findall(response)
             if not nums or len({_to_float(n) for n in nums}) > cfg.max_numbers:
                 return None
@@ -100,12 +122,17 @@ def extract(cfg: NumberCheck | ExactCheck | RegexCheck, response: str) -> str | 
             return _norm(last)
 
 
-def graded(cfg: NumberCheck | ExactCheck | RegexCheck, response: str, answer: str, partial: float) -> float:
+def graded(cfg: AnyCheck, response: str, answer: str, partial: float) -> float:
     """1 for a correct response; for a wrong number, `partial` / (1 + its distance from the
-    reference); 0 for anything the check cannot read (no number, or more distinct numbers
-    than it allows, so listing many numbers earns nothing) and for non-number checks."""
+    reference); for a `steps` check, `partial` x the share of the reference's values the
+    response states in order (a derivation right so far earns more than one that went wrong
+    early); 0 for anything the check cannot read (no number, or more distinct numbers than it
+    allows, so listing many numbers earns nothing) and for exact and regex checks."""
     if check(cfg, response, answer).correct:
         return 1.0
+    if cfg.kind == "steps":
+        values = reference_values(answer)
+        return partial * shown_steps(cfg, response, values) / len(values) if values else 0.0
     got, want = extract(cfg, response), _to_float(answer.strip())
     if cfg.kind != "number" or got is None or want is None:
         return 0.0
@@ -116,7 +143,7 @@ _RESULT = re.compile(r"(?:=|\b(?:is|are|equals|gives(?: us)?|gets?|leaves|makes|
                      r"(-?\d+(?:\.\d+)?)(?!\w)(?!\.\d)")  # a stated result: "= 6", "gives us 6"
 
 
-def shown_steps(cfg: NumberCheck, response: str, values: list[int | float]) -> int:
+def shown_steps(cfg: NumberCheck | StepsCheck, response: str, values: list[int | float]) -> int:
     """How many of a worked answer's reference values (in order: the running values, the
     last being the answer) the response states as results ("7 - 1 = 6", "... gives us 6"),
     in that order; 0 for a response listing more distinct numbers than the check allows.
@@ -132,18 +159,27 @@ def shown_steps(cfg: NumberCheck, response: str, values: list[int | float]) -> i
     return shown
 
 
-def answer_key(cfg: NumberCheck | ExactCheck | RegexCheck, answer: str) -> str | None:
-    """A reference answer in the same canonical form `extract` gives responses."""
-    if cfg.kind == "number":
-        value = _to_float(answer.strip())
+def answer_key(cfg: AnyCheck, answer: str) -> str | None:
+    """A reference answer in the same canonical form `extract` gives responses (for `steps`,
+    its last value: the final answer)."""
+    if cfg.kind in ("number", "steps"):
+        values = reference_values(answer) if cfg.kind == "steps" else [_to_float(answer.strip())]
+        value = values[-1] if values else None
         if value is None:
             return None
         return format(value, "g") if value != int(value) else str(int(value))
     return _norm(answer)
 
 
-def check(cfg: NumberCheck | ExactCheck | RegexCheck, response: str, answer: str) -> Verdict:
+def check(cfg: AnyCheck, response: str, answer: str) -> Verdict:
     match cfg.kind:
+        case "steps":
+            values = reference_values(answer)
+            if values is None:
+                return Verdict(False, extract(cfg, response))
+            last = check(NumberCheck(max_numbers=cfg.max_numbers, tolerance=cfg.tolerance), response,
+                         str(values[-1]))
+            return Verdict(last.correct and shown_steps(cfg, response, values) == len(values), last.extracted)
         case "number":
             nums = _NUM.findall(response)
             if not nums:

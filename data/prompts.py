@@ -100,7 +100,8 @@ class ChainSource(PoolSource):
     train_size: int = Field(default=2000, ge=1, description="problems in the train pool")
     check: CheckConfig = Field(default_factory=NumberCheck, description="answer check; unset: the last number, "
                                "with room for the 2 x steps + 1 numbers a worked answer names (start, operands, "
-                               "running values) and two more")
+                               "running values) and two more. kind 'steps': the reference answer lists the "
+                               "running values ('6, 1, 8') and a right answer must state each of them in order")
 
     @field_validator("template")
     @classmethod
@@ -112,7 +113,9 @@ class ChainSource(PoolSource):
         need = 2 * self.steps + 1
         if "check" not in self.model_fields_set:
             self.check = NumberCheck(max_numbers=need + 2)
-        if self.check.kind == "number" and self.check.max_numbers < need:
+        elif self.check.kind == "steps" and "max_numbers" not in self.check.model_fields_set:
+            self.check = self.check.model_copy(update={"max_numbers": need + 2})
+        if self.check.kind in ("number", "steps") and self.check.max_numbers < need:
             raise ValueError(f"check.max_numbers={self.check.max_numbers} is below the {need} distinct numbers a "
                              f"worked answer to {self.steps} steps can name, so right answers would be marked wrong; "
                              f"set data.check.max_numbers to at least {need}")
@@ -218,6 +221,8 @@ def _chain(cfg: ChainSource, seed: int) -> Split:
             continue
         seen.add((start, ops))
         pid = f"chain-{start}" + "".join(f"{'p' if op == '+' else 'm'}{b}" for op, b in ops)
+        if cfg.check.kind == "steps":  # the reference names every running value, the last being the answer
+            answer = ", ".join(str(v) for v in chain_values(pid))
         rows.append(Prompt(id=pid, prompt=chain_text(cfg, start, ops), answer=str(answer), task="chain"))
     return Split(rows[cfg.eval_size :], rows[: cfg.eval_size])
 

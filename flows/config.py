@@ -83,9 +83,10 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
     if cfg.filter.kind == "step_pairs" and cfg.label.kind != "mcts":
         problems.append(f"filter.kind='step_pairs' reads the search trees of label.kind='mcts', but label.kind="
                         f"{cfg.label.kind!r}; set label.kind='mcts' (or filter.kind='pairs')")
-    if cfg.label.kind == "mcts" and cfg.label.value == "graded" and cfg.data.check.kind != "number":
-        problems.append(f"label.value='graded' gives partial credit by a wrong number's distance from the reference, "
-                        f"but data.check.kind={cfg.data.check.kind!r} does not read numbers; use label.value='verifier' "
+    if cfg.label.kind == "mcts" and cfg.label.value == "graded" and cfg.data.check.kind not in ("number", "steps"):
+        problems.append(f"label.value='graded' gives partial credit by a wrong number's distance from the reference "
+                        f"(or, with data.check.kind='steps', by the steps shown), but data.check.kind="
+                        f"{cfg.data.check.kind!r} does not read numbers; use label.value='verifier' "
                         "(or data.check.kind='number')")
     if cfg.label.kind == "mcts":
         need = cfg.label.max_depth * cfg.label.step_max_tokens + cfg.label.rollout_tokens + 64

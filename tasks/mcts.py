@@ -12,7 +12,8 @@ tree; every simulation wave does, for all prompts of a shard at once:
    share of the k;
 3. evaluation: roll every new child out to a final answer (one batched call) and
    score the whole response with the task's verifier (0/1, or graded: partial credit
-   for a wrong number by its distance from the reference), or the self-reward judge
+   for a wrong number by its distance from the reference, or for the steps a worked
+   answer got right), or the self-reward judge
    where there is no reference;
 4. backup: each rollout's value is added to the new child and to every node on the
    path to the root (N += 1, W += value; Q = W / N).
@@ -57,7 +58,8 @@ class MctsLabel(BaseModel):
     value: Literal["verifier", "graded", "judge"] = Field(
         default="verifier", description="what scores a rollout: the task's answer check (1 or 0; needs reference "
         "answers), 'graded' (the same check, and a wrong number earns partial / (1 + its distance from the "
-        "reference), so a tree has a value to follow before its first correct rollout; number checks only), or "
+        "reference), or with a 'steps' check partial x the share of the running values stated in order, so a tree "
+        "has a value to follow before its first correct rollout; number and steps checks only), or "
         "the self-reward judge (label-free; a probability mode, rescaled to 0-1)",
     )
     partial: float = Field(default=0.5, gt=0, lt=1, description="value='graded': the most a wrong answer earns "

@@ -1,6 +1,6 @@
 import pytest
 
-from ratchet.data.checkers import ExactCheck, NumberCheck, RegexCheck, check
+from ratchet.data.checkers import ExactCheck, NumberCheck, RegexCheck, Verdict, check
 
 
 @pytest.mark.parametrize(
@@ -107,3 +107,25 @@ def test_worked_accuracy_counts_only_right_answers_with_every_step_shown():
     assert worked_accuracy(num, prompts, rows) == 0.0
     other = [Prompt(id="chain-7m1m5p7", prompt="a file row whose id looks like a chain problem", answer="8")]
     assert worked_accuracy(num, other, rows[:1]) is None
+
+
+def test_steps_check_wants_every_running_value_not_just_a_lucky_last_number():
+    from ratchet.data.checkers import StepsCheck, answer_key, extract, graded
+
+    steps, ref = StepsCheck(), "6, 1, 8"
+    worked = "First, 7 - 1 = 6. Then, 6 - 5 = 1. Finally, 1 + 7 = 8. So the answer is 8."
+    assert check(steps, worked, ref) == Verdict(True, "8")
+    assert check(NumberCheck(max_numbers=9), "Adding it all up, I get 8.", "8").correct  # a guess passes `number`
+    assert check(steps, "Adding it all up, I get 8.", ref) == Verdict(False, "8")  # but not `steps`
+    assert not check(steps, "7 - 1 = 6. 6 - 5 = 1. 1 + 7 = 9. The answer is 9.", ref).correct
+    assert not check(steps, worked + " Or maybe 3.", ref).correct  # the last number is still the answer
+    # listing candidates, or stating every value among many, is no derivation
+    assert not check(steps, "= 6 = 1 = 8 " + " ".join(str(i) for i in range(20, 30)) + " = 8", ref).correct
+    # partial credit follows the derivation: right so far earns more than wrong from the start
+    assert graded(steps, worked, ref, 0.5) == 1.0
+    assert graded(steps, "7 - 1 = 6. 6 - 5 = 1. 1 + 7 = 9.", ref, 0.5) == pytest.approx(0.5 * 2 / 3)
+    assert graded(steps, "7 - 1 = 5. 5 - 5 = 0. 0 + 7 = 7.", ref, 0.5) == 0.0
+    assert graded(steps, "The answer is 8. Value: 1.0 (full marks)", ref, 0.5) == 0.0
+    # the final answer is the reference's last value: votes and keys compare like `number`
+    assert answer_key(steps, ref) == "8" and extract(steps, worked) == "8"
+    assert answer_key(steps, "no numbers") is None and not check(steps, worked, "no numbers").correct

@@ -66,6 +66,24 @@ def test_chain_problems_are_seeded_distinct_disjoint_and_worked_out_right():
     assert check(cfg.check, worked, "8").correct and not check(cfg.check, worked, "1").correct
 
 
+def test_chain_with_the_steps_check_lists_every_running_value_as_its_reference():
+    from ratchet.data.checkers import check
+
+    plain = load_split(ChainSource(train_size=50, eval_size=10), seed=0)
+    cfg = ChainSource(train_size=50, eval_size=10, check={"kind": "steps"})
+    assert cfg.check.max_numbers == 9  # room for what a worked answer to 3 steps names, as for `number`
+    split = load_split(cfg, seed=0)
+    assert [p.id for p in split.train] == [p.id for p in plain.train]  # the same problems, fuller references
+    for p, q in zip(split.train + split.eval, plain.train + plain.eval):
+        assert p.answer == ", ".join(str(v) for v in chain_values(p.id)) and p.answer.split(", ")[-1] == q.answer
+    p = next(p for p in split.train if len(set(chain_values(p.id))) == 3)
+    a, b, c = chain_values(p.id)
+    assert check(cfg.check, f"So {a}, then {b}, then = {c}.", p.answer).correct is False  # values not stated
+    assert check(cfg.check, f"That gives {a}. Then we get {b}. Finally = {c}. The answer is {c}.", p.answer).correct
+    with pytest.raises(ValueError, match=r"check.max_numbers=4 .* at least 7"):
+        ChainSource(check={"kind": "steps", "max_numbers": 4})
+
+
 def test_chain_settings_that_cannot_work_are_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"check.max_numbers=4 .* at least 7"):
         ChainSource(check={"kind": "number", "max_numbers": 4})

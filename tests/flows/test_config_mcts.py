@@ -30,3 +30,5 @@ def test_graded_value_needs_a_number_check():
     assert cfg.label.uses_reference
     with pytest.raises(ConfigError, match=r"label.value='graded'.*data.check.kind='exact' does not read numbers"):
         load_config("flows/configs/chain_mcts_dpo.yaml", ["label.value=graded", "data.check.kind=exact"])
+    steps = load_config("flows/configs/chain_mcts_dpo.yaml", ["label.value=graded", "data.check.kind=steps"])
+    assert steps.data.check.kind == "steps" and steps.data.check.max_numbers == 9  # credit by the steps shown
