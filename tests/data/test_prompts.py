@@ -121,6 +121,14 @@ def test_jsonl_source(tmp_path):
     assert s.places["row-4"] == (str(p), "line 4")  # rows without ids are numbered by line
 
 
+def test_file_answers_under_the_steps_check_list_values(tmp_path):
+    rows = [{"prompt": f"q{i}", "answer": f"{i}, {i + 1}"} for i in range(6)] + [{"prompt": "q9", "answer": "n/a"}]
+    with pytest.raises(ConfigError, match=r"answers the 'steps' check cannot compare \(1\): line 7: 'n/a'"):
+        load_split(FileSource(path=str(_write(tmp_path / "p.jsonl", rows)), eval_size=2, check={"kind": "steps"}), 0)
+    s = load_split(FileSource(path=str(_write(tmp_path / "p.jsonl", rows[:6])), eval_size=2, check={"kind": "steps"}), 0)
+    assert sorted(r.answer for r in s.train + s.eval) == [f"{i}, {i + 1}" for i in range(6)]
+
+
 def test_parquet_csv_json_and_datasets_sources(tmp_path):
     import datasets
 
