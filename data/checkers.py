@@ -93,7 +93,7 @@ def _to_float(s: str) -> float | None:
         return None
 
 
-def reference_values(answer: str) -> list[float] | None:
+def listed_values(answer: str) -> list[float] | None:
     """The values a `steps` reference lists ("6, 1, 8" -> [6.0, 1.0, 8.0]); None if it has none."""
     values = [_to_float(n) for n in _NUM.findall(answer)]
     return values if values and None not in values else None
@@ -131,7 +131,7 @@ def graded(cfg: AnyCheck, response: str, answer: str, partial: float) -> float:
     if check(cfg, response, answer).correct:
         return 1.0
     if cfg.kind == "steps":
-        values = reference_values(answer)
+        values = listed_values(answer)
         return partial * shown_steps(cfg, response, values) / len(values) if values else 0.0
     got, want = extract(cfg, response), _to_float(answer.strip())
     if cfg.kind != "number" or got is None or want is None:
@@ -163,7 +163,7 @@ def answer_key(cfg: AnyCheck, answer: str) -> str | None:
     """A reference answer in the same canonical form `extract` gives responses (for `steps`,
     its last value: the final answer)."""
     if cfg.kind in ("number", "steps"):
-        values = reference_values(answer) if cfg.kind == "steps" else [_to_float(answer.strip())]
+        values = listed_values(answer) if cfg.kind == "steps" else [_to_float(answer.strip())]
         value = values[-1] if values else None
         if value is None:
             return None
@@ -174,7 +174,7 @@ def answer_key(cfg: AnyCheck, answer: str) -> str | None:
 def check(cfg: AnyCheck, response: str, answer: str) -> Verdict:
     match cfg.kind:
         case "steps":
-            values = reference_values(answer)
+            values = listed_values(answer)
             if values is None:
                 return Verdict(False, extract(cfg, response))
             last = check(NumberCheck(max_numbers=cfg.max_numbers, tolerance=cfg.tolerance), response,

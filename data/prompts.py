@@ -113,8 +113,8 @@ class ChainSource(PoolSource):
         need = 2 * self.steps + 1
         if "check" not in self.model_fields_set:
             self.check = NumberCheck(max_numbers=need + 2)
-        elif self.check.kind == "steps" and "max_numbers" not in self.check.model_fields_set:
-            self.check = self.check.model_copy(update={"max_numbers": need + 2})
+        elif self.check.kind in ("number", "steps") and "max_numbers" not in self.check.model_fields_set:
+            self.check = self.check.model_copy(update={"max_numbers": need + 2})  # room for a worked answer
         if self.check.kind in ("number", "steps") and self.check.max_numbers < need:
             raise ValueError(f"check.max_numbers={self.check.max_numbers} is below the {need} distinct numbers a "
                              f"worked answer to {self.steps} steps can name, so right answers would be marked wrong; "

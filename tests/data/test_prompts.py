@@ -88,6 +88,7 @@ def test_chain_settings_that_cannot_work_are_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"check.max_numbers=4 .* at least 7"):
         ChainSource(check={"kind": "number", "max_numbers": 4})
     assert ChainSource(steps=5).check.max_numbers == 13  # the default check grows with the steps
+    assert ChainSource(steps=5, check={"kind": "number"}).check.max_numbers == 13  # unless max_numbers is given
     with pytest.raises(ValueError, match="lower data.train_size"):
         ChainSource(steps=1, train_size=500)
     with pytest.raises(ValueError, match="placeholders"):

@@ -129,7 +129,7 @@ def test_runs_lists_each_run_with_its_state_rounds_and_how_to_resume(tmp_path):
     t = Tracker(cfg.tracking, tmp_path, cfg.name)
     (tmp_path / "runs").mkdir()
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "ratchet-run"])
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", "ratchet-run"])
     t.client.create_registered_model(t.model_name)
     try:
         for name, state, pid, rounds in [("a-finished", "finished", gone, [(0, 0.42, 1), (1, 0.8, 1), (2, 0.7, 0)]),
