@@ -82,9 +82,9 @@ def scripted_tree():
     sampler = Scripted(
         steps={"": [Generation("Add them. ", 4, "stop", ". "), Generation("Add them. ", 4, "stop", ". "),
                     Generation("It is 12", 5, "stop")],
-               "Add them. ": [Generation("6 + 5 = 11", 6, "stop"), Generation("So 6 + 5 is 10", 7, "stop"),
-                              Generation("So 6 + 5 is 10", 7, "stop")]},
-        rollouts={"Add them. ": "The sum is 11"},
+               "Add them.": [Generation(" 6 + 5 = 11", 6, "stop"), Generation(" So 6 + 5 is 10", 7, "stop"),
+                             Generation(" So 6 + 5 is 10", 7, "stop")]},
+        rollouts={"Add them.": " The sum is 11"},
     )
     t = Tree(prompt_id="p", prompt="What is 6 + 5?", answer="11")
     return t, sampler, cfg
@@ -94,8 +94,9 @@ def test_one_wave_expands_merges_duplicates_rolls_out_and_backs_up():
     t, sampler, cfg = scripted_tree()
     wave([t], sampler, cfg, seed=0, score=verifier)
     root, add, twelve = t.nodes
-    # the two identical "Add them. " samples merge: prior 2/3; "It is 12" ended the response
-    assert (add.step, add.prior, add.step_tokens, add.spent, add.ended) == ("Add them. ", 2 / 3, 4, 8 + 3, False)
+    # the two identical "Add them. " samples merge: prior 2/3; "It is 12" ended the response. The step keeps
+    # the delimiter's period, not its space: the next step brings its own (" 6 + 5"), as the model writes it
+    assert (add.step, add.prior, add.step_tokens, add.spent, add.ended) == ("Add them.", 2 / 3, 4, 8 + 3, False)
     assert (twelve.step, twelve.prior, twelve.ended, twelve.final, twelve.rollout) == ("It is 12", 1 / 3, True,
                                                                                        True, "")
     # one batched expansion (n=k, stopping at the delimiter), one rollout for the open child only
@@ -104,11 +105,11 @@ def test_one_wave_expands_merges_duplicates_rolls_out_and_backs_up():
     assert (root.n, root.w, add.n, add.q, twelve.n, twelve.q) == (2, 1.0, 1, 1.0, 1, 0.0)
     assert t.gen_tokens() == 4 + 4 + 5 + 3
 
-    # wave 2: PUCT picks "Add them. " (1 + 2/3 sqrt2/2 > 0 + 1/3 sqrt2/2) and expands it at max depth
+    # wave 2: PUCT picks "Add them." (1 + 2/3 sqrt2/2 > 0 + 1/3 sqrt2/2) and expands it at max depth
     wave([t], sampler, cfg, seed=1, score=verifier)
     kids = [t.nodes[i] for i in add.children]
-    assert [(x.step, x.prior, x.final, x.value) for x in kids] == [("6 + 5 = 11", 1 / 3, True, 1.0),
-                                                                 ("So 6 + 5 is 10", 2 / 3, True, 0.0)]
+    assert [(x.step, x.prior, x.final, x.value) for x in kids] == [(" 6 + 5 = 11", 1 / 3, True, 1.0),
+                                                                 (" So 6 + 5 is 10", 2 / 3, True, 0.0)]
     assert (add.n, add.w, root.n, root.w) == (3, 2.0, 4, 2.0)
     # trajectories: prefix + step (+ rollout), best first
     assert [t.trajectory(x) for x in complete_nodes(t)][:2] == ["Add them. 6 + 5 = 11", "Add them. The sum is 11"]
@@ -119,7 +120,7 @@ def test_step_pairs_from_a_small_tree():
     for s in range(2):
         wave([t], sampler, cfg, seed=s, score=verifier)
     pairs = step_pairs(t, margin=0.3, min_visits=1, max_pairs=5)
-    # root: Q("Add them. ") = 2/3 vs Q("It is 12") = 0 -> gap 2/3; at "Add them. ": 1 vs 0 -> gap 1
+    # root: Q("Add them.") = 2/3 vs Q("It is 12") = 0 -> gap 2/3; at "Add them.": 1 vs 0 -> gap 1
     assert [(p["node"], p["depth"], round(p["gap"], 4)) for p in pairs] == [(1, 1, 1.0), (0, 0, 0.6667)]
     deep, root = pairs
     # both sides share the prefix up to the node and part at the step
@@ -167,16 +168,27 @@ def test_a_graded_value_steers_a_tree_before_its_first_correct_rollout():
         return [(graded(NumberCheck(), text, t.answer, 0.5), False) for t, text in items]
 
     cfg = MctsLabel(k=3, max_depth=3, step_delimiter=". ", selection="puct", c_explore=0.1)
-    for score, picked in [(verifier, "It is 20"), (grade, "Add them. ")]:
+    for score, picked in [(verifier, "It is 20"), (grade, "Add them.")]:
         sampler = Scripted(steps={"": [Generation("It is 20", 4, "stop"), Generation("It is 20", 4, "stop"),
                                        Generation("Add them. ", 4, "stop", ". ")]},
-                           rollouts={"Add them. ": "The sum is 10"})
+                           rollouts={"Add them.": " The sum is 10"})
         t = Tree(prompt_id="p", prompt="What is 6 + 5?", answer="11")
         wave([t], sampler, cfg, seed=0, score=score)
         far, near = (t.nodes[i] for i in t.root.children)
-        assert (far.step, near.step) == ("It is 20", "Add them. ")
+        assert (far.step, near.step) == ("It is 20", "Add them.")
         if score is verifier:
             assert far.q == near.q == 0.0
         else:
             assert (far.q, near.q) == (pytest.approx(0.5 / 10), 0.25)
         assert select(t, "puct", cfg.c_explore).step == picked  # the prior (2/3) or the value decides
+
+
+def test_a_step_leaves_its_delimiters_trailing_space_to_the_next_step():
+    from ratchet.tasks.mcts import step_text
+
+    assert step_text("So 7 - 1 = 6. ", ". ") == "So 7 - 1 = 6."  # " Then" is one token; " " + "Then" is not
+    assert step_text("7 - 1 = 6\n", "\n") == "7 - 1 = 6\n"  # a newline is how the model ends a line: kept
+    assert step_text("It is 12", None) == "It is 12"  # the response ended, or the step hit its token limit
+    assert step_text(". ", ". ") == "."
+    assert step_text(" ", " ") == " "  # a step is never emptied
+    assert step_text("6. x", ". ") == "6. x"  # only a delimiter at the end is trimmed
