@@ -107,7 +107,7 @@ def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> Stage
                "mean_tokens": cost.get("gen_tokens", 0.0) / max(n, 1), "gen_s": cost.get("gen_s", 0.0),
                "load_s": done.load_s, "shards_reused": float(done.reused), "holders": done.holders,
                "tokens_per_s": cost["gen_tokens"] / cost["gen_s"] if cost.get("gen_s") else 0.0}
-    if worked := worked_accuracy(src.check, prompts, rows):
+    if (worked := worked_accuracy(src.check, prompts, rows)) is not None:  # 0.0 is a measure too
         metrics["worked_accuracy"] = worked
     return req.finish(store, outputs={"eval.jsonl": n}, metrics=metrics,
                       info={"eval_set": eval_set_id(req.parent("prompts"), req.config), "units": done.placement},
