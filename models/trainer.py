@@ -242,10 +242,13 @@ def write_log(trainer, out: Path, started: float, n_tokens: int) -> dict[str, fl
             f.write(json.dumps(h, sort_keys=True) + "\n")
     wall = time.time() - started
     final = [h for h in trainer.state.log_history if "train_loss" in h]
+    mean = float(final[-1]["train_loss"]) if final else float("nan")
     return {
-        "train_loss": float(final[-1]["train_loss"]) if final else float("nan"),
-        "first_loss": float(hist[0]["loss"]) if hist else float("nan"),
-        "last_loss": float(hist[-1]["loss"]) if hist else float("nan"),
+        "train_loss": mean,
+        # a run shorter than logging_steps logs no step loss: its mean loss stands for both ends
+        # (a NaN would not survive the manifest's JSON)
+        "first_loss": float(hist[0]["loss"]) if hist else mean,
+        "last_loss": float(hist[-1]["loss"]) if hist else mean,
         "steps": float(trainer.state.global_step),
         "train_s": wall,
         "tokens_per_s": n_tokens * trainer.args.num_train_epochs / wall if wall > 0 else 0.0,

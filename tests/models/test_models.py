@@ -181,3 +181,18 @@ def test_plain_lm_head_matches_trl_fused_head(tiny_model):
     assert l1 == pytest.approx(l0, rel=1e-5) and torch.allclose(lp0, lp1, atol=1e-4)
     assert torch.equal(top0, top1)
     assert float((g0 - g1).norm() / g0.norm()) < 1e-4
+
+
+def test_a_run_shorter_than_its_logging_cadence_still_reports_its_loss(tmp_path):
+    """One step with logging_steps=2 logs no step loss: the run's mean loss stands for the first
+    and last, and the stage manifest (JSON, where NaN does not survive) still reads back."""
+    from types import SimpleNamespace
+
+    from ratchet.models.trainer import write_log
+
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=1, log_history=[{"train_loss": 0.69, "step": 1}]),
+                              args=SimpleNamespace(num_train_epochs=1))
+    m = write_log(trainer, tmp_path, started=0.0, n_tokens=10)
+    assert (m["first_loss"], m["last_loss"], m["train_loss"], m["steps"]) == (0.69, 0.69, 0.69, 1.0)
+    assert (tmp_path / "train_log.jsonl").read_text() == ""
+    assert json.loads(json.dumps(m, allow_nan=False))  # every metric is a number JSON can carry
