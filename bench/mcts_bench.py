@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the config, e.g. label.k=3")
     a = ap.parse_intermixed_args()
 
-    from ratchet.data.checkers import NumberCheck, check, shown_steps
+    from ratchet.data.checkers import NumberCheck, check, worked
     from ratchet.data.prompts import chain_values, load_split
     from ratchet.flows.config import load_config
     from ratchet.flows.inputs import resolve_model
@@ -77,12 +77,12 @@ def main() -> None:
     values = {p.id: chain_values(p.id) for p in prompts} if cfg.data.kind == "chain" else {}
     room = NumberCheck(max_numbers=2 * len(next(iter(values.values()))) + 3) if values else None
 
-    def derived(p_id: str, text: str, ok: bool) -> bool:  # a correct answer that states every running value
-        return ok and bool(values) and shown_steps(room, text, values[p_id]) == len(values[p_id])
+    def derived(p_id: str, text: str) -> bool:  # a right answer that states every running value (the steps check)
+        return bool(values) and worked(room, text, values[p_id]).correct
 
     def judged(check_cfg, p, tokens: int, text: str) -> tuple[int, bool, bool]:  # a best-of-N sample, scored
         ok = check(check_cfg, text, p.answer).correct
-        return tokens, ok, derived(p.id, text, ok)
+        return tokens, ok, derived(p.id, text)
 
     def scorer(name):  # what the label stage scores with (the judge value is not benchmarked here)
         return lambda items: reference_values(variants[name], confs[name].data.check, items)
@@ -140,7 +140,7 @@ def main() -> None:
                               sum(tok for tok, *_ in used), len(used)))
                 done = [x for x in tr.nodes if x.value is not None]
                 shown[name][0].append((sum(bool(x.correct) for x in done),
-                                       sum(derived(tr.prompt_id, tr.trajectory(x), bool(x.correct)) for x in done),
+                                       sum(derived(tr.prompt_id, tr.trajectory(x)) for x in done),
                                        len(done)))
                 shown[name][1].append((sum(ok for _, ok, _ in used), sum(d for *_, d in used), len(used)))
             res[name]["pairs"] += pairs

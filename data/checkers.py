@@ -159,6 +159,13 @@ def shown_steps(cfg: NumberCheck | StepsCheck, response: str, values: list[int |
     return shown
 
 
+def worked(cfg: NumberCheck | StepsCheck, response: str, values: list[int | float]) -> Verdict:
+    """The `steps` verdict on reference values: right when the last number is the last value
+    and every value is stated as a result, in order."""
+    last = check(NumberCheck(max_numbers=cfg.max_numbers, tolerance=cfg.tolerance), response, str(values[-1]))
+    return Verdict(last.correct and shown_steps(cfg, response, values) == len(values), last.extracted)
+
+
 def answer_key(cfg: AnyCheck, answer: str) -> str | None:
     """A reference answer in the same canonical form `extract` gives responses (for `steps`,
     its last value: the final answer)."""
@@ -177,9 +184,7 @@ def check(cfg: AnyCheck, response: str, answer: str) -> Verdict:
             values = listed_values(answer)
             if values is None:
                 return Verdict(False, extract(cfg, response))
-            last = check(NumberCheck(max_numbers=cfg.max_numbers, tolerance=cfg.tolerance), response,
-                         str(values[-1]))
-            return Verdict(last.correct and shown_steps(cfg, response, values) == len(values), last.extracted)
+            return worked(cfg, response, values)
         case "number":
             nums = _NUM.findall(response)
             if not nums:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ratchet.data.checkers import check, shown_steps
+from ratchet.data.checkers import check, worked
 from ratchet.data.digest import sha256_json
 from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig, chain_values
@@ -89,8 +89,7 @@ def worked_accuracy(check_cfg, prompts: list[Prompt], rows: list[LabeledCompleti
     scored = [r for r in rows if r.correct is not None and values.get(r.prompt_id)]
     if not scored or check_cfg.kind != "number":
         return None
-    return sum(bool(r.correct) and shown_steps(check_cfg, r.text, values[r.prompt_id]) == len(values[r.prompt_id])
-               for r in scored) / len(scored)
+    return sum(worked(check_cfg, r.text, values[r.prompt_id]).correct for r in scored) / len(scored)
 
 
 def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> StageManifest:
