@@ -37,7 +37,9 @@ class ParentRef(BaseModel):
 
 
 class StageManifest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # a diverged run's NaN loss is a fact to keep: written as "NaN" (strict JSON), read back as a float;
+    # the default (null) could not be read back, so the stage failed after its work was done
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="strings")
     stage: str = Field(description="stage name: base, sample, label, filter, train, evaluate")
     round: int = Field(ge=0)
     key: str = Field(description="cache key: stage + code version + config + parent contents")

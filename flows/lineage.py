@@ -11,6 +11,7 @@ the base model.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from ratchet.data.store import ArtifactStore
 
 
 class Link(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")  # as the manifest writes metrics
     stage: str
     round: int
     key: str
@@ -174,7 +175,7 @@ def render_mermaid(links: list[Link]) -> str:
 
 
 def as_json(links: list[Link]) -> list[dict[str, Any]]:
-    return [link.model_dump() for link in links]
+    return [json.loads(link.model_dump_json()) for link in links]  # strict JSON: a NaN metric is "NaN"
 
 
 def export(store: ArtifactStore, tracker, version: str, out: Path) -> Path:

@@ -21,6 +21,27 @@ def test_finish_then_find_roundtrip(tmp_path):
     assert m.outputs["out.txt"].sha256 == "ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb"  # sha256("a")
 
 
+def test_a_non_finite_metric_is_written_as_strict_json_and_read_back(tmp_path):
+    """A diverged run's NaN loss used to be written as null, which the manifest then refused
+    to read back: the stage failed after its work was done."""
+    import json
+    import math
+
+    store = ArtifactStore(tmp_path)
+    d = store.prepare("train", "k" * 64)
+    (d / "out.txt").write_text("a")
+    m = store.finish(stage="train", round=1, key="k" * 64, code_version="c", config={}, parents=[],
+                     outputs={"out.txt": None}, metrics={"loss": math.nan, "grad": math.inf, "n": 2.0})
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    text = (store.dir_of(m) / MANIFEST).read_text()
+    assert json.loads(text, parse_constant=refuse)["metrics"] == {"loss": "NaN", "grad": "Infinity", "n": 2.0}
+    back = store.find("train", "k" * 64).metrics
+    assert math.isnan(back["loss"]) and back["grad"] == math.inf and back["n"] == 2.0
+
+
 def test_tampered_output_is_reported_not_reused(tmp_path):
     store = ArtifactStore(tmp_path)
     m = _finish(store, "k" * 64)
