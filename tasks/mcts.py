@@ -18,8 +18,12 @@ tree; every simulation wave does, for all prompts of a shard at once:
 4. backup: each rollout's value is added to the new child and to every node on the
    path to the root (N += 1, W += value; Q = W / N).
 
-A selected leaf that is final (the response ended, or max_depth) is not expanded:
-its value is backed up again. Outputs: the trees (every node's visits, Q, prior,
+A final node (the response ended, or max_depth) cannot grow, nor can a node whose
+children all cannot: selection passes them by, so every wave spends on every tree that
+can still grow, and a node's visits count distinct rollouts. (`revisit_final` gives the
+textbook rule instead: a selected final leaf has its value backed up again, with no
+model call; a tree whose best path ends in one spends nothing that wave.) A tree with
+nothing left to grow sits the wave out. Outputs: the trees (every node's visits, Q, prior,
 step and rollout, for inspection), every complete trajectory as a labeled
 completion (best first per prompt, for RFT), and step-level preference pairs
 (the highest- and lowest-Q children of a node, each completed by its best or worst
@@ -43,7 +47,7 @@ class MctsLabel(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["mcts"] = "mcts"
     simulations: int = Field(default=6, ge=1, description="simulation waves per prompt (each selects and expands "
-                             "one leaf, or re-scores a final one)")
+                             "one leaf that can grow)")
     k: int = Field(default=4, ge=2, description="candidate next steps sampled per expansion")
     max_depth: int = Field(default=4, ge=1, description="most steps in a tree path; a node this deep is final")
     step_delimiter: str = Field(default="\n", min_length=1, description="a step ends after this string (e.g. "
@@ -52,6 +56,9 @@ class MctsLabel(BaseModel):
     rollout_tokens: int = Field(default=96, ge=1, description="token limit of a rollout to the final answer")
     selection: Literal["uct", "puct"] = Field(default="puct", description="tree policy")
     c_explore: float = Field(default=1.0, ge=0, description="exploration constant of UCT/PUCT")
+    revisit_final: bool = Field(default=False, description="a wave whose selection reaches a final leaf backs its "
+                                "value up again and expands nothing (textbook MCTS), instead of selecting past "
+                                "final leaves to a node that can grow")
     temperature: float = Field(default=0.8, gt=0, description="sampling temperature of expansions and rollouts")
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=50, ge=0, description="0 = off")
@@ -174,14 +181,29 @@ def puct(child: Node, parent_n: int, c: float) -> float:
     return child.q + c * child.prior * math.sqrt(parent_n) / (1 + child.n)
 
 
-def select(tree: Tree, selection: str, c: float) -> Node:
-    """Descend by the tree policy to an unexpanded or final node; ties go to the older child."""
+def select(tree: Tree, selection: str, c: float, past_final: bool = False) -> Node | None:
+    """Descend by the tree policy to an unexpanded or final node; ties go to the older child.
+    With `past_final`, only among nodes that can still grow (see `growable`): the node reached
+    is unexpanded and not final, or None when the whole tree is spent."""
     score = uct if selection == "uct" else puct
+    open_ = growable(tree) if past_final else None
+    if open_ is not None and not open_[0]:
+        return None
     node = tree.root
     while node.children and not node.final:
-        kids = [tree.nodes[i] for i in node.children]
+        kids = [tree.nodes[i] for i in node.children if open_ is None or open_[i]]
         node = max(kids, key=lambda ch: (score(ch, node.n, c), -ch.id))
     return node
+
+
+def growable(tree: Tree) -> list[bool]:
+    """Per node id: whether a wave could still expand something at or below it, i.e. it is
+    not final and is unexpanded or has a child that can grow. Children are made after their
+    parents, so one pass from the newest node up settles every node."""
+    out = [False] * len(tree.nodes)
+    for x in reversed(tree.nodes):
+        out[x.id] = not x.final and (not x.children or any(out[i] for i in x.children))
+    return out
 
 
 def backup(tree: Tree, node: Node, value: float) -> None:
@@ -198,11 +220,11 @@ def wave(trees: list[Tree], sampler, cfg: MctsLabel, seed: int, score) -> None:
     [(value in [0, 1], correct or None)]."""
     from ratchet.models.sampler import SamplingParams
 
-    leaves = [select(t, cfg.selection, cfg.c_explore) for t in trees]
+    leaves = [select(t, cfg.selection, cfg.c_explore, past_final=not cfg.revisit_final) for t in trees]
     for t, x in zip(trees, leaves):
-        if x.final:  # nothing to expand: its value again, no model call
+        if x is not None and x.final:  # revisit_final: nothing to expand, its value again, no model call
             backup(t, x, x.value)
-    grow = [(t, x) for t, x in zip(trees, leaves) if not x.final]
+    grow = [(t, x) for t, x in zip(trees, leaves) if x is not None and not x.final]
     if not grow:
         return
     common = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)

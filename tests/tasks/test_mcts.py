@@ -183,6 +183,43 @@ def test_a_graded_value_steers_a_tree_before_its_first_correct_rollout():
         assert select(t, "puct", cfg.c_explore).step == picked  # the prior (2/3) or the value decides
 
 
+def test_a_wave_selects_past_final_leaves_to_a_node_that_can_grow():
+    """Unsolved, Q = 0 everywhere: the prior (2/3) leads to "It is 20", a step that ended the
+    response. The textbook rule backs its value up again and spends the wave on nothing; by
+    default the wave passes it by and expands the open child."""
+    steps = {"": [Generation("It is 20", 4, "stop"), Generation("It is 20", 4, "stop"),
+                  Generation("Add them. ", 4, "stop", ". ")],
+             "Add them.": [Generation(" So 6 + 5 is 10", 7, "stop")] * 3}
+    for revisit in (True, False):
+        cfg = MctsLabel(k=3, max_depth=3, step_delimiter=". ", revisit_final=revisit)
+        sampler = Scripted(steps=steps, rollouts={"Add them.": " The sum is 10"})
+        t = Tree(prompt_id="p", prompt="What is 6 + 5?", answer="11")
+        wave([t], sampler, cfg, seed=0, score=verifier)
+        far, near = (t.nodes[i] for i in t.root.children)
+        assert far.final and not near.final and select(t, "puct", cfg.c_explore) is far
+        wave([t], sampler, cfg, seed=1, score=verifier)
+        if revisit:
+            assert len(sampler.calls) == 2 and (far.n, near.n, len(t.nodes)) == (2, 1, 3)  # no call, no new node
+        else:
+            assert len(sampler.calls) == 3 and (far.n, near.n, len(t.nodes)) == (1, 2, 4)  # one expansion
+            assert [t.nodes[i].step for i in near.children] == [" So 6 + 5 is 10"]
+            assert select(t, "puct", cfg.c_explore, past_final=True) is None  # every path ends final: spent
+            before = t.to_json()
+            wave([t], sampler, cfg, seed=2, score=verifier)
+            assert len(sampler.calls) == 3 and t.to_json() == before  # a spent tree sits the wave out
+
+
+def test_growable_marks_what_a_wave_could_still_expand():
+    from ratchet.tasks.mcts import growable
+
+    t, sampler, cfg = scripted_tree()
+    assert growable(t) == [True]  # a bare root
+    wave([t], sampler, cfg, seed=0, score=verifier)
+    assert growable(t) == [True, True, False]  # "Add them." is open, "It is 12" ended
+    wave([t], sampler, cfg, seed=1, score=verifier)
+    assert growable(t) == [False] * 5  # "Add them."'s children sit at max_depth
+
+
 def test_a_step_leaves_its_delimiters_trailing_space_to_the_next_step():
     from ratchet.tasks.mcts import step_text
 
