@@ -246,7 +246,6 @@ def write_log(trainer, out: Path, started: float, n_tokens: int) -> dict[str, fl
     return {
         "train_loss": mean,
         # a run shorter than logging_steps logs no step loss: its mean loss stands for both ends
-        # (a NaN would not survive the manifest's JSON)
         "first_loss": float(hist[0]["loss"]) if hist else mean,
         "last_loss": float(hist[-1]["loss"]) if hist else mean,
         "steps": float(trainer.state.global_step),
