@@ -130,8 +130,11 @@ def _lineage(workdir, version):
 
 def test_sigkill_during_training_then_rerun_recomputes_nothing_finished(reference, tmp_path):
     """Kill the whole pipeline (CLI, Prefect server, stage worker) once training has
-    checkpointed; the same command then finishes the run from that checkpoint."""
+    checkpointed; the same command then finishes the run from that checkpoint. The model
+    stages before training are the reference run's, copied in: the run finds them by key
+    (the filter is made again: the lineage test above corrupts the reference's on purpose)."""
     import os
+    import shutil
     import signal
     import subprocess
     import sys
@@ -140,6 +143,10 @@ def test_sigkill_during_training_then_rerun_recomputes_nothing_finished(referenc
     from ratchet.data.manifest import read_manifest
 
     ref_dir, _, _, _, ref_results = reference
+    for d in (ref_dir / "stages").iterdir():
+        m = read_manifest(d)
+        if m is not None and (m.stage in ("prompts", "base", "sample", "label") or (m.stage, m.round) == ("evaluate", 0)):
+            shutil.copytree(d, tmp_path / "stages" / d.name)
     cmd = [sys.executable, "-m", "ratchet.flows.cli", "run", str(CONFIGS / "default.yaml"), f"workdir={tmp_path}", *SMALL]
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
     env.pop("PREFECT_API_URL", None)
