@@ -128,7 +128,7 @@ class RunConsole:
         self._lock = threading.Lock()
         self._running: _Running | None = None
         self._failed: events.Event | None = None
-        self._last_acc: float | None = None
+        self._accuracy: dict[str, float] = {}  # held-out accuracy by version, as rounds are decided
         self._unsubscribe = None
         self._live = None
         self._rich = None
@@ -206,8 +206,10 @@ class RunConsole:
                 self.line(f"report   {e.data['html']}")
             elif e.kind == "round":
                 d = e.data
-                gain = f" ({(d['accuracy'] - self._last_acc) * 100:+.1f} points)" if self._last_acc is not None else ""
-                self._last_acc = d["accuracy"]
+                # against the model the round trained from (not the round before: that one may be set aside)
+                start = self._accuracy.get(d.get("parent_version") or "")
+                gain = f" ({(d['accuracy'] - start) * 100:+.1f} points)" if start is not None else ""
+                self._accuracy[d["version"]] = d["accuracy"]
                 verdict = "promoted to champion" if d.get("promoted") else \
                     "not promoted" + (f" ({d['gate'].split(' on eval set')[0]})" if d.get("gate") else "")
                 self.line(f"round {e.round:<2} -> version {d['version']} · held-out accuracy "

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from prefect import flow
 
+from ratchet.data import events
 from ratchet.data.manifest import StageManifest
 from ratchet.flows.config import PipelineConfig
 from ratchet.flows.runs import RunContext, set_state, start
@@ -27,6 +28,27 @@ from ratchet.flows.stages import (RoundResult, agreement_task, base_task, evalua
                                   slice_task, start_model_task, tracker_of, train_task, unwrap)
 from ratchet.flows.tracking import Tracker
 from ratchet.tasks import label as label_mod
+from ratchet.tasks.evaluate import EvaluateConfig
+
+
+def trains_from(results: list[RoundResult], rule: EvaluateConfig) -> RoundResult:
+    """The model the next round trains: the last round's (`next_round_from: last`), or the
+    best so far (`best`): a round is built on only if it beats the model it trained from by
+    more than `min_improvement` on the run's held-out set; otherwise that model stays."""
+    if rule.next_round_from == "last":
+        return results[-1]
+    best = results[0]
+    for r in results[1:]:
+        if r.accuracy > best.accuracy + rule.min_improvement:
+            best = r
+    return best
+
+
+def set_aside(k: int, start: RoundResult, last: RoundResult) -> None:
+    """Say on the console which model round k trains, when it is not the last round's."""
+    events.emit(events.Event("note", round=k, stage="policy", data={
+        "text": f"version {start.version} again (round {start.round}, {start.accuracy:.1%} held-out): round "
+                f"{last.round}'s version {last.version} did not beat it (evaluate.next_round_from=best)"}))
 
 
 # flows ----------------------------------------------------------------------
@@ -78,8 +100,10 @@ def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
     fixed = unwrap(label_model_task(cfg, ctx)) if label_mod.fixed_model(cfg.label) else None
     results = [round_zero(cfg, ctx, base, prompts, first)]
     for k in range(first + 1, first + cfg.rounds + 1):
-        last = results[-1]
-        results.append(round_flow(cfg, ctx, k, last.policy, prompts, last.version, first, fixed))
+        start = trains_from(results, cfg.evaluate)
+        if start is not results[-1]:
+            set_aside(k, start, results[-1])
+        results.append(round_flow(cfg, ctx, k, start.policy, prompts, start.version, first, fixed))
     lineage_task(cfg, ctx, results[-1])
     report_task(cfg, ctx)
     return results

@@ -256,7 +256,7 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     t.log_once(child, "ratchet.model_version", version, {"accuracy": acc, "promoted": float(gate.promoted)},
                prefix="round.")
     events.emit(events.Event("round", round=k, data={"version": version, "accuracy": acc, "promoted": gate.promoted,
-                                                     "gate": gate.reason}))
+                                                     "gate": gate.reason, "parent_version": parent_version}))
     t.end(child)
     walls = {m.stage: m.wall_s for m in stages}
     return RoundResult(round=k, policy=policy, version=version, accuracy=acc, eval_set=eval_set,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +42,10 @@ class EvaluateConfig(EvalRun):
     min_improvement: float = Field(
         default=0.0, ge=0, description="champion moves only if accuracy beats the champion's by more than this"
     )
+    next_round_from: Literal["last", "best"] = Field(
+        default="last", description="the model each next round trains: 'last', the round before's whatever its "
+        "accuracy, or 'best', the best this run has evaluated: a round that does not beat the model it trained "
+        "from by more than min_improvement is set aside, and the next round trains from that model again")
 
 
 class EvaluateJob(BaseModel):
@@ -117,7 +122,7 @@ def evaluate(store: ArtifactStore, policy: StageManifest, prompts: StageManifest
              sampler: SamplerConfig, data_cfg: SourceConfig, seed: int, round: int,
              isolate: bool = True, run: str | None = None,
              executor: ExecutorConfig | None = None) -> tuple[StageManifest, bool]:
-    job = EvaluateJob(evaluate=EvalRun.model_validate(cfg.model_dump(exclude={"min_improvement"})), sampler=sampler,
-                      data=data_cfg, seed=seed)
+    run_cfg = EvalRun.model_validate(cfg.model_dump(include=set(EvalRun.model_fields)))  # the gate's keys stay out
+    job = EvaluateJob(evaluate=run_cfg, sampler=sampler, data=data_cfg, seed=seed)
     return run_stage(store, stage="evaluate", round=round, body=evaluate_body, code=CODE, config=job,
                      parents=[policy, prompts], isolate=isolate, keep_partial=True, run=run, executor=executor)

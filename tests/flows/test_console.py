@@ -29,10 +29,15 @@ def test_without_a_terminal_every_event_is_one_plain_line(tmp_path):
         events.emit(events.Event("done", "train", 1, tmp_path, wall_s=139,
                                  metrics={"steps": 48, "first_loss": 1.073, "last_loss": 1.162, "train_s": 130}))
         events.emit(events.Event("round", round=1, data={"version": "2", "accuracy": 0.8, "promoted": False,
-                                                         "gate": "accuracy 0.8 <= champion's 0.9 on eval set ab"}))
-    events.emit(events.Event("start", "sample", 2, tmp_path))  # after the console closed: not shown
+                                                         "gate": "accuracy 0.8 <= champion's 0.9 on eval set ab",
+                                                         "parent_version": "1"}))
+        # round 2 trained from version 1 again (next_round_from=best): its gain is against version 1
+        events.emit(events.Event("note", round=2, stage="policy", data={"text": "version 1 again"}))
+        events.emit(events.Event("round", round=2, data={"version": "3", "accuracy": 0.5, "promoted": False,
+                                                         "parent_version": "1"}))
+    events.emit(events.Event("start", "sample", 3, tmp_path))  # after the console closed: not shown
     lines = out.getvalue().splitlines()
-    assert all(STAMP.match(x) for x in lines) and len(lines) == 7
+    assert all(STAMP.match(x) for x in lines) and len(lines) == 9
     text = [STAMP.sub("", x) for x in lines]
     assert text[1] == "round 0  evaluate ↺ reused   held-out accuracy 42.0%"
     assert text[2] == "round 0  -> version 1 · held-out accuracy 42.0% · promoted to champion"
@@ -41,6 +46,8 @@ def test_without_a_terminal_every_event_is_one_plain_line(tmp_path):
     assert text[5] == "round 1  train    ✓   139 s  48 steps · loss 1.073 -> 1.162 · 0.37 steps/s"
     assert text[6] == ("round 1  -> version 2 · held-out accuracy 80.0% (+38.0 points) · not promoted "
                        "(accuracy 0.8 <= champion's 0.9)")
+    assert text[7:] == ["round 2  policy   version 1 again",
+                        "round 2  -> version 3 · held-out accuracy 50.0% (+8.0 points) · not promoted"]
 
 
 def test_key_results_name_what_each_stage_made():

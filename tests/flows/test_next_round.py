@@ -1,0 +1,69 @@
+"""Which model the next round trains: the last round's, or (`evaluate.next_round_from: best`)
+the best this run has evaluated, so a round that made the model worse is set aside."""
+
+import pytest
+
+from ratchet.data.manifest import StageManifest
+from ratchet.flows.pipeline import trains_from
+from ratchet.flows.stages import RoundResult
+from ratchet.tasks.evaluate import EvaluateConfig
+
+
+def _round(k: int, acc: float) -> RoundResult:
+    policy = StageManifest(stage="train" if k else "base", round=k, key=f"key-{k}", dir=f"stages/s-{k}", code_version="c")
+    return RoundResult(round=k, policy=policy, version=str(k + 1), accuracy=acc, promoted=False, child_run_id=f"run-{k}")
+
+
+def test_best_builds_only_on_rounds_that_beat_the_model_they_trained_from():
+    r = [_round(0, 0.10), _round(1, 0.13), _round(2, 0.08), _round(3, 0.13), _round(4, 0.20)]
+    best, last = EvaluateConfig(next_round_from="best"), EvaluateConfig()
+    assert last.next_round_from == "last"  # the default: each round builds on the one before
+    assert [trains_from(r[:n], last).round for n in range(1, 6)] == [0, 1, 2, 3, 4]
+    # round 2 fell to 8%: round 3 trains from round 1 again; round 3 only tied it, so round 4 does too
+    assert [trains_from(r[:n], best).round for n in range(1, 6)] == [0, 1, 1, 1, 4]
+    # a round must clear the gate's margin as well: +3 points is not more than 5
+    margin = EvaluateConfig(next_round_from="best", min_improvement=0.05)
+    assert [trains_from(r[:n], margin).round for n in range(1, 6)] == [0, 0, 0, 0, 4]
+
+
+def test_an_unknown_rule_names_the_field_and_the_choices():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"next_round_from[\s\S]*'last' or 'best'"):
+        EvaluateConfig(next_round_from="champion")
+
+
+@pytest.mark.integration
+def test_a_round_that_does_not_beat_its_start_is_set_aside(tiny_model, tmp_path, prefect_harness):
+    """Two rounds on the tiny random model, whose held-out accuracy never moves from 0: under
+    `best`, round 2 trains from the base model again, samples from it, says so on the
+    console, and the registry and lineage show version 1 as its parent."""
+    from ratchet.data import events
+    from ratchet.data.manifest import read_manifest
+    from ratchet.data.store import ArtifactStore
+    from ratchet.flows.config import load_config
+    from ratchet.flows.lineage import walk
+    from ratchet.flows.pipeline import execute
+    from ratchet.flows.stages import start_manifest
+    from tests.flows.tiny import CONFIG, overrides
+
+    cfg = load_config(CONFIG, overrides(tmp_path, tiny_model) + ["isolate=false", "rounds=2",
+                                                                 "evaluate.next_round_from=best"])
+    notes = []
+    stop = events.subscribe(lambda e: notes.append(e) if e.kind == "note" and e.stage == "policy" else None)
+    try:
+        _, (r0, r1, r2), tracker = execute(cfg)
+    finally:
+        stop()
+    assert (r0.accuracy, r1.accuracy) == (0.0, 0.0) and r0.policy.stage == "base"
+    assert [p.key for p in r2.policy.parents if p.stage in ("base", "train")] == [r0.policy.key]
+    assert [p.key for p in r1.policy.parents if p.stage in ("base", "train")] == [r0.policy.key]
+    samples = [m for d in (tmp_path / "stages").glob("sample-*") if (m := read_manifest(d)).round == 2]
+    assert len(samples) == 1 and r0.policy.key in [p.key for p in samples[0].parents]
+    assert [(e.round, e.data["text"]) for e in notes] == [
+        (2, f"version {r0.version} again (round 0, 0.0% held-out): round 1's version {r1.version} did not beat "
+            "it (evaluate.next_round_from=best)")]
+    assert tracker.version(r2.version).tags["ratchet.parent_version"] == r0.version
+    store = ArtifactStore(tmp_path)
+    chain = [x for x in walk(store, start_manifest(store, tracker, r2.version)) if x.stage in ("train", "base")]
+    assert [x.dir for x in chain] == [r2.policy.dir, r0.policy.dir] and all(x.verified for x in chain)
