@@ -26,7 +26,7 @@ from ratchet.flows.runs import RunContext, set_state, start
 from ratchet.flows.stages import (RoundResult, agreement_task, base_task, evaluate_task, filter_task, label_model_task,
                                   label_task, lineage_task, prompts_task, register_task, report_task, sample_task,
                                   slice_task, start_model_task, tracker_of, train_task, unwrap)
-from ratchet.flows.tracking import Tracker
+from ratchet.flows.tracking import Tracker, beats
 from ratchet.tasks import label as label_mod
 from ratchet.tasks.evaluate import EvaluateConfig
 
@@ -39,7 +39,7 @@ def trains_from(results: list[RoundResult], rule: EvaluateConfig) -> RoundResult
         return results[-1]
     best = results[0]
     for r in results[1:]:
-        if r.accuracy > best.accuracy + rule.min_improvement:
+        if beats(r.accuracy, best.accuracy, rule.min_improvement):
             best = r
     return best
 

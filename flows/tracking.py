@@ -190,6 +190,12 @@ class Gate(BaseModel):
     needs_eval: str | None = None  # the champion version to evaluate on this eval set first
 
 
+def beats(accuracy: float, bar: float, min_improvement: float) -> bool:
+    """The one rule for "better" on one eval set: above the bar by more than min_improvement.
+    The champion gate and `evaluate.next_round_from: best` both decide by it."""
+    return accuracy > bar + min_improvement
+
+
 class Tracker:
     def __init__(self, cfg: TrackingConfig, workdir: Path, name: str):
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -469,7 +475,7 @@ class Tracker:
                 if bar is None:
                     return Gate(promoted=False, reason=f"champion version {champ} has no accuracy on eval set "
                                 f"{eval_set}", needs_eval=champ)
-                won = accuracy > bar + min_improvement
+                won = beats(accuracy, bar, min_improvement)
                 gate = Gate(promoted=won, reason=f"accuracy {accuracy:.4f} {'>' if won else '<='} champion version "
                             f"{champ}'s {bar:.4f}" + (f" + {min_improvement:g}" if min_improvement else "")
                             + f" on eval set {eval_set}")
