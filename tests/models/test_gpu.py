@@ -25,3 +25,17 @@ def test_hf_sampler_on_cuda(tiny_model):
     assert s.device == "cuda"
     out = s.generate(["hi", "there"], SamplingParams(n=2, temperature=1.0, max_tokens=4), seed=0)
     assert [len(o) for o in out] == [2, 2]
+
+
+def test_train_dpo_on_cuda_uses_trl_head_and_changes_weights(tiny_model, tmp_path):
+    """On CUDA the DPO trainer keeps TRL's own LM head (the plain head is the CPU path)."""
+    from safetensors.torch import load_file
+
+    from ratchet.models.trainer import DPOTrainConfig, train_dpo
+
+    rows = [{"prompt": f"What is {a} + 1?", "chosen": f"{a + 1}", "rejected": f"{a + 2} or so"} for a in range(16)]
+    m = train_dpo(tiny_model, rows, DPOTrainConfig(epochs=1, batch_size=8, learning_rate=1e-2), tmp_path, seed=0)
+    assert m["plain_lm_head"] == 0.0 and m["steps"] == 2.0
+    assert m["last_rewards_margins"] == m["last_rewards_margins"]  # a number, not NaN
+    before, after = load_file(str(tiny_model / "model.safetensors")), load_file(str(tmp_path / "model" / "model.safetensors"))
+    assert any(not torch.equal(before[k], after[k].to(before[k].dtype)) for k in before)
