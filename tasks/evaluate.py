@@ -23,11 +23,9 @@ from ratchet.data.records import LabeledCompletion, Prompt, read_jsonl, write_js
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig, SamplingParams
 from ratchet.tasks.sample import PolicyWork, policy_of
-from ratchet.tasks.stage import StageRequest, code_version, run_stage
+from ratchet.tasks.stage import StageRequest, run_stage
 from ratchet.tasks.units import ExecutorConfig, run_units
 
-CODE = code_version("ratchet.tasks.evaluate", "ratchet.tasks.sample", "ratchet.tasks.units", "ratchet.models.sampler",
-                    "ratchet.data.checkers", "ratchet.data.prompts", "ratchet.data.records", "ratchet.data.shards")
 
 
 class EvalRun(BaseModel):
@@ -124,5 +122,5 @@ def evaluate(store: ArtifactStore, policy: StageManifest, prompts: StageManifest
              executor: ExecutorConfig | None = None) -> tuple[StageManifest, bool]:
     run_cfg = EvalRun.model_validate(cfg.model_dump(include=set(EvalRun.model_fields)))  # the gate's keys stay out
     job = EvaluateJob(evaluate=run_cfg, sampler=sampler, data=data_cfg, seed=seed)
-    return run_stage(store, stage="evaluate", round=round, body=evaluate_body, code=CODE, config=job,
+    return run_stage(store, stage="evaluate", round=round, body=evaluate_body, config=job,
                      parents=[policy, prompts], isolate=isolate, keep_partial=True, run=run, executor=executor)

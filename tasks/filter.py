@@ -32,9 +32,8 @@ from ratchet.data.errors import EmptyStageError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.records import LabeledCompletion, PairRow, SFTRow, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
-from ratchet.tasks.stage import StageRequest, code_version, run_stage
+from ratchet.tasks.stage import StageRequest, run_stage
 
-CODE = code_version("ratchet.tasks.filter", "ratchet.tasks.mcts", "ratchet.data.records")
 
 
 class RFTFilter(BaseModel):
@@ -295,5 +294,5 @@ def filter_body(req: StageRequest[FilterJob], store: ArtifactStore) -> StageMani
 
 def filter_rows(store: ArtifactStore, labels: StageManifest, cfg: RFTFilter | PairFilter | StepPairFilter,
                 seed: int, round: int, run: str | None = None) -> tuple[StageManifest, bool]:
-    return run_stage(store, stage="filter", round=round, body=filter_body, code=CODE,
+    return run_stage(store, stage="filter", round=round, body=filter_body,
                      config=FilterJob(filter=cfg, seed=seed), parents=[labels], run=run)

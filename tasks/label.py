@@ -37,16 +37,13 @@ from ratchet.tasks.labels.reward_model import RewardModelLabel
 from ratchet.tasks.labels.verifier import VerifierLabel
 from ratchet.tasks.mcts import MctsLabel
 from ratchet.tasks.prepare import train_prompts
-from ratchet.tasks.stage import StageRequest, code_version, run_stage
+from ratchet.tasks.stage import StageRequest, run_stage
 from ratchet.tasks.units import ExecutorConfig
 
 LabelConfig = Annotated[VerifierLabel | ConsistencyLabel | JudgeLabel | RewardModelLabel | MctsLabel,
                         Field(discriminator="kind")]
 KINDS: dict[str, LabelKind] = {k.name: k for k in (verifier.KIND, consistency.KIND, judge.KIND, reward_model.KIND,
                                                    mcts.KIND)}
-CODE = {name: code_version("ratchet.tasks.label", "ratchet.tasks.labels", "ratchet.tasks.prepare", "ratchet.data.records",
-                          *k.modules)
-        for name, k in KINDS.items()}
 
 
 def kind_of(cfg: BaseModel) -> LabelKind:
@@ -98,10 +95,10 @@ def label(store: ArtifactStore, source: StageManifest, cfg: LabelConfig, data_cf
     if source.stage not in want:
         raise ValueError(f"label.kind={kind.name!r} labels the {' or '.join(want)} stage, not {source.stage}")
     if not kind.uses_policy:
-        return run_stage(store, stage="label", round=round, body=label_body, code=CODE[kind.name],
+        return run_stage(store, stage="label", round=round, body=label_body,
                          config=LabelJob(label=cfg, data=data_cfg), parents=[source], run=run)
     if policy is None or sampler is None:
         raise ValueError(f"label.kind={kind.name!r} needs the round's policy and the sampler settings")
-    return run_stage(store, stage="label", round=round, body=label_body, code=CODE[kind.name],
+    return run_stage(store, stage="label", round=round, body=label_body,
                      config=LabelJob(label=cfg, data=data_cfg, sampler=sampler, seed=seed), parents=[source, policy],
                      isolate=isolate, keep_partial=True, run=run, executor=executor)

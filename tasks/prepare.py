@@ -22,11 +22,8 @@ from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig, load_split, pool_slice
 from ratchet.data.records import Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
-from ratchet.tasks.stage import StageRequest, code_version, run_stage
+from ratchet.tasks.stage import StageRequest, run_stage
 
-PROMPTS_CODE = code_version("ratchet.tasks.prepare", "ratchet.data.prompts", "ratchet.data.records")
-BASE_CODE = code_version("ratchet.tasks.prepare")
-SLICE_CODE = PROMPTS_CODE
 
 
 class PromptsJob(BaseModel):
@@ -71,7 +68,7 @@ def prompts(store: ArtifactStore, data_cfg: SourceConfig, seed: int, sources: di
             run: str | None = None) -> tuple[StageManifest, bool]:
     """The train/eval split. `sources`: the content digest of every file the data config reads
     (load_split's digests), so an edited file, directory or dataset is a new stage."""
-    return run_stage(store, stage="prompts", round=0, body=prompts_body, code=PROMPTS_CODE,
+    return run_stage(store, stage="prompts", round=0, body=prompts_body,
                      config=PromptsJob(data=data_cfg, seed=seed, sources=sources), parents=[], run=run)
 
 
@@ -87,7 +84,7 @@ def slice_body(req: StageRequest[SliceJob], store: ArtifactStore) -> StageManife
 def round_prompts(store: ArtifactStore, prompts: StageManifest, start: int, count: int, seed: int, round: int,
                   run: str | None = None) -> tuple[StageManifest, bool]:
     """One round's train prompts: `count` of the pool's stream from position `start`."""
-    return run_stage(store, stage="slice", round=round, body=slice_body, code=SLICE_CODE,
+    return run_stage(store, stage="slice", round=round, body=slice_body,
                      config=SliceJob(start=start, count=count, seed=seed), parents=[prompts], run=run)
 
 
@@ -127,7 +124,7 @@ def base_model(store: ArtifactStore, source: str, model_dir: Path, run: str | No
         raise ConfigError([f"{field}={str(model_dir)!r} has no *.safetensors or *.bin weights; "
                            f"point {field} at a Hugging Face model directory"])
     digests = {f.name: sha256_file(f) for f in model_files(model_dir)}
-    return run_stage(store, stage=stage, round=0, body=base_body, code=BASE_CODE,
+    return run_stage(store, stage=stage, round=0, body=base_body,
                      config=BaseJob(source=source, path=str(model_dir), files=digests), parents=[], run=run)
 
 

@@ -20,12 +20,8 @@ from ratchet.data.records import Completion, Prompt, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig, SamplingParams
 from ratchet.tasks.prepare import train_prompts
-from ratchet.tasks.stage import StageRequest, code_version, run_stage
+from ratchet.tasks.stage import StageRequest, run_stage
 from ratchet.tasks.units import ExecutorConfig, UnitWork, run_units
-
-CODE = code_version("ratchet.tasks.sample", "ratchet.tasks.prepare", "ratchet.tasks.units", "ratchet.models.sampler", "ratchet.data.records",
-                    "ratchet.data.shards")
-
 
 class SampleConfig(BaseModel):
     """How the policy's completions are drawn each round."""
@@ -114,6 +110,6 @@ def sample_body(req: StageRequest[SampleJob], store: ArtifactStore) -> StageMani
 def sample(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: SampleConfig,
            sampler: SamplerConfig, seed: int, round: int, isolate: bool = True,
            run: str | None = None, executor: ExecutorConfig | None = None) -> tuple[StageManifest, bool]:
-    return run_stage(store, stage="sample", round=round, body=sample_body, code=CODE,
+    return run_stage(store, stage="sample", round=round, body=sample_body,
                      config=SampleJob(sample=cfg, sampler=sampler, seed=seed), parents=[policy, prompts],
                      isolate=isolate, keep_partial=True, run=run, executor=executor)

@@ -18,9 +18,8 @@ from ratchet.data.manifest import StageManifest
 from ratchet.data.records import PairRow, SFTRow, read_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.trainer import DPOTrainConfig, RFTTrainConfig
-from ratchet.tasks.stage import StageRequest, code_version, run_stage
+from ratchet.tasks.stage import StageRequest, run_stage
 
-CODE = code_version("ratchet.tasks.train", "ratchet.models.trainer", "ratchet.data.records")
 
 TrainConfig = Annotated[RFTTrainConfig | DPOTrainConfig, Field(discriminator="kind")]
 
@@ -56,6 +55,6 @@ def train_body(req: StageRequest[TrainJob], store: ArtifactStore) -> StageManife
 
 def train(store: ArtifactStore, policy: StageManifest, train_set: StageManifest, cfg: RFTTrainConfig | DPOTrainConfig,
           seed: int, round: int, isolate: bool = True, run: str | None = None) -> tuple[StageManifest, bool]:
-    return run_stage(store, stage="train", round=round, body=train_body, code=CODE,
+    return run_stage(store, stage="train", round=round, body=train_body,
                      config=TrainJob(train=cfg, seed=seed), parents=[policy, train_set], isolate=isolate,
                      keep_partial=True, run=run)

@@ -3,8 +3,7 @@
 Every kind lives in one module of this package and describes itself with one `LabelKind`:
 what it consumes (the sample stage's completions, or the prompts, for a kind that
 generates its own rollouts), whether it runs the policy (then the label stage runs in a
-worker with the sampler settings and a seed), the modules its result depends on (its
-code version), and the function that labels. The label stage (tasks/label.py) and the
+worker with the sampler settings and a seed), and the function that labels. The label stage (tasks/label.py) and the
 round flow ask the kind; neither has a special case for one.
 
     verifier     the task's answer check (RFT / ReST-EM / STaR)
@@ -42,7 +41,6 @@ class LabelKind:
     name: str
     consumes: Literal["samples", "prompts"]  # the parent stage it reads: sample's completions, or the prompts
     uses_policy: bool  # runs a model (the round's policy, or the label's fixed model): a worker, a seed
-    modules: tuple[str, ...]  # what its result depends on, for the stage's code version
     run: Callable[..., Labeled]  # run(req, store, items, check_cfg, cfg) -> Labeled
 
 

@@ -68,7 +68,4 @@ def run(req, store, rows: list[Completion], check_cfg, cfg: JudgeLabel) -> Label
     return Labeled(out, metrics, info={"units": done.placement})
 
 
-KIND = LabelKind(name="judge", consumes="samples", uses_policy=True, run=run,
-                 modules=("ratchet.tasks.labels.judge", "ratchet.tasks.judge", "ratchet.tasks.guard",
-                          "ratchet.tasks.sample", "ratchet.tasks.units", "ratchet.models.sampler",
-                          "ratchet.data.checkers", "ratchet.data.shards"))
+KIND = LabelKind(name="judge", consumes="samples", uses_policy=True, run=run)

@@ -91,7 +91,4 @@ def run(req, store, prompts: list[Prompt], check_cfg, cfg: MctsLabel) -> Labeled
     return Labeled(rows, metrics, outputs={"trees.jsonl": len(trees)}, info={"units": done.placement})
 
 
-KIND = LabelKind(name="mcts", consumes="prompts", uses_policy=True, run=run,
-                 modules=("ratchet.tasks.labels.mcts", "ratchet.tasks.mcts", "ratchet.tasks.judge",
-                          "ratchet.tasks.guard", "ratchet.tasks.sample", "ratchet.tasks.units",
-                          "ratchet.models.sampler", "ratchet.data.checkers", "ratchet.data.shards"))
+KIND = LabelKind(name="mcts", consumes="prompts", uses_policy=True, run=run)

@@ -97,6 +97,4 @@ def run(req, store, rows: list[Completion], check_cfg, cfg: RewardModelLabel) ->
     return Labeled(out, metrics, info={"units": done.placement})
 
 
-KIND = LabelKind(name="reward_model", consumes="samples", uses_policy=True, run=run,
-                 modules=("ratchet.tasks.labels.reward_model", "ratchet.models.reward_model", "ratchet.tasks.guard",
-                          "ratchet.tasks.units", "ratchet.data.checkers", "ratchet.data.shards"))
+KIND = LabelKind(name="reward_model", consumes="samples", uses_policy=True, run=run)

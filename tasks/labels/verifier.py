@@ -43,5 +43,4 @@ def run(req, store, rows: list[Completion], check_cfg, cfg: VerifierLabel) -> La
     return Labeled(verify(rows, check_cfg))
 
 
-KIND = LabelKind(name="verifier", consumes="samples", uses_policy=False, run=run,
-                 modules=("ratchet.tasks.labels.verifier", "ratchet.data.checkers"))
+KIND = LabelKind(name="verifier", consumes="samples", uses_policy=False, run=run)
