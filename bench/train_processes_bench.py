@@ -33,7 +33,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             cfg = RFTTrainConfig(epochs=1, batch_size=a.batch // n, num_processes=n, checkpoint_steps=1000)
             t = time.time()
-            m = train("rft", model, rows, cfg, Path(tmp), seed=0)
+            m = train(model, rows, cfg, Path(tmp), seed=0)
             wall = time.time() - t
         label = f"{n} x {cores // n} thread(s)"
         print(f"{label:<30}{m['steps']:>6.0f}{wall:>8.1f}{wall / m['steps']:>8.2f}{m['last_loss']:>11.4f}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -120,6 +120,8 @@ def extract(cfg: AnyCheck, response: str) -> str | None:
                 return None
             last = matches[-1] if isinstance(matches[-1], str) else matches[-1][0]
             return _norm(last)
+        case _:
+            assert_never(cfg)
 
 
 def graded(cfg: AnyCheck, response: str, answer: str, partial: float) -> float:
@@ -169,13 +171,17 @@ def worked(cfg: NumberCheck | StepsCheck, response: str, values: list[int | floa
 def answer_key(cfg: AnyCheck, answer: str) -> str | None:
     """A reference answer in the same canonical form `extract` gives responses (for `steps`,
     its last value: the final answer)."""
-    if cfg.kind in ("number", "steps"):
-        values = listed_values(answer) if cfg.kind == "steps" else [_to_float(answer.strip())]
-        value = values[-1] if values else None
-        if value is None:
-            return None
-        return format(value, "g") if value != int(value) else str(int(value))
-    return _norm(answer)
+    match cfg.kind:
+        case "number" | "steps":
+            values = listed_values(answer) if cfg.kind == "steps" else [_to_float(answer.strip())]
+            value = values[-1] if values else None
+            if value is None:
+                return None
+            return format(value, "g") if value != int(value) else str(int(value))
+        case "exact" | "regex":
+            return _norm(answer)
+        case _:
+            assert_never(cfg)
 
 
 def check(cfg: AnyCheck, response: str, answer: str) -> Verdict:
@@ -204,3 +210,5 @@ def check(cfg: AnyCheck, response: str, answer: str) -> Verdict:
                 return Verdict(False, None)
             last = matches[-1] if isinstance(matches[-1], str) else matches[-1][0]
             return Verdict(_norm(last) == _norm(answer), last)
+        case _:
+            assert_never(cfg)

@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import typing
 from pathlib import Path
-from typing import Literal
+from typing import Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -446,11 +447,32 @@ def train_dpo(model_dir: Path, rows: list[dict], cfg: DPOTrainConfig, out: Path,
     return metrics
 
 
-def train(kind: str, model_dir: Path, rows: list[dict], cfg: RFTTrainConfig | DPOTrainConfig, out: Path,
-          seed: int) -> dict[str, float]:
-    """train_rft or train_dpo, in this process or, with cfg.num_processes > 1, in that many
+TrainConfig = RFTTrainConfig | DPOTrainConfig
+
+
+def trainer_for(cfg: TrainConfig):
+    """The training function of a train kind; every kind is named here, and only here."""
+    match cfg:
+        case RFTTrainConfig():
+            return train_rft
+        case DPOTrainConfig():
+            return train_dpo
+        case _:
+            assert_never(cfg)
+
+
+def config_class(kind: str) -> type[TrainConfig]:
+    for cls in typing.get_args(TrainConfig):
+        if cls.model_fields["kind"].default == kind:
+            return cls
+    raise ValueError(f"train.kind={kind!r} is not a known kind; use one of "
+                     f"{[c.model_fields['kind'].default for c in typing.get_args(TrainConfig)]}")
+
+
+def train(model_dir: Path, rows: list[dict], cfg: TrainConfig, out: Path, seed: int) -> dict[str, float]:
+    """The kind's trainer, in this process or, with cfg.num_processes > 1, in that many
     processes under torchrun (on this machine, rendezvous on localhost)."""
-    fn = train_dpo if kind == "dpo" else train_rft
+    fn = trainer_for(cfg)
     if cfg.num_processes == 1:
         return fn(model_dir, rows, cfg, out, seed)
     import os
@@ -462,7 +484,7 @@ def train(kind: str, model_dir: Path, rows: list[dict], cfg: RFTTrainConfig | DP
 
     out.mkdir(parents=True, exist_ok=True)
     spec, result = out / "train-processes.json", out / "train-metrics.json"
-    spec.write_text(json.dumps({"kind": kind, "model": str(model_dir), "rows": rows, "out": str(out), "seed": seed,
+    spec.write_text(json.dumps({"kind": cfg.kind, "model": str(model_dir), "rows": rows, "out": str(out), "seed": seed,
                                 "cfg": cfg.model_dump(mode="json")}))
     result.unlink(missing_ok=True)
     n = cfg.num_processes
@@ -483,9 +505,8 @@ def train(kind: str, model_dir: Path, rows: list[dict], cfg: RFTTrainConfig | DP
 def _process_main(spec_path: str) -> None:
     """One training process under torchrun: the trainer, then (main process) the metrics file."""
     spec = json.loads(Path(spec_path).read_text())
-    cls = DPOTrainConfig if spec["kind"] == "dpo" else RFTTrainConfig
-    fn = train_dpo if spec["kind"] == "dpo" else train_rft
-    metrics = fn(Path(spec["model"]), spec["rows"], cls.model_validate(spec["cfg"]), Path(spec["out"]), spec["seed"])
+    cfg = config_class(spec["kind"]).model_validate(spec["cfg"])
+    metrics = trainer_for(cfg)(Path(spec["model"]), spec["rows"], cfg, Path(spec["out"]), spec["seed"])
     if metrics:
         (Path(spec["out"]) / "train-metrics.json").write_text(json.dumps(metrics))
 

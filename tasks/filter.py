@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from typing import Annotated, Literal
+from typing import Annotated, Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -82,6 +82,17 @@ class StepPairFilter(BaseModel):
 
 
 FilterConfig = Annotated[RFTFilter | PairFilter | StepPairFilter, Field(discriminator="kind")]
+
+
+def builds(cfg: RFTFilter | PairFilter | StepPairFilter) -> Literal["rft", "pairs"]:
+    """What a filter kind writes: accepted rows for fine-tuning ('rft') or preference pairs ('pairs')."""
+    match cfg:
+        case RFTFilter():
+            return "rft"
+        case PairFilter() | StepPairFilter():
+            return "pairs"
+        case _:
+            assert_never(cfg)
 
 
 class FilterJob(BaseModel):
@@ -280,16 +291,20 @@ def _accepted_set(req: StageRequest[FilterJob], rows: list[LabeledCompletion]) -
 
 
 def filter_body(req: StageRequest[FilterJob], store: ArtifactStore) -> StageManifest:
-    kind = req.config.filter.kind
-    if kind == "step_pairs":
-        kept, metrics = _tree_pair_set(req, store)
-    else:
-        rows = read_jsonl(store.path(req.parent("label"), "labels.jsonl"), LabeledCompletion)
-        kept, metrics = _pair_set(req, rows) if kind == "pairs" else _accepted_set(req, rows)
+    cfg = req.config.filter
+    labels = lambda: read_jsonl(store.path(req.parent("label"), "labels.jsonl"), LabeledCompletion)  # noqa: E731
+    match cfg:
+        case StepPairFilter():
+            kept, metrics = _tree_pair_set(req, store)
+        case PairFilter():
+            kept, metrics = _pair_set(req, labels())
+        case RFTFilter():
+            kept, metrics = _accepted_set(req, labels())
+        case _:
+            assert_never(cfg)
     d = store.stage_dir(req.stage, req.key)
     n = write_jsonl(d / "train_set.jsonl", kept)
-    return req.finish(store, outputs={"train_set.jsonl": n}, metrics=metrics,
-                      info={"rows": "rft" if kind == "rft" else "pairs"})
+    return req.finish(store, outputs={"train_set.jsonl": n}, metrics=metrics, info={"rows": builds(cfg)})
 
 
 def filter_rows(store: ArtifactStore, labels: StageManifest, cfg: RFTFilter | PairFilter | StepPairFilter,

@@ -10,7 +10,7 @@ inside (train.checkpoint_steps); a resumed stage continues from its last checkpo
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,18 +38,21 @@ def train_body(req: StageRequest[TrainJob], store: ArtifactStore) -> StageManife
     data = store.path(req.parent("filter"), "train_set.jsonl")
     base = model_dir(store, req.parent_model)
     cfg = req.config.train
-    if cfg.kind == "dpo":
-        rows = [{"prompt": r.prompt, "chosen": r.chosen, "rejected": r.rejected} for r in read_jsonl(data, PairRow)]
-    else:
-        rows = [{"prompt": r.prompt, "completion": r.completion} for r in read_jsonl(data, SFTRow)]
-    metrics = train(cfg.kind, base, rows, cfg, d, req.seed)
+    match cfg:
+        case DPOTrainConfig():
+            rows = [{"prompt": r.prompt, "chosen": r.chosen, "rejected": r.rejected} for r in read_jsonl(data, PairRow)]
+        case RFTTrainConfig():
+            rows = [{"prompt": r.prompt, "completion": r.completion} for r in read_jsonl(data, SFTRow)]
+        case _:
+            assert_never(cfg)
+    metrics = train(base, rows, cfg, d, req.seed)
     outputs = {p.relative_to(d).as_posix(): None for p in sorted(d.rglob("*"))
                if p.is_file() and p.parts[len(d.parts)] in ("model", "adapter")}
     outputs["train_log.jsonl"] = None
     return req.finish(store, outputs=outputs, metrics=metrics,
                       info={"adapter": cfg.adapter, "objective": cfg.kind,
                             # DPO's reference policy: the weights this round started from
-                            **({"reference": req.parent_model.dir} if cfg.kind == "dpo" else {})},
+                            **({"reference": req.parent_model.dir} if isinstance(cfg, DPOTrainConfig) else {})},
                       scratch=("checkpoints",))
 
 

@@ -196,3 +196,22 @@ def test_a_run_shorter_than_its_logging_cadence_still_reports_its_loss(tmp_path)
     assert (m["first_loss"], m["last_loss"], m["train_loss"], m["steps"]) == (0.69, 0.69, 0.69, 1.0)
     assert (tmp_path / "train_log.jsonl").read_text() == ""
     assert json.loads(json.dumps(m, allow_nan=False))  # every metric is a number JSON can carry
+
+
+def test_a_train_kind_nobody_dispatches_is_an_error_not_sft():
+    """Dispatch on a train kind is exhaustive: a config of a kind the trainer does not know
+    fails loudly instead of falling through to supervised fine-tuning."""
+    from typing import Literal
+
+    import pytest
+
+    from ratchet.models.trainer import OptimSettings, RFTTrainConfig, config_class, train_rft, trainer_for
+
+    class PPOTrainConfig(OptimSettings):
+        kind: Literal["ppo"] = "ppo"
+
+    assert trainer_for(RFTTrainConfig()) is train_rft
+    with pytest.raises(AssertionError):
+        trainer_for(PPOTrainConfig())
+    with pytest.raises(ValueError, match="'ppo' is not a known kind"):
+        config_class("ppo")

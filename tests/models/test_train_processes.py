@@ -32,7 +32,7 @@ def _train(kind, model, out, **kw):
     from ratchet.models.trainer import DPOTrainConfig, RFTTrainConfig, train
 
     cfg = (DPOTrainConfig if kind == "dpo" else RFTTrainConfig)(**COMMON, **kw)
-    return train(kind, model, PAIRS if kind == "dpo" else ROWS, cfg, out, seed=0)
+    return train(model, PAIRS if kind == "dpo" else ROWS, cfg, out, seed=0)
 
 
 def _weights(out):
