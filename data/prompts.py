@@ -31,7 +31,7 @@ import string
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -58,6 +58,7 @@ class PoolSource(BaseModel):
     """What every prompt source shares: how each round draws from its train prompts."""
 
     model_config = ConfigDict(extra="forbid")
+    local_paths: ClassVar[tuple[str, ...]] = ()  # fields naming local files: made absolute in deployments
     prompts_per_round: int | None = Field(
         default=None, ge=1, description="each round trains on this many train prompts drawn from the pool without "
         "repeats until the pool is spent (then a new seeded order); a continuation draws on where the last run "
@@ -153,6 +154,7 @@ def chain_text(cfg: ChainSource, start: int, ops: tuple[tuple[str, int], ...]) -
 class FileSource(PoolSource):
     """User prompts from JSONL, JSON, CSV, Parquet or a `datasets` dataset."""
 
+    local_paths: ClassVar[tuple[str, ...]] = ("path", "eval_path")  # made absolute in deployments
     kind: Literal["file"] = "file"
     path: str = Field(description="a .jsonl/.json/.csv/.parquet file, a save_to_disk directory, or a datasets name")
     split: str = Field(default="train", description="split name for datasets")

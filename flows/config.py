@@ -20,8 +20,9 @@ from ratchet.flows.tracking import TrackingConfig
 from ratchet.models.sampler import SamplerConfig
 from ratchet.tasks.agreement import AgreementConfig
 from ratchet.tasks.evaluate import EvaluateConfig
-from ratchet.tasks.filter import FilterConfig, RFTFilter
-from ratchet.tasks.label import LabelConfig, VerifierLabel, reward_range
+from ratchet.tasks import label as label_kinds
+from ratchet.tasks.filter import ROWS, FilterConfig, RFTFilter
+from ratchet.tasks.label import LabelConfig, VerifierLabel
 from ratchet.tasks.sample import SampleConfig
 from ratchet.tasks.train import RFTTrainConfig, TrainConfig
 from ratchet.tasks.units import ExecutorConfig
@@ -60,53 +61,64 @@ class PipelineConfig(BaseModel):
 
 
 def _cross_checks(cfg: PipelineConfig) -> list[str]:
+    """Problems across sections. What a kind needs of the rest of the config is the kind's own
+    declaration (tasks/labels/, tasks/filter.py, models/trainer.py); nothing here names a kind."""
     problems = []
     if cfg.sample.max_tokens + 64 > cfg.sampler.max_model_len:
         problems.append(
             f"sample.max_tokens={cfg.sample.max_tokens} leaves under 64 prompt tokens within "
             f"sampler.max_model_len={cfg.sampler.max_model_len}; raise sampler.max_model_len or lower sample.max_tokens"
         )
-    lo, hi = reward_range(cfg.label)
-    label = f"label.kind={cfg.label.kind!r}" + (f" mode={cfg.label.mode!r}" if cfg.label.kind == "judge" else "")
-    if cfg.filter.kind == "rft" and cfg.filter.min_reward > hi:
-        problems.append(f"filter.min_reward={cfg.filter.min_reward} can never be reached: {label} gives rewards "
-                        f"in [{lo:g}, {hi:g}]; set filter.min_reward to at most {hi:g}")
-    if cfg.filter.kind == "pairs" and cfg.filter.margin > hi - lo:
-        problems.append(f"filter.margin={cfg.filter.margin} is wider than the reward range [{lo:g}, {hi:g}] of "
-                        f"{label}, so no pair can pass; set filter.margin below {hi - lo:g}")
-    if cfg.label.kind == "judge" and cfg.sampler.backend == "vllm" and cfg.label.top_logprobs > 20:
-        problems.append(f"label.top_logprobs={cfg.label.top_logprobs}: vLLM returns at most 20 candidates; set it "
-                        "to 20 or less (or sampler.backend='hf', which reads the whole vocabulary)")
-    if cfg.filter.kind in ("pairs", "step_pairs") and cfg.train.kind != "dpo":
-        problems.append(f"filter.kind={cfg.filter.kind!r} builds preference pairs, which train.kind="
-                        f"{cfg.train.kind!r} cannot use; set train.kind='dpo' (or filter.kind='rft')")
-    if cfg.filter.kind == "step_pairs" and cfg.label.kind != "mcts":
-        problems.append(f"filter.kind='step_pairs' reads the search trees of label.kind='mcts', but label.kind="
-                        f"{cfg.label.kind!r}; set label.kind='mcts' (or filter.kind='pairs')")
-    if cfg.label.kind == "mcts" and cfg.label.value == "graded" and cfg.data.check.kind not in ("number", "steps"):
-        problems.append(f"label.value='graded' gives partial credit by a wrong number's distance from the reference "
-                        f"(or, with data.check.kind='steps', by the steps shown), but data.check.kind="
-                        f"{cfg.data.check.kind!r} does not read numbers; use label.value='verifier' "
-                        "(or data.check.kind='number')")
-    if cfg.label.kind == "mcts":
-        need = cfg.label.max_depth * cfg.label.step_max_tokens + cfg.label.rollout_tokens + 64
-        if need > cfg.sampler.max_model_len:
-            problems.append(f"label: a search path of max_depth={cfg.label.max_depth} x step_max_tokens="
-                            f"{cfg.label.step_max_tokens} plus rollout_tokens={cfg.label.rollout_tokens} and a prompt "
-                            f"needs ~{need} tokens > sampler.max_model_len={cfg.sampler.max_model_len}; raise "
-                            "sampler.max_model_len or shorten the search")
-    if cfg.train.kind == "dpo" and cfg.filter.kind not in ("pairs", "step_pairs"):
-        problems.append(f"train.kind='dpo' needs preference pairs, but filter.kind={cfg.filter.kind!r} builds "
-                        "accepted samples; set filter.kind='pairs' (or train.kind='rft')")
-    if cfg.agreement.min is not None and (cfg.label.kind == "verifier" or (cfg.label.kind == "mcts"
-                                                                           and cfg.label.uses_reference)):
-        problems.append(f"agreement.min={cfg.agreement.min}: {label} scores with the reference answers themselves, "
-                        "so there is no agreement to check; remove agreement.min (it gates labels such as the judge, "
-                        "a majority vote or a reward model)")
+    label = label_kinds.kind_of(cfg.label)
+    lo, hi = label.reward_range(cfg.label)
+    problems += cfg.filter.reward_checks(lo, hi, label.setting(cfg.label))
+    problems += label.checks(cfg)
+    filters, trains = kinds_of("filter"), kinds_of("train")
+    if cfg.filter.builds != cfg.train.consumes:
+        fix_filter = next(k for k, c in filters.items() if c.builds == cfg.train.consumes)
+        fix_train = next(k for k, c in trains.items() if c.consumes == cfg.filter.builds)
+        problems.append(f"train.kind={cfg.train.kind!r} needs {ROWS[cfg.train.consumes]}, but filter.kind="
+                        f"{cfg.filter.kind!r} builds {ROWS[cfg.filter.builds]}; set filter.kind={fix_filter!r} "
+                        f"(or train.kind={fix_train!r})")
+    if cfg.filter.reads is not None and cfg.filter.reads[0] not in label.outputs:
+        file, what = cfg.filter.reads
+        writers = [k for k, kind in label_kinds.KINDS.items() if file in kind.outputs]
+        other = next(k for k, c in filters.items() if c.builds == cfg.filter.builds and c.reads is None)
+        problems.append(f"filter.kind={cfg.filter.kind!r} reads the {what} of label.kind={writers[0]!r} ({file}), "
+                        f"but label.kind={cfg.label.kind!r} writes none; set label.kind={writers[0]!r} "
+                        f"(or filter.kind={other!r})")
+    if cfg.agreement.min is not None and label.needs_reference(cfg.label):
+        problems.append(f"agreement.min={cfg.agreement.min}: {label.setting(cfg.label)} scores with the reference "
+                        "answers themselves, so there is no agreement to check; remove agreement.min (it gates labels "
+                        "such as the judge, a majority vote or a reward model)")
     if cfg.train.max_length <= cfg.sample.max_tokens:
         problems.append(f"train.max_length={cfg.train.max_length} cannot hold a prompt plus "
                         f"sample.max_tokens={cfg.sample.max_tokens}; raise train.max_length")
     return problems
+
+
+def kinds_of(section: str) -> dict[str, type[BaseModel]]:
+    """kind name -> config model, of a section whose config is a union of kinds."""
+    import typing
+
+    ann = PipelineConfig.model_fields[section].annotation
+    inner = typing.get_args(ann)[0] if typing.get_origin(ann) is typing.Annotated else ann
+    return {m.model_fields["kind"].default: m for m in typing.get_args(inner) or (inner,)}
+
+
+def _default_kinds(data: dict) -> dict[str, str]:
+    """The kind a section without one takes: its default, except that filter and train follow each
+    other (a train kind that needs pairs gets the first filter kind that builds them, and back)."""
+    out = {s: PipelineConfig.model_fields[s].default_factory().kind for s in ("data", "label", "filter", "train")}
+    given = {s: data[s].get("kind") for s in ("filter", "train") if isinstance(data.get(s), dict)}
+    filters, trains = kinds_of("filter"), kinds_of("train")
+    if given.get("train") in trains and given.get("filter") is None:
+        rows = trains[given["train"]].consumes
+        out["filter"] = next(k for k, c in filters.items() if c.builds == rows)
+    elif given.get("filter") in filters and given.get("train") is None:
+        rows = filters[given["filter"]].builds
+        out["train"] = next(k for k, c in trains.items() if c.consumes == rows)
+    return out
 
 
 def _parse_value(raw: str) -> Any:
@@ -134,9 +146,6 @@ def apply_overrides(data: dict, overrides: list[str]) -> tuple[dict, list[str]]:
         else:
             node[parts[-1]] = _parse_value(raw)
     return data, problems
-
-
-_DEFAULT_KINDS = {"data": "addition", "label": "verifier", "filter": "rft", "train": "rft"}
 
 
 def _field_info(loc: tuple) -> tuple[str, str | None]:
@@ -210,15 +219,8 @@ def config_from_dict(data: dict, overrides: list[str] = (), source: str = "defau
 
     data = copy.deepcopy(data)
     data, problems = apply_overrides(data, list(overrides))
-    kinds = dict(_DEFAULT_KINDS)
-    train_kind = data.get("train", {}).get("kind") if isinstance(data.get("train"), dict) else None
-    filter_kind = data.get("filter", {}).get("kind") if isinstance(data.get("filter"), dict) else None
-    if train_kind == "dpo" or (train_kind is None and filter_kind in ("pairs", "step_pairs")):  # DPO needs pairs
-        kinds.update(filter="pairs", train="dpo")
-        for section in ("filter", "train"):
-            data.setdefault(section, {})
-    for section, kind in kinds.items():
-        if isinstance(data.get(section), dict):
+    for section, kind in _default_kinds(data).items():
+        if isinstance(data.setdefault(section, {}), dict):
             data[section].setdefault("kind", kind)
     try:
         cfg = PipelineConfig.model_validate(data)

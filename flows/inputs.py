@@ -15,11 +15,13 @@ from pathlib import Path
 from ratchet.data.errors import ProblemReport
 from ratchet.data.prompts import Split, check_draw, load_split
 from ratchet.flows.config import PipelineConfig
+from ratchet.tasks.label import kind_of
+from ratchet.tasks.labels import Budget
 
 
 def needs_train_answers(cfg: PipelineConfig) -> bool:
     """Whether the label needs a reference answer for every train prompt."""
-    return cfg.label.kind == "verifier" or (cfg.label.kind == "mcts" and cfg.label.uses_reference)
+    return kind_of(cfg.label).needs_reference(cfg.label)
 
 
 def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
@@ -32,18 +34,19 @@ def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
         check_draw(cfg.data.prompts_per_round, len(split.train))
     check_label_model(cfg)
     tok = _tokenizer(model_dir if model_dir is not None else resolve_model(cfg.model.path))
-    # the model that reads each budget's prompts tokenizes them: a fixed judge its own way
-    readers = {"policy": tok, "judge": _tokenizer(resolve_model(cfg.label.model))
-               if cfg.label.kind == "judge" and cfg.label.model else tok}
+    # the model that reads each budget's prompts tokenizes them: a label's fixed model its own way
+    fixed = kind_of(cfg.label).fixed_model(cfg.label)
+    readers = {"policy": tok, "label": _tokenizer(resolve_model(fixed)) if fixed else tok}
     report = ProblemReport()
     for what, prompts, budgets in (("train", split.train, train_budgets(cfg)), ("eval", split.eval, eval_budgets(cfg))):
         for p in prompts:
-            for name, (wrap, extra, limit, fix, reader) in budgets.items():
-                need = len(_ids(readers[reader], wrap(p.prompt))) + extra
-                if need > limit:
+            for name, b in budgets.items():
+                need = len(_ids(readers[b.reader], b.wrap(p.prompt))) + b.extra
+                if need > b.limit:
                     source, place = split.places.get(p.id, ("data", f"id {p.id!r}"))
                     report.add(source, f"{what} prompts too long for {name}", place,
-                               f"{need} tokens with what {name} adds > {limit}", f"shorten or drop these rows, or {fix}")
+                               f"{need} tokens with what {name} adds > {b.limit}",
+                               f"shorten or drop these rows, or {b.fix}")
     report.raise_if_any()
     return split
 
@@ -52,21 +55,16 @@ def check_label_model(cfg: PipelineConfig) -> None:
     """A fixed judge or reward model (label.model) must be a model directory of the right kind;
     only its config.json is read."""
     from ratchet.data.errors import ConfigError
-    from ratchet.tasks.label import fixed_model
 
-    src = fixed_model(cfg.label)
+    kind = kind_of(cfg.label)
+    src = kind.fixed_model(cfg.label)
     if src is None:
         return
     path = resolve_model(src)
     if not (path / "config.json").is_file():
         raise ConfigError([f"label.model={src!r}: {path} has no config.json; give a Hugging Face model directory"])
-    if cfg.label.kind == "reward_model":
-        from ratchet.models.reward_model import describe
-
-        found = describe(path)
-        if isinstance(found, str):
-            raise ConfigError([f"label.model={src!r}: {found}; give a reward model directory, or use "
-                               "label.kind='judge' for a generative judge"])
+    if (wrong := kind.check_model(path)) is not None:
+        raise ConfigError([f"label.model={src!r}: {wrong}"])
 
 
 def _ids(tok, text: str) -> list[int]:
@@ -75,39 +73,23 @@ def _ids(tok, text: str) -> list[int]:
     return chat_token_ids(tok, [text])[0]
 
 
-def train_budgets(cfg: PipelineConfig) -> dict:
-    """stage -> (prompt wrapper, tokens it adds after the prompt, limit, how to raise the limit, which model
-    reads it: 'policy' or 'judge')."""
+def train_budgets(cfg: PipelineConfig) -> dict[str, Budget]:
+    """The stages that read a train prompt, each with its budget: sampling (where the label reads the
+    sample stage's completions), what the label kind runs itself, and training."""
     same = lambda p: p  # noqa: E731
-    ctx, raise_ctx = cfg.sampler.max_model_len, "raise sampler.max_model_len"
+    kind = kind_of(cfg.label)
     out = {}
-    if cfg.label.kind == "mcts":
-        L = cfg.label
-        path = L.max_depth * L.step_max_tokens + L.rollout_tokens
-        out["the tree search"] = (same, path, ctx, f"{raise_ctx} or shorten the search (label.max_depth, "
-                                  "label.step_max_tokens, label.rollout_tokens)", "policy")
-        if L.value == "judge":
-            out["the judge"] = (_judge_wrap(L.judge), path + 4, ctx, raise_ctx, "judge")
-    else:
-        out["sampling"] = (same, cfg.sample.max_tokens, ctx, f"{raise_ctx} or lower sample.max_tokens", "policy")
-        if cfg.label.kind == "judge":
-            verdict = cfg.label.max_tokens if cfg.label.mode == "text" else 4
-            out["the judge"] = (_judge_wrap(cfg.label), cfg.sample.max_tokens + verdict, ctx,
-                                f"{raise_ctx} or lower sample.max_tokens", "judge")
-    out["training"] = (same, 1, cfg.train.max_length, "raise train.max_length", "policy")
+    if kind.consumes == "samples":
+        out["sampling"] = Budget(same, cfg.sample.max_tokens, cfg.sampler.max_model_len,
+                                 "raise sampler.max_model_len or lower sample.max_tokens")
+    out.update(kind.budgets(cfg))
+    out["training"] = Budget(same, 1, cfg.train.max_length, "raise train.max_length")
     return out
 
 
-def eval_budgets(cfg: PipelineConfig) -> dict:
-    return {"evaluation": (lambda p: p, cfg.evaluate.max_tokens, cfg.sampler.max_model_len,
-                           "raise sampler.max_model_len or lower evaluate.max_tokens", "policy")}
-
-
-def _judge_wrap(judge_cfg):
-    from ratchet.tasks.judge import judge_prompt
-
-    template = judge_cfg.prompt_template()
-    return lambda p: judge_prompt(template, p, "")
+def eval_budgets(cfg: PipelineConfig) -> dict[str, Budget]:
+    return {"evaluation": Budget(lambda p: p, cfg.evaluate.max_tokens, cfg.sampler.max_model_len,
+                                 "raise sampler.max_model_len or lower evaluate.max_tokens")}
 
 
 def _tokenizer(model_dir: Path):

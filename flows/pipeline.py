@@ -97,7 +97,7 @@ def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
     prompts = unwrap(prompts_task(cfg, ctx))
     base = unwrap(start_model_task(cfg, ctx) if ctx.start_version else base_task(cfg, ctx))
     first = base.round if ctx.start_version else 0  # rounds count generations: a continuation numbers on
-    fixed = unwrap(label_model_task(cfg, ctx)) if label_mod.fixed_model(cfg.label) else None
+    fixed = unwrap(label_model_task(cfg, ctx)) if label_mod.kind_of(cfg.label).fixed_model(cfg.label) else None
     results = [round_zero(cfg, ctx, base, prompts, first)]
     for k in range(first + 1, first + cfg.rounds + 1):
         start = trains_from(results, cfg.evaluate)

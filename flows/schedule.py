@@ -20,6 +20,7 @@ from pathlib import Path
 from ratchet.data.errors import ConfigError, RatchetError
 from ratchet.data.manifest import MANIFEST
 from ratchet.flows.config import PipelineConfig
+from ratchet.tasks.label import kind_of
 
 FLOW_NAME = "ratchet-continue"
 
@@ -30,16 +31,15 @@ def absolute_paths(cfg: PipelineConfig) -> PipelineConfig:
     update: dict = {"workdir": str(Path(cfg.workdir).expanduser().resolve())}
     if cfg.model.path != "default" and Path(cfg.model.path).expanduser().exists():
         update["model"] = cfg.model.model_copy(update={"path": str(Path(cfg.model.path).expanduser().resolve())})
-    label_model = getattr(cfg.label, "model", None)
+    label_model = kind_of(cfg.label).fixed_model(cfg.label)  # a label's fixed model lives in label.model
     if label_model and label_model != "default" and Path(label_model).expanduser().exists():
         update["label"] = cfg.label.model_copy(update={"model": str(Path(label_model).expanduser().resolve())})
-    if cfg.data.kind == "file":
-        data = {}
-        for field in ("path", "eval_path"):
-            value = getattr(cfg.data, field)
-            if value and Path(value).expanduser().exists():
-                data[field] = str(Path(value).expanduser().resolve())
-        update["data"] = cfg.data.model_copy(update=data)
+    data = {}
+    for field in cfg.data.local_paths:
+        value = getattr(cfg.data, field)
+        if value and Path(value).expanduser().exists():
+            data[field] = str(Path(value).expanduser().resolve())
+    update["data"] = cfg.data.model_copy(update=data)
     return cfg.model_copy(update=update)
 
 

@@ -120,7 +120,7 @@ def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
 @task(name="label-model", cache_policy=NONE, retries=0)
 def label_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     """The label's own fixed model (a judge or a reward model, label.model) as a store stage."""
-    src = label_mod.fixed_model(cfg.label)
+    src = label_mod.kind_of(cfg.label).fixed_model(cfg.label)
     return finished(*prepare.base_model(store_of(ctx), src, resolve_model(src), run=ctx.run_name,
                                          stage="label-model", field="label.model"))
 
@@ -201,10 +201,7 @@ def agreement_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageMa
 
 def label_name(cfg: PipelineConfig) -> str:
     """The round's label as a user configured it, in a few words."""
-    lab = cfg.label
-    if lab.kind == "judge":
-        return f"judge ({lab.mode}, {'the policy' if lab.model is None else lab.model})"
-    return lab.kind
+    return label_mod.kind_of(cfg.label).title(cfg.label)
 
 
 @task(name="train", cache_policy=NONE, retries=0)

@@ -19,7 +19,7 @@ import shutil
 import time
 import typing
 from pathlib import Path
-from typing import Literal, assert_never
+from typing import ClassVar, Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -62,6 +62,7 @@ class OptimSettings(BaseModel):
 
 
 class RFTTrainConfig(OptimSettings):
+    consumes: ClassVar[str] = "rft"  # the rows it trains on: accepted samples (tasks/filter.py ROWS)
     kind: Literal["rft"] = "rft"
 
 
@@ -74,6 +75,7 @@ class DPOTrainConfig(OptimSettings):
     the same weights with the adapter off (no second model in memory); full fine-tuning keeps a
     frozen copy."""
 
+    consumes: ClassVar[str] = "pairs"  # preference pairs
     kind: Literal["dpo"] = "dpo"
     learning_rate: float = Field(default=5e-5, gt=0, description="peak learning rate (LoRA DPO; ~5e-7 full)")
     beta: float = Field(default=0.1, gt=0, description="strength of the pull toward the reference policy "

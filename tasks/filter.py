@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from typing import Annotated, Literal, assert_never
+from typing import Annotated, ClassVar, Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,10 +34,15 @@ from ratchet.data.records import LabeledCompletion, PairRow, SFTRow, read_jsonl,
 from ratchet.data.store import ArtifactStore
 from ratchet.tasks.stage import StageRequest, run_stage
 
+# What a filter kind writes and a train kind reads: accepted samples for fine-tuning, or preference pairs
+Rows = Literal["rft", "pairs"]
+ROWS: dict[str, str] = {"rft": "accepted samples", "pairs": "preference pairs"}
 
 
 class RFTFilter(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    builds: ClassVar[Rows] = "rft"
+    reads: ClassVar[tuple[str, str] | None] = None
     kind: Literal["rft"] = "rft"
     min_reward: float = Field(default=1.0, description="accept completions with reward >= this")
     max_per_prompt: int = Field(default=2, ge=1, description="cap on accepted completions per prompt")
@@ -47,11 +52,19 @@ class RFTFilter(BaseModel):
         "highest value, then Q, then visits)")
     min_rows: int = Field(default=16, ge=1, description="fewer accepted rows than this stops the round")
 
+    def reward_checks(self, lo: float, hi: float, label: str) -> list[str]:
+        if self.min_reward > hi:
+            return [f"filter.min_reward={self.min_reward} can never be reached: {label} gives rewards in "
+                    f"[{lo:g}, {hi:g}]; set filter.min_reward to at most {hi:g}"]
+        return []
+
 
 class PairFilter(BaseModel):
     """Preference pairs (chosen, rejected) per prompt for DPO."""
 
     model_config = ConfigDict(extra="forbid")
+    builds: ClassVar[Rows] = "pairs"
+    reads: ClassVar[tuple[str, str] | None] = None
     kind: Literal["pairs"] = "pairs"
     margin: float = Field(
         default=0.1, ge=0,
@@ -68,11 +81,19 @@ class PairFilter(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1, description="leave out completions longer than this")
     min_pairs: int = Field(default=16, ge=1, description="fewer pairs than this stops the round")
 
+    def reward_checks(self, lo: float, hi: float, label: str) -> list[str]:
+        if self.margin > hi - lo:
+            return [f"filter.margin={self.margin} is wider than the reward range [{lo:g}, {hi:g}] of {label}, so no "
+                    f"pair can pass; set filter.margin below {hi - lo:g}"]
+        return []
+
 
 class StepPairFilter(BaseModel):
     """Step-level preference pairs from the trees of label.kind='mcts' for DPO."""
 
     model_config = ConfigDict(extra="forbid")
+    builds: ClassVar[Rows] = "pairs"
+    reads: ClassVar[tuple[str, str] | None] = ("trees.jsonl", "search trees")  # a label kind's extra output
     kind: Literal["step_pairs"] = "step_pairs"
     margin: float = Field(default=0.3, ge=0, le=1, description="least Q gap (0-1) between the preferred and the "
                           "dispreferred sibling step; equal Q never pairs")
@@ -80,19 +101,11 @@ class StepPairFilter(BaseModel):
     max_pairs_per_prompt: int = Field(default=2, ge=1, description="pairs per prompt, widest gap first")
     min_pairs: int = Field(default=16, ge=1, description="fewer pairs than this stops the round")
 
+    def reward_checks(self, lo: float, hi: float, label: str) -> list[str]:
+        return []  # Q values are on 0-1 whatever the label
+
 
 FilterConfig = Annotated[RFTFilter | PairFilter | StepPairFilter, Field(discriminator="kind")]
-
-
-def builds(cfg: RFTFilter | PairFilter | StepPairFilter) -> Literal["rft", "pairs"]:
-    """What a filter kind writes: accepted rows for fine-tuning ('rft') or preference pairs ('pairs')."""
-    match cfg:
-        case RFTFilter():
-            return "rft"
-        case PairFilter() | StepPairFilter():
-            return "pairs"
-        case _:
-            assert_never(cfg)
 
 
 class FilterJob(BaseModel):
@@ -304,7 +317,7 @@ def filter_body(req: StageRequest[FilterJob], store: ArtifactStore) -> StageMani
             assert_never(cfg)
     d = store.stage_dir(req.stage, req.key)
     n = write_jsonl(d / "train_set.jsonl", kept)
-    return req.finish(store, outputs={"train_set.jsonl": n}, metrics=metrics, info={"rows": builds(cfg)})
+    return req.finish(store, outputs={"train_set.jsonl": n}, metrics=metrics, info={"rows": cfg.builds})
 
 
 def filter_rows(store: ArtifactStore, labels: StageManifest, cfg: RFTFilter | PairFilter | StepPairFilter,

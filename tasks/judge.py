@@ -106,6 +106,12 @@ def _fence(text: str) -> str:
     return re.sub(r"</\s*(response|question|proposed_answer)\s*>", r"<\\/\1>", text, flags=re.I)
 
 
+def template_wrap(cfg: JudgeLabel):
+    """A prompt as the judge reads it before any response: inside the judge's template."""
+    template = cfg.prompt_template()
+    return lambda p: judge_prompt(template, p, "")
+
+
 def judge_prompt(template: str, prompt: str, response: str) -> str:
     return template.format(prompt=_fence(prompt), response=_fence(response))
 

@@ -19,8 +19,7 @@ self-reward is informative for this model.
 
 from __future__ import annotations
 
-import math
-from typing import Annotated
+from typing import Annotated, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,36 +28,27 @@ from ratchet.data.prompts import SourceConfig
 from ratchet.data.records import Completion, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig
-from ratchet.tasks.judge import JudgeLabel
 from ratchet.tasks.labels import LabelKind, reward_stats
 from ratchet.tasks.labels import consistency, judge, mcts, reward_model, verifier
-from ratchet.tasks.labels.consistency import ConsistencyLabel
-from ratchet.tasks.labels.reward_model import RewardModelLabel
 from ratchet.tasks.labels.verifier import VerifierLabel
-from ratchet.tasks.mcts import MctsLabel
 from ratchet.tasks.prepare import train_prompts
 from ratchet.tasks.stage import StageRequest, run_stage
 from ratchet.tasks.units import ExecutorConfig
 
-LabelConfig = Annotated[VerifierLabel | ConsistencyLabel | JudgeLabel | RewardModelLabel | MctsLabel,
-                        Field(discriminator="kind")]
+# The registration of every label kind: its module's KIND, one entry each. The config union, the
+# dispatch and every check the flow makes come from these records.
 KINDS: dict[str, LabelKind] = {k.name: k for k in (verifier.KIND, consistency.KIND, judge.KIND, reward_model.KIND,
                                                    mcts.KIND)}
+LabelConfig = Annotated[Union[tuple(k.config for k in KINDS.values())], Field(discriminator="kind")]  # noqa: UP007
 
 
 def kind_of(cfg: BaseModel) -> LabelKind:
-    return KINDS[cfg.kind]
-
-
-def reward_range(cfg) -> tuple[float, float]:
-    if cfg.kind == "reward_model":
-        return (-math.inf, math.inf)  # a reward model's logits have no fixed scale
-    return cfg.scale if cfg.kind == "judge" else (0.0, 1.0)
-
-
-def fixed_model(cfg) -> str | None:
-    """The model a label runs instead of the policy (a fixed judge, a reward model), if any."""
-    return getattr(cfg, "model", None)
+    """The kind of a label config; one it was not registered with is an error, never a default."""
+    kind = KINDS.get(getattr(cfg, "kind", None))
+    if kind is None or not isinstance(cfg, kind.config):
+        raise ValueError(f"label.kind={getattr(cfg, 'kind', None)!r} is not a registered label kind; "
+                         f"use one of {sorted(KINDS)}")
+    return kind
 
 
 class LabelJob(BaseModel):

@@ -18,7 +18,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
+
+from pydantic import BaseModel
 
 from ratchet.data.checkers import check
 from ratchet.data.records import Completion, LabeledCompletion
@@ -37,11 +40,46 @@ class Labeled:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """A prompt's token budget in a stage that reads it: the prompt (wrapped as that stage wraps
+    it) plus `extra` tokens must fit `limit`, measured by the tokenizer of `reader` ('policy',
+    or 'label': the label's fixed model where it has one)."""
+
+    wrap: Callable[[str], str]
+    extra: int
+    limit: int
+    fix: str  # how to raise the limit, in config terms
+    reader: Literal["policy", "label"] = "policy"
+
+
+def _none(*_: Any) -> Any:
+    return None
+
+
+def _no_problems(*_: Any) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
 class LabelKind:
+    """Everything the flow, the config checks and the input checks know of a label kind.
+    `cfg` below is the kind's own config (the pipeline's `label` section); `pipeline` the
+    whole pipeline config, for budgets and checks that cross sections."""
+
     name: str
+    config: type[BaseModel]  # the kind's config model, a member of LabelConfig's union
     consumes: Literal["samples", "prompts"]  # the parent stage it reads: sample's completions, or the prompts
     uses_policy: bool  # runs a model (the round's policy, or the label's fixed model): a worker, a seed
     run: Callable[..., Labeled]  # run(req, store, items, check_cfg, cfg) -> Labeled
+    reward_range: Callable[[Any], tuple[float, float]] = lambda cfg: (0.0, 1.0)
+    needs_reference: Callable[[Any], bool] = lambda cfg: False  # a reference answer for every train prompt
+    fixed_model: Callable[[Any], str | None] = _none  # a model it runs instead of the policy (config value)
+    check_model: Callable[[Path], str | None] = _none  # what is wrong with that model's directory, if anything
+    title: Callable[[Any], str] = lambda cfg: cfg.kind  # the label in a few words, for the console and the gate
+    setting: Callable[[Any], str] = lambda cfg: f"label.kind={cfg.kind!r}"  # the same, in config terms
+    budgets: Callable[[Any], dict[str, Budget]] = lambda pipeline: {}  # prompt budgets of the stages it runs
+    checks: Callable[[Any], list[str]] = _no_problems  # problems across sections, each with its fix
+    outputs: tuple[str, ...] = ()  # files it writes beside labels.jsonl (that a filter kind may read)
 
 
 def truth(check_cfg: Any, c: Completion) -> bool | None:

@@ -74,4 +74,4 @@ def run(req, store, rows: list[Completion], check_cfg, cfg: ConsistencyLabel) ->
     return Labeled(labeled, {**metrics, **agreement(labeled)})
 
 
-KIND = LabelKind(name="consistency", consumes="samples", uses_policy=False, run=run)
+KIND = LabelKind(name="consistency", config=ConsistencyLabel, consumes="samples", uses_policy=False, run=run)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ratchet.data.checkers import extract
 from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.tasks.judge import JudgeLabel
-from ratchet.tasks.labels import Labeled, LabelKind, agreement, injection_stats, truth
+from ratchet.tasks.labels import Budget, Labeled, LabelKind, agreement, injection_stats, truth
 from ratchet.tasks.sample import PolicyWork, policy_of
 from ratchet.tasks.units import run_units
 
@@ -68,4 +68,25 @@ def run(req, store, rows: list[Completion], check_cfg, cfg: JudgeLabel) -> Label
     return Labeled(out, metrics, info={"units": done.placement})
 
 
-KIND = LabelKind(name="judge", consumes="samples", uses_policy=True, run=run)
+def budgets(pipeline) -> dict[str, Budget]:
+    """Each judged text is the prompt and a sampled completion inside the judge's template,
+    followed by its verdict."""
+    from ratchet.tasks.judge import template_wrap
+
+    cfg, ctx = pipeline.label, pipeline.sampler.max_model_len
+    verdict = cfg.max_tokens if cfg.mode == "text" else 4
+    return {"the judge": Budget(template_wrap(cfg), pipeline.sample.max_tokens + verdict, ctx,
+                                "raise sampler.max_model_len or lower sample.max_tokens", "label")}
+
+
+def checks(pipeline) -> list[str]:
+    if pipeline.sampler.backend == "vllm" and pipeline.label.top_logprobs > 20:
+        return [f"label.top_logprobs={pipeline.label.top_logprobs}: vLLM returns at most 20 candidates; set it to 20 "
+                "or less (or sampler.backend='hf', which reads the whole vocabulary)"]
+    return []
+
+
+KIND = LabelKind(name="judge", config=JudgeLabel, consumes="samples", uses_policy=True, run=run,
+                 reward_range=lambda cfg: cfg.scale, fixed_model=lambda cfg: cfg.model,
+                 title=lambda cfg: f"judge ({cfg.mode}, {'the policy' if cfg.model is None else cfg.model})",
+                 setting=lambda cfg: f"label.kind='judge' mode={cfg.mode!r}", budgets=budgets, checks=checks)

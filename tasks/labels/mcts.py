@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ratchet.data.checkers import check, extract, graded
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import LabeledCompletion, Prompt
-from ratchet.tasks.labels import Labeled, LabelKind, agreement, injection_stats
+from ratchet.tasks.labels import Budget, Labeled, LabelKind, agreement, injection_stats
 from ratchet.tasks.mcts import MctsLabel
 from ratchet.tasks.sample import PolicyWork, policy_of
 from ratchet.tasks.units import run_units
@@ -91,4 +91,36 @@ def run(req, store, prompts: list[Prompt], check_cfg, cfg: MctsLabel) -> Labeled
     return Labeled(rows, metrics, outputs={"trees.jsonl": len(trees)}, info={"units": done.placement})
 
 
-KIND = LabelKind(name="mcts", consumes="prompts", uses_policy=True, run=run)
+def budgets(pipeline) -> dict[str, Budget]:
+    """A search path (every step, then the rollout) follows the prompt; a judged value reads it
+    inside the judge's template."""
+    from ratchet.tasks.judge import template_wrap
+
+    cfg, ctx, raise_ctx = pipeline.label, pipeline.sampler.max_model_len, "raise sampler.max_model_len"
+    path = cfg.max_depth * cfg.step_max_tokens + cfg.rollout_tokens
+    out = {"the tree search": Budget(lambda p: p, path, ctx, f"{raise_ctx} or shorten the search (label.max_depth, "
+                                     "label.step_max_tokens, label.rollout_tokens)")}
+    if cfg.value == "judge":
+        out["the judge"] = Budget(template_wrap(cfg.judge), path + 4, ctx, raise_ctx, "label")
+    return out
+
+
+def checks(pipeline) -> list[str]:
+    cfg, problems = pipeline.label, []
+    if cfg.value == "graded" and pipeline.data.check.kind not in ("number", "steps"):
+        problems.append(f"label.value='graded' gives partial credit by a wrong number's distance from the reference "
+                        f"(or, with data.check.kind='steps', by the steps shown), but data.check.kind="
+                        f"{pipeline.data.check.kind!r} does not read numbers; use label.value='verifier' "
+                        "(or data.check.kind='number')")
+    need = cfg.max_depth * cfg.step_max_tokens + cfg.rollout_tokens + 64
+    if need > pipeline.sampler.max_model_len:
+        problems.append(f"label: a search path of max_depth={cfg.max_depth} x step_max_tokens={cfg.step_max_tokens} "
+                        f"plus rollout_tokens={cfg.rollout_tokens} and a prompt needs ~{need} tokens > "
+                        f"sampler.max_model_len={pipeline.sampler.max_model_len}; raise sampler.max_model_len or "
+                        "shorten the search")
+    return problems
+
+
+KIND = LabelKind(name="mcts", config=MctsLabel, consumes="prompts", uses_policy=True, run=run,
+                 needs_reference=lambda cfg: cfg.uses_reference, budgets=budgets, checks=checks,
+                 outputs=("trees.jsonl",))

@@ -11,6 +11,7 @@ by default given a reward one below the stage's lowest clean one.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,4 +98,15 @@ def run(req, store, rows: list[Completion], check_cfg, cfg: RewardModelLabel) ->
     return Labeled(out, metrics, info={"units": done.placement})
 
 
-KIND = LabelKind(name="reward_model", consumes="samples", uses_policy=True, run=run)
+def check_model(path: Path) -> str | None:
+    """What is wrong with a reward model directory (only its config.json is read), if anything."""
+    from ratchet.models.reward_model import describe
+
+    found = describe(path)
+    return (f"{found}; give a reward model directory, or use label.kind='judge' for a generative judge"
+            if isinstance(found, str) else None)
+
+
+KIND = LabelKind(name="reward_model", config=RewardModelLabel, consumes="samples", uses_policy=True, run=run,
+                 reward_range=lambda cfg: (-math.inf, math.inf),  # a reward model's logits have no fixed scale
+                 fixed_model=lambda cfg: cfg.model, check_model=check_model)

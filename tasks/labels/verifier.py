@@ -43,4 +43,5 @@ def run(req, store, rows: list[Completion], check_cfg, cfg: VerifierLabel) -> La
     return Labeled(verify(rows, check_cfg))
 
 
-KIND = LabelKind(name="verifier", consumes="samples", uses_policy=False, run=run)
+KIND = LabelKind(name="verifier", config=VerifierLabel, consumes="samples", uses_policy=False, run=run,
+                 needs_reference=lambda cfg: True)

@@ -16,7 +16,7 @@ def test_step_pairs_imply_dpo_and_need_the_trees():
     assert cfg.train.kind == "dpo"
     with pytest.raises(ConfigError, match="filter.kind='step_pairs' reads the search trees of label.kind='mcts'"):
         load_config(None, ["filter.kind=step_pairs"])
-    with pytest.raises(ConfigError, match="step_pairs' builds preference pairs, which train.kind='rft'"):
+    with pytest.raises(ConfigError, match="train.kind='rft' needs accepted samples, but filter.kind='step_pairs' builds preference pairs"):
         load_config(None, ["label.kind=mcts", "filter.kind=step_pairs", "train.kind=rft"])
 
 
