@@ -74,4 +74,13 @@ def run(req, store, rows: list[Completion], check_cfg, cfg: ConsistencyLabel) ->
     return Labeled(labeled, {**metrics, **agreement(labeled)})
 
 
-KIND = LabelKind(name="consistency", config=ConsistencyLabel, consumes="samples", uses_policy=False, run=run)
+def checks(pipeline) -> list[str]:
+    if not pipeline.data.check.extracts:
+        return [f"label.kind='consistency' votes with the answers a check reads, but data.check.kind="
+                f"{pipeline.data.check.kind!r} reads none; use a check that extracts an answer (number, exact, regex, "
+                "steps) or another label kind"]
+    return []
+
+
+KIND = LabelKind(name="consistency", config=ConsistencyLabel, consumes="samples", uses_policy=False, run=run,
+                 checks=checks)

@@ -107,7 +107,7 @@ def budgets(pipeline) -> dict[str, Budget]:
 
 def checks(pipeline) -> list[str]:
     cfg, problems = pipeline.label, []
-    if cfg.value == "graded" and pipeline.data.check.kind not in ("number", "steps"):
+    if cfg.value == "graded" and not pipeline.data.check.reads_numbers:
         problems.append(f"label.value='graded' gives partial credit by a wrong number's distance from the reference "
                         f"(or, with data.check.kind='steps', by the steps shown), but data.check.kind="
                         f"{pipeline.data.check.kind!r} does not read numbers; use label.value='verifier' "

@@ -1,0 +1,100 @@
+"""What every answer check is: a `Check` (its config model, its behaviour) and its `Verdict`."""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+NUM = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w])")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A check's judgement of one response. `score` is the reward it gives (default: 1 right,
+    0 wrong; None: unscored, never guessed); `metrics` anything else a user's check returned."""
+
+    correct: bool | None
+    extracted: str | None
+    score: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def reward(self) -> float | None:
+        if self.score is not None:
+            return self.score
+        return None if self.correct is None else float(self.correct)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One response to check, with what a check may read beside it."""
+
+    response: str
+    answer: str | None
+    prompt: str | None = None
+    id: str = ""  # the row, for messages
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+class Check(BaseModel):
+    """An answer check. Subclasses set `kind` and implement `check`; the rest have defaults.
+
+    reads_numbers: its verdict reads numbers, so a wrong number's distance means something
+      (the MCTS 'graded' value needs it).
+    extracts: `extract` gives an answer key that answers can vote with (majority vote needs it).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    reads_numbers: ClassVar[bool] = False
+    extracts: ClassVar[bool] = True
+
+    @abstractmethod
+    def check(self, response: str, answer: str) -> Verdict: ...
+
+    def extract(self, response: str) -> str | None:
+        """The response's final answer as a comparable key, or None if it gives none."""
+        return None
+
+    def answer_key(self, answer: str) -> str | None:
+        """A reference answer in the form `extract` gives responses."""
+        return norm(answer)
+
+    def graded(self, response: str, answer: str, partial: float) -> float:
+        """A value in [0, 1] for a tree search: 1 right; partial credit where the kind can give it."""
+        return 1.0 if self.check(response, answer).correct else 0.0
+
+    def check_many(self, items: list[Item]) -> list[Verdict]:
+        """Every item's verdict; a kind that runs code outside this process does it in batches."""
+        return [self.check(i.response, i.answer) if i.answer is not None else Verdict(None, self.extract(i.response))
+                for i in items]
+
+    def problems(self) -> list[str]:
+        """What is wrong with this check before anything runs (an import, a signature), each with its fix."""
+        return []
+
+
+def norm(s: str) -> str:
+    s = unicodedata.normalize("NFKC", s).strip().lower()
+    s = re.sub(r"\s+", " ", s)
+    return s.rstrip(".").strip()
+
+
+def to_float(s: str) -> float | None:
+    try:
+        return float(s.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def canonical(value: float, literal: str) -> str:
+    """A number as an answer key: '12' for 12.0, '0.5' for 0.5; a number too large for a float
+    (a 400-digit run of digits reads as inf) keeps its own digits."""
+    if not math.isfinite(value):
+        return literal.replace(",", "")
+    return format(value, "g") if value != int(value) else str(int(value))

@@ -1,0 +1,61 @@
+"""number: the last number in the response equals the reference, numerically.
+
+It reads the LAST number ("7 + 5 = 12" reads 12) and refuses responses that list more than
+`max_numbers` distinct numbers, so enumerating candidates ("11 12 13 14 ...") never scores.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from ratchet.data.checks.base import NUM, Check, Verdict, canonical, to_float
+
+
+class NumberCheck(Check):
+    """The last number in the response equals the reference (numerically)."""
+
+    reads_numbers: ClassVar[bool] = True
+    kind: Literal["number"] = "number"
+    max_numbers: int = Field(
+        default=4, ge=1, description="responses with more distinct numbers than this are wrong (anti-enumeration)"
+    )
+    tolerance: float = Field(default=1e-6, ge=0, description="absolute tolerance for non-integer answers")
+
+    def check(self, response: str, answer: str) -> Verdict:
+        nums = NUM.findall(response)
+        if not nums:
+            return Verdict(False, None)
+        last = nums[-1]
+        if len({to_float(n) for n in nums}) > self.max_numbers:
+            return Verdict(False, last)
+        got, want = to_float(last), to_float(answer)
+        return Verdict(got is not None and want is not None and abs(got - want) <= self.tolerance, last)
+
+    def extract(self, response: str) -> str | None:
+        """Numbers are canonicalised ("1,234" and "1234.0" both read "1234"), so answers that mean
+        the same vote together."""
+        return last_number(response, self.max_numbers)
+
+    def answer_key(self, answer: str) -> str | None:
+        value = to_float(answer.strip())
+        return None if value is None else canonical(value, answer.strip())
+
+    def graded(self, response: str, answer: str, partial: float) -> float:
+        """1 right; a wrong number `partial` / (1 + its distance from the reference); 0 for no number
+        or more distinct numbers than allowed, so listing many numbers earns nothing."""
+        if self.check(response, answer).correct:
+            return 1.0
+        got, want = self.extract(response), to_float(answer.strip())
+        if got is None or want is None or (g := to_float(got)) is None:
+            return 0.0
+        return partial / (1.0 + abs(g - want))
+
+
+def last_number(response: str, max_numbers: int) -> str | None:
+    nums = NUM.findall(response)
+    if not nums or len({to_float(n) for n in nums}) > max_numbers:
+        return None
+    value = to_float(nums[-1])
+    return None if value is None else canonical(value, nums[-1])
