@@ -9,6 +9,7 @@ wants every running value stated (see their modules).
     exact    the whole response, normalized, equals it
     regex    group 1 of the pattern's last match equals it
     steps    a worked answer: every listed value stated in order, the last one last
+    python   the user's own scoring function (a file or an installed module), in a process of its own
 """
 
 from __future__ import annotations
@@ -20,20 +21,22 @@ from pydantic import Field
 from ratchet.data.checks.base import Check, Item, Verdict
 from ratchet.data.checks.exact import ExactCheck
 from ratchet.data.checks.number import NumberCheck
+from ratchet.data.checks.python import PythonCheck
 from ratchet.data.checks.regex import RegexCheck
 from ratchet.data.checks.steps import StepsCheck, listed_values, shown_steps, worked
 
 # The registration of every check kind: one member each.
-AnyCheck = NumberCheck | ExactCheck | RegexCheck | StepsCheck
+AnyCheck = NumberCheck | ExactCheck | RegexCheck | StepsCheck | PythonCheck
 CheckConfig = Annotated[AnyCheck, Field(discriminator="kind")]
 
-__all__ = ["AnyCheck", "Check", "CheckConfig", "ExactCheck", "Item", "NumberCheck", "RegexCheck", "StepsCheck",
-           "Verdict", "answer_key", "check", "check_many", "extract", "graded", "listed_values", "shown_steps",
-           "worked"]
+__all__ = ["AnyCheck", "Check", "CheckConfig", "ExactCheck", "Item", "NumberCheck", "PythonCheck", "RegexCheck",
+           "StepsCheck", "Verdict", "answer_key", "check", "check_many", "extract", "graded", "listed_values",
+           "score_metrics", "score_sums", "shown_steps", "worked"]
 
 
-def check(cfg: Check, response: str, answer: str) -> Verdict:
-    return cfg.check(response, answer)
+def check(cfg: Check, response: str, answer: str, prompt: str | None = None) -> Verdict:
+    """One response's verdict; `prompt` is what a user's function may read beside it."""
+    return cfg.check_many([Item(response, answer, prompt)])[0]
 
 
 def check_many(cfg: Check, items: list[Item]) -> list[Verdict]:
@@ -55,3 +58,30 @@ def answer_key(cfg: Check, answer: str) -> str | None:
 def graded(cfg: Check, response: str, answer: str, partial: float) -> float:
     """A tree search's value of a response: 1 right, else the kind's partial credit (0 where it has none)."""
     return cfg.graded(response, answer, partial)
+
+
+def score_sums(verdicts: list[Verdict]) -> dict[str, float]:
+    """What a unit adds up for a check that scores (a user's function): its scores, the metrics it
+    returned, its failures; summed over units like any unit cost, then `score_metrics`. Empty for
+    the built-in checks, which give verdicts only."""
+    out: dict[str, float] = {}
+    for v in verdicts:
+        if v.score is not None:
+            out["check_scored"] = out.get("check_scored", 0.0) + 1
+            out["check_score_sum"] = out.get("check_score_sum", 0.0) + v.score
+        for k, x in v.metrics.items():
+            out[f"check_sum_{k}"] = out.get(f"check_sum_{k}", 0.0) + x
+    return out
+
+
+def score_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """Stage metrics from summed `score_sums`: the mean score and each returned metric's mean over
+    scored rows; failed and unscored rows as counts."""
+    n = sums.get("check_scored", 0.0)
+    out = {"score_mean": sums["check_score_sum"] / n} if n else {}
+    for k, x in sums.items():
+        if k.startswith("check_sum_"):
+            name = k[len("check_sum_"):]
+            out[f"check_{name}" if name in ("failed", "unscored") else f"score_{name}_mean"] = (
+                x if name in ("failed", "unscored") else x / max(n, 1))
+    return out

@@ -21,7 +21,7 @@ from ratchet.tasks.labels import Budget
 
 def needs_train_answers(cfg: PipelineConfig) -> bool:
     """Whether the label needs a reference answer for every train prompt."""
-    return kind_of(cfg.label).needs_reference(cfg.label)
+    return kind_of(cfg.label).needs_reference(cfg.label) and cfg.data.check.needs_answer
 
 
 def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
@@ -33,6 +33,10 @@ def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
     if cfg.data.prompts_per_round:
         check_draw(cfg.data.prompts_per_round, len(split.train))
     check_label_model(cfg)
+    if problems := cfg.data.check.problems():  # a user's check is loaded once, as a stage will load it
+        from ratchet.data.errors import ConfigError
+
+        raise ConfigError(problems, source="data.check")
     tok = _tokenizer(model_dir if model_dir is not None else resolve_model(cfg.model.path))
     # the model that reads each budget's prompts tokenizes them: a label's fixed model its own way
     fixed = kind_of(cfg.label).fixed_model(cfg.label)

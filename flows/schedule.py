@@ -17,6 +17,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from ratchet.data.errors import ConfigError, RatchetError
 from ratchet.data.manifest import MANIFEST
 from ratchet.flows.config import PipelineConfig
@@ -34,13 +36,23 @@ def absolute_paths(cfg: PipelineConfig) -> PipelineConfig:
     label_model = kind_of(cfg.label).fixed_model(cfg.label)  # a label's fixed model lives in label.model
     if label_model and label_model != "default" and Path(label_model).expanduser().exists():
         update["label"] = cfg.label.model_copy(update={"model": str(Path(label_model).expanduser().resolve())})
-    data = {}
-    for field in cfg.data.local_paths:
-        value = getattr(cfg.data, field)
-        if value and Path(value).expanduser().exists():
-            data[field] = str(Path(value).expanduser().resolve())
-    update["data"] = cfg.data.model_copy(update=data)
+    update["data"] = _absolute(cfg.data)
     return cfg.model_copy(update=update)
+
+
+def _absolute(model: BaseModel) -> BaseModel:
+    """A config section with the local files it names made absolute: the fields it lists in
+    `local_paths`, what its own `with_absolute_paths` rewrites (a user's check), and the same
+    for every section inside it."""
+    update = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if name in getattr(model, "local_paths", ()) and value and Path(value).expanduser().exists():
+            update[name] = str(Path(value).expanduser().resolve())
+        elif isinstance(value, BaseModel):
+            update[name] = _absolute(value)
+    model = model.model_copy(update=update)
+    return model.with_absolute_paths() if hasattr(model, "with_absolute_paths") else model
 
 
 def _schedule(cron: str, timezone: str | None):

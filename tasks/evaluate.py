@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ratchet.data.checkers import check, worked
+from ratchet.data.checkers import Item, check_many, score_metrics, score_sums, worked
 from ratchet.data.digest import sha256_json
 from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig, chain_values
@@ -75,13 +75,13 @@ class EvaluateWork(PolicyWork):
         t = time.time()
         gens = sampler.generate([p.prompt for p in chunk], SamplingParams(n=1, temperature=0.0,
                                 max_tokens=self.max_tokens), seed=seed)
-        rows = []
-        for p, (g,) in zip(chunk, gens):
-            v = check(self.check, g.text, p.answer) if p.answer is not None else None
-            rows.append(LabeledCompletion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, index=0, text=g.text,
-                                          n_tokens=g.n_tokens, reward=float(v.correct) if v else 0.0,
-                                          extracted=v.extracted if v else None, correct=v.correct if v else None))
-        return rows, {"gen_s": time.time() - t, "gen_tokens": sum(r.n_tokens for r in rows)}
+        gen_s = time.time() - t
+        verdicts = check_many(self.check, [Item(g.text, p.answer, p.prompt, p.id) for p, (g,) in zip(chunk, gens)])
+        rows = [LabeledCompletion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, index=0, text=g.text,
+                                  n_tokens=g.n_tokens, reward=float(v.correct) if v.correct is not None else 0.0,
+                                  extracted=v.extracted, correct=v.correct)
+                for p, (g,), v in zip(chunk, gens, verdicts)]
+        return rows, {"gen_s": gen_s, "gen_tokens": sum(r.n_tokens for r in rows), **score_sums(verdicts)}
 
 
 def worked_accuracy(check_cfg, prompts: list[Prompt], rows: list[LabeledCompletion]) -> float | None:
@@ -109,6 +109,7 @@ def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> Stage
                "mean_tokens": cost.get("gen_tokens", 0.0) / max(n, 1), "gen_s": cost.get("gen_s", 0.0),
                "load_s": done.load_s, "shards_reused": float(done.reused), "holders": done.holders,
                "tokens_per_s": cost["gen_tokens"] / cost["gen_s"] if cost.get("gen_s") else 0.0}
+    metrics.update(score_metrics(cost))  # a user's check: its mean score and metrics beside the accuracy
     if (worked := worked_accuracy(src.check, prompts, rows)) is not None:  # 0.0 is a measure too
         metrics["worked_accuracy"] = worked
     return req.finish(store, outputs={"eval.jsonl": n}, metrics=metrics,

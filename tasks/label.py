@@ -86,7 +86,7 @@ def label(store: ArtifactStore, source: StageManifest, cfg: LabelConfig, data_cf
         raise ValueError(f"label.kind={kind.name!r} labels the {' or '.join(want)} stage, not {source.stage}")
     if not kind.uses_policy:
         return run_stage(store, stage="label", round=round, body=label_body,
-                         config=LabelJob(label=cfg, data=data_cfg), parents=[source], run=run)
+                         config=LabelJob(label=cfg, data=data_cfg), parents=[source], keep_partial=True, run=run)
     if policy is None or sampler is None:
         raise ValueError(f"label.kind={kind.name!r} needs the round's policy and the sampler settings")
     return run_stage(store, stage="label", round=round, body=label_body,

@@ -48,11 +48,13 @@ class Check(BaseModel):
     reads_numbers: its verdict reads numbers, so a wrong number's distance means something
       (the MCTS 'graded' value needs it).
     extracts: `extract` gives an answer key that answers can vote with (majority vote needs it).
+    needs_answer: it compares with a reference answer, so every row it checks needs one.
     """
 
     model_config = ConfigDict(extra="forbid")
     reads_numbers: ClassVar[bool] = False
     extracts: ClassVar[bool] = True
+    needs_answer: ClassVar[bool] = True
 
     @abstractmethod
     def check(self, response: str, answer: str) -> Verdict: ...

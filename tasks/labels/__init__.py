@@ -84,7 +84,7 @@ class LabelKind:
 
 def truth(check_cfg: Any, c: Completion) -> bool | None:
     """The verifier's verdict on a completion, where its prompt has a reference answer."""
-    return check(check_cfg, c.text, c.answer).correct if c.answer is not None else None
+    return check(check_cfg, c.text, c.answer, c.prompt).correct if c.answer is not None else None
 
 
 def injection_stats(flags: list[list[str]]) -> dict[str, float]:

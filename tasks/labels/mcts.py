@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from ratchet.data.checkers import check, extract, graded
+from ratchet.data.checkers import Item, check_many, extract, graded
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import LabeledCompletion, Prompt
 from ratchet.tasks.labels import Budget, Labeled, LabelKind, agreement, injection_stats
@@ -35,8 +35,8 @@ class MctsWork(PolicyWork):
         def score(items: list[tuple[Tree, str]]) -> list[tuple[float, bool | None]]:
             if self.cfg.uses_reference:
                 return reference_values(self.cfg, self.check, items)
-            truth = [check(self.check, text, t.answer).correct if t.answer is not None else None
-                     for t, text in items]
+            truth = [v.correct for v in check_many(self.check, [Item(text, t.answer, t.prompt, t.prompt_id)
+                                                                 for t, text in items])]
             values = judge_values(sampler, self.cfg.judge, [(t.prompt, text) for t, text in items], self.seed)
             return list(zip(values, truth))
 
@@ -50,11 +50,9 @@ class MctsWork(PolicyWork):
 def reference_values(cfg: MctsLabel, check_cfg, items: list) -> list[tuple[float, bool]]:
     """(value, correct) of each (tree, trajectory) by the reference answer: the verdict (value
     'verifier') or the verdict with partial credit for a near number (value 'graded')."""
-    out = []
-    for t, text in items:
-        ok = check(check_cfg, text, t.answer).correct
-        out.append((graded(check_cfg, text, t.answer, cfg.partial) if cfg.value == "graded" else float(ok), ok))
-    return out
+    verdicts = check_many(check_cfg, [Item(text, t.answer, t.prompt, t.prompt_id) for t, text in items])
+    return [(graded(check_cfg, text, t.answer, cfg.partial) if cfg.value == "graded" else float(bool(v.correct)),
+             bool(v.correct)) for (t, text), v in zip(items, verdicts)]
 
 
 def run(req, store, prompts: list[Prompt], check_cfg, cfg: MctsLabel) -> Labeled:

@@ -1,19 +1,24 @@
-"""verifier: reward = the task's answer check, 1.0 right or 0.0 wrong (RFT / ReST-EM / STaR).
+"""verifier: reward = the task's answer check (RFT / ReST-EM / STaR): 1.0 right or 0.0 wrong
+for the built-in checks, the user's score for `data.check.kind: python`.
 
 Completions of prompts without a reference answer cannot be verified and are an error,
-with the fix named.
+with the fix named. Checked in units written as they finish (tasks/units.py), so a resumed
+stage checks only what is missing: a user's function that is slow or fails half way never
+pays twice for rows it already scored.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from ratchet.data.checkers import check
+from ratchet.data.checkers import Item, check_many, score_metrics, score_sums
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.tasks.labels import Labeled, LabelKind
+from ratchet.tasks.units import UnitWork, run_units
 
 
 class VerifierLabel(BaseModel):
@@ -21,26 +26,48 @@ class VerifierLabel(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["verifier"] = "verifier"
+    shard_size: int = Field(default=256, ge=1, description="completions checked per unit (the unit of resume)")
 
 
-def verify(rows: list[Completion], check_cfg) -> list[LabeledCompletion]:
+@dataclass
+class VerifyWork(UnitWork):
+    """A unit: `size` completions through the answer check."""
+
+    stage = "label"
+    check: object
+    items: list
+    size: int
+    seed: int = 0
+
+    def open(self):
+        return None  # no engine: a check that runs code elsewhere starts its own process
+
+    def close(self, engine) -> None:
+        pass
+
+    def run(self, engine, chunk: list[Completion], seed: int):
+        verdicts = check_many(self.check, [Item(c.text, c.answer, c.prompt, f"{c.prompt_id}#{c.index}") for c in chunk])
+        rows = [LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index, text=c.text,
+                                  n_tokens=c.n_tokens, reward=v.reward, extracted=v.extracted, correct=v.correct)
+                for c, v in zip(chunk, verdicts)]
+        return rows, score_sums(verdicts)
+
+
+def verify(req, store, rows: list[Completion], check_cfg, shard_size: int) -> tuple[list[LabeledCompletion], dict]:
     missing = sorted({r.prompt_id for r in rows if r.answer is None})
-    if missing:
+    if missing and check_cfg.needs_answer:
         raise ConfigError(
             [f"label.kind='verifier' needs reference answers, but {len(missing)} prompt(s) have none "
              f"(first: {missing[0]!r}); set data.answer_field to the answer column"]
         )
-    out = []
-    for r in rows:
-        v = check(check_cfg, r.text, r.answer)
-        out.append(LabeledCompletion(prompt_id=r.prompt_id, prompt=r.prompt, answer=r.answer, index=r.index,
-                                     text=r.text, n_tokens=r.n_tokens, reward=float(v.correct),
-                                     extracted=v.extracted, correct=v.correct))
-    return out
+    done = run_units(VerifyWork(check=check_cfg, items=rows, size=shard_size),
+                     store.stage_dir(req.stage, req.key) / "shards", req.executor)
+    return [LabeledCompletion.model_validate_json(x) for x in done.shards.lines()], score_metrics(done.cost)
 
 
 def run(req, store, rows: list[Completion], check_cfg, cfg: VerifierLabel) -> Labeled:
-    return Labeled(verify(rows, check_cfg))
+    out, metrics = verify(req, store, rows, check_cfg, cfg.shard_size)
+    return Labeled(out, metrics)
 
 
 KIND = LabelKind(name="verifier", config=VerifierLabel, consumes="samples", uses_policy=False, run=run,

@@ -55,16 +55,25 @@ def test_empty_filter_stops_the_round_naming_the_knobs(tmp_path):
     assert not list((tmp_path / "stages").glob("filter-*/manifest.json"))  # nothing marked complete
 
 
-def test_verify_and_reward_stats():
+def _verify(tmp_path, comps, check, shard_size=3):
+    """The verifier label's units, in a stage directory of their own."""
+    from types import SimpleNamespace
+
+    req = SimpleNamespace(stage="label", key="v" * 64, executor=None)
+    return verify(req, ArtifactStore(tmp_path), comps, check, shard_size)
+
+
+def test_verify_and_reward_stats(tmp_path):
     comps = [Completion(prompt_id=p, prompt="q", answer=a, index=i, text=t, n_tokens=1)
              for p, a, i, t in [("a", "3", 0, "1 + 2 = 3"), ("a", "3", 1, "4"), ("b", "5", 0, "5"), ("b", "5", 1, "5")]]
-    labeled = verify(comps, NumberCheck())
+    labeled, metrics = _verify(tmp_path, comps, NumberCheck())
+    assert metrics == {}  # a built-in check gives verdicts, no scores of its own
     assert [r.reward for r in labeled] == [1.0, 0.0, 1.0, 1.0]
     assert reward_stats(labeled) == pytest.approx({
         "reward_mean": 0.75, "reward_std": (0.75 * 0.25) ** 0.5, "labeled": 4.0, "unscored": 0.0,
         "correct_frac": 0.75, "pass_at_n": 1.0, "all_correct_frac": 0.5})
     with pytest.raises(ConfigError, match="data.answer_field"):
-        verify([comps[0].model_copy(update={"answer": None})], NumberCheck())
+        _verify(tmp_path / "b", [comps[0].model_copy(update={"answer": None})], NumberCheck())
 
 
 def _comps(pid, answer, texts):

@@ -1,0 +1,181 @@
+"""python: the user's own scoring function is the check.
+
+    data:
+      check: {kind: python, function: "rewards.py:score", threshold: 1.0}
+
+`function` is a file and a function ('path/to/rewards.py:score', relative to where `ratchet`
+runs) or an installed module ('package.module:score'). Its row fields come by name, as TRL's
+and verl's reward functions take them:
+
+    def score(completion, answer=None, prompt=None, **fields) -> float | bool | None | dict
+
+returning a float, a bool, None (unscored: the row is left out, never guessed) or
+{"score": x, **metrics}; with `batched: true`, lists in (completions, prompts=, answer=), a
+list out; `async def` either way. The reward is the score; the verdict is score >= threshold,
+so RFT accepts, DPO pairs and evaluation's accuracy counts by it, and the mean score and the
+returned metrics are logged per round.
+
+It runs in a process of its own (data/checks/scorer.py), every call bounded by `timeout_s`. A
+call that raises, outlives its bound, or returns NaN, inf or a wrong type is a failure; up to
+`max_failed_frac` of a batch of rows may fail (and stay unscored), past that the stage stops
+with the first failure's row and the function's own traceback. The digest of the function's
+file is part of this config (`source`), so it keys every stage that scores with it, names the
+run and the eval set, and stands in the lineage: an edited file re-runs label and evaluate
+and reuses the samples.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ratchet.data.checks.base import Check, Item, Verdict
+from ratchet.data.checks.scorer import Call, Scorer, ScorerError, is_file_spec, split_spec
+from ratchet.data.digest import sha256_file
+from ratchet.data.errors import RatchetError
+
+
+class CheckFailedError(RatchetError):
+    """The user's check failed on more rows than its budget allows (or cannot be used at all)."""
+
+
+class PythonCheck(Check):
+    """The user's scoring function: score(completion, answer=None, prompt=None, **fields)."""
+
+    extracts: ClassVar[bool] = False  # a score, not an answer that samples could vote with
+    needs_answer: ClassVar[bool] = False  # the function gets answer=None where a row has none
+    kind: Literal["python"] = "python"
+    function: str = Field(description="'path/to/rewards.py:score' (a file; relative paths from where ratchet runs) "
+                          "or 'package.module:score' (an installed module)")
+    threshold: float = Field(default=1.0, allow_inf_nan=False, description="a score at or above this is right: "
+                             "what RFT accepts and what held-out accuracy counts")
+    batched: bool = Field(default=False, description="call with lists (completions, prompts=, answer=) and take a "
+                          "list back, batch_size rows a call")
+    batch_size: int = Field(default=64, ge=1, description="rows per call when batched")
+    timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False, description="a call that runs longer fails "
+                             "(its process is ended and a new one takes the next call)")
+    max_failed_frac: float = Field(default=0.0, ge=0, le=1, description="share of a batch of rows whose calls may "
+                                   "fail (raise, time out, return NaN or a wrong type) and stay unscored; past it the "
+                                   "stage stops with the first failure")
+    source: str | None = Field(default=None, description="sha256 of the function's file, filled in when the config "
+                               "is read; a stage that finds the file changed since stops instead of mixing versions")
+
+    @field_validator("function")
+    @classmethod
+    def _spec(cls, v: str) -> str:
+        split_spec(v)  # raises ValueError with the expected forms
+        return v
+
+    @model_validator(mode="after")
+    def _digest(self) -> PythonCheck:
+        if self.source is None:
+            self.source = source_digest(self.function)
+        return self
+
+    def with_absolute_paths(self) -> PythonCheck:
+        """For a deployment: the file by its absolute path, its digest taken again when a run reads it."""
+        where, name = split_spec(self.function)
+        if not is_file_spec(where):
+            return self.model_copy(update={"source": None})
+        return self.model_copy(update={"function": f"{Path(where).expanduser().resolve()}:{name}", "source": None})
+
+    def problems(self) -> list[str]:
+        """Load the function in its own process, as a stage will: an import error, a missing
+        function or a signature that cannot take a row's fields, before any model loads."""
+        s = Scorer(self.function, batched=self.batched, timeout_s=self.timeout_s)
+        try:
+            s.start()
+        except ScorerError as e:
+            return [f"data.check.function={self.function!r}: {e}"]
+        finally:
+            s.close()
+        return []
+
+    def check(self, response: str, answer: str) -> Verdict:
+        return self.check_many([Item(response, answer)])[0]
+
+    def check_many(self, items: list[Item]) -> list[Verdict]:
+        if not items:
+            return []
+        calls = self._calls(items)
+        failed = [(i, c) for i, c in zip(items, calls) if c.failure is not None]
+        if failed and len(failed) > self.max_failed_frac * len(items):
+            item, call = failed[0]
+            raise CheckFailedError(
+                f"data.check.function={self.function!r} failed on row {item.id or '?'!r}: {call.failure}\n"
+                f"({len(failed)} of {len(items)} rows failed; data.check.max_failed_frac={self.max_failed_frac:g}). "
+                "Fix the function (or raise data.check.timeout_s / max_failed_frac) and re-run the same command: "
+                "finished stages are kept")
+        return [self._verdict(c) for c in calls]
+
+    def _verdict(self, c: Call) -> Verdict:
+        if c.failure is not None:
+            return Verdict(None, None, None, {"failed": 1.0})
+        if c.score is None:
+            return Verdict(None, None, None, {"unscored": 1.0})
+        return Verdict(c.score >= self.threshold, None, c.score, c.metrics)
+
+    def _calls(self, items: list[Item]) -> list[Call]:
+        scorer = _scorer(self)
+        if not self.batched:
+            return [scorer.call({"completion": i.response, "answer": i.answer, "prompt": i.prompt, **i.fields})
+                    for i in items]
+        out: list[Call] = []
+        for at in range(0, len(items), self.batch_size):
+            chunk = items[at:at + self.batch_size]
+            fields = {k: [i.fields.get(k) for i in chunk] for k in sorted({k for i in chunk for k in i.fields})}
+            out += scorer.call({"completions": [i.response for i in chunk], "prompts": [i.prompt for i in chunk],
+                                "answer": [i.answer for i in chunk], **fields})
+        return out
+
+
+def source_digest(spec: str) -> str:
+    """sha256 of the file that defines the function: the user's file, or the installed module's."""
+    where, _ = split_spec(spec)
+    if is_file_spec(where):
+        path = Path(where).expanduser()
+        if not path.is_file():
+            raise ValueError(f"no file {str(path)!r} (from {Path.cwd()}); give the path of a .py file, relative to "
+                             "where ratchet runs or absolute, then ':function'")
+        return sha256_file(path)
+    try:
+        found = importlib.util.find_spec(where)
+    except (ImportError, ValueError) as e:
+        raise ValueError(f"module {where!r} cannot be found ({type(e).__name__}: {e}); install it, or give a file "
+                         "path 'path/to/file.py:function'") from None
+    if found is None or found.origin is None or not Path(found.origin).is_file():
+        raise ValueError(f"no installed module {where!r}; install it, or give a file path 'path/to/file.py:function'")
+    return sha256_file(Path(found.origin))
+
+
+_SCORERS: dict[tuple, Scorer] = {}
+
+
+def _scorer(cfg: PythonCheck) -> Scorer:
+    """One scorer per check config in this process, started on first use; the file is checked
+    against the digest the stage was keyed with."""
+    key = (cfg.function, cfg.source, cfg.batched, cfg.timeout_s)
+    if key not in _SCORERS:
+        now = source_digest(cfg.function)
+        if now != cfg.source:
+            raise CheckFailedError(f"data.check.function={cfg.function!r}: the file changed since this run read its "
+                                   f"config (sha256 {cfg.source[:12]} then, {now[:12]} now); a changed check is a new "
+                                   "run: run the config again (`ratchet run`), which keeps what the old file decided")
+        try:
+            _SCORERS[key] = Scorer(cfg.function, batched=cfg.batched, timeout_s=cfg.timeout_s)
+            _SCORERS[key].start()
+        except ScorerError as e:
+            del _SCORERS[key]
+            raise CheckFailedError(f"data.check.function={cfg.function!r}: {e}") from None
+    return _SCORERS[key]
+
+
+@atexit.register
+def _close_all() -> None:
+    for s in _SCORERS.values():
+        s.close()
+

@@ -1,0 +1,296 @@
+"""Scoring code run outside the stage's process: a user's function, or a library whose time
+bounds need a process's main thread (math-verify's signal alarms).
+
+A `Scorer` starts one child process (`python -c ...`), which imports the function once and
+then answers one call at a time over a pipe (JSON lines on a descriptor of their own, so
+what the function prints goes to the stage's log, not into the protocol). Every call is
+bounded in time by this side: a call that outlives `timeout_s` has its child killed, is
+reported as timed out, and the next call starts a new child. A child that dies (a crash,
+`sys.exit`, the out-of-memory killer) costs only the call it was making.
+
+Calls are (completion, answer=, prompt=, **fields) for one row, or, batched, lists under
+TRL's names (completions, prompts=, answer=, ...) returning a list. A function may be
+`async def`. It returns a float, a bool, None (unscored) or {"score": x, **metrics}; the
+child checks the value and says what is wrong with it, naming what came back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The child: its protocol is the descriptor that was stdout; stdout itself then goes to stderr,
+# so the function's own prints land in the log.
+CHILD = "import sys; from ratchet.data.checks.scorer import child_main; sys.exit(child_main())"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call's outcome: a score (None: the function returned None), its metrics, or a failure."""
+
+    score: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    failure: str | None = None  # what went wrong, for the user: the exception and its traceback, a bad value, a timeout
+
+
+class ScorerError(Exception):
+    """The function cannot be used at all (not importable, not callable, wrong signature)."""
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """'path/to/file.py:score' or 'package.module:score' -> (module or file, function name)."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name.isidentifier():
+        raise ValueError(f"{spec!r} is not 'path/to/file.py:function' or 'package.module:function'")
+    return where, name
+
+
+def is_file_spec(where: str) -> bool:
+    return where.endswith(".py") or os.sep in where or "/" in where
+
+
+class Scorer:
+    """A child process that runs `spec` (see the module docstring); one call at a time."""
+
+    def __init__(self, spec: str, *, batched: bool, timeout_s: float, load_timeout_s: float = 120.0):
+        self.spec, self.batched, self.timeout_s, self.load_timeout_s = spec, batched, timeout_s, load_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.calls = self.timeouts = self.restarts = 0
+
+    # the child's life ------------------------------------------------------------------------
+    def start(self) -> dict[str, Any]:
+        """Start the child and load the function; returns what it found (its signature)."""
+        read_fd, write_fd = os.pipe()
+        env = dict(os.environ, RATCHET_SCORER_FD=str(write_fd))
+        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, self.spec, "1" if self.batched else "0"],
+                                     stdin=subprocess.PIPE, stdout=None, stderr=None, pass_fds=(write_fd,),
+                                     env=env)
+        os.close(write_fd)
+        self._out = os.fdopen(read_fd, "r")
+        reply = self._read(self.load_timeout_s)
+        if not reply:
+            code = self._wait()
+            self.close()
+            raise ScorerError(f"{self.spec}: its process exited while loading it (exit code {code})" if reply == {}
+                              else f"{self.spec}: loading it took over {self.load_timeout_s:.0f} s")
+        if not reply.get("ok"):
+            self.close()
+            raise ScorerError(reply["error"])
+        return reply
+
+    def close(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            for f in (self.proc.stdin, getattr(self, "_out", None)):
+                try:
+                    f and f.close()
+                except OSError:
+                    pass
+        self.proc = None
+
+    def _read(self, timeout: float) -> dict | None:
+        """The child's next reply; None past `timeout`; {} when the child is gone."""
+        import select
+
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self._out], [], [], left)
+            if ready:
+                line = self._out.readline()
+                return json.loads(line) if line else {}
+
+    # calls -------------------------------------------------------------------------------
+    def call(self, kwargs: dict[str, Any]) -> list[Call] | Call:
+        """One call: a Call, or (batched) one Call per row; a timeout or a dead child is a failure
+        of this call alone, and the next call starts a new child."""
+        if self.proc is None or self.proc.poll() is not None:
+            if self.proc is not None:
+                self.restarts += 1
+            self.start()
+        self.calls += 1
+        try:
+            self.proc.stdin.write((json.dumps(kwargs) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self.close()
+            return self._failed(kwargs, f"its process died before the call (exit code {self._code()})")
+        reply = self._read(self.timeout_s)
+        if reply == {}:
+            code = self._wait()
+            self.close()
+            return self._failed(kwargs, f"its process died during the call (exit code {code})")
+        if reply is None:
+            self.close()
+            self.timeouts += 1
+            return self._failed(kwargs, f"timed out after {self.timeout_s:g} s (check.timeout_s)")
+        return [Call(**r) for r in reply["results"]] if self.batched else Call(**reply["result"])
+
+    def _code(self):
+        return None if self.proc is None else self.proc.poll()
+
+    def _wait(self):
+        """The exit code of a child that closed its end (it may take a moment to be reaped)."""
+        try:
+            return self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _failed(self, kwargs: dict, why: str):
+        c = Call(failure=why)
+        return [c] * _rows(kwargs) if self.batched else c
+
+
+def _rows(kwargs: dict) -> int:
+    return len(kwargs.get("completions") or [])
+
+
+# the child's side ---------------------------------------------------------------------------
+
+def _load(spec: str):
+    import importlib
+    import importlib.util
+
+    where, name = split_spec(spec)
+    if is_file_spec(where):
+        path = Path(where).expanduser().resolve()
+        if not path.is_file():
+            raise ScorerError(f"{spec}: no file {path}")
+        mod_name = f"ratchet_user_{path.stem}"
+        mod_spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[mod_name] = module
+        sys.path.insert(0, str(path.parent))  # its own helpers beside it import as they would for the user
+        mod_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    fn = getattr(module, name, None)
+    if fn is None:
+        found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise ScorerError(f"{spec}: {where} defines no {name!r} (its functions: {found or 'none'})")
+    if not callable(fn):
+        raise ScorerError(f"{spec}: {name!r} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def _signature_problem(fn, batched: bool) -> str | None:
+    """Why fn cannot take a row's fields by name, or None."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None  # a builtin or C function: its call will tell
+    probe = (([""], ), {"prompts": [""], "answer": [""]}) if batched else (("",), {"prompt": "", "answer": ""})
+    try:
+        sig.bind(*probe[0], **probe[1])
+    except TypeError as e:
+        want = ("score(completions, prompts=None, answer=None, **fields) returning a list" if batched
+                else "score(completion, answer=None, prompt=None, **fields)")
+        return f"{fn.__name__}{sig} cannot take a row's fields by name ({e}); define it as {want}"
+    return None
+
+
+def _value(v) -> dict:
+    """A returned value as a Call's fields, or its failure naming what came back."""
+    import math
+
+    if isinstance(v, dict):
+        if "score" not in v:
+            return {"failure": f"returned a dict without 'score' ({sorted(v)[:8]}); return {{'score': x, ...}}"}
+        metrics = {}
+        for k, x in v.items():
+            if k == "score":
+                continue
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+                return {"failure": f"returned metric {k!r} = {x!r:.80}; metrics must be finite numbers"}
+            metrics[str(k)] = float(x)
+        out = _value(v["score"])
+        return {**out, "metrics": metrics} if "failure" not in out else out
+    if v is None:
+        return {"score": None}
+    if isinstance(v, bool):
+        return {"score": float(v)}
+    if isinstance(v, (int, float)) and not isinstance(v, complex):
+        try:
+            x = float(v)
+        except OverflowError:
+            return {"failure": f"returned {str(v)[:40]}..., too large for a float; return a finite number"}
+        if not math.isfinite(x):
+            return {"failure": f"returned {x!r}; a score must be a finite number (or None: unscored)"}
+        return {"score": x}
+    try:  # numpy and torch scalars
+        return _value(v.item())
+    except Exception:  # noqa: BLE001 - anything else is the wrong type, said below
+        pass
+    return {"failure": f"returned {type(v).__name__} {v!r:.80}; return a float, a bool, None or {{'score': x, ...}}"}
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback from the user's function down, without this module's frames."""
+    import traceback
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+
+
+def child_main() -> int:
+    import asyncio
+    import inspect
+
+    proto = os.fdopen(int(os.environ.pop("RATCHET_SCORER_FD")), "w")
+    os.dup2(2, 1)  # the function's prints go to the log
+    spec, batched = sys.argv[1], sys.argv[2] == "1"
+
+    def say(obj) -> None:
+        proto.write(json.dumps(obj) + "\n")
+        proto.flush()
+
+    try:
+        fn = _load(spec)
+    except ScorerError as e:
+        say({"ok": False, "error": str(e)})
+        return 0
+    except BaseException as e:  # noqa: BLE001 - the user's module failed to import: its traceback
+        say({"ok": False, "error": f"{spec}: importing it failed:\n{_user_traceback(e)}"})
+        return 0
+    if (problem := _signature_problem(fn, batched)) is not None:
+        say({"ok": False, "error": f"{spec}: {problem}"})
+        return 0
+    say({"ok": True, "async": inspect.iscoroutinefunction(fn)})
+    for line in sys.stdin:
+        kwargs = json.loads(line)
+        first = kwargs.pop("completions" if batched else "completion")
+        try:
+            v = fn(first, **kwargs)
+            if inspect.isawaitable(v):
+                v = asyncio.run(_await(v))
+        except BaseException as e:  # noqa: BLE001 - the user's exception, reported with its row
+            failure = {"failure": f"raised {type(e).__name__}: {e}\n{_user_traceback(e)}"}
+            say({"results": [failure] * len(first)} if batched else {"result": failure})
+            continue
+        if not batched:
+            say({"result": _value(v)})
+        elif not isinstance(v, (list, tuple)) or len(v) != len(first):
+            what = f"{type(v).__name__} of {len(v)}" if isinstance(v, (list, tuple)) else type(v).__name__
+            failure = f"returned a {what} for {len(first)} rows; a batched function returns one value per row"
+            say({"results": [{"failure": failure}] * len(first)})
+        else:
+            say({"results": [_value(x) for x in v]})
+    return 0
+
+
+async def _await(v):
+    return await v

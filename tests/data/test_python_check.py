@@ -1,0 +1,204 @@
+"""data.check.kind=python: a user's scoring function, run in a process of its own."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from ratchet.data.checkers import Item, PythonCheck, check, check_many, score_metrics, score_sums
+from ratchet.data.checks.python import CheckFailedError, _SCORERS
+
+ROWS = [Item("the answer is 4", "4", "What is 2 + 2?", "p0#0"), Item("5", "4", "What is 2 + 2?", "p0#1"),
+        Item("", None, "Say nothing.", "p1#0")]
+
+
+def _file(tmp_path: Path, body: str, name: str = "rewards.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _fresh_scorers():
+    yield
+    for s in _SCORERS.values():
+        s.close()
+    _SCORERS.clear()
+
+
+def test_scores_bools_none_and_metrics_by_the_row_fields(tmp_path):
+    f = _file(tmp_path, """
+        def score(completion, answer=None, prompt=None, **fields):
+            if answer is None:
+                return None                       # unscored, never guessed
+            if "answer is" in completion:
+                return {"score": 1.5, "format": 1.0}
+            return completion.strip() == answer   # a bool
+    """)
+    c = PythonCheck(function=f"{f}:score", threshold=1.0)
+    assert c.source and len(c.source) == 64  # the file's digest is part of the config
+    v = check_many(c, ROWS)
+    assert [(x.score, x.correct, x.reward) for x in v] == [(1.5, True, 1.5), (0.0, False, 0.0), (None, None, None)]
+    assert v[0].metrics == {"format": 1.0} and v[2].metrics == {"unscored": 1.0}
+    assert score_metrics(score_sums(v)) == {"score_mean": 0.75, "score_format_mean": 0.5, "check_unscored": 1.0}
+    assert check(c, "4", "4", "q").correct  # the one-row form gives the prompt too
+
+
+def test_batched_and_async_forms(tmp_path):
+    f = _file(tmp_path, """
+        import asyncio
+
+        def batch(completions, prompts=None, answer=None, **fields):
+            return [float(c.strip().endswith(a or "?")) for c, a in zip(completions, answer)]
+
+        async def one(completion, answer=None, prompt=None, **fields):
+            await asyncio.sleep(0)
+            return len(completion) / 10
+    """)
+    b = PythonCheck(function=f"{f}:batch", batched=True, batch_size=2)
+    assert [x.score for x in check_many(b, ROWS)] == [1.0, 0.0, 0.0]
+    a = PythonCheck(function=f"{f}:one", threshold=0.5)
+    assert [(x.score, x.correct) for x in check_many(a, ROWS)] == [(1.5, True), (0.1, False), (0.0, False)]
+
+
+def test_a_raise_names_the_row_and_shows_the_users_traceback(tmp_path):
+    f = _file(tmp_path, """
+        def score(completion, answer=None, prompt=None):
+            return helper(completion)
+
+        def helper(text):
+            if text == "5":
+                raise KeyError("no rule for " + text)
+            return 1.0
+    """)
+    c = PythonCheck(function=f"{f}:score")
+    with pytest.raises(CheckFailedError) as e:
+        check_many(c, ROWS)
+    msg = str(e.value)
+    assert "row 'p0#1'" in msg and "raised KeyError: 'no rule for 5'" in msg
+    assert f'File "{f}", line 7, in helper' in msg and "scorer.py" not in msg  # their frames, not ours
+    assert "1 of 3 rows failed" in msg and "max_failed_frac" in msg
+    # within the failure budget the row stays unscored and the rest are scored
+    lenient = PythonCheck(function=f"{f}:score", max_failed_frac=0.5)
+    v = check_many(lenient, ROWS)
+    assert [x.score for x in v] == [1.0, None, 1.0] and v[1].metrics == {"failed": 1.0}
+
+
+@pytest.mark.parametrize("value, said", [
+    ("float('nan')", "returned nan; a score must be a finite number"),
+    ("float('inf')", "returned inf"),
+    ("10 ** 400", "too large for a float"),
+    ("'1.0'", "returned str '1.0'; return a float, a bool, None or {'score': x, ...}"),
+    ("[1.0]", "returned list [1.0]"),
+    ("{'value': 1}", "returned a dict without 'score'"),
+    ("{'score': 1, 'len': float('nan')}", "metric 'len' = nan; metrics must be finite numbers"),
+])
+def test_a_bad_value_is_an_error_naming_the_row_and_the_value(tmp_path, value, said):
+    f = _file(tmp_path, f"def score(completion, answer=None, prompt=None):\n    return {value}\n")
+    with pytest.raises(CheckFailedError, match="row 'p0#0'") as e:
+        check_many(PythonCheck(function=f"{f}:score"), ROWS[:1])
+    assert said in str(e.value)
+
+
+def test_a_call_that_outlives_its_bound_fails_and_the_next_call_gets_a_new_process(tmp_path):
+    f = _file(tmp_path, """
+        import time
+
+        def score(completion, answer=None, prompt=None):
+            if completion == "5":
+                time.sleep(60)
+            return 1.0
+    """)
+    c = PythonCheck(function=f"{f}:score", timeout_s=1.0, max_failed_frac=0.5)
+    v = check_many(c, ROWS)
+    assert [x.score for x in v] == [1.0, None, 1.0]
+    scorer = next(iter(_SCORERS.values()))
+    assert scorer.timeouts == 1 and scorer.restarts == 0 and scorer.proc.poll() is None
+    with pytest.raises(CheckFailedError, match=r"row 'p0#1'.*timed out after 1 s \(check.timeout_s\)"):
+        check_many(PythonCheck(function=f"{f}:score", timeout_s=1.0), ROWS)
+
+
+def test_a_function_that_kills_its_process_costs_only_its_call(tmp_path):
+    f = _file(tmp_path, """
+        import os
+
+        def score(completion, answer=None, prompt=None):
+            if completion == "5":
+                os._exit(3)
+            print("scored", completion)  # prints go to the log, never into the protocol
+            return 1.0
+    """)
+    v = check_many(PythonCheck(function=f"{f}:score", max_failed_frac=0.5), ROWS)
+    assert [x.score for x in v] == [1.0, None, 1.0]
+    with pytest.raises(CheckFailedError, match=r"died during the call \(exit code 3\)"):
+        check_many(PythonCheck(function=f"{f}:score"), ROWS)
+
+
+def test_what_cannot_be_used_is_said_before_anything_runs(tmp_path):
+    broken = _file(tmp_path, "def score(completion:\n", "broken.py")
+    [p] = PythonCheck(function=f"{broken}:score").problems()
+    assert "importing it failed" in p and "SyntaxError" in p and str(broken) in p
+    raising = _file(tmp_path, "import not_a_module_here\n", "raising.py")
+    [p] = PythonCheck(function=f"{raising}:score").problems()
+    assert "ModuleNotFoundError: No module named 'not_a_module_here'" in p
+    other = _file(tmp_path, "def reward(completion):\n    return 1.0\n\ndef other(x):\n    pass\n", "other.py")
+    [p] = PythonCheck(function=f"{other}:score").problems()
+    assert "defines no 'score' (its functions: ['other', 'reward'])" in p
+    [p] = PythonCheck(function=f"{other}:other").problems()
+    assert "other(x) cannot take a row's fields by name" in p and "score(completion, answer=None, prompt=None" in p
+    assert PythonCheck(function=f"{other}:reward").problems() == [f"data.check.function='{other}:reward': " + (
+        f"{other}:reward: reward(completion) cannot take a row's fields by name (got an unexpected keyword argument "
+        "'prompt'); define it as score(completion, answer=None, prompt=None, **fields)")]
+    with pytest.raises(ValidationError, match=r"no file '.*missing.py'"):
+        PythonCheck(function=f"{tmp_path}/missing.py:score")
+    with pytest.raises(ValidationError, match="is not 'path/to/file.py:function'"):
+        PythonCheck(function="rewards.py")
+    with pytest.raises(ValidationError, match="module 'no_such_pkg.rewards' cannot be found.*install it"):
+        PythonCheck(function="no_such_pkg.rewards:score")
+
+
+def test_an_installed_module_by_dotted_path(tmp_path, monkeypatch):
+    pkg = tmp_path / "myrewards"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "scoring.py").write_text("def score(completion, answer=None, **fields):\n    return float(completion == answer)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    c = PythonCheck(function="myrewards.scoring:score")
+    assert [x.correct for x in check_many(c, ROWS[:2])] == [False, False]
+    assert check(c, "4", "4").correct
+
+
+def test_the_digest_follows_the_file_and_a_changed_file_is_refused_mid_run(tmp_path):
+    f = _file(tmp_path, "def score(completion, answer=None, prompt=None):\n    return 1.0\n")
+    before = PythonCheck(function=f"{f}:score")
+    f.write_text("def score(completion, answer=None, prompt=None):\n    return 0.0\n")
+    after = PythonCheck(function=f"{f}:score")
+    assert before.source != after.source and before.model_dump() != after.model_dump()
+    # a stage keyed with the old file finds the new one: it stops rather than mix the two
+    with pytest.raises(CheckFailedError, match="the file changed since this run read its config"):
+        check_many(before, ROWS)
+    assert PythonCheck.model_validate(after.model_dump()).source == after.source  # a dumped config keeps its digest
+    moved = after.with_absolute_paths()
+    assert moved.source is None and Path(moved.function.rpartition(":")[0]).is_absolute()
+
+
+def test_in_a_pipeline_config(tmp_path, monkeypatch):
+    from ratchet.data.errors import ConfigError
+    from ratchet.flows.config import load_config
+    from ratchet.flows.schedule import absolute_paths
+
+    _file(tmp_path, "def score(completion, answer=None, prompt=None):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, ["data.check={kind: python, function: 'rewards.py:score', threshold: 0.5}"])
+    assert cfg.data.check.kind == "python" and cfg.data.check.threshold == 0.5
+    deployed = absolute_paths(cfg)
+    assert deployed.data.check.function == f"{tmp_path / 'rewards.py'}:score"
+    with pytest.raises(ConfigError, match="votes with the answers a check reads"):
+        load_config(None, ["data.check={kind: python, function: 'rewards.py:score'}", "label.kind=consistency"])
+    with pytest.raises(ConfigError, match="label.value='graded'.*does not read numbers"):
+        load_config(None, ["data.check={kind: python, function: 'rewards.py:score'}", "label.kind=mcts",
+                           "label.value=graded", "filter.kind=step_pairs"])
+    with pytest.raises(ConfigError, match="data.check.threshold=nan"):
+        load_config(None, ["data.check={kind: python, function: 'rewards.py:score', threshold: .nan}"])
