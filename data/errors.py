@@ -71,4 +71,9 @@ class EmptyStageError(RatchetError):
 
 
 class StageFailedError(RatchetError):
-    """A stage running in a worker process failed; carries the worker's error."""
+    """A stage running in a worker process failed; carries the worker's error. `clear`: the worker
+    raised one of Ratchet's own errors, whose message says all (no log tail needed)."""
+
+    def __init__(self, message: str, clear: bool = False):
+        super().__init__(message)
+        self.clear = clear

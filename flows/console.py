@@ -260,8 +260,8 @@ class RunConsole:
         if log is not None:
             lines.append(f"  log: {log}")
             # a clear error says all; a crash or an unexpected exception shows how the log ends
-            tail = _tail(log, 12) if isinstance(error, StageFailedError) or not isinstance(error, RatchetError) \
-                else []
+            crashed = isinstance(error, StageFailedError) and not error.clear
+            tail = _tail(log, 12) if crashed or not isinstance(error, RatchetError) else []
             if tail:
                 lines += ["  its last lines:", *("    " + x for x in tail)]
         lines.append(f"  finished stages are kept; to resume: {resume}")

@@ -272,7 +272,7 @@ def _run_in_worker(store: ArtifactStore, d: Path, body: str, req: StageRequest) 
         if e["type"] == "ConfigError":
             raise ConfigError(e.get("problems") or [e["message"]], source=f"{req.stage} stage")
         raise StageFailedError(f"{req.stage} stage (round {req.round}) failed in its worker: {e['type']}: "
-                               f"{e['message']} (its log: {stage_log})")
+                               f"{e['message']} (its log: {stage_log})", clear=bool(e.get("ratchet")))
     raise StageFailedError(
         f"{req.stage} stage (round {req.round}) worker died with exit code {returncode} "
         f"(negative = killed by signal; -9 is often the kernel's out-of-memory killer). "
@@ -335,7 +335,8 @@ def worker(spec_path: str) -> int:
         body(req, store)
         return 0
     except BaseException as e:  # report every failure to the orchestrator, then re-raise for the log
-        payload = {"type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc()}
+        payload = {"type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc(),
+                   "ratchet": isinstance(e, RatchetError)}
         if isinstance(e, ConfigError):
             payload["problems"] = e.problems
         (Path(spec_path).parent / ERROR_FILE).write_text(json.dumps(payload, indent=2))

@@ -6,11 +6,16 @@ It reads the LAST number ("7 + 5 = 12" reads 12) and refuses responses that list
 
 from __future__ import annotations
 
+import math
+import re
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from ratchet.data.checks.base import NUM, Check, Verdict, canonical, to_float
+
+
+_INT = re.compile(r"-?\d+")
 
 
 class NumberCheck(Check):
@@ -30,8 +35,7 @@ class NumberCheck(Check):
         last = nums[-1]
         if len({to_float(n) for n in nums}) > self.max_numbers:
             return Verdict(False, last)
-        got, want = to_float(last), to_float(answer)
-        return Verdict(got is not None and want is not None and abs(got - want) <= self.tolerance, last)
+        return Verdict(same_number(last, answer, self.tolerance), last)
 
     def extract(self, response: str) -> str | None:
         """Numbers are canonicalised ("1,234" and "1234.0" both read "1234"), so answers that mean
@@ -48,9 +52,19 @@ class NumberCheck(Check):
         if self.check(response, answer).correct:
             return 1.0
         got, want = self.extract(response), to_float(answer.strip())
-        if got is None or want is None or (g := to_float(got)) is None:
+        if got is None or want is None or (g := to_float(got)) is None or not math.isfinite(want):
             return 0.0
         return partial / (1.0 + abs(g - want))
+
+
+def same_number(got: str, want: str, tolerance: float) -> bool:
+    """Two numbers as written, equal within `tolerance`; integers compare exactly, however long
+    (a float reads a 400-digit integer as inf, and inf is no answer)."""
+    a, b = got.replace(",", "").strip(), want.replace(",", "").strip()
+    if _INT.fullmatch(a) and _INT.fullmatch(b) and max(len(a), len(b)) <= 4000:  # Python's int parsing limit
+        return abs(int(a) - int(b)) <= tolerance
+    x, y = to_float(a), to_float(b)
+    return x is not None and y is not None and math.isfinite(x) and math.isfinite(y) and abs(x - y) <= tolerance
 
 
 def last_number(response: str, max_numbers: int) -> str | None:

@@ -1,0 +1,87 @@
+"""A user's reward file as the check of a round, through the CLI on the tiny model: its scores
+label and evaluate; an edit re-runs what reads the file and reuses the samples; a function
+that raises stops the run naming the row with the user's traceback, and once fixed the same
+command resumes without sampling again."""
+
+import textwrap
+
+import pytest
+
+from ratchet.data.manifest import read_manifest
+from tests.flows.tiny import ROOT, ratchet
+
+pytestmark = pytest.mark.integration
+
+V1 = """
+    def score(completion, answer=None, prompt=None, **fields):
+        return {"score": float(len(completion) > 3), "length": float(len(completion))}
+"""
+RAISES = """
+    def score(completion, answer=None, prompt=None, **fields):
+        return {"score": rule(completion), "length": float(len(completion))}
+
+    def rule(text):
+        if len(text) > 3:
+            raise ValueError("no rule for " + repr(text[:10]))
+        return 0.0
+"""
+FIXED = """
+    def score(completion, answer=None, prompt=None, **fields):
+        return {"score": float(len(completion) > 3 and prompt is not None), "length": float(len(completion))}
+"""
+
+
+def _args(workdir, tiny_model, rewards):
+    return [ROOT / "flows" / "configs" / "default.yaml", f"workdir={workdir}", f"model.path={tiny_model}", "rounds=1",
+            "sampler.backend=hf", "sampler.dtype=float32", "data.a_max=6", "data.b_max=4", "data.eval_size=4",
+            "sample.n=3", "sample.max_tokens=6", "sample.shard_size=6", "label.shard_size=8", "filter.min_rows=1",
+            "train.epochs=1", "train.batch_size=4", "evaluate.max_tokens=6",
+            f"data.check={{kind: python, function: '{rewards}:score', threshold: 1.0}}"]
+
+
+def _stages(workdir) -> dict[str, tuple]:
+    """stage directory -> (stage, round, manifest inode and mtime): a stage run again changes the last."""
+    out = {}
+    for d in (workdir / "stages").iterdir():
+        if (m := read_manifest(d)) is not None:
+            st = (d / "manifest.json").stat()
+            out[d.name] = (m.stage, m.round, st.st_ino, st.st_mtime_ns, m)
+    return out
+
+
+def test_a_reward_file_scores_a_round_and_its_edits_rerun_only_what_reads_it(tiny_model, tmp_path, prefect_harness):
+    from prefect.settings import PREFECT_API_URL
+
+    api, work = PREFECT_API_URL.value(), tmp_path / "runs"
+    rewards = tmp_path / "user" / "rewards.py"
+    rewards.parent.mkdir()
+    rewards.write_text(textwrap.dedent(V1))
+    first = ratchet("run", *_args(work, tiny_model, rewards), api_url=api)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    one = _stages(work)
+    [label] = [m for s, r, *_, m in one.values() if s == "label"]
+    assert label.metrics["score_mean"] == pytest.approx(label.metrics["reward_mean"])  # the reward is the score
+    assert label.metrics["score_length_mean"] > 0  # the function's own metric, per round
+    evals = [m for s, r, *_, m in one.values() if s == "evaluate"]
+    assert len(evals) == 2 and all("score_mean" in m.metrics for m in evals)
+    assert all(len(m.config["data"]["check"]["source"]) == 64 for m in (label, *evals))  # the digest keys them
+
+    # a function that raises: the run stops in label, naming the row and the user's own traceback
+    rewards.write_text(textwrap.dedent(RAISES))
+    failed = ratchet("run", *_args(work, tiny_model, rewards), api_url=api)
+    out = failed.stdout + failed.stderr
+    assert failed.returncode != 0
+    assert "failed on row '" in out and "raised ValueError: no rule for" in out, out[-3000:]
+    assert f'File "{rewards}", line 7, in rule' in out, out[-3000:]
+    assert {s for s, *_ in _stages(work).values()} == {s for s, *_ in one.values()}  # nothing new finished
+
+    # fixed: the same command re-runs label and what follows from it, and reuses the samples
+    rewards.write_text(textwrap.dedent(FIXED))
+    fixed = ratchet("run", *_args(work, tiny_model, rewards), api_url=api)
+    assert fixed.returncode == 0, fixed.stdout[-3000:] + fixed.stderr[-3000:]
+    two = _stages(work)
+    again = {n for n in one if two[n][2:4] == one[n][2:4]}
+    new = {two[n][0] for n in two if n not in one}
+    assert {one[n][0] for n in again} >= {"sample", "base"} and "sample" not in new
+    assert {"label", "evaluate"} <= new
+    assert "run default-" in fixed.stdout and fixed.stdout.split("run ")[1][:18] != first.stdout.split("run ")[1][:18]
