@@ -9,6 +9,7 @@ wants every running value stated (see their modules).
     exact    the whole response, normalized, equals it
     regex    group 1 of the pattern's last match equals it
     steps    a worked answer: every listed value stated in order, the last one last
+    math     the final answer equals the reference mathematically (LaTeX, sets, intervals; math-verify)
     python   the user's own scoring function (a file or an installed module), in a process of its own
 """
 
@@ -20,16 +21,17 @@ from pydantic import Field
 
 from ratchet.data.checks.base import Check, Item, Verdict
 from ratchet.data.checks.exact import ExactCheck
+from ratchet.data.checks.math_answer import MathCheck
 from ratchet.data.checks.number import NumberCheck
 from ratchet.data.checks.python import PythonCheck
 from ratchet.data.checks.regex import RegexCheck
 from ratchet.data.checks.steps import StepsCheck, listed_values, shown_steps, worked
 
 # The registration of every check kind: one member each.
-AnyCheck = NumberCheck | ExactCheck | RegexCheck | StepsCheck | PythonCheck
+AnyCheck = NumberCheck | ExactCheck | RegexCheck | StepsCheck | MathCheck | PythonCheck
 CheckConfig = Annotated[AnyCheck, Field(discriminator="kind")]
 
-__all__ = ["AnyCheck", "Check", "CheckConfig", "ExactCheck", "Item", "NumberCheck", "PythonCheck", "RegexCheck",
+__all__ = ["AnyCheck", "Check", "CheckConfig", "ExactCheck", "Item", "MathCheck", "NumberCheck", "PythonCheck", "RegexCheck",
            "StepsCheck", "Verdict", "answer_key", "check", "check_many", "extract", "graded", "listed_values",
            "score_metrics", "score_sums", "shown_steps", "worked"]
 

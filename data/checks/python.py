@@ -26,7 +26,6 @@ and reuses the samples.
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -34,7 +33,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ratchet.data.checks.base import Check, Item, Verdict
-from ratchet.data.checks.scorer import Call, Scorer, ScorerError, is_file_spec, split_spec
+from ratchet.data.checks.scorer import Call, Scorer, ScorerError, is_file_spec, shared, split_spec
 from ratchet.data.digest import sha256_file
 from ratchet.data.errors import RatchetError
 
@@ -152,30 +151,15 @@ def source_digest(spec: str) -> str:
     return sha256_file(Path(found.origin))
 
 
-_SCORERS: dict[tuple, Scorer] = {}
-
-
 def _scorer(cfg: PythonCheck) -> Scorer:
-    """One scorer per check config in this process, started on first use; the file is checked
-    against the digest the stage was keyed with."""
-    key = (cfg.function, cfg.source, cfg.batched, cfg.timeout_s)
-    if key not in _SCORERS:
-        now = source_digest(cfg.function)
-        if now != cfg.source:
-            raise CheckFailedError(f"data.check.function={cfg.function!r}: the file changed since this run read its "
-                                   f"config (sha256 {cfg.source[:12]} then, {now[:12]} now); a changed check is a new "
-                                   "run: run the config again (`ratchet run`), which keeps what the old file decided")
-        try:
-            _SCORERS[key] = Scorer(cfg.function, batched=cfg.batched, timeout_s=cfg.timeout_s)
-            _SCORERS[key].start()
-        except ScorerError as e:
-            del _SCORERS[key]
-            raise CheckFailedError(f"data.check.function={cfg.function!r}: {e}") from None
-    return _SCORERS[key]
-
-
-@atexit.register
-def _close_all() -> None:
-    for s in _SCORERS.values():
-        s.close()
-
+    """This process's scorer for the function; the file is checked against the digest the stage
+    was keyed with before it is first loaded."""
+    now = source_digest(cfg.function)
+    if now != cfg.source:
+        raise CheckFailedError(f"data.check.function={cfg.function!r}: the file changed since this run read its "
+                               f"config (sha256 {cfg.source[:12]} then, {now[:12]} now); a changed check is a new "
+                               "run: run the config again (`ratchet run`), which keeps what the old file decided")
+    try:
+        return shared(cfg.function, batched=cfg.batched, timeout_s=cfg.timeout_s)
+    except ScorerError as e:
+        raise CheckFailedError(f"data.check.function={cfg.function!r}: {e}") from None

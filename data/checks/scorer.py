@@ -16,6 +16,7 @@ child checks the value and says what is wrong with it, naming what came back.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -149,6 +150,27 @@ class Scorer:
     def _failed(self, kwargs: dict, why: str):
         c = Call(failure=why)
         return [c] * _rows(kwargs) if self.batched else c
+
+
+_SHARED: dict[tuple, Scorer] = {}
+
+
+def shared(spec: str, *, batched: bool, timeout_s: float) -> Scorer:
+    """This process's scorer for `spec`, started on first use and kept for the calls after
+    (a stage's units share it; it ends with the process)."""
+    key = (spec, batched, timeout_s)
+    if key not in _SHARED:
+        s = Scorer(spec, batched=batched, timeout_s=timeout_s)
+        s.start()  # raises ScorerError, and then nothing is kept
+        _SHARED[key] = s
+    return _SHARED[key]
+
+
+@atexit.register
+def close_all() -> None:
+    for s in _SHARED.values():
+        s.close()
+    _SHARED.clear()
 
 
 def _rows(kwargs: dict) -> int:

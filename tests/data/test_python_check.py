@@ -7,7 +7,8 @@ import pytest
 from pydantic import ValidationError
 
 from ratchet.data.checkers import Item, PythonCheck, check, check_many, score_metrics, score_sums
-from ratchet.data.checks.python import CheckFailedError, _SCORERS
+from ratchet.data.checks.python import CheckFailedError
+from ratchet.data.checks.scorer import _SHARED, close_all
 
 ROWS = [Item("the answer is 4", "4", "What is 2 + 2?", "p0#0"), Item("5", "4", "What is 2 + 2?", "p0#1"),
         Item("", None, "Say nothing.", "p1#0")]
@@ -22,9 +23,7 @@ def _file(tmp_path: Path, body: str, name: str = "rewards.py") -> Path:
 @pytest.fixture(autouse=True)
 def _fresh_scorers():
     yield
-    for s in _SCORERS.values():
-        s.close()
-    _SCORERS.clear()
+    close_all()
 
 
 def test_scores_bools_none_and_metrics_by_the_row_fields(tmp_path):
@@ -113,7 +112,7 @@ def test_a_call_that_outlives_its_bound_fails_and_the_next_call_gets_a_new_proce
     c = PythonCheck(function=f"{f}:score", timeout_s=1.0, max_failed_frac=0.5)
     v = check_many(c, ROWS)
     assert [x.score for x in v] == [1.0, None, 1.0]
-    scorer = next(iter(_SCORERS.values()))
+    scorer = next(iter(_SHARED.values()))
     assert scorer.timeouts == 1 and scorer.restarts == 0 and scorer.proc.poll() is None
     with pytest.raises(CheckFailedError, match=r"row 'p0#1'.*timed out after 1 s \(check.timeout_s\)"):
         check_many(PythonCheck(function=f"{f}:score", timeout_s=1.0), ROWS)
@@ -202,3 +201,28 @@ def test_in_a_pipeline_config(tmp_path, monkeypatch):
                            "label.value=graded", "filter.kind=step_pairs"])
     with pytest.raises(ConfigError, match="data.check.threshold=nan"):
         load_config(None, ["data.check={kind: python, function: 'rewards.py:score', threshold: .nan}"])
+
+
+def test_any_model_text_reaches_the_function_intact(tmp_path):
+    """Whatever a model wrote (control characters, lone surrogates, a protocol's own newlines and
+    braces) arrives at the user's function as it was, and its verdict comes back."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    f = _file(tmp_path, """
+        def score(completion, answer=None, prompt=None):
+            return {"score": float(completion == answer), "n": float(len(completion)),
+                    "h": float(sum(map(ord, completion)) % 1000003)}
+    """)
+    c = PythonCheck(function=f"{f}:score")
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.text(alphabet=st.characters(codec=None, categories=None), max_size=2000))
+    def run(text):
+        [v] = check_many(c, [Item(text, text, "p")])
+        assert v.correct and v.metrics == {"n": float(len(text)), "h": float(sum(map(ord, text)) % 1000003)}
+
+    run()
+    for text in ("\ud800 lone surrogate", '{"result": {"score": 1}}\n', "\x00\x1b[2J"):
+        [v] = check_many(c, [Item(text, text, "p")])
+        assert v.correct and v.metrics["n"] == float(len(text))
