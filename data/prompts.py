@@ -39,6 +39,8 @@ from ratchet.data.checkers import CheckConfig, NumberCheck, answer_key
 from ratchet.data.digest import sha256_file, sha256_json
 from ratchet.data.errors import ConfigError, ProblemReport, show
 from ratchet.data.records import Prompt
+from ratchet.data.sources.base import PoolSource, Split
+from ratchet.data.sources.reasoning_gym import ReasoningGymSource
 
 
 def check_placeholders(template: str, names: set[str]) -> str:
@@ -52,21 +54,6 @@ def check_placeholders(template: str, names: set[str]) -> str:
         raise ValueError(f"the template needs exactly the placeholders {want}, found {sorted(found) or 'none'}; "
                          "write literal braces as {{ and }}")
     return template
-
-
-class PoolSource(BaseModel):
-    """What every prompt source shares: how each round draws from its train prompts."""
-
-    model_config = ConfigDict(extra="forbid")
-    local_paths: ClassVar[tuple[str, ...]] = ()  # fields naming local files: made absolute in deployments
-    prompts_per_round: int | None = Field(
-        default=None, ge=1, description="each round trains on this many train prompts drawn from the pool without "
-        "repeats until the pool is spent (then a new seeded order); a continuation draws on where the last run "
-        "stopped. Unset: every round uses the whole pool")
-
-    def pool(self):
-        """This source without the per-round draw: what the prompt split, labels and evaluation depend on."""
-        return self.model_copy(update={"prompts_per_round": None})
 
 
 class AdditionSource(PoolSource):
@@ -84,6 +71,9 @@ class AdditionSource(PoolSource):
     @classmethod
     def _placeholders(cls, v: str) -> str:
         return check_placeholders(v, {"a", "b"})
+
+    def load(self, seed: int, train_answers: bool) -> Split:
+        return _addition(self, seed)
 
 
 class ChainSource(PoolSource):
@@ -108,6 +98,9 @@ class ChainSource(PoolSource):
     @classmethod
     def _placeholders(cls, v: str) -> str:
         return check_placeholders(v, {"start", "steps"})
+
+    def load(self, seed: int, train_answers: bool) -> Split:
+        return _chain(self, seed)
 
     @model_validator(mode="after")
     def _fits(self) -> "ChainSource":
@@ -167,34 +160,22 @@ class FileSource(PoolSource):
     allow_overlap: bool = Field(default=False, description="allow the same prompt text in the train and eval "
                                 "splits (normally an error: held-out accuracy on trained prompts is not held out)")
 
-
-SourceConfig = Annotated[AdditionSource | ChainSource | FileSource, Field(discriminator="kind")]
-
-
-@dataclass(frozen=True)
-class Split:
-    """The train and eval prompts, where each came from, and the digest of every file read."""
-
-    train: list[Prompt]
-    eval: list[Prompt]
-    digests: dict[str, str] = field(default_factory=dict)  # config field (path, eval_path) -> rows digest
-    places: dict[str, tuple[str, str]] = field(default_factory=dict)  # prompt id -> (file, "line N"), for messages
+    def load(self, seed: int, train_answers: bool) -> Split:
+        return _file(self, seed, train_answers)
 
 
-def load_split(cfg: AdditionSource | ChainSource | FileSource, seed: int, *, train_answers: bool = False) -> Split:
+# The registration of every prompt source: one member each.
+SourceConfig = Annotated[AdditionSource | ChainSource | FileSource | ReasoningGymSource, Field(discriminator="kind")]
+
+
+def load_split(cfg: PoolSource, seed: int, *, train_answers: bool = False) -> Split:
     """(train, eval), deterministic in seed, disjoint, every row checked.
 
     `train_answers`: every train prompt needs a reference answer (the verifier labels).
     Eval prompts always need one: held-out accuracy, and so the champion gate, is
     computed from them. Raises one ConfigError listing every problem.
     """
-    match cfg.kind:
-        case "addition":
-            return _addition(cfg, seed)
-        case "chain":
-            return _chain(cfg, seed)
-        case "file":
-            return _file(cfg, seed, train_answers)
+    return cfg.load(seed, train_answers)
 
 
 def _addition(cfg: AdditionSource, seed: int) -> Split:

@@ -73,6 +73,8 @@ def result_of(stage: str, m: dict[str, float]) -> str:
             parts.append(f"pass@n {m['pass_at_n']:.0%}")
         if "verifier_auc" in m:
             parts.append(f"AUC vs verifier {m['verifier_auc']:.2f}")
+        if g("check_failed"):
+            parts.append(f"{_n(m['check_failed'])} rows the check failed on (unscored)")
         if g("injection_suspects"):
             parts.append(f"{_n(m['injection_suspects'])} injection suspects")
     elif stage == "filter":
@@ -92,6 +94,8 @@ def result_of(stage: str, m: dict[str, float]) -> str:
         parts = [f"held-out accuracy {g('accuracy', 0):.1%}"]
         if "worked_accuracy" in m:
             parts.append(f"{m['worked_accuracy']:.1%} with every step shown")
+        if "score_mean" in m:  # a check that scores (a user's function): its mean beside the accuracy
+            parts.append(f"mean score {m['score_mean']:.3g}")
     return " · ".join(parts)
 
 

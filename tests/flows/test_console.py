@@ -62,6 +62,10 @@ def test_key_results_name_what_each_stage_made():
         "held-out accuracy 20.0% · 4.0% with every step shown"
     assert result_of("label", {"mcts_prompts": 48, "mcts_tokens_per_prompt": 410.2, "mcts_solved_frac": 0.5}) == \
         "48 trees · 410 tokens/prompt · solved 50%"
+    # a user's check: its mean score beside the accuracy, and the rows it failed on
+    assert result_of("evaluate", {"accuracy": 0.4, "score_mean": 0.5314}) == "held-out accuracy 40.0% · mean score 0.531"
+    assert result_of("label", {"labeled": 30, "reward_mean": 0.5, "check_failed": 2}) == \
+        "30 labeled · mean reward 0.50 · 2 rows the check failed on (unscored)"
 
 
 def test_progress_files_give_the_running_stage_its_rate(tmp_path):
