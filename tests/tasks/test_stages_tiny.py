@@ -217,3 +217,31 @@ def _p_yes_by_hand(model_dir, prompt: str, response: str) -> float:
         p = torch.softmax(model(input_ids=ids).logits[0, -1].float(), -1)
     yes, no = (sum(p[i].item() for i in first_token_ids(tok, w)) for w in (YES_WORDS, NO_WORDS))
     return yes / (yes + no)
+
+
+def test_a_reasoning_gym_task_is_labeled_and_evaluated_by_its_own_scorer(tiny_model, tmp_path):
+    """Sample, label and evaluate a reasoning-gym task on the tiny model, the evaluation in a
+    worker process: every reward and verdict is the dataset's own score_answer of the answer read
+    from the text, recomputed here by hand."""
+    from ratchet.data.records import LabeledCompletion, read_jsonl
+    from ratchet.data.sources.reasoning_gym import ReasoningGymSource, extract_answer, open_dataset
+
+    store = ArtifactStore(tmp_path)
+    src = ReasoningGymSource(dataset="chain_sum", config={"min_terms": 2, "max_terms": 2, "max_digits": 1},
+                             eval_size=4, train_size=6)
+    pm, _ = prepare.prompts(store, src, seed=0, sources={})
+    base, _ = prepare.base_model(store, "tiny", tiny_model)
+    s, _ = sample.sample(store, base, pm, SampleConfig(n=2, max_tokens=5, shard_size=3), HF, seed=1, round=1,
+                         isolate=False)
+    lab, _ = label.label(store, s, VerifierLabel(shard_size=5), src, round=1)
+    ev, _ = evaluate.evaluate(store, base, pm, EvaluateConfig(max_tokens=5), HF, src, seed=0, round=0, isolate=True)
+    ds = open_dataset("chain_sum", src.config, 0, src.check.size)
+    for stage, n in ((lab, 12), (ev, 4)):
+        rows = read_jsonl(store.path(stage, "labels.jsonl" if stage is lab else "eval.jsonl"), LabeledCompletion)
+        assert len(rows) == n
+        for r in rows:
+            entry = ds[int(r.prompt_id.removeprefix("rg-"))]
+            assert entry["answer"] == r.answer and r.prompt.startswith(entry["question"])
+            want = ds.score_answer(answer=extract_answer(r.text, r.answer, "auto"), entry=entry)
+            assert r.correct == (want >= 1.0) and (stage is ev or r.reward == want)
+    assert ev.metrics["accuracy"] == sum(r.correct for r in rows) / 4
