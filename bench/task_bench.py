@@ -70,10 +70,10 @@ def main() -> None:
     for v in variants:
         try:
             cfg = load_config(a.config, a.overrides + v)
+            split = load_split(cfg.data, cfg.seed)
         except ConfigError as e:  # one bad variant is reported, the others still run
             print(f"{' '.join(v)}: {e}", flush=True)
             continue
-        split = load_split(cfg.data, cfg.seed)
         train, ev = split.train[: a.prompts], split.eval[: a.prompts]
         t = time.time()
         greedy = sampler.generate([p.prompt for p in ev], SamplingParams(max_tokens=cfg.evaluate.max_tokens), seed=0)

@@ -204,6 +204,9 @@ def check_dataset(name: str, config: dict) -> None:
                          f"{sorted(known)}")
     try:
         cfg_cls(**config, size=1, seed=0).validate()
+        import reasoning_gym
+
+        reasoning_gym.create_dataset(name, size=1, seed=0, **config)[0]  # settings it accepts but cannot generate with
     except Exception as e:  # noqa: BLE001 - the library's own words on its settings
         raise ValueError(f"data.config={config} is not a valid {name} config: {type(e).__name__}: {e}") from None
 

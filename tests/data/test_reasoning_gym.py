@@ -45,6 +45,9 @@ def test_bad_datasets_and_settings_are_named_with_what_exists():
         load_config(None, ["data={kind: reasoning_gym, dataset: chain_sum, config: {max_term: 2}}"])
     with pytest.raises(ConfigError, match="not a valid chain_sum config"):
         load_config(None, ["data={kind: reasoning_gym, dataset: chain_sum, config: {min_terms: 5, max_terms: 2}}"])
+    # settings its config class accepts but its generator cannot use: found before any model loads
+    with pytest.raises(ConfigError, match="not a valid simple_equations config: ValueError: The number of weights"):
+        load_config(None, ["data={kind: reasoning_gym, dataset: simple_equations, config: {operators: ['+']}}"])
     tiny = load_config(None, ["data={kind: reasoning_gym, dataset: chain_sum, config: {min_terms: 2, max_terms: 2, "
                               "max_digits: 1}, eval_size: 150, train_size: 1000}"])
     with pytest.raises(ConfigError, match="distinct problems .* fewer than data.eval_size \\+ data.train_size = 1150"):
