@@ -268,10 +268,24 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to end this process when the one that started it dies (a killed stage must not
+    leave a scoring call running), and exit at once if that already happened."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:
+        os._exit(1)
+
+
 def child_main() -> int:
     import asyncio
     import inspect
 
+    _die_with_parent()
     proto = os.fdopen(int(os.environ.pop("RATCHET_SCORER_FD")), "w")
     os.dup2(2, 1)  # the function's prints go to the log
     spec, batched = sys.argv[1], sys.argv[2] == "1"

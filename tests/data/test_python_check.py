@@ -226,3 +226,43 @@ def test_any_model_text_reaches_the_function_intact(tmp_path):
     for text in ("\ud800 lone surrogate", '{"result": {"score": 1}}\n', "\x00\x1b[2J"):
         [v] = check_many(c, [Item(text, text, "p")])
         assert v.correct and v.metrics["n"] == float(len(text))
+
+
+def test_a_killed_stage_leaves_no_scoring_call_running(tmp_path):
+    """SIGKILL the process that started the scorer while the user's function is mid-call: the
+    scoring process ends with it instead of running on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    f = _file(tmp_path, """
+        import os, time
+
+        def score(completion, answer=None, prompt=None):
+            open(os.environ["PID_FILE"], "w").write(str(os.getpid()))
+            time.sleep(300)
+    """)
+    pid_file = tmp_path / "child.pid"
+    driver = subprocess.Popen([sys.executable, "-c", (
+        "from ratchet.data.checkers import PythonCheck, Item, check_many\n"
+        f"check_many(PythonCheck(function={str(f) + ':score'!r}, timeout_s=300), [Item('x', '1')])\n")],
+        env={**os.environ, "PID_FILE": str(pid_file)})
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and driver.poll() is None
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the scoring process outlived the process that started it")
