@@ -3,8 +3,10 @@
 Every kind lives in one module of this package and describes itself with one `LabelKind`:
 what it consumes (the sample stage's completions, or the prompts, for a kind that
 generates its own rollouts), whether it runs the policy (then the label stage runs in a
-worker with the sampler settings and a seed), and the function that labels. The label stage (tasks/label.py) and the
-round flow ask the kind; neither has a special case for one.
+worker with the sampler settings and a seed), the function that labels, and what the
+config and input checks need of it (reward range, references, budgets, cross-checks). The
+label stage (tasks/label.py), the config and the round flow ask the kind; none of them has
+a special case for one.
 
     verifier     the task's answer check (RFT / ReST-EM / STaR)
     consistency  majority vote of a prompt's own samples (label-free)
