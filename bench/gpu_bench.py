@@ -234,7 +234,7 @@ def main() -> None:
                       f"{t['model_tflops']:.0f} TFLOP/s, MFU {100 * t['mfu']:.1f}%, peak {t['peak_mem_gib']:.1f} GiB",
                       flush=True)
                 torch.cuda.empty_cache()
-    print(f"\n| shape | stage | adapter | batch | steps/s | tokens/s | MFU | peak GiB |\n|---|---|---|---:|---:|---:|---:|---:|")
+    print("\n| shape | stage | adapter | batch | steps/s | tokens/s | MFU | peak GiB |\n|---|---|---|---:|---:|---:|---:|---:|")
     for shape, r in results["shapes"].items():
         s = r["sampling"]
         print(f"| {shape} | HF sampling ({s['sequences']} seq x {a.sample_tokens} max) | - | - | - | "

@@ -29,11 +29,10 @@ import random
 import re
 import string
 import unicodedata
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ratchet.data.checkers import CheckConfig, NumberCheck, answer_key
 from ratchet.data.digest import sha256_file, sha256_json

@@ -30,7 +30,7 @@ from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig
 from ratchet.tasks.labels import LabelKind, reward_stats
 from ratchet.tasks.labels import consistency, judge, mcts, reward_model, verifier
-from ratchet.tasks.labels.verifier import VerifierLabel
+from ratchet.tasks.labels.verifier import VerifierLabel  # noqa: F401 - the default label, imported from here
 from ratchet.tasks.prepare import train_prompts
 from ratchet.tasks.stage import StageRequest, run_stage
 from ratchet.tasks.units import ExecutorConfig

@@ -269,16 +269,20 @@ def _user_traceback(exc: BaseException) -> str:
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to end this process when the one that started it dies (a killed stage must not
-    leave a scoring call running), and exit at once if that already happened."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
+    """End this process when the one that started it dies, so a killed stage never leaves a scoring
+    call running. A watchdog thread, not PR_SET_PDEATHSIG: that signal follows the *thread* that
+    started the child, and the stage that started a shared scorer may have finished."""
+    import threading
 
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:
-        os._exit(1)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.2)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def child_main() -> int:

@@ -237,6 +237,8 @@ def test_a_killed_stage_leaves_no_scoring_call_running(tmp_path):
     import sys
     import time
 
+    from tests.procs import gone_within
+
     f = _file(tmp_path, """
         import os, time
 
@@ -256,13 +258,4 @@ def test_a_killed_stage_leaves_no_scoring_call_running(tmp_path):
     child = int(pid_file.read_text())
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(child, signal.SIGKILL)
-        raise AssertionError("the scoring process outlived the process that started it")
+    assert gone_within(child, 10), "the scoring process outlived the process that started it"
