@@ -18,6 +18,14 @@ peak (H100/H200 SXM: 989 TFLOP/s): per trained token 6N for full fine-tuning, 4N
 reference's forward (2N per token: LoRA's reference is the adapter switched off). N counts the
 weights of every matmul, the LM head included. Recomputation (gradient checkpointing) is not
 counted, as MFU's definition has it.
+
+On a lent GPU machine that has torch, transformers, peft and accelerate but no pydantic, TRL,
+datasets or MLflow, those travel as wheels (31 of them, 17 MB, measured with this stack):
+pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
+(and the manylinux_2_17/2_28/2_34 tags) -d .whl mlflow-skinny==3.17.2 pydantic==2.14.3 trl==1.16.0
+datasets==5.2.0 and what `pip install --dry-run --report` lists beyond the machine's packages; a
+tokenizer directory (the default model's tokenizer files, 3.4 MB) goes with them, and
+RATCHET_TEST_TOKENIZER points the GPU tests' tiny model at it.
 """
 
 from __future__ import annotations
