@@ -152,14 +152,20 @@ def source_digest(spec: str) -> str:
 
 
 def _scorer(cfg: PythonCheck) -> Scorer:
-    """This process's scorer for the function; the file is checked against the digest the stage
-    was keyed with before it is first loaded."""
-    now = source_digest(cfg.function)
-    if now != cfg.source:
-        raise CheckFailedError(f"data.check.function={cfg.function!r}: the file changed since this run read its "
-                               f"config (sha256 {cfg.source[:12]} then, {now[:12]} now); a changed check is a new "
-                               "run: run the config again (`ratchet run`), which keeps what the old file decided")
+    """This process's scorer for the function. The file is checked against the digest the stage
+    was keyed with each time it is loaded (at start, and when a timeout or a crash restarts it):
+    a running process keeps the code it loaded, so that is when a changed file would slip in."""
+
+    def same_source() -> None:
+        now = source_digest(cfg.function)
+        if now != cfg.source:
+            raise CheckFailedError(f"data.check.function={cfg.function!r}: the file changed since this run read "
+                                   f"its config (sha256 {cfg.source[:12]} then, {now[:12]} now); a changed check is "
+                                   "a new run: run the config again (`ratchet run`), which keeps what the old file "
+                                   "decided")
+
     try:
-        return shared(cfg.function, batched=cfg.batched, timeout_s=cfg.timeout_s)
+        return shared(cfg.function, batched=cfg.batched, timeout_s=cfg.timeout_s, tag=cfg.source or "",
+                      before_load=same_source)
     except ScorerError as e:
         raise CheckFailedError(f"data.check.function={cfg.function!r}: {e}") from None

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,14 +60,18 @@ def is_file_spec(where: str) -> bool:
 class Scorer:
     """A child process that runs `spec` (see the module docstring); one call at a time."""
 
-    def __init__(self, spec: str, *, batched: bool, timeout_s: float, load_timeout_s: float = 120.0):
+    def __init__(self, spec: str, *, batched: bool, timeout_s: float, load_timeout_s: float = 120.0,
+                 before_load: Callable[[], None] | None = None):
         self.spec, self.batched, self.timeout_s, self.load_timeout_s = spec, batched, timeout_s, load_timeout_s
+        self.before_load = before_load  # runs before every (re)start, which loads the function's file anew
         self.proc: subprocess.Popen | None = None
         self.calls = self.timeouts = self.restarts = 0
 
     # the child's life ------------------------------------------------------------------------
     def start(self) -> dict[str, Any]:
         """Start the child and load the function; returns what it found (its signature)."""
+        if self.before_load is not None:
+            self.before_load()
         read_fd, write_fd = os.pipe()
         env = dict(os.environ, RATCHET_SCORER_FD=str(write_fd))
         self.proc = subprocess.Popen([sys.executable, "-c", CHILD, self.spec, "1" if self.batched else "0"],
@@ -91,10 +96,11 @@ class Scorer:
                 self.proc.kill()
             self.proc.wait()
             for f in (self.proc.stdin, getattr(self, "_out", None)):
-                try:
-                    f and f.close()
-                except OSError:
-                    pass
+                if f is not None:
+                    try:
+                        f.close()
+                    except OSError:
+                        pass
         self.proc = None
 
     def _read(self, timeout: float) -> dict | None:
@@ -124,8 +130,9 @@ class Scorer:
             self.proc.stdin.write((json.dumps(kwargs) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
+            code = self._wait()
             self.close()
-            return self._failed(kwargs, f"its process died before the call (exit code {self._code()})")
+            return self._failed(kwargs, f"its process died before the call (exit code {code})")
         reply = self._read(self.timeout_s)
         if reply == {}:
             code = self._wait()
@@ -136,9 +143,6 @@ class Scorer:
             self.timeouts += 1
             return self._failed(kwargs, f"timed out after {self.timeout_s:g} s (check.timeout_s)")
         return [Call(**r) for r in reply["results"]] if self.batched else Call(**reply["result"])
-
-    def _code(self):
-        return None if self.proc is None else self.proc.poll()
 
     def _wait(self):
         """The exit code of a child that closed its end (it may take a moment to be reaped)."""
@@ -155,12 +159,13 @@ class Scorer:
 _SHARED: dict[tuple, Scorer] = {}
 
 
-def shared(spec: str, *, batched: bool, timeout_s: float) -> Scorer:
-    """This process's scorer for `spec`, started on first use and kept for the calls after
-    (a stage's units share it; it ends with the process)."""
-    key = (spec, batched, timeout_s)
+def shared(spec: str, *, batched: bool, timeout_s: float, tag: str = "",
+           before_load: Callable[[], None] | None = None) -> Scorer:
+    """This process's scorer for `spec` (and `tag`: what else tells two versions apart), started on
+    first use and kept for the calls after (a stage's units share it; it ends with the process)."""
+    key = (spec, tag, batched, timeout_s)
     if key not in _SHARED:
-        s = Scorer(spec, batched=batched, timeout_s=timeout_s)
+        s = Scorer(spec, batched=batched, timeout_s=timeout_s, before_load=before_load)
         s.start()  # raises ScorerError, and then nothing is kept
         _SHARED[key] = s
     return _SHARED[key]
