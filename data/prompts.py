@@ -162,6 +162,20 @@ class FileSource(PoolSource):
     def load(self, seed: int, train_answers: bool) -> Split:
         return _file(self, seed, train_answers)
 
+    def held_out(self, seed: int) -> Split:
+        """As an extra held-out set: every row of `path` (nothing of it is trained on), or the
+        eval_path file if one is given."""
+        if self.eval_path:
+            return super().held_out(seed)
+        report = ProblemReport()
+        rows, digest = _read(self.path, self.split, "path", report)
+        if digest and not rows:
+            report.add(self.path, "no rows", "path", "the source is empty", "give a file with at least one row")
+        ev = _to_prompts(rows, self, self.path, "row-", True, report)
+        _check_split(self, [], ev, False, report)
+        report.raise_if_any()
+        return Split([], [p for p, _ in ev], {"path": digest}, {p.id: place for p, place in ev})
+
 
 # The registration of every prompt source: one member each.
 SourceConfig = Annotated[AdditionSource | ChainSource | FileSource | ReasoningGymSource, Field(discriminator="kind")]
@@ -436,7 +450,8 @@ def _to_prompts(rows: list[tuple[str, Any]], cfg: FileSource, source: str, id_pr
     return out
 
 
-def _norm(text: str) -> str:
+def prompt_key(text: str) -> str:
+    """A prompt as two prompts are compared for being the same: NFKC, case-folded, spaces collapsed."""
     return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
 
 
@@ -468,9 +483,9 @@ def _check_split(cfg: FileSource, train: list[Placed], ev: list[Placed], train_a
                            f"give every row its {cfg.answer_field!r}: the verifier label needs one per prompt "
                            "(or use label.kind='consistency' or 'judge', which need none)")
     if not cfg.allow_overlap:
-        trained = {_norm(p.prompt): place for p, place in train}
+        trained = {prompt_key(p.prompt): place for p, place in train}
         for p, place in ev:
-            if (other := trained.get(_norm(p.prompt))) is not None:
+            if (other := trained.get(prompt_key(p.prompt))) is not None:
                 report.add("data", "prompts in both the train and the eval split", f"{_at(other)} and {_at(place)}",
                            show(p.prompt, 50), "remove them from one side (accuracy on trained prompts is not "
                            "held out), or set data.allow_overlap=true if that is what you want")

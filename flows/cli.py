@@ -52,11 +52,16 @@ def _prepare_env(workdir: Path | None) -> None:
 def _summary(results, champion: str | None) -> str:
     """Round table: accuracy, version, the registry's promotion decision, the current champion,
     and each stage's wall time (the time the stage took when it was computed)."""
-    lines = [f"{'round':>5} {'accuracy':>9} {'version':>7} {'promoted':>8}  stage wall times (s)"]
+    last = results[-1]  # accuracy is on the gate's held-out set; any other set gets a column
+    others = [n for n in last.accuracies if n != last.gate_set] if len(last.accuracies) > 1 else []
+    heads = "".join(f" {n[:12]:>12}" for n in others)
+    lines = [f"{'round':>5} {'accuracy':>9}{heads} {'version':>7} {'promoted':>8}  stage wall times (s)"]
     for r in results:
         walls = ", ".join(f"{s} {t:.0f}" for s, t in r.stage_wall_s.items())
         tail = "  <- champion" if r.version == champion else ""
-        lines.append(f"{r.round:>5} {r.accuracy:>9.3f} {r.version:>7} {'*' if r.promoted else '':>8}  {walls}{tail}")
+        sets = "".join(f" {r.accuracies[n]:>12.3f}" if n in r.accuracies else f" {'':>12}" for n in others)
+        lines.append(f"{r.round:>5} {r.accuracy:>9.3f}{sets} {r.version:>7} {'*' if r.promoted else '':>8}  "
+                     f"{walls}{tail}")
     return "\n".join(lines)
 
 

@@ -53,7 +53,10 @@ def result_of(stage: str, m: dict[str, float]) -> str:
     """A finished stage's key result, in a few words."""
     g = m.get
     parts: list[str] = []
-    if stage == "prompts":
+    kind, _, named = stage.partition(".")  # a held-out set of evaluate.sets: prompts.<name>, evaluate.<name>
+    if kind == "prompts" and named:
+        parts = [f"{_n(g('eval_prompts', 0))} held-out prompts"]
+    elif stage == "prompts":
         parts = [f"{_n(g('train_prompts', 0))} train / {_n(g('eval_prompts', 0))} held-out prompts"]
     elif stage == "slice":
         parts = [f"{_n(g('prompts', 0))} prompts from position {_n(g('stream_start', 0))} of the pool "
@@ -90,13 +93,20 @@ def result_of(stage: str, m: dict[str, float]) -> str:
         parts = [f"{_n(g('steps', 0))} steps", f"loss {g('first_loss', 0):.3f} -> {g('last_loss', 0):.3f}"]
         if g("train_s"):
             parts.append(f"{g('steps', 0) / m['train_s']:.2f} steps/s")
-    elif stage == "evaluate":
+    elif kind == "evaluate":
         parts = [f"held-out accuracy {g('accuracy', 0):.1%}"]
         if "worked_accuracy" in m:
             parts.append(f"{m['worked_accuracy']:.1%} with every step shown")
         if "score_mean" in m:  # a check that scores (a user's function): its mean beside the accuracy
             parts.append(f"mean score {m['score_mean']:.3g}")
     return " · ".join(parts)
+
+
+def short_reason(gate: str) -> str:
+    """A gate's reason without the eval-set digests it names (the registry keeps them)."""
+    import re
+
+    return re.sub(r" on eval set \w+| \(eval set \w+\)", "", gate)
 
 
 def rate_of(p: dict[str, Any]) -> str:
@@ -215,9 +225,11 @@ class RunConsole:
                 gain = f" ({(d['accuracy'] - start) * 100:+.1f} points)" if start is not None else ""
                 self._accuracy[d["version"]] = d["accuracy"]
                 verdict = "promoted to champion" if d.get("promoted") else \
-                    "not promoted" + (f" ({d['gate'].split(' on eval set')[0]})" if d.get("gate") else "")
-                self.line(f"round {e.round:<2} -> version {d['version']} · held-out accuracy "
-                          f"{d['accuracy']:.1%}{gain} · {verdict}", "bold")
+                    "not promoted" + (f" ({short_reason(d['gate'])})" if d.get("gate") else "")
+                others = "".join(f" · {n} {a:.1%}" for n, a in d.get("sets", {}).items() if n != d.get("gate_set"))
+                on = f" ({d['gate_set']})" if others else ""
+                self.line(f"round {e.round:<2} -> version {d['version']} · held-out accuracy{on} "
+                          f"{d['accuracy']:.1%}{gain}{others} · {verdict}", "bold")
 
     def _render(self):
         from rich.spinner import Spinner

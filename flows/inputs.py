@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ratchet.data.errors import ProblemReport
-from ratchet.data.prompts import Split, check_draw, load_split
+from ratchet.data.errors import ConfigError, ProblemReport
+from ratchet.data.prompts import Split, check_draw, prompt_key, load_split
 from ratchet.flows.config import PipelineConfig
 from ratchet.tasks.label import kind_of
 from ratchet.tasks.labels import Budget
@@ -34,32 +34,73 @@ def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
         check_draw(cfg.data.prompts_per_round, len(split.train))
     check_label_model(cfg)
     if problems := cfg.data.check.problems():  # a user's check is loaded once, as a stage will load it
-        from ratchet.data.errors import ConfigError
-
         raise ConfigError(problems, source="data.check")
+    sets = held_out_sets(cfg, split)
     tok = _tokenizer(model_dir if model_dir is not None else resolve_model(cfg.model.path))
     # the model that reads each budget's prompts tokenizes them: a label's fixed model its own way
     fixed = kind_of(cfg.label).fixed_model(cfg.label)
     readers = {"policy": tok, "label": _tokenizer(resolve_model(fixed)) if fixed else tok}
     report = ProblemReport()
-    for what, prompts, budgets in (("train", split.train, train_budgets(cfg)), ("eval", split.eval, eval_budgets(cfg))):
+    reads = [("train", split.train, train_budgets(cfg), split.places),
+             ("eval", split.eval, eval_budgets(cfg), split.places)]
+    reads += [(f"evaluate set {name!r}", s.eval, eval_budgets(cfg), s.places) for name, s in sets.items()]
+    for what, prompts, budgets, places in reads:
         for p in prompts:
             for name, b in budgets.items():
                 need = len(_ids(readers[b.reader], b.wrap(p.prompt))) + b.extra
                 if need > b.limit:
-                    source, place = split.places.get(p.id, ("data", f"id {p.id!r}"))
+                    source, place = places.get(p.id, ("data", f"id {p.id!r}"))
                     report.add(source, f"{what} prompts too long for {name}", place,
                                f"{need} tokens with what {name} adds > {b.limit}",
                                f"shorten or drop these rows, or {b.fix}")
     report.raise_if_any()
-    return split
+    digests = {f"evaluate.{name}.{field}": d for name, s in sets.items() for field, d in s.digests.items()}
+    return Split(split.train, split.eval, {**split.digests, **digests}, split.places)
+
+
+def held_out_sets(cfg: PipelineConfig, split: Split) -> dict[str, Split]:
+    """Every evaluate.sets entry that brings its own data, checked: its held-out prompts (each with
+    an answer), none of them a train prompt of the task unless the set allows it, its check loadable."""
+    out, problems = {}, []
+    train = {prompt_key(p.prompt): p.id for p in split.train}
+    for i, (s, _) in enumerate(cfg.evaluate.stages()):
+        where = f"evaluate.sets[{i}] ({s.name})"
+        if s.check is not None and (bad := s.check.problems()):
+            problems += [f"{where}.check: {x}" for x in bad]
+        if s.data is None:
+            continue
+        try:
+            held = s.source(cfg.data).held_out(cfg.seed)
+        except ConfigError as e:
+            problems += [f"{where}.data: {x}" for x in e.problems]
+            continue
+        if not held.eval:
+            problems.append(f"{where}.data: the source holds out no prompts; give it at least one answered prompt")
+        if s.check is None and (bad := s.data.check.problems()):
+            problems += [f"{where}.data.check: {x}" for x in bad]
+        trained = [p.id for p in held.eval if prompt_key(p.prompt) in train]
+        if trained and not s.allow_overlap:
+            problems.append(f"{where}: {len(trained)} of its prompts are train prompts of the task (ids "
+                            f"{trained[:3]}); held-out accuracy on trained prompts is not held out. Remove them, "
+                            f"or set evaluate.sets[{i}].allow_overlap=true if that is what you want")
+        out[s.name] = held
+    if problems:
+        raise ConfigError(problems, source="evaluate.sets")
+    return out
+
+
+def sources_of(sources: dict[str, str], name: str | None = None) -> dict[str, str]:
+    """The file digests of the task's data (name None) or of one held-out set, out of a run's
+    `sources` (check_inputs's digests)."""
+    if name is None:
+        return {k: v for k, v in sources.items() if not k.startswith("evaluate.")}
+    head = f"evaluate.{name}."
+    return {k[len(head):]: v for k, v in sources.items() if k.startswith(head)}
 
 
 def check_label_model(cfg: PipelineConfig) -> None:
     """A fixed judge or reward model (label.model) must be a model directory of the right kind;
     only its config.json is read."""
-    from ratchet.data.errors import ConfigError
-
     kind = kind_of(cfg.label)
     src = kind.fixed_model(cfg.label)
     if src is None:
@@ -104,8 +145,6 @@ def _tokenizer(model_dir: Path):
 
 def resolve_model(src: str) -> Path:
     """The model directory a config names: the embedded default, a local directory, or a hub id."""
-    from ratchet.data.errors import ConfigError
-
     if src == "default":
         from ratchet.models.default_model import default_model_dir
 

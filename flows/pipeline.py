@@ -23,25 +23,35 @@ from ratchet.data import events
 from ratchet.data.manifest import StageManifest
 from ratchet.flows.config import PipelineConfig
 from ratchet.flows.runs import RunContext, set_state, start
-from ratchet.flows.stages import (RoundResult, agreement_task, base_task, evaluate_task, filter_task, label_model_task,
-                                  label_task, lineage_task, prompts_task, register_task, report_task, sample_task,
-                                  slice_task, start_model_task, tracker_of, train_task, unwrap)
-from ratchet.flows.tracking import Tracker, beats
+from ratchet.flows.stages import (EvalTarget, RoundResult, agreement_task, base_task, eval_targets_task,
+                                  evaluate_task, filter_task, label_model_task, label_task, lineage_task, prompts_task,
+                                  register_task, report_task, sample_task, slice_task, start_model_task, tracker_of,
+                                  train_task, unwrap)
+from ratchet.flows.tracking import Tracker, verdict
 from ratchet.tasks import label as label_mod
 from ratchet.tasks.evaluate import EvaluateConfig
 
 
 def trains_from(results: list[RoundResult], rule: EvaluateConfig) -> RoundResult:
     """The model the next round trains: the last round's (`next_round_from: last`), or the
-    best so far (`best`): a round is built on only if it beats the model it trained from by
-    more than `min_improvement` on the run's held-out set; otherwise that model stays."""
+    best so far (`best`): a round is built on only if it is better than the model it trained
+    from by the champion gate's rule (`verdict`: more than `min_improvement` on the gate's
+    held-out set, no other set down by more than `max_drop`); otherwise that model stays."""
     if rule.next_round_from == "last":
         return results[-1]
     best = results[0]
     for r in results[1:]:
-        if beats(r.accuracy, best.accuracy, rule.min_improvement):
+        scores = r.accuracies or {rule.gate_set: r.accuracy}
+        bars = best.accuracies or {rule.gate_set: best.accuracy}
+        if verdict(scores, bars, rule.gate_set, rule.min_improvement, rule.max_drop, "", "")[0]:
             best = r
     return best
+
+
+def evaluate_all(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, targets: list[EvalTarget],
+                 child: str) -> list[StageManifest]:
+    """The policy on every held-out set (evaluate.sets), in order."""
+    return [unwrap(evaluate_task(cfg, ctx, k, policy, t, child)) for t in targets]
 
 
 def set_aside(k: int, start: RoundResult, last: RoundResult) -> None:
@@ -55,8 +65,10 @@ def set_aside(k: int, start: RoundResult, last: RoundResult) -> None:
 
 @flow(name="round", flow_run_name="round-{k}", validate_parameters=False)
 def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
-               parent_version: str, first: int = 0, label_model: StageManifest | None = None) -> RoundResult:
-    """Round k (this run's first round is first + 1); `label_model`: the label's fixed model, if any."""
+               targets: list[EvalTarget], parent_version: str, first: int = 0,
+               label_model: StageManifest | None = None) -> RoundResult:
+    """Round k (this run's first round is first + 1); `targets`: the held-out sets; `label_model`:
+    the label's fixed model, if any."""
     child = tracker_of(cfg, ctx).child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
     try:
         done, train = [], prompts
@@ -70,23 +82,23 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
         train_set = unwrap(filter_task(cfg, ctx, k, labels, child))
         note = agreement_task(cfg, ctx, k, labels, train_set, child)  # may stop the round before training
         candidate = unwrap(train_task(cfg, ctx, k, policy, train_set, child))
-        evaluation = unwrap(evaluate_task(cfg, ctx, k, candidate, prompts, child))
-        return register_task(cfg, ctx, k, candidate, evaluation, prompts, parent_version, child,
-                             [*done, train_set, candidate, evaluation], note)
+        evaluations = evaluate_all(cfg, ctx, k, candidate, targets, child)
+        return register_task(cfg, ctx, k, candidate, evaluations, targets, parent_version, child,
+                             [*done, train_set, candidate, *evaluations], note)
     except BaseException:
         tracker_of(cfg, ctx).end(child, "FAILED")
         raise
 
 
 @flow(name="round", flow_run_name="round-{k}", validate_parameters=False)
-def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, prompts: StageManifest,
+def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, targets: list[EvalTarget],
                k: int = 0) -> RoundResult:
     """The starting model's held-out accuracy: the bar the next round must clear. k is the
     starting model's generation: 0 for the base model, the round that trained it otherwise."""
     child = tracker_of(cfg, ctx).child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
     try:
-        evaluation = unwrap(evaluate_task(cfg, ctx, k, base, prompts, child))
-        return register_task(cfg, ctx, k, base, evaluation, prompts, None, child, [evaluation])
+        evaluations = evaluate_all(cfg, ctx, k, base, targets, child)
+        return register_task(cfg, ctx, k, base, evaluations, targets, None, child, evaluations)
     except BaseException:
         tracker_of(cfg, ctx).end(child, "FAILED")
         raise
@@ -98,12 +110,13 @@ def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
     base = unwrap(start_model_task(cfg, ctx) if ctx.start_version else base_task(cfg, ctx))
     first = base.round if ctx.start_version else 0  # rounds count generations: a continuation numbers on
     fixed = unwrap(label_model_task(cfg, ctx)) if label_mod.kind_of(cfg.label).fixed_model(cfg.label) else None
-    results = [round_zero(cfg, ctx, base, prompts, first)]
+    targets = eval_targets_task(cfg, ctx, prompts)
+    results = [round_zero(cfg, ctx, base, targets, first)]
     for k in range(first + 1, first + cfg.rounds + 1):
         start = trains_from(results, cfg.evaluate)
         if start is not results[-1]:
             set_aside(k, start, results[-1])
-        results.append(round_flow(cfg, ctx, k, start.policy, prompts, start.version, first, fixed))
+        results.append(round_flow(cfg, ctx, k, start.policy, prompts, targets, start.version, first, fixed))
     lineage_task(cfg, ctx, results[-1])
     report_task(cfg, ctx)
     return results
@@ -145,8 +158,8 @@ def continue_improve(config: dict, start_from: str = "champion", overrides: list
     champ = tracker.champion()
     summary = {
         "run": ctx.run_name, "start_version": ctx.start_version,
-        "rounds": [{"round": r.round, "version": r.version, "accuracy": r.accuracy, "promoted": r.promoted}
-                   for r in results],
+        "rounds": [{"round": r.round, "version": r.version, "accuracy": r.accuracy, "accuracies": r.accuracies,
+                    "promoted": r.promoted} for r in results],
         "champion": champ,
     }
     get_run_logger().info("%s from %s: %s", ctx.run_name, f"version {ctx.start_version}" if ctx.start_version

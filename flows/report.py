@@ -42,6 +42,21 @@ class Round:
     metrics: dict[str, float]
     stage_dirs: dict[str, str]
     rewards: list[float] = field(default_factory=list)
+    sets: dict[str, float] = field(default_factory=dict)  # held-out accuracy on every set (evaluate.sets), by name
+    gate_set: str = ""
+
+    @property
+    def other_sets(self) -> dict[str, float]:
+        return {n: a for n, a in self.sets.items() if n != self.gate_set}
+
+    def wall_s(self) -> dict[str, float]:
+        """Wall time by kind of stage (every held-out set's evaluation counts as evaluate)."""
+        out: dict[str, float] = {}
+        for k, v in self.metrics.items():
+            stage, _, rest = k.partition(".")
+            if stage in STAGES and rest.split(".")[-1] == "wall_s":
+                out[stage] = out.get(stage, 0.0) + v
+        return out
 
 
 @dataclass
@@ -78,7 +93,9 @@ def gather(workdir: Path, tracker: Tracker, run: str | None = None) -> Report:
         dirs = {k.removeprefix("ratchet.stage."): v for k, v in tags.items() if k.startswith("ratchet.stage.")}
         r = Round(round=int(tags["ratchet.round"]), version=tags.get("ratchet.model_version"),
                   accuracy=c.data.metrics.get("round.accuracy", c.data.metrics.get("evaluate.accuracy")),
-                  promoted=bool(c.data.metrics.get("round.promoted")), metrics=dict(c.data.metrics), stage_dirs=dirs)
+                  promoted=bool(c.data.metrics.get("round.promoted")), metrics=dict(c.data.metrics), stage_dirs=dirs,
+                  sets={k.removeprefix("round.accuracy."): v for k, v in c.data.metrics.items()
+                        if k.startswith("round.accuracy.")}, gate_set=tags.get("ratchet.gate_set", ""))
         labels = workdir / dirs["label"] / "labels.jsonl" if "label" in dirs else None
         if labels is not None and labels.exists():
             for line in labels.read_text().splitlines():
@@ -135,6 +152,13 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
                         xytext=(0, 8), ha="center", fontsize=8)
         ax.scatter([], [], s=60, color="#4C72B0", label="promoted to champion")
         ax.scatter([], [], s=60, color="white", edgecolors="#4C72B0", label="not promoted")
+        others = sorted({n for r in scored for n in r.other_sets})
+        for i, name in enumerate(others):  # the other held-out sets: reported beside the gate's, dashed
+            pts = [(r.round, 100 * r.other_sets[name]) for r in scored if name in r.other_sets]
+            ax.plot([x for x, _ in pts], [y for _, y in pts], linestyle="--", marker="s", markersize=4,
+                    color=("#DD8452", "#55A868", "#8172B3", "#937860", "#DA8BC3")[i % 5], label=name)
+        if others:
+            ax.plot([], [], color="#4C72B0", label=f"{scored[-1].gate_set} (the gate's set)")
         ax.set_ylim(0, 110)
         ax.legend(loc="lower right", fontsize=8)
         figs["Held-out accuracy by round"] = _save(fig, out / "accuracy.png")
@@ -207,7 +231,7 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
         ax.legend(loc="upper left", fontsize=8)
         figs["Tree search per round"] = _save(fig, out / "mcts.png")
 
-    walls = [(r.round, {s: r.metrics[f"{s}.wall_s"] for s in STAGES if f"{s}.wall_s" in r.metrics}) for r in rs]
+    walls = [(r.round, r.wall_s()) for r in rs]
     walls = [(k, w) for k, w in walls if w]
     if walls:
         fig, ax = _axes("Wall time per stage", "seconds", [k for k, _ in walls])
@@ -236,19 +260,29 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
     return figs
 
 
+def other_sets(report: Report) -> list[str]:
+    """The held-out sets beside the gate's, in the order the rounds name them."""
+    return list(dict.fromkeys(n for r in report.rounds for n in r.other_sets))
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{100 * x:.1f}%"
+
+
 def _table(report: Report) -> str:
-    rows = []
+    rows, others = [], other_sets(report)
     for r in report.rounds:
         m = r.metrics
         data = m.get("filter.pairs", m.get("filter.accepted"))
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in (
             r.round, f"v{r.version}" + (" (champion)" if r.version == report.champion else "") if r.version else "",
-            f"{100 * r.accuracy:.1f}%" if r.accuracy is not None else "", "yes" if r.promoted else "no",
+            _pct(r.accuracy), *(_pct(r.other_sets.get(n)) for n in others), "yes" if r.promoted else "no",
             f"{data:.0f}" if data is not None else "",
             f"{m['label.reward_mean']:.3f}" if "label.reward_mean" in m else "",
-            f"{sum(m.get(f'{s}.wall_s', 0.0) for s in STAGES):.0f} s")) + "</tr>")
-    head = "".join(f"<th>{h}</th>" for h in ("round", "version", "held-out accuracy", "promoted", "training rows",
-                                             "mean reward", "wall time"))
+            f"{sum(r.wall_s().values()):.0f} s")) + "</tr>")
+    gate = f" ({report.rounds[-1].gate_set})" if others else ""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in ("round", "version", f"held-out accuracy{gate}", *others,
+                                                         "promoted", "training rows", "mean reward", "wall time"))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
@@ -302,16 +336,17 @@ def build(workdir: Path, tracker: Tracker, run: str | None = None, log: bool = T
 
 def markdown(report: Report) -> str:
     """The round table and where the report's files are: a Prefect artifact's body."""
+    others = other_sets(report)
+    gate = f" ({report.rounds[-1].gate_set})" if others else ""
     lines = [f"# {report.run.run}", "", f"{report.model}: {report.run.rounds_done} of {report.run.rounds} round(s); "
              f"champion {'version ' + report.champion if report.champion else 'none yet'}.", "",
-             "| round | version | held-out accuracy | promoted | training rows | wall time (s) |",
-             "|---:|---:|---:|:---:|---:|---:|"]
+             f"| round | version | held-out accuracy{gate} | {''.join(f'{n} | ' for n in others)}promoted | "
+             "training rows | wall time (s) |", "|---:|---:|---:|" + "---:|" * len(others) + ":---:|---:|---:|"]
     for r in report.rounds:
         data = r.metrics.get("filter.pairs", r.metrics.get("filter.accepted"))
-        lines.append(f"| {r.round} | {r.version or ''} | "
-                     f"{'' if r.accuracy is None else f'{100 * r.accuracy:.1f}%'} | {'yes' if r.promoted else 'no'} | "
-                     f"{'' if data is None else f'{data:.0f}'} | "
-                     f"{sum(r.metrics.get(f'{s}.wall_s', 0.0) for s in STAGES):.0f} |")
+        lines.append(f"| {r.round} | {r.version or ''} | {_pct(r.accuracy)} | "
+                     f"{''.join(f'{_pct(r.other_sets.get(n))} | ' for n in others)}{'yes' if r.promoted else 'no'} | "
+                     f"{'' if data is None else f'{data:.0f}'} | {sum(r.wall_s().values()):.0f} |")
     lines += ["", f"Figures: {', '.join(report.figures)}; the page with all of them: `{report.html}` "
               "(and the MLflow parent run's `report/` artifacts)."]
     return "\n".join(lines) + "\n"

@@ -19,7 +19,7 @@ from ratchet.data.digest import sha256_json
 from ratchet.data.errors import ConfigError
 from ratchet.data.prompts import Split
 from ratchet.flows.config import PipelineConfig
-from ratchet.flows.inputs import check_inputs
+from ratchet.flows.inputs import check_inputs, sources_of
 from ratchet.flows.tracking import Tracker
 from ratchet.tasks.stage import code_version
 
@@ -162,7 +162,7 @@ def pool_drawn(workdir: Path, cfg: PipelineConfig, sources: dict[str, str]) -> i
         per = data.pop("prompts_per_round", None)
         same = (rec.config.get("name") == cfg.name and rec.config.get("seed") == cfg.seed and per
                 and pool == {**data, "prompts_per_round": None}
-                and rec.ctx.sources == sources)
+                and sources_of(rec.ctx.sources) == sources_of(sources))
         if same:
             end = max(end, rec.ctx.pool_start + int(rec.config.get("rounds", 0)) * int(per))
     return end

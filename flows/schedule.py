@@ -51,6 +51,8 @@ def _absolute(model: BaseModel) -> BaseModel:
             update[name] = str(Path(value).expanduser().resolve())
         elif isinstance(value, BaseModel):
             update[name] = _absolute(value)
+        elif isinstance(value, list) and any(isinstance(v, BaseModel) for v in value):  # evaluate.sets
+            update[name] = [_absolute(v) if isinstance(v, BaseModel) else v for v in value]
     model = model.model_copy(update=update)
     return model.with_absolute_paths() if hasattr(model, "with_absolute_paths") else model
 

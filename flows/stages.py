@@ -21,9 +21,10 @@ from ratchet.data.errors import RatchetError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore
 from ratchet.flows.config import PipelineConfig
-from ratchet.flows.inputs import resolve_model
+from ratchet.data.prompts import SourceConfig
+from ratchet.flows.inputs import resolve_model, sources_of
 from ratchet.flows.runs import RunContext
-from ratchet.flows.tracking import Gate, Tracker, TrackingError
+from ratchet.flows.tracking import Gate, SetScore, Tracker, TrackingError
 from ratchet.tasks import evaluate as evaluate_mod
 from ratchet.tasks import filter as filter_mod
 from ratchet.tasks import label as label_mod
@@ -35,13 +36,26 @@ class RoundResult(BaseModel):
     round: int
     policy: StageManifest
     version: str
-    accuracy: float
+    accuracy: float = Field(description="held-out accuracy on the gate's set (evaluate.gate)")
     eval_set: str = ""
+    accuracies: dict[str, float] = Field(default={}, description="held-out accuracy on every set, by name")
+    gate_set: str = Field(default="", description="the set `accuracy` is on")
     promoted: bool = Field(description="the registry's promotion decision for this version")
     gate: str = ""
     child_run_id: str
     stage_wall_s: dict[str, float] = {}
     agreement: str = Field(default="", description="the agreement gate's note on this round's labels")
+
+
+class EvalTarget(BaseModel):
+    """One held-out set as the flow evaluates it (evaluate.sets): its name, its stage's name,
+    the stage holding its prompts, and the source that scores them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    stage: str
+    prompts: StageManifest
+    source: SourceConfig
 
 
 def store_of(ctx: RunContext) -> ArtifactStore:
@@ -88,7 +102,7 @@ def unwrap(x):
 
 @task(name="prompts", cache_policy=NONE, retries=0)
 def prompts_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
-    m, reused = prepare.prompts(store_of(ctx), cfg.data.pool(), cfg.seed, ctx.sources, run=ctx.run_name)
+    m, reused = prepare.prompts(store_of(ctx), cfg.data.pool(), cfg.seed, sources_of(ctx.sources), run=ctx.run_name)
     t = tracker_of(cfg, ctx)
     if t.log_stage(ctx.parent_run_id, m, reused):
         t.log_dataset(ctx.parent_run_id, store_of(ctx), m, "train.jsonl", "train-prompts")
@@ -216,25 +230,52 @@ def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
     return finished(m, reused)
 
 
-@task(name="evaluate", cache_policy=NONE, retries=0)
-def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
+@task(name="held-out-sets", cache_policy=NONE, retries=0)
+def eval_targets_task(cfg: PipelineConfig, ctx: RunContext, prompts: StageManifest) -> list[EvalTarget]:
+    """Every held-out set of evaluate.sets: the task's own split (`prompts`), or a set's own
+    prompts stage (`prompts.<name>`), logged on the parent run beside the task's."""
+    store, t, out = store_of(ctx), tracker_of(cfg, ctx), []
+    for s, stage in cfg.evaluate.stages():
+        held = prompts
+        if s.data is not None:
+            held, reused = prepare.held_out(store, s.name, s.source(cfg.data), cfg.seed, sources_of(ctx.sources, s.name),
+                                            run=ctx.run_name)
+            if t.log_stage(ctx.parent_run_id, held, reused):
+                t.log_dataset(ctx.parent_run_id, store, held, "eval.jsonl", f"eval-prompts-{s.name}")
+        out.append(EvalTarget(name=s.name, stage=stage, prompts=held, source=s.source(cfg.data)))
+    return out
+
+
+@task(name="evaluate", cache_policy=NONE, retries=0, task_run_name="{target.stage}-r{k}")
+def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, target: EvalTarget,
                   child: str) -> StageManifest:
-    m, reused = evaluate_mod.evaluate(store_of(ctx), policy, prompts, cfg.evaluate, cfg.sampler, cfg.data.pool(), cfg.seed, k,
-                                      isolate=cfg.isolate, run=ctx.run_name, executor=cfg.executor)
+    m, reused = evaluate_on(cfg, ctx, policy, target, k)
     t = tracker_of(cfg, ctx)
     if logged(t, child, store_of(ctx), m, reused):
-        t.log_metrics(ctx.parent_run_id, {"accuracy": m.metrics["accuracy"]}, prefix="eval.", step=k)
+        prefix = "eval." if target.stage == "evaluate" else f"eval.{target.name}."
+        t.log_metrics(ctx.parent_run_id, {"accuracy": m.metrics["accuracy"]}, prefix=prefix, step=k)
     return finished(m, reused)
 
 
+def evaluate_on(cfg: PipelineConfig, ctx: RunContext, policy: StageManifest, target: EvalTarget,
+                k: int) -> tuple[StageManifest, bool]:
+    return evaluate_mod.evaluate(store_of(ctx), policy, target.prompts, cfg.evaluate, cfg.sampler, target.source,
+                                 cfg.seed, k, isolate=cfg.isolate, run=ctx.run_name, executor=cfg.executor,
+                                 stage=target.stage)
+
+
 @task(name="register", cache_policy=NONE, retries=0)
-def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, evaluation: StageManifest,
-                  prompts: StageManifest, parent_version: str | None, child: str,
-                  stages: list[StageManifest], agreement: str = "") -> RoundResult:
-    """Register the round's model, record its accuracy on this eval set, and put it to the
-    champion gate; the round table reports the decision the registry holds."""
+def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest,
+                  evaluations: list[StageManifest], targets: list[EvalTarget], parent_version: str | None,
+                  child: str, stages: list[StageManifest], agreement: str = "") -> RoundResult:
+    """Register the round's model, record its accuracy on every held-out set (`evaluations`, one
+    per target), and put it to the champion gate; the round table reports the decision the
+    registry holds."""
     store, t = store_of(ctx), tracker_of(cfg, ctx)
-    acc, eval_set = evaluation.metrics["accuracy"], evaluation.info["eval_set"]
+    scores = [SetScore(name=x.name, eval_set=m.info["eval_set"], accuracy=m.metrics["accuracy"])
+              for x, m in zip(targets, evaluations, strict=True)]
+    gated = next(s for s in scores if s.name == cfg.evaluate.gate_set)
+    acc, eval_set = gated.accuracy, gated.eval_set
     data_digests = {p.stage: p.content for p in policy.parents}
     tags = {
         "ratchet.round": str(k), "ratchet.run": ctx.run_name, "ratchet.accuracy": f"{acc:.6f}",
@@ -242,46 +283,57 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
         "ratchet.config_hash": ctx.config_hash, "ratchet.code_version": ctx.code_version,
         "ratchet.data_digests": sha256_json(data_digests), **{f"ratchet.digest.{s}": d for s, d in data_digests.items()},
     }
+    if len(scores) > 1:  # which eval set each name stood for, so a table of accuracies can be read later
+        tags["ratchet.eval_sets"] = ", ".join(f"{s.name}={s.eval_set}" for s in scores)
+        tags["ratchet.gate_set"] = gated.name
     drawn = next((m for m in stages if m.stage == "slice"), None)
     if drawn is not None:
         tags["ratchet.prompts"] = drawn.info["summary"]
     if agreement:
         tags["ratchet.agreement"] = agreement
     version = t.register(child, store, policy, tags)
-    t.record_accuracy(version, eval_set, acc)
-    gate = champion_gate(cfg, ctx, t, store, version, acc, eval_set, prompts)
-    t.log_once(child, "ratchet.model_version", version, {"accuracy": acc, "promoted": float(gate.promoted)},
+    for s in scores:
+        t.record_accuracy(version, s.eval_set, s.accuracy)
+    gate = champion_gate(cfg, ctx, t, store, version, scores, targets)
+    per_set = {f"accuracy.{s.name}": s.accuracy for s in scores} if len(scores) > 1 else {}
+    if per_set:  # the report reads which of round.accuracy.<set> is the gate's
+        t.client.set_tag(child, "ratchet.gate_set", gated.name)
+    t.log_once(child, "ratchet.model_version", version, {"accuracy": acc, "promoted": float(gate.promoted), **per_set},
                prefix="round.")
+    accuracies = {s.name: s.accuracy for s in scores}
     events.emit(events.Event("round", round=k, data={"version": version, "accuracy": acc, "promoted": gate.promoted,
-                                                     "gate": gate.reason, "parent_version": parent_version}))
+                                                     "gate": gate.reason, "parent_version": parent_version,
+                                                     "sets": accuracies if len(scores) > 1 else {},
+                                                     "gate_set": gated.name}))
     t.end(child)
     walls = {m.stage: m.wall_s for m in stages}
     return RoundResult(round=k, policy=policy, version=version, accuracy=acc, eval_set=eval_set,
-                       promoted=gate.promoted, gate=gate.reason, child_run_id=child, stage_wall_s=walls,
-                       agreement=agreement)
+                       accuracies=accuracies, gate_set=gated.name, promoted=gate.promoted, gate=gate.reason, child_run_id=child,
+                       stage_wall_s=walls, agreement=agreement)
 
 
-def champion_gate(cfg: PipelineConfig, ctx: RunContext, t: Tracker, store: ArtifactStore, version: str, acc: float,
-                  eval_set: str, prompts: StageManifest) -> Gate:
-    """The registry's promotion decision for `version`. A champion never evaluated on this
-    eval set (another split, another scoring) is evaluated here first, as a stage of its own."""
+def champion_gate(cfg: PipelineConfig, ctx: RunContext, t: Tracker, store: ArtifactStore, version: str,
+                  scores: list[SetScore], targets: list[EvalTarget]) -> Gate:
+    """The registry's promotion decision for `version`. A champion never evaluated on a set the
+    gate reads (another split, another scoring) is evaluated there first, each as a stage."""
     from prefect import get_run_logger
 
+    e = cfg.evaluate
     for _ in range(5):  # the champion can move while it is being evaluated
-        gate = t.promote_if_better(version, acc, eval_set, cfg.evaluate.min_improvement)
+        gate = t.promote_if_better(version, scores, e.gate_set, e.min_improvement, e.max_drop)
         if gate.needs_eval is None:
             return gate
         try:
             champ = start_manifest(store, t, gate.needs_eval)
-        except RatchetError as e:
-            get_run_logger().warning("version %s is not compared with the champion: %s", version, e)
+        except RatchetError as err:
+            get_run_logger().warning("version %s is not compared with the champion: %s", version, err)
             return Gate(promoted=False, reason=f"not decided: the champion (version {gate.needs_eval}) has no "
-                        f"accuracy on eval set {eval_set} and cannot be evaluated here ({e})")
-        get_run_logger().info("re-evaluating champion version %s on eval set %s before comparing", gate.needs_eval,
-                              eval_set)
-        m, _ = evaluate_mod.evaluate(store, champ, prompts, cfg.evaluate, cfg.sampler, cfg.data.pool(), cfg.seed,
-                                     champ.round, isolate=cfg.isolate, run=ctx.run_name, executor=cfg.executor)
-        t.record_accuracy(gate.needs_eval, m.info["eval_set"], m.metrics["accuracy"])
+                        f"accuracy on held-out set(s) {', '.join(gate.needs_sets)} and cannot be evaluated here ({err})")
+        for target in (x for x in targets if x.name in gate.needs_sets):
+            get_run_logger().info("re-evaluating champion version %s on held-out set %s before comparing",
+                                  gate.needs_eval, target.name)
+            m, _ = evaluate_on(cfg, ctx, champ, target, champ.round)
+            t.record_accuracy(gate.needs_eval, m.info["eval_set"], m.metrics["accuracy"])
     raise TrackingError(f"the champion of {t.model_name} moved five times while version {version} was being "
                         "compared with it; re-run the same command to decide")
 

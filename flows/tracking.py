@@ -187,13 +187,41 @@ class Gate(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     promoted: bool
     reason: str
-    needs_eval: str | None = None  # the champion version to evaluate on this eval set first
+    needs_eval: str | None = None  # the champion version to evaluate first, on these held-out sets:
+    needs_sets: tuple[str, ...] = ()
+
+
+class SetScore(BaseModel):
+    """A version's held-out accuracy on one set (evaluate.sets), and the eval set it was measured on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    eval_set: str
+    accuracy: float
 
 
 def beats(accuracy: float, bar: float, min_improvement: float) -> bool:
-    """The one rule for "better" on one eval set: above the bar by more than min_improvement.
-    The champion gate and `evaluate.next_round_from: best` both decide by it."""
+    """"Better" on one eval set: above the bar by more than min_improvement."""
     return accuracy > bar + min_improvement
+
+
+def verdict(scores: dict[str, float], bars: dict[str, float], gate: str, min_improvement: float,
+            max_drop: float | None, against: str, on: str) -> tuple[bool, str]:
+    """The one rule for "better", by held-out set name: the gate's set beats its bar by more than
+    min_improvement, and (max_drop set) no other set falls more than max_drop below its bar.
+    The champion gate and `evaluate.next_round_from: best` both decide by it. Returns (better,
+    the reason in words); `against` names the bar's model, `on` the gate's set."""
+    acc, bar = scores[gate], bars[gate]
+    won = beats(acc, bar, min_improvement)
+    reason = (f"accuracy {acc:.4f} {'>' if won else '<='} {against}'s {bar:.4f}"
+              + (f" + {min_improvement:g}" if min_improvement else "") + f" on {on}")
+    if max_drop is not None:
+        drops = {n: bars[n] - a for n, a in scores.items() if n != gate and n in bars and bars[n] - a > max_drop + 1e-9}
+        if drops:
+            won = False
+            reason += "; refused: " + ", ".join(f"{n} dropped {100 * d:.1f} points ({scores[n]:.4f} < {bars[n]:.4f})"
+                                               for n, d in sorted(drops.items())) + f", more than max_drop {max_drop:g}"
+    return won, reason
 
 
 class Tracker:
@@ -455,30 +483,34 @@ class Tracker:
             return None
         return Gate(promoted=tags["ratchet.promoted"] == "true", reason=tags.get("ratchet.gate", ""))
 
-    def promote_if_better(self, version: str, accuracy: float, eval_set: str, min_improvement: float) -> Gate:
-        """Move `champion` to this version only if it beats the champion on the same eval set.
+    def promote_if_better(self, version: str, scores: list[SetScore], gate_set: str, min_improvement: float,
+                          max_drop: float | None = None) -> Gate:
+        """Move `champion` to this version only if it is better than the champion (`verdict`),
+        each set compared on the same eval set.
 
         Decided once per version, under the lock, and recorded on it. When the champion has no
-        accuracy on this eval set the answer is `needs_eval`: evaluate it there, record it
-        (record_accuracy), and ask again.
+        accuracy on an eval set the rule reads, the answer is `needs_eval` and `needs_sets`:
+        evaluate it on those sets, record them (record_accuracy), and ask again.
         """
+        gated = next(s for s in scores if s.name == gate_set)
+        on = f"eval set {gated.eval_set}" if len(scores) == 1 else f"{gate_set} (eval set {gated.eval_set})"
         with self.lock():
             if (done := self.decided(version)) is not None:
                 return done
             champ = self.champion()
             if champ is None:
-                gate = Gate(promoted=True, reason=f"first champion: accuracy {accuracy:.4f} on eval set {eval_set}")
+                gate = Gate(promoted=True, reason=f"first champion: accuracy {gated.accuracy:.4f} on {on}")
             elif champ == version:
                 gate = Gate(promoted=True, reason="already the champion")
             else:
-                bar = self.accuracy(champ, eval_set)
-                if bar is None:
-                    return Gate(promoted=False, reason=f"champion version {champ} has no accuracy on eval set "
-                                f"{eval_set}", needs_eval=champ)
-                won = beats(accuracy, bar, min_improvement)
-                gate = Gate(promoted=won, reason=f"accuracy {accuracy:.4f} {'>' if won else '<='} champion version "
-                            f"{champ}'s {bar:.4f}" + (f" + {min_improvement:g}" if min_improvement else "")
-                            + f" on eval set {eval_set}")
+                read = [s for s in scores if s.name == gate_set or max_drop is not None]
+                bars = {s.name: self.accuracy(champ, s.eval_set) for s in read}
+                if missing := tuple(n for n, b in bars.items() if b is None):
+                    return Gate(promoted=False, reason=f"champion version {champ} has no accuracy on "
+                                f"{', '.join(missing)}", needs_eval=champ, needs_sets=missing)
+                won, reason = verdict({s.name: s.accuracy for s in scores}, bars, gate_set, min_improvement,
+                                      max_drop, against=f"champion version {champ}", on=on)
+                gate = Gate(promoted=won, reason=reason)
             if gate.promoted:
                 self.client.set_registered_model_alias(self.model_name, CHAMPION, version)
             self.client.set_model_version_tag(self.model_name, version, "ratchet.promoted",

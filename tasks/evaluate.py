@@ -5,6 +5,12 @@ Every evaluation names its eval set (`info.eval_set`): the held-out prompts' dig
 everything that scores them (answer check, token limit, engine and dtype). Two
 accuracies are comparable exactly when their eval sets are equal; the champion gate
 compares nothing else.
+
+A round can be evaluated on several held-out sets (`evaluate.sets`): the task's own split
+and, say, a regression set from another task, each its own stage (`evaluate` for the first,
+`evaluate.<name>` for the others) with its own eval set. The champion gate decides on one
+of them (`evaluate.gate`) and can refuse a model that drops any other by more than
+`evaluate.max_drop` (flows/tracking.py: `verdict`).
 """
 
 from __future__ import annotations
@@ -13,9 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ratchet.data.checkers import Item, check_many, score_metrics, score_sums, worked
+from ratchet.data.checkers import CheckConfig, Item, check_many, score_metrics, score_sums, worked
 from ratchet.data.digest import sha256_json
 from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig, chain_values
@@ -36,7 +42,36 @@ class EvalRun(BaseModel):
     shard_size: int = Field(default=64, ge=1, description="held-out prompts per unit (the unit of resume)")
 
 
+class EvalSet(BaseModel):
+    """One held-out set: the task's own split (no `data`), or another source's held-out prompts
+    (a file's every row, unless it names an eval_path), scored by `check` or the source's own."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$", description="the set's name in metrics, tables and "
+                      "evaluate.gate (lower-case letters, digits, _)")
+    data: SourceConfig | None = Field(default=None, description="a prompt source whose held-out prompts this set "
+                                      "is; unset: the task's own held-out split (data:)")
+    check: CheckConfig | None = Field(default=None, description="how this set's answers are scored; unset: the "
+                                      "source's own check")
+    allow_overlap: bool = Field(default=False, description="allow prompts that are also train prompts of the task "
+                                "(normally an error: accuracy on trained prompts is not held out)")
+
+    def source(self, task: SourceConfig) -> SourceConfig:
+        """The source this set's prompts come from and are scored by."""
+        src = (self.data or task).pool()
+        return src if self.check is None else src.model_copy(update={"check": self.check})
+
+
 class EvaluateConfig(EvalRun):
+    sets: list[EvalSet] = Field(
+        default_factory=lambda: [EvalSet(name="heldout")], min_length=1,
+        description="the held-out sets every round is evaluated on; the first is the `evaluate` stage, the others "
+        "`evaluate.<name>`")
+    gate: str | None = Field(default=None, description="the set the champion gate and next_round_from decide on "
+                             "(unset: the first)")
+    max_drop: float | None = Field(
+        default=None, ge=0, le=1, description="refuse a model whose accuracy on any other set falls more than this "
+        "below the model it is compared with (0.05 = 5 points); unset: the other sets are reported, not gated")
     min_improvement: float = Field(
         default=0.0, ge=0, description="champion moves only if accuracy beats the champion's by more than this"
     )
@@ -44,6 +79,23 @@ class EvaluateConfig(EvalRun):
         default="last", description="the model each next round trains: 'last', the round before's whatever its "
         "accuracy, or 'best', the best this run has evaluated: a round that does not beat the model it trained "
         "from by more than min_improvement is set aside, and the next round trains from that model again")
+
+    @model_validator(mode="after")
+    def _sets(self) -> "EvaluateConfig":
+        names = [x.name for x in self.sets]
+        if dup := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"evaluate.sets names {dup} more than once; give every set its own name")
+        if self.gate is not None and self.gate not in names:
+            raise ValueError(f"evaluate.gate={self.gate!r} is not a set; name one of {names}")
+        return self
+
+    @property
+    def gate_set(self) -> str:
+        return self.gate or self.sets[0].name
+
+    def stages(self) -> list[tuple[EvalSet, str]]:
+        """Every set with its stage name: `evaluate` for the first, `evaluate.<name>` for the others."""
+        return [(x, "evaluate" if i == 0 else f"evaluate.{x.name}") for i, x in enumerate(self.sets)]
 
 
 class EvaluateJob(BaseModel):
@@ -95,9 +147,14 @@ def worked_accuracy(check_cfg, prompts: list[Prompt], rows: list[LabeledCompleti
     return sum(worked(check_cfg, r.text, values[r.prompt_id]).correct for r in scored) / len(scored)
 
 
+def held_out_of(req: StageRequest) -> StageManifest:
+    """The parent holding the held-out prompts: the task's split (`prompts`) or a set's (`prompts.<name>`)."""
+    return next(p for p in req.parents if p.stage.split(".")[0] == "prompts")
+
+
 def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> StageManifest:
     cfg, src = req.config.evaluate, req.config.data
-    prompts = read_jsonl(store.path(req.parent("prompts"), "eval.jsonl"), Prompt)
+    prompts = read_jsonl(store.path(held_out_of(req), "eval.jsonl"), Prompt)
     d = store.stage_dir(req.stage, req.key)
     done = run_units(EvaluateWork(items=prompts, size=cfg.shard_size, max_tokens=cfg.max_tokens, check=src.check,
                                   **policy_of(req, store)), d / "shards", req.executor)
@@ -113,15 +170,16 @@ def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> Stage
     if (worked := worked_accuracy(src.check, prompts, rows)) is not None:  # 0.0 is a measure too
         metrics["worked_accuracy"] = worked
     return req.finish(store, outputs={"eval.jsonl": n}, metrics=metrics,
-                      info={"eval_set": eval_set_id(req.parent("prompts"), req.config), "units": done.placement},
+                      info={"eval_set": eval_set_id(held_out_of(req), req.config), "units": done.placement},
                       scratch=("shards",))
 
 
 def evaluate(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: EvaluateConfig,
              sampler: SamplerConfig, data_cfg: SourceConfig, seed: int, round: int,
-             isolate: bool = True, run: str | None = None,
-             executor: ExecutorConfig | None = None) -> tuple[StageManifest, bool]:
+             isolate: bool = True, run: str | None = None, executor: ExecutorConfig | None = None,
+             stage: str = "evaluate") -> tuple[StageManifest, bool]:
+    """Held-out accuracy of `policy` on the held-out prompts of `prompts`, scored by `data_cfg`'s check."""
     run_cfg = EvalRun.model_validate(cfg.model_dump(include=set(EvalRun.model_fields)))  # the gate's keys stay out
     job = EvaluateJob(evaluate=run_cfg, sampler=sampler, data=data_cfg, seed=seed)
-    return run_stage(store, stage="evaluate", round=round, body=evaluate_body, config=job,
+    return run_stage(store, stage=stage, round=round, body=evaluate_body, config=job,
                      parents=[policy, prompts], isolate=isolate, keep_partial=True, run=run, executor=executor)

@@ -72,6 +72,29 @@ def prompts(store: ArtifactStore, data_cfg: SourceConfig, seed: int, sources: di
                      config=PromptsJob(data=data_cfg, seed=seed, sources=sources), parents=[], run=run)
 
 
+class HeldOutJob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    data: SourceConfig
+    seed: int
+    sources: dict[str, str] = Field(description="content digest of every file the set's source reads")
+
+
+def held_out_body(req: StageRequest[HeldOutJob], store: ArtifactStore) -> StageManifest:
+    split = req.config.data.held_out(req.seed)
+    if split.digests != req.config.sources:
+        raise ConfigError([f"{req.stage}: a file of this held-out set changed after this run checked it; re-run the "
+                           "command to start from the new content"])
+    n = write_jsonl(store.stage_dir(req.stage, req.key) / "eval.jsonl", split.eval)
+    return req.finish(store, outputs={"eval.jsonl": n}, metrics={"eval_prompts": n})
+
+
+def held_out(store: ArtifactStore, name: str, data_cfg: SourceConfig, seed: int, sources: dict[str, str],
+             run: str | None = None) -> tuple[StageManifest, bool]:
+    """An extra held-out set's prompts (evaluate.sets): stage `prompts.<name>`, eval.jsonl only."""
+    return run_stage(store, stage=f"prompts.{name}", round=0, body=held_out_body,
+                     config=HeldOutJob(data=data_cfg, seed=seed, sources=sources), parents=[], run=run)
+
+
 def slice_body(req: StageRequest[SliceJob], store: ArtifactStore) -> StageManifest:
     pool = read_jsonl(store.path(req.parent("prompts"), "train.jsonl"), Prompt)
     rows, where = pool_slice(pool, req.config.start, req.config.count, req.config.seed)

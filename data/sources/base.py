@@ -24,6 +24,13 @@ class PoolSource(BaseModel):
         """This source without the per-round draw: what the prompt split, labels and evaluation depend on."""
         return self.model_copy(update={"prompts_per_round": None})
 
+    def held_out(self, seed: int) -> "Split":
+        """This source as an extra held-out set (evaluate.sets): its eval prompts, every one answered.
+        A source none of whose prompts are trained on may hold out more (a file: every row)."""
+        split = self.load(seed, False)
+        return Split([], split.eval, split.digests, {p.id: split.places[p.id] for p in split.eval
+                                                      if p.id in split.places})
+
 
 @dataclass(frozen=True)
 class Split:

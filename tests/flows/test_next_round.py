@@ -26,6 +26,35 @@ def test_best_builds_only_on_rounds_that_beat_the_model_they_trained_from():
     assert [trains_from(r[:n], margin).round for n in range(1, 6)] == [0, 0, 0, 0, 4]
 
 
+def test_best_follows_the_gate_set_and_refuses_a_drop_on_another():
+    """With several held-out sets, `best` reads the gate's set and, like the champion gate,
+    passes over a round that fell more than max_drop on any other set."""
+    def at(k, task, reg):
+        return _round(k, task).model_copy(update={"accuracies": {"task": task, "reg": reg}, "gate_set": "task"})
+
+    r = [at(0, 0.10, 0.80), at(1, 0.20, 0.60), at(2, 0.30, 0.78)]
+    sets = [{"name": "task"}, {"name": "reg", "data": {"kind": "addition"}}]
+    free = EvaluateConfig(next_round_from="best", sets=sets)
+    guarded = EvaluateConfig(next_round_from="best", sets=sets, max_drop=0.05)
+    assert [trains_from(r[:n], free).round for n in range(1, 4)] == [0, 1, 2]
+    assert [trains_from(r[:n], guarded).round for n in range(1, 4)] == [0, 0, 2]  # round 1 lost 20 points on reg
+    on_reg = EvaluateConfig(next_round_from="best", sets=sets, gate="reg")
+    assert [trains_from(r[:n], on_reg).round for n in range(1, 4)] == [0, 0, 0]
+
+
+def test_held_out_sets_are_named_once_and_the_gate_names_one():
+    from pydantic import ValidationError
+
+    cfg = EvaluateConfig(sets=[{"name": "task"}, {"name": "reg", "data": {"kind": "chain"}}])
+    assert cfg.gate_set == "task" and [s for _, s in cfg.stages()] == ["evaluate", "evaluate.reg"]
+    with pytest.raises(ValidationError, match=r"names \['a'\] more than once"):
+        EvaluateConfig(sets=[{"name": "a"}, {"name": "a"}])
+    with pytest.raises(ValidationError, match=r"evaluate.gate='nope' is not a set; name one of \['a'\]"):
+        EvaluateConfig(sets=[{"name": "a"}], gate="nope")
+    with pytest.raises(ValidationError, match="name"):
+        EvaluateConfig(sets=[{"name": "Has Space"}])
+
+
 def test_an_unknown_rule_names_the_field_and_the_choices():
     from pydantic import ValidationError
 

@@ -100,7 +100,7 @@ def test_a_store_that_keeps_failing_fails_the_stage_and_changes_nothing(tmp_path
     t, store, run = _tracker(tmp_path)
     a, b = _model(store, "a"), _model(store, "b")
     v1 = t.register(run, store, a, {})
-    assert t.promote_if_better(v1, 0.5, "E", 0.0).promoted
+    assert t.promote_if_better(v1, [_on("E", 0.5)], "h", 0.0).promoted
     raw = t.client._client
     monkeypatch.setattr(raw, "search_model_versions", _locked(99, raw.search_model_versions)[0])
     with pytest.raises(TrackingError, match="search_model_versions failed 4 times.*resumed with the same command"):
@@ -113,28 +113,66 @@ def test_a_store_that_keeps_failing_fails_the_stage_and_changes_nothing(tmp_path
     assert t.champion() == v1  # the alias did not move
 
 
+def _on(eval_set: str, acc: float, name: str = "h"):
+    from ratchet.flows.tracking import SetScore
+
+    return SetScore(name=name, eval_set=eval_set, accuracy=acc)
+
+
 def test_the_champion_is_compared_on_the_same_eval_set_and_decided_once(tmp_path):
     t, store, run = _tracker(tmp_path)
     v1, v2, v3 = (t.register(run, store, _model(store, x), {}) for x in "abc")
     t.record_accuracy(v1, "A", 0.50)
-    first = t.promote_if_better(v1, 0.50, "A", 0.0)
+    first = t.promote_if_better(v1, [_on("A", 0.50)], "h", 0.0)
     assert first.promoted and first.reason.startswith("first champion")
 
     t.record_accuracy(v2, "B", 0.60)  # another split: 0.60 on B says nothing against 0.50 on A
-    ask = t.promote_if_better(v2, 0.60, "B", 0.0)
-    assert (ask.promoted, ask.needs_eval) == (False, v1) and t.decided(v2) is None and t.champion() == v1
+    ask = t.promote_if_better(v2, [_on("B", 0.60)], "h", 0.0)
+    assert (ask.promoted, ask.needs_eval, ask.needs_sets) == (False, v1, ("h",))
+    assert t.decided(v2) is None and t.champion() == v1
     t.record_accuracy(v1, "B", 0.70)  # the champion, evaluated on B
-    lost = t.promote_if_better(v2, 0.60, "B", 0.0)
+    lost = t.promote_if_better(v2, [_on("B", 0.60)], "h", 0.0)
     assert not lost.promoted and lost.reason == "accuracy 0.6000 <= champion version 1's 0.7000 on eval set B"
     assert t.champion() == v1
 
     t.record_accuracy(v3, "A", 0.55)
-    held = t.promote_if_better(v3, 0.55, "A", 0.1)  # min_improvement is part of the bar
+    held = t.promote_if_better(v3, [_on("A", 0.55)], "h", 0.1)  # min_improvement is part of the bar
     assert not held.promoted and "0.5000 + 0.1" in held.reason
     # decided once: asking again (a resumed run) returns the recorded decision
-    assert t.promote_if_better(v3, 0.99, "A", 0.0) == held
+    assert t.promote_if_better(v3, [_on("A", 0.99)], "h", 0.0) == held
     assert t.version(v3).tags["ratchet.promoted"] == "false"
     assert t.version(v1).tags["ratchet.promoted"] == "true"
+
+
+def test_the_gate_decides_on_its_set_and_refuses_a_drop_on_another(tmp_path):
+    """Several held-out sets: the gate's set decides, and with max_drop a model that loses more
+    than that on any other set is refused, each set against the champion on the same eval set."""
+    t, store, run = _tracker(tmp_path)
+    v1, v2, v3, v4 = (t.register(run, store, _model(store, x), {}) for x in "abcd")
+    for v, task, reg in ((v1, 0.50, 0.80), (v2, 0.70, 0.70), (v3, 0.70, 0.76), (v4, 0.70, 0.40)):
+        t.record_accuracy(v, "T", task)
+        t.record_accuracy(v, "R", reg)
+    scores = lambda task, reg: [_on("T", task, "task"), _on("R", reg, "reg")]  # noqa: E731
+    assert t.promote_if_better(v1, scores(0.50, 0.80), "task", 0.0, 0.05).promoted
+
+    dropped = t.promote_if_better(v2, scores(0.70, 0.70), "task", 0.0, 0.05)  # 10 points down on reg
+    assert not dropped.promoted and t.champion() == v1
+    assert dropped.reason == ("accuracy 0.7000 > champion version 1's 0.5000 on task (eval set T); refused: reg "
+                              "dropped 10.0 points (0.7000 < 0.8000), more than max_drop 0.05")
+    assert t.promote_if_better(v3, scores(0.70, 0.76), "task", 0.0, 0.05).promoted  # 4 points: within max_drop
+    # without max_drop the other sets are reported, not gated: the champion's accuracy on them is not needed
+    assert t.promote_if_better(v4, [_on("T", 0.80, "task"), _on("NEW", 0.10, "reg")], "task", 0.0).promoted
+
+
+def test_the_gate_asks_for_the_champion_on_every_set_it_reads(tmp_path):
+    t, store, run = _tracker(tmp_path)
+    v1, v2 = (t.register(run, store, _model(store, x), {}) for x in "ab")
+    t.record_accuracy(v1, "T", 0.5)
+    assert t.promote_if_better(v1, [_on("T", 0.5, "task")], "task", 0.0).promoted
+    ask = t.promote_if_better(v2, [_on("T", 0.6, "task"), _on("R", 0.6, "reg")], "task", 0.0, 0.0)
+    assert (ask.promoted, ask.needs_eval, ask.needs_sets) == (False, v1, ("reg",)) and t.decided(v2) is None
+    t.record_accuracy(v1, "R", 0.6)
+    assert t.promote_if_better(v2, [_on("T", 0.6, "task"), _on("R", 0.6, "reg")], "task", 0.0, 0.0).promoted
 
 
 def test_two_processes_register_and_open_rounds_once(tmp_path):

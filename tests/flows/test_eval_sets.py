@@ -1,0 +1,103 @@
+"""Several held-out sets per round (evaluate.sets): each set's prompts are checked before any
+model loads; through the CLI on the tiny model every set is evaluated each round, logged per
+set, shown on the console and in the report, recorded on each model version, and an edit to
+one set's file re-runs only that set's stages."""
+
+import json
+
+import pytest
+
+from ratchet.data.errors import ConfigError
+from ratchet.data.prompts import load_split
+from ratchet.flows.config import load_config
+from ratchet.flows.inputs import held_out_sets
+from tests.flows.test_user_check import _stages
+from tests.flows.tiny import ROOT, ratchet
+
+CONFIG = ROOT / "flows" / "configs" / "default.yaml"
+
+
+def _rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _sets(*sets) -> str:
+    return "evaluate.sets=" + json.dumps(list(sets))
+
+
+def test_a_sets_file_is_read_whole_and_checked_against_the_task(tmp_path):
+    reg = _rows(tmp_path / "reg.jsonl", [{"prompt": f"Spell {w}.", "answer": w} for w in ("cat", "dog", "owl")])
+    cfg = load_config(CONFIG, [_sets({"name": "task"}, {"name": "reg", "data": {"kind": "file", "path": str(reg)},
+                                                         "check": {"kind": "exact"}})])
+    split = load_split(cfg.data, cfg.seed)
+    sets = held_out_sets(cfg, split)
+    assert list(sets) == ["reg"] and [p.answer for p in sets["reg"].eval] == ["cat", "dog", "owl"]  # every row
+    assert sets["reg"].digests["path"] and sets["reg"].places["row-1"] == (str(reg), "line 1")
+
+    # a set that repeats train prompts of the task, a row without an answer, a check that cannot load
+    train = split.train[0]
+    bad = _rows(tmp_path / "bad.jsonl", [{"prompt": train.prompt.upper(), "answer": train.answer},
+                                         {"prompt": "What is 40 + 2?", "answer": "42"}])
+    blank = _rows(tmp_path / "blank.jsonl", [{"prompt": "Spell emu.", "answer": None}])
+    (tmp_path / "other.py").write_text("def other(completion):\n    return 1.0\n")
+    cfg = load_config(CONFIG, [_sets(
+        {"name": "task"}, {"name": "bad", "data": {"kind": "file", "path": str(bad)}},
+        {"name": "scored", "check": {"kind": "python", "function": f"{tmp_path / 'other.py'}:score"}},
+        {"name": "blank", "data": {"kind": "file", "path": str(blank)}})])
+    with pytest.raises(ConfigError) as e:
+        held_out_sets(cfg, split)
+    text = str(e.value)
+    assert "evaluate.sets[3] (blank).data: " in text and "eval rows without a reference answer" in text
+    assert "evaluate.sets[1] (bad): 1 of its prompts are train prompts of the task" in text
+    assert "allow_overlap=true" in text and "evaluate.sets[2] (scored).check: " in text and "other.py" in text
+    cfg = load_config(CONFIG, [_sets({"name": "task"}, {"name": "ok", "allow_overlap": True, "data": {
+        "kind": "file", "path": str(_rows(tmp_path / "ok.jsonl", [{"prompt": train.prompt, "answer": "1"}]))}})])
+    assert len(held_out_sets(cfg, split)["ok"].eval) == 1
+
+
+@pytest.mark.integration
+def test_every_set_is_evaluated_logged_and_keyed_on_its_own(tiny_model, tmp_path, prefect_harness):
+    from mlflow.tracking import MlflowClient
+    from prefect.settings import PREFECT_API_URL
+
+    api, work = PREFECT_API_URL.value(), tmp_path / "runs"
+    reg = _rows(tmp_path / "reg.jsonl", [{"prompt": f"What is {a} times 2?", "answer": str(2 * a)} for a in range(3)])
+    args = [CONFIG, f"workdir={work}", f"model.path={tiny_model}", "rounds=1", "sampler.backend=hf",
+            "sampler.dtype=float32", "data.a_max=6", "data.b_max=4", "data.eval_size=4", "sample.n=3",
+            "sample.max_tokens=6", "filter.min_rows=1", "filter.min_reward=0", "train.epochs=1", "train.batch_size=4",
+            "evaluate.max_tokens=6", "evaluate.max_drop=0.5", "evaluate.gate=task",
+            _sets({"name": "task"}, {"name": "reg", "data": {"kind": "file", "path": str(reg)}})]
+    first = ratchet("run", *args, api_url=api)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    one = _stages(work)
+    kinds = sorted(s for s, *_ in one.values())
+    assert kinds.count("evaluate") == 2 and kinds.count("evaluate.reg") == 2 and kinds.count("prompts.reg") == 1
+    assert "evaluate.reg" in first.stdout and " · reg " in first.stdout  # a stage line and the round line
+
+    c = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    [exp] = [e for e in c.search_experiments() if e.name == "ratchet-default"]
+    runs = c.search_runs([exp.experiment_id])
+    [r1] = [r for r in runs if r.data.tags.get("ratchet.round") == "1"]
+    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    m = r1.data.metrics
+    assert {"evaluate.accuracy", "evaluate.reg.accuracy", "round.accuracy.task", "round.accuracy.reg"} <= set(m)
+    assert m["round.accuracy"] == m["round.accuracy.task"] == m["evaluate.accuracy"]
+    assert {"eval.accuracy", "eval.reg.accuracy"} <= set(parent.data.metrics)
+    versions = c.search_model_versions("name='ratchet-default'")
+    for v in versions:
+        named = dict(x.split("=") for x in v.tags["ratchet.eval_sets"].split(", "))
+        assert set(named) == {"task", "reg"} and v.tags["ratchet.gate_set"] == "task"
+        assert all(f"ratchet.accuracy.{e}" in v.tags for e in named.values())
+    [report] = (work / "reports").iterdir()
+    page = (report / "index.html").read_text()
+    assert "<th>held-out accuracy (task)</th><th>reg</th>" in page
+
+    # an edited regression file: a new run that re-runs only that set's stages
+    _rows(reg, [{"prompt": f"What is {a} times 3?", "answer": str(3 * a)} for a in range(3)])
+    second = ratchet("run", *args, api_url=api)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    two = _stages(work)
+    new = sorted(two[n][0] for n in two if n not in one)
+    # the two rounds' models on the new set, and the champion (first run's) again before the gate compares
+    assert new == ["evaluate.reg", "evaluate.reg", "prompts.reg"], new
