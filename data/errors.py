@@ -39,6 +39,10 @@ class ProblemReport:
     def __bool__(self) -> bool:
         return bool(self._groups)
 
+    def about(self, source: str) -> bool:
+        """Whether any problem was reported in `source`."""
+        return any(s == source for s, _ in self._groups)
+
     def lines(self) -> list[str]:
         out = []
         for (source, kind), g in self._groups.items():

@@ -35,6 +35,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ratchet.data.checkers import CheckConfig, NumberCheck, answer_key
+from ratchet.data.checks.base import to_float
 from ratchet.data.digest import sha256_file, sha256_json
 from ratchet.data.errors import ConfigError, ProblemReport, show
 from ratchet.data.records import Prompt
@@ -294,7 +295,8 @@ def _read(path: str, split: str, field_name: str, report: ProblemReport) -> tupl
                        f"give a {', '.join(FILE_TYPES)} file, a save_to_disk directory or a datasets name")
             return [], ""
         reader = {".jsonl": _jsonl, ".json": _json, ".csv": _csv, ".parquet": _parquet}[suffix]
-        return reader(p, path, report), sha256_file(p)
+        rows = reader(p, path, report)
+        return (rows, sha256_file(p)) if rows or not report.about(path) else ([], "")  # unread: not "empty"
     if p.is_dir():
         rows = _dataset(path, split, report, local=True)
         if rows is None:
@@ -329,8 +331,23 @@ def _jsonl(p: Path, path: str, report: ProblemReport) -> list[tuple[str, Any]]:
     return rows
 
 
+def _text(p: Path, path: str, report: ProblemReport) -> str | None:
+    """A whole file as UTF-8 text, or None with the first byte that is not (its line) reported:
+    never read with replacement characters, as a JSONL line that is not UTF-8 is refused."""
+    raw = p.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        report.add(path, "a file that is not UTF-8 text", f"line {line}", f"byte {raw[e.start:e.start + 1]!r} at "
+                   f"offset {e.start}", "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+        return None
+
+
 def _json(p: Path, path: str, report: ProblemReport) -> list[tuple[str, Any]]:
-    text = p.read_text(encoding="utf-8-sig", errors="replace")
+    text = _text(p, path, report)
+    if text is None:
+        return []
     if not text.lstrip().startswith("["):
         return _jsonl(p, path, report)  # JSON lines saved as .json
     try:
@@ -345,9 +362,24 @@ def _json(p: Path, path: str, report: ProblemReport) -> list[tuple[str, Any]]:
 def _csv(p: Path, path: str, report: ProblemReport) -> list[tuple[str, Any]]:
     import csv
 
-    with open(p, newline="", encoding="utf-8-sig", errors="replace") as f:
-        reader = csv.DictReader(f)
-        return [(f"line {reader.line_num}", dict(r)) for r in reader]
+    import io
+
+    text = _text(p, path, report)
+    if text is None:
+        return []
+    extra = object()  # where DictReader puts the values of a row longer than the header
+    reader = csv.DictReader(io.StringIO(text, newline=""), restkey=extra)  # type: ignore[arg-type]
+    rows = []
+    try:
+        for r in reader:
+            if extra in r:
+                report.add(path, "rows with more fields than the header", f"line {reader.line_num}",
+                           show(r[extra]), "quote fields that hold commas, or remove the extra values")
+                continue
+            rows.append((f"line {reader.line_num}", dict(r)))
+    except csv.Error as e:
+        report.add(path, "malformed CSV", f"line {reader.line_num}", str(e), "fix the line's quoting")
+    return rows
 
 
 def _parquet(p: Path, path: str, report: ProblemReport) -> list[tuple[str, Any]]:
@@ -395,14 +427,19 @@ def _answer(value: Any, check, source: str, place: str, report: ProblemReport) -
     if isinstance(value, bool) or isinstance(value, (list, dict)):
         report.add(source, "answers that are not text or a number", place, show(value), fix)
         return None
+    not_finite = ("answers that are not finite numbers, or too large for one",
+                  "give a finite number (below 1e308), or set data.check.kind to 'exact' to compare it as text")
     if isinstance(value, float) and not math.isfinite(value):
-        report.add(source, "answers that are not finite numbers", place, show(value), fix)
+        report.add(source, not_finite[0], place, show(value), not_finite[1])
         return None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     text = str(value)
     if not text.strip():
         report.add(source, "empty answers", place, show(value), "give the reference answer, or null for none")
+        return None
+    if check.reads_numbers and (x := to_float(text.strip())) is not None and not math.isfinite(x):
+        report.add(source, not_finite[0], place, show(value, 40), not_finite[1])
         return None
     if answer_key(check, text) is None:
         report.add(source, f"answers the {check.kind!r} check cannot compare", place, show(value),

@@ -151,6 +151,28 @@ def cmd_config(args) -> int:
     return 0
 
 
+def cmd_check(args) -> int:
+    """Check a config's task without running it: the config, every row of its data and of each
+    held-out set, the answer check (a user's function is loaded in its own process), and every
+    prompt against the token budgets. Only the tokenizer is loaded; nothing is written."""
+    from ratchet.flows.config import load_config
+    from ratchet.flows.inputs import check_task
+
+    cfg = load_config(args.config, args.overrides)
+    split, sets = check_task(cfg)
+    check = cfg.data.check
+    print(f"data: {cfg.data.kind}, {len(split.train)} train prompts "
+          f"({sum(p.answer is not None for p in split.train)} with an answer), {len(split.eval)} held out; "
+          f"check: {check.kind}" + (f" ({check.function})" if hasattr(check, "function") else ""))
+    for s, stage in cfg.evaluate.stages():
+        held = sets[s.name].eval if s.name in sets else split.eval
+        src = s.source(cfg.data)
+        gate = " · the gate's set" if s.name == cfg.evaluate.gate_set else ""
+        print(f"held-out set {s.name!r} ({stage}): {len(held)} prompts from {src.kind}, check {src.check.kind}{gate}")
+    print(f"ok: {args.config} is ready to run")
+    return 0
+
+
 def cmd_lineage(args) -> int:
     """Print the chain behind a model version or round run; exit 1 if any link fails its check."""
     import json
@@ -295,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, text in [
         ("run", cmd_run, "run (or resume) the self-improvement pipeline"),
         ("config", cmd_config, "print the resolved config after overrides and checks"),
+        ("check", cmd_check, "check a task before running it: the config, every row of the data and of each "
+         "held-out set, the answer check (a user's function is loaded) and the token budgets; writes nothing"),
     ]:
         s = sub.add_parser(name, help=text, description=text)
         s.add_argument("config", help="YAML config, e.g. flows/configs/default.yaml")

@@ -25,10 +25,16 @@ def needs_train_answers(cfg: PipelineConfig) -> bool:
 
 
 def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
-    """The checked split; raises one ConfigError listing every problem in the data.
+    """The checked split, its digests with every held-out set's; raises one ConfigError listing
+    every problem in the data.
 
     `model_dir` gives the tokenizer for the length checks (default: the configured model).
     """
+    return check_task(cfg, model_dir)[0]
+
+
+def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Split, dict[str, Split]]:
+    """check_inputs, and the held-out sets that bring their own data (evaluate.sets), by name."""
     split = load_split(cfg.data, cfg.seed, train_answers=needs_train_answers(cfg))
     if cfg.data.prompts_per_round:
         check_draw(cfg.data.prompts_per_round, len(split.train))
@@ -55,7 +61,7 @@ def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
                                f"shorten or drop these rows, or {b.fix}")
     report.raise_if_any()
     digests = {f"evaluate.{name}.{field}": d for name, s in sets.items() for field, d in s.digests.items()}
-    return Split(split.train, split.eval, {**split.digests, **digests}, split.places)
+    return Split(split.train, split.eval, {**split.digests, **digests}, split.places), sets
 
 
 def held_out_sets(cfg: PipelineConfig, split: Split) -> dict[str, Split]:

@@ -164,6 +164,7 @@ def _problems(tmp_path, rows, eval_rows=None, **kw):
     return e.value.problems, str(e.value)
 
 
+NOT_FINITE = "answers that are not finite numbers, or too large for one"
 GOOD = [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(4)]
 HELD = [{"prompt": "What is 50 + 1?", "answer": 51}]
 
@@ -176,7 +177,11 @@ HELD = [{"prompt": "What is 50 + 1?", "answer": 51}]
     ({"prompt": 12, "answer": 2}, "prompts that are not text", "line 5: 12"),
     ({"prompt": ["What is", "1 + 1?"], "answer": 2}, "prompts that are not text", "line 5: ['What is'"),
     ({"prompt": "   ", "answer": 2}, "empty prompts", "line 5"),
-    ('{"prompt": "What is 1 + 1?", "answer": NaN}', "answers that are not finite numbers", "line 5: nan"),
+    ('{"prompt": "What is 1 + 1?", "answer": NaN}', NOT_FINITE, "line 5: nan"),
+    ({"prompt": "What is 1 + 1?", "answer": "nan"}, NOT_FINITE, "line 5: 'nan'"),
+    ({"prompt": "What is 1 + 1?", "answer": "1e400"}, NOT_FINITE, "line 5: '1e400'"),
+    ('{"prompt": "What is 1 + 1?", "answer": 1%s}' % ("0" * 400), NOT_FINITE,
+     "line 5: 1000"),
     ({"prompt": "What is 1 + 1?", "answer": True}, "answers that are not text or a number", "line 5: True"),
     ({"prompt": "What is 1 + 1?", "answer": ""}, "empty answers", "line 5"),
     ({"prompt": "What is 1 + 1?", "answer": "two"}, "answers the 'number' check cannot compare", "line 5: 'two'"),
@@ -195,6 +200,21 @@ def test_non_utf8_line(tmp_path):
     path.write_bytes(b'{"prompt": "What is 1 + 1?", "answer": 2}\n{"prompt": "caf\xe9", "answer": 1}\n')
     with pytest.raises(ConfigError, match=r"lines that are not UTF-8 text \(1\): line 2"):
         load_split(FileSource(path=str(path), eval_size=1), seed=0)
+
+
+def test_csv_that_is_not_utf8_or_has_a_row_longer_than_its_header(tmp_path):
+    """Refused like the same bytes as JSONL, never read with replacement characters; a row with
+    an extra field is named, not a traceback."""
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(b"prompt,answer\nWhat is 1 + 1?,2\nCaf\xe9 costs 3 and 4?,7\n")
+    with pytest.raises(ConfigError, match=r"latin.csv: a file that is not UTF-8 text \(1\): line 3: byte b'\\xe9'"):
+        load_split(FileSource(path=str(latin), eval_size=1), seed=0)
+    wide = tmp_path / "wide.csv"
+    wide.write_text("prompt,answer\n" + "".join(f"What is {i} + 1?,{i + 1}\n" for i in range(4)) + "What is 1,5?,2,x\n")
+    with pytest.raises(ConfigError) as e:
+        load_split(FileSource(path=str(wide), eval_size=1), seed=0)
+    assert e.value.problems == [f"{wide}: rows with more fields than the header (1): line 6: ['2', 'x']. Fix: quote "
+                                "fields that hold commas, or remove the extra values"]
 
 
 def test_duplicate_ids_name_both_places(tmp_path):

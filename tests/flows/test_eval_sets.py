@@ -101,3 +101,28 @@ def test_every_set_is_evaluated_logged_and_keyed_on_its_own(tiny_model, tmp_path
     new = sorted(two[n][0] for n in two if n not in one)
     # the two rounds' models on the new set, and the champion (first run's) again before the gate compares
     assert new == ["evaluate.reg", "evaluate.reg", "prompts.reg"], new
+
+
+@pytest.mark.integration
+def test_the_guides_example_checks_clean_as_the_guide_shows(default_model):
+    """docs/own-task.md's worked example passes `ratchet check`, and the guide prints what it prints."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "check", "examples/own_task/own_task.yaml"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("data: file, 120 train prompts") and r.stdout in (ROOT / "docs" / "own-task.md").read_text()
+
+
+def test_the_guides_reward_function_scores_as_it_says():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rewards", ROOT / "examples" / "own_task" / "rewards.py")
+    rewards = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rewards)
+    assert rewards.score("Fay has 15 coins now.", answer=15)["score"] == 1.0
+    assert rewards.score("Fay has 14, so 15", answer="15")["score"] == 1.0
+    assert rewards.score("15 or maybe 16", answer=15)["score"] == 0.0
+    long = " ".join(["word"] * 40) + " 15"
+    assert rewards.score(long, answer=15) == {"score": pytest.approx(1.0 - 0.02 * 11), "words": 41.0}
