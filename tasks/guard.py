@@ -70,6 +70,37 @@ _LEET_WORD = re.compile(r"(?<![\w@$])(?=[\w@$]*[A-Za-z][\w@$]*[A-Za-z])(?=[\w@$]
 _SPACED = re.compile(r"(?<![A-Za-z])(?:[A-Za-z][ .\-_*·]{1,3}){3,}[A-Za-z](?![A-Za-z])")
 
 
+def _runs_cut(chars: list[str], origin: list[int]) -> tuple[list[str], list[int]]:
+    """Runs cut short: whitespace to one character (a newline if the run holds one), other
+    characters that are neither (punctuation, symbols, "_") to their first and last PUNCT_RUN / 2. No pattern reads more than that of a run, and a long
+    run no longer costs a pattern with quantifiers side by side more than linear time: 1,000
+    spaces after "score" took 12 s when every split of the run was tried."""
+    out, keep, i, n = [], [], 0, len(chars)
+    while i < n:
+        c = chars[i]
+        j = i + 1
+        if c.isspace():
+            while j < n and chars[j].isspace():
+                j += 1
+            newline = next((k for k in range(i, j) if chars[k] == "\n"), None)
+            out.append("\n" if newline is not None else c)
+            keep.append(origin[i if newline is None else newline])
+        elif not c.isalnum():
+            while j < n and not (chars[j].isalnum() or chars[j].isspace()):
+                j += 1
+            ends = range(i, j) if j - i <= PUNCT_RUN else [*range(i, i + PUNCT_RUN // 2), *range(j - PUNCT_RUN // 2, j)]
+            out += [chars[k] for k in ends]  # a long run's two ends: where it meets the words around it
+            keep += [origin[k] for k in ends]
+        else:
+            out.append(c)
+            keep.append(origin[i])
+        i = j
+    return out, keep
+
+
+PUNCT_RUN = 6  # the longest run of non-word characters a pattern reads ("<![CDATA[" holds three)
+
+
 def view(text: str) -> tuple[str, list[int]]:
     """A copy of `text` for matching, and for each of its characters the index of the
     character of `text` it came from."""
@@ -80,6 +111,7 @@ def view(text: str) -> tuple[str, list[int]]:
         for c in unicodedata.normalize("NFKC", ch).translate(_LOOKALIKE):
             chars.append(c)
             origin.append(i)
+    chars, origin = _runs_cut(chars, origin)
     s = "".join(chars)
     s = _LEET_WORD.sub(lambda m: m.group().translate(_LEET), s)  # same length: origins still hold
     out, keep = [], []
@@ -218,7 +250,9 @@ def scan(response: str, prompt: str = "") -> list[Finding]:
     def add(kind: str, m: re.Match, to_line_end: bool) -> None:
         a, b = origin[m.start()], origin[m.end() - 1] + 1
         text = response[a:b]
-        found.append(Finding(kind, a, b, text, obfuscated=text != m.group(), to_line_end=to_line_end))
+        # obfuscated: the view had to undo more than a long run's cut to read it
+        plain = "".join(_runs_cut(list(text), list(range(len(text))))[0])
+        found.append(Finding(kind, a, b, text, obfuscated=plain != m.group(), to_line_end=to_line_end))
 
     for kind, pattern, strict, to_line_end in PATTERNS:
         for m in pattern.finditer(v):
@@ -268,8 +302,12 @@ def _group(text: str, f: Finding) -> tuple[int, int] | None:
 def neutralize(response: str, findings: list[Finding]) -> str:
     """The response without what holds each finding: its bracketed aside if it sits in one,
     else its sentence; a fence or role finding from where it starts to the end of its line."""
-    cut = [False] * len(response)
-    sentences = _sentences(response)
+    import bisect
+    import itertools
+
+    sentences = _sentences(response)  # in order, side by side
+    starts = [a for a, _ in sentences]
+    edges = [0] * (len(response) + 1)  # +1 where a cut span opens, -1 where it closes: linear in spans
     for f in findings:
         if f.to_line_end:
             a, nl = f.start, response.find("\n", max(f.start, f.end - 1))
@@ -278,11 +316,16 @@ def neutralize(response: str, findings: list[Finding]) -> str:
             spans = [(a, len(response) if nl < 0 else nl)]
         elif (g := _group(response, f)) is not None:
             spans = [g]
-        else:
-            spans = [(a, b) for a, b in sentences if a < f.end and f.start < b]
+        else:  # the sentences it overlaps
+            i, spans = max(bisect.bisect_right(starts, f.start) - 1, 0), []
+            while i < len(sentences) and sentences[i][0] < f.end:
+                if f.start < sentences[i][1]:
+                    spans.append(sentences[i])
+                i += 1
         for a, b in spans:
-            for i in range(a, b):
-                cut[i] = True
+            edges[a] += 1
+            edges[b] -= 1
+    cut = itertools.accumulate(edges)
     text = "".join(c for c, x in zip(response, cut) if not x)
     text = re.sub(r"```[\w-]*\s*```", "", text)  # a code block whose content was cut
     text = re.sub(r"[ \t]+\n", "\n", text)

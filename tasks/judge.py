@@ -118,9 +118,14 @@ def judge_prompt(template: str, prompt: str, response: str) -> str:
 
 # --- reading a written verdict -------------------------------------------------
 
+# One line, its spaces horizontal ([^\S\n]) and every run possessive (*+): a run that could be
+# split between two quantifiers is read one way only, so a line of spaces or a page of
+# newlines costs linear time, not the cube of its length.
+_H = r"[^\S\n]"
 _VERDICT = re.compile(
-    r"^[\s#>*_`\-]*(?:final\s+|total\s+|overall\s+)?score\s*(?:[:=]|\bis\b)\s*[*_`\"'(\[]*\s*"
-    r"(?P<n>-?\d+(?:\.\d+)?)\s*(?:/\s*(?P<den>\d+)|out of\s+(?P<den2>\d+))?\s*[*_`\"')\].!]*\s*$",
+    rf"^(?:{_H}|[#>*_`\-])*+(?:(?:final|total|overall){_H}++)?score{_H}*+(?:[:=]|\bis\b){_H}*+[*_`\"'(\[]*+{_H}*+"
+    rf"(?P<n>-?\d++(?:\.\d++)?+){_H}*+(?:/{_H}*+(?P<den>\d++)|out of{_H}++(?P<den2>\d++))?+{_H}*+"
+    rf"[*_`\"')\].!]*+{_H}*+$",
     re.IGNORECASE | re.MULTILINE,
 )
 
