@@ -160,7 +160,7 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
         if others:
             ax.plot([], [], color="#4C72B0", label=f"{scored[-1].gate_set} (the gate's set)")
         ax.set_ylim(0, 110)
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="best" if others else "lower right", fontsize=8)
         figs["Held-out accuracy by round"] = _save(fig, out / "accuracy.png")
 
     with_rewards = [r for r in rs if r.rewards]
