@@ -1,9 +1,16 @@
-"""regex: group 1 of the last match of the user's pattern equals the reference, normalized."""
+"""regex: group 1 of the last match of the user's pattern equals the reference, normalized.
+
+The pattern is the user's and the text is the model's, so a pattern that backtracks badly
+(`(a+)+$`) meets text that makes it: every search runs under `timeout_s` (the `regex`
+module's own time bound, checked inside its matcher), and a response it cannot read in that
+time is wrong, a row's loss rather than a stalled stage.
+"""
 
 from __future__ import annotations
 
-import re
 from typing import Literal
+
+import regex as re
 
 from pydantic import Field, field_validator
 
@@ -15,6 +22,8 @@ class RegexCheck(Check):
 
     kind: Literal["regex"] = "regex"
     pattern: str = Field(description=r"regex with one group, e.g. 'Answer:\s*(.+)'")
+    timeout_s: float = Field(default=1.0, gt=0, allow_inf_nan=False, description="a search of one response that "
+                             "runs longer reads no answer (the response is wrong)")
 
     @field_validator("pattern")
     @classmethod
@@ -28,7 +37,10 @@ class RegexCheck(Check):
         return v
 
     def _last(self, response: str) -> str | None:
-        matches = re.findall(self.pattern, response)
+        try:
+            matches = re.findall(self.pattern, response, timeout=self.timeout_s)
+        except TimeoutError:
+            return None
         if not matches:
             return None
         return matches[-1] if isinstance(matches[-1], str) else matches[-1][0]

@@ -129,3 +129,20 @@ def test_steps_check_wants_every_running_value_not_just_a_lucky_last_number():
     # the final answer is the reference's last value: votes and keys compare like `number`
     assert answer_key(steps, ref) == "8" and extract(steps, worked) == "8"
     assert answer_key(steps, "no numbers") is None and not check(steps, worked, "no numbers").correct
+
+
+def test_a_users_regex_that_backtracks_costs_a_row_not_the_stage():
+    """`(a+)+$` meeting 5,000 a's and a '!' backtracks for ages under Python's re; the regex
+    check stops each search at its timeout_s and reads no answer (wrong), in about that time."""
+    import time
+
+    from ratchet.data.checkers import RegexCheck, check, extract
+
+    slow = RegexCheck(pattern=r"((a+)+)$", timeout_s=0.2)
+    t = time.perf_counter()
+    verdict = check(slow, "a" * 5000 + "!", "aaaa")
+    assert (verdict.correct, verdict.extracted) == (False, None) and time.perf_counter() - t < 2.0
+    assert extract(slow, "a" * 5000 + "!") is None
+    assert check(slow, "aaaa", "aaaa").correct  # a text it reads in time is read as before
+    with pytest.raises(ValueError, match="timeout_s"):
+        RegexCheck(pattern="(x)", timeout_s=0)
