@@ -60,7 +60,7 @@ def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Spli
                                f"{need} tokens with what {name} adds > {b.limit}",
                                f"shorten or drop these rows, or {b.fix}")
     report.raise_if_any()
-    digests = {f"evaluate.{name}.{field}": d for name, s in sets.items() for field, d in s.digests.items()}
+    digests = {f"{_SETS}{name}.{field}": d for name, s in sets.items() for field, d in s.digests.items()}
     return Split(split.train, split.eval, {**split.digests, **digests}, split.places), sets
 
 
@@ -99,9 +99,12 @@ def sources_of(sources: dict[str, str], name: str | None = None) -> dict[str, st
     """The file digests of the task's data (name None) or of one held-out set, out of a run's
     `sources` (check_inputs's digests)."""
     if name is None:
-        return {k: v for k, v in sources.items() if not k.startswith("evaluate.")}
-    head = f"evaluate.{name}."
+        return {k: v for k, v in sources.items() if not k.startswith(_SETS)}
+    head = f"{_SETS}{name}."
     return {k[len(head):]: v for k, v in sources.items() if k.startswith(head)}
+
+
+_SETS = "evaluate."  # a held-out set's file digests in a run's sources: evaluate.<set name>.<config field>
 
 
 def check_label_model(cfg: PipelineConfig) -> None:

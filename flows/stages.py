@@ -236,13 +236,13 @@ def eval_targets_task(cfg: PipelineConfig, ctx: RunContext, prompts: StageManife
     prompts stage (`prompts.<name>`), logged on the parent run beside the task's."""
     store, t, out = store_of(ctx), tracker_of(cfg, ctx), []
     for s, stage in cfg.evaluate.stages():
-        held = prompts
+        held, source = prompts, s.source(cfg.data)
         if s.data is not None:
-            held, reused = prepare.held_out(store, s.name, s.source(cfg.data), cfg.seed, sources_of(ctx.sources, s.name),
+            held, reused = prepare.held_out(store, s.name, source, cfg.seed, sources_of(ctx.sources, s.name),
                                             run=ctx.run_name)
             if t.log_stage(ctx.parent_run_id, held, reused):
                 t.log_dataset(ctx.parent_run_id, store, held, "eval.jsonl", f"eval-prompts-{s.name}")
-        out.append(EvalTarget(name=s.name, stage=stage, prompts=held, source=s.source(cfg.data)))
+        out.append(EvalTarget(name=s.name, stage=stage, prompts=held, source=source))
     return out
 
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ratchet.data.digest import sha256_file
 from ratchet.data.errors import ConfigError
 from ratchet.data.manifest import StageManifest
-from ratchet.data.prompts import SourceConfig, load_split, pool_slice
+from ratchet.data.prompts import SourceConfig, Split, load_split, pool_slice
 from ratchet.data.records import Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.tasks.stage import StageRequest, run_stage
@@ -49,11 +49,7 @@ class BaseJob(BaseModel):
 
 def prompts_body(req: StageRequest[PromptsJob], store: ArtifactStore) -> StageManifest:
     src = req.config.data
-    split = load_split(src, req.seed)
-    if split.digests != req.config.sources:
-        changed = sorted(k for k in split.digests if split.digests[k] != req.config.sources.get(k))
-        raise ConfigError([f"data.{k}={getattr(src, k)!r} changed after this run checked it; re-run the command "
-                           "to start from the new content" for k in changed])
+    split = unchanged(req, load_split(src, req.seed), "data")
     if not split.train:
         raise ConfigError([f"data: the source {src.kind!r} yielded no train prompts; check data.path / data.train_size"])
     d = store.stage_dir(req.stage, req.key)
@@ -72,18 +68,18 @@ def prompts(store: ArtifactStore, data_cfg: SourceConfig, seed: int, sources: di
                      config=PromptsJob(data=data_cfg, seed=seed, sources=sources), parents=[], run=run)
 
 
-class HeldOutJob(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    data: SourceConfig
-    seed: int
-    sources: dict[str, str] = Field(description="content digest of every file the set's source reads")
-
-
-def held_out_body(req: StageRequest[HeldOutJob], store: ArtifactStore) -> StageManifest:
-    split = req.config.data.held_out(req.seed)
+def unchanged(req: StageRequest[PromptsJob], split: Split, field: str) -> Split:
+    """`split`, if every file it read still has the digest the run checked (req.config.sources);
+    else a ConfigError naming each changed file's config field under `field`."""
     if split.digests != req.config.sources:
-        raise ConfigError([f"{req.stage}: a file of this held-out set changed after this run checked it; re-run the "
-                           "command to start from the new content"])
+        changed = sorted(k for k in split.digests if split.digests[k] != req.config.sources.get(k))
+        raise ConfigError([f"{field}.{k}={getattr(req.config.data, k)!r} changed after this run checked it; re-run "
+                           "the command to start from the new content" for k in changed])
+    return split
+
+
+def held_out_body(req: StageRequest[PromptsJob], store: ArtifactStore) -> StageManifest:
+    split = unchanged(req, req.config.data.held_out(req.seed), f"evaluate.sets ({req.stage.split('.', 1)[1]}).data")
     n = write_jsonl(store.stage_dir(req.stage, req.key) / "eval.jsonl", split.eval)
     return req.finish(store, outputs={"eval.jsonl": n}, metrics={"eval_prompts": n})
 
@@ -92,7 +88,7 @@ def held_out(store: ArtifactStore, name: str, data_cfg: SourceConfig, seed: int,
              run: str | None = None) -> tuple[StageManifest, bool]:
     """An extra held-out set's prompts (evaluate.sets): stage `prompts.<name>`, eval.jsonl only."""
     return run_stage(store, stage=f"prompts.{name}", round=0, body=held_out_body,
-                     config=HeldOutJob(data=data_cfg, seed=seed, sources=sources), parents=[], run=run)
+                     config=PromptsJob(data=data_cfg, seed=seed, sources=sources), parents=[], run=run)
 
 
 def slice_body(req: StageRequest[SliceJob], store: ArtifactStore) -> StageManifest:
