@@ -483,7 +483,38 @@ def _to_prompts(rows: list[tuple[str, Any]], cfg: FileSource, source: str, id_pr
                        "give every row a unique text id, or drop the id field to number rows by line")
             continue
         answer = _answer(r.get(cfg.answer_field), cfg.check, source, place, report) if cfg.answer_field else None
-        out.append((Prompt(id=str(pid), prompt=text, answer=answer, task="file"), (source, place)))
+        fields = _fields(r, cfg, source, place, report) if cfg.check.reads_fields else {}
+        out.append((Prompt(id=str(pid), prompt=text, answer=answer, task="file", fields=fields), (source, place)))
+    return out
+
+
+# what a check's call names itself, so no column may take one of these names
+RESERVED = ("completion", "completions", "prompt", "prompts", "answer")
+
+
+def _fields(r: dict, cfg: FileSource, source: str, place: str, report: ProblemReport) -> dict[str, Any]:
+    """A row's other columns (not its id, prompt or answer), for a check that reads them by name:
+    JSON values only, and no column named like an argument the call already passes."""
+    out = {}
+    for k, v in r.items():
+        if k in ("id", cfg.prompt_field, cfg.answer_field):
+            continue
+        if k in RESERVED:
+            report.add(source, "columns named like an argument the check already gets", place, show(k),
+                       f"rename the column (the call passes {', '.join(RESERVED)} itself), or point "
+                       "data.prompt_field / data.answer_field at it")
+            continue
+        if not k.isidentifier():
+            report.add(source, "column names that cannot be keyword arguments", place, show(k),
+                       "rename the column to a Python identifier (letters, digits, _)")
+            continue
+        try:
+            json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            report.add(source, "column values that are not JSON", f"{place}, column {k!r}", show(v, 40),
+                       f"convert the column to text, numbers, lists or objects ({e})")
+            continue
+        out[k] = v
     return out
 
 

@@ -6,16 +6,32 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from ratchet.data.errors import ArtifactError
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
 
-class Prompt(BaseModel):
+class _Fields(BaseModel):
+    """A row that may carry its source row's other columns (`fields`, JSON values by column name),
+    for a check that reads them (a user's function gets them by name). A row without any is
+    written without the key, so rows of sources that carry none keep their bytes."""
+
+    @model_serializer(mode="wrap")
+    def _drop_empty_fields(self, handler):
+        out = handler(self)
+        if not out.get("fields"):
+            out.pop("fields", None)
+        return out
+
+    def __hash__(self) -> int:  # frozen, but a dict field cannot be hashed: its JSON stands for it
+        return hash((type(self), self.model_dump_json()))
+
+
+class Prompt(_Fields):
     """One prompt with an optional reference answer."""
 
     model_config = _FROZEN
@@ -23,9 +39,11 @@ class Prompt(BaseModel):
     prompt: str = Field(description="the user message")
     answer: str | None = Field(default=None, description="reference answer, if the source has one")
     task: str = Field(default="custom", description="which task or source produced it")
+    fields: dict[str, Any] = Field(default_factory=dict, description="the source row's other columns, "
+                                   "for a check that reads them")
 
 
-class Completion(BaseModel):
+class Completion(_Fields):
     """One sampled completion of one prompt."""
 
     model_config = _FROZEN
@@ -36,6 +54,8 @@ class Completion(BaseModel):
     text: str
     n_tokens: int = Field(ge=0)
     finish_reason: str | None = None
+    fields: dict[str, Any] = Field(default_factory=dict, description="the source row's other columns, "
+                                   "for a check that reads them")
 
 
 class LabeledCompletion(BaseModel):

@@ -39,7 +39,7 @@ def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Spli
     if cfg.data.prompts_per_round:
         check_draw(cfg.data.prompts_per_round, len(split.train))
     check_label_model(cfg)
-    if problems := cfg.data.check.problems():  # a user's check is loaded once, as a stage will load it
+    if problems := cfg.data.check.problems(columns(split.train + split.eval)):  # loaded once, as a stage will
         raise ConfigError(problems, source="data.check")
     sets = held_out_sets(cfg, split)
     tok = _tokenizer(model_dir if model_dir is not None else resolve_model(cfg.model.path))
@@ -71,19 +71,22 @@ def held_out_sets(cfg: PipelineConfig, split: Split) -> dict[str, Split]:
     train = {prompt_key(p.prompt): p.id for p in split.train}
     for i, (s, _) in enumerate(cfg.evaluate.stages()):
         where = f"evaluate.sets[{i}] ({s.name})"
-        if s.check is not None and (bad := s.check.problems()):
-            problems += [f"{where}.check: {x}" for x in bad]
         if s.data is None:
+            if s.check is not None and (bad := s.check.problems(columns(split.eval))):
+                problems += [f"{where}.check: {x}" for x in bad]
             continue
         try:
             held = s.source(cfg.data).held_out(cfg.seed)
         except ConfigError as e:
             problems += [f"{where}.data: {x}" for x in e.problems]
+            if s.check is not None:
+                problems += [f"{where}.check: {x}" for x in s.check.problems()]
             continue
         if not held.eval:
             problems.append(f"{where}.data: the source holds out no prompts; give it at least one answered prompt")
-        if s.check is None and (bad := s.data.check.problems()):
-            problems += [f"{where}.data.check: {x}" for x in bad]
+        check, at = (s.data.check, "data.check") if s.check is None else (s.check, "check")
+        if bad := check.problems(columns(held.eval)):
+            problems += [f"{where}.{at}: {x}" for x in bad]
         trained = [p.id for p in held.eval if prompt_key(p.prompt) in train]
         if trained and not s.allow_overlap:
             problems.append(f"{where}: {len(trained)} of its prompts are train prompts of the task (ids "
@@ -93,6 +96,11 @@ def held_out_sets(cfg: PipelineConfig, split: Split) -> dict[str, Split]:
     if problems:
         raise ConfigError(problems, source="evaluate.sets")
     return out
+
+
+def columns(prompts) -> list[str]:
+    """The other columns the prompts carry (Prompt.fields), which a check that reads them gets by name."""
+    return sorted({k for p in prompts for k in p.fields})
 
 
 def sources_of(sources: dict[str, str], name: str | None = None) -> dict[str, str]:

@@ -128,7 +128,8 @@ class EvaluateWork(PolicyWork):
         gens = sampler.generate([p.prompt for p in chunk], SamplingParams(n=1, temperature=0.0,
                                 max_tokens=self.max_tokens), seed=seed)
         gen_s = time.time() - t
-        verdicts = check_many(self.check, [Item(g.text, p.answer, p.prompt, p.id) for p, (g,) in zip(chunk, gens)])
+        verdicts = check_many(self.check, [Item(g.text, p.answer, p.prompt, p.id, p.fields)
+                                           for p, (g,) in zip(chunk, gens)])
         rows = [LabeledCompletion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, index=0, text=g.text,
                                   n_tokens=g.n_tokens, reward=float(v.correct) if v.correct is not None else 0.0,
                                   extracted=v.extracted, correct=v.correct)

@@ -82,7 +82,7 @@ class SampleWork(PolicyWork):
         t = time.time()
         gens = sampler.generate([p.prompt for p in chunk], self.params, seed=seed)
         rows = [
-            Completion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, index=i,
+            Completion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, fields=p.fields, index=i,
                        text=g.text, n_tokens=g.n_tokens, finish_reason=g.finish_reason)
             for p, gs in zip(chunk, gens) for i, g in enumerate(gs)
         ]

@@ -6,6 +6,7 @@ import math
 import re
 import unicodedata
 from abc import abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -49,12 +50,15 @@ class Check(BaseModel):
       (the MCTS 'graded' value needs it).
     extracts: `extract` gives an answer key that answers can vote with (majority vote needs it).
     needs_answer: it compares with a reference answer, so every row it checks needs one.
+    reads_fields: it reads a row's other columns (Item.fields), so a file source carries them
+      through its prompts and samples.
     """
 
     model_config = ConfigDict(extra="forbid")
     reads_numbers: ClassVar[bool] = False
     extracts: ClassVar[bool] = True
     needs_answer: ClassVar[bool] = True
+    reads_fields: ClassVar[bool] = False
 
     @abstractmethod
     def check(self, response: str, answer: str) -> Verdict: ...
@@ -76,8 +80,9 @@ class Check(BaseModel):
         return [self.check(i.response, i.answer) if i.answer is not None else Verdict(None, self.extract(i.response))
                 for i in items]
 
-    def problems(self) -> list[str]:
-        """What is wrong with this check before anything runs (an import, a signature), each with its fix."""
+    def problems(self, fields: Collection[str] = ()) -> list[str]:
+        """What is wrong with this check before anything runs (an import, a signature), each with its fix;
+        `fields`: the names of the other columns the rows carry (for a check that reads them)."""
         return []
 
 

@@ -51,7 +51,7 @@ class MathCheck(Check):
                 out.append(Verdict(call.score == 1.0, None))
         return out
 
-    def problems(self) -> list[str]:
+    def problems(self, fields=()) -> list[str]:
         import importlib.util
 
         if importlib.util.find_spec("math_verify") is None:

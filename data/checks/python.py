@@ -9,6 +9,7 @@ and verl's reward functions take them:
 
     def score(completion, answer=None, prompt=None, **fields) -> float | bool | None | dict
 
+where `fields` are a file row's other columns (besides its id, prompt and answer), by name,
 returning a float, a bool, None (unscored: the row is left out, never guessed) or
 {"score": x, **metrics}; with `batched: true`, lists in (completions, prompts=, answer=), a
 list out; `async def` either way. The reward is the score; the verdict is score >= threshold,
@@ -47,6 +48,7 @@ class PythonCheck(Check):
 
     extracts: ClassVar[bool] = False  # a score, not an answer that samples could vote with
     needs_answer: ClassVar[bool] = False  # the function gets answer=None where a row has none
+    reads_fields: ClassVar[bool] = True  # a file row's other columns come as keyword arguments
     kind: Literal["python"] = "python"
     function: str = Field(description="'path/to/rewards.py:score' (a file; relative paths from where ratchet runs) "
                           "or 'package.module:score' (an installed module)")
@@ -82,10 +84,11 @@ class PythonCheck(Check):
             return self.model_copy(update={"source": None})
         return self.model_copy(update={"function": f"{Path(where).expanduser().resolve()}:{name}", "source": None})
 
-    def problems(self) -> list[str]:
+    def problems(self, fields=()) -> list[str]:
         """Load the function in its own process, as a stage will: an import error, a missing
-        function or a signature that cannot take a row's fields, before any model loads."""
-        s = Scorer(self.function, batched=self.batched, timeout_s=self.timeout_s)
+        function or a signature that cannot take a row's fields (`fields`: the rows' other
+        columns, passed by name), before any model loads."""
+        s = Scorer(self.function, batched=self.batched, timeout_s=self.timeout_s, fields=tuple(sorted(fields)))
         try:
             s.start()
         except ScorerError as e:

@@ -61,8 +61,9 @@ class Scorer:
     """A child process that runs `spec` (see the module docstring); one call at a time."""
 
     def __init__(self, spec: str, *, batched: bool, timeout_s: float, load_timeout_s: float = 120.0,
-                 before_load: Callable[[], None] | None = None):
+                 before_load: Callable[[], None] | None = None, fields: tuple[str, ...] = ()):
         self.spec, self.batched, self.timeout_s, self.load_timeout_s = spec, batched, timeout_s, load_timeout_s
+        self.fields = tuple(fields)  # the rows' other columns, which the signature must take by name
         self.before_load = before_load  # runs before every (re)start, which loads the function's file anew
         self.proc: subprocess.Popen | None = None
         self.calls = self.timeouts = self.restarts = 0
@@ -74,7 +75,8 @@ class Scorer:
             self.before_load()
         read_fd, write_fd = os.pipe()
         env = dict(os.environ, RATCHET_SCORER_FD=str(write_fd))
-        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, self.spec, "1" if self.batched else "0"],
+        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, self.spec, "1" if self.batched else "0",
+                                      json.dumps(list(self.fields))],
                                      stdin=subprocess.PIPE, stdout=None, stderr=None, pass_fds=(write_fd,),
                                      env=env)
         os.close(write_fd)
@@ -210,21 +212,23 @@ def _load(spec: str):
     return fn
 
 
-def _signature_problem(fn, batched: bool) -> str | None:
-    """Why fn cannot take a row's fields by name, or None."""
+def _signature_problem(fn, batched: bool, fields: list[str] = ()) -> str | None:
+    """Why fn cannot take a row's fields (and its other columns, `fields`) by name, or None."""
     import inspect
 
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return None  # a builtin or C function: its call will tell
-    probe = (([""], ), {"prompts": [""], "answer": [""]}) if batched else (("",), {"prompt": "", "answer": ""})
+    probe = (([""], ), {"prompts": [""], "answer": [""], **{f: [""] for f in fields}}) if batched \
+        else (("",), {"prompt": "", "answer": "", **{f: "" for f in fields}})
     try:
         sig.bind(*probe[0], **probe[1])
     except TypeError as e:
         want = ("score(completions, prompts=None, answer=None, **fields) returning a list" if batched
                 else "score(completion, answer=None, prompt=None, **fields)")
-        return f"{fn.__name__}{sig} cannot take a row's fields by name ({e}); define it as {want}"
+        cols = f"; the rows' other columns {sorted(fields)} come by name too" if fields else ""
+        return f"{fn.__name__}{sig} cannot take a row's fields by name ({e}{cols}); define it as {want}"
     return None
 
 
@@ -297,7 +301,7 @@ def child_main() -> int:
     _die_with_parent()
     proto = os.fdopen(int(os.environ.pop("RATCHET_SCORER_FD")), "w")
     os.dup2(2, 1)  # the function's prints go to the log
-    spec, batched = sys.argv[1], sys.argv[2] == "1"
+    spec, batched, fields = sys.argv[1], sys.argv[2] == "1", json.loads(sys.argv[3])
 
     def say(obj) -> None:
         proto.write(json.dumps(obj) + "\n")
@@ -311,7 +315,7 @@ def child_main() -> int:
     except BaseException as e:  # noqa: BLE001 - the user's module failed to import: its traceback
         say({"ok": False, "error": f"{spec}: importing it failed:\n{_user_traceback(e)}"})
         return 0
-    if (problem := _signature_problem(fn, batched)) is not None:
+    if (problem := _signature_problem(fn, batched, fields)) is not None:
         say({"ok": False, "error": f"{spec}: {problem}"})
         return 0
     say({"ok": True, "async": inspect.iscoroutinefunction(fn)})

@@ -32,10 +32,13 @@ class MctsWork(PolicyWork):
         from ratchet.tasks.judge import judge_values
         from ratchet.tasks.mcts import Tree, search
 
+        fields = {p.id: p.fields for p in chunk}  # the rows' other columns, for a check that reads them
+
         def score(items: list[tuple[Tree, str]]) -> list[tuple[float, bool | None]]:
             if self.cfg.uses_reference:
-                return reference_values(self.cfg, self.check, items)
-            truth = [v.correct for v in check_many(self.check, [Item(text, t.answer, t.prompt, t.prompt_id)
+                return reference_values(self.cfg, self.check, items, fields)
+            truth = [v.correct for v in check_many(self.check, [Item(text, t.answer, t.prompt, t.prompt_id,
+                                                                      fields.get(t.prompt_id, {}))
                                                                  for t, text in items])]
             values = judge_values(sampler, self.cfg.judge, [(t.prompt, text) for t, text in items], self.seed)
             return list(zip(values, truth))
@@ -47,10 +50,13 @@ class MctsWork(PolicyWork):
                                                  "tokens": sum(tr.gen_tokens() for tr in trees)}
 
 
-def reference_values(cfg: MctsLabel, check_cfg, items: list) -> list[tuple[float, bool]]:
+def reference_values(cfg: MctsLabel, check_cfg, items: list, fields: dict | None = None) -> list[tuple[float, bool]]:
     """(value, correct) of each (tree, trajectory) by the reference answer: the verdict (value
-    'verifier') or the verdict with partial credit for a near number (value 'graded')."""
-    verdicts = check_many(check_cfg, [Item(text, t.answer, t.prompt, t.prompt_id) for t, text in items])
+    'verifier') or the verdict with partial credit for a near number (value 'graded'). `fields`:
+    each prompt's other columns by prompt id, for a check that reads them."""
+    fields = fields or {}
+    verdicts = check_many(check_cfg, [Item(text, t.answer, t.prompt, t.prompt_id, fields.get(t.prompt_id, {}))
+                                      for t, text in items])
     return [(graded(check_cfg, text, t.answer, cfg.partial) if cfg.value == "graded" else float(bool(v.correct)),
              bool(v.correct)) for (t, text), v in zip(items, verdicts)]
 

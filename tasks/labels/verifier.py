@@ -46,7 +46,8 @@ class VerifyWork(UnitWork):
         pass
 
     def run(self, engine, chunk: list[Completion], seed: int):
-        verdicts = check_many(self.check, [Item(c.text, c.answer, c.prompt, f"{c.prompt_id}#{c.index}") for c in chunk])
+        verdicts = check_many(self.check, [Item(c.text, c.answer, c.prompt, f"{c.prompt_id}#{c.index}", c.fields)
+                                           for c in chunk])
         rows = [LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index, text=c.text,
                                   n_tokens=c.n_tokens, reward=v.reward, extracted=v.extracted, correct=v.correct)
                 for c, v in zip(chunk, verdicts)]

@@ -259,3 +259,61 @@ def test_a_killed_stage_leaves_no_scoring_call_running(tmp_path):
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
     assert gone_within(child, 10), "the scoring process outlived the process that started it"
+
+
+def test_a_rows_other_columns_reach_the_function_by_name(tmp_path):
+    """A file's extra columns travel with its prompts and samples (and only for a check that reads
+    them), and a function whose signature cannot take them is refused before any model loads."""
+    import json
+
+    from ratchet.data.prompts import FileSource, load_split
+    from ratchet.data.records import Completion, Prompt
+
+    f = _file(tmp_path, """
+        def score(completion, answer=None, prompt=None, unit=None, tolerance=0, **fields):
+            value = float(completion.split()[0])
+            return abs(value - float(answer)) <= tolerance and completion.rstrip().endswith(unit)
+
+        def strict(completion, answer=None, prompt=None):
+            return 1.0
+    """)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"How long is rod {i}?", "answer": str(10 + i), "unit": "cm",
+                                          "tolerance": 1}) for i in range(8)) + "\n")
+    src = FileSource(path=str(data), eval_size=2, check=PythonCheck(function=f"{f}:score"))
+    split = load_split(src, seed=0)
+    assert all(p.fields == {"unit": "cm", "tolerance": 1} for p in split.train + split.eval)
+    assert src.check.problems(["tolerance", "unit"]) == []
+    [bad] = PythonCheck(function=f"{f}:strict").problems(["tolerance", "unit"])
+    assert "cannot take a row's fields by name" in bad and "['tolerance', 'unit']" in bad
+    # a check that reads no columns carries none: the prompts keep the bytes they had
+    plain = load_split(FileSource(path=str(data), eval_size=2), seed=0)
+    assert all(p.fields == {} for p in plain.train) and '"fields"' not in plain.train[0].model_dump_json()
+    # through a sample row (as the verifier label reads it) and back from JSON
+    p = split.eval[0]
+    row = Completion.model_validate_json(Completion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, index=0,
+                                                    text=f"{p.answer} cm", n_tokens=2, fields=p.fields)
+                                         .model_dump_json())
+    v = check_many(src.check, [Item(row.text, row.answer, row.prompt, p.id, row.fields),
+                               Item(f"{float(p.answer) + 1} cm", p.answer, p.prompt, p.id, row.fields),
+                               Item(f"{p.answer} mm", p.answer, p.prompt, p.id, row.fields)])
+    assert [x.correct for x in v] == [True, True, False]
+    assert len({Prompt(id="a", prompt="b", fields={"x": [1]}), Prompt(id="a", prompt="b", fields={"x": [1]})}) == 1
+
+
+def test_columns_a_call_cannot_take_are_named_with_the_fix(tmp_path):
+    import json
+
+    from ratchet.data.errors import ConfigError
+    from ratchet.data.prompts import FileSource, load_split
+
+    f = _file(tmp_path, "def score(completion, **fields):\n    return 1.0\n")
+    data = tmp_path / "rows.jsonl"
+    data.write_text("\n".join(json.dumps({"question": f"q{i}", "answer": "1", "prompt": "a clash", "my-col": 1})
+                              for i in range(4)) + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_split(FileSource(path=str(data), prompt_field="question", eval_size=1,
+                              check=PythonCheck(function=f"{f}:score")), seed=0)
+    text = str(e.value)
+    assert "columns named like an argument the check already gets" in text and "'prompt'" in text
+    assert "column names that cannot be keyword arguments" in text and "'my-col'" in text

@@ -21,9 +21,9 @@ def _write(path, rows):
     return str(path)
 
 
-def _cfg(tmp_path, rows, eval_rows=HELD, **sections):
+def _cfg(tmp_path, rows, eval_rows=HELD, data_check=None, **sections):
     data = {"kind": "file", "path": _write(tmp_path / "train.jsonl", rows),
-            "eval_path": _write(tmp_path / "eval.jsonl", eval_rows)}
+            "eval_path": _write(tmp_path / "eval.jsonl", eval_rows), **({"check": data_check} if data_check else {})}
     return config_from_dict({"workdir": str(tmp_path / "w"), "data": data, **sections})
 
 
@@ -53,6 +53,18 @@ def test_the_judge_budget_counts_its_template_and_the_response(tmp_path, default
                filter={"kind": "pairs"}, train={"kind": "dpo"})
     with pytest.raises(ConfigError, match=r"train prompts too long for the judge \(1\): line 7: "):
         check_inputs(cfg, default_model)  # ~300 prompt tokens fit sampling, not the ~350-token rubric around them
+
+
+def test_a_users_function_must_take_the_columns_its_rows_carry(tmp_path, default_model):
+    (tmp_path / "rewards.py").write_text("def score(completion, answer=None, prompt=None):\n    return 1.0\n"
+                                         "def fine(completion, answer=None, prompt=None, unit=None):\n    return 1.0\n")
+    rows = [{**r, "unit": "cm"} for r in GOOD]
+    check = {"kind": "python", "function": f"{tmp_path / 'rewards.py'}:score"}
+    with pytest.raises(ConfigError, match=r"cannot take a row's fields by name .*\['unit'\] come by name too"):
+        check_inputs(_cfg(tmp_path, rows, [{**HELD[0], "unit": "m"}], data_check=check), default_model)
+    split = check_inputs(_cfg(tmp_path, rows, [{**HELD[0], "unit": "m"}],
+                              data_check={**check, "function": check["function"][:-5] + "fine"}), default_model)
+    assert split.eval[0].fields == {"unit": "m"}
 
 
 def test_a_fixed_judge_is_measured_with_its_own_tokenizer(tmp_path, default_model):
