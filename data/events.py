@@ -32,7 +32,8 @@ STAGE_LOG = "stage.log"
 @dataclass(frozen=True)
 class Event:
     """kind: start | reused | done | failed (a stage), note (a check's finding, data["text"]),
-    round (a round decided), report (the run's report written)."""
+    round (a round decided), report (the run's report written). `summary`: a finished stage's
+    key result in a few words, as its job (and so its kind) words it (`summary_of`)."""
 
     kind: str
     stage: str = ""
@@ -42,6 +43,26 @@ class Event:
     wall_s: float = 0.0
     error: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+    summary: str = ""
+
+
+def count(x: float) -> str:
+    """A count for a person: 1,200."""
+    return f"{int(round(x)):,}"
+
+
+def summary_of(job: Any, metrics: dict[str, float]) -> str:
+    """A finished stage's key result: its job's `summary(metrics)` (each job asks its kind), or ""
+    for a job that says nothing. A summary that fails is logged and left out: a display bug
+    never fails a run."""
+    fn = getattr(job, "summary", None)
+    if fn is None:
+        return ""
+    try:
+        return " · ".join(fn(metrics))
+    except Exception:
+        log.exception("the summary of %s failed", type(job).__name__)
+        return ""
 
 
 _listeners: list[Callable[[Event], None]] = []

@@ -45,63 +45,6 @@ def redirect_output(log_path: Path) -> tuple[TextIO, TextIO]:
         open(err, "w", buffering=1, encoding="utf-8", errors="replace")
 
 
-def _n(x: float) -> str:
-    return f"{int(round(x)):,}"
-
-
-def result_of(stage: str, m: dict[str, float]) -> str:
-    """A finished stage's key result, in a few words."""
-    g = m.get
-    parts: list[str] = []
-    kind, _, named = stage.partition(".")  # a held-out set of evaluate.sets: prompts.<name>, evaluate.<name>
-    if kind == "prompts" and named:
-        parts = [f"{_n(g('eval_prompts', 0))} held-out prompts"]
-    elif stage == "prompts":
-        parts = [f"{_n(g('train_prompts', 0))} train / {_n(g('eval_prompts', 0))} held-out prompts"]
-    elif stage == "slice":
-        parts = [f"{_n(g('prompts', 0))} prompts from position {_n(g('stream_start', 0))} of the pool "
-                 f"({_n(g('pool', 0))}, pass {_n(g('pass', 1))})"]
-    elif stage == "sample":
-        parts = [f"{_n(g('completions', 0))} completions", f"{g('tokens_per_s', 0):.0f} tok/s"]
-        if g("truncated_frac"):
-            parts.append(f"{g('truncated_frac'):.0%} truncated")
-    elif stage == "label":
-        if "mcts_prompts" in m:
-            parts = [f"{_n(m['mcts_prompts'])} trees", f"{g('mcts_tokens_per_prompt', 0):.0f} tokens/prompt"]
-            if "mcts_solved_frac" in m:
-                parts.append(f"solved {m['mcts_solved_frac']:.0%}")
-        else:
-            parts = [f"{_n(g('labeled', 0))} labeled", f"mean reward {g('reward_mean', 0):.2f}"]
-        if "pass_at_n" in m:
-            parts.append(f"pass@n {m['pass_at_n']:.0%}")
-        if "verifier_auc" in m:
-            parts.append(f"AUC vs verifier {m['verifier_auc']:.2f}")
-        if g("check_failed"):
-            parts.append(f"{_n(m['check_failed'])} rows the check failed on (unscored)")
-        if g("injection_suspects"):
-            parts.append(f"{_n(m['injection_suspects'])} injection suspects")
-    elif stage == "filter":
-        if "pairs" in m:
-            parts = [f"{_n(m['pairs'])} pairs"]
-            if "pair_accuracy" in m:
-                parts.append(f"pair accuracy {m['pair_accuracy']:.0%}")
-        else:
-            parts = [f"{_n(g('accepted', 0))} rows accepted"]
-        if "prompts" in m:
-            parts.append(f"{_n(g('prompts_covered', 0))}/{_n(m['prompts'])} prompts")
-    elif stage == "train":
-        parts = [f"{_n(g('steps', 0))} steps", f"loss {g('first_loss', 0):.3f} -> {g('last_loss', 0):.3f}"]
-        if g("train_s"):
-            parts.append(f"{g('steps', 0) / m['train_s']:.2f} steps/s")
-    elif kind == "evaluate":
-        parts = [f"held-out accuracy {g('accuracy', 0):.1%}"]
-        if "worked_accuracy" in m:
-            parts.append(f"{m['worked_accuracy']:.1%} with every step shown")
-        if "score_mean" in m:  # a check that scores (a user's function): its mean beside the accuracy
-            parts.append(f"mean score {m['score_mean']:.3g}")
-    return " · ".join(parts)
-
-
 def short_reason(gate: str) -> str:
     """A gate's reason without the eval-set digests it names (the registry keeps them)."""
     import re
@@ -208,7 +151,7 @@ class RunConsole:
                 self._running = None
                 how = "reused  " if e.kind == "reused" else f"{e.wall_s:5.0f} s "
                 mark = "↺" if e.kind == "reused" else "✓"
-                self.line(f"{name} {mark} {how} {result_of(e.stage, e.metrics)}".rstrip(),
+                self.line(f"{name} {mark} {how} {e.summary}".rstrip(),
                           "dim" if e.kind == "reused" else "")
             elif e.kind == "failed":
                 self._running = None

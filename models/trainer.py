@@ -61,6 +61,12 @@ class OptimSettings(BaseModel):
                                "num_processes")
 
 
+    def summary(self, m: dict[str, float]) -> list[str]:
+        """A finished training's result in a few words, for the console."""
+        out = [f"{m.get('steps', 0):,.0f} steps", f"loss {m.get('first_loss', 0):.3f} -> {m.get('last_loss', 0):.3f}"]
+        return out + ([f"{m.get('steps', 0) / m['train_s']:.2f} steps/s"] if m.get("train_s") else [])
+
+
 class RFTTrainConfig(OptimSettings):
     consumes: ClassVar[str] = "rft"  # the rows it trains on: accepted samples (tasks/filter.py ROWS)
     kind: Literal["rft"] = "rft"

@@ -105,6 +105,14 @@ class EvaluateJob(BaseModel):
     data: SourceConfig
     seed: int
 
+    def summary(self, m: dict[str, float]) -> list[str]:
+        out = [f"held-out accuracy {m.get('accuracy', 0):.1%}"]
+        if "worked_accuracy" in m:
+            out.append(f"{m['worked_accuracy']:.1%} with every step shown")
+        if "score_mean" in m:  # a check that scores (a user's function): its mean beside the accuracy
+            out.append(f"mean score {m['score_mean']:.3g}")
+        return out
+
 
 def eval_set_id(prompts: StageManifest, job: EvaluateJob) -> str:
     """What makes two held-out accuracies comparable: the same prompts, scored the same way."""

@@ -28,6 +28,7 @@ from typing import Annotated, ClassVar, Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ratchet.data import events
 from ratchet.data.errors import EmptyStageError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.records import LabeledCompletion, PairRow, SFTRow, read_jsonl, write_jsonl
@@ -51,6 +52,9 @@ class RFTFilter(BaseModel):
         default="shortest", description="which to keep under the cap; best = the label's own order (for mcts: "
         "highest value, then Q, then visits)")
     min_rows: int = Field(default=16, ge=1, description="fewer accepted rows than this stops the round")
+
+    def summary(self, m: dict[str, float]) -> list[str]:
+        return [f"{events.count(m.get('accepted', 0))} rows accepted"]
 
     def reward_checks(self, lo: float, hi: float, label: str) -> list[str]:
         if self.min_reward > hi:
@@ -81,6 +85,9 @@ class PairFilter(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1, description="leave out completions longer than this")
     min_pairs: int = Field(default=16, ge=1, description="fewer pairs than this stops the round")
 
+    def summary(self, m: dict[str, float]) -> list[str]:
+        return pair_summary(m)
+
     def reward_checks(self, lo: float, hi: float, label: str) -> list[str]:
         if self.margin > hi - lo:
             return [f"filter.margin={self.margin} is wider than the reward range [{lo:g}, {hi:g}] of {label}, so no "
@@ -101,8 +108,16 @@ class StepPairFilter(BaseModel):
     max_pairs_per_prompt: int = Field(default=2, ge=1, description="pairs per prompt, widest gap first")
     min_pairs: int = Field(default=16, ge=1, description="fewer pairs than this stops the round")
 
+    def summary(self, m: dict[str, float]) -> list[str]:
+        return pair_summary(m)
+
     def reward_checks(self, lo: float, hi: float, label: str) -> list[str]:
         return []  # Q values are on 0-1 whatever the label
+
+
+def pair_summary(m: dict[str, float]) -> list[str]:
+    out = [f"{events.count(m.get('pairs', 0))} pairs"]
+    return out + ([f"pair accuracy {m['pair_accuracy']:.0%}"] if "pair_accuracy" in m else [])
 
 
 FilterConfig = Annotated[RFTFilter | PairFilter | StepPairFilter, Field(discriminator="kind")]
@@ -112,6 +127,11 @@ class FilterJob(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     filter: FilterConfig
     seed: int
+
+    def summary(self, m: dict[str, float]) -> list[str]:
+        covered = [f"{events.count(m.get('prompts_covered', 0))}/{events.count(m['prompts'])} prompts"] \
+            if "prompts" in m else []
+        return self.filter.summary(m) + covered
 
 
 def _norm(text: str) -> str:

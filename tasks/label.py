@@ -23,6 +23,7 @@ from typing import Annotated, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ratchet.data import events
 from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig
 from ratchet.data.records import Completion, read_jsonl, write_jsonl
@@ -57,6 +58,20 @@ class LabelJob(BaseModel):
     data: SourceConfig
     sampler: SamplerConfig | None = Field(default=None, description="for kinds that run the policy")
     seed: int = 0
+
+    def summary(self, m: dict[str, float]) -> list[str]:
+        """The kind's own result, then what any label may add: how the verifier sees the samples,
+        the label's agreement with it, rows a user's check failed on, texts that spoke to a judge."""
+        out = kind_of(self.label).summary(m)
+        if "pass_at_n" in m:
+            out.append(f"pass@n {m['pass_at_n']:.0%}")
+        if "verifier_auc" in m:
+            out.append(f"AUC vs verifier {m['verifier_auc']:.2f}")
+        if m.get("check_failed"):
+            out.append(f"{events.count(m['check_failed'])} rows the check failed on (unscored)")
+        if m.get("injection_suspects"):
+            out.append(f"{events.count(m['injection_suspects'])} injection suspects")
+        return out
 
 
 def label_body(req: StageRequest[LabelJob], store: ArtifactStore) -> StageManifest:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ratchet.data import events
 from ratchet.data.digest import sha256_file
 from ratchet.data.errors import ConfigError
 from ratchet.data.manifest import StageManifest
@@ -32,12 +33,23 @@ class PromptsJob(BaseModel):
     seed: int
     sources: dict[str, str] = Field(description="content digest of every file the data config reads")
 
+    def summary(self, m: dict[str, float]) -> list[str]:
+        if "train_prompts" not in m:  # a held-out set's prompts (prompts.<name>)
+            return [f"{events.count(m.get('eval_prompts', 0))} held-out prompts"]
+        n = events.count
+        return [f"{n(m['train_prompts'])} train / {n(m.get('eval_prompts', 0))} held-out prompts"]
+
 
 class SliceJob(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     start: int = Field(description="position in the pool's stream where this round's prompts begin")
     count: int = Field(description="data.prompts_per_round")
     seed: int
+
+    def summary(self, m: dict[str, float]) -> list[str]:
+        n = events.count
+        return [f"{n(m.get('prompts', 0))} prompts from position {n(m.get('stream_start', 0))} of the pool "
+                f"({n(m.get('pool', 0))}, pass {n(m.get('pass', 1))})"]
 
 
 class BaseJob(BaseModel):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ratchet.data import events
 from ratchet.data.manifest import StageManifest
 from ratchet.data.records import Completion, Prompt, write_jsonl
 from ratchet.data.store import ArtifactStore
@@ -45,6 +46,10 @@ class SampleJob(BaseModel):
     sample: SampleConfig
     sampler: SamplerConfig
     seed: int
+
+    def summary(self, m: dict[str, float]) -> list[str]:
+        out = [f"{events.count(m.get('completions', 0))} completions", f"{m.get('tokens_per_s', 0):.0f} tok/s"]
+        return out + ([f"{m['truncated_frac']:.0%} truncated"] if m.get("truncated_frac") else [])
 
 
 @dataclass

@@ -221,12 +221,12 @@ def run_stage(
     if found is not None:
         log.info("%s (round %d): finished earlier at %s, reused", stage, round, found.dir)
         store.drop_scratch(found)
-        return _reused(store, found), True
+        return _reused(store, found, config), True
     with store.lock(stage, key):
         found = store.find(stage, key)
         if found is not None:
             log.info("%s (round %d): finished by another run at %s, reused", stage, round, found.dir)
-            return _reused(store, found), True
+            return _reused(store, found, config), True
         d = store.prepare(stage, key, keep_partial=keep_partial)
         if run is not None:
             store.add_owner(d, run)
@@ -239,12 +239,14 @@ def run_stage(
             events.emit(events.Event("failed", stage, round, d, error=f"{type(e).__name__}: {e}"))
             raise
         (d / events.PROGRESS).unlink(missing_ok=True)  # the console's, for the running stage only
-        events.emit(events.Event("done", stage, round, d, metrics=dict(m.metrics), wall_s=m.wall_s))
+        events.emit(events.Event("done", stage, round, d, metrics=dict(m.metrics), wall_s=m.wall_s,
+                                 summary=events.summary_of(config, m.metrics)))
         return m, False
 
 
-def _reused(store: ArtifactStore, m: StageManifest) -> StageManifest:
-    events.emit(events.Event("reused", m.stage, m.round, store.dir_of(m), metrics=dict(m.metrics), wall_s=m.wall_s))
+def _reused(store: ArtifactStore, m: StageManifest, config: BaseModel) -> StageManifest:
+    events.emit(events.Event("reused", m.stage, m.round, store.dir_of(m), metrics=dict(m.metrics), wall_s=m.wall_s,
+                             summary=events.summary_of(config, m.metrics)))
     return m
 
 

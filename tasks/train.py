@@ -29,6 +29,9 @@ class TrainJob(BaseModel):
     train: TrainConfig
     seed: int
 
+    def summary(self, m: dict[str, float]) -> list[str]:
+        return self.train.summary(m)
+
 
 def train_body(req: StageRequest[TrainJob], store: ArtifactStore) -> StageManifest:
     from ratchet.models.trainer import train

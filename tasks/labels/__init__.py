@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from ratchet.data import events
 from ratchet.data.checkers import check
 from ratchet.data.records import Completion, LabeledCompletion
 
@@ -82,6 +83,8 @@ class LabelKind:
     budgets: Callable[[Any], dict[str, Budget]] = lambda pipeline: {}  # prompt budgets of the stages it runs
     checks: Callable[[Any], list[str]] = _no_problems  # problems across sections, each with its fix
     outputs: tuple[str, ...] = ()  # files it writes beside labels.jsonl (that a filter kind may read)
+    summary: Callable[[dict[str, float]], list[str]] = lambda m: [  # its result in a few words, for the console
+        f"{events.count(m.get('labeled', 0))} labeled", f"mean reward {m.get('reward_mean', 0):.2f}"]
 
 
 def truth(check_cfg: Any, c: Completion) -> bool | None:

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from ratchet.data.checkers import Item, check_many, extract, graded
+from ratchet.data.events import count
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import LabeledCompletion, Prompt
 from ratchet.tasks.labels import Budget, Labeled, LabelKind, agreement, injection_stats
@@ -125,6 +126,11 @@ def checks(pipeline) -> list[str]:
     return problems
 
 
+def summary(m: dict[str, float]) -> list[str]:
+    out = [f"{count(m.get('mcts_prompts', 0))} trees", f"{m.get('mcts_tokens_per_prompt', 0):.0f} tokens/prompt"]
+    return out + ([f"solved {m['mcts_solved_frac']:.0%}"] if "mcts_solved_frac" in m else [])
+
+
 KIND = LabelKind(name="mcts", config=MctsLabel, consumes="prompts", uses_policy=True, run=run,
                  needs_reference=lambda cfg: cfg.uses_reference, budgets=budgets, checks=checks,
-                 outputs=("trees.jsonl",))
+                 outputs=("trees.jsonl",), summary=summary)

@@ -6,7 +6,11 @@ from pathlib import Path
 
 from ratchet.data import events
 from ratchet.data.errors import EmptyStageError, StageFailedError
-from ratchet.flows.console import RunConsole, rate_of, result_of
+from ratchet.flows.console import RunConsole, rate_of
+from ratchet.models.sampler import SamplerConfig
+from ratchet.models.trainer import RFTTrainConfig
+from ratchet.tasks.sample import SampleConfig, SampleJob
+from ratchet.tasks.train import TrainJob
 
 STAMP = re.compile(r"^\d\d:\d\d:\d\d ")
 
@@ -21,13 +25,17 @@ def test_without_a_terminal_every_event_is_one_plain_line(tmp_path):
     assert not console.live  # a StringIO is no terminal: plain lines
     with console:
         console.header(["ratchet run demo-1: 1 round(s) from the base model"])
-        events.emit(events.Event("reused", "evaluate", 0, tmp_path, metrics={"accuracy": 0.42}, wall_s=20))
+        events.emit(events.Event("reused", "evaluate", 0, tmp_path, metrics={"accuracy": 0.42}, wall_s=20,
+                                 summary="held-out accuracy 42.0%"))
         events.emit(events.Event("round", round=0, data={"version": "1", "accuracy": 0.42, "promoted": True}))
         events.emit(events.Event("start", "sample", 1, tmp_path))
-        events.emit(events.Event("done", "sample", 1, tmp_path, wall_s=121.4,
-                                 metrics={"completions": 1200, "tokens_per_s": 437.4, "truncated_frac": 0.49}))
-        events.emit(events.Event("done", "train", 1, tmp_path, wall_s=139,
-                                 metrics={"steps": 48, "first_loss": 1.073, "last_loss": 1.162, "train_s": 130}))
+        sample = {"completions": 1200, "tokens_per_s": 437.4, "truncated_frac": 0.49}
+        events.emit(events.Event("done", "sample", 1, tmp_path, wall_s=121.4, metrics=sample,
+                                 summary=events.summary_of(SampleJob(sample=SampleConfig(), sampler=SamplerConfig(),
+                                                                     seed=0), sample)))
+        train = {"steps": 48, "first_loss": 1.073, "last_loss": 1.162, "train_s": 130}
+        events.emit(events.Event("done", "train", 1, tmp_path, wall_s=139, metrics=train,
+                                 summary=events.summary_of(TrainJob(train=RFTTrainConfig(), seed=0), train)))
         events.emit(events.Event("round", round=1, data={"version": "2", "accuracy": 0.8, "promoted": False,
                                                          "gate": "accuracy 0.8 <= champion's 0.9 on eval set ab",
                                                          "parent_version": "1"}))
@@ -48,24 +56,6 @@ def test_without_a_terminal_every_event_is_one_plain_line(tmp_path):
                        "(accuracy 0.8 <= champion's 0.9)")
     assert text[7:] == ["round 2  policy   version 1 again",
                         "round 2  -> version 3 · held-out accuracy 50.0% (+8.0 points) · not promoted"]
-
-
-def test_key_results_name_what_each_stage_made():
-    assert result_of("filter", {"pairs": 40, "pair_accuracy": 0.75, "prompts": 50, "prompts_covered": 40}) == \
-        "40 pairs · pair accuracy 75% · 40/50 prompts"
-    assert result_of("filter", {"accepted": 185, "prompts": 150, "prompts_covered": 106}) == \
-        "185 rows accepted · 106/150 prompts"
-    assert result_of("label", {"labeled": 1200, "reward_mean": 0.25, "pass_at_n": 0.71, "verifier_auc": 0.62,
-                               "injection_suspects": 3}) == \
-        "1,200 labeled · mean reward 0.25 · pass@n 71% · AUC vs verifier 0.62 · 3 injection suspects"
-    assert result_of("evaluate", {"accuracy": 0.2, "worked_accuracy": 0.04}) == \
-        "held-out accuracy 20.0% · 4.0% with every step shown"
-    assert result_of("label", {"mcts_prompts": 48, "mcts_tokens_per_prompt": 410.2, "mcts_solved_frac": 0.5}) == \
-        "48 trees · 410 tokens/prompt · solved 50%"
-    # a user's check: its mean score beside the accuracy, and the rows it failed on
-    assert result_of("evaluate", {"accuracy": 0.4, "score_mean": 0.5314}) == "held-out accuracy 40.0% · mean score 0.531"
-    assert result_of("label", {"labeled": 30, "reward_mean": 0.5, "check_failed": 2}) == \
-        "30 labeled · mean reward 0.50 · 2 rows the check failed on (unscored)"
 
 
 def test_progress_files_give_the_running_stage_its_rate(tmp_path):
