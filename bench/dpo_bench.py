@@ -36,8 +36,8 @@ def main() -> None:
     from trl import DPOConfig, DPOTrainer
 
     from ratchet.models.default_model import default_model_dir
-    from ratchet.models.trainer import (DPOTrainConfig, _trainer_args, chat_dataset, load_policy, plain_lm_head,
-                                resolve_precision)
+    from ratchet.models.train_kinds.dpo import DPOTrainConfig, plain_lm_head
+    from ratchet.models.trainer import chat_dataset, load_policy, resolve_precision, trainer_args
 
     cfg = DPOTrainConfig()
     prec = resolve_precision(cfg.precision)
@@ -49,7 +49,7 @@ def main() -> None:
             torch.manual_seed(0)
             model, tok, peft = load_policy(default_model_dir(), cfg, prec)
             with tempfile.TemporaryDirectory() as out:
-                args, _ = _trainer_args(DPOConfig, cfg, Path(out), 0, beta=cfg.beta, loss_type=cfg.loss_type)
+                args, _ = trainer_args(DPOConfig, cfg, Path(out), 0, beta=cfg.beta, loss_type=cfg.loss_type)
                 args.max_steps, args.save_strategy, args.disable_tqdm = a.steps, "no", True
                 tr = DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft)
                 if variant == "plain":

@@ -129,8 +129,8 @@ def bench_training(kind: str, adapter: str, model_dir: Path, a, peak: float) -> 
     import torch
     from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
-    from ratchet.models.trainer import (DPOTrainConfig, RFTTrainConfig, _trainer_args, _trainer_class, chat_dataset,
-                                        load_policy, resolve_precision)
+    from ratchet.models.train_kinds import DPOTrainConfig, RFTTrainConfig
+    from ratchet.models.trainer import chat_dataset, load_policy, resolve_precision, trainer_args, trainer_class
 
     warm = 2
     rng = random.Random(1)
@@ -151,13 +151,13 @@ def bench_training(kind: str, adapter: str, model_dir: Path, a, peak: float) -> 
     torch.cuda.reset_peak_memory_stats()
     with tempfile.TemporaryDirectory() as out:
         if kind == "rft":
-            args, _ = _trainer_args(SFTConfig, cfg, Path(out), 0, completion_only_loss=True)
+            args, _ = trainer_args(SFTConfig, cfg, Path(out), 0, completion_only_loss=True)
             args.num_train_epochs, args.save_strategy = 1, "no"
-            tr = _trainer_class(SFTTrainer)(model=model, args=args, train_dataset=chat_dataset(rows),
+            tr = trainer_class(SFTTrainer)(model=model, args=args, train_dataset=chat_dataset(rows),
                                             processing_class=tok, peft_config=peft)
             lengths = [len(x) for x in tr.train_dataset["input_ids"]]
         else:
-            args, _ = _trainer_args(DPOConfig, cfg, Path(out), 0, beta=cfg.beta, loss_type=list(cfg.loss_type))
+            args, _ = trainer_args(DPOConfig, cfg, Path(out), 0, beta=cfg.beta, loss_type=list(cfg.loss_type))
             args.num_train_epochs, args.save_strategy = 1, "no"
             tr = DPOTrainer(model=model, args=args, train_dataset=chat_dataset(rows), processing_class=tok,
                             peft_config=peft)

@@ -21,7 +21,8 @@ def main() -> None:
     a = ap.parse_args()
 
     from ratchet.models.default_model import default_model_dir
-    from ratchet.models.trainer import RFTTrainConfig, train
+    from ratchet.models.train_kinds import RFTTrainConfig
+    from ratchet.models.trainer import train
 
     rows = [{"prompt": f"What is {x} + {x + 7}? Answer with the number.", "completion": f"{x} + {x + 7} = {2 * x + 7}"}
             for x in range(a.rows)]

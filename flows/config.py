@@ -62,7 +62,7 @@ class PipelineConfig(BaseModel):
 
 def _cross_checks(cfg: PipelineConfig) -> list[str]:
     """Problems across sections. What a kind needs of the rest of the config is the kind's own
-    declaration (tasks/labels/, tasks/filter.py, models/trainer.py); nothing here names a kind."""
+    declaration (tasks/labels/, tasks/filter.py, models/train_kinds/); nothing here names a kind."""
     problems = []
     if cfg.sample.max_tokens + 64 > cfg.sampler.max_model_len:
         problems.append(

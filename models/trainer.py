@@ -1,5 +1,7 @@
-"""Trainers: rejection-sampling fine-tuning (SFT on accepted samples) and DPO on
-preference pairs, both with TRL + PEFT.
+"""What every train kind shares: optimisation settings, the policy's loading, checkpoints
+and resume, the merged output, the train log, and running a kind's trainer in one process or
+several. Each kind (models/train_kinds/: rft, dpo) is a config model that says what rows it
+consumes and how it trains on them (`fit`); nothing here names one.
 
 The output is always a full model directory: a LoRA adapter is merged into the
 weights it was trained on, so the next round samples from plain weights (vLLM
@@ -17,11 +19,11 @@ from __future__ import annotations
 import json
 import shutil
 import time
-import typing
 from pathlib import Path
-from typing import ClassVar, Literal, assert_never
+from abc import abstractmethod
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class LoraSettings(BaseModel):
@@ -61,45 +63,27 @@ class OptimSettings(BaseModel):
                                "num_processes")
 
 
+    consumes: ClassVar[str]  # the rows it trains on, as a filter kind builds them (tasks/filter.py ROWS)
+    kind: str
+
+    @abstractmethod
+    def fit(self, model_dir: Path, rows: list[dict], out: Path, seed: int) -> dict[str, float]:
+        """Train on `rows` from the model in `model_dir`; write out/model; return the metrics
+        (empty in a training process other than the main one). Resumes from out/checkpoints."""
+
+    @abstractmethod
+    def rows_of(self, train_set: Path) -> list[dict]:
+        """The filter stage's train_set.jsonl as the rows `fit` takes."""
+
+    def info(self, start_model: str) -> dict[str, str]:
+        """What the train stage's manifest records of the kind (`start_model`: the directory of the
+        weights this round started from)."""
+        return {}
+
     def summary(self, m: dict[str, float]) -> list[str]:
         """A finished training's result in a few words, for the console."""
         out = [f"{m.get('steps', 0):,.0f} steps", f"loss {m.get('first_loss', 0):.3f} -> {m.get('last_loss', 0):.3f}"]
         return out + ([f"{m.get('steps', 0) / m['train_s']:.2f} steps/s"] if m.get("train_s") else [])
-
-
-class RFTTrainConfig(OptimSettings):
-    consumes: ClassVar[str] = "rft"  # the rows it trains on: accepted samples (tasks/filter.py ROWS)
-    kind: Literal["rft"] = "rft"
-
-
-DPOLoss = Literal["sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
-                  "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm"]
-
-
-class DPOTrainConfig(OptimSettings):
-    """DPO with TRL's DPOTrainer. The reference is the round's starting policy: with LoRA it is
-    the same weights with the adapter off (no second model in memory); full fine-tuning keeps a
-    frozen copy."""
-
-    consumes: ClassVar[str] = "pairs"  # preference pairs
-    kind: Literal["dpo"] = "dpo"
-    learning_rate: float = Field(default=5e-5, gt=0, description="peak learning rate (LoRA DPO; ~5e-7 full)")
-    beta: float = Field(default=0.1, gt=0, description="strength of the pull toward the reference policy "
-                        "(for ipo: its regularisation tau)")
-    loss_type: list[DPOLoss] = Field(default_factory=lambda: ["sigmoid"], min_length=1,
-                                     description="TRL DPO loss variants; several are summed with loss_weights")
-    loss_weights: list[float] | None = Field(default=None, description="one weight per loss_type entry")
-    label_smoothing: float = Field(default=0.0, ge=0, lt=0.5,
-                                   description="assumed label-flip rate (robust) or epsilon (exo_pair)")
-
-    @model_validator(mode="after")
-    def _loss_settings(self) -> DPOTrainConfig:
-        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
-            raise ValueError(f"train.loss_weights has {len(self.loss_weights)} entries for {len(self.loss_type)} "
-                             f"loss_type entries {self.loss_type}; give one weight per loss or drop loss_weights")
-        if "exo_pair" in self.loss_type and self.label_smoothing == 0:
-            raise ValueError("train.loss_type 'exo_pair' needs train.label_smoothing > 0 (1e-3 is typical)")
-        return self
 
 
 def bf16_supported() -> bool:
@@ -130,7 +114,7 @@ def last_checkpoint(ckpt_dir: Path) -> Path | None:
     return max(cks, key=lambda p: int(p.name.split("-")[1])) if cks else None
 
 
-def _trainer_args(cls, cfg: OptimSettings, out: Path, seed: int, **extra):
+def trainer_args(cls, cfg: OptimSettings, out: Path, seed: int, **extra):
     import torch
 
     prec = resolve_precision(cfg.precision)
@@ -287,66 +271,7 @@ def plain_loss(trainer_cls):
     return PlainLoss
 
 
-def plain_lm_head(model) -> bool:
-    """Replace TRL's fused LM head on `model` with a plain one that scores only the labelled positions.
-
-    TRL's DPOTrainer patches the model so `model(..., fused_lm_head=True)` returns per-token
-    log-probabilities. Off Triton devices its tiled kernel scores every position, prompt
-    included, and recomputes the tiles in backward. This head projects only the positions
-    with a label (the completions) through the LM head, in fp32 so bf16 rounding of the
-    logits cannot bias the log-ratios, and returns the same fields. Returns False (and
-    leaves TRL's head) for models whose logits are scaled or soft-capped.
-    """
-    import types
-
-    import torch
-    from trl.trainer.utils import FusedCausalLMOutput
-
-    text = model.config.get_text_config()
-    if any(getattr(text, a, None) is not None
-           for a in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
-                     "logits_scaling")):
-        return False
-    original = types.MethodType(type(model).forward, model)
-
-    def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
-        if not fused_lm_head:
-            extra = {k: v for k, v in (("labels", labels), ("shift_labels", shift_labels),
-                                       ("num_items_in_batch", num_items_in_batch)) if v is not None}
-            return original(*args, **kwargs, **extra)
-        kwargs["use_cache"] = False
-        hidden = self.base_model(*args, **kwargs).last_hidden_state
-        if shift_labels is None:
-            hidden, labels = hidden[:, :-1], labels[:, 1:]
-        else:
-            labels = shift_labels
-        mask = labels != -100
-        head = self.get_output_embeddings()
-        with torch.autocast(hidden.device.type, enabled=False):
-            logits = torch.nn.functional.linear(hidden[mask].float(), head.weight.float(),
-                                                None if head.bias is None else head.bias.float())
-        logp = torch.log_softmax(logits, dim=-1)
-        target = labels[mask]
-        token_lp = logp.gather(1, target[:, None]).squeeze(1)
-        with torch.no_grad():
-            entropy = -(logp.exp() * logp).sum(-1)
-            mean_logits = logits.mean(-1)
-            is_top1 = logits.argmax(-1) == target
-
-        def spread(x):
-            return x.new_zeros(mask.shape).masked_scatter(mask, x)
-
-        log_probs = spread(token_lp)
-        denom = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
-        return FusedCausalLMOutput(loss=-log_probs.sum() / denom, log_probs=log_probs, entropy=spread(entropy),
-                                   log_sum_sq_probs=None, mean_logits=spread(mean_logits), is_top1=spread(is_top1),
-                                   label_mask=mask, aux_loss=None)
-
-    model.forward = types.MethodType(forward, model)
-    return True
-
-
-def _trainer_class(trainer_cls):
+def trainer_class(trainer_cls):
     import torch
 
     return trainer_cls if torch.cuda.is_available() else plain_loss(trainer_cls)
@@ -361,7 +286,7 @@ def chat_dataset(rows: list[dict]):
                                for k, v in r.items()} for r in rows])
 
 
-def _run(trainer, out: Path) -> int | None:
+def run_training(trainer, out: Path) -> int | None:
     """Train, resuming from out/checkpoints when an earlier attempt left one; the step it
     resumed from, or None."""
     from transformers import TrainerCallback
@@ -397,92 +322,11 @@ def _run(trainer, out: Path) -> int | None:
     return int(ck.name.split("-")[1]) if ck else None
 
 
-def train_rft(model_dir: Path, rows: list[dict], cfg: RFTTrainConfig, out: Path, seed: int) -> dict[str, float]:
-    """SFT on accepted (prompt, completion) rows; writes out/model; returns metrics.
-
-    Resumes from out/checkpoints/ when a previous attempt left a checkpoint.
-    """
-    from trl import SFTConfig, SFTTrainer
-
-    started = time.time()
-    model, tok, peft_config = load_policy(model_dir, cfg, resolve_precision(cfg.precision))
-    ds = chat_dataset(rows)
-    args, prec = _trainer_args(SFTConfig, cfg, out, seed, completion_only_loss=True)
-    trainer = _trainer_class(SFTTrainer)(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config)
-    n_tokens = sum(len(x) for x in trainer.train_dataset["input_ids"])
-    resumed = _run(trainer, out)
-    if not trainer.is_world_process_zero():
-        return {}
-    save_merged(trainer, tok, model_dir, out, cfg.adapter)
-    metrics = write_log(trainer, out, started, n_tokens)
-    metrics.update(rows=float(len(rows)), bf16=float(prec == "bf16"), resumed=float(resumed is not None),
-                   resumed_from_step=float(resumed or 0), processes=float(trainer.args.world_size))
-    return metrics
-
-
-def train_dpo(model_dir: Path, rows: list[dict], cfg: DPOTrainConfig, out: Path, seed: int) -> dict[str, float]:
-    """DPO on (prompt, chosen, rejected) rows against the starting policy; writes out/model.
-
-    Resumes from out/checkpoints/ when a previous attempt left a checkpoint.
-    """
-    import torch
-    from trl import DPOConfig, DPOTrainer
-
-    started = time.time()
-    model, tok, peft_config = load_policy(model_dir, cfg, resolve_precision(cfg.precision))
-    ds = chat_dataset(rows)
-    args, prec = _trainer_args(DPOConfig, cfg, out, seed, beta=cfg.beta, loss_type=list(cfg.loss_type),
-                               loss_weights=cfg.loss_weights, label_smoothing=cfg.label_smoothing)
-    trainer = DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config)
-    plain = False
-    if not torch.cuda.is_available():  # see plain_lm_head: TRL's tiled head is built for Triton devices
-        inner = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
-        plain = plain_lm_head(inner) and (trainer.ref_model is None or plain_lm_head(trainer.ref_model))
-    d = trainer.train_dataset
-    n_tokens = sum(len(p) + len(c) + len(r) for p, c, r in zip(d["prompt_ids"], d["chosen_ids"], d["rejected_ids"]))
-    resumed = _run(trainer, out)
-    if not trainer.is_world_process_zero():
-        return {}
-    save_merged(trainer, tok, model_dir, out, cfg.adapter)
-    metrics = write_log(trainer, out, started, n_tokens)
-    last = [h for h in trainer.state.log_history if "rewards/margins" in h]
-    if last:
-        for k in ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"):
-            metrics["last_" + k.replace("/", "_")] = float(last[-1][k])
-    metrics.update(rows=float(len(rows)), bf16=float(prec == "bf16"), resumed=float(resumed is not None),
-                   resumed_from_step=float(resumed or 0), plain_lm_head=float(plain),
-                   processes=float(trainer.args.world_size))
-    return metrics
-
-
-TrainConfig = RFTTrainConfig | DPOTrainConfig
-
-
-def trainer_for(cfg: TrainConfig):
-    """The training function of a train kind; every kind is named here, and only here."""
-    match cfg:
-        case RFTTrainConfig():
-            return train_rft
-        case DPOTrainConfig():
-            return train_dpo
-        case _:
-            assert_never(cfg)
-
-
-def config_class(kind: str) -> type[TrainConfig]:
-    for cls in typing.get_args(TrainConfig):
-        if cls.model_fields["kind"].default == kind:
-            return cls
-    raise ValueError(f"train.kind={kind!r} is not a known kind; use one of "
-                     f"{[c.model_fields['kind'].default for c in typing.get_args(TrainConfig)]}")
-
-
-def train(model_dir: Path, rows: list[dict], cfg: TrainConfig, out: Path, seed: int) -> dict[str, float]:
+def train(model_dir: Path, rows: list[dict], cfg: OptimSettings, out: Path, seed: int) -> dict[str, float]:
     """The kind's trainer, in this process or, with cfg.num_processes > 1, in that many
     processes under torchrun (on this machine, rendezvous on localhost)."""
-    fn = trainer_for(cfg)
     if cfg.num_processes == 1:
-        return fn(model_dir, rows, cfg, out, seed)
+        return cfg.fit(model_dir, rows, out, seed)
     import os
     import subprocess
     import sys
@@ -512,9 +356,11 @@ def train(model_dir: Path, rows: list[dict], cfg: TrainConfig, out: Path, seed: 
 
 def _process_main(spec_path: str) -> None:
     """One training process under torchrun: the trainer, then (main process) the metrics file."""
+    from ratchet.models.train_kinds import config_class
+
     spec = json.loads(Path(spec_path).read_text())
     cfg = config_class(spec["kind"]).model_validate(spec["cfg"])
-    metrics = trainer_for(cfg)(Path(spec["model"]), spec["rows"], cfg, Path(spec["out"]), spec["seed"])
+    metrics = cfg.fit(Path(spec["model"]), spec["rows"], Path(spec["out"]), spec["seed"])
     if metrics:
         (Path(spec["out"]) / "train-metrics.json").write_text(json.dumps(metrics))
 

@@ -8,7 +8,7 @@ from ratchet.data import events
 from ratchet.data.errors import EmptyStageError, StageFailedError
 from ratchet.flows.console import RunConsole, rate_of
 from ratchet.models.sampler import SamplerConfig
-from ratchet.models.trainer import RFTTrainConfig
+from ratchet.models.train_kinds import RFTTrainConfig
 from ratchet.tasks.sample import SampleConfig, SampleJob
 from ratchet.tasks.train import TrainJob
 

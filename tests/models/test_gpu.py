@@ -9,7 +9,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_train_rft_on_cuda_uses_bf16_and_changes_weights(tiny_model, tmp_path):
     from safetensors.torch import load_file
 
-    from ratchet.models.trainer import RFTTrainConfig, resolve_precision, train_rft
+    from ratchet.models.train_kinds.rft import RFTTrainConfig, train_rft
+    from ratchet.models.trainer import resolve_precision
 
     rows = [{"prompt": f"What is {a} + 1?", "completion": f"{a + 1}"} for a in range(16)]
     m = train_rft(tiny_model, rows, RFTTrainConfig(epochs=1, batch_size=8, learning_rate=1e-2), tmp_path, seed=0)
@@ -31,7 +32,7 @@ def test_train_dpo_on_cuda_uses_trl_head_and_changes_weights(tiny_model, tmp_pat
     """On CUDA the DPO trainer keeps TRL's own LM head (the plain head is the CPU path)."""
     from safetensors.torch import load_file
 
-    from ratchet.models.trainer import DPOTrainConfig, train_dpo
+    from ratchet.models.train_kinds.dpo import DPOTrainConfig, train_dpo
 
     rows = [{"prompt": f"What is {a} + 1?", "chosen": f"{a + 1}", "rejected": f"{a + 2} or so"} for a in range(16)]
     m = train_dpo(tiny_model, rows, DPOTrainConfig(epochs=1, batch_size=8, learning_rate=1e-2), tmp_path, seed=0)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ratchet.models.sampler import HFSampler, SamplerConfig, SamplingParams, chat_token_ids, open_sampler
-from ratchet.models.trainer import RFTTrainConfig, train_rft
+from ratchet.models.train_kinds.rft import RFTTrainConfig, train_rft
 
 pytestmark = pytest.mark.integration
 
@@ -101,7 +101,7 @@ PAIRS = [{"prompt": f"What is {a} + {b}?", "chosen": f"{a} + {b} = {a + b}.", "r
 def test_one_dpo_step_moves_the_policy_toward_chosen(tiny_model, tmp_path, adapter):
     """A real TRL DPOTrainer step: the weights change, the implicit reward margin is logged,
     and the trained policy prefers chosen over rejected more than its reference did."""
-    from ratchet.models.trainer import DPOTrainConfig, train_dpo
+    from ratchet.models.train_kinds.dpo import DPOTrainConfig, train_dpo
 
     cfg = DPOTrainConfig(adapter=adapter, epochs=1, batch_size=8, learning_rate=5e-2 if adapter == "lora" else 5e-3,
                          logging_steps=1, beta=0.1)
@@ -137,7 +137,7 @@ def test_one_dpo_step_moves_the_policy_toward_chosen(tiny_model, tmp_path, adapt
 
 
 def test_dpo_config_errors_name_the_fix():
-    from ratchet.models.trainer import DPOTrainConfig
+    from ratchet.models.train_kinds.dpo import DPOTrainConfig
 
     with pytest.raises(ValueError, match="one weight per loss"):
         DPOTrainConfig(loss_type=["sigmoid", "sft"], loss_weights=[1.0])
@@ -151,7 +151,8 @@ def test_plain_lm_head_matches_trl_fused_head(tiny_model):
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from ratchet.models.trainer import DPOTrainConfig, load_policy, plain_lm_head
+    from ratchet.models.train_kinds.dpo import DPOTrainConfig, plain_lm_head
+    from ratchet.models.trainer import load_policy
 
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}],
                              "chosen": [{"role": "assistant", "content": r["chosen"]}],
@@ -198,20 +199,26 @@ def test_a_run_shorter_than_its_logging_cadence_still_reports_its_loss(tmp_path)
     assert json.loads(json.dumps(m, allow_nan=False))  # every metric is a number JSON can carry
 
 
-def test_a_train_kind_nobody_dispatches_is_an_error_not_sft():
-    """Dispatch on a train kind is exhaustive: a config of a kind the trainer does not know
-    fails loudly instead of falling through to supervised fine-tuning."""
-    from typing import Literal
+def test_a_train_kind_that_does_not_say_how_it_trains_is_an_error_not_sft():
+    """A train kind is one module: a config model that says what it consumes and how it trains
+    (fit, rows_of). One without them cannot even be made, and an unregistered kind is named."""
+    from typing import ClassVar, Literal
 
     import pytest
 
-    from ratchet.models.trainer import OptimSettings, RFTTrainConfig, config_class, train_rft, trainer_for
+    from ratchet.models.train_kinds import TrainConfig, config_class
+    from ratchet.models.trainer import OptimSettings
 
     class PPOTrainConfig(OptimSettings):
+        consumes: ClassVar[str] = "rollouts"
         kind: Literal["ppo"] = "ppo"
 
-    assert trainer_for(RFTTrainConfig()) is train_rft
-    with pytest.raises(AssertionError):
-        trainer_for(PPOTrainConfig())
+    with pytest.raises(TypeError, match="abstract"):
+        PPOTrainConfig()
     with pytest.raises(ValueError, match="'ppo' is not a known kind"):
         config_class("ppo")
+    assert config_class("rft") is RFTTrainConfig
+    from pydantic import TypeAdapter, ValidationError
+
+    with pytest.raises(ValidationError, match="ppo"):
+        TypeAdapter(TrainConfig).validate_python({"kind": "ppo"})

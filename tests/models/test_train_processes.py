@@ -29,7 +29,8 @@ def _loopback(monkeypatch):
 
 
 def _train(kind, model, out, **kw):
-    from ratchet.models.trainer import DPOTrainConfig, RFTTrainConfig, train
+    from ratchet.models.train_kinds import DPOTrainConfig, RFTTrainConfig
+    from ratchet.models.trainer import train
 
     cfg = (DPOTrainConfig if kind == "dpo" else RFTTrainConfig)(**COMMON, **kw)
     return train(model, PAIRS if kind == "dpo" else ROWS, cfg, out, seed=0)

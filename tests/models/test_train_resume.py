@@ -15,7 +15,7 @@ CFG = dict(epochs=2, batch_size=4, learning_rate=5e-3, checkpoint_steps=2, loggi
 
 
 def _train(model, out):
-    from ratchet.models.trainer import RFTTrainConfig, train_rft
+    from ratchet.models.train_kinds.rft import RFTTrainConfig, train_rft
 
     return train_rft(model, ROWS, RFTTrainConfig(**CFG), out, seed=0)
 

@@ -6,7 +6,7 @@ from ratchet.data.prompts import AdditionSource
 from ratchet.data.records import SFTRow, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig
-from ratchet.models.trainer import RFTTrainConfig
+from ratchet.models.train_kinds import RFTTrainConfig
 from ratchet.tasks import evaluate, filter as filt, label, prepare, sample, train
 from ratchet.tasks.evaluate import EvaluateConfig
 from ratchet.tasks.filter import RFTFilter
@@ -89,7 +89,7 @@ def test_self_reward_chain_judge_pairs_dpo(tiny_model, tmp_path):
     """sample -> judge (the policy scores itself, P(yes) mode) -> pairs -> DPO, on the tiny model."""
     from ratchet.data.records import LabeledCompletion, PairRow, read_jsonl
     from ratchet.data.store import stage_key
-    from ratchet.models.trainer import DPOTrainConfig
+    from ratchet.models.train_kinds import DPOTrainConfig
     from ratchet.tasks.filter import PairFilter
     from ratchet.tasks.judge import JudgeLabel
 
@@ -140,7 +140,7 @@ def test_mcts_chain_trees_pairs_dpo_and_shard_resume(tiny_model, tmp_path):
 
     from ratchet.data.records import LabeledCompletion, PairRow, read_jsonl
     from ratchet.data.store import stage_key
-    from ratchet.models.trainer import DPOTrainConfig
+    from ratchet.models.train_kinds import DPOTrainConfig
     from ratchet.tasks.filter import StepPairFilter
     from ratchet.tasks.mcts import MctsLabel
 

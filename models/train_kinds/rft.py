@@ -1,0 +1,47 @@
+"""train.kind=rft: rejection-sampling fine-tuning, SFT with TRL's SFTTrainer on the accepted
+(prompt, completion) rows, the loss on the completion only."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from ratchet.models.trainer import (OptimSettings, chat_dataset, load_policy, resolve_precision, run_training,
+                                    save_merged, trainer_args, trainer_class, write_log)
+
+
+class RFTTrainConfig(OptimSettings):
+    consumes: ClassVar[str] = "rft"  # the rows it trains on: accepted samples (tasks/filter.py ROWS)
+    kind: Literal["rft"] = "rft"
+
+    def fit(self, model_dir: Path, rows: list[dict], out: Path, seed: int) -> dict[str, float]:
+        return train_rft(model_dir, rows, self, out, seed)
+
+    def rows_of(self, train_set: Path) -> list[dict]:
+        from ratchet.data.records import SFTRow, read_jsonl
+
+        return [{"prompt": r.prompt, "completion": r.completion} for r in read_jsonl(train_set, SFTRow)]
+
+
+def train_rft(model_dir: Path, rows: list[dict], cfg: RFTTrainConfig, out: Path, seed: int) -> dict[str, float]:
+    """SFT on accepted (prompt, completion) rows; writes out/model; returns metrics.
+
+    Resumes from out/checkpoints/ when a previous attempt left a checkpoint.
+    """
+    from trl import SFTConfig, SFTTrainer
+
+    started = time.time()
+    model, tok, peft_config = load_policy(model_dir, cfg, resolve_precision(cfg.precision))
+    ds = chat_dataset(rows)
+    args, prec = trainer_args(SFTConfig, cfg, out, seed, completion_only_loss=True)
+    trainer = trainer_class(SFTTrainer)(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config)
+    n_tokens = sum(len(x) for x in trainer.train_dataset["input_ids"])
+    resumed = run_training(trainer, out)
+    if not trainer.is_world_process_zero():
+        return {}
+    save_merged(trainer, tok, model_dir, out, cfg.adapter)
+    metrics = write_log(trainer, out, started, n_tokens)
+    metrics.update(rows=float(len(rows)), bf16=float(prec == "bf16"), resumed=float(resumed is not None),
+                   resumed_from_step=float(resumed or 0), processes=float(trainer.args.world_size))
+    return metrics
