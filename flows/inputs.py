@@ -2,7 +2,7 @@
 
     ratchet run my.yaml        # a bad row stops here: exit 2, one report, no workdir touched
 
-Reads the prompt source (every row checked, see data/prompts.py) and measures each
+Reads the prompt source (every row checked, see data/sources/) and measures each
 prompt with the model's tokenizer against the token budget of every stage that will
 see it, so a prompt too long for the context is named by its file and line instead of
 failing deep inside an engine in round 3. Only the tokenizer is loaded here.

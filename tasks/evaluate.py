@@ -21,10 +21,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ratchet.data.checkers import CheckConfig, Item, check_many, score_metrics, score_sums, worked
+from ratchet.data.checkers import CheckConfig, Item, check_many, score_metrics, score_sums
 from ratchet.data.digest import sha256_json
 from ratchet.data.manifest import StageManifest
-from ratchet.data.prompts import SourceConfig, chain_values
+from ratchet.data.prompts import SourceConfig
 from ratchet.data.records import LabeledCompletion, Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig, SamplingParams
@@ -145,17 +145,6 @@ class EvaluateWork(PolicyWork):
         return rows, {"gen_s": gen_s, "gen_tokens": sum(r.n_tokens for r in rows), **score_sums(verdicts)}
 
 
-def worked_accuracy(check_cfg, prompts: list[Prompt], rows: list[LabeledCompletion]) -> float | None:
-    """On the built-in chain task: the share of held-out answers that are right AND state every
-    running value in order, so a right last number reached by luck does not count; None for
-    other tasks. Next to `accuracy` it tells learning the steps from learning to guess."""
-    values = {p.id: chain_values(p.id) for p in prompts if p.task == "chain"}
-    scored = [r for r in rows if r.correct is not None and values.get(r.prompt_id)]
-    if not scored or check_cfg.kind != "number":
-        return None
-    return sum(worked(check_cfg, r.text, values[r.prompt_id]).correct for r in scored) / len(scored)
-
-
 def held_out_of(req: StageRequest) -> StageManifest:
     """The parent holding the held-out prompts: the task's split (`prompts`) or a set's (`prompts.<name>`)."""
     return next(p for p in req.parents if p.stage.split(".")[0] == "prompts")
@@ -176,8 +165,7 @@ def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> Stage
                "load_s": done.load_s, "shards_reused": float(done.reused), "holders": done.holders,
                "tokens_per_s": cost["gen_tokens"] / cost["gen_s"] if cost.get("gen_s") else 0.0}
     metrics.update(score_metrics(cost))  # a user's check: its mean score and metrics beside the accuracy
-    if (worked := worked_accuracy(src.check, prompts, rows)) is not None:  # 0.0 is a measure too
-        metrics["worked_accuracy"] = worked
+    metrics.update(src.eval_metrics(prompts, rows))  # what the source measures beside (chain: worked_accuracy)
     return req.finish(store, outputs={"eval.jsonl": n}, metrics=metrics,
                       info={"eval_set": eval_set_id(held_out_of(req), req.config), "units": done.placement},
                       scratch=("shards",))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import string
+from abc import abstractmethod
+import unicodedata
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -20,9 +23,19 @@ class PoolSource(BaseModel):
         "repeats until the pool is spent (then a new seeded order); a continuation draws on where the last run "
         "stopped. Unset: every round uses the whole pool")
 
+    @abstractmethod
+    def load(self, seed: int, train_answers: bool) -> "Split":
+        """(train, eval), deterministic in seed, disjoint, every row checked; `train_answers`: every
+        train prompt needs a reference answer. Raises one ConfigError listing every problem."""
+
     def pool(self):
         """This source without the per-round draw: what the prompt split, labels and evaluation depend on."""
         return self.model_copy(update={"prompts_per_round": None})
+
+    def eval_metrics(self, prompts: list[Prompt], rows: list) -> dict[str, float]:
+        """What a source measures of an evaluation beyond its accuracy (`rows`: the checked
+        answers to `prompts`); none by default."""
+        return {}
 
     def held_out(self, seed: int) -> "Split":
         """This source as an extra held-out set (evaluate.sets): its eval prompts, every one answered.
@@ -40,3 +53,21 @@ class Split:
     eval: list[Prompt]
     digests: dict[str, str] = field(default_factory=dict)  # config field (path, eval_path) -> rows digest
     places: dict[str, tuple[str, str]] = field(default_factory=dict)  # prompt id -> (file, "line N"), for messages
+
+
+def check_placeholders(template: str, names: set[str]) -> str:
+    """`template` if its {placeholders} are exactly `names`; else a ValueError that says so."""
+    try:
+        found = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as e:
+        raise ValueError(f"not a valid template ({e}); write literal braces as {{{{ and }}}}") from None
+    if found != names:
+        want = " and ".join(f"{{{n}}}" for n in sorted(names))
+        raise ValueError(f"the template needs exactly the placeholders {want}, found {sorted(found) or 'none'}; "
+                         "write literal braces as {{ and }}")
+    return template
+
+
+def prompt_key(text: str) -> str:
+    """A prompt as two prompts are compared for being the same: NFKC, case-folded, spaces collapsed."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())

@@ -88,10 +88,11 @@ def test_shown_steps_counts_the_running_values_stated_as_results_in_order():
 
 
 def test_worked_accuracy_counts_only_right_answers_with_every_step_shown():
+    """The chain source measures its evaluation beyond accuracy; other sources measure nothing more."""
+    from ratchet.data.prompts import AdditionSource, ChainSource
     from ratchet.data.records import LabeledCompletion, Prompt
-    from ratchet.tasks.evaluate import worked_accuracy
 
-    num = NumberCheck(max_numbers=9)
+    chain = ChainSource(check=NumberCheck(max_numbers=9))
     prompts = [Prompt(id="chain-7m1m5p7", prompt="Start with 7. ...", answer="8", task="chain"),
                Prompt(id="chain-2p2p2p2", prompt="Start with 2. ...", answer="8", task="chain")]
 
@@ -101,12 +102,13 @@ def test_worked_accuracy_counts_only_right_answers_with_every_step_shown():
 
     rows = [row("chain-7m1m5p7", "7 - 1 = 6. 6 - 5 = 1. 1 + 7 = 8. The answer is 8.", True),
             row("chain-2p2p2p2", "Adding 2s, the answer is 8.", True)]  # right by its last number only
-    assert worked_accuracy(num, prompts, rows) == 0.5
-    # a right-looking derivation with a wrong answer is not worked out; other tasks have no such measure
+    assert chain.eval_metrics(prompts, rows) == {"worked_accuracy": 0.5}
+    # a right-looking derivation with a wrong answer is not worked out; other sources have no such measure
     rows[0] = row("chain-7m1m5p7", "7 - 1 = 6. 6 - 5 = 1. 1 + 7 = 8. Oops, 9.", False)
-    assert worked_accuracy(num, prompts, rows) == 0.0
-    other = [Prompt(id="chain-7m1m5p7", prompt="a file row whose id looks like a chain problem", answer="8")]
-    assert worked_accuracy(num, other, rows[:1]) is None
+    assert chain.eval_metrics(prompts, rows) == {"worked_accuracy": 0.0}
+    assert AdditionSource().eval_metrics(prompts, rows) == {}
+    assert chain.eval_metrics([Prompt(id="row-3", prompt="a file row", answer="8")],
+                              [row("row-3", "8", True)]) == {}
 
 
 def test_steps_check_wants_every_running_value_not_just_a_lucky_last_number():
