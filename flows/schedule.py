@@ -17,44 +17,21 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel
-
 from ratchet.data.errors import ConfigError, RatchetError
 from ratchet.data.manifest import MANIFEST
 from ratchet.flows.config import PipelineConfig
-from ratchet.tasks.label import kind_of
+from ratchet.data.userfiles import with_absolute_paths
 
 FLOW_NAME = "ratchet-continue"
 
 
 def absolute_paths(cfg: PipelineConfig) -> PipelineConfig:
-    """The config with its workdir and local paths made absolute, so a worker started
-    anywhere finds the same store, model and data."""
-    update: dict = {"workdir": str(Path(cfg.workdir).expanduser().resolve())}
-    if cfg.model.path != "default" and Path(cfg.model.path).expanduser().exists():
-        update["model"] = cfg.model.model_copy(update={"path": str(Path(cfg.model.path).expanduser().resolve())})
-    label_model = kind_of(cfg.label).fixed_model(cfg.label)  # a label's fixed model lives in label.model
-    if label_model and label_model != "default" and Path(label_model).expanduser().exists():
-        update["label"] = cfg.label.model_copy(update={"model": str(Path(label_model).expanduser().resolve())})
-    update["data"] = _absolute(cfg.data)
-    return cfg.model_copy(update=update)
-
-
-def _absolute(model: BaseModel) -> BaseModel:
-    """A config section with the local files it names made absolute: the fields it lists in
-    `local_paths`, what its own `with_absolute_paths` rewrites (a user's check), and the same
-    for every section inside it."""
-    update = {}
-    for name in type(model).model_fields:
-        value = getattr(model, name)
-        if name in getattr(model, "local_paths", ()) and value and Path(value).expanduser().exists():
-            update[name] = str(Path(value).expanduser().resolve())
-        elif isinstance(value, BaseModel):
-            update[name] = _absolute(value)
-        elif isinstance(value, list) and any(isinstance(v, BaseModel) for v in value):  # evaluate.sets
-            update[name] = [_absolute(v) if isinstance(v, BaseModel) else v for v in value]
-    model = model.model_copy(update=update)
-    return model.with_absolute_paths() if hasattr(model, "with_absolute_paths") else model
+    """The config with its workdir and every user file it names (data and held-out sets' files, a
+    scoring function's file, the policy's and a fixed judge's model directories: the fields typed
+    as user files, data/userfiles.py) made absolute, so a worker started anywhere finds the same
+    store, model and data."""
+    moved = with_absolute_paths(cfg)
+    return moved.model_copy(update={"workdir": str(Path(cfg.workdir).expanduser().resolve())})
 
 
 def _schedule(cron: str, timezone: str | None):

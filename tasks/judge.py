@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ratchet.data.prompts import check_placeholders
+from ratchet.data.userfiles import UserFile
 from ratchet.tasks.guard import GuardConfig, guard
 
 RUBRIC = """Review the user's question and the response below, and score the response with this additive 5-point system. Start from 0 and add points for each criterion the response meets:
@@ -63,7 +64,7 @@ class JudgeLabel(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["judge"] = "judge"
-    model: str | None = Field(
+    model: Annotated[str, UserFile(keep=("default",))] | None = Field(
         default=None, description="a fixed judge: a local Hugging Face model directory ('default' for the embedded "
         "model), run with the sampler settings; unset: the round's policy judges its own samples (Self-Rewarding)")
     mode: Literal["text", "p_yes", "rating"] = Field(

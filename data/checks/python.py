@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -37,6 +37,7 @@ from ratchet.data.checks.base import Check, Item, Verdict
 from ratchet.data.checks.scorer import Call, Scorer, ScorerError, is_file_spec, shared, split_spec
 from ratchet.data.digest import sha256_file
 from ratchet.data.errors import RatchetError
+from ratchet.data.userfiles import UserFile
 
 
 class CheckFailedError(RatchetError):
@@ -50,7 +51,7 @@ class PythonCheck(Check):
     needs_answer: ClassVar[bool] = False  # the function gets answer=None where a row has none
     reads_fields: ClassVar[bool] = True  # a file row's other columns come as keyword arguments
     kind: Literal["python"] = "python"
-    function: str = Field(description="'path/to/rewards.py:score' (a file; relative paths from where ratchet runs) "
+    function: Annotated[str, UserFile(spec=True, digest="source")] = Field(description="'path/to/rewards.py:score' (a file; relative paths from where ratchet runs) "
                           "or 'package.module:score' (an installed module)")
     threshold: float = Field(default=1.0, allow_inf_nan=False, description="a score at or above this is right: "
                              "what RFT accepts and what held-out accuracy counts")
@@ -76,13 +77,6 @@ class PythonCheck(Check):
         if self.source is None:
             self.source = source_digest(self.function)
         return self
-
-    def with_absolute_paths(self) -> PythonCheck:
-        """For a deployment: the file by its absolute path, its digest taken again when a run reads it."""
-        where, name = split_spec(self.function)
-        if not is_file_spec(where):
-            return self.model_copy(update={"source": None})
-        return self.model_copy(update={"function": f"{Path(where).expanduser().resolve()}:{name}", "source": None})
 
     def problems(self, fields=()) -> list[str]:
         """Load the function in its own process, as a stage will: an import error, a missing

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import string
-from abc import abstractmethod
 import unicodedata
+from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,7 +16,6 @@ class PoolSource(BaseModel):
     """What every prompt source shares: how each round draws from its train prompts."""
 
     model_config = ConfigDict(extra="forbid")
-    local_paths: ClassVar[tuple[str, ...]] = ()  # fields naming local files: made absolute in deployments
     prompts_per_round: int | None = Field(
         default=None, ge=1, description="each round trains on this many train prompts drawn from the pool without "
         "repeats until the pool is spent (then a new seeded order); a continuation draws on where the last run "

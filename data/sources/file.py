@@ -12,7 +12,7 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -22,18 +22,18 @@ from ratchet.data.digest import sha256_file, sha256_json
 from ratchet.data.errors import ProblemReport, show
 from ratchet.data.records import Prompt
 from ratchet.data.sources.base import PoolSource, Split, prompt_key
+from ratchet.data.userfiles import UserPath
 
 
 class FileSource(PoolSource):
     """User prompts from JSONL, JSON, CSV, Parquet or a `datasets` dataset."""
 
-    local_paths: ClassVar[tuple[str, ...]] = ("path", "eval_path")  # made absolute in deployments
     kind: Literal["file"] = "file"
-    path: str = Field(description="a .jsonl/.json/.csv/.parquet file, a save_to_disk directory, or a datasets name")
+    path: UserPath = Field(description="a .jsonl/.json/.csv/.parquet file, a save_to_disk directory, or a datasets name")
     split: str = Field(default="train", description="split name for datasets")
     prompt_field: str = Field(default="prompt", description="column holding the prompt text")
     answer_field: str | None = Field(default="answer", description="column with the reference answer, or null")
-    eval_path: str | None = Field(default=None, description="separate held-out file; else eval_size rows are split off")
+    eval_path: UserPath | None = Field(default=None, description="separate held-out file; else eval_size rows are split off")
     eval_size: int = Field(default=50, ge=1, description="rows held out when eval_path is not given")
     train_size: int | None = Field(default=None, ge=1, description="cap on train prompts")
     check: CheckConfig = Field(default_factory=NumberCheck, description="answer check for rows with answers")

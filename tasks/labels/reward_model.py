@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.data.checkers import extract
 from ratchet.data.records import Completion, LabeledCompletion
+from ratchet.data.userfiles import UserPath
 from ratchet.models.sampler import resolve_dtype
 from ratchet.tasks.guard import GuardConfig
 from ratchet.tasks.labels import Labeled, LabelKind, agreement, injection_stats, truth
@@ -32,7 +33,7 @@ class RewardModelLabel(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["reward_model"] = "reward_model"
-    model: str = Field(description="a local Hugging Face directory of a *ForSequenceClassification reward model "
+    model: UserPath = Field(description="a local Hugging Face directory of a *ForSequenceClassification reward model "
                        "(1 label: the reward is its logit; 2 labels: the probability of label 1)")
     batch_size: int = Field(default=16, ge=1, description="completions per forward pass")
     max_length: int = Field(default=1024, ge=16, description="tokens of prompt + response read (the start is cut "

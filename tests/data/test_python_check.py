@@ -179,7 +179,9 @@ def test_the_digest_follows_the_file_and_a_changed_file_is_refused_mid_run(tmp_p
     with pytest.raises(CheckFailedError, match="the file changed since this run read its config"):
         check_many(before, ROWS)
     assert PythonCheck.model_validate(after.model_dump()).source == after.source  # a dumped config keeps its digest
-    moved = after.with_absolute_paths()
+    from ratchet.data.userfiles import with_absolute_paths
+
+    moved = with_absolute_paths(after)
     assert moved.source is None and Path(moved.function.rpartition(":")[0]).is_absolute()
 
 
