@@ -19,7 +19,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from ratchet.data.checks.base import Check, Item, Verdict
+from ratchet.data.checks.base import Check, Item, Tally, Verdict
 from ratchet.data.checks.exact import ExactCheck
 from ratchet.data.checks.math_answer import MathCheck
 from ratchet.data.checks.number import NumberCheck
@@ -32,7 +32,7 @@ AnyCheck = NumberCheck | ExactCheck | RegexCheck | StepsCheck | MathCheck | Pyth
 CheckConfig = Annotated[AnyCheck, Field(discriminator="kind")]
 
 __all__ = ["AnyCheck", "Check", "CheckConfig", "ExactCheck", "Item", "MathCheck", "NumberCheck", "PythonCheck", "RegexCheck",
-           "StepsCheck", "Verdict", "answer_key", "check", "check_many", "extract", "graded", "listed_values",
+           "StepsCheck", "Tally", "Verdict", "answer_key", "check", "check_many", "extract", "graded", "listed_values",
            "score_metrics", "score_sums", "shown_steps", "worked"]
 
 
@@ -41,10 +41,11 @@ def check(cfg: Check, response: str, answer: str, prompt: str | None = None) -> 
     return cfg.check_many([Item(response, answer, prompt)])[0]
 
 
-def check_many(cfg: Check, items: list[Item]) -> list[Verdict]:
+def check_many(cfg: Check, items: list[Item], tally: Tally | None = None) -> list[Verdict]:
     """Every item's verdict (None where it has no reference); a check that runs code outside this
-    process does it in batches, with its own time bound."""
-    return cfg.check_many(items)
+    process does it in batches, with its own time bound. Its failed rows are held against its
+    budget per call, or, given a `tally`, counted there until `cfg.settle(tally)`."""
+    return cfg.check_many(items, tally)
 
 
 def extract(cfg: Check, response: str) -> str | None:

@@ -32,6 +32,15 @@ class Verdict:
         return None if self.correct is None else float(self.correct)
 
 
+@dataclass
+class Tally:
+    """A check's failed rows over many calls (a unit of work that checks in several batches,
+    such as a tree search), held against the check's failure budget once, at the end (`settle`)."""
+
+    rows: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (row id, what went wrong)
+
+
 @dataclass(frozen=True)
 class Item:
     """One response to check, with what a check may read beside it."""
@@ -75,10 +84,16 @@ class Check(BaseModel):
         """A value in [0, 1] for a tree search: 1 right; partial credit where the kind can give it."""
         return 1.0 if self.check(response, answer).correct else 0.0
 
-    def check_many(self, items: list[Item]) -> list[Verdict]:
-        """Every item's verdict; a kind that runs code outside this process does it in batches."""
+    def check_many(self, items: list[Item], tally: Tally | None = None) -> list[Verdict]:
+        """Every item's verdict; a kind that runs code outside this process does it in batches.
+        A kind whose calls may fail holds them against its budget here, or, given a `tally`,
+        counts them there for `settle`."""
         return [self.check(i.response, i.answer) if i.answer is not None else Verdict(None, self.extract(i.response))
                 for i in items]
+
+    def settle(self, tally: Tally) -> None:
+        """Raise if the failures a tally counted exceed this check's budget (none for a kind whose
+        calls cannot fail)."""
 
     def problems(self, fields: Collection[str] = ()) -> list[str]:
         """What is wrong with this check before anything runs (an import, a signature), each with its fix;

@@ -36,7 +36,7 @@ class MathCheck(Check):
     def check(self, response: str, answer: str) -> Verdict:
         return self.check_many([Item(response, answer)])[0]
 
-    def check_many(self, items: list[Item]) -> list[Verdict]:
+    def check_many(self, items: list[Item], tally=None) -> list[Verdict]:
         scorer = shared(SPEC, batched=False, timeout_s=2 * self.timeout_s + 10)
         out = []
         for i in items:

@@ -33,7 +33,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ratchet.data.checks.base import Check, Item, Verdict
+from ratchet.data.checks.base import Check, Item, Tally, Verdict
 from ratchet.data.checks.scorer import Call, Scorer, ScorerError, is_file_spec, shared, split_spec
 from ratchet.data.digest import sha256_file
 from ratchet.data.errors import RatchetError
@@ -94,19 +94,25 @@ class PythonCheck(Check):
     def check(self, response: str, answer: str) -> Verdict:
         return self.check_many([Item(response, answer)])[0]
 
-    def check_many(self, items: list[Item]) -> list[Verdict]:
+    def check_many(self, items: list[Item], tally: Tally | None = None) -> list[Verdict]:
         if not items:
             return []
         calls = self._calls(items)
-        failed = [(i, c) for i, c in zip(items, calls) if c.failure is not None]
-        if failed and len(failed) > self.max_failed_frac * len(items):
-            item, call = failed[0]
-            raise CheckFailedError(
-                f"data.check.function={self.function!r} failed on row {item.id or '?'!r}: {call.failure}\n"
-                f"({len(failed)} of {len(items)} rows failed; data.check.max_failed_frac={self.max_failed_frac:g}). "
-                "Fix the function (or raise data.check.timeout_s / max_failed_frac) and re-run the same command: "
-                "finished stages are kept")
+        t = Tally() if tally is None else tally
+        t.rows += len(items)
+        t.failed += [(i.id or "?", c.failure) for i, c in zip(items, calls) if c.failure is not None]
+        if tally is None:
+            self.settle(t)
         return [self._verdict(c) for c in calls]
+
+    def settle(self, tally: Tally) -> None:
+        if tally.failed and len(tally.failed) > self.max_failed_frac * tally.rows:
+            row, failure = tally.failed[0]
+            raise CheckFailedError(
+                f"data.check.function={self.function!r} failed on row {row!r}: {failure}\n"
+                f"({len(tally.failed)} of {tally.rows} rows failed; data.check.max_failed_frac="
+                f"{self.max_failed_frac:g}). Fix the function (or raise data.check.timeout_s / max_failed_frac) and "
+                "re-run the same command: finished stages are kept")
 
     def _verdict(self, c: Call) -> Verdict:
         if c.failure is not None:

@@ -63,7 +63,7 @@ class ReasoningGymCheck(Check):
         raise ConfigError([f"data.check.kind='reasoning_gym' scores a reasoning-gym problem by its prompt id; it "
                            f"cannot check a response without one (answer {answer!r})"])
 
-    def check_many(self, items: list[Item]) -> list[Verdict]:
+    def check_many(self, items: list[Item], tally=None) -> list[Verdict]:
         scorer = shared(SPEC, batched=False, timeout_s=self.timeout_s)
         out = []
         for i in items:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from ratchet.data import events
-from ratchet.data.checkers import check
+from ratchet.data.checkers import Item, check_many
 from ratchet.data.records import Completion, LabeledCompletion
 
 
@@ -87,9 +87,15 @@ class LabelKind:
         f"{events.count(m.get('labeled', 0))} labeled", f"mean reward {m.get('reward_mean', 0):.2f}"]
 
 
-def truth(check_cfg: Any, c: Completion) -> bool | None:
-    """The verifier's verdict on a completion, where its prompt has a reference answer."""
-    return check(check_cfg, c.text, c.answer, c.prompt).correct if c.answer is not None else None
+def truths(check_cfg: Any, rows: list[Completion]) -> list[bool | None]:
+    """The verifier's verdict on each completion whose prompt has a reference answer (the audit
+    of a label that does not use it), checked as the verifier label checks: in one batch, the
+    row's id and other columns beside it, a user's check's failures held against its budget
+    over the batch (a failed row is unaudited, None)."""
+    answered = [c for c in rows if c.answer is not None]
+    verdicts = iter(check_many(check_cfg, [Item(c.text, c.answer, c.prompt, f"{c.prompt_id}#{c.index}", c.fields)
+                                           for c in answered]))
+    return [next(verdicts).correct if c.answer is not None else None for c in rows]
 
 
 def injection_stats(flags: list[list[str]]) -> dict[str, float]:

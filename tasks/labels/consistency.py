@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.data.checkers import answer_key, extract
 from ratchet.data.records import Completion, LabeledCompletion
-from ratchet.tasks.labels import Labeled, LabelKind, agreement, truth
+from ratchet.tasks.labels import Labeled, LabelKind, agreement, truths
 
 
 class ConsistencyLabel(BaseModel):
@@ -36,6 +36,7 @@ def majority_vote(rows: list[Completion], check_cfg, cfg: ConsistencyLabel
     by_prompt: dict[str, list[Completion]] = defaultdict(list)
     for r in rows:
         by_prompt[r.prompt_id].append(r)
+    audit = dict(zip(((r.prompt_id, r.index) for r in rows), truths(check_cfg, rows)))
     out: list[LabeledCompletion] = []
     labeled, agreement, right, with_ref = 0, [], 0, 0
     for pid in sorted(by_prompt):
@@ -61,7 +62,7 @@ def majority_vote(rows: list[Completion], check_cfg, cfg: ConsistencyLabel
             out.append(LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index,
                                          text=c.text, n_tokens=c.n_tokens,
                                          reward=float(label is not None and k == label), extracted=k,
-                                         correct=truth(check_cfg, c)))
+                                         correct=audit[c.prompt_id, c.index]))
     n = max(len(by_prompt), 1)
     metrics = {"labeled_prompts_frac": labeled / n, "agreement_mean": sum(agreement) / n}
     if with_ref:

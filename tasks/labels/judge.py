@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ratchet.data.checkers import extract
 from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.tasks.judge import JudgeLabel
-from ratchet.tasks.labels import Budget, Labeled, LabelKind, agreement, injection_stats, truth
+from ratchet.tasks.labels import Budget, Labeled, LabelKind, agreement, injection_stats, truths
 from ratchet.tasks.sample import PolicyWork, policy_of
 from ratchet.tasks.units import run_units
 
@@ -43,8 +43,8 @@ class JudgeWork(PolicyWork):
         scores = judge_batch(sampler, self.cfg, [(c.prompt, c.text) for c in chunk], seed)
         rows = [LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index,
                                   text=c.text, n_tokens=c.n_tokens, reward=reward, votes=votes, flags=flags or None,
-                                  extracted=extract(self.check, c.text), correct=truth(self.check, c))
-                for c, (reward, votes, flags) in zip(chunk, scores)]
+                                  extracted=extract(self.check, c.text), correct=right)
+                for c, (reward, votes, flags), right in zip(chunk, scores, truths(self.check, chunk))]
         return rows, {"judge_s": time.time() - t, "judged": len(chunk)}
 
 

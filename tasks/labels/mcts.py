@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from ratchet.data.checkers import Item, check_many, extract, graded
+from ratchet.data.checkers import Item, Tally, check_many, extract, graded
 from ratchet.data.events import count
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import LabeledCompletion, Prompt
@@ -34,30 +34,33 @@ class MctsWork(PolicyWork):
         from ratchet.tasks.mcts import Tree, search
 
         fields = {p.id: p.fields for p in chunk}  # the rows' other columns, for a check that reads them
+        tally = Tally()  # a user's check's failures, held against its budget over the whole unit
 
         def score(items: list[tuple[Tree, str]]) -> list[tuple[float, bool | None]]:
             if self.cfg.uses_reference:
-                return reference_values(self.cfg, self.check, items, fields)
+                return reference_values(self.cfg, self.check, items, fields, tally)
             truth = [v.correct for v in check_many(self.check, [Item(text, t.answer, t.prompt, t.prompt_id,
                                                                       fields.get(t.prompt_id, {}))
-                                                                 for t, text in items])]
+                                                                 for t, text in items], tally)]
             values = judge_values(sampler, self.cfg.judge, [(t.prompt, text) for t, text in items], self.seed)
             return list(zip(values, truth))
 
         trees = [Tree(prompt_id=p.id, prompt=p.prompt, answer=p.answer) for p in chunk]
         t = time.time()
         search(trees, sampler, self.cfg, seed, score)
+        self.check.settle(tally)
         return [tr.to_json() for tr in trees], {"mcts_s": time.time() - t,
                                                  "tokens": sum(tr.gen_tokens() for tr in trees)}
 
 
-def reference_values(cfg: MctsLabel, check_cfg, items: list, fields: dict | None = None) -> list[tuple[float, bool]]:
+def reference_values(cfg: MctsLabel, check_cfg, items: list, fields: dict | None = None,
+                     tally: Tally | None = None) -> list[tuple[float, bool]]:
     """(value, correct) of each (tree, trajectory) by the reference answer: the verdict (value
     'verifier') or the verdict with partial credit for a near number (value 'graded'). `fields`:
     each prompt's other columns by prompt id, for a check that reads them."""
     fields = fields or {}
     verdicts = check_many(check_cfg, [Item(text, t.answer, t.prompt, t.prompt_id, fields.get(t.prompt_id, {}))
-                                      for t, text in items])
+                                      for t, text in items], tally)
     return [(graded(check_cfg, text, t.answer, cfg.partial) if cfg.value == "graded" else float(bool(v.correct)),
              bool(v.correct)) for (t, text), v in zip(items, verdicts)]
 

@@ -319,3 +319,35 @@ def test_columns_a_call_cannot_take_are_named_with_the_fix(tmp_path):
     text = str(e.value)
     assert "columns named like an argument the check already gets" in text and "'prompt'" in text
     assert "column names that cannot be keyword arguments" in text and "'my-col'" in text
+
+
+def test_the_failure_budget_counts_rows_across_a_units_calls(tmp_path):
+    """A tree search checks a unit in many small batches, and a label's audit row by row: the
+    budget is the share of the unit's rows, not of each call's (one failure in a call of one
+    row is 100% of that call)."""
+    from ratchet.data.checkers import Tally
+    from ratchet.data.records import Completion
+    from ratchet.tasks.labels import truths
+
+    f = _file(tmp_path, """
+        def score(completion, answer=None, prompt=None, **fields):
+            if completion == "boom":
+                raise ValueError("cannot score " + completion)
+            return completion == answer
+    """)
+    c = PythonCheck(function=f"{f}:score", max_failed_frac=0.34)
+    tally = Tally()
+    for text in ("4", "boom", "5"):  # three calls of one row each: one failure is 1 of 3 rows
+        check_many(c, [Item(text, "4", "q", f"row-{text}")], tally)
+    c.settle(tally)
+    assert tally.rows == 3 and [r for r, _ in tally.failed] == ["row-boom"]
+    check_many(c, [Item("boom", "4", "q", "row-again")], tally)  # 2 of 4 rows now: past the budget
+    with pytest.raises(CheckFailedError, match=r"failed on row 'row-boom': raised ValueError: cannot score boom"):
+        c.settle(tally)
+    # a label's audit (the judge's, a reward model's, a vote's) checks its rows as one batch, by row id
+    rows = [Completion(prompt_id="p", prompt="q", answer="4", index=i, text=t, n_tokens=1)
+            for i, t in enumerate(["4", "boom", "5"])] + \
+        [Completion(prompt_id="u", prompt="q", answer=None, index=0, text="4", n_tokens=1)]
+    assert truths(c, rows) == [True, None, False, None]
+    with pytest.raises(CheckFailedError, match=r"(?s)failed on row 'p#1'.*\(1 of 3 rows failed"):
+        truths(PythonCheck(function=f"{f}:score"), rows)
