@@ -75,7 +75,7 @@ def marker(model: type[BaseModel], name: str) -> UserFile | None:
 
 def user_files(model: BaseModel) -> dict[str, Path]:
     """Every user file the config names that exists here, absolute, by dotted field (list items as [i])."""
-    return {at: path.resolve() for at, owner, name, value in _fields(model)
+    return {at: path.resolve() for at, owner, name, value in config_fields(model)
             if isinstance(value, str) and (m := marker(type(owner), name)) is not None
             and (path := m.path_of(value)) is not None}
 
@@ -103,15 +103,15 @@ def annotated_fields(model: type[BaseModel]) -> dict[str, UserFile]:
     return {n: m for n in model.model_fields if (m := marker(model, n)) is not None}
 
 
-def _fields(model: BaseModel, at: str = ""):
+def config_fields(model: BaseModel, at: str = ""):
     """(dotted field, the model that holds it, its name, its value) for every field at any depth."""
     for name in type(model).model_fields:
         value = getattr(model, name)
         here = f"{at}.{name}" if at else name
         yield here, model, name, value
         if isinstance(value, BaseModel):
-            yield from _fields(value, here)
+            yield from config_fields(value, here)
         elif isinstance(value, list):
             for i, v in enumerate(value):
                 if isinstance(v, BaseModel):
-                    yield from _fields(v, f"{here}[{i}]")
+                    yield from config_fields(v, f"{here}[{i}]")

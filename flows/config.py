@@ -8,6 +8,7 @@ value and the fix.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ratchet.data.errors import ConfigError
-from ratchet.data.userfiles import UserFile
+from ratchet.data.userfiles import UserFile, config_fields
 from ratchet.data.prompts import AdditionSource, SourceConfig
 from ratchet.flows.tracking import TrackingConfig
 from ratchet.models.sampler import SamplerConfig
@@ -27,6 +28,9 @@ from ratchet.tasks.label import LabelConfig, VerifierLabel
 from ratchet.tasks.sample import SampleConfig
 from ratchet.tasks.train import RFTTrainConfig, TrainConfig
 from ratchet.tasks.units import ExecutorConfig
+
+
+MAX_SEED = 4_000_000
 
 
 class ModelConfig(BaseModel):
@@ -45,7 +49,9 @@ class PipelineConfig(BaseModel):
     name: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
                       description="experiment name (letters, digits, _ . -)")
     workdir: str = Field(default="runs", description="artifact store, MLflow and Prefect state live here")
-    seed: int = Field(default=0, description="seeds prompt splits, sampling and training")
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="seeds prompt splits, sampling and training "
+                      f"(0 to {MAX_SEED:,}: round k's seed is seed x 1000 + k, which numpy and torch take "
+                      "below 2**32)")
     rounds: int = Field(default=3, ge=1, description="self-improvement rounds to run")
     isolate: bool = Field(default=True, description="run heavy stages (sample, train, evaluate) in worker processes")
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -64,7 +70,9 @@ class PipelineConfig(BaseModel):
 def _cross_checks(cfg: PipelineConfig) -> list[str]:
     """Problems across sections. What a kind needs of the rest of the config is the kind's own
     declaration (tasks/labels/, tasks/filter.py, models/train_kinds/); nothing here names a kind."""
-    problems = []
+    problems = [f"{at}={value}: not a finite number; give a number (a NaN compares false with everything and an "
+                "infinite bound passes or refuses every row, so either would quietly decide the round)"
+                for at, _, _, value in config_fields(cfg) if isinstance(value, float) and not math.isfinite(value)]
     if cfg.sample.max_tokens + 64 > cfg.sampler.max_model_len:
         problems.append(
             f"sample.max_tokens={cfg.sample.max_tokens} leaves under 64 prompt tokens within "

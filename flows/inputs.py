@@ -42,7 +42,10 @@ def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Spli
     if problems := cfg.data.check.problems(columns(split.train + split.eval)):  # loaded once, as a stage will
         raise ConfigError(problems, source="data.check")
     sets = held_out_sets(cfg, split)
-    tok = _tokenizer(model_dir if model_dir is not None else resolve_model(cfg.model.path))
+    policy = model_dir if model_dir is not None else resolve_model(cfg.model.path)
+    if problems := model_problems(policy, f"model.path={cfg.model.path!r}") or lora_problems(cfg, policy):
+        raise ConfigError(problems, source="model")
+    tok = _tokenizer(policy)
     # the model that reads each budget's prompts tokenizes them: a label's fixed model its own way
     fixed = kind_of(cfg.label).fixed_model(cfg.label)
     readers = {"policy": tok, "label": _tokenizer(resolve_model(fixed)) if fixed else tok}
@@ -127,6 +130,43 @@ def check_label_model(cfg: PipelineConfig) -> None:
         raise ConfigError([f"label.model={src!r}: {path} has no config.json; give a Hugging Face model directory"])
     if (wrong := kind.check_model(path)) is not None:
         raise ConfigError([f"label.model={src!r}: {wrong}"])
+
+
+def model_problems(path: Path, field: str) -> list[str]:
+    """What keeps a directory from being a model a stage can load: its config, weights, tokenizer."""
+    fix = "give a Hugging Face model directory (config.json, *.safetensors, the tokenizer's files) or 'default'"
+    missing = [what for what, globs in (("config.json", ["config.json"]),
+                                        ("weights (*.safetensors or *.bin)", ["*.safetensors", "*.bin"]),
+                                        ("a tokenizer (tokenizer.json or tokenizer_config.json)",
+                                         ["tokenizer.json", "tokenizer_config.json"]))
+               if not any(next(path.glob(g), None) for g in globs)]
+    return [f"{field}: {path} lacks {', '.join(missing)}; {fix}"] if missing else []
+
+
+def lora_problems(cfg: PipelineConfig, path: Path) -> list[str]:
+    """train.lora.target_modules names modules the policy has, matched as PEFT matches them (a
+    name: a module of that name or ending in '.name'; a string: a regex the whole name matches).
+    Only the model's config is read: the modules are built on the meta device, no weights."""
+    import re
+
+    targets = cfg.train.lora.target_modules
+    if cfg.train.adapter != "lora" or targets == "all-linear":
+        return []
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    names = [n for n, _ in model.named_modules() if n]
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+    if isinstance(targets, str):
+        missing = [] if any(re.fullmatch(targets, n) for n in names) else [targets]
+    else:
+        missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if not missing:
+        return []
+    return [f"train.lora.target_modules: {missing} match no module of the model at {path}; its linear layers are "
+            f"{linear}. Name some of them, or use 'all-linear'"]
 
 
 def _ids(tok, text: str) -> list[int]:

@@ -26,6 +26,12 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+# transformers' schedules that run with no arguments of their own and no evaluation loop (the others need
+# lr_scheduler_kwargs, or an eval metric, which a round's training has not); tests/models builds each
+Scheduler = Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                    "inverse_sqrt"]
+
+
 class LoraSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     r: int = Field(default=16, ge=1, description="LoRA rank")
@@ -42,7 +48,8 @@ class OptimSettings(BaseModel):
     lora: LoraSettings = Field(default_factory=LoraSettings)
     epochs: float = Field(default=2.0, gt=0, description="passes over the round's training set")
     learning_rate: float = Field(default=2e-4, gt=0, description="peak learning rate (2e-4 suits LoRA; ~1e-5 full)")
-    lr_scheduler: str = Field(default="linear", description="transformers scheduler name")
+    lr_scheduler: Scheduler = Field(default="linear", description="learning-rate schedule (transformers' "
+                                    "SchedulerType)")
     warmup_ratio: float = Field(default=0.0, ge=0, lt=1)
     batch_size: int = Field(default=8, ge=1, description="rows per device step")
     grad_accum: int = Field(default=1, ge=1, description="gradient accumulation steps")

@@ -88,3 +88,21 @@ def test_executor_settings_are_checked_before_anything_runs():
         load_config(CONFIGS / "default.yaml", ["executor.address=10.0.0.5:6379", "executor.gpus_per_engine=1"])
     with pytest.raises(ConfigError, match="executor.kind='slurm'"):
         load_config(CONFIGS / "default.yaml", ["executor.kind=slurm"])
+
+
+def test_settings_a_library_would_refuse_late_are_refused_when_the_config_is_read():
+    """What a trainer or an engine would only reject when a stage builds it (rounds in), or never
+    reject at all, is refused with the field, the value and the fix before anything runs."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.lr_scheduler=cosin", "seed=-1"])
+    text = str(e.value)
+    assert "train.lr_scheduler='cosin'" in text and "'cosine'" in text and "seed=-1" in text
+    with pytest.raises(ConfigError, match=r"seed=5000000.*0 to 4,000,000"):
+        load_config(None, ["seed=5000000"])
+    # a NaN or infinite number anywhere in the config, however deep, whatever its bounds
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["filter.min_reward=.nan", "evaluate.min_improvement=.inf"])
+    assert [p.split(":")[0] for p in e.value.problems] == ["filter.min_reward=nan", "evaluate.min_improvement=inf"]
+    with pytest.raises(ConfigError, match=r"evaluate.sets.0.check.number.tolerance=nan"):
+        load_config(None, ["evaluate.sets=[{name: own, check: {kind: number, tolerance: .nan}}]"])
+    load_config(None, ["seed=4000000", "train.lr_scheduler=cosine"])  # the ends of the ranges are fine

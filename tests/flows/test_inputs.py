@@ -67,6 +67,28 @@ def test_a_users_function_must_take_the_columns_its_rows_carry(tmp_path, default
     assert split.eval[0].fields == {"unit": "m"}
 
 
+def test_a_policy_that_is_no_model_or_lacks_the_lora_targets_is_named(tmp_path, default_model):
+    """Checked before any weights load: a model directory that holds no model (a stage would fail
+    in the tokenizer's or the engine's words), and LoRA target modules the model does not have
+    (PEFT would refuse them only when round 1 trains)."""
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"lacks weights \(\*.safetensors or \*.bin\), a tokenizer"):
+        check_inputs(_cfg(tmp_path, GOOD), empty)
+    cfg = _cfg(tmp_path, GOOD, train={"lora": {"target_modules": ["q_proj", "qkv_proj"]}})
+    with pytest.raises(ConfigError) as e:
+        check_inputs(cfg, default_model)
+    [problem] = e.value.problems
+    assert "['qkv_proj'] match no module" in problem and "'v_proj'" in problem and "'all-linear'" in problem
+    with pytest.raises(ConfigError, match=r"\['\.\*attn.*qkv'\] match no module"):
+        check_inputs(_cfg(tmp_path, GOOD, train={"lora": {"target_modules": r".*attn\.qkv"}}), default_model)
+    for fine in (["q_proj", "v_proj"], r".*self_attn\.(q|v)_proj", "all-linear"):
+        check_inputs(_cfg(tmp_path, GOOD, train={"lora": {"target_modules": fine}}), default_model)
+    # full fine-tuning adapts no modules by name
+    check_inputs(_cfg(tmp_path, GOOD, train={"adapter": "full", "lora": {"target_modules": ["nope"]}}), default_model)
+
+
 def test_a_fixed_judge_is_measured_with_its_own_tokenizer(tmp_path, default_model):
     import shutil
 

@@ -222,3 +222,20 @@ def test_a_train_kind_that_does_not_say_how_it_trains_is_an_error_not_sft():
 
     with pytest.raises(ValidationError, match="ppo"):
         TypeAdapter(TrainConfig).validate_python({"kind": "ppo"})
+
+
+def test_every_schedule_the_config_allows_builds_in_transformers():
+    """train.lr_scheduler is checked when the config is read, not when the trainer is built; each
+    value it allows must build as it is."""
+    import typing
+
+    import torch
+    from transformers.optimization import get_scheduler
+    from transformers.trainer_utils import SchedulerType
+
+    from ratchet.models.trainer import Scheduler
+
+    for name in typing.get_args(Scheduler):
+        assert name in {s.value for s in SchedulerType}
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        get_scheduler(name, opt, num_warmup_steps=1, num_training_steps=10).step()
