@@ -224,6 +224,8 @@ def cmd_runs(args) -> int:
         print(f"{r.run:<34} {r.state:<11} {f'{r.rounds_done}/{r.rounds}':>6}  {when:<16}  {versions or '-'}")
         if r.resume:
             print(f"{'':<34} resume: {r.resume}")
+        if r.problem:
+            print(f"{'':<34} {r.problem}")
     return 0
 
 

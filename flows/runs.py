@@ -25,9 +25,11 @@ from ratchet.tasks.stage import code_version
 
 
 class RunContext(BaseModel):
-    """What every task needs to find the store and the MLflow runs; small and serialisable."""
+    """What every task needs to find the store and the MLflow runs; small and serialisable.
+    Fields it does not know (a newer Ratchet's) are kept, not refused: records are read
+    forward-compatibly."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True)
     run_name: str
     workdir: str
     parent_run_id: str
@@ -62,9 +64,11 @@ def git_commit() -> str | None:
 
 class RunRecord(BaseModel):
     """What `ratchet resume` needs: the context and the exact config of a pipeline run, and
-    how its last attempt ended (running while an attempt is alive or was killed)."""
+    how its last attempt ended (running while an attempt is alive or was killed). Written
+    atomically and durably (write_record); read forward-compatibly: a field a newer Ratchet
+    added is kept when this one rewrites the record."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     ctx: RunContext
     config: dict
     state: Literal["running", "finished", "failed"] = "running"
@@ -84,7 +88,31 @@ def load_record(workdir: Path, run_name: str) -> RunRecord:
     if not p.exists():
         known = sorted(x.stem for x in (workdir / "runs").glob("*.json")) if (workdir / "runs").is_dir() else []
         raise ConfigError([f"no pipeline run {run_name!r} in {workdir / 'runs'}; known runs: {known or 'none'}"])
-    return RunRecord.model_validate_json(p.read_text())
+    return read_record(p)
+
+
+class UnreadableRecordError(ConfigError):
+    """A run record that is not a run record (cut short, edited, another program's file)."""
+
+
+def read_record(path: Path) -> RunRecord:
+    try:
+        return RunRecord.model_validate_json(path.read_bytes())
+    except (OSError, ValueError) as e:
+        raise UnreadableRecordError([f"the run record {path} cannot be read ({type(e).__name__}: {str(e)[:200]}); "
+                                     "restore it from a backup, or move it aside to start that run afresh (its "
+                                     "finished stages are reused)"]) from None
+
+
+def records(workdir: Path) -> tuple[dict[str, RunRecord], dict[str, str]]:
+    """Every run record in the workdir by run name, and those that cannot be read, with why."""
+    good, bad = {}, {}
+    for p in sorted((workdir / "runs").glob("*.json")) if (workdir / "runs").is_dir() else []:
+        try:
+            good[p.stem] = read_record(p)
+        except UnreadableRecordError as e:
+            bad[p.stem] = e.problems[0]
+    return good, bad
 
 
 def start_version(tracker: Tracker, start_from: str | None) -> str | None:
@@ -134,7 +162,7 @@ def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | Non
     with tracker.lock():  # two processes starting the same run continue one parent run, never two
         parent, pool_start = None, 0
         if record.exists():
-            old = RunRecord.model_validate_json(record.read_text()).ctx
+            old = read_record(record).ctx
             parent, pool_start = old.parent_run_id, old.pool_start
             if not tracker.reopen(parent, tags):
                 parent = None  # the tracking store was reset: start a fresh parent run
@@ -145,9 +173,43 @@ def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | Non
         ctx = RunContext(run_name=run_name, workdir=str(workdir), parent_run_id=parent, code_version=code,
                          config_hash=tags["ratchet.config_hash"], start_version=version, sources=split.digests,
                          pool_start=pool_start)
+        hold_liveness(workdir, run_name)
         write_record(workdir, RunRecord(ctx=ctx, config=resolved, state="running", host=socket.gethostname(),
                                         pid=os.getpid()))
     return ctx, tracker
+
+
+_LIVE: dict[str, int] = {}  # run name -> the descriptor of the liveness lock this process holds
+
+
+def _lock_path(workdir: Path, run_name: str) -> Path:
+    return workdir / "runs" / f"{run_name}.lock"
+
+
+def hold_liveness(workdir: Path, run_name: str) -> None:
+    """Hold the run's liveness lock while this process runs it: a record says "running" while an
+    attempt lives, and whether one does is whether someone holds this lock (the kernel drops it
+    when the process dies, however it dies), never a guess from process ids or command lines."""
+    import fcntl
+
+    if run_name in _LIVE:
+        return
+    fd = os.open(_lock_path(workdir, run_name), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # another live process runs it: it writes the record; this one still may reuse
+        os.close(fd)
+        return
+    _LIVE[run_name] = fd
+
+
+def release_liveness(run_name: str) -> None:
+    import fcntl
+
+    fd = _LIVE.pop(run_name, None)
+    if fd is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def pool_drawn(workdir: Path, cfg: PipelineConfig, sources: dict[str, str]) -> int:
@@ -156,8 +218,7 @@ def pool_drawn(workdir: Path, cfg: PipelineConfig, sources: dict[str, str]) -> i
     the pool is spent). Runs of other experiments, pools or seeds do not count."""
     pool = cfg.data.pool().model_dump(mode="json")
     end = 0
-    for p in sorted((workdir / "runs").glob("*.json")):
-        rec = RunRecord.model_validate_json(p.read_text())
+    for rec in records(workdir)[0].values():
         data = dict(rec.config.get("data") or {})
         per = data.pop("prompts_per_round", None)
         same = (rec.config.get("name") == cfg.name and rec.config.get("seed") == cfg.seed and per
@@ -169,10 +230,20 @@ def pool_drawn(workdir: Path, cfg: PipelineConfig, sources: dict[str, str]) -> i
 
 
 def write_record(workdir: Path, record: RunRecord) -> None:
+    """Atomically and durably: the new record is on disk before it replaces the old one, and the
+    rename is, before this returns (a crash leaves the old record or the new, never half of one)."""
     path = workdir / "runs" / f"{record.ctx.run_name}.json"
     tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
-    tmp.write_text(record.model_dump_json(indent=2))
+    with open(tmp, "w") as f:
+        f.write(record.model_dump_json(indent=2))
+        f.flush()
+        os.fsync(f.fileno())
     tmp.replace(path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def set_state(ctx: RunContext, tracker: Tracker, state: str) -> None:
@@ -181,6 +252,7 @@ def set_state(ctx: RunContext, tracker: Tracker, state: str) -> None:
     with tracker.lock():
         rec = load_record(workdir, ctx.run_name)
         write_record(workdir, rec.model_copy(update={"state": state}))
+    release_liveness(ctx.run_name)
 
 
 class RoundEntry(BaseModel):
@@ -194,37 +266,45 @@ class RunSummary(BaseModel):
     """One pipeline run as `ratchet runs` lists it."""
 
     run: str
-    state: Literal["running", "finished", "failed", "interrupted"]
+    state: Literal["running", "finished", "failed", "interrupted", "unreadable"]
     rounds_done: int
     rounds: int
     start_version: str | None
     started: float | None  # the MLflow parent run's start, seconds since the epoch
     entries: list[RoundEntry]
     resume: str | None  # the command that continues an unfinished run
+    problem: str | None = None  # why its record cannot be read
 
 
-def _alive(record: RunRecord) -> bool | None:
-    """Whether the process of a record's last attempt still runs; None when it ran elsewhere."""
-    if record.pid is None:
-        return False
-    if record.host != socket.gethostname():
-        return None
-    try:
-        os.kill(record.pid, 0)
-        cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes()
-    except (OSError, PermissionError):
-        return False
-    return b"ratchet" in cmdline
+def _alive(workdir: Path, record: RunRecord) -> bool | None:
+    """Whether an attempt of the run still lives: someone holds its liveness lock. None when the
+    last attempt ran on another host and the lock is free here (a lock over a network filesystem
+    may not reach this host)."""
+    import fcntl
+
+    path = _lock_path(workdir, record.ctx.run_name)
+    if not path.exists():
+        return False if record.host in (None, socket.gethostname()) else None
+    with open(path) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False if record.host in (None, socket.gethostname()) else None
 
 
 def list_runs(workdir: Path, tracker: Tracker) -> list[RunSummary]:
     """Every pipeline run recorded in `workdir`, oldest first: its state, its rounds as MLflow
     holds them (each round's registered version, accuracy and promotion), how to resume it."""
     out = []
-    for p in sorted((workdir / "runs").glob("*.json")) if (workdir / "runs").is_dir() else []:
-        rec = RunRecord.model_validate_json(p.read_text())
+    good, bad = records(workdir)
+    for name, why in bad.items():
+        out.append(RunSummary(run=name, state="unreadable", rounds_done=0, rounds=0, start_version=None, started=None,
+                              entries=[], resume=None, problem=why))
+    for rec in good.values():
         state = rec.state
-        if state == "running" and _alive(rec) is False:
+        if state == "running" and _alive(workdir, rec) is False:
             state = "interrupted"
         started, entries = None, []
         try:

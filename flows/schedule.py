@@ -140,7 +140,7 @@ def collect_garbage(workdir: Path, dry_run: bool = False, everything: bool = Fal
 
     An unfinished stage directory is removed only when no recorded pipeline run can resume
     it: every run that started it finished (so it was superseded, e.g. by new code), or has
-    no record. One a recorded unfinished run would still resume is kept (`everything`
+    no record. A run whose record cannot be read might resume it, so it is kept. One a recorded unfinished run would still resume is kept (`everything`
     removes it too), and one whose lock a live process holds is never touched. In finished
     stages, scratch that a kill left between the manifest and its clean-up (shards,
     trainer checkpoints) is removed. Finished outputs are never touched.
@@ -148,18 +148,13 @@ def collect_garbage(workdir: Path, dry_run: bool = False, everything: bool = Fal
     import fcntl
 
     from ratchet.data.store import ArtifactStore
-    from ratchet.flows.runs import RunRecord
+    from ratchet.flows.runs import records as run_records
 
     stages = workdir / "stages"
     if not stages.is_dir():
         raise RatchetError(f"no artifact store at {stages}; check the config's workdir")
     store = ArtifactStore(workdir)
-    records: dict[str, RunRecord] = {}
-    for p in sorted((workdir / "runs").glob("*.json")) if (workdir / "runs").is_dir() else []:
-        try:
-            records[p.stem] = RunRecord.model_validate_json(p.read_text())
-        except ValueError:
-            continue
+    records, unreadable = run_records(workdir)
     (workdir / "locks").mkdir(exist_ok=True)
     out: list[Leftover] = []
     for d in sorted(p for p in stages.iterdir() if p.is_dir()):
@@ -177,13 +172,19 @@ def collect_garbage(workdir: Path, dry_run: bool = False, everything: bool = Fal
             try:
                 if (d / MANIFEST).exists():  # it finished while we looked
                     continue
-                out.append(_act(d, *_verdict(store.owners(d), records, workdir, everything), dry_run))
+                out.append(_act(d, *_verdict(store.owners(d), records, unreadable, workdir, everything), dry_run))
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
     return out
 
 
-def _verdict(owners: list[str], records: dict, workdir: Path, everything: bool) -> tuple[bool, str]:
+def _verdict(owners: list[str], records: dict, unreadable: dict[str, str], workdir: Path,
+             everything: bool) -> tuple[bool, str]:
+    if blind := [o for o in owners if o in unreadable]:  # it may resume it: never guessed away
+        if everything:
+            return True, f"run {blind[0]}'s record cannot be read; removed because of --all"
+        return False, f"run {blind[0]} started it and its record cannot be read, so it may resume it: " \
+            f"{unreadable[blind[0]]}"
     resumable = [o for o in owners if o in records and records[o].state != "finished"]
     if resumable:
         o = resumable[0]

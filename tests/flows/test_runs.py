@@ -1,0 +1,78 @@
+"""Run records: written atomically, read forward-compatibly, never guessed about; liveness is a lock."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ratchet.data.store import ArtifactStore
+from ratchet.flows.runs import (RunContext, RunRecord, UnreadableRecordError, _alive, hold_liveness, read_record,
+                                records, release_liveness, write_record)
+from ratchet.flows.schedule import collect_garbage
+
+
+def _record(name: str = "demo-abc") -> RunRecord:
+    ctx = RunContext(run_name=name, workdir="/w", parent_run_id="p1", code_version="c", config_hash="h")
+    return RunRecord(ctx=ctx, config={"rounds": 2}, host="elsewhere", pid=1)
+
+
+def test_a_newer_records_fields_are_read_and_kept(tmp_path):
+    (tmp_path / "runs").mkdir()
+    path = tmp_path / "runs" / "demo-abc.json"
+    body = json.loads(_record().model_dump_json())
+    body["lease"] = {"until": 123}  # fields a newer Ratchet wrote, at both levels
+    body["ctx"]["cluster"] = "ray://head"
+    path.write_text(json.dumps(body))
+    rec = read_record(path)
+    assert rec.state == "running" and rec.ctx.run_name == "demo-abc"
+    write_record(tmp_path, rec.model_copy(update={"state": "failed"}))  # as set_state rewrites it
+    again = json.loads(path.read_text())
+    assert again["state"] == "failed" and again["lease"] == {"until": 123} and again["ctx"]["cluster"] == "ray://head"
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["demo-abc.json"]  # no temporary file left
+
+
+def test_an_unreadable_record_is_named_and_its_stages_are_kept(tmp_path):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "cut-short.json").write_text('{"ctx": {"run_name": "cut-sh')
+    write_record(tmp_path, _record("done-run").model_copy(update={"state": "finished"}))
+    good, bad = records(tmp_path)
+    assert list(good) == ["done-run"] and "cut-short.json cannot be read" in bad["cut-short"]
+    with pytest.raises(UnreadableRecordError, match="move it aside to start that run afresh"):
+        read_record(tmp_path / "runs" / "cut-short.json")
+    store = ArtifactStore(tmp_path)
+    mine, theirs = store.prepare("train", "k1", keep_partial=True), store.prepare("sample", "k2", keep_partial=True)
+    store.add_owner(mine, "cut-short")
+    store.add_owner(theirs, "done-run")
+    left = {x.path.name: x for x in collect_garbage(tmp_path)}
+    assert not left[mine.name].remove and "its record cannot be read" in left[mine.name].why and mine.exists()
+    assert left[theirs.name].remove and not theirs.exists()  # a finished run's leftover goes, as before
+
+
+def test_liveness_is_the_lock_a_live_attempt_holds(tmp_path):
+    (tmp_path / "runs").mkdir()
+    rec = _record().model_copy(update={"host": None})
+    assert _alive(tmp_path, rec) is False  # no attempt ever held it
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from ratchet.flows.runs import hold_liveness
+        hold_liveness(Path({str(tmp_path)!r}), "demo-abc")
+        print("held", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        assert _alive(tmp_path, rec) is True  # whatever its command line says
+    finally:
+        child.kill()  # the kernel drops the lock with the process, however it dies
+        child.wait()
+    assert _alive(tmp_path, rec) is False
+    assert _alive(tmp_path, rec.model_copy(update={"host": "another-host"})) is None  # a lock there may not reach here
+    hold_liveness(tmp_path, "demo-abc")
+    try:
+        assert _alive(tmp_path, rec) is True
+    finally:
+        release_liveness("demo-abc")
+    assert _alive(tmp_path, rec) is False
