@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.data import failpoints
-from ratchet.data.digest import sha256_file, sha256_json
+from ratchet.data.digest import fsync_dir, sha256_file, sha256_json
 from ratchet.data.errors import ArtifactError, TamperedArtifactError
 from ratchet.data.manifest import MANIFEST, FileRef, StageManifest, now_iso, read_manifest, write_manifest
 
@@ -143,6 +143,10 @@ class ArtifactStore:
 
         `scratch`: folders the stage resumes from (shards, trainer checkpoints). They are
         removed only once the manifest is durable, so a kill at any moment loses no work.
+
+        Every output is durable before the manifest names it (each file is fsynced as it is
+        digested, then each directory that holds one), and the manifest's rename is durable
+        before this returns: a power cut never leaves a manifest that vouches for lost bytes.
         """
         d = self.stage_dir(stage, key)
         refs = {}
@@ -150,7 +154,9 @@ class ArtifactStore:
             p = d / name
             if not p.is_file():
                 raise ArtifactError(f"{stage} stage declared output {name!r} but {p} does not exist")
-            refs[name] = FileRef(sha256=sha256_file(p), bytes=p.stat().st_size, rows=rows)
+            refs[name] = FileRef(sha256=sha256_file(p, sync=True), bytes=p.stat().st_size, rows=rows)
+        for folder in sorted({(d / name).parent for name in outputs} | {d}, key=lambda p: len(p.parts), reverse=True):
+            fsync_dir(folder)
         m = StageManifest(
             stage=stage,
             round=round,
@@ -167,6 +173,7 @@ class ArtifactStore:
         )
         failpoints.hit(f"{stage}:before-manifest")
         write_manifest(d, m)
+        fsync_dir(d)
         failpoints.hit(f"{stage}:after-manifest")
         for name in scratch:
             shutil.rmtree(d / name, ignore_errors=True)

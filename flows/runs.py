@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ratchet.data.digest import sha256_json
+from ratchet.data.digest import fsync_dir, sha256_json
 from ratchet.data.errors import ConfigError
 from ratchet.data.prompts import Split
 from ratchet.flows.config import PipelineConfig
@@ -239,11 +239,7 @@ def write_record(workdir: Path, record: RunRecord) -> None:
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
 
 
 def set_state(ctx: RunContext, tracker: Tracker, state: str) -> None:

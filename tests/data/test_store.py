@@ -91,3 +91,30 @@ def test_jsonl_roundtrip_and_bad_row(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"prompt_id": "a"}\n')
     with pytest.raises(ArtifactError, match="bad.jsonl:1: not a valid SFTRow"):
         read_jsonl(tmp_path / "bad.jsonl", SFTRow)
+
+
+def test_every_output_is_durable_before_the_manifest_names_it(tmp_path, monkeypatch):
+    """fsync of each output file and of each directory that holds one, then the manifest (file and
+    rename): a power cut never leaves a manifest vouching for bytes that were still in the cache."""
+    import os
+
+    store = ArtifactStore(tmp_path)
+    d = store.prepare("train", "t" * 64)
+    (d / "model").mkdir()
+    for name in ("model/weights.bin", "model/config.json", "train_log.jsonl"):
+        (d / name).write_text(name)
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    store.finish(stage="train", round=1, key="t" * 64, code_version="c", config={}, parents=[],
+                 outputs={"model/weights.bin": None, "model/config.json": None, "train_log.jsonl": None})
+    manifest_file = synced.index(str(d / (MANIFEST + ".tmp")))
+    before = set(synced[:manifest_file])
+    assert {str(d / n) for n in ("model/weights.bin", "model/config.json", "train_log.jsonl")} <= before
+    assert {str(d / "model"), str(d)} <= before
+    assert synced[-1] == str(d)  # the manifest's rename, last
