@@ -350,8 +350,14 @@ def train(model_dir: Path, rows: list[dict], cfg: OptimSettings, out: Path, seed
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // n)))  # the cores, split
     env.setdefault(failpoints.GROUP, str(os.getpgrp()))  # torchrun starts its processes in groups of their own
+    import signal
+
+    from ratchet.data.lifetime import child_dies_with_parent
+
+    # torchrun stops its training processes when it gets SIGTERM; each of them also dies with torchrun
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-                           "-m", "ratchet.models.trainer", str(spec)], env=env)
+                           "-m", "ratchet.models.trainer", str(spec)], env=env,
+                          preexec_fn=child_dies_with_parent(signal.SIGTERM))
     if proc.returncode != 0 or not result.exists():
         raise StageFailedError(f"training in {n} processes (torchrun) failed with exit code {proc.returncode}; "
                                f"its checkpoints are kept in {out / 'checkpoints'}, re-run the same command to resume")
@@ -363,7 +369,10 @@ def train(model_dir: Path, rows: list[dict], cfg: OptimSettings, out: Path, seed
 
 def _process_main(spec_path: str) -> None:
     """One training process under torchrun: the trainer, then (main process) the metrics file."""
+    from ratchet.data.lifetime import die_with_parent
     from ratchet.models.train_kinds import config_class
+
+    die_with_parent()  # torchrun killed (its worker, its orchestrator), no process trains on into the stage
 
     spec = json.loads(Path(spec_path).read_text())
     cfg = config_class(spec["kind"]).model_validate(spec["cfg"])

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict
 from ratchet.data import events
 from ratchet.data.digest import sha256_text
 from ratchet.data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError
+from ratchet.data.lifetime import die_with_parent
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore, stage_key
 from ratchet.tasks.units import ExecutorConfig
@@ -311,24 +312,10 @@ def _run_logged(cmd: list[str], stage_log: Path) -> int:
         return code
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this worker when the orchestrator dies, so a killed pipeline never
-    leaves a worker writing into a stage directory that a resumed run is about to use."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        os._exit(1)
-
-
 def worker(spec_path: str) -> int:
     """A worker process's main: run one stage body from its request file."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    _die_with_parent()
+    die_with_parent()  # a killed orchestrator takes its worker along (data/lifetime.py)
     spec = json.loads(Path(spec_path).read_text())
     body = _resolve(spec["body"])
     req = request_type(body).model_validate(spec["request"])

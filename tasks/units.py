@@ -200,6 +200,9 @@ def _holder(work: UnitWork, folder: str, n: int, todo, events, threads: int, sta
 
     import torch
 
+    from ratchet.data.lifetime import die_with_parent
+
+    die_with_parent()  # its worker killed (and so its orchestrator), a holder stops writing units at once
     torch.set_num_threads(threads)
     shards = Shards(Path(folder), n)
     t = time.time()

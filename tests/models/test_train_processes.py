@@ -32,7 +32,7 @@ def _train(kind, model, out, **kw):
     from ratchet.models.train_kinds import DPOTrainConfig, RFTTrainConfig
     from ratchet.models.trainer import train
 
-    cfg = (DPOTrainConfig if kind == "dpo" else RFTTrainConfig)(**COMMON, **kw)
+    cfg = (DPOTrainConfig if kind == "dpo" else RFTTrainConfig)(**{**COMMON, **kw})
     return train(model, PAIRS if kind == "dpo" else ROWS, cfg, out, seed=0)
 
 
@@ -88,3 +88,45 @@ def test_training_killed_in_two_processes_resumes_from_their_checkpoint(tiny_mod
     assert resumed["resumed"] == 1 and resumed["resumed_from_step"] == 2 and resumed["steps"] == full["steps"] == 4
     assert _diff(_weights(out), _weights(tmp_path / "full")) <= 1e-6
     assert (out / "train_log.jsonl").read_bytes() == (tmp_path / "full" / "train_log.jsonl").read_bytes()
+
+
+def _processes_naming(text: str) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if text.encode() in open(f"/proc/{d}/cmdline", "rb").read():
+                    out.append(int(d))
+            except OSError:
+                pass
+    return out
+
+
+def test_a_kill_of_the_process_that_trains_alone_leaves_no_training_process(tiny_model, tmp_path):
+    """kill -9 of the process that started two-process training (a stage worker; its orchestrator
+    has the same fate), its PID alone and not its group: torchrun and both training processes die
+    with it, and nothing writes into the stage directory afterwards."""
+    from tests.procs import gone_within
+
+    out = tmp_path / "killed"
+    script = (f"import sys; sys.path.insert(0, {os.getcwd()!r}); from pathlib import Path; "
+              "from tests.models.test_train_processes import _train; "
+              f"_train('rft', Path({str(tiny_model)!r}), Path({str(out)!r}), batch_size=2, num_processes=2, "
+              "epochs=400)")
+    parent = subprocess.Popen([sys.executable, "-c", script], env=os.environ)
+    spec = str(out / "train-processes.json")
+    deadline = time.time() + 240
+    while len(pids := _processes_naming(spec)) < 3 and time.time() < deadline:  # torchrun and its two trainers
+        assert parent.poll() is None, "the training run ended before it was killed"
+        time.sleep(0.5)
+    assert len(pids) >= 3, "the training processes never started"
+    while not (out / "progress.json").exists() and time.time() < deadline:  # they are training
+        time.sleep(0.5)
+    os.kill(parent.pid, 9)
+    parent.wait()
+    assert all(gone_within(p, 30) for p in pids), "a training process outlived the process that started it"
+    time.sleep(1)
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    time.sleep(3)
+    after = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    assert before == after
