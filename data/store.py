@@ -44,6 +44,17 @@ class ArtifactStore:
     def dir_of(self, m: StageManifest) -> Path:
         return self.root / m.dir
 
+    def recorded_dir(self, rel: str, where: str) -> Path:
+        """A stage directory that a record outside the store names (a registry or run tag, `where`):
+        `stages/<stage>-<16 hex>` under this store and nothing else, so a tag that was edited, or
+        came from another tool, can never point a read (or an export) outside the store."""
+        import re
+
+        if not isinstance(rel, str) or not re.fullmatch(r"stages/[a-z][a-z0-9_.-]{0,63}-[0-9a-f]{16}", rel):
+            raise ArtifactError(f"{where} names {rel!r}, which is not a stage directory of a Ratchet store "
+                                "(stages/<stage>-<key>); the record was edited or is not Ratchet's")
+        return self.root / rel
+
     def path(self, m: StageManifest, name: str) -> Path:
         if name not in m.outputs:
             raise ArtifactError(f"{m.stage} (round {m.round}) has no output {name!r}; it has {sorted(m.outputs)}")

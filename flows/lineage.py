@@ -130,7 +130,7 @@ def version_manifest(store: ArtifactStore, tracker, version: str) -> StageManife
     if not stage_dir:
         raise RatchetError(f"{tracker.model_name} version {version} carries no ratchet.stage_dir tag, so its "
                            "files cannot be found in the store")
-    m = read_manifest(store.root / stage_dir)
+    m = read_manifest(store.recorded_dir(stage_dir, f"{tracker.model_name} version {version}'s ratchet.stage_dir tag"))
     if m is None:
         raise ArtifactError(f"{tracker.model_name} version {version} points at {store.root / stage_dir}, which "
                             "has no manifest: the store behind this version is gone (or is another workdir's)")

@@ -25,7 +25,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ratchet.data.errors import RatchetError
+from ratchet.data.errors import ArtifactError, RatchetError
+from ratchet.data.store import ArtifactStore
 from ratchet.flows.runs import RunSummary, list_runs
 from ratchet.flows.tracking import Tracker
 
@@ -86,8 +87,9 @@ def gather(workdir: Path, tracker: Tracker, run: str | None = None) -> Report:
     children = tracker.client.search_runs(
         [tracker.experiment_id], f"tags.mlflow.parentRunId = '{rec.ctx.parent_run_id}'")
     rounds = []
+    store = ArtifactStore(workdir)
     for c in children:
-        if "ratchet.round" not in c.data.tags:
+        if not str(c.data.tags.get("ratchet.round", "")).isdigit():  # not a round run, or a tag edited out of shape
             continue
         tags = c.data.tags
         dirs = {k.removeprefix("ratchet.stage."): v for k, v in tags.items() if k.startswith("ratchet.stage.")}
@@ -96,7 +98,11 @@ def gather(workdir: Path, tracker: Tracker, run: str | None = None) -> Report:
                   promoted=bool(c.data.metrics.get("round.promoted")), metrics=dict(c.data.metrics), stage_dirs=dirs,
                   sets={k.removeprefix("round.accuracy."): v for k, v in c.data.metrics.items()
                         if k.startswith("round.accuracy.")}, gate_set=tags.get("ratchet.gate_set", ""))
-        labels = workdir / dirs["label"] / "labels.jsonl" if "label" in dirs else None
+        try:  # a tag is a record outside the store: only a stage directory of this store is read
+            labels = store.recorded_dir(dirs["label"], f"run {c.info.run_id}'s ratchet.stage.label tag") \
+                / "labels.jsonl" if "label" in dirs else None
+        except ArtifactError:
+            labels = None
         if labels is not None and labels.exists():
             for line in labels.read_text().splitlines():
                 if line.strip() and (x := json.loads(line).get("reward")) is not None:

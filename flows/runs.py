@@ -312,7 +312,7 @@ def list_runs(workdir: Path, tracker: Tracker) -> list[RunSummary]:
             children = []
         for c in children:
             v = c.data.tags.get("ratchet.model_version")
-            if v is None or "ratchet.round" not in c.data.tags:
+            if v is None or not str(c.data.tags.get("ratchet.round", "")).isdigit():
                 continue
             entries.append(RoundEntry(round=int(c.data.tags["ratchet.round"]), version=v,
                                       accuracy=c.data.metrics.get("round.accuracy"),

@@ -118,3 +118,15 @@ def test_every_output_is_durable_before_the_manifest_names_it(tmp_path, monkeypa
     assert {str(d / n) for n in ("model/weights.bin", "model/config.json", "train_log.jsonl")} <= before
     assert {str(d / "model"), str(d)} <= before
     assert synced[-1] == str(d)  # the manifest's rename, last
+
+
+def test_a_stage_dir_a_tag_names_is_only_ever_a_stage_dir_of_this_store(tmp_path):
+    """Registry and run tags live outside the store: whatever one says, no read or export follows
+    it out of the store."""
+    store = ArtifactStore(tmp_path)
+    assert store.recorded_dir("stages/train-0123456789abcdef", "tag") == tmp_path / "stages" / "train-0123456789abcdef"
+    assert store.recorded_dir("stages/evaluate.regress-0123456789abcdef", "tag").name.startswith("evaluate.regress")
+    for bad in ("../../etc", "/etc/passwd", "stages/../../x-0123456789abcdef", "stages/train-0123456789abcdef/..",
+                "stages/train-0123456789abcdef/../../..", "stages/train-xyz", "", "stages/train-0123456789abcdef\n"):
+        with pytest.raises(ArtifactError, match="not a stage directory of a Ratchet store"):
+            store.recorded_dir(bad, "version 3's ratchet.stage_dir tag")
