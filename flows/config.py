@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ratchet.data.errors import ConfigError
 from ratchet.data.userfiles import UserFile, config_fields
 from ratchet.data.prompts import AdditionSource, SourceConfig
-from ratchet.flows.tracking import TrackingConfig
+from ratchet.flows.tracking import TrackingConfig, has_secret, redact
 from ratchet.models.sampler import SamplerConfig
 from ratchet.tasks.agreement import AgreementConfig
 from ratchet.tasks.evaluate import EvaluateConfig
@@ -142,7 +142,13 @@ def apply_overrides(data: dict, overrides: list[str]) -> tuple[dict, list[str]]:
     for ov in overrides:
         key, sep, raw = ov.partition("=")
         if not sep or not key:
-            problems.append(f"override {ov!r} is not key=value; write it like train.learning_rate=1e-4")
+            problems.append(f"override {redact(ov)!r} is not key=value; write it like train.learning_rate=1e-4")
+            continue
+        if has_secret(raw):  # a credential in argv: `ps` shows it to every user of the machine
+            problems.append(f"{key}={redact(raw)}: a password or token on the command line is visible to every "
+                            "user of this machine (ps); put it in the environment instead (MLFLOW_TRACKING_USERNAME "
+                            "and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN), or in the config file, from "
+                            "which it is moved there")
             continue
         node = data
         parts = key.split(".")

@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import os
+import re
 import tempfile
 import threading
 import time
@@ -46,7 +47,7 @@ from ratchet.data.store import ArtifactStore
 
 log = logging.getLogger("ratchet")
 CHAMPION = "champion"
-SECRET_QUERY = ("token", "password", "passwd", "secret", "key", "apikey", "api_key", "access_token")
+SECRET_QUERY = ("token", "password", "passwd", "pwd", "secret", "key", "signature", "sig", "credential", "auth")
 
 
 class TrackingError(RatchetError):
@@ -63,18 +64,38 @@ def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
     return urlunsplit(parts._replace(netloc=host)), user or None, password or None
 
 
+_SCHEME = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*:)?//")
+_QUERY = re.compile(r"([?&;])([^=&;#]+)=([^&;#]*)")
+
+
 def redact(uri: str) -> str:
-    """A URI safe to print: password and secret query values replaced by ***."""
-    clean, user, password = split_credentials(uri)
-    parts = urlsplit(clean)
-    if not (user or password or any(k.lower() in SECRET_QUERY for k, _ in parse_qsl(parts.query))):
-        return uri  # nothing to hide; rebuilding could drop the slashes of sqlite:////abs/path
-    if user or password:
-        parts = parts._replace(netloc=f"{user or ''}{':***' if password else ''}@{parts.netloc}")
-    if parts.query:
-        q = "&".join(f"{k}=***" if k.lower() in SECRET_QUERY else f"{k}={v}" for k, v in parse_qsl(parts.query))
-        parts = parts._replace(query=q)
-    return urlunsplit(parts)
+    """A URI safe to print or record: the password of any userinfo (with a scheme or without:
+    https://u:p@h, postgresql+psycopg2://u:p@h/db, //u:p@h, u:p@h:5000) and the values of
+    query parameters whose names speak of secrets (token, password, key, signature, ...)
+    replaced by ***. A URI with nothing to hide comes back as it was."""
+    if not isinstance(uri, str):
+        return uri
+    head = m.group(0) if (m := _SCHEME.match(uri)) else ""
+    rest = uri[len(head):]
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:end], rest[end:]
+    if "@" in authority:
+        userinfo, host = authority.rsplit("@", 1)
+        user, sep, password = userinfo.partition(":")
+        if sep and password:
+            authority = f"{user}:***@{host}"
+    tail = _QUERY.sub(lambda q: f"{q.group(1)}{q.group(2)}=***" if _secret_name(q.group(2)) else q.group(0), tail)
+    return head + authority + tail
+
+
+def _secret_name(name: str) -> bool:
+    n = name.lower().replace("-", "_")
+    return any(w in n for w in SECRET_QUERY)
+
+
+def has_secret(text: str) -> bool:
+    """Whether `text` (a URI, or any value) carries a password or a secret query value."""
+    return redact(text) != text
 
 
 class TrackingConfig(BaseModel):
@@ -93,7 +114,7 @@ class TrackingConfig(BaseModel):
         config (logged, recorded, deployed) carries none."""
         if self.uri is None:
             return self
-        secrets = [k for k, _ in parse_qsl(urlsplit(self.uri).query) if k.lower() in SECRET_QUERY]
+        secrets = [k for k, _ in parse_qsl(urlsplit(self.uri).query) if _secret_name(k)]
         if secrets:
             raise ValueError(f"tracking.uri carries a secret in its query string ({', '.join(secrets)}); pass it "
                              "as MLFLOW_TRACKING_TOKEN (or user:password@host) instead, so it is never stored")

@@ -229,8 +229,24 @@ def test_credentials_never_stay_in_the_config(monkeypatch):
     assert "s3cret" not in json.dumps(cfg.model_dump())
     assert redact("https://alice:s3cret@host/x?token=abc&a=1") == "https://alice:***@host/x?token=***&a=1"
     assert redact("sqlite:////abs/runs/mlflow.db") == "sqlite:////abs/runs/mlflow.db"
+    # every form a URI with a credential takes
+    for uri, shown in [("postgresql+psycopg2://mlflow:s3cret@db:5432/mlflow", "postgresql+psycopg2://mlflow:***@db:5432/mlflow"),
+                       ("mysql://root:s3cret@10.0.0.2/mlflow?ssl_key=/k&charset=utf8",
+                        "mysql://root:***@10.0.0.2/mlflow?ssl_key=***&charset=utf8"),
+                       ("alice:s3cret@mlflow.example.com:5000", "alice:***@mlflow.example.com:5000"),
+                       ("//alice:s3cret@host/x", "//alice:***@host/x"),
+                       ("http://:s3cret@host", "http://:***@host"),
+                       ("https://a:b:s3cret@host", "https://a:***@host"),
+                       ("https://host/x?X-Amz-Signature=s3cret&X-Amz-Credential=s3cret", "https://host/x?X-Amz-Signature=***&X-Amz-Credential=***"),
+                       ("https://alice@host/p", "https://alice@host/p"),
+                       ("databricks://profile", "databricks://profile")]:
+        assert redact(uri) == shown, uri
+        assert "s3cret" not in redact(uri)
     with pytest.raises(ValueError, match=r"secret in its query string \(token\).*MLFLOW_TRACKING_TOKEN"):
         TrackingConfig(uri="https://host/?token=abc")
+    # a credential is never taken from the command line, where ps shows it; the config file moves it to the env
     r = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "config", "flows/configs/default.yaml",
                         "tracking.uri=http://bob:hunter2@127.0.0.1:5999"], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0 and "uri: http://127.0.0.1:5999" in r.stdout and "hunter2" not in r.stdout + r.stderr
+    assert r.returncode == 2 and "hunter2" not in r.stdout + r.stderr
+    assert "tracking.uri=http://bob:***@127.0.0.1:5999: a password or token on the command line" in r.stderr
+    assert "MLFLOW_TRACKING_PASSWORD" in r.stderr
