@@ -30,10 +30,13 @@ import json
 import logging
 import math
 import os
+import random
 import re
+import socket
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -47,6 +50,7 @@ from ratchet.data.store import ArtifactStore
 
 log = logging.getLogger("ratchet")
 CHAMPION = "champion"
+LEASE_STALE_S = 300.0  # a champion gate's registry lease older than this was left by a holder that died
 SECRET_QUERY = ("token", "password", "passwd", "pwd", "secret", "key", "signature", "sig", "credential", "auth")
 
 
@@ -252,6 +256,8 @@ class Tracker:
 
         self.uri = cfg.uri or f"sqlite:///{workdir / 'mlflow.db'}"
         self.client = RetryingClient(MlflowClient(tracking_uri=self.uri, registry_uri=self.uri))
+        # the gate's lease lives in the registry unless a file lock beside a local SQLite store spans every workdir
+        self.lease_in_registry = not self.uri.startswith("sqlite:///")
         self.cfg = cfg
         self.workdir = workdir
         self.model_name = cfg.model_name or f"ratchet-{name}"
@@ -296,6 +302,59 @@ class Tracker:
             finally:
                 held.discard(path)
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def registry_lease(self, wait_s: float = 600.0):
+        """The champion gate's read-compare-set, made atomic against the registry itself, so runs
+        in different workdirs that share one tracking server and one model name never both
+        become champion. The lease is a registered model of its own (`<model>.gate-lease`):
+        creating a name that exists fails in every MLflow store (a UNIQUE key on a server's
+        database), so exactly one creator holds it; it is deleted on release. A lease older than
+        LEASE_STALE_S (its holder died inside the gate, which takes seconds) is taken over. A
+        SQLite store needs none: the file lock beside it already spans every workdir."""
+        from mlflow.exceptions import MlflowException
+
+        if not self.lease_in_registry:
+            yield
+            return
+        name, me = f"{self.model_name}.gate-lease", f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        deadline = time.time() + wait_s
+        while True:
+            try:
+                self.client.create_registered_model(name, tags={"ratchet.holder": me, "ratchet.since": str(time.time())},
+                                                    description="held while a Ratchet run decides the champion")
+                break
+            except MlflowException as e:
+                if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+            try:
+                held = self.client.get_registered_model(name)
+                since = float(held.tags.get("ratchet.since", "0"))
+            except MlflowException:  # released between the two calls: try again at once
+                continue
+            if time.time() - since > LEASE_STALE_S:
+                log.warning("taking over the champion gate's lease %s, held by %s since %.0f s ago", name,
+                            held.tags.get("ratchet.holder"), time.time() - since)
+                self._release(name)
+                continue
+            if time.time() > deadline:
+                raise TrackingError(f"the champion gate's lease {name} on {redact(self.uri)} has been held by "
+                                    f"{held.tags.get('ratchet.holder')} for {time.time() - since:.0f} s; if no "
+                                    "run is deciding a champion, delete that registered model and resume")
+            time.sleep(0.2 + random.random() * 0.3)
+        try:
+            yield
+        finally:
+            self._release(name)
+
+    def _release(self, name: str) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.delete_registered_model(name)
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
 
     # runs -----------------------------------------------------------------
     def start_parent(self, run_name: str, config: dict, tags: dict[str, str]) -> str:
@@ -515,7 +574,7 @@ class Tracker:
         """
         gated = next(s for s in scores if s.name == gate_set)
         on = f"eval set {gated.eval_set}" if len(scores) == 1 else f"{gate_set} (eval set {gated.eval_set})"
-        with self.lock():
+        with self.lock(), self.registry_lease():
             if (done := self.decided(version)) is not None:
                 return done
             champ = self.champion()

@@ -55,12 +55,11 @@ def _hostile_cwd(tmp_path) -> Path:
     return d
 
 
-def _start(cwd, workdir, tiny_model, uri, api_url, *extra):
+def _start(cwd, workdir, tiny_model, config, api_url, *extra):
     env = {**os.environ, "PREFECT_API_URL": api_url}
     for k in ("RATCHET_FAILPOINTS", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "PYTHONPATH"):
         env.pop(k, None)
-    cmd = [str(Path(sys.executable).parent / "ratchet"), "run", str(CONFIG), *overrides(workdir, tiny_model),
-           f"tracking.uri={uri}", *extra]
+    cmd = [str(Path(sys.executable).parent / "ratchet"), "run", str(config), *overrides(workdir, tiny_model), *extra]
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
@@ -73,11 +72,16 @@ def test_racing_runs_share_one_store_and_a_new_split_reevaluates_the_champion(tm
     from ratchet.data.manifest import read_manifest
 
     url, server_root = mlflow_server
-    uri = url.replace("http://", f"http://alice:{SECRET}@")
+    # the credentials come in the config file (never on the command line, where ps shows them)
+    import yaml
+
+    config = tmp_path / "shared.yaml"
+    config.write_text(yaml.safe_dump({**yaml.safe_load(Path(CONFIG).read_text()),
+                                      "tracking": {"uri": url.replace("http://", f"http://alice:{SECRET}@")}}))
     api, cwd, work = PREFECT_API_URL.value(), _hostile_cwd(tmp_path), tmp_path / "work"
 
     # the same command twice at once, as a cron tick that overlaps a manual run would
-    procs = [_start(cwd, work, tiny_model, uri, api) for _ in range(2)]
+    procs = [_start(cwd, work, tiny_model, config, api) for _ in range(2)]
     outs = [p.communicate(timeout=900) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-4000:]
@@ -105,7 +109,7 @@ def test_racing_runs_share_one_store_and_a_new_split_reevaluates_the_champion(tm
     c.set_registered_model_alias("ratchet-self-reward-dpo", "champion", "2")
     v2 = c.get_model_version("ratchet-self-reward-dpo", "2")
     old_sets = {k for k in v2.tags if k.startswith("ratchet.accuracy.")}
-    third = _start(cwd, work, tiny_model, uri, api, "seed=1")
+    third = _start(cwd, work, tiny_model, config, api, "seed=1")
     out, err = third.communicate(timeout=900)
     assert third.returncode == 0, err[-4000:]
     v2 = c.get_model_version("ratchet-self-reward-dpo", "2")

@@ -250,3 +250,47 @@ def test_credentials_never_stay_in_the_config(monkeypatch):
     assert r.returncode == 2 and "hunter2" not in r.stdout + r.stderr
     assert "tracking.uri=http://bob:***@127.0.0.1:5999: a password or token on the command line" in r.stderr
     assert "MLFLOW_TRACKING_PASSWORD" in r.stderr
+
+
+def test_the_gates_lease_is_held_by_one_tracker_at_a_time_whatever_its_workdir(tmp_path, monkeypatch):
+    """Runs in different workdirs share only the tracking server: the champion gate's
+    read-compare-set holds a lease in the registry itself, which one holder at a time gets (the
+    registry's database refuses a second model of one name; here a SQLite database, as a server
+    behind several workdirs would use, with the lease on as it is for a server's URI)."""
+    import threading
+    import time as _time
+
+    import ratchet.flows.tracking as tracking
+
+    uri = f"sqlite:///{tmp_path / 'server.db'}"
+    trackers = [Tracker(TrackingConfig(uri=uri, model_name="shared"), tmp_path / f"work{i}", "t") for i in range(3)]
+    for t in trackers:
+        t.lease_in_registry = True
+    inside, most, order = [0], [0], []
+
+    def gate(t: Tracker, i: int):
+        for _ in range(3):
+            with t.registry_lease():
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+                _time.sleep(0.02)
+                order.append(i)
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=gate, args=(t, i)) for i, t in enumerate(trackers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert most[0] == 1 and sorted(order) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    # a lease whose holder died inside the gate is taken over once it is stale, and released after
+    t = trackers[0]
+    t.client.create_registered_model("shared.gate-lease", tags={"ratchet.holder": "gone:1",
+                                                               "ratchet.since": str(_time.time() - 10)})
+    with pytest.raises(TrackingError, match="held by gone:1"):  # 10 s: a holder still deciding, waited for
+        with t.registry_lease(wait_s=0.5):
+            pass
+    monkeypatch.setattr(tracking, "LEASE_STALE_S", 5.0)  # now 10 s is stale
+    with t.registry_lease():
+        assert t.client.get_registered_model("shared.gate-lease").tags["ratchet.holder"] != "gone:1"
+    assert "shared.gate-lease" not in {m.name for m in t.client.search_registered_models()}
