@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class RatchetError(Exception):
     """Base of every error Ratchet raises on purpose."""
@@ -72,6 +74,26 @@ class TamperedArtifactError(ArtifactError):
 
 class EmptyStageError(RatchetError):
     """A stage produced too little to continue; the message names the knob to turn."""
+
+
+def out_of_space(e: BaseException, where: Path) -> str | None:
+    """The message for a write that ran out of room (a full disk, a quota, a file-size limit),
+    naming the file (or, where the error names none, the directory being written) and what is
+    free there; None for any other error."""
+    import errno
+    import shutil
+
+    if not isinstance(e, OSError) or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return None
+    path = e.filename or where
+    try:
+        free = f"{shutil.disk_usage(where).free / 2**20:,.0f} MiB free there now"
+    except OSError:
+        free = "its free space unknown"
+    what = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+            errno.EFBIG: "file too large for this process's file-size limit (no space left for it)"}[e.errno]
+    return (f"{what} writing {path} ({free}). Everything finished is kept; free space (or raise the quota or "
+            "limit) and re-run the same command to resume")
 
 
 class StageFailedError(RatchetError):

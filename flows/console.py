@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ratchet.data import events
-from ratchet.data.errors import RatchetError, StageFailedError
+from ratchet.data.errors import RatchetError, StageFailedError, out_of_space
 
 STAGE_WIDTH = 8
 
@@ -215,7 +215,8 @@ class RunConsole:
             what = f"round {error.round}'s agreement gate"
             resume = "run the command again with one of the changes above (e.g. agreement.on_below=train)"
         log = (Path(e.dir) / events.STAGE_LOG) if e and e.dir and (Path(e.dir) / events.STAGE_LOG).exists() else run_log
-        lines = [f"ratchet: {what} failed", f"  {type(error).__name__}: {error}"]
+        full = out_of_space(error, Path(e.dir) if e and e.dir else Path.cwd())  # the orchestrator's own writes
+        lines = [f"ratchet: {what} failed", f"  {type(error).__name__}: {full or error}"]
         if log is not None:
             lines.append(f"  log: {log}")
             # a clear error says all; a crash or an unexpected exception shows how the log ends

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ratchet.data import events
 from ratchet.data.digest import sha256_text
-from ratchet.data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError
+from ratchet.data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError, out_of_space
 from ratchet.data.lifetime import die_with_parent
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore, stage_key
@@ -235,7 +235,12 @@ def run_stage(
                       started=time.time(), executor=executor)
         events.emit(events.Event("start", stage, round, d))
         try:
-            m = _run_in_worker(store, d, name, req) if name is not None else body(req, store)
+            try:
+                m = _run_in_worker(store, d, name, req) if name is not None else body(req, store)
+            except OSError as e:
+                if (full := out_of_space(e, d)) is None:
+                    raise
+                raise StageFailedError(f"{stage} stage (round {round}): {full}", clear=True) from e
         except BaseException as e:
             events.emit(events.Event("failed", stage, round, d, error=f"{type(e).__name__}: {e}"))
             raise
@@ -276,11 +281,27 @@ def _run_in_worker(store: ArtifactStore, d: Path, body: str, req: StageRequest) 
             raise ConfigError(e.get("problems") or [e["message"]], source=f"{req.stage} stage")
         raise StageFailedError(f"{req.stage} stage (round {req.round}) failed in its worker: {e['type']}: "
                                f"{e['message']} (its log: {stage_log})", clear=bool(e.get("ratchet")))
+    if (full := _disk_nearly_full(d)) is not None:  # its report could not be written: say why that likely was
+        raise StageFailedError(f"{req.stage} stage (round {req.round}) worker failed (exit code {returncode}) "
+                               f"and left no report: {full}. Its log: {stage_log}", clear=True)
     raise StageFailedError(
         f"{req.stage} stage (round {req.round}) worker died with exit code {returncode} "
         f"(negative = killed by signal; -9 is often the kernel's out-of-memory killer). "
         f"Its partial files are kept in {d}; re-run the same command to resume. Its log: {stage_log}"
     )
+
+
+def _disk_nearly_full(d: Path) -> str | None:
+    import errno
+    import shutil
+
+    try:
+        free = shutil.disk_usage(d).free
+    except OSError:
+        return None
+    if free >= 64 * 2**20:
+        return None
+    return out_of_space(OSError(errno.ENOSPC, "No space left on device", str(d)), d)
 
 
 def verbose() -> bool:
@@ -324,10 +345,14 @@ def worker(spec_path: str) -> int:
         body(req, store)
         return 0
     except BaseException as e:  # report every failure to the orchestrator, then re-raise for the log
-        payload = {"type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc(),
-                   "ratchet": isinstance(e, RatchetError)}
+        full = out_of_space(e, Path(spec_path).parent)
+        payload = {"type": type(e).__name__, "message": full or str(e), "traceback": traceback.format_exc(),
+                   "ratchet": isinstance(e, RatchetError) or full is not None}
         if isinstance(e, ConfigError):
             payload["problems"] = e.problems
-        (Path(spec_path).parent / ERROR_FILE).write_text(json.dumps(payload, indent=2))
+        try:
+            (Path(spec_path).parent / ERROR_FILE).write_text(json.dumps(payload, indent=2))
+        except OSError:  # no room even for the report: the orchestrator finds the disk full itself
+            print(full or payload["message"], file=sys.stderr)
         raise
 
