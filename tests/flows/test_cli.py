@@ -129,7 +129,12 @@ def test_runs_lists_each_run_with_its_state_rounds_and_how_to_resume(tmp_path):
     t = Tracker(cfg.tracking, tmp_path, cfg.name)
     (tmp_path / "runs").mkdir()
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", "ratchet-run"])
+    # a live attempt holds its run's liveness lock (whatever its command line says)
+    alive = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                              "from ratchet.flows.runs import hold_liveness; "
+                              f"hold_liveness(Path({str(tmp_path)!r}), 'd-live'); print('held', flush=True); "
+                              "time.sleep(3600)"], stdout=subprocess.PIPE, text=True)
+    assert alive.stdout.readline().strip() == "held"
     t.client.create_registered_model(t.model_name)
     try:
         for name, state, pid, rounds in [("a-finished", "finished", gone, [(0, 0.42, 1), (1, 0.8, 1), (2, 0.7, 0)]),

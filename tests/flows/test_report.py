@@ -28,11 +28,11 @@ def _recorded_run(tmp_path: Path, mcts: bool):
         t.client.create_model_version(t.model_name, source=str(tmp_path), run_id=child)
         metrics = {"evaluate.accuracy": acc, "evaluate.wall_s": 25.0, "evaluate.tokens_per_s": 200.0 - k}
         if k:
-            label = tmp_path / "stages" / f"label-{k}"
+            label = tmp_path / "stages" / f"label-{k:016x}"  # a stage directory's shape: <stage>-<key>
             label.mkdir(parents=True)
             rewards = [1.0] * (300 * k) + [0.0] * (1200 - 300 * k)
             label.joinpath("labels.jsonl").write_text("".join(json.dumps({"reward": r}) + "\n" for r in rewards))
-            t.client.set_tag(child, "ratchet.stage.label", f"stages/label-{k}")
+            t.client.set_tag(child, "ratchet.stage.label", f"stages/label-{k:016x}")
             metrics.update({"sample.wall_s": 100.0, "sample.tokens_per_s": 400.0, "label.wall_s": 1.0,
                             "filter.accepted": 150.0 + 50 * k, "train.wall_s": 130.0, "train.tokens_per_s": 190.0,
                             "label.reward_mean": sum(rewards) / len(rewards), "label.verifier_auc": 0.5 + k / 10})
