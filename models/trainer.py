@@ -321,7 +321,14 @@ def run_training(trainer, out: Path) -> int | None:
     if failpoints.armed("train:checkpoint"):
         class _DieAfterSave(TrainerCallback):
             def on_save(self, args, state, control, **kwargs):
-                failpoints.hit("train:checkpoint")
+                # every process has written its part of the checkpoint; then the main one kills them
+                # all (the others die with torchrun), so the kill lands after a whole checkpoint
+                import torch.distributed as dist
+
+                if dist.is_available() and dist.is_initialized():
+                    dist.barrier()
+                if state.is_world_process_zero:
+                    failpoints.hit("train:checkpoint")
 
         trainer.add_callback(_DieAfterSave())
     ck = last_checkpoint(out / "checkpoints")
