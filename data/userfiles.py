@@ -10,7 +10,7 @@ field anywhere in the pipeline config (inside lists and unions too), so
 
 - a deployment makes every one of them absolute (`with_absolute_paths`), and drops the content
   digest a field keeps beside its path (`digest=`), so each scheduled run takes it again;
-- `user_files` lists them, by dotted field, for the lineage and for messages.
+- `user_files` lists them by dotted field (absolute), for a caller that must name every one.
 
 What a user file's content changes is keyed where it is read: data files by the digests the
 prompt stages key on (and the run's name), a function's file by its config's `source` digest,
