@@ -14,19 +14,26 @@ import signal
 import sys
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """Ask Linux to send `sig` to this process when its parent dies; exit now if it already has.
-    (It follows the parent *thread*: call it in a process started from its parent's main thread.)"""
-    if not sys.platform.startswith("linux"):
-        return
+def _prctl():
     import ctypes
 
+    return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+
+
+def die_with_parent(sig: int = signal.SIGKILL, prctl=None) -> None:
+    """Ask Linux to send `sig` to this process when its parent dies; exit now if it already has.
+    (It follows the parent *thread*: call it in a process started from a thread that lives as
+    long as its parent does.)"""
+    if not sys.platform.startswith("linux"):
+        return
     parent = os.getppid()
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(sig))  # PR_SET_PDEATHSIG
+    (prctl or _prctl())(1, int(sig))  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent died while the request was being made
         os._exit(1)
 
 
 def child_dies_with_parent(sig: int = signal.SIGKILL):
-    """A subprocess `preexec_fn`: the child asks for `sig` when this process dies."""
-    return lambda: die_with_parent(sig)
+    """A subprocess `preexec_fn`: the child asks for `sig` when this process dies. libc is
+    opened here, in the parent: between fork and exec the child calls prctl alone."""
+    prctl = _prctl() if sys.platform.startswith("linux") else None
+    return lambda: die_with_parent(sig, prctl)

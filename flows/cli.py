@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -47,6 +48,40 @@ def _prepare_env(workdir: Path | None) -> None:
         (workdir / "prefect").mkdir(parents=True, exist_ok=True)  # Prefect does not create parents
         os.environ["PREFECT_HOME"] = str(workdir / "prefect")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _ephemeral_server_dies_with_us() -> None:
+    """The temporary Prefect server a run starts when no PREFECT_API_URL is set (a process of
+    its own) dies with this process, as every process below a run does (data/lifetime.py):
+    Prefect stops it only at a clean exit, so a `kill -9` of the run would leave it serving.
+
+    Prefect keeps one such server per port and hands it to every client that asks; the one
+    registered here first is the one they get, and it starts the server's process asking for
+    SIGTERM (a clean stop of its database) when this process dies."""
+    import subprocess
+    import types
+    from functools import partial
+
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():  # a server of the user's: none is started
+        return
+    from prefect.server.api import server
+
+    from ratchet.data.lifetime import child_dies_with_parent
+
+    class DiesWithUs(server.SubprocessASGIServer):
+        def _run_uvicorn_command(self):
+            real = server.subprocess
+            server.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": partial(
+                subprocess.Popen, preexec_fn=child_dies_with_parent(signal.SIGTERM))})
+            try:
+                return super()._run_uvicorn_command()
+            finally:
+                server.subprocess = real
+
+    if None not in server.SubprocessASGIServer._instances:
+        DiesWithUs()
 
 
 def _summary(results, champion: str | None) -> str:
@@ -90,12 +125,15 @@ def _execute(cfg, start_from: str | None = None, verbose: bool = False) -> int:
     import time
     import traceback
 
+    from ratchet.data import failpoints
     from ratchet.flows.console import RunConsole, redirect_output
     from ratchet.flows.inputs import check_inputs
 
     split = check_inputs(cfg)  # before anything is written: bad data leaves no workdir behind
     workdir = Path(cfg.workdir).resolve()
     _prepare_env(workdir)
+    _ephemeral_server_dies_with_us()
+    failpoints.orchestrator()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     if verbose:
         os.environ["RATCHET_VERBOSE"] = "1"

@@ -1,10 +1,18 @@
-"""Kill the whole pipeline (CLI, worker; SIGKILL to the process group) inside every stage
-and at a stage boundary, resume each time, and end byte-identical to an uninterrupted run.
+"""Kill the pipeline inside every stage and at a stage boundary, resume each time, and end
+byte-identical to an uninterrupted run.
+
+The kill is `kill -9` of the orchestrator's PID alone, not its group, as a user or a lost
+session does it: every process below it (the temporary Prefect server, the stage worker, two
+engine holders, torchrun and two training processes) must die by itself, and none may write
+into the workdir afterwards. (The kills of the whole group, a lost machine, are the other
+tests' failpoints.)
 
 The run is the self-rewarding path on the tiny model (HF backend, worker processes), so
 every stage has a real mid-stage state to lose: sample and judge shards, filter output
 without a manifest, trainer checkpoints, evaluation output without a manifest.
 """
+
+import time
 
 import pytest
 
@@ -26,9 +34,33 @@ KILLS = [
 ]
 
 
+# two engine holders in the sample, label and evaluate stages; training in two processes
+POOLS = ["executor.engines=2", "executor.threads_per_engine=1", "train.num_processes=2"]
+
+
 def _run(workdir, tiny_model, api_url, failpoint=None):
-    env = {"RATCHET_FAILPOINTS": failpoint} if failpoint else None
-    return ratchet("run", CONFIG, *_overrides(workdir, tiny_model), api_url=api_url, env=env)
+    env = None
+    if failpoint:  # the orchestrator's PID alone is killed there; the Prefect server is the run's own
+        env = {"RATCHET_FAILPOINTS": failpoint, "RATCHET_FAILPOINTS_KILL": "orchestrator", MARK: "1"}
+        api_url = None
+    return ratchet("run", CONFIG, *_overrides(workdir, tiny_model), *POOLS, api_url=api_url, env=env)
+
+
+MARK = "RATCHET_TEST_KILLED_RUN"  # every process below a killed run carries it
+
+
+def _nothing_left_running(workdir, failpoint):
+    """No process of the killed run outlives it (each is given 30 s to go), and nothing writes
+    into the workdir after it is gone."""
+    from tests.procs import carrying, gone_within
+
+    left = carrying(f"{MARK}=1")
+    assert all([gone_within(pid, 30) for pid in left]), (failpoint, "outlived the orchestrator")
+    files = lambda: {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in (workdir / "stages").rglob("*")
+                     if p.is_file()}
+    before = files()
+    time.sleep(2)
+    assert files() == before, (failpoint, "written after the run was killed")
 
 
 def _finished(workdir):
@@ -70,6 +102,7 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
         written = _written(work) if (work / "stages").exists() else {}
         killed = _run(work, tiny_model, api, failpoint)
         assert killed.returncode == -9, (failpoint, killed.returncode, killed.stderr[-3000:])
+        _nothing_left_running(work, failpoint)
         after = _finished(work)
         # nothing finished earlier was recomputed or lost
         assert {n: _written(work)[n] for n in written} == written, failpoint
@@ -107,7 +140,7 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
     from ratchet.flows.config import load_config
     from ratchet.flows.tracking import Tracker
 
-    cfg = load_config(CONFIG, _overrides(work, tiny_model))
+    cfg = load_config(CONFIG, [*_overrides(work, tiny_model), *POOLS])
     t = Tracker(cfg.tracking, work, cfg.name)
     runs = t.client.search_runs([t.experiment_id])
     assert sorted(r.info.run_name for r in runs if "mlflow.parentRunId" in r.data.tags) == ["round-0", "round-1"]
@@ -155,7 +188,7 @@ def _champion_and_round_model_load_through_mlflow_and_export(work, t, exported, 
 
     assert t.champion() == "1"  # the tiny model learns nothing: the base stays champion, version 2 is round 1's
     e = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "export", str(CONFIG), "2", str(exported),
-                        *_overrides(work, tiny_model)], cwd=ROOT, capture_output=True, text=True)
+                        *_overrides(work, tiny_model), *POOLS], cwd=ROOT, capture_output=True, text=True)
     assert e.returncode == 0, e.stderr[-2000:]
     assert "## Lineage" in (exported / "README.md").read_text() and (exported / "model.safetensors").exists()
     r = subprocess.run([sys.executable, "-c", LOAD, t.uri, t.model_name, str(exported)], capture_output=True,

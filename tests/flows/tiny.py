@@ -19,9 +19,12 @@ def overrides(workdir, tiny_model) -> list[str]:
             "agreement.min=null"]  # a random model's labels agree with nothing; these runs test the machinery
 
 
-def ratchet(*args, api_url: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`ratchet ARGS` in its own process group, against the Prefect server at api_url."""
+def ratchet(*args, api_url: str | None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`ratchet ARGS` in its own process group, against the Prefect server at api_url (None: the
+    temporary one a run starts by itself)."""
     full = {**os.environ, "PREFECT_API_URL": api_url}
+    if api_url is None:
+        full.pop("PREFECT_API_URL")
     full.pop("RATCHET_FAILPOINTS", None)
     full.update(env or {})
     return subprocess.run([sys.executable, "-m", "ratchet.flows.cli", *map(str, args)], cwd=ROOT, env=full,
