@@ -39,6 +39,8 @@ def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Spli
     if cfg.data.prompts_per_round:
         check_draw(cfg.data.prompts_per_round, len(split.train))
     check_label_model(cfg)
+    if problems := kind_of(cfg.label).ready(cfg.label):  # a served judge's key and server, before any model loads
+        raise ConfigError(problems, source="label")
     if problems := cfg.data.check.problems(columns(split.train + split.eval)):  # loaded once, as a stage will
         raise ConfigError(problems, source="data.check")
     sets = held_out_sets(cfg, split)

@@ -13,6 +13,13 @@ Three modes, all through the sampler backend, batched:
 - rating: the rubric prompt with the assistant's turn started as "Score: "; the
   reward is the expected points over the digit tokens 0-5.
 
+A served judge (`endpoint`: any OpenAI-compatible server, models/endpoint.py) is called
+over chat completions, where no turn can be started for the model: in rating mode it
+writes its rubric verdict greedily, and the reward is the expected points over the digit
+candidates at the verdict's own number; p_yes reads the first token's candidates. Both
+need a server that returns log-probabilities (vLLM does); one that does not is told so
+at its first reply, with the mode it does support (text).
+
 Every mode reads the response through the guard (tasks/guard.py): text in it that
 speaks to the judge (scores, verdicts, instructions, fences, roles) is cut out before
 the judge sees it, and the response is flagged and, by default, given the bottom of
@@ -25,10 +32,11 @@ import math
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ratchet.data.prompts import check_placeholders
 from ratchet.data.userfiles import UserFile
+from ratchet.models.endpoint import EndpointConfig
 from ratchet.tasks.guard import GuardConfig, guard
 
 RUBRIC = """Review the user's question and the response below, and score the response with this additive 5-point system. Start from 0 and add points for each criterion the response meets:
@@ -67,6 +75,9 @@ class JudgeLabel(BaseModel):
     model: Annotated[str, UserFile(keep=("default",))] | None = Field(
         default=None, description="a fixed judge: a local Hugging Face model directory ('default' for the embedded "
         "model), run with the sampler settings; unset: the round's policy judges its own samples (Self-Rewarding)")
+    endpoint: EndpointConfig | None = Field(
+        default=None, description="a served judge: a model behind an OpenAI-compatible API (vllm serve, SGLang, "
+        "TGI, a hosted API), called from this process; no model is loaded for it")
     mode: Literal["text", "p_yes", "rating"] = Field(
         default="text",
         description="text = the rubric's written verdict averaged over k samples (0-5); p_yes = probability of "
@@ -88,6 +99,16 @@ class JudgeLabel(BaseModel):
     shard_size: int = Field(default=256, ge=1, description="completions judged per shard (the unit of resume)")
     guard: GuardConfig = Field(default_factory=GuardConfig, description="what happens to a response that speaks to "
                                "its judge (scores, verdicts, instructions, fences, roles in its text)")
+
+    @model_validator(mode="after")
+    def _one_judge(self):
+        if self.endpoint is not None and self.model is not None:
+            raise ValueError("label.model and label.endpoint both name a judge; keep one (model: a local directory "
+                             "run here; endpoint: a served one)")
+        if self.endpoint is not None and self.mode != "text" and self.top_logprobs > 20:
+            raise ValueError(f"label.top_logprobs={self.top_logprobs}: an OpenAI-compatible API returns at most 20 "
+                             "candidates; set it to 20 or less")
+        return self
 
     @field_validator("template")
     @classmethod
@@ -147,6 +168,18 @@ def copied_mask(judge: str, response: str, window: int = 12) -> list[bool]:
     return mask
 
 
+def verdict_at(judge: str, response: str):
+    """The judge's own final verdict line (a regex match; its number is group 'n'), or None: the
+    last line in the rubric's format that is not a copy of the response's text."""
+    mask = copied_mask(judge, response)
+    found = None
+    for m in _VERDICT.finditer(judge):
+        if any(mask[m.start("n") : m.end("n")]):
+            continue
+        found = m
+    return found
+
+
 def parse_verdict(judge: str, response: str, lo: float = 0.0, hi: float = 5.0) -> float | None:
     """The judge's own final score, or None when it gave none that can be read.
 
@@ -156,12 +189,7 @@ def parse_verdict(judge: str, response: str, lo: float = 0.0, hi: float = 5.0) -
     response. A score out of [lo, hi], or given out of a different total (e.g. 8/10), is
     unreadable rather than rescaled.
     """
-    mask = copied_mask(judge, response)
-    found = None
-    for m in _VERDICT.finditer(judge):
-        if any(mask[m.start("n") : m.end("n")]):
-            continue
-        found = m
+    found = verdict_at(judge, response)
     if found is None:
         return None
     value = float(found.group("n"))
@@ -195,6 +223,36 @@ def expected_rating(top: dict[int, float], digit_ids: dict[int, float]) -> float
     mass = {v: math.exp(top[t]) for t, v in digit_ids.items() if t in top}
     total = sum(mass.values())
     return sum(v * p for v, p in mass.items()) / total if total > 0 else None
+
+
+def p_yes_of_words(top: dict[str, float]) -> float | None:
+    """p_yes over candidates named by their text (a served judge's): every candidate that reads
+    as Yes or No, with or without spaces, counts."""
+    yes = sum(math.exp(lp) for t, lp in top.items() if t.strip() in YES_WORDS)
+    no = sum(math.exp(lp) for t, lp in top.items() if t.strip() in NO_WORDS)
+    return yes / (yes + no) if yes + no > 0 else None
+
+
+def rating_at_verdict(tokens: list[tuple[str, dict[str, float]]], response: str, lo: float, hi: float
+                      ) -> float | None:
+    """The expected points at a written verdict (a served judge's greedy rubric answer): the
+    digit candidates of the token where the verdict's number starts, weighted by probability;
+    None when the judge wrote no readable verdict there."""
+    text = "".join(t for t, _ in tokens)
+    found = verdict_at(text, response)
+    if found is None or parse_verdict(text, response, lo, hi) is None:
+        return None
+    start, pos = found.start("n"), 0
+    for token, top in tokens:
+        if pos <= start < pos + len(token):
+            mass: dict[float, float] = {}
+            for cand, lp in top.items():
+                if cand.strip() in DIGITS and token[: start - pos].strip() == "":
+                    mass[float(cand.strip())] = mass.get(float(cand.strip()), 0.0) + math.exp(lp)
+            total = sum(mass.values())
+            return sum(v * p for v, p in mass.items()) / total if total > 0 else None
+        pos += len(token)
+    return None
 
 
 def digit_token_ids(tokenizer) -> dict[int, float]:
@@ -244,6 +302,8 @@ def _rate(sampler, cfg: JudgeLabel, items: list[tuple[str, str]], seed: int
 
     if not items:
         return []
+    if cfg.endpoint is not None:
+        return _rate_served(sampler, cfg, items, seed)
     template = cfg.prompt_template()
     prompts = [judge_prompt(template, p, r) for p, r in items]
     lo, hi = cfg.scale
@@ -267,6 +327,38 @@ def _rate(sampler, cfg: JudgeLabel, items: list[tuple[str, str]], seed: int
             digits = digit_token_ids(sampler.tokenizer)
             tops = sampler.next_token_logprobs(prompts, RATING_PREFIX, cfg.top_logprobs)
             return [((s := expected_rating(t, digits)), [s]) for t in tops]
+
+
+def _rate_served(endpoint, cfg: JudgeLabel, items: list[tuple[str, str]], seed: int
+                 ) -> list[tuple[float | None, list[float | None]]]:
+    """_rate through a served judge (models/endpoint.py): a chat completion per verdict."""
+    from ratchet.models.endpoint import EndpointError
+
+    template = cfg.prompt_template()
+    lo, hi = cfg.scale
+    ask = lambda p, **kw: {"messages": [{"role": "user", "content": judge_prompt(template, *p)}], **kw}  # noqa: E731
+    if cfg.mode == "text":
+        replies = endpoint.chat([ask(p, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                                     seed=(seed + j) % 2**31) for p in items for j in range(cfg.k)])
+        out = []
+        for i, (_, response) in enumerate(items):
+            votes = [parse_verdict(r.texts[0], response, lo, hi) for r in replies[i * cfg.k : (i + 1) * cfg.k]]
+            read = [v for v in votes if v is not None]
+            out.append((sum(read) / len(read) if read else None, votes))
+        return out
+    requests = [ask(p, max_tokens=1 if cfg.mode == "p_yes" else cfg.max_tokens, temperature=0.0, seed=seed,
+                    logprobs=True, top_logprobs=cfg.top_logprobs) for p in items]
+    if endpoint.chat(requests[:1])[0].tokens is None:  # asked first, alone: a server without them costs one call
+        raise EndpointError(f"the served judge {endpoint.cfg.where()} returned no token log-probabilities, which "
+                            f"label.mode={cfg.mode!r} reads; this server supports label.mode='text' (vLLM returns "
+                            "them: vllm serve ... --max-logprobs 20)")
+    out = []
+    for (_, response), r in zip(items, endpoint.chat(requests)):
+        tokens = r.tokens[0] if r.tokens else []
+        s = (p_yes_of_words(tokens[0][1]) if tokens else None) if cfg.mode == "p_yes" \
+            else rating_at_verdict(tokens, response, lo, hi)
+        out.append((s, [s]))
+    return out
 
 
 def judge_batch(sampler, cfg: JudgeLabel, items: list[tuple[str, str]], seed: int

@@ -3,7 +3,7 @@
     verifier     the task's answer check (RFT / ReST-EM / STaR)
     consistency  majority vote of a prompt's own samples (label-free)
     judge        the policy rates its own completions (Self-Rewarding; tasks/judge.py), or a
-                 fixed judge model does (label.model)
+                 fixed judge model does (label.model), or a served one (label.endpoint)
     reward_model a sequence-classification reward model scores them (label.model)
     mcts         step-level tree search from the prompts (tasks/mcts.py)
 
@@ -99,6 +99,10 @@ def label(store: ArtifactStore, source: StageManifest, cfg: LabelConfig, data_cf
     want = ("sample",) if kind.consumes == "samples" else ("prompts", "slice")
     if source.stage not in want:
         raise ValueError(f"label.kind={kind.name!r} labels the {' or '.join(want)} stage, not {source.stage}")
+    if kind.served(cfg):  # its model is elsewhere: called from here, resumable call by call
+        return run_stage(store, stage="label", round=round, body=label_body,
+                         config=LabelJob(label=cfg, data=data_cfg, seed=seed), parents=[source], keep_partial=True,
+                         run=run)
     if not kind.uses_policy:
         return run_stage(store, stage="label", round=round, body=label_body,
                          config=LabelJob(label=cfg, data=data_cfg), parents=[source], keep_partial=True, run=run)

@@ -86,6 +86,10 @@ class MctsLabel(BaseModel):
             raise ValueError("label.judge.model: the tree search scores rollouts with the policy it searches with; "
                              "a fixed judge model is not supported inside the search yet (unset label.judge.model, "
                              "or use label.kind='judge' with label.model on sampled completions)")
+        if self.judge.endpoint is not None:
+            raise ValueError("label.judge.endpoint: the tree search scores rollouts inside its engine holders, "
+                             "with the policy it searches with; a served judge is not supported inside the search "
+                             "(unset it, or use label.kind='judge' with label.endpoint on sampled completions)")
         if self.value == "judge" and self.judge.mode == "text":
             raise ValueError("label.judge.mode='text' cannot score rollouts inside the search (unreadable verdicts "
                              "would leave nodes without a value); use mode 'rating' or 'p_yes'")

@@ -114,6 +114,30 @@ def code_version(*modules: str) -> str:
     return sha256_text("\n".join(parts))[:16]
 
 
+def keyed(config: BaseModel) -> dict:
+    """A stage's config as it keys the stage: all of it but the settings that cannot change a
+    result (marked `json_schema_extra={"keyed": False}`: how many calls run at once, their
+    timeouts and retries), so changing one of those resumes the stage instead of redoing it."""
+
+    def drop(model, dumped):
+        if isinstance(model, BaseModel) and isinstance(dumped, dict):
+            for name, f in type(model).model_fields.items():
+                if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("keyed") is False:
+                    dumped.pop(f.serialization_alias or f.alias or name, None)
+                elif name in dumped:
+                    drop(getattr(model, name), dumped[name])
+        elif isinstance(model, (list, tuple)) and isinstance(dumped, list):
+            for m, d in zip(model, dumped):
+                drop(m, d)
+        elif isinstance(model, dict) and isinstance(dumped, dict):
+            for k, m in model.items():
+                if str(k) in dumped:
+                    drop(m, dumped[str(k)])
+        return dumped
+
+    return drop(config, config.model_dump(mode="json"))
+
+
 def body_code(body: Body, *extra: str) -> str:
     """The code version of a stage body: its module's closure (plus `extra` modules it reaches
     through a registry rather than an import)."""
@@ -217,7 +241,7 @@ def run_stage(
     request = request_type(body)  # a body that cannot run is an error before anything is written
     name = body_name(body) if isolate else None
     code = code or body_code(body)
-    key = stage_key(stage, code, config.model_dump(mode="json"), parents)
+    key = stage_key(stage, code, keyed(config), parents)
     found = store.find(stage, key)
     if found is not None:
         log.info("%s (round %d): finished earlier at %s, reused", stage, round, found.dir)

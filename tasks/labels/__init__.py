@@ -82,6 +82,8 @@ class LabelKind:
     setting: Callable[[Any], str] = lambda cfg: f"label.kind={cfg.kind!r}"  # the same, in config terms
     budgets: Callable[[Any], dict[str, Budget]] = lambda pipeline: {}  # prompt budgets of the stages it runs
     checks: Callable[[Any], list[str]] = _no_problems  # problems across sections, each with its fix
+    served: Callable[[Any], bool] = lambda cfg: False  # calls a served model instead: this process, a seed, no policy
+    ready: Callable[[Any], list[str]] = _no_problems  # what this machine lacks to run it (a key, a server), up front
     outputs: tuple[str, ...] = ()  # files it writes beside labels.jsonl (that a filter kind may read)
     summary: Callable[[dict[str, float]], list[str]] = lambda m: [  # its result in a few words, for the console
         f"{events.count(m.get('labeled', 0))} labeled", f"mean reward {m.get('reward_mean', 0):.2f}"]

@@ -1,0 +1,100 @@
+"""An OpenAI-compatible server for tests, in the standard library: it answers chat completions
+as a test scripts it (a verdict, token log-probabilities, or a failure: a status, garbage, no
+choices, a reply too slow), lists its models, and records every request it was sent."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def verdict(text: str, logprobs: list[tuple[str, dict[str, float]]] | None = None) -> dict:
+    """A chat completion replying `text`, with each token's candidates where given."""
+    choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}
+    if logprobs is not None:
+        choice["logprobs"] = {"content": [
+            {"token": t, "logprob": max(top.values()) if top else 0.0, "bytes": None,
+             "top_logprobs": [{"token": c, "logprob": lp, "bytes": None} for c, lp in top.items()]}
+            for t, top in logprobs]}
+    return {"id": "x", "object": "chat.completion", "created": 0, "model": "judge", "choices": [choice],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}}
+
+
+class Failure:
+    """What the server does instead of answering: a status (with a body), `garbage` bytes, a
+    reply with no choices, or a sleep past the client's timeout."""
+
+    def __init__(self, status: int = 200, body: bytes | None = None, sleep: float = 0.0,
+                 headers: dict[str, str] | None = None):
+        self.status, self.body, self.sleep, self.headers = status, body, sleep, headers or {}
+
+
+GARBAGE = Failure(200, b"<html>not json")
+NO_CHOICES = Failure(200, json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "judge",
+                                       "choices": []}).encode())
+
+
+class Stub:
+    """The server: `answer(request body) -> dict | Failure` decides each reply; `requests`
+    holds every chat request received, with its Authorization header."""
+
+    def __init__(self, answer: Callable[[dict], dict | Failure], models: tuple[str, ...] = ("judge",)):
+        self.answer, self.models = answer, models
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, status: int, body: bytes, headers: dict | None = None):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except OSError:
+                    pass  # the client gave up (a timeout)
+
+            def do_GET(self):
+                if self.path.rstrip("/").endswith("/models"):
+                    data = [{"id": m, "object": "model", "created": 0, "owned_by": "test"} for m in stub.models]
+                    self._send(200, json.dumps({"object": "list", "data": data}).encode())
+                else:
+                    self._send(404, b'{"error": {"message": "not found"}}')
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                with stub.lock:
+                    stub.requests.append({**body, "_auth": self.headers.get("Authorization")})
+                out = stub.answer(body)
+                if isinstance(out, Failure):
+                    time.sleep(out.sleep)
+                    default = json.dumps({"error": {"message": f"status {out.status}"}}).encode()
+                    self._send(out.status, out.body if out.body is not None else default, out.headers)
+                else:
+                    self._send(200, json.dumps(out).encode())
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Stub:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def asked(self) -> list[str]:
+        """The judged texts each request carried (its user message), in order of arrival."""
+        return [r["messages"][-1]["content"] for r in self.requests]
