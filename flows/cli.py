@@ -444,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    for noisy in ("httpx", "httpcore", "alembic", "urllib3"):
+    for noisy in ("httpx", "httpx2", "httpcore", "alembic", "urllib3", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return args.fn(args)

@@ -149,6 +149,7 @@ class Endpoint:
                                                  row["input_tokens"], row["output_tokens"])
                 except (ValueError, KeyError, TypeError):
                     continue
+        self._journaled, self._reused = set(self.done), set()  # what an earlier run of the stage finished
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._client = self.cfg.client()
@@ -160,7 +161,8 @@ class Endpoint:
 
         ids = [sha256_json({"model": self.cfg.model, "base_url": self.cfg.base_url, **r}) for r in requests]
         todo = {i: r for i, r in zip(ids, requests) if i not in self.done}
-        self.stats["calls_reused"] += len(set(ids) - set(todo))
+        self._reused |= set(ids) & self._journaled
+        self.stats["calls_reused"] = float(len(self._reused))  # each journaled call once, however often asked
         with open(self.journal, "a", encoding="utf-8") as out:
             pool = ThreadPoolExecutor(max_workers=self.cfg.max_concurrency)
             try:

