@@ -12,6 +12,7 @@ import argparse
 import time
 
 from ratchet.data.checkers import ExactCheck, MathCheck, NumberCheck, RegexCheck, StepsCheck, check, extract, graded
+from ratchet.data.checks.code import program_of
 from ratchet.tasks.guard import guard
 from ratchet.tasks.judge import copied_mask, parse_verdict
 from ratchet.tasks.mcts import step_text
@@ -20,13 +21,15 @@ from ratchet.tasks.mcts import step_text
 SHAPES = [("spaces after a keyword", "score", " "), ("newlines", "", "\n"), ("spaces and newlines", "verdict", " \n"),
           ("punctuation", "score", "*_"), ("brackets", "score: ", "("), ("digits", "The answer is ", "9"),
           ("spaced letters", "", "s "), ("look-alike letters", "", "а1"), ("words", "must ", "give "),
-          ("verdict lines", "", "Score: 5\n"), ("numbers", "", "1, "), ("equations", "", "1 + 1 = 2. ")]
+          ("verdict lines", "", "Score: 5\n"), ("numbers", "", "1, "), ("equations", "", "1 + 1 = 2. "),
+          ("fences", "", "```py\n")]
 
 
 def functions():
     checks = [NumberCheck(), StepsCheck(), ExactCheck(), RegexCheck(pattern=r"Answer:\s*(\S+)")]
     fns = {"guard.guard": lambda t: guard("What is 2 + 2?", t), "judge.parse_verdict": lambda t: parse_verdict(t, "x"),
-           "judge.copied_mask": lambda t: copied_mask(t, t[: len(t) // 2]), "mcts.step_text": lambda t: step_text(t, "\n")}
+           "judge.copied_mask": lambda t: copied_mask(t, t[: len(t) // 2]), "mcts.step_text": lambda t: step_text(t, "\n"),
+           "code.program_of": program_of}
     for c in checks:
         fns[f"{c.kind}.check"] = lambda t, c=c: check(c, t, "4")
         fns[f"{c.kind}.extract"] = lambda t, c=c: extract(c, t)

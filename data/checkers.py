@@ -20,6 +20,7 @@ from typing import Annotated
 from pydantic import Field
 
 from ratchet.data.checks.base import Check, Item, Tally, Verdict
+from ratchet.data.checks.code import CodeCheck
 from ratchet.data.checks.exact import ExactCheck
 from ratchet.data.checks.math_answer import MathCheck
 from ratchet.data.checks.number import NumberCheck
@@ -28,10 +29,10 @@ from ratchet.data.checks.regex import RegexCheck
 from ratchet.data.checks.steps import StepsCheck, listed_values, shown_steps, worked
 
 # The registration of every check kind: one member each.
-AnyCheck = NumberCheck | ExactCheck | RegexCheck | StepsCheck | MathCheck | PythonCheck
+AnyCheck = NumberCheck | ExactCheck | RegexCheck | StepsCheck | MathCheck | PythonCheck | CodeCheck
 CheckConfig = Annotated[AnyCheck, Field(discriminator="kind")]
 
-__all__ = ["AnyCheck", "Check", "CheckConfig", "ExactCheck", "Item", "MathCheck", "NumberCheck", "PythonCheck", "RegexCheck",
+__all__ = ["AnyCheck", "Check", "CheckConfig", "CodeCheck", "ExactCheck", "Item", "MathCheck", "NumberCheck", "PythonCheck", "RegexCheck",
            "StepsCheck", "Tally", "Verdict", "answer_key", "check", "check_many", "extract", "graded", "listed_values",
            "score_metrics", "score_sums", "shown_steps", "worked"]
 

