@@ -20,22 +20,37 @@ SUM_IO = '[{"input": "1 2\\n", "output": "3\\n"}, {"input": "40 2", "output": "4
 SUM = "```py\nimport sys\na, b = map(int, sys.stdin.read().split())\nprint(a + b)\n```"
 
 
+@pytest.fixture
+def adopting():
+    """This process adopts every orphan below it (PR_SET_CHILD_SUBREAPER), so whatever a sandbox
+    leaves behind ends up as a child of the test, where `_leftovers` finds it."""
+    import ctypes
+
+    prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    yield
+    prctl(36, 0)
+
+
 def _leftovers() -> list[str]:
-    """Live processes of a sandbox: anything running as nobody, or with a sandbox's directory in
-    its command line. (bwrap's init inside the sandbox exits just after bwrap itself, so the
-    machine's init may hold it as a zombie for a moment: dead, nothing left to run.)"""
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-                status = open(f"/proc/{d}/status").read()
-                uid = int(status.split("Uid:")[1].split()[0])
-                state = status.split("State:")[1].split()[0]
-            except (OSError, IndexError, ValueError):
-                continue
-            if state != "Z" and ("ratchet-box-" in cmd or " /box/" in cmd or (os.geteuid() == 0 and uid == 65534)):
-                out.append(f"{d} {cmd[:120]}")
+    """Live processes left below this one (with `adopting`, orphans included). A dead one not yet
+    collected (bwrap's init inside a sandbox exits just after bwrap does) is collected here."""
+    children, out = [], []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            children += map(int, open(f"/proc/self/task/{task}/children").read().split())
+        except OSError:  # a thread that has ended since
+            continue
+    for pid in children:
+        try:
+            status = open(f"/proc/{pid}/status").read()
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if status.split("State:")[1].split()[0] == "Z":
+            os.waitpid(pid, 0)
+        else:
+            out.append(f"{pid} {cmd[:120]}")
     return out
 
 
@@ -96,7 +111,7 @@ def listener():
     s.close()
 
 
-def test_hostile_programs_are_contained_and_scored_as_failures(tmp_path, listener, monkeypatch):
+def test_hostile_programs_are_contained_and_scored_as_failures(tmp_path, listener, monkeypatch, adopting):
     port, connections = listener
     monkeypatch.setenv("RATCHET_TEST_SECRET", "s3cr3t-value")
     canary = tmp_path / "outside"
@@ -166,3 +181,21 @@ def test_the_check_takes_its_place_in_a_config():
     cfg = load_config(root / "flows" / "configs" / "default.yaml", ["data.check={kind: code, reward: fraction}"])
     assert isinstance(cfg.data.check, CodeCheck) and cfg.data.check.sandbox == "bwrap"
     assert sys.platform.startswith("linux")
+
+
+def test_the_built_in_code_task_is_solvable_and_not_passed_by_nothing():
+    """examples/code_task: every problem's reference solution passes its tests, an empty program
+    passes none, and the shipped config reads it."""
+    import json
+
+    from ratchet.flows.config import load_config
+
+    root = Path(__file__).parents[2]
+    rows = {r["id"]: r for r in map(json.loads, (root / "examples/code_task/problems.jsonl").read_text().splitlines())}
+    sols = [json.loads(x) for x in (root / "examples/code_task/solutions.jsonl").read_text().splitlines()]
+    assert sorted(s["id"] for s in sols) == sorted(rows) and len(rows) == 32
+    c = CodeCheck(workers=2)
+    assert all(v.correct for v in c.check_many([Item(s["solution"], rows[s["id"]]["answer"]) for s in sols]))
+    assert not any(v.correct for v in c.check_many([Item("```python\npass\n```", r["answer"]) for r in rows.values()]))
+    cfg = load_config(root / "flows" / "configs" / "code_rft.yaml", [])
+    assert cfg.data.check.kind == "code" and cfg.data.path.endswith("problems.jsonl")
