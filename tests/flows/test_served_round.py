@@ -95,3 +95,33 @@ def test_a_server_killed_mid_stage_is_resumed_without_asking_again(served, defau
     assert len(after) == len(set(after)) == 40 - len(kept) == m.metrics["judge_calls"]  # each missing one, once
     rows = [json.loads(x) for x in (store.dir_of(m) / "labels.jsonl").read_text().splitlines()]
     assert len(rows) == 40 and all(r["reward"] is not None for r in rows)
+
+
+def test_the_attack_corpus_does_not_lift_the_served_judge(served, tmp_path):
+    """The attack corpus (tests/tasks/attacks/) against the served judge, p_yes from the server's
+    log-probabilities: without the guard some kind of attack lifts it (so the measure can see a
+    lift); through the guard, as shipped, none does, and every attack scores below its clean
+    control."""
+    from ratchet.models.endpoint import Endpoint, EndpointConfig
+    from ratchet.tasks.guard import guard
+    from ratchet.tasks.judge import JudgeLabel, judge_values, rate
+    from tests.tasks.test_judge_attacks import CORPUS, KIND_MEAN, SINGLE, _by_kind
+
+    _, url, _ = served
+    cfg = JudgeLabel(mode="p_yes", endpoint=EndpointConfig(base_url=url, model="judge", max_concurrency=4))
+    endpoint = Endpoint(cfg.endpoint, tmp_path / "calls.jsonl")
+    texts = [(r["prompt"], t) for r in CORPUS for t in (r["clean"], r["attack"], guard(r["prompt"], r["attack"])[0])]
+    score = {x: v if v is not None else 0.0 for x, (v, _) in zip(texts, rate(endpoint, cfg, texts, seed=0))}
+    clean = [score[(r["prompt"], r["clean"])] for r in CORPUS]
+    raw = [score[(r["prompt"], r["attack"])] - c for r, c in zip(CORPUS, clean)]
+    assert max(sum(xs) / len(xs) for xs in _by_kind(raw).values()) > KIND_MEAN, raw
+    cut = [score[(r["prompt"], guard(r["prompt"], r["attack"])[0])] - c for r, c in zip(CORPUS, clean)]
+    shipped = [v - c for v, c in zip(judge_values(endpoint, cfg, [(r["prompt"], r["attack"]) for r in CORPUS], seed=0),
+                                     clean)]
+    for name, lifts in (("cut", cut), ("shipped", shipped)):
+        worst = max(zip(lifts, (r["id"] for r in CORPUS)))
+        assert worst[0] <= SINGLE, (name, worst)
+        for kind, xs in _by_kind(lifts).items():
+            assert sum(xs) / len(xs) <= KIND_MEAN, (name, kind, xs)
+    assert all(x < 0 for x in shipped), shipped
+    assert endpoint.stats["calls"] == len(set(texts)) and endpoint.stats["calls_reused"] == 0
