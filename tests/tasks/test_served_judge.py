@@ -230,3 +230,28 @@ def test_the_pipeline_checks_a_served_judge_up_front(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="NO_SUCH_KEY is not set"):
         check_inputs(cfg)
     assert not os.path.exists(tmp_path / "stages")
+
+
+def test_a_journal_cut_by_a_kill_or_spoiled_costs_only_its_broken_lines(tmp_path):
+    from ratchet.models.endpoint import Endpoint
+
+    with Stub(lambda body: verdict(body["messages"][-1]["content"].upper())) as server:
+        cfg = _judge(server.url, k=1)
+        journal = tmp_path / "calls.jsonl"
+        first = Endpoint(cfg.endpoint, journal)
+        requests = [{"messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 4} for i in range(4)]
+        first.chat(requests)
+        lines = journal.read_text().splitlines()
+        journal.write_text("\n".join([lines[0], "not json", '{"id": "x"}', lines[1], lines[2][: len(lines[2]) // 2]]))
+        before = len(server.requests)
+        again = Endpoint(cfg.endpoint, journal)
+        assert [r.texts for r in again.chat(requests)] == [r.texts for r in first.chat(requests)]
+        assert len(server.requests) - before == 2 and again.stats["calls_reused"] == 2  # the cut line and the last
+
+
+def test_a_rows_tests_that_do_not_parse_leave_it_unscored():
+    from ratchet.data.checks.base import Item
+    from ratchet.data.checks.code import CodeCheck
+
+    (v,) = CodeCheck(wall_s=5.0).check_many([Item("def f(): return 1", "assert f( ==")])
+    assert v.correct is None and v.reward is None
