@@ -32,9 +32,19 @@ def adopting():
     prctl(36, 0)
 
 
-def _leftovers() -> list[str]:
+def _leftovers(wait_s: float = 5.0) -> list[str]:
     """Live processes left below this one (with `adopting`, orphans included). A dead one not yet
-    collected (bwrap's init inside a sandbox exits just after bwrap does) is collected here."""
+    collected (bwrap's init inside a sandbox exits just after bwrap does) is collected here; one
+    caught while exiting is given `wait_s` to finish."""
+    import time
+
+    deadline = time.time() + wait_s
+    while (out := _live_children()) and time.time() < deadline:
+        time.sleep(0.1)
+    return out
+
+
+def _live_children() -> list[str]:
     children, out = [], []
     for task in os.listdir("/proc/self/task"):
         try:
