@@ -28,7 +28,8 @@ from ratchet.flows.stages import (EvalTarget, RoundResult, agreement_task, base_
                                   register_task, report_task, sample_task, slice_task, start_model_task, tracker_of,
                                   train_task, unwrap)
 from ratchet.flows.tracking import Tracker, verdict
-from ratchet.tasks import label as label_mod
+from ratchet.models import warm
+from ratchet.tasks import forkserver, label as label_mod
 from ratchet.tasks.evaluate import EvaluateConfig
 
 
@@ -122,6 +123,13 @@ def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
     return results
 
 
+def warm_engine_wanted(cfg: PipelineConfig) -> bool:
+    """A run keeps one engine (models/warm.py) when its stages sample in workers on this machine
+    with one engine each."""
+    e = cfg.executor
+    return cfg.isolate and e.warm_engine and e.kind == "local" and e.engines == 1
+
+
 def execute(cfg: PipelineConfig, start_from: str | None = None,
             ctx: RunContext | None = None) -> tuple[RunContext, list[RoundResult], Tracker]:
     """Run (or continue) a pipeline run to the end; the MLflow parent run ends FINISHED or FAILED."""
@@ -130,7 +138,10 @@ def execute(cfg: PipelineConfig, start_from: str | None = None,
     else:
         tracker = Tracker(cfg.tracking, Path(ctx.workdir), cfg.name)
     try:
-        results = self_improve(cfg, ctx)
+        logs = Path(ctx.workdir) / "logs"
+        with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, logs / f"{ctx.run_name}.forkserver.log"), \
+                warm.for_run(warm_engine_wanted(cfg), logs / f"{ctx.run_name}.engine.log", cfg.sampler.backend):
+            results = self_improve(cfg, ctx)
     except BaseException:
         tracker.end(ctx.parent_run_id, "FAILED")
         set_state(ctx, tracker, "failed")

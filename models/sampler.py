@@ -112,7 +112,7 @@ def _on_cpu() -> bool:
 class VLLMSampler:
     """vLLM in-process. On CPU the engine runs in this process: deterministic and no spawn."""
 
-    def __init__(self, model_dir: Path, cfg: SamplerConfig, seed: int):
+    def __init__(self, model_dir: Path, cfg: SamplerConfig, seed: int, sleep_mode: bool = False):
         cpu = _on_cpu()
         if cpu:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -135,6 +135,7 @@ class VLLMSampler:
             kwargs.update(
                 gpu_memory_utilization=cfg.gpu_memory_utilization,
                 tensor_parallel_size=cfg.tensor_parallel_size,
+                enable_sleep_mode=sleep_mode,  # the run's warm engine gives the GPU back between stages
             )
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
@@ -187,8 +188,29 @@ class VLLMSampler:
             result.append(dict(ranked[:top]))  # vLLM adds the sampled token to the top-k; keep k
         return result
 
+    def load_weights(self, model_dir: Path) -> None:
+        """Load another model's weights of the same shape into this engine, in place (the run's
+        warm engine, models/warm.py); it then answers as an engine opened on `model_dir` would."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
+        if _on_cpu():
+            self.llm.apply_model(_repack_kept_weights)
+        self.llm.reset_prefix_cache()
+
     def close(self) -> None:
         del self.llm
+
+
+def _repack_kept_weights(model) -> None:
+    """vLLM's CPU backend packs each layer's weights for its GEMM kernels once loaded, and
+    `reload_weights` packs them again only for the layers it loaded: an LM head tied to the
+    embeddings loads nothing of its own, so it would go on multiplying by the old embeddings'
+    packed copy. Pack again every layer that kept its weight beside its packed copy."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    for m in model.modules():
+        w = getattr(m, "weight", None)
+        if hasattr(m, "cpu_linear") and isinstance(w, __import__("torch").Tensor) and w.numel() > 0 and w.ndim == 2:
+            dispatch_cpu_unquantized_gemm(m, remove_weight=False)
 
 
 class HFSampler:
@@ -282,9 +304,10 @@ def _decode_hf(tok, seq: list[int], stops: tuple[str, ...] = ()) -> Generation:
     return Generation(text, n, "length" if end is None else "stop")
 
 
-def open_sampler(model_dir: Path, cfg: SamplerConfig, seed: int) -> Sampler:
+def open_sampler(model_dir: Path, cfg: SamplerConfig, seed: int, sleep_mode: bool = False) -> Sampler:
+    """An engine in this process; `sleep_mode` (vLLM on a GPU): one that can sleep (models/warm.py)."""
     match cfg.backend:
         case "vllm":
-            return VLLMSampler(model_dir, cfg, seed)
+            return VLLMSampler(model_dir, cfg, seed, sleep_mode)
         case "hf":
             return HFSampler(model_dir, cfg, seed)

@@ -229,7 +229,7 @@ def save_merged(trainer, tok, base_dir: Path, out: Path, adapter: str) -> None:
     tmp.replace(out / "model")
 
 
-def write_log(trainer, out: Path, started: float, n_tokens: int) -> dict[str, float]:
+def write_log(trainer, out: Path, started: float, n_tokens: int, save_s: float = 0.0) -> dict[str, float]:
     """Loss curve to out/train_log.jsonl; summary metrics returned.
 
     The log is a function of the training alone, so a resumed run writes the same bytes as
@@ -243,7 +243,12 @@ def write_log(trainer, out: Path, started: float, n_tokens: int) -> dict[str, fl
     wall = time.time() - started
     final = [h for h in trainer.state.log_history if "train_loss" in h]
     mean = float(final[-1]["train_loss"]) if final else float("nan")
+    steps_s = float(final[-1].get("train_runtime", wall)) if final else wall
     return {
+        # where train_s went: the optimizer's steps (this attempt's), writing the model, and the rest
+        # (loading the policy, preparing the data, building the trainer)
+        "steps_s": steps_s,
+        "save_s": save_s,
         "train_loss": mean,
         # a run shorter than logging_steps logs no step loss: its mean loss stands for both ends
         "first_loss": float(hist[0]["loss"]) if hist else mean,

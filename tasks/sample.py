@@ -63,8 +63,11 @@ class PolicyWork(UnitWork):
     size: int
 
     def open(self):
+        from ratchet.models import warm
         from ratchet.models.sampler import open_sampler
 
+        if warm.lent():  # the run's engine, its weights swapped to this policy's if need be
+            return warm.WarmSampler(self.model, self.sampler, seed=self.seed)
         return open_sampler(self.model, self.sampler, seed=self.seed)
 
 

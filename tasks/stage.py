@@ -15,6 +15,7 @@ the OS before the next stage starts.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -24,6 +25,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 import traceback
 import typing
 from collections.abc import Callable
@@ -236,7 +238,6 @@ def run_stage(
     is recorded in an unfinished stage's directory, so `ratchet gc` can tell whether a
     recorded run would still resume it.
     """
-    import time
 
     request = request_type(body)  # a body that cannot run is an error before anything is written
     name = body_name(body) if isolate else None
@@ -290,7 +291,16 @@ def _run_in_worker(store: ArtifactStore, d: Path, body: str, req: StageRequest) 
     spec.write_text(json.dumps({"body": body, "store": str(store.root), "request": req.model_dump(mode="json")}))
     (d / ERROR_FILE).unlink(missing_ok=True)
     stage_log = d / events.STAGE_LOG
-    returncode = _run_logged([sys.executable, "-c", WORKER, str(spec)], stage_log)
+    from ratchet.models import warm
+    from ratchet.tasks import forkserver
+
+    env = warm.worker_env()
+    returncode = None
+    if (server := forkserver.current()) is not None:  # a warm worker, forked from the run's fork server
+        with _following(stage_log):
+            returncode = server.run(spec, stage_log, env)
+    if returncode is None:
+        returncode = _run_logged([sys.executable, "-c", WORKER, str(spec)], stage_log, env)
     if returncode == 0:
         m = store.find(req.stage, req.key, verify=False)
         if m is None:
@@ -333,15 +343,49 @@ def verbose() -> bool:
     return os.environ.get("RATCHET_VERBOSE", "") not in ("", "0")
 
 
-def _run_logged(cmd: list[str], stage_log: Path) -> int:
+@contextlib.contextmanager
+def _following(path: Path):
+    """With RATCHET_VERBOSE, copy what is appended to `path` to this process's stdout meanwhile."""
+    import threading
+
+    if not verbose():
+        yield
+        return
+    stop = threading.Event()
+
+    def copy(start: int) -> None:
+        with open(path, "rb") as f:
+            f.seek(start)
+            while True:
+                line = f.readline()
+                if line:
+                    sys.stdout.buffer.write(line)
+                    sys.stdout.flush()
+                elif stop.is_set():
+                    return
+                else:
+                    time.sleep(0.1)
+
+    path.touch()
+    t = threading.Thread(target=copy, args=(path.stat().st_size,), daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(timeout=5)
+
+
+def _run_logged(cmd: list[str], stage_log: Path, extra_env: dict[str, str] | None = None) -> int:
     """Run a worker with its output (the engine's, the trainer's, every library's) appended to
     the stage's log; with RATCHET_VERBOSE also copied to this process's stdout as it comes."""
     import threading
 
+    env = {**os.environ, **(extra_env or {})}
     with open(stage_log, "ab") as f:
         if not verbose():
-            return subprocess.run(cmd, env=os.environ.copy(), stdout=f, stderr=subprocess.STDOUT).returncode
-        proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            return subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
         def copy() -> None:
             for line in iter(proc.stdout.readline, b""):
@@ -361,6 +405,9 @@ def worker(spec_path: str) -> int:
     """A worker process's main: run one stage body from its request file."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     die_with_parent()  # a killed orchestrator takes its worker along (data/lifetime.py)
+    from ratchet.models import warm
+
+    warm.take_address()  # the run's warm engine, if it has one: this process's alone
     spec = json.loads(Path(spec_path).read_text())
     body = _resolve(spec["body"])
     req = request_type(body).model_validate(spec["request"])

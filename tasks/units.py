@@ -57,6 +57,13 @@ class ExecutorConfig(BaseModel):
                                            "Ray the CPUs it reserves (default: local, this machine's cores / "
                                            "engines; ray, 1)")
     restarts: int = Field(default=2, ge=0, description="holders started again for units a dead holder left")
+    warm_workers: bool = Field(default=True, description="start each stage's worker process from a fork server "
+                               "that imported torch, transformers, TRL and PEFT once for the run, instead of a "
+                               "fresh interpreter per stage (tasks/forkserver.py)")
+    warm_engine: bool = Field(default=True, description="local, engines=1: one engine process for the whole run, "
+                              "lent to every stage that samples, its weights swapped in place between stages "
+                              "instead of a new engine per stage; on a GPU it sleeps while training runs "
+                              "(models/warm.py). Off: each stage opens and closes its own engine")
     address: str | None = Field(default=None, description="ray: the cluster to join, as `ray start --head` "
                                 "prints it (host:port, or 'auto'); unset: a Ray instance on this machine for "
                                 "the stage")
@@ -171,10 +178,13 @@ class LocalExecutor:
     def run(self, work: UnitWork, shards: Shards, missing: list[int]) -> float:
         import torch
 
+        from ratchet.models import warm
+
         before = torch.get_num_threads()
         progress = _progress(work, shards, missing)
         t = time.time()
-        engine = work.open()
+        with warm.lend(self.threads):  # a sampler may be the run's warm engine (models/warm.py)
+            engine = work.open()
         load_s = time.time() - t
         if self.threads:
             torch.set_num_threads(self.threads)  # after open: an engine may set its own on start

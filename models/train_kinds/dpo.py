@@ -138,8 +138,9 @@ def train_dpo(model_dir: Path, rows: list[dict], cfg: DPOTrainConfig, out: Path,
     resumed = run_training(trainer, out)
     if not trainer.is_world_process_zero():
         return {}
+    saving = time.time()
     save_merged(trainer, tok, model_dir, out, cfg.adapter)
-    metrics = write_log(trainer, out, started, n_tokens)
+    metrics = write_log(trainer, out, started, n_tokens, save_s=time.time() - saving)
     last = [h for h in trainer.state.log_history if "rewards/margins" in h]
     if last:
         for k in ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"):

@@ -40,8 +40,9 @@ def train_rft(model_dir: Path, rows: list[dict], cfg: RFTTrainConfig, out: Path,
     resumed = run_training(trainer, out)
     if not trainer.is_world_process_zero():
         return {}
+    saving = time.time()
     save_merged(trainer, tok, model_dir, out, cfg.adapter)
-    metrics = write_log(trainer, out, started, n_tokens)
+    metrics = write_log(trainer, out, started, n_tokens, save_s=time.time() - saving)
     metrics.update(rows=float(len(rows)), bf16=float(prec == "bf16"), resumed=float(resumed is not None),
                    resumed_from_step=float(resumed or 0), processes=float(trainer.args.world_size))
     return metrics

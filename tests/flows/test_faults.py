@@ -9,7 +9,8 @@ tests' failpoints.)
 
 The run is the self-rewarding path on the tiny model (HF backend, worker processes), so
 every stage has a real mid-stage state to lose: sample and judge shards, filter output
-without a manifest, trainer checkpoints, evaluation output without a manifest.
+without a manifest, trainer checkpoints, evaluation output without a manifest. The killed
+runs' stage workers are forked from the run's fork server; the reference run's start cold.
 """
 
 import time
@@ -38,12 +39,14 @@ KILLS = [
 POOLS = ["executor.engines=2", "executor.threads_per_engine=1", "train.num_processes=2"]
 
 
-def _run(workdir, tiny_model, api_url, failpoint=None):
+def _run(workdir, tiny_model, api_url, failpoint=None, cold=False):
+    """A run; `cold`: every stage worker a fresh interpreter (no fork server, tasks/forkserver.py)."""
     env = None
     if failpoint:  # the orchestrator's PID alone is killed there; the Prefect server is the run's own
         env = {"RATCHET_FAILPOINTS": failpoint, "RATCHET_FAILPOINTS_KILL": "orchestrator", MARK: "1"}
         api_url = None
-    return ratchet("run", CONFIG, *_overrides(workdir, tiny_model), *POOLS, api_url=api_url, env=env)
+    return ratchet("run", CONFIG, *_overrides(workdir, tiny_model), *POOLS,
+                   *(["executor.warm_workers=false"] if cold else []), api_url=api_url, env=env)
 
 
 MARK = "RATCHET_TEST_KILLED_RUN"  # every process below a killed run carries it
@@ -82,7 +85,7 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
     from prefect.settings import PREFECT_API_URL
 
     api = PREFECT_API_URL.value()
-    ref = _run(tmp_path / "ref", tiny_model, api)
+    ref = _run(tmp_path / "ref", tiny_model, api, cold=True)  # the killed runs' workers are forked: warm
     assert ref.returncode == 0, ref.stderr[-3000:]
     reference = _finished(tmp_path / "ref")
     # what a person sees: a line per stage and round, the table; every library's output is in the logs
@@ -131,7 +134,7 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
     left = [f"{n}/{s}" for n in done for s in ("shards", "checkpoints") if (work / "stages" / n / s).exists()]
     assert left == []  # scratch goes once the manifest is durable
 
-    # and every artifact is byte-identical to the uninterrupted run's
+    # and every artifact is byte-identical to the uninterrupted run's, whose workers started cold
     assert sorted(done) == sorted(reference)
     for name, m in reference.items():
         assert {k: f.sha256 for k, f in done[name].outputs.items()} == {k: f.sha256 for k, f in m.outputs.items()}, name

@@ -129,10 +129,12 @@ def _lineage(workdir, version):
 
 
 def test_sigkill_during_training_then_rerun_recomputes_nothing_finished(reference, tmp_path):
-    """Kill the whole pipeline (CLI, Prefect server, stage worker) once training has
-    checkpointed; the same command then finishes the run from that checkpoint. The model
-    stages before training are the reference run's, copied in: the run finds them by key
-    (the filter is made again: the lineage test above corrupts the reference's on purpose)."""
+    """Kill the whole pipeline (CLI, Prefect server, fork server, warm engine, stage worker) once
+    training has checkpointed; the same command then finishes the run from that checkpoint. The
+    sampling stages are the reference run's, copied in: the run finds them by key (the filter is
+    made again: the lineage test above corrupts the reference's on purpose). The reference ran its
+    stages with an engine each; this run's evaluations borrow the run's warm engine, and must
+    answer byte for byte as the reference's did."""
     import os
     import shutil
     import signal
@@ -145,7 +147,7 @@ def test_sigkill_during_training_then_rerun_recomputes_nothing_finished(referenc
     ref_dir, _, _, _, ref_results = reference
     for d in (ref_dir / "stages").iterdir():
         m = read_manifest(d)
-        if m is not None and (m.stage in ("prompts", "base", "sample", "label") or (m.stage, m.round) == ("evaluate", 0)):
+        if m is not None and m.stage in ("prompts", "base", "sample", "label"):
             shutil.copytree(d, tmp_path / "stages" / d.name)
     cmd = [sys.executable, "-m", "ratchet.flows.cli", "run", str(CONFIGS / "default.yaml"), f"workdir={tmp_path}", *SMALL]
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
@@ -176,6 +178,14 @@ def test_sigkill_during_training_then_rerun_recomputes_nothing_finished(referenc
     ref_train = ref_results[1].policy
     assert train.key == ref_train.key
     assert train.outputs["model/model.safetensors"].sha256 == ref_train.outputs["model/model.safetensors"].sha256
+    evaluated = {m.round: m for m in after.values() if m is not None and m.stage == "evaluate"}
+    ref_evaluated = {m.round: m for d in (ref_dir / "stages").iterdir()
+                     if (m := read_manifest(d)) is not None and m.stage == "evaluate"}
+    assert sorted(evaluated) == [0, 1]
+    for k in (0, 1):
+        assert evaluated[k].key == ref_evaluated[k].key
+        assert evaluated[k].outputs["eval.jsonl"].sha256 == ref_evaluated[k].outputs["eval.jsonl"].sha256, k
+    assert "warm engine (pid" in (tmp_path / evaluated[1].dir / "stage.log").read_text()
 
     # one parent and one child per round in MLflow, all finished
     from ratchet.flows.tracking import Tracker

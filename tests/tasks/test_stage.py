@@ -225,3 +225,81 @@ def test_worker_dies_with_its_orchestrator(tmp_path):
     os.kill(orch.pid, signal.SIGKILL)
     orch.wait()
     assert gone_within(worker, 5), "the worker outlived its killed orchestrator"
+
+
+# warm workers: the run's fork server (tasks/forkserver.py) -------------------------------------
+
+@pytest.fixture(scope="module")
+def fork_server(tmp_path_factory):
+    """One fork server for this module's tests, as `ratchet run` holds one for a run."""
+    from ratchet.tasks import forkserver
+
+    with forkserver.for_run(True, tmp_path_factory.mktemp("fork") / "forkserver.log") as server:
+        yield server
+
+
+def where_body(req: StageRequest[X], store: ArtifactStore) -> StageManifest:
+    import json
+    import os
+    import sys
+
+    d = store.stage_dir(req.stage, req.key)
+    (d / "out.txt").write_text(json.dumps({
+        "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "env": os.environ.get("RATCHET_TEST_STAGE_ENV"),
+        "threads": len(os.listdir("/proc/self/task")), "torch": "torch" in sys.modules}))
+    print("from the forked worker")
+    return req.finish(store, outputs={"out.txt": None})
+
+
+def test_a_forked_worker_is_a_process_of_its_own_with_the_stage_s_environment(tmp_path, fork_server, monkeypatch):
+    import json
+    import os
+
+    from ratchet.data import events
+
+    monkeypatch.setenv("RATCHET_TEST_STAGE_ENV", "set after the server started")
+    monkeypatch.chdir(tmp_path)
+    store = ArtifactStore(tmp_path / "store")
+    m, _ = run_stage(store, stage="s", round=1, body=where_body, code="c", config=X(x=1), parents=[], isolate=True)
+    got = json.loads((store.dir_of(m) / "out.txt").read_text())
+    assert got["ppid"] == fork_server.proc.pid and got["pid"] not in (os.getpid(), fork_server.proc.pid)
+    assert got["env"] == "set after the server started" and got["cwd"] == str(tmp_path)
+    assert got["torch"] and got["threads"] == 1  # imported before the fork; and no thread came along
+    assert fork_server.ready == 1  # the server was single-threaded when it forked
+    assert "from the forked worker" in (store.dir_of(m) / events.STAGE_LOG).read_text()
+    # a second stage gets another process, from the same server
+    m2, _ = run_stage(store, stage="s", round=2, body=where_body, code="c", config=X(x=2), parents=[], isolate=True)
+    again = json.loads((store.dir_of(m2) / "out.txt").read_text())
+    assert again["ppid"] == fork_server.proc.pid and again["pid"] != got["pid"]
+
+
+def test_forked_workers_fail_and_die_as_cold_ones_do_and_a_dead_server_is_replaced(tmp_path, fork_server):
+    import signal
+
+    store = ArtifactStore(tmp_path)
+    with pytest.raises(EmptyStageError, match="lower filter.min_rows"):
+        run_stage(store, stage="s", round=1, body=empty_body, code="c", config=X(), parents=[], isolate=True)
+    with pytest.raises(StageFailedError, match=r"exit code -9.*re-run the same command to resume"):
+        run_stage(store, stage="s", round=2, body=crash_body, code="c", config=X(), parents=[], isolate=True,
+                  keep_partial=True)
+    first = fork_server.proc.pid
+    fork_server.proc.send_signal(signal.SIGKILL)
+    fork_server.proc.wait()
+    m, _ = run_stage(store, stage="s", round=3, body=ok_body, code="c", config=X(x=3), parents=[], isolate=True)
+    assert (store.dir_of(m) / "out.txt").read_text() == "3" and fork_server.proc.pid != first
+
+
+def test_the_fork_server_refuses_to_fork_beside_a_thread():
+    import threading
+
+    from ratchet.tasks.forkserver import _unsafe
+
+    assert _unsafe() is None or "threads" in _unsafe()  # pytest may hold threads of its own
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert "threads" in _unsafe()
+    finally:
+        stop.set()
+        t.join()

@@ -1,0 +1,377 @@
+"""The run's warm engine: one engine kept for a whole run, lent to stage after stage.
+
+Starting an engine is most of what a sampling stage waits for: importing vLLM (about 6 s on
+2 cores) and initialising it (about 11 s for the 135M default: profile run, KV cache, warm-up;
+a minute or more for a 7-8B model with CUDA graphs). A round samples with the model the round
+before evaluated, and evaluates the model it trains, so a run would pay that start two or
+three times a round for weights it has mostly seen.
+
+Instead `ratchet run` starts one engine process per run (`WarmEngine`, from the run's main
+thread) and lends its engine to each stage worker that samples on this machine with one
+engine (`executor.kind=local`, `engines=1`, `executor.warm_engine`, the default):
+
+- the worker's units call it over a Unix socket (`WarmSampler`, the same `Sampler` interface
+  as an engine in the worker's own process);
+- asked for the weights it holds, it lends them as they are; asked for other weights of the
+  same shape (the same sampler settings, model config and tokenizer: a round's trained model
+  and the model it trained from), it loads them into the engine in place
+  (`reload_weights`, 0.3 s for the default model) and forgets its prefix cache; asked for
+  another shape, it closes its engine and opens one;
+- between stages it holds nothing on a GPU: a released engine sleeps (vLLM's sleep mode,
+  level 1: weights to CPU memory, KV cache freed), so training gets the GPU's memory, and
+  wakes for the next stage. vLLM's CPU backend has no sleep mode: on a CPU the engine keeps
+  its memory (weights and `sampler.kv_cache_gb`) while training runs;
+- it answers one stage at a time, and each stage seeds every call, so a unit's text does not
+  depend on which stage the engine served before (tests/models/test_warm.py compares a warm
+  run with cold engines byte for byte).
+
+Stage isolation is kept: each stage still runs in a fresh worker process; only the engine
+outlives it. An error inside the engine ends the engine process after its report (its state
+is unknown), and the next stage that needs it gets a new one. The engine process dies with
+the run (data/lifetime.py); nothing it holds is written to the store.
+
+The worker takes the address from RATCHET_ENGINE (removed from its environment at start, so
+no process the worker starts, an engine holder of a pool or a Ray actor, can borrow it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ratchet.data.errors import StageFailedError
+
+log = logging.getLogger("ratchet")
+
+ENV = "RATCHET_ENGINE"  # "<socket path>|<authkey hex>", for the stage worker alone
+SERVE = ("import sys; sys.path.pop(0); from ratchet.models.warm import serve; "
+         "sys.exit(serve(sys.argv[1], sys.argv[2]))")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+
+
+def shape_of(model_dir: Path, sampler_json: str) -> str:
+    """What an engine is, all but its weights: the sampler settings and every file of the model
+    directory that is not a weight file (config, generation config, tokenizer, chat template).
+    Two models of one shape can share an engine by swapping weights."""
+    import hashlib
+
+    h = hashlib.sha256(sampler_json.encode())
+    for p in sorted(Path(model_dir).iterdir()):
+        if p.is_file() and not p.name.endswith(WEIGHT_SUFFIXES):
+            h.update(b"\0" + p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+# the worker's side ---------------------------------------------------------------------------
+
+_ADDRESS: tuple[str, bytes] | None = None  # this worker process's warm engine, taken from ENV
+_LENT: dict[str, Any] = {}  # set while a local executor opens its engine (see `lend`)
+
+
+def take_address() -> None:
+    """In a stage worker, first thing: remember the run's warm engine and drop it from the
+    environment, so it is this process's alone."""
+    global _ADDRESS
+    value = os.environ.pop(ENV, "")
+    if value:
+        path, _, key = value.partition("|")
+        _ADDRESS = (path, bytes.fromhex(key))
+
+
+@contextlib.contextmanager
+def lend(threads: int | None):
+    """While opening the units' engine in this process (the local executor with one engine):
+    a sampler may be the run's warm engine, run with `threads` CPU threads (None: all)."""
+    _LENT["threads"] = threads
+    try:
+        yield
+    finally:
+        _LENT.clear()
+
+
+def lent() -> bool:
+    return _ADDRESS is not None and bool(_LENT)
+
+
+class WarmSampler:
+    """The run's warm engine, seen from a stage worker: the `Sampler` interface over a socket."""
+
+    def __init__(self, model_dir: Path, cfg, seed: int):
+        from multiprocessing.connection import Client
+
+        assert _ADDRESS is not None
+        self.model_dir, self.cfg = Path(model_dir), cfg
+        path, key = _ADDRESS
+        try:
+            self.conn = Client(path, family="AF_UNIX", authkey=key)
+        except OSError as e:
+            raise StageFailedError(f"the run's warm engine at {path} cannot be reached ({e}); re-run the same "
+                                   "command to resume, or set executor.warm_engine=false") from e
+        self.opened = self._call("open", {"model": str(self.model_dir), "sampler": cfg.model_dump_json(),
+                                          "seed": seed, "threads": _LENT.get("threads")})
+        log.info("warm engine (pid %s): %s %s in %.2f s", self.opened["pid"], self.opened["how"], self.model_dir,
+                 self.opened["load_s"])
+
+    def _call(self, *msg):
+        try:
+            self.conn.send(msg)
+            reply = self.conn.recv()
+        except (EOFError, OSError) as e:
+            raise StageFailedError(f"the run's warm engine stopped answering ({type(e).__name__}: {e}); its log is "
+                                   "under the workdir's logs/. Finished units are kept: re-run the same command to "
+                                   "resume") from e
+        if reply[0] == "error":
+            _, kind, message, tb = reply
+            log.error("the warm engine's traceback:\n%s", tb)
+            raise RuntimeError(f"in the run's warm engine: {kind}: {message}")
+        return reply[1]
+
+    def generate(self, prompts, params, seed: int, prefixes=None):
+        return self._call("generate", prompts, params, seed, prefixes)
+
+    def next_token_logprobs(self, prompts, prefix: str, top: int):
+        return self._call("logprobs", prompts, prefix, top)
+
+    @functools.cached_property
+    def tokenizer(self):
+        """The model's tokenizer, loaded here (the engine's is the same files: one shape)."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.model_dir)
+
+    def close(self) -> None:
+        try:
+            self._call("release")
+        finally:
+            self.conn.close()
+
+
+# the engine process -----------------------------------------------------------------------------
+
+@dataclass
+class _Held:
+    shape: str
+    model: str
+    sampler: Any
+    engine: Any
+    asleep: bool = False
+
+
+def _on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class _Engines:
+    """The engine process's one engine, and how a request for weights is met."""
+
+    def __init__(self):
+        self.held: _Held | None = None
+        self.default_threads: int | None = None
+
+    def open(self, model: str, sampler_json: str, seed: int, threads: int | None) -> dict[str, Any]:
+        import torch
+
+        from ratchet.models.sampler import SamplerConfig, open_sampler
+
+        t = time.time()
+        cfg = SamplerConfig.model_validate_json(sampler_json)
+        shape = shape_of(Path(model), sampler_json)
+        h = self.held
+        if h is not None and h.shape != shape:
+            self.close()
+            h = None
+        if h is not None and h.asleep:
+            h.engine.llm.wake_up()
+            h.asleep = False
+        if h is None:
+            sleep = cfg.backend == "vllm" and _on_gpu()  # started so, it can give the GPU back between stages
+            self.held = h = _Held(shape, model, cfg, open_sampler(Path(model), cfg, seed, sleep_mode=sleep))
+            self.default_threads = torch.get_num_threads()  # what the engine set for itself
+            how = "opened"
+        elif h.model != model:
+            if cfg.backend == "vllm":
+                h.engine.load_weights(Path(model))
+            else:  # transformers: the model is the engine; loading it again is the swap
+                h.engine.close()
+                h.engine = open_sampler(Path(model), cfg, seed)
+            h.model = model
+            how = "swapped weights to"
+        else:
+            if cfg.backend == "vllm":
+                h.engine.llm.reset_prefix_cache()  # a stage starts from an empty cache, as in an engine of its own
+            how = "kept"
+        torch.set_num_threads(threads or self.default_threads or torch.get_num_threads())
+        return {"how": how, "load_s": time.time() - t, "pid": os.getpid()}
+
+    def release(self) -> None:
+        h = self.held
+        if h is not None and h.sampler.backend == "vllm" and _on_gpu() and not h.asleep:
+            h.engine.llm.sleep(level=1)  # weights to CPU memory, KV cache freed: the GPU is training's
+            h.asleep = True
+
+    def close(self) -> None:
+        if self.held is not None:
+            self.held.engine.close()
+            self.held = None
+            import gc
+
+            gc.collect()
+
+
+def serve(path: str, preload: str) -> int:
+    """The engine process's main: answer one stage worker at a time until the run ends it."""
+    from multiprocessing.connection import Listener
+
+    from ratchet.data.lifetime import die_with_parent
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    die_with_parent()
+    key = bytes.fromhex(sys.stdin.readline().strip())
+    listener = Listener(path, family="AF_UNIX", authkey=key)
+    if preload == "vllm":  # the import is most of a start; done while the run prepares its first stage
+        import vllm  # noqa: F401
+    engines = _Engines()
+    while True:
+        try:
+            conn = listener.accept()
+        except OSError:  # a caller that failed the handshake: wait for the next
+            continue
+        try:
+            if not _answer(engines, conn):
+                return 1  # the engine failed: its state is unknown, the run starts another
+        finally:
+            conn.close()
+
+
+def _answer(engines: _Engines, conn) -> bool:
+    """Serve one stage worker's calls until it hangs up; False after an error in the engine."""
+    while True:
+        try:
+            op, *args = conn.recv()
+        except (EOFError, OSError):  # the worker finished or died: the engine is free again
+            engines.release()
+            return True
+        try:
+            if op == "open":
+                a = args[0]
+                reply = engines.open(a["model"], a["sampler"], a["seed"], a["threads"])
+            elif op == "generate":
+                reply = engines.held.engine.generate(*args)
+            elif op == "logprobs":
+                reply = engines.held.engine.next_token_logprobs(*args)
+            elif op == "release":
+                engines.release()
+                reply = None
+            else:
+                raise ValueError(f"unknown call {op!r}")
+        except BaseException as e:  # noqa: BLE001 - reported to the worker, then this process ends
+            log.exception("the warm engine failed on %s", op)
+            with contextlib.suppress(OSError):
+                conn.send(("error", type(e).__name__, str(e), traceback.format_exc()))
+            return False
+        try:
+            conn.send(("ok", reply))
+        except OSError:  # the worker died while its call ran (a killed stage): nobody to answer
+            engines.release()
+            return True
+
+
+# the run's side ---------------------------------------------------------------------------------
+
+class WarmEngine:
+    """The engine process of one run, started from the thread that lives as long as the run
+    (the process asks to die with it) and restarted if it dies between stages."""
+
+    def __init__(self, log_path: Path, preload: str):
+        self.log_path, self.preload = Path(log_path), preload
+        self.dir = Path(tempfile.mkdtemp(prefix="ratchet-engine-"))  # 0700: the socket is the run's alone
+        self.proc: subprocess.Popen | None = None
+        self.key = b""
+        self.lock = threading.Lock()
+        self.starts = 0
+
+    @property
+    def path(self) -> str:
+        return str(self.dir / f"engine-{self.starts}.sock")
+
+    def start(self) -> None:
+        from ratchet.data.lifetime import child_dies_with_parent
+
+        self.starts += 1
+        self.key = secrets.token_bytes(32)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-c", SERVE, self.path, self.preload],
+                                         stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                                         preexec_fn=child_dies_with_parent())
+        finally:
+            out.close()
+        self.proc.stdin.write(self.key.hex().encode() + b"\n")
+        self.proc.stdin.close()
+        deadline = time.time() + 60
+        while not os.path.exists(self.path) and self.proc.poll() is None and time.time() < deadline:
+            time.sleep(0.02)  # listening takes a fraction of a second; a worker must never find no socket
+
+    def env(self) -> dict[str, str]:
+        """The variable a stage worker finds its warm engine by; a dead engine process is replaced
+        first (an engine error ends it, and the stage that saw it failed)."""
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                if self.proc is not None:
+                    log.warning("the warm engine (pid %s) exited with code %s; starting another", self.proc.pid,
+                                self.proc.returncode)
+                self.start()
+            return {ENV: f"{self.path}|{self.key.hex()}"}
+
+    def stop(self) -> None:
+        with self.lock:
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            self.proc = None
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_CURRENT: WarmEngine | None = None
+
+
+def worker_env() -> dict[str, str]:
+    """What a stage worker started now needs to borrow the run's warm engine (empty: none)."""
+    return _CURRENT.env() if _CURRENT is not None else {}
+
+
+@contextlib.contextmanager
+def for_run(enabled: bool, log_path: Path, preload: str):
+    """The run's warm engine while the run lasts (nothing if not `enabled`)."""
+    global _CURRENT
+    if not enabled or _CURRENT is not None:
+        yield None
+        return
+    _CURRENT = w = WarmEngine(log_path, preload)
+    try:
+        w.env()  # start it now: its imports overlap with the run's first stages
+        yield w
+    finally:
+        _CURRENT = None
+        w.stop()

@@ -1,0 +1,132 @@
+"""The run's warm engine (models/warm.py): one engine lent to stage after stage, its weights
+swapped in place, answering exactly as an engine of the stage's own would."""
+
+import shutil
+
+import pytest
+
+from ratchet.models import warm
+from ratchet.models.sampler import SamplerConfig, SamplingParams, open_sampler
+
+PROMPTS = [f"What is {a} + {b}?" for a in range(6) for b in range(3)]
+SAMPLED = SamplingParams(n=3, temperature=0.9, top_k=50, max_tokens=8)
+
+
+def _other_weights(src, dst):
+    """A copy of the model at `src` with other weights (every weight scaled): the same shape."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    (weights,) = dst.glob("*.safetensors")
+    tensors = load_file(weights)
+    torch.manual_seed(1)
+    save_file({k: (v.float() * (1 + 0.05 * torch.randn(()))).to(v.dtype).contiguous() for k, v in tensors.items()},
+              weights, metadata={"format": "pt"})
+    return dst
+
+
+def _texts(gens):
+    return [[(g.text, g.n_tokens, g.finish_reason) for g in row] for row in gens]
+
+
+def _cold(model, cfg, seed, params=SAMPLED, call_seed=7):
+    s = open_sampler(model, cfg, seed=seed)
+    try:
+        return _texts(s.generate(PROMPTS, params, seed=call_seed))
+    finally:
+        s.close()
+
+
+def _lent(model, cfg, seed, params=SAMPLED, call_seed=7):
+    """What a stage worker's units get from the warm engine: (how it was opened, the texts)."""
+    with warm.lend(None):
+        s = warm.WarmSampler(model, cfg, seed=seed)
+    try:
+        return s.opened["how"], _texts(s.generate(PROMPTS, params, seed=call_seed))
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def engine(tmp_path, monkeypatch):
+    """The run's warm engine, and this process as the stage worker that borrows it."""
+    with warm.for_run(True, tmp_path / "engine.log", "hf") as w:
+        monkeypatch.setenv(warm.ENV, w.env()[warm.ENV])
+        warm.take_address()
+        assert warm.ENV not in __import__("os").environ  # the worker's alone: no process it starts inherits it
+        yield w
+    monkeypatch.setattr(warm, "_ADDRESS", None)
+
+
+def test_the_warm_engine_keeps_swaps_and_reopens_and_answers_as_a_cold_engine(tiny_model, tmp_path, engine):
+    cfg = SamplerConfig(backend="hf", dtype="float32")
+    other = _other_weights(tiny_model, tmp_path / "other")
+    base_cold, other_cold = _cold(tiny_model, cfg, 0), _cold(other, cfg, 0)
+    assert base_cold != other_cold  # the two weights answer differently, so a stale engine would show
+
+    assert _lent(tiny_model, cfg, seed=0) == ("opened", base_cold)
+    assert _lent(tiny_model, cfg, seed=5) == ("kept", base_cold)  # the engine's seed is not the call's
+    assert _lent(other, cfg, seed=0) == ("swapped weights to", other_cold)
+    assert _lent(tiny_model, cfg, seed=0) == ("swapped weights to", base_cold)
+    wider = cfg.model_copy(update={"hf_batch_size": 4})  # another shape: another engine
+    assert _lent(tiny_model, wider, seed=0) == ("opened", _cold(tiny_model, wider, 0))
+
+
+def test_an_error_in_the_engine_fails_the_stage_and_the_next_stage_gets_a_new_engine(tiny_model, engine):
+    cfg = SamplerConfig(backend="hf", dtype="float32")
+    with warm.lend(None):
+        s = warm.WarmSampler(tiny_model, cfg, seed=0)
+    first = s.opened["pid"]
+    with pytest.raises(RuntimeError, match="in the run's warm engine: ValueError: 1 prefixes for 18 prompts"):
+        s.generate(PROMPTS, SAMPLED, seed=1, prefixes=["x"])
+    engine.proc.wait(timeout=30)  # its state unknown, the engine process ended
+    import os
+
+    os.environ.update(engine.env())  # what the run hands the next stage's worker: a new engine
+    warm.take_address()
+    with warm.lend(None):
+        again = warm.WarmSampler(tiny_model, cfg, seed=0)
+    assert again.opened["pid"] != first and again.opened["how"] == "opened"
+    again.close()
+
+
+def test_only_the_local_executor_s_own_engine_is_lent(tiny_model, engine):
+    from ratchet.tasks.sample import PolicyWork
+
+    cfg = SamplerConfig(backend="hf", dtype="float32")
+
+    class Work(PolicyWork):
+        def run(self, engine, items, seed):
+            return [], {}
+
+    w = Work(model=tiny_model, sampler=cfg, seed=0, items=[], size=1)
+    own = w.open()  # outside a local executor's lend (a pool's holder, a Ray actor): an engine of its own
+    assert not isinstance(own, warm.WarmSampler)
+    own.close()
+    with warm.lend(2):
+        lent = w.open()
+    assert isinstance(lent, warm.WarmSampler)
+    lent.close()
+
+
+@pytest.mark.integration
+def test_vllm_weights_swapped_in_place_answer_byte_for_byte_as_a_fresh_engine(default_model, tmp_path, monkeypatch):
+    """The default model on vLLM: the warm engine opened on it, then swapped to other weights,
+    samples exactly what a fresh engine on those weights does, and differs from the first."""
+    cfg = SamplerConfig(backend="vllm", kv_cache_gb=1)
+    other = _other_weights(default_model, tmp_path / "other")
+    greedy = SamplingParams(n=1, temperature=0.0, max_tokens=16)
+    with warm.for_run(True, tmp_path / "engine.log", "vllm") as w:
+        monkeypatch.setenv(warm.ENV, w.env()[warm.ENV])
+        warm.take_address()
+        try:
+            first = _lent(default_model, cfg, seed=0, params=greedy)
+            swapped = _lent(other, cfg, seed=3)
+            kept = _lent(other, cfg, seed=0)
+        finally:
+            monkeypatch.setattr(warm, "_ADDRESS", None)
+    cold = _cold(other, cfg, 9)
+    assert first[0] == "opened" and swapped[0] == "swapped weights to" and kept[0] == "kept"
+    assert swapped[1] == cold and kept[1] == cold
+    assert first[1] != _cold(other, cfg, 0, params=greedy)
