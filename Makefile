@@ -37,6 +37,7 @@ bench: setup
 	$(BIN)/python bench/judge_attack_bench.py
 	$(BIN)/python bench/executor_bench.py
 	$(BIN)/python bench/train_processes_bench.py
+	$(BIN)/python bench/round_bench.py
 
 clean:
 	rm -rf runs

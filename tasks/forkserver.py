@@ -43,7 +43,7 @@ SERVE = "import sys; sys.path.pop(0); from ratchet.tasks.forkserver import serve
 # what a stage worker imports before its work; importing it here is what a fork saves
 PRELOAD = ("torch", "transformers", "peft", "trl", "datasets", "accelerate", "ratchet.tasks.stage",
            "ratchet.tasks.sample", "ratchet.tasks.evaluate", "ratchet.tasks.label", "ratchet.tasks.train",
-           "ratchet.models.trainer", "ratchet.models.warm")
+           "ratchet.models.trainer", "ratchet.models.warm", "mlflow.transformers", "ratchet.models.mlflow_model")
 QUIET_THREADS = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 
 
