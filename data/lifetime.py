@@ -37,3 +37,39 @@ def child_dies_with_parent(sig: int = signal.SIGKILL):
     opened here, in the parent: between fork and exec the child calls prctl alone."""
     prctl = _prctl() if sys.platform.startswith("linux") else None
     return lambda: die_with_parent(sig, prctl)
+
+
+def end(proc, ask=None, wait_s: float = 30.0) -> None:
+    """Stop a helper process the run started: `ask(proc)` (default: SIGTERM) lets it end cleanly;
+    one still running `wait_s` later is killed."""
+    import subprocess
+
+    if proc is None or proc.poll() is not None:
+        return
+    (ask or (lambda p: p.terminate()))(proc)
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class Spawner:
+    """Starts the run's long-lived helpers (the fork server, the warm engine) from one thread of
+    its own, which lives until `close`. Linux ties PR_SET_PDEATHSIG to the thread that forked,
+    not the process: a helper restarted from a short-lived thread (a Prefect task's) would die
+    when that thread ended."""
+
+    def __init__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-spawner")
+
+    def popen(self, cmd: list[str], **kwargs):
+        """`subprocess.Popen(cmd, **kwargs)` from the spawner's thread; the child dies with this process."""
+        import subprocess
+
+        return self._pool.submit(subprocess.Popen, cmd, preexec_fn=child_dies_with_parent(), **kwargs).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)

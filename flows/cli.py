@@ -50,7 +50,7 @@ def _prepare_env(workdir: Path | None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _ephemeral_server_dies_with_us() -> None:
+def _ephemeral_server_dies_with_us():
     """The temporary Prefect server a run starts when no PREFECT_API_URL is set (a process of
     its own) dies with this process, as every process below a run does (data/lifetime.py):
     Prefect stops it only at a clean exit, so a `kill -9` of the run would leave it serving.
@@ -65,7 +65,7 @@ def _ephemeral_server_dies_with_us() -> None:
     from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():  # a server of the user's: none is started
-        return
+        return None
     from prefect.server.api import server
 
     from ratchet.data.lifetime import child_dies_with_parent
@@ -82,6 +82,31 @@ def _ephemeral_server_dies_with_us() -> None:
 
     if None not in server.SubprocessASGIServer._instances:
         DiesWithUs()
+    return server.SubprocessASGIServer()
+
+
+def _started_meanwhile(server):
+    """Start the temporary Prefect server (`server`, or none) in a thread while the run prepares
+    (MLflow's database, the run's records), so its start, several seconds, overlaps with them.
+    The caller waits on the returned event before the first flow asks for the server; should
+    the start fail here, the flow's own start of it raises the error. The thread then stays
+    until this process ends: the server dies with the thread that started it."""
+    import threading
+
+    ready = threading.Event()
+
+    def start() -> None:
+        try:
+            if server is not None:
+                server.start()
+        except Exception:  # noqa: BLE001 - the flow starts it again and reports what fails
+            pass
+        finally:
+            ready.set()
+        threading.Event().wait()
+
+    threading.Thread(target=start, daemon=True, name="ratchet-prefect-server").start()
+    return ready
 
 
 def _summary(results, champion: str | None) -> str:
@@ -132,7 +157,7 @@ def _execute(cfg, start_from: str | None = None, verbose: bool = False) -> int:
     split = check_inputs(cfg)  # before anything is written: bad data leaves no workdir behind
     workdir = Path(cfg.workdir).resolve()
     _prepare_env(workdir)
-    _ephemeral_server_dies_with_us()
+    prefect_server = _started_meanwhile(_ephemeral_server_dies_with_us())
     failpoints.orchestrator()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     if verbose:
@@ -162,6 +187,7 @@ def _execute(cfg, start_from: str | None = None, verbose: bool = False) -> int:
                 f"  log      {run_log} (each stage's own: stage.log in its directory)" if run_log else
                 "  verbose: every library's output follows",
             ])
+            prefect_server.wait()
             _, results, _ = execute(cfg, ctx=ctx)
         except BaseException as e:
             traceback.print_exc()  # into the run's log (the terminal with --verbose)

@@ -17,10 +17,11 @@ engine (`executor.kind=local`, `engines=1`, `executor.warm_engine`, the default)
   and the model it trained from), it loads them into the engine in place
   (`reload_weights`, 0.3 s for the default model) and forgets its prefix cache; asked for
   another shape, it closes its engine and opens one;
-- between stages it holds nothing on a GPU: a released engine sleeps (vLLM's sleep mode,
-  level 1: weights to CPU memory, KV cache freed), so training gets the GPU's memory, and
-  wakes for the next stage. vLLM's CPU backend has no sleep mode: on a CPU the engine keeps
-  its memory (weights and `sampler.kv_cache_gb`) while training runs;
+- between stages it holds nothing on a GPU but its CUDA context: a released vLLM engine
+  sleeps (vLLM's sleep mode, level 1: weights to CPU memory, KV cache freed) and wakes for
+  the next stage; a transformers model is let go and loaded again. Training gets the GPU's
+  memory. vLLM's CPU backend has no sleep mode: on a CPU the engine keeps its memory
+  (weights and `sampler.kv_cache_gb`) while training runs;
 - it answers one stage at a time, and each stage seeds every call, so a unit's text does not
   depend on which stage the engine served before (tests/models/test_warm.py compares a warm
   run with cold engines byte for byte).
@@ -52,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.data.errors import StageFailedError
+from ratchet.data.lifetime import Spawner
 
 log = logging.getLogger("ratchet")
 
@@ -218,10 +220,29 @@ class _Engines:
         return {"how": how, "load_s": time.time() - t, "pid": os.getpid()}
 
     def release(self) -> None:
+        """Between stages nothing of the engine stays on a GPU: training may need all of it."""
         h = self.held
-        if h is not None and h.sampler.backend == "vllm" and _on_gpu() and not h.asleep:
-            h.engine.llm.sleep(level=1)  # weights to CPU memory, KV cache freed: the GPU is training's
-            h.asleep = True
+        if h is None or not _on_gpu():
+            return
+        if h.sampler.backend == "vllm":
+            if not h.asleep:
+                h.engine.llm.sleep(level=1)  # weights to CPU memory, KV cache freed
+                h.asleep = True
+        else:  # transformers: loading again is quick; the model goes
+            self.close()
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def stats(self) -> dict[str, Any]:
+        h = self.held
+        gpu = 0
+        if _on_gpu():
+            import torch
+
+            gpu = torch.cuda.memory_allocated()
+        return {"pid": os.getpid(), "model": h.model if h else None, "asleep": bool(h and h.asleep),
+                "gpu_allocated": gpu}
 
     def close(self) -> None:
         if self.held is not None:
@@ -276,6 +297,8 @@ def _answer(engines: _Engines, conn) -> bool:
             elif op == "release":
                 engines.release()
                 reply = None
+            elif op == "stats":  # what the engine process holds now (for its log and the tests)
+                reply = engines.stats()
             else:
                 raise ValueError(f"unknown call {op!r}")
         except BaseException as e:  # noqa: BLE001 - reported to the worker, then this process ends
@@ -293,8 +316,8 @@ def _answer(engines: _Engines, conn) -> bool:
 # the run's side ---------------------------------------------------------------------------------
 
 class WarmEngine:
-    """The engine process of one run, started from the thread that lives as long as the run
-    (the process asks to die with it) and restarted if it dies between stages."""
+    """The engine process of one run, which dies with the run (started from a thread that lives
+    as long as the run: data/lifetime.Spawner) and is restarted if it dies between stages."""
 
     def __init__(self, log_path: Path, preload: str):
         self.log_path, self.preload = Path(log_path), preload
@@ -303,22 +326,20 @@ class WarmEngine:
         self.key = b""
         self.lock = threading.Lock()
         self.starts = 0
+        self.spawner = Spawner()
 
     @property
     def path(self) -> str:
         return str(self.dir / f"engine-{self.starts}.sock")
 
     def start(self) -> None:
-        from ratchet.data.lifetime import child_dies_with_parent
-
         self.starts += 1
         self.key = secrets.token_bytes(32)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log_path, "ab")
         try:
-            self.proc = subprocess.Popen([sys.executable, "-c", SERVE, self.path, self.preload],
-                                         stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                                         preexec_fn=child_dies_with_parent())
+            self.proc = self.spawner.popen([sys.executable, "-c", SERVE, self.path, self.preload],
+                                           stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT)
         finally:
             out.close()
         self.proc.stdin.write(self.key.hex().encode() + b"\n")
@@ -339,15 +360,12 @@ class WarmEngine:
             return {ENV: f"{self.path}|{self.key.hex()}"}
 
     def stop(self) -> None:
+        from ratchet.data.lifetime import end
+
         with self.lock:
-            if self.proc is not None and self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
+            end(self.proc)
             self.proc = None
+        self.spawner.close()
         import shutil
 
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -16,8 +16,9 @@ Correct across a fork:
 - CUDA: the server never touches a GPU; it checks `torch.cuda.is_initialized()` too;
 - environment and directory: the child takes the run's environment and working directory
   as they are when the stage starts, not as they were when the server started;
-- lifetime: the server dies with the run, each child with the server (data/lifetime.py); a
-  server that died is replaced at the next stage.
+- lifetime: the server dies with the run (started from a thread that lives as long as the
+  run: data/lifetime.Spawner), each child with the server; a server that died is replaced at
+  the next stage.
 
 Measured on 2 cores (bench/round_bench.py): a stage's worker starts in about 0.1 s from the
 server against 4-5 s cold for a train stage.
@@ -36,6 +37,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from ratchet.data.lifetime import Spawner
 
 log = logging.getLogger("ratchet")
 
@@ -96,16 +99,19 @@ def serve() -> int:
     die_with_parent()
     _REPLIES = out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # what a library prints goes to the log, never into the replies
-    started = time.time()
-    for name in PRELOAD:
-        __import__(name)
-    print(f"fork server: imported {len(PRELOAD)} modules in {time.time() - started:.1f} s", file=sys.stderr,
-          flush=True)
-    out.write(json.dumps({"ready": _threads()}) + "\n")
+    started, pending = time.time(), list(PRELOAD)
     children: dict[int, str] = {}
     buf = b""
     while True:
-        ready, _, _ = select.select([0], [], [], 0.2)
+        # Imports go one module at a time between requests: a stage that comes before they are
+        # all done is forked at once and imports the rest itself, as a cold worker would.
+        ready, _, _ = select.select([0], [], [], 0 if pending else 0.2)
+        if not ready and pending:
+            __import__(pending.pop(0))
+            if not pending:
+                print(f"fork server: imported {len(PRELOAD)} modules in {time.time() - started:.1f} s",
+                      file=sys.stderr, flush=True)
+                out.write(json.dumps({"ready": _threads()}) + "\n")
         if ready:
             chunk = os.read(0, 65536)
             if not chunk:  # the run closed its end: it is over
@@ -159,15 +165,14 @@ class ForkServer:
         self.cond = threading.Condition()
         self.n = 0
         self.ready: int | None = None
+        self.spawner = Spawner()
 
     def start(self) -> None:
-        from ratchet.data.lifetime import child_dies_with_parent
-
         env = {**os.environ, **QUIET_THREADS}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as err:
-            self.proc = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=err, env=env, preexec_fn=child_dies_with_parent())
+            self.proc = self.spawner.popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, stderr=err, env=env)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True, name="ratchet-forkserver").start()
 
     def _read(self, proc: subprocess.Popen) -> None:
@@ -183,6 +188,11 @@ class ForkServer:
             for m in self.waiting.values():
                 m.setdefault("lost", True)
             self.cond.notify_all()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until the server has imported everything it preloads; False if it has not by `timeout`."""
+        with self.cond:
+            return self.cond.wait_for(lambda: self.ready is not None, timeout)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -216,15 +226,12 @@ class ForkServer:
         return msg["exit"]
 
     def stop(self) -> None:
+        from ratchet.data.lifetime import end
+
         with self.lock:
-            if self.alive():
-                self.proc.stdin.close()
-                try:
-                    self.proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
+            end(self.proc, ask=lambda p: p.stdin.close())  # its input closed, the server returns
             self.proc = None
+        self.spawner.close()
 
 
 _CURRENT: ForkServer | None = None

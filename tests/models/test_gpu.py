@@ -40,3 +40,28 @@ def test_train_dpo_on_cuda_uses_trl_head_and_changes_weights(tiny_model, tmp_pat
     assert m["last_rewards_margins"] == m["last_rewards_margins"]  # a number, not NaN
     before, after = load_file(str(tiny_model / "model.safetensors")), load_file(str(tmp_path / "model" / "model.safetensors"))
     assert any(not torch.equal(before[k], after[k].to(before[k].dtype)) for k in before)
+
+
+def test_the_warm_engine_holds_no_gpu_memory_between_stages(tiny_model, tmp_path, monkeypatch):
+    """Training runs between sampling stages in another process: the run's warm engine must hand
+    the GPU back when a stage lets it go (a transformers model is let go; vLLM sleeps)."""
+    from multiprocessing.connection import Client
+
+    from ratchet.models import warm
+    from ratchet.models.sampler import SamplerConfig, SamplingParams
+
+    cfg = SamplerConfig(backend="hf", dtype="bfloat16")
+    monkeypatch.setattr(warm, "_ADDRESS", None)  # restored after the test: no engine
+    with warm.for_run(True, tmp_path / "engine.log", "hf") as w:
+        monkeypatch.setenv(warm.ENV, w.env()[warm.ENV])
+        warm.take_address()
+        with warm.lend(None):
+            s = warm.WarmSampler(tiny_model, cfg, seed=0)
+        assert s.generate(["What is 2 + 3?"], SamplingParams(max_tokens=4), seed=0)[0][0].n_tokens > 0
+        assert s._call("stats")["gpu_allocated"] > 0  # the model is on the GPU while the stage holds it
+        s.close()
+        path, key = warm._ADDRESS
+        with Client(path, family="AF_UNIX", authkey=key) as c:
+            c.send(("stats",))
+            _, stats = c.recv()
+        assert stats["gpu_allocated"] == 0 and stats["model"] is None

@@ -52,11 +52,16 @@ def _lent(model, cfg, seed, params=SAMPLED, call_seed=7):
 def engine(tmp_path, monkeypatch):
     """The run's warm engine, and this process as the stage worker that borrows it."""
     with warm.for_run(True, tmp_path / "engine.log", "hf") as w:
-        monkeypatch.setenv(warm.ENV, w.env()[warm.ENV])
-        warm.take_address()
+        borrow(w, monkeypatch)
         assert warm.ENV not in __import__("os").environ  # the worker's alone: no process it starts inherits it
         yield w
-    monkeypatch.setattr(warm, "_ADDRESS", None)
+
+
+def borrow(w, monkeypatch):
+    """This process as a stage worker of the run that holds `w`; undone after the test."""
+    monkeypatch.setattr(warm, "_ADDRESS", None)  # first, so the test's end restores "no engine"
+    monkeypatch.setenv(warm.ENV, w.env()[warm.ENV])
+    warm.take_address()
 
 
 def test_the_warm_engine_keeps_swaps_and_reopens_and_answers_as_a_cold_engine(tiny_model, tmp_path, engine):
@@ -84,7 +89,7 @@ def test_an_error_in_the_engine_fails_the_stage_and_the_next_stage_gets_a_new_en
     import os
 
     os.environ.update(engine.env())  # what the run hands the next stage's worker: a new engine
-    warm.take_address()
+    warm.take_address()  # (the fixture's undo still restores "no engine" after the test)
     with warm.lend(None):
         again = warm.WarmSampler(tiny_model, cfg, seed=0)
     assert again.opened["pid"] != first and again.opened["how"] == "opened"
@@ -118,14 +123,10 @@ def test_vllm_weights_swapped_in_place_answer_byte_for_byte_as_a_fresh_engine(de
     other = _other_weights(default_model, tmp_path / "other")
     greedy = SamplingParams(n=1, temperature=0.0, max_tokens=16)
     with warm.for_run(True, tmp_path / "engine.log", "vllm") as w:
-        monkeypatch.setenv(warm.ENV, w.env()[warm.ENV])
-        warm.take_address()
-        try:
-            first = _lent(default_model, cfg, seed=0, params=greedy)
-            swapped = _lent(other, cfg, seed=3)
-            kept = _lent(other, cfg, seed=0)
-        finally:
-            monkeypatch.setattr(warm, "_ADDRESS", None)
+        borrow(w, monkeypatch)
+        first = _lent(default_model, cfg, seed=0, params=greedy)
+        swapped = _lent(other, cfg, seed=3)
+        kept = _lent(other, cfg, seed=0)
     cold = _cold(other, cfg, 9)
     assert first[0] == "opened" and swapped[0] == "swapped weights to" and kept[0] == "kept"
     assert swapped[1] == cold and kept[1] == cold

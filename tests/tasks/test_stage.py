@@ -260,6 +260,7 @@ def test_a_forked_worker_is_a_process_of_its_own_with_the_stage_s_environment(tm
     monkeypatch.setenv("RATCHET_TEST_STAGE_ENV", "set after the server started")
     monkeypatch.chdir(tmp_path)
     store = ArtifactStore(tmp_path / "store")
+    assert fork_server.wait_ready(120)
     m, _ = run_stage(store, stage="s", round=1, body=where_body, code="c", config=X(x=1), parents=[], isolate=True)
     got = json.loads((store.dir_of(m) / "out.txt").read_text())
     assert got["ppid"] == fork_server.proc.pid and got["pid"] not in (os.getpid(), fork_server.proc.pid)
@@ -274,6 +275,7 @@ def test_a_forked_worker_is_a_process_of_its_own_with_the_stage_s_environment(tm
 
 
 def test_forked_workers_fail_and_die_as_cold_ones_do_and_a_dead_server_is_replaced(tmp_path, fork_server):
+    import json
     import signal
 
     store = ArtifactStore(tmp_path)
@@ -285,8 +287,23 @@ def test_forked_workers_fail_and_die_as_cold_ones_do_and_a_dead_server_is_replac
     first = fork_server.proc.pid
     fork_server.proc.send_signal(signal.SIGKILL)
     fork_server.proc.wait()
-    m, _ = run_stage(store, stage="s", round=3, body=ok_body, code="c", config=X(x=3), parents=[], isolate=True)
-    assert (store.dir_of(m) / "out.txt").read_text() == "3" and fork_server.proc.pid != first
+    # the next stage starts another server, here from a thread that ends with the stage (as a
+    # Prefect task's may): the server must outlive that thread, as it lives as long as the run
+    import threading
+    import time
+
+    done = {}
+    t = threading.Thread(target=lambda: done.update(m=run_stage(store, stage="s", round=3, body=where_body,
+                                                                  code="c", config=X(x=3), parents=[],
+                                                                  isolate=True)[0]))
+    t.start()
+    t.join()
+    # forked at once from the new server, its imports not yet done (the stage imports what it lacks)
+    assert json.loads((store.dir_of(done["m"]) / "out.txt").read_text())["ppid"] == fork_server.proc.pid != first
+    time.sleep(1)
+    assert fork_server.alive(), "the restarted fork server died with the thread that started it"
+    m, _ = run_stage(store, stage="s", round=4, body=ok_body, code="c", config=X(x=4), parents=[], isolate=True)
+    assert (store.dir_of(m) / "out.txt").read_text() == "4"
 
 
 def test_the_fork_server_refuses_to_fork_beside_a_thread():
