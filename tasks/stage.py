@@ -8,9 +8,11 @@ from JSON through the same annotation). The body writes files into
 ``store.stage_dir(req.stage, req.key)`` and ends with ``req.finish(store, ...)``, which
 writes the manifest last.
 
-Heavy stages run in a fresh Python process (``worker(REQUEST.json)``, see WORKER)
-so all memory a model engine took (vLLM's KV cache, optimizer state) is returned to
-the OS before the next stage starts.
+Heavy stages run in a process of their own (``worker(REQUEST.json)``), so all memory a
+stage took (optimizer state, activations) is returned to the OS before the next stage
+starts: a child forked from the run's fork server, which imported the heavy libraries once
+(tasks/forkserver.py), or a fresh interpreter (WORKER) without one. A sampling stage's
+engine is the run's warm engine where it has one (models/warm.py).
 """
 
 from __future__ import annotations
