@@ -114,7 +114,7 @@ class WarmSampler:
         from multiprocessing.connection import Client
 
         assert _ADDRESS is not None
-        self.model_dir, self.cfg = Path(model_dir), cfg
+        self.model_dir, self.cfg, self.broken = Path(model_dir), cfg, False
         path, key = _ADDRESS
         try:
             self.conn = Client(path, family="AF_UNIX", authkey=key)
@@ -135,6 +135,7 @@ class WarmSampler:
                                    "under the workdir's logs/. Finished units are kept: re-run the same command to "
                                    "resume") from e
         if reply[0] == "error":
+            self.broken = True  # the engine process has ended: nothing to release
             _, kind, message, tb = reply
             log.error("the warm engine's traceback:\n%s", tb)
             raise RuntimeError(f"in the run's warm engine: {kind}: {message}")
@@ -154,8 +155,13 @@ class WarmSampler:
         return AutoTokenizer.from_pretrained(self.model_dir)
 
     def close(self) -> None:
+        """Let the engine go (it closes after a stage's units, also after one failed: the unit's
+        error is what the stage reports, never a failed release)."""
         try:
-            self._call("release")
+            if not self.broken:
+                self._call("release")
+        except StageFailedError:
+            pass
         finally:
             self.conn.close()
 

@@ -85,6 +85,7 @@ def test_an_error_in_the_engine_fails_the_stage_and_the_next_stage_gets_a_new_en
     first = s.opened["pid"]
     with pytest.raises(RuntimeError, match="in the run's warm engine: ValueError: 1 prefixes for 18 prompts"):
         s.generate(PROMPTS, SAMPLED, seed=1, prefixes=["x"])
+    s.close()  # as the executor does after a failed unit: quietly, the unit's error is the stage's
     engine.proc.wait(timeout=30)  # its state unknown, the engine process ended
     import os
 
