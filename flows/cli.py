@@ -2,6 +2,7 @@
 
     ratchet run flows/configs/default.yaml [key=value ...]   run the pipeline
     ratchet config flows/configs/default.yaml [key=value ...]  print the resolved config
+    ratchet config --explain label.mode                      one config field: type, default, allowed values
     ratchet serve flows/configs/default.yaml --cron "0 3 * * *"  schedule continuation from the champion
     ratchet runs flows/configs/default.yaml                  list the runs in the workdir, how to resume them
     ratchet report flows/configs/default.yaml [RUN]          a run's rounds as PNG figures and an HTML page
@@ -25,6 +26,7 @@ EPILOG = """examples:
   ratchet run flows/configs/default.yaml                  the default CPU run (3 rounds)
   ratchet run flows/configs/default.yaml rounds=1 sample.n=4
   ratchet config flows/configs/default.yaml train.adapter=full
+  ratchet config --explain train.adapter              what a config field takes, and its default
   ratchet lineage flows/configs/default.yaml 4         the chain behind model version 4, verified
 
 Re-running the same command (or `ratchet resume RUN`) reuses every finished stage
@@ -210,6 +212,25 @@ def cmd_config(args) -> int:
 
     from ratchet.flows.config import load_config
 
+    if args.reference or args.explain:
+        from ratchet.flows import reference
+
+        if args.reference:
+            print(reference.markdown(), end="")
+            return 0
+        try:
+            print(reference.explain(args.explain))
+        except KeyError as e:
+            close = e.args[0]
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            print(f"ratchet: error: no config field {args.explain!r}{hint} (every field: ratchet config "
+                  f"--reference, or {reference.DOC})", file=sys.stderr)
+            return 2
+        return 0
+    if args.config is None:
+        print("ratchet: error: ratchet config needs a CONFIG to resolve (or --explain FIELD, or --reference)",
+              file=sys.stderr)
+        return 2
     cfg = load_config(args.config, args.overrides)
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
     return 0
@@ -387,7 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
          "held-out set, the answer check (a user's function is loaded) and the token budgets; writes nothing"),
     ]:
         s = sub.add_parser(name, help=text, description=text)
-        s.add_argument("config", help="YAML config, e.g. flows/configs/default.yaml")
+        s.add_argument("config", help="YAML config, e.g. flows/configs/default.yaml",
+                       **({"nargs": "?"} if name == "config" else {}))
         s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.beta=0.2")
         s.set_defaults(fn=fn)
         if name == "run":
@@ -396,6 +418,11 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--from", dest="start_from", default=None, metavar="START",
                            help="start from 'champion' (the MLflow alias; the base model if none yet), a "
                            "registered version number, or 'base' (default)")
+        if name == "config":
+            s.add_argument("--explain", metavar="FIELD", default=None, help="print one field's entry of the "
+                           "config reference: type, default, allowed values, what it does (e.g. label.mode)")
+            s.add_argument("--reference", action="store_true", help="print the whole config reference as "
+                           "Markdown (docs/reference/config.md is this output)")
     s = sub.add_parser("resume", help="continue a pipeline run by name (see WORKDIR/runs/)",
                        description="Continue a pipeline run with the config it was started with: finished "
                        "stages are reused, the same MLflow parent and round runs continue.")
@@ -468,7 +495,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides after an option (`serve CONFIG --cron "..." rounds=2`) are overrides too:
+    # argparse gives a positional list only the words before the first option
+    later = [a for a in extra if "=" in a and not a.startswith("-")]
+    if extra and later == extra and isinstance(getattr(args, "overrides", None), list):
+        args.overrides += later
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     for noisy in ("httpx", "httpx2", "httpcore", "alembic", "urllib3", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -34,6 +34,8 @@ MAX_SEED = 4_000_000
 
 
 class ModelConfig(BaseModel):
+    """The model the run starts from."""
+
     model_config = ConfigDict(extra="forbid")
     path: Annotated[str, UserFile(keep=("default",))] = Field(
         default="default",
@@ -55,12 +57,17 @@ class PipelineConfig(BaseModel):
     rounds: int = Field(default=3, ge=1, description="self-improvement rounds to run")
     isolate: bool = Field(default=True, description="run heavy stages (sample, train, evaluate) in worker processes")
     model: ModelConfig = Field(default_factory=ModelConfig)
-    data: SourceConfig = Field(default_factory=AdditionSource)
+    data: SourceConfig = Field(default_factory=AdditionSource, description="the task: where prompts (and their "
+                               "reference answers) come from, how they split into train and held-out, how answers "
+                               "are checked")
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     sample: SampleConfig = Field(default_factory=SampleConfig)
-    label: LabelConfig = Field(default_factory=VerifierLabel)
-    filter: FilterConfig = Field(default_factory=RFTFilter)
-    train: TrainConfig = Field(default_factory=RFTTrainConfig)
+    label: LabelConfig = Field(default_factory=VerifierLabel, description="how each round's samples get their "
+                               "reward")
+    filter: FilterConfig = Field(default_factory=RFTFilter, description="how labeled samples become training "
+                                 "data: accepted samples (RFT) or preference pairs (DPO)")
+    train: TrainConfig = Field(default_factory=RFTTrainConfig, description="how the round's model is trained on "
+                               "them (TRL, with LoRA via PEFT or fully)")
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     agreement: AgreementConfig = Field(default_factory=AgreementConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)

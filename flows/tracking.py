@@ -103,6 +103,8 @@ def has_secret(text: str) -> bool:
 
 
 class TrackingConfig(BaseModel):
+    """Where MLflow records runs, metrics and model versions."""
+
     model_config = ConfigDict(extra="forbid")
     uri: str | None = Field(default=None, description="MLflow tracking URI; default sqlite:///<workdir>/mlflow.db. "
                             "user:password@ in it is moved to MLFLOW_TRACKING_USERNAME/PASSWORD and never stored")

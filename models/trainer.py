@@ -33,6 +33,8 @@ Scheduler = Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "c
 
 
 class LoraSettings(BaseModel):
+    """The LoRA adapter trained each round and merged into the round's model."""
+
     model_config = ConfigDict(extra="forbid")
     r: int = Field(default=16, ge=1, description="LoRA rank")
     alpha: int = Field(default=32, ge=1, description="LoRA scaling numerator (scale = alpha / r)")
@@ -45,12 +47,13 @@ class OptimSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     adapter: Literal["lora", "full"] = Field(default="lora", description="LoRA via PEFT, or full fine-tuning")
-    lora: LoraSettings = Field(default_factory=LoraSettings)
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="the LoRA adapter (adapter: lora)")
     epochs: float = Field(default=2.0, gt=0, description="passes over the round's training set")
     learning_rate: float = Field(default=2e-4, gt=0, description="peak learning rate (2e-4 suits LoRA; ~1e-5 full)")
     lr_scheduler: Scheduler = Field(default="linear", description="learning-rate schedule (transformers' "
                                     "SchedulerType)")
-    warmup_ratio: float = Field(default=0.0, ge=0, lt=1)
+    warmup_ratio: float = Field(default=0.0, ge=0, lt=1, description="share of the round's steps over which the "
+                                "learning rate rises from 0 to its peak")
     batch_size: int = Field(default=8, ge=1, description="rows per device step")
     grad_accum: int = Field(default=1, ge=1, description="gradient accumulation steps")
     max_length: int = Field(default=256, ge=16, description="tokens per row (prompt + completion); longer rows are cut")
@@ -64,7 +67,8 @@ class OptimSettings(BaseModel):
         "per step than sdpa here), sdpa on GPU",
     )
     checkpoint_steps: int = Field(default=20, ge=1, description="save a resumable trainer checkpoint every N steps")
-    logging_steps: int = Field(default=2, ge=1)
+    logging_steps: int = Field(default=2, ge=1, description="log the loss every N steps (the train log, MLflow, "
+                               "the console)")
     num_processes: int = Field(default=1, ge=1, description="training processes (torchrun, DDP; one per GPU, or "
                                "CPU cores split between them): the global batch is batch_size x grad_accum x "
                                "num_processes")

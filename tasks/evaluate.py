@@ -63,6 +63,8 @@ class EvalSet(BaseModel):
 
 
 class EvaluateConfig(EvalRun):
+    """Held-out evaluation every round, and the champion gate that reads it."""
+
     sets: list[EvalSet] = Field(
         default_factory=lambda: [EvalSet(name="heldout")], min_length=1,
         description="the held-out sets every round is evaluated on; the first is the `evaluate` stage, the others "

@@ -41,6 +41,8 @@ ROWS: dict[str, str] = {"rft": "accepted samples", "pairs": "preference pairs"}
 
 
 class RFTFilter(BaseModel):
+    """Accepted samples for rejection-sampling fine-tuning: the right ones, deduplicated, capped per prompt."""
+
     model_config = ConfigDict(extra="forbid")
     builds: ClassVar[Rows] = "rft"
     reads: ClassVar[tuple[str, str] | None] = None

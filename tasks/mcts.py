@@ -60,7 +60,7 @@ class MctsLabel(BaseModel):
                                 "value up again and expands nothing (textbook MCTS), instead of selecting past "
                                 "final leaves to a node that can grow")
     temperature: float = Field(default=0.8, gt=0, description="sampling temperature of expansions and rollouts")
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_p: float = Field(default=1.0, gt=0, le=1, description="nucleus sampling of expansions and rollouts")
     top_k: int = Field(default=50, ge=0, description="0 = off")
     value: Literal["verifier", "graded", "judge"] = Field(
         default="verifier", description="what scores a rollout: the task's answer check (1 or 0; needs reference "

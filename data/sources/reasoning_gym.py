@@ -54,10 +54,10 @@ class ReasoningGymCheck(Check):
     threshold: float = Field(default=1.0, gt=0, le=1, description="a score at or above this is right")
     timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False, description="seconds one score may take")
     # filled from the data source: which generator made the problems (a prompt's id is its index)
-    dataset: str = ""
-    config: dict[str, Any] = Field(default_factory=dict)
-    dataset_seed: int = 0
-    size: int = 0
+    dataset: str = Field(default="", description="filled in from data.dataset; leave unset")
+    config: dict[str, Any] = Field(default_factory=dict, description="filled in from data.config; leave unset")
+    dataset_seed: int = Field(default=0, description="filled in from data.dataset_seed; leave unset")
+    size: int = Field(default=0, description="filled in from the source's problem count; leave unset")
 
     def check(self, response: str, answer: str) -> Verdict:
         raise ConfigError([f"data.check.kind='reasoning_gym' scores a reasoning-gym problem by its prompt id; it "

@@ -12,6 +12,8 @@ from ratchet.models.trainer import (OptimSettings, chat_dataset, load_policy, re
 
 
 class RFTTrainConfig(OptimSettings):
+    """Rejection-sampling fine-tuning: supervised fine-tuning (TRL's SFTTrainer) on the accepted samples."""
+
     consumes: ClassVar[str] = "rft"  # the rows it trains on: accepted samples (tasks/filter.py ROWS)
     kind: Literal["rft"] = "rft"
 
