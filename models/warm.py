@@ -242,13 +242,15 @@ class _Engines:
 
     def stats(self) -> dict[str, Any]:
         h = self.held
-        gpu = 0
+        gpu, used = 0, 0
         if _on_gpu():
             import torch
 
-            gpu = torch.cuda.memory_allocated()
+            gpu = torch.cuda.memory_allocated()  # this process's tensors
+            free, total = torch.cuda.mem_get_info()
+            used = total - free  # the whole device's: vLLM's engine core is a process of its own
         return {"pid": os.getpid(), "model": h.model if h else None, "asleep": bool(h and h.asleep),
-                "gpu_allocated": gpu}
+                "gpu_allocated": gpu, "gpu_used": used}
 
     def close(self) -> None:
         if self.held is not None:

@@ -1,5 +1,7 @@
 """GPU tier: the same trainer and HF sampler on CUDA. Skipped on machines without a GPU."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -65,3 +67,58 @@ def test_the_warm_engine_holds_no_gpu_memory_between_stages(tiny_model, tmp_path
             c.send(("stats",))
             _, stats = c.recv()
         assert stats["gpu_allocated"] == 0 and stats["model"] is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM for CUDA (pip install -e '.[gpu]')")
+def test_the_warm_vllm_engine_sleeps_between_stages_and_swaps_weights_after_waking(tiny_model, tmp_path, monkeypatch):
+    """vLLM on a GPU: the warm engine sleeps when a stage lets it go (the device's memory falls to
+    a fraction of what the engine held), wakes for the next stage, and weights swapped in after
+    waking answer as a fresh engine on them does."""
+    import shutil
+    from multiprocessing.connection import Client
+
+    from safetensors.torch import load_file, save_file
+
+    from ratchet.models import warm
+    from ratchet.models.sampler import SamplerConfig, SamplingParams, open_sampler
+
+    cfg = SamplerConfig(backend="vllm", dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=256)
+    greedy = SamplingParams(n=1, temperature=0.0, max_tokens=12)
+    prompts = [f"What is {a} + {b}?" for a in range(4) for b in range(4)]
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model, other)
+    (weights,) = other.glob("*.safetensors")
+    torch.manual_seed(1)
+    save_file({k: (v.float() * 1.5).to(v.dtype).contiguous() for k, v in load_file(weights).items()}, weights,
+              metadata={"format": "pt"})
+
+    def stats():
+        path, key = warm._ADDRESS
+        with Client(path, family="AF_UNIX", authkey=key) as c:
+            c.send(("stats",))
+            return c.recv()[1]
+
+    def lent(model):
+        with warm.lend(None):
+            s = warm.WarmSampler(model, cfg, seed=0)
+        held = stats()["gpu_used"]
+        texts = [[g.text for g in row] for row in s.generate(prompts, greedy, seed=0)]
+        how = s.opened["how"]
+        s.close()
+        return how, texts, held
+
+    monkeypatch.setattr(warm, "_ADDRESS", None)
+    with warm.for_run(True, tmp_path / "engine.log", "vllm") as w:
+        monkeypatch.setenv(warm.ENV, w.env()[warm.ENV])
+        warm.take_address()
+        how1, first, held = lent(tiny_model)
+        asleep = stats()
+        how2, swapped, _ = lent(other)
+    cold = open_sampler(other, cfg, seed=0)
+    try:
+        fresh = [[g.text for g in row] for row in cold.generate(prompts, greedy, seed=0)]
+    finally:
+        cold.close()
+    assert (how1, how2) == ("opened", "swapped weights to")
+    assert asleep["asleep"] and asleep["gpu_used"] < 0.25 * held, (asleep, held)
+    assert swapped == fresh and swapped != first
