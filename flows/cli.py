@@ -212,7 +212,7 @@ def cmd_config(args) -> int:
 
     from ratchet.flows.config import load_config
 
-    if args.reference or args.explain:
+    if args.reference or args.explain is not None:
         from ratchet.flows import reference
 
         if args.reference:

@@ -368,7 +368,7 @@ def explain(path: str) -> str:
     if not found:
         sec = next((s for s in secs if s.path == want), None)
         if sec is not None:
-            lines = [f"{sec.path}: {sec.about}"]
+            lines = [f"{sec.path or 'the top level'}: {sec.about}"]
             if sec.kinds:
                 lines += [f"  {sec.path}.kind: one of " + ", ".join(sec.kinds) +
                           (f" (default {sec.default_kind})" if sec.default_kind else "")]
@@ -378,7 +378,7 @@ def explain(path: str) -> str:
             for kind, names in groups.items():
                 head = "every kind: " if kind is None and sec.kinds else "" if kind is None else f"{kind}: "
                 lines += textwrap.wrap(head + ", ".join(names), 96, initial_indent="  ", subsequent_indent="    ")
-            lines.append(f"one field's entry: ratchet config --explain {sec.path}.FIELD")
+            lines.append(f"one field's entry: ratchet config --explain {sec.path + '.' if sec.path else ''}FIELD")
             return "\n".join(lines)
         known = list(dict.fromkeys(_normal(e.path) for s in secs for e in s.entries)) + [s.path for s in secs]
         raise KeyError(difflib.get_close_matches(want, known, n=5, cutoff=0.5)

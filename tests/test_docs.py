@@ -64,6 +64,8 @@ def test_config_explain_prints_one_field_and_names_close_ones_for_a_typo():
     assert r.returncode == 0 and "lower-case letters" in r.stdout
     r = _ratchet("config", "--explain", "sample.temprature")
     assert r.returncode == 2 and "sample.temperature" in r.stderr and r.stdout == ""
+    r = _ratchet("config", "--explain", "")
+    assert r.returncode == 0 and r.stdout.startswith("the top level: A whole self-improvement run.\n  name, workdir, seed")
 
 
 def test_the_site_builds_in_strict_mode(tmp_path):
