@@ -191,6 +191,7 @@ class _Walk:
     def __init__(self):
         self.sections: list[Section] = []
         self.unions: dict[frozenset, str] = {}  # the kinds of a union already listed -> its section's path
+        self.pending: list[tuple[str, list[type[BaseModel]], str | None]] = []  # unions met, to list next
 
     def section(self, path: str, about: str, models: list[type[BaseModel]], default_kind: str | None) -> None:
         sec = Section(path, about, default_kind=default_kind)
@@ -257,8 +258,6 @@ class _Walk:
             out += self.fields(f"{inner}.{name}", sub, kind)
         return out
 
-    pending: list
-
 
 def _anchor(path: str) -> str:
     return "config-" + path.replace(".", "-").replace("[]", "")
@@ -269,7 +268,6 @@ def sections() -> list[Section]:
     from ratchet.flows.config import PipelineConfig
 
     w = _Walk()
-    w.pending = []
     top = Section("", _first_paragraph(PipelineConfig.__doc__))
     for name, f in PipelineConfig.model_fields.items():
         if not _models(f.annotation):
