@@ -77,3 +77,12 @@ def test_the_site_builds_in_strict_mode(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
     assert (tmp_path / "site" / "reference" / "config" / "index.html").is_file()
+
+
+def test_overrides_after_an_option_are_overrides_and_anything_else_is_refused(tmp_path):
+    """`ratchet serve CONFIG --cron "..." key=value`, as the README writes it: argparse alone
+    would refuse the override after the option."""
+    r = _ratchet("gc", "flows/configs/default.yaml", "--dry-run", f"workdir={tmp_path / 'w'}")
+    assert r.returncode == 1 and f"no artifact store at {tmp_path / 'w'}" in r.stderr
+    r = _ratchet("gc", "flows/configs/default.yaml", "--dry-run", "--bogus")
+    assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr
