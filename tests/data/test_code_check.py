@@ -171,7 +171,7 @@ def test_an_unsandboxed_check_runs_and_says_so(capsys):
 
 
 def test_a_sandbox_that_cannot_start_is_reported_before_any_model_loads(monkeypatch):
-    import ratchet.data.checks.sandbox as sandbox
+    import ratchet.data.sandbox as sandbox
 
     assert CodeCheck(**FAST).problems() == []
     (p,) = CodeCheck(interpreter="no-such-python", **FAST).problems()
