@@ -23,7 +23,9 @@ from ratchet.models.sampler import SamplerConfig
 from ratchet.tasks.agreement import AgreementConfig
 from ratchet.tasks.evaluate import EvaluateConfig
 from ratchet.tasks import label as label_kinds
-from ratchet.tasks.filter import ROWS, FilterConfig, RFTFilter
+from ratchet.tasks.filter import FilterConfig
+from ratchet.tasks.filters import ROWS
+from ratchet.tasks.filters.rft import RFTFilter
 from ratchet.tasks.label import LabelConfig, VerifierLabel
 from ratchet.tasks.sample import SampleConfig
 from ratchet.tasks.train import RFTTrainConfig, TrainConfig
@@ -76,7 +78,7 @@ class PipelineConfig(BaseModel):
 
 def _cross_checks(cfg: PipelineConfig) -> list[str]:
     """Problems across sections. What a kind needs of the rest of the config is the kind's own
-    declaration (tasks/labels/, tasks/filter.py, models/train_kinds/); nothing here names a kind."""
+    declaration (tasks/labels/, tasks/filters/, models/train_kinds/); nothing here names a kind."""
     problems = [f"{at}={value}: not a finite number; give a number (a NaN compares false with everything and an "
                 "infinite bound passes or refuses every row, so either would quietly decide the round)"
                 for at, _, _, value in config_fields(cfg) if isinstance(value, float) and not math.isfinite(value)]
@@ -85,9 +87,9 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
             f"sample.max_tokens={cfg.sample.max_tokens} leaves under 64 prompt tokens within "
             f"sampler.max_model_len={cfg.sampler.max_model_len}; raise sampler.max_model_len or lower sample.max_tokens"
         )
-    label = label_kinds.kind_of(cfg.label)
-    lo, hi = label.reward_range(cfg.label)
-    problems += cfg.filter.reward_checks(lo, hi, label.setting(cfg.label))
+    label = cfg.label
+    lo, hi = label.reward_range()
+    problems += cfg.filter.reward_checks(lo, hi, label.setting())
     problems += label.checks(cfg)
     filters, trains = kinds_of("filter"), kinds_of("train")
     if cfg.filter.builds != cfg.train.consumes:
@@ -103,8 +105,8 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
         problems.append(f"filter.kind={cfg.filter.kind!r} reads the {what} of label.kind={writers[0]!r} ({file}), "
                         f"but label.kind={cfg.label.kind!r} writes none; set label.kind={writers[0]!r} "
                         f"(or filter.kind={other!r})")
-    if cfg.agreement.min is not None and label.needs_reference(cfg.label):
-        problems.append(f"agreement.min={cfg.agreement.min}: {label.setting(cfg.label)} scores with the reference "
+    if cfg.agreement.min is not None and label.needs_reference():
+        problems.append(f"agreement.min={cfg.agreement.min}: {label.setting()} scores with the reference "
                         "answers themselves, so there is no agreement to check; remove agreement.min (it gates labels "
                         "such as the judge, a majority vote or a reward model)")
     if cfg.train.max_length <= cfg.sample.max_tokens:

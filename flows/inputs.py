@@ -15,13 +15,12 @@ from pathlib import Path
 from ratchet.data.errors import ConfigError, ProblemReport
 from ratchet.data.prompts import Split, check_draw, prompt_key, load_split
 from ratchet.flows.config import PipelineConfig
-from ratchet.tasks.label import kind_of
 from ratchet.tasks.labels import Budget
 
 
 def needs_train_answers(cfg: PipelineConfig) -> bool:
     """Whether the label needs a reference answer for every train prompt."""
-    return kind_of(cfg.label).needs_reference(cfg.label) and cfg.data.check.needs_answer
+    return cfg.label.needs_reference() and cfg.data.check.needs_answer
 
 
 def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
@@ -39,7 +38,7 @@ def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Spli
     if cfg.data.prompts_per_round:
         check_draw(cfg.data.prompts_per_round, len(split.train))
     check_label_model(cfg)
-    if problems := kind_of(cfg.label).ready(cfg.label):  # a served judge's key and server, before any model loads
+    if problems := cfg.label.ready():  # a served judge's key and server, before any model loads
         raise ConfigError(problems, source="label")
     if problems := cfg.data.check.problems(columns(split.train + split.eval)):  # loaded once, as a stage will
         raise ConfigError(problems, source="data.check")
@@ -49,7 +48,7 @@ def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Spli
         raise ConfigError(problems, source="model")
     tok = _tokenizer(policy)
     # the model that reads each budget's prompts tokenizes them: a label's fixed model its own way
-    fixed = kind_of(cfg.label).fixed_model(cfg.label)
+    fixed = cfg.label.fixed_model()
     readers = {"policy": tok, "label": _tokenizer(resolve_model(fixed)) if fixed else tok}
     report = ProblemReport()
     reads = [("train", split.train, train_budgets(cfg), split.places),
@@ -123,14 +122,13 @@ _SETS = "evaluate."  # a held-out set's file digests in a run's sources: evaluat
 def check_label_model(cfg: PipelineConfig) -> None:
     """A fixed judge or reward model (label.model) must be a model directory of the right kind;
     only its config.json is read."""
-    kind = kind_of(cfg.label)
-    src = kind.fixed_model(cfg.label)
+    src = cfg.label.fixed_model()
     if src is None:
         return
     path = resolve_model(src)
     if not (path / "config.json").is_file():
         raise ConfigError([f"label.model={src!r}: {path} has no config.json; give a Hugging Face model directory"])
-    if (wrong := kind.check_model(path)) is not None:
+    if (wrong := cfg.label.check_model(path)) is not None:
         raise ConfigError([f"label.model={src!r}: {wrong}"])
 
 
@@ -181,12 +179,11 @@ def train_budgets(cfg: PipelineConfig) -> dict[str, Budget]:
     """The stages that read a train prompt, each with its budget: sampling (where the label reads the
     sample stage's completions), what the label kind runs itself, and training."""
     same = lambda p: p  # noqa: E731
-    kind = kind_of(cfg.label)
     out = {}
-    if kind.consumes == "samples":
+    if cfg.label.consumes == "samples":
         out["sampling"] = Budget(same, cfg.sample.max_tokens, cfg.sampler.max_model_len,
                                  "raise sampler.max_model_len or lower sample.max_tokens")
-    out.update(kind.budgets(cfg))
+    out.update(cfg.label.budgets(cfg))
     out["training"] = Budget(same, 1, cfg.train.max_length, "raise train.max_length")
     return out
 

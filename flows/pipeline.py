@@ -29,7 +29,7 @@ from ratchet.flows.stages import (EvalTarget, RoundResult, agreement_task, base_
                                   train_task, unwrap)
 from ratchet.flows.tracking import Tracker, verdict
 from ratchet.models import warm
-from ratchet.tasks import forkserver, label as label_mod
+from ratchet.tasks import forkserver
 from ratchet.tasks.evaluate import EvaluateConfig
 
 
@@ -75,7 +75,7 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
         done, train = [], prompts
         if cfg.data.prompts_per_round:  # this round's own draw from the pool
             done.append(train := unwrap(slice_task(cfg, ctx, k, first, prompts, child)))
-        if label_mod.kind_of(cfg.label).consumes == "prompts":  # e.g. a tree search: it samples its own rollouts
+        if cfg.label.consumes == "prompts":  # e.g. a tree search: it samples its own rollouts
             done.append(labels := unwrap(label_task(cfg, ctx, k, train, policy, child, label_model)))
         else:
             samples = unwrap(sample_task(cfg, ctx, k, policy, train, child))
@@ -110,7 +110,7 @@ def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
     prompts = unwrap(prompts_task(cfg, ctx))
     base = unwrap(start_model_task(cfg, ctx) if ctx.start_version else base_task(cfg, ctx))
     first = base.round if ctx.start_version else 0  # rounds count generations: a continuation numbers on
-    fixed = unwrap(label_model_task(cfg, ctx)) if label_mod.kind_of(cfg.label).fixed_model(cfg.label) else None
+    fixed = unwrap(label_model_task(cfg, ctx)) if cfg.label.fixed_model() else None
     targets = eval_targets_task(cfg, ctx, prompts)
     results = [round_zero(cfg, ctx, base, targets, first)]
     for k in range(first + 1, first + cfg.rounds + 1):

@@ -134,7 +134,7 @@ def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
 @task(name="label-model", cache_policy=NONE, retries=0)
 def label_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     """The label's own fixed model (a judge or a reward model, label.model) as a store stage."""
-    src = label_mod.kind_of(cfg.label).fixed_model(cfg.label)
+    src = cfg.label.fixed_model()
     return finished(*prepare.base_model(store_of(ctx), src, resolve_model(src), run=ctx.run_name,
                                          stage="label-model", field="label.model"))
 
@@ -215,7 +215,7 @@ def agreement_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageMa
 
 def label_name(cfg: PipelineConfig) -> str:
     """The round's label as a user configured it, in a few words."""
-    return label_mod.kind_of(cfg.label).title(cfg.label)
+    return cfg.label.title()
 
 
 @task(name="train", cache_policy=NONE, retries=0)

@@ -1,4 +1,5 @@
-"""The self-reward judge: the policy rates its own completions (helpers of the label stage).
+"""The self-reward judge: the policy rates its own completions (helpers of the judge label kind,
+tasks/labels/judge.py, and of the tree search's judged values).
 
 Three modes, all through the sampler backend, batched:
 
@@ -30,14 +31,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from ratchet.tasks.guard import guard
 
-from ratchet.data.prompts import check_placeholders
-from ratchet.data.userfiles import UserFile
-from ratchet.models.endpoint import EndpointConfig
-from ratchet.tasks.guard import GuardConfig, guard
+if TYPE_CHECKING:  # the judge kind's config (tasks/labels/judge.py) reads this module's templates
+    from ratchet.tasks.labels.judge import JudgeLabel
 
 RUBRIC = """Review the user's question and the response below, and score the response with this additive 5-point system. Start from 0 and add points for each criterion the response meets:
 
@@ -64,63 +63,6 @@ RATING_PREFIX = "Score: "
 YES_WORDS = ("Yes", " Yes", "yes", " yes", "YES")
 NO_WORDS = ("No", " No", "no", " no", "NO")
 DIGITS = tuple(str(d) for d in range(6))
-
-
-class JudgeLabel(BaseModel):
-    """Reward = the current policy's own judgement of each completion (self-rewarding), or a
-    fixed judge model's (`model`)."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["judge"] = "judge"
-    model: Annotated[str, UserFile(keep=("default",))] | None = Field(
-        default=None, description="a fixed judge: a local Hugging Face model directory ('default' for the embedded "
-        "model), run with the sampler settings; unset: the round's policy judges its own samples (Self-Rewarding)")
-    endpoint: EndpointConfig | None = Field(
-        default=None, description="a served judge: a model behind an OpenAI-compatible API (vllm serve, SGLang, "
-        "TGI, a hosted API), called from this process; no model is loaded for it")
-    mode: Literal["text", "p_yes", "rating"] = Field(
-        default="text",
-        description="text = the rubric's written verdict averaged over k samples (0-5); p_yes = probability of "
-        "'Yes' to 'is the answer correct?' (0-1); rating = expected rubric points from digit probabilities (0-5)",
-    )
-    template: str | None = Field(
-        default=None,
-        description="judge prompt with {prompt} and {response} placeholders; default: the additive 5-point "
-        "rubric (text, rating) or a yes/no correctness question (p_yes)",
-    )
-    k: int = Field(default=3, ge=1, description="judge samples per completion, averaged (text mode)")
-    temperature: float = Field(default=0.7, ge=0, description="judge sampling temperature (text mode)")
-    max_tokens: int = Field(default=160, ge=8, description="token limit of a written verdict (text mode)")
-    top_logprobs: int = Field(
-        default=20, ge=2,
-        description="next-token candidates read (p_yes, rating); a candidate outside them counts as probability 0; "
-        "vLLM returns at most 20",
-    )
-    shard_size: int = Field(default=256, ge=1, description="completions judged per shard (the unit of resume)")
-    guard: GuardConfig = Field(default_factory=GuardConfig, description="what happens to a response that speaks to "
-                               "its judge (scores, verdicts, instructions, fences, roles in its text)")
-
-    @model_validator(mode="after")
-    def _one_judge(self):
-        if self.endpoint is not None and self.model is not None:
-            raise ValueError("label.model and label.endpoint both name a judge; keep one (model: a local directory "
-                             "run here; endpoint: a served one)")
-        if self.endpoint is not None and self.mode != "text" and self.top_logprobs > 20:
-            raise ValueError(f"label.top_logprobs={self.top_logprobs}: an OpenAI-compatible API returns at most 20 "
-                             "candidates; set it to 20 or less")
-        return self
-
-    @field_validator("template")
-    @classmethod
-    def _template_fields(cls, v: str | None) -> str | None:
-        return v if v is None else check_placeholders(v, {"prompt", "response"})
-
-    def prompt_template(self) -> str:
-        return self.template if self.template is not None else DEFAULT_TEMPLATES[self.mode]
-
-    @property
-    def scale(self) -> tuple[float, float]:
-        return (0.0, 1.0) if self.mode == "p_yes" else (0.0, 5.0)
 
 
 def _fence(text: str) -> str:

@@ -29,27 +29,21 @@ from ratchet.data.prompts import SourceConfig
 from ratchet.data.records import Completion, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig
-from ratchet.tasks.labels import LabelKind, reward_stats
-from ratchet.tasks.labels import consistency, judge, mcts, reward_model, verifier
-from ratchet.tasks.labels.verifier import VerifierLabel  # noqa: F401 - the default label, imported from here
+from ratchet.tasks.labels import Label, reward_stats
+from ratchet.tasks.labels.consistency import ConsistencyLabel
+from ratchet.tasks.labels.judge import JudgeLabel
+from ratchet.tasks.labels.mcts import MctsLabel
+from ratchet.tasks.labels.reward_model import RewardModelLabel
+from ratchet.tasks.labels.verifier import VerifierLabel
 from ratchet.tasks.prepare import train_prompts
 from ratchet.tasks.stage import StageRequest, run_stage
 from ratchet.tasks.units import ExecutorConfig
 
-# The registration of every label kind: its module's KIND, one entry each. The config union, the
-# dispatch and every check the flow makes come from these records.
-KINDS: dict[str, LabelKind] = {k.name: k for k in (verifier.KIND, consistency.KIND, judge.KIND, reward_model.KIND,
-                                                   mcts.KIND)}
-LabelConfig = Annotated[Union[tuple(k.config for k in KINDS.values())], Field(discriminator="kind")]  # noqa: UP007
-
-
-def kind_of(cfg: BaseModel) -> LabelKind:
-    """The kind of a label config; one it was not registered with is an error, never a default."""
-    kind = KINDS.get(getattr(cfg, "kind", None))
-    if kind is None or not isinstance(cfg, kind.config):
-        raise ValueError(f"label.kind={getattr(cfg, 'kind', None)!r} is not a registered label kind; "
-                         f"use one of {sorted(KINDS)}")
-    return kind
+# The registration of every label kind: its module's class, one entry each. The config union, the
+# dispatch and every check the flow makes ask these classes.
+KINDS: dict[str, type[Label]] = {k.model_fields["kind"].default: k for k in (
+    VerifierLabel, ConsistencyLabel, JudgeLabel, RewardModelLabel, MctsLabel)}
+LabelConfig = Annotated[Union[tuple(KINDS.values())], Field(discriminator="kind")]  # noqa: UP007
 
 
 class LabelJob(BaseModel):
@@ -62,7 +56,7 @@ class LabelJob(BaseModel):
     def summary(self, m: dict[str, float]) -> list[str]:
         """The kind's own result, then what any label may add: how the verifier sees the samples,
         the label's agreement with it, rows a user's check failed on, texts that spoke to a judge."""
-        out = kind_of(self.label).summary(m)
+        out = self.label.summary(m)
         if "pass_at_n" in m:
             out.append(f"pass@n {m['pass_at_n']:.0%}")
         if "verifier_auc" in m:
@@ -76,12 +70,11 @@ class LabelJob(BaseModel):
 
 def label_body(req: StageRequest[LabelJob], store: ArtifactStore) -> StageManifest:
     cfg = req.config.label
-    kind = kind_of(cfg)
-    if kind.consumes == "prompts":
+    if cfg.consumes == "prompts":
         items = train_prompts(req, store)
     else:
         items = read_jsonl(store.path(req.parent("sample"), "samples.jsonl"), Completion)
-    out = kind.run(req, store, items, req.config.data.check, cfg)
+    out = cfg.run(req, store, items, req.config.data.check)
     n = write_jsonl(store.stage_dir(req.stage, req.key) / "labels.jsonl", out.rows)
     return req.finish(store, outputs={"labels.jsonl": n, **out.outputs},
                       metrics={**reward_stats(out.rows), **out.metrics}, info=out.info or None, scratch=("shards",))
@@ -95,19 +88,18 @@ def label(store: ArtifactStore, source: StageManifest, cfg: LabelConfig, data_cf
     A kind that runs a model needs it as `policy` (the round's starting model, or the
     label's fixed `label-model` stage), the sampler settings and a seed, and runs in a
     worker process like sampling."""
-    kind = kind_of(cfg)
-    want = ("sample",) if kind.consumes == "samples" else ("prompts", "slice")
+    want = ("sample",) if cfg.consumes == "samples" else ("prompts", "slice")
     if source.stage not in want:
-        raise ValueError(f"label.kind={kind.name!r} labels the {' or '.join(want)} stage, not {source.stage}")
-    if kind.served(cfg):  # its model is elsewhere: called from here, resumable call by call
+        raise ValueError(f"label.kind={cfg.kind!r} labels the {' or '.join(want)} stage, not {source.stage}")
+    if cfg.served():  # its model is elsewhere: called from here, resumable call by call
         return run_stage(store, stage="label", round=round, body=label_body,
                          config=LabelJob(label=cfg, data=data_cfg, seed=seed), parents=[source], keep_partial=True,
                          run=run)
-    if not kind.uses_policy:
+    if not cfg.uses_policy:
         return run_stage(store, stage="label", round=round, body=label_body,
                          config=LabelJob(label=cfg, data=data_cfg), parents=[source], keep_partial=True, run=run)
     if policy is None or sampler is None:
-        raise ValueError(f"label.kind={kind.name!r} needs the round's policy and the sampler settings")
+        raise ValueError(f"label.kind={cfg.kind!r} needs the round's policy and the sampler settings")
     return run_stage(store, stage="label", round=round, body=label_body,
                      config=LabelJob(label=cfg, data=data_cfg, sampler=sampler, seed=seed), parents=[source, policy],
                      isolate=isolate, keep_partial=True, run=run, executor=executor)

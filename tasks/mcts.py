@@ -36,64 +36,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import TYPE_CHECKING
 
-from ratchet.tasks.judge import JudgeLabel
-
-
-class MctsLabel(BaseModel):
-    """Reward = the value of each trajectory found by a step-level tree search (MCTS)."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["mcts"] = "mcts"
-    simulations: int = Field(default=6, ge=1, description="simulation waves per prompt (each selects and expands "
-                             "one leaf that can grow)")
-    k: int = Field(default=4, ge=2, description="candidate next steps sampled per expansion")
-    max_depth: int = Field(default=4, ge=1, description="most steps in a tree path; a node this deep is final")
-    step_delimiter: str = Field(default="\n", min_length=1, description="a step ends after this string (e.g. "
-                                "'\\n' for lines, '. ' for sentences)")
-    step_max_tokens: int = Field(default=24, ge=1, description="a step also ends after this many tokens")
-    rollout_tokens: int = Field(default=96, ge=1, description="token limit of a rollout to the final answer")
-    selection: Literal["uct", "puct"] = Field(default="puct", description="tree policy")
-    c_explore: float = Field(default=1.0, ge=0, description="exploration constant of UCT/PUCT")
-    revisit_final: bool = Field(default=False, description="a wave whose selection reaches a final leaf backs its "
-                                "value up again and expands nothing (textbook MCTS), instead of selecting past "
-                                "final leaves to a node that can grow")
-    temperature: float = Field(default=0.8, gt=0, description="sampling temperature of expansions and rollouts")
-    top_p: float = Field(default=1.0, gt=0, le=1, description="nucleus sampling of expansions and rollouts")
-    top_k: int = Field(default=50, ge=0, description="0 = off")
-    value: Literal["verifier", "graded", "judge"] = Field(
-        default="verifier", description="what scores a rollout: the task's answer check (1 or 0; needs reference "
-        "answers), 'graded' (the same check, and a wrong number earns partial / (1 + its distance from the "
-        "reference), or with a 'steps' check partial x the share of the running values stated in order, so a tree "
-        "has a value to follow before its first correct rollout; number and steps checks only), or "
-        "the self-reward judge (label-free; a probability mode, rescaled to 0-1)",
-    )
-    partial: float = Field(default=0.5, gt=0, lt=1, description="value='graded': the most a wrong answer earns "
-                           "(an answer one away from the reference earns half of it)")
-    judge: JudgeLabel = Field(default_factory=lambda: JudgeLabel(mode="rating"),
-                              description="the judge used when value='judge' (mode p_yes or rating)")
-    shard_size: int = Field(default=32, ge=1, description="prompts per resumable shard")
-
-    @property
-    def uses_reference(self) -> bool:
-        """Whether rollouts are scored against reference answers (every prompt needs one)."""
-        return self.value in ("verifier", "graded")
-
-    @model_validator(mode="after")
-    def _judge_mode(self):
-        if self.judge.model is not None:
-            raise ValueError("label.judge.model: the tree search scores rollouts with the policy it searches with; "
-                             "a fixed judge model is not supported inside the search yet (unset label.judge.model, "
-                             "or use label.kind='judge' with label.model on sampled completions)")
-        if self.judge.endpoint is not None:
-            raise ValueError("label.judge.endpoint: the tree search scores rollouts inside its engine holders, "
-                             "with the policy it searches with; a served judge is not supported inside the search "
-                             "(unset it, or use label.kind='judge' with label.endpoint on sampled completions)")
-        if self.value == "judge" and self.judge.mode == "text":
-            raise ValueError("label.judge.mode='text' cannot score rollouts inside the search (unreadable verdicts "
-                             "would leave nodes without a value); use mode 'rating' or 'p_yes'")
-        return self
+if TYPE_CHECKING:  # the tree search kind's config (tasks/labels/mcts.py)
+    from ratchet.tasks.labels.mcts import MctsLabel
 
 
 @dataclass

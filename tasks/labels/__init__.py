@@ -1,10 +1,10 @@
 """Label kinds: what gives each sampled completion (or each searched prompt) its reward.
 
-Every kind lives in one module of this package and describes itself with one `LabelKind`:
-what it consumes (the sample stage's completions, or the prompts, for a kind that
-generates its own rollouts), whether it runs the policy (then the label stage runs in a
-worker with the sampler settings and a seed), the function that labels, and what the
-config and input checks need of it (reward range, references, budgets, cross-checks). The
+Every kind lives in one module of this package, as one class: its config model, a subclass
+of `Label`, whose methods describe it: what it consumes (the sample stage's completions, or
+the prompts, for a kind that generates its own rollouts), whether it runs the policy (then
+the label stage runs in a worker with the sampler settings and a seed), how it labels, and
+what the config and input checks need of it (reward range, references, budgets, cross-checks). The
 label stage (tasks/label.py), the config and the round flow ask the kind; none of them has
 a special case for one.
 
@@ -17,13 +17,14 @@ a special case for one.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from ratchet.data import events
 from ratchet.data.checkers import Item, check_many
@@ -55,38 +56,64 @@ class Budget:
     reader: Literal["policy", "label"] = "policy"
 
 
-def _none(*_: Any) -> Any:
-    return None
+class Label(BaseModel):
+    """A label kind: its config (a member of LabelConfig's union) and everything the flow, the
+    config checks and the input checks ask of it. `pipeline` below is the whole pipeline config,
+    for budgets and checks that cross sections."""
 
+    model_config = ConfigDict(extra="forbid")
+    consumes: ClassVar[Literal["samples", "prompts"]] = "samples"  # the parent stage it reads
+    uses_policy: ClassVar[bool] = False  # runs a model (the round's policy, or its fixed one): a worker, a seed
+    outputs: ClassVar[tuple[str, ...]] = ()  # files it writes beside labels.jsonl (that a filter kind may read)
+    kind: str
 
-def _no_problems(*_: Any) -> list[str]:
-    return []
+    @abstractmethod
+    def run(self, req, store, items: list, check_cfg) -> Labeled:
+        """Label `items` (completions, or prompts for a kind that consumes prompts)."""
 
+    def reward_range(self) -> tuple[float, float]:
+        return (0.0, 1.0)
 
-@dataclass(frozen=True)
-class LabelKind:
-    """Everything the flow, the config checks and the input checks know of a label kind.
-    `cfg` below is the kind's own config (the pipeline's `label` section); `pipeline` the
-    whole pipeline config, for budgets and checks that cross sections."""
+    def needs_reference(self) -> bool:
+        """Whether every train prompt needs a reference answer."""
+        return False
 
-    name: str
-    config: type[BaseModel]  # the kind's config model, a member of LabelConfig's union
-    consumes: Literal["samples", "prompts"]  # the parent stage it reads: sample's completions, or the prompts
-    uses_policy: bool  # runs a model (the round's policy, or the label's fixed model): a worker, a seed
-    run: Callable[..., Labeled]  # run(req, store, items, check_cfg, cfg) -> Labeled
-    reward_range: Callable[[Any], tuple[float, float]] = lambda cfg: (0.0, 1.0)
-    needs_reference: Callable[[Any], bool] = lambda cfg: False  # a reference answer for every train prompt
-    fixed_model: Callable[[Any], str | None] = _none  # a model it runs instead of the policy (config value)
-    check_model: Callable[[Path], str | None] = _none  # what is wrong with that model's directory, if anything
-    title: Callable[[Any], str] = lambda cfg: cfg.kind  # the label in a few words, for the console and the gate
-    setting: Callable[[Any], str] = lambda cfg: f"label.kind={cfg.kind!r}"  # the same, in config terms
-    budgets: Callable[[Any], dict[str, Budget]] = lambda pipeline: {}  # prompt budgets of the stages it runs
-    checks: Callable[[Any], list[str]] = _no_problems  # problems across sections, each with its fix
-    served: Callable[[Any], bool] = lambda cfg: False  # calls a served model instead: this process, a seed, no policy
-    ready: Callable[[Any], list[str]] = _no_problems  # what this machine lacks to run it (a key, a server), up front
-    outputs: tuple[str, ...] = ()  # files it writes beside labels.jsonl (that a filter kind may read)
-    summary: Callable[[dict[str, float]], list[str]] = lambda m: [  # its result in a few words, for the console
-        f"{events.count(m.get('labeled', 0))} labeled", f"mean reward {m.get('reward_mean', 0):.2f}"]
+    def fixed_model(self) -> str | None:
+        """A model it runs instead of the policy (the config's value), if any."""
+        return None
+
+    @classmethod
+    def check_model(cls, path: Path) -> str | None:
+        """What is wrong with that model's directory, if anything."""
+        return None
+
+    def title(self) -> str:
+        """The label in a few words, for the console and the gate."""
+        return self.kind
+
+    def setting(self) -> str:
+        """The same, in config terms."""
+        return f"label.kind={self.kind!r}"
+
+    def budgets(self, pipeline) -> dict[str, Budget]:
+        """Prompt budgets of the stages it runs."""
+        return {}
+
+    def checks(self, pipeline) -> list[str]:
+        """Problems across sections, each with its fix."""
+        return []
+
+    def served(self) -> bool:
+        """Calls a served model instead: this process, a seed, no policy."""
+        return False
+
+    def ready(self) -> list[str]:
+        """What this machine lacks to run it (a key, a server), up front."""
+        return []
+
+    def summary(self, m: dict[str, float]) -> list[str]:
+        """Its result in a few words, for the console."""
+        return [f"{events.count(m.get('labeled', 0))} labeled", f"mean reward {m.get('reward_mean', 0):.2f}"]
 
 
 def truths(check_cfg: Any, rows: list[Completion]) -> list[bool | None]:

@@ -12,23 +12,33 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ratchet.data.checkers import answer_key, extract
 from ratchet.data.records import Completion, LabeledCompletion
-from ratchet.tasks.labels import Labeled, LabelKind, agreement, truths
+from ratchet.tasks.labels import Label, Labeled, agreement, truths
 
 
-class ConsistencyLabel(BaseModel):
+class ConsistencyLabel(Label):
     """Reward = agreement with the majority answer of the prompt's own samples (label-free)."""
 
-    model_config = ConfigDict(extra="forbid")
     kind: Literal["consistency"] = "consistency"
     min_agreement: float = Field(
         default=0.5, gt=0, le=1,
         description="share of a prompt's samples the majority answer needs; below it the prompt stays unlabeled",
     )
     min_votes: int = Field(default=2, ge=1, description="fewest samples that must agree on the majority answer")
+
+    def run(self, req, store, rows: list[Completion], check_cfg) -> Labeled:
+        labeled, metrics = majority_vote(rows, check_cfg, self)
+        return Labeled(labeled, {**metrics, **agreement(labeled)})
+
+    def checks(self, pipeline) -> list[str]:
+        if not pipeline.data.check.extracts:
+            return [f"label.kind='consistency' votes with the answers a check reads, but data.check.kind="
+                    f"{pipeline.data.check.kind!r} reads none; use a check that extracts an answer (number, exact, "
+                    "regex, steps) or another label kind"]
+        return []
 
 
 def majority_vote(rows: list[Completion], check_cfg, cfg: ConsistencyLabel
@@ -69,19 +79,3 @@ def majority_vote(rows: list[Completion], check_cfg, cfg: ConsistencyLabel
         metrics["pseudo_label_accuracy"] = right / with_ref
     return out, metrics
 
-
-def run(req, store, rows: list[Completion], check_cfg, cfg: ConsistencyLabel) -> Labeled:
-    labeled, metrics = majority_vote(rows, check_cfg, cfg)
-    return Labeled(labeled, {**metrics, **agreement(labeled)})
-
-
-def checks(pipeline) -> list[str]:
-    if not pipeline.data.check.extracts:
-        return [f"label.kind='consistency' votes with the answers a check reads, but data.check.kind="
-                f"{pipeline.data.check.kind!r} reads none; use a check that extracts an answer (number, exact, regex, "
-                "steps) or another label kind"]
-    return []
-
-
-KIND = LabelKind(name="consistency", config=ConsistencyLabel, consumes="samples", uses_policy=False, run=run,
-                 checks=checks)

@@ -14,13 +14,126 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ratchet.data.checkers import extract
-from ratchet.data.records import Completion, LabeledCompletion
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
 from ratchet.data import events
-from ratchet.tasks.judge import JudgeLabel, judge_batch
-from ratchet.tasks.labels import Budget, Labeled, LabelKind, agreement, injection_stats, truths
+from ratchet.data.checkers import extract
+from ratchet.data.prompts import check_placeholders
+from ratchet.data.records import Completion, LabeledCompletion
+from ratchet.data.userfiles import UserFile
+from ratchet.models.endpoint import EndpointConfig
+from ratchet.tasks.guard import GuardConfig
+from ratchet.tasks.judge import DEFAULT_TEMPLATES, judge_batch, template_wrap
+from ratchet.tasks.labels import Budget, Label, Labeled, agreement, injection_stats, truths
 from ratchet.tasks.sample import PolicyWork, policy_of
 from ratchet.tasks.units import run_units
+
+
+class JudgeLabel(Label):
+    """Reward = the current policy's own judgement of each completion (self-rewarding), or a
+    fixed judge model's (`model`)."""
+
+    uses_policy: ClassVar[bool] = True  # the policy, or its fixed judge model, in a worker
+    kind: Literal["judge"] = "judge"
+    model: Annotated[str, UserFile(keep=("default",))] | None = Field(
+        default=None, description="a fixed judge: a local Hugging Face model directory ('default' for the embedded "
+        "model), run with the sampler settings; unset: the round's policy judges its own samples (Self-Rewarding)")
+    endpoint: EndpointConfig | None = Field(
+        default=None, description="a served judge: a model behind an OpenAI-compatible API (vllm serve, SGLang, "
+        "TGI, a hosted API), called from this process; no model is loaded for it")
+    mode: Literal["text", "p_yes", "rating"] = Field(
+        default="text",
+        description="text = the rubric's written verdict averaged over k samples (0-5); p_yes = probability of "
+        "'Yes' to 'is the answer correct?' (0-1); rating = expected rubric points from digit probabilities (0-5)",
+    )
+    template: str | None = Field(
+        default=None,
+        description="judge prompt with {prompt} and {response} placeholders; default: the additive 5-point "
+        "rubric (text, rating) or a yes/no correctness question (p_yes)",
+    )
+    k: int = Field(default=3, ge=1, description="judge samples per completion, averaged (text mode)")
+    temperature: float = Field(default=0.7, ge=0, description="judge sampling temperature (text mode)")
+    max_tokens: int = Field(default=160, ge=8, description="token limit of a written verdict (text mode)")
+    top_logprobs: int = Field(
+        default=20, ge=2,
+        description="next-token candidates read (p_yes, rating); a candidate outside them counts as probability 0; "
+        "vLLM returns at most 20",
+    )
+    shard_size: int = Field(default=256, ge=1, description="completions judged per shard (the unit of resume)")
+    guard: GuardConfig = Field(default_factory=GuardConfig, description="what happens to a response that speaks to "
+                               "its judge (scores, verdicts, instructions, fences, roles in its text)")
+
+    @model_validator(mode="after")
+    def _one_judge(self):
+        if self.endpoint is not None and self.model is not None:
+            raise ValueError("label.model and label.endpoint both name a judge; keep one (model: a local directory "
+                             "run here; endpoint: a served one)")
+        if self.endpoint is not None and self.mode != "text" and self.top_logprobs > 20:
+            raise ValueError(f"label.top_logprobs={self.top_logprobs}: an OpenAI-compatible API returns at most 20 "
+                             "candidates; set it to 20 or less")
+        return self
+
+    @field_validator("template")
+    @classmethod
+    def _template_fields(cls, v: str | None) -> str | None:
+        return v if v is None else check_placeholders(v, {"prompt", "response"})
+
+    def prompt_template(self) -> str:
+        return self.template if self.template is not None else DEFAULT_TEMPLATES[self.mode]
+
+    @property
+    def scale(self) -> tuple[float, float]:
+        return (0.0, 1.0) if self.mode == "p_yes" else (0.0, 5.0)
+
+    def run(self, req, store, rows: list[Completion], check_cfg) -> Labeled:
+        """Score rows with the policy as judge, unit by unit (resumable), or with a served judge."""
+        if self.endpoint is not None:
+            return run_served(req, store, rows, check_cfg, self)
+        return run_local(req, store, rows, check_cfg, self)
+
+    def reward_range(self) -> tuple[float, float]:
+        return self.scale
+
+    def fixed_model(self) -> str | None:
+        return self.model
+
+    def title(self) -> str:
+        who = self.endpoint.model + " served" if self.endpoint else "the policy" if self.model is None else self.model
+        return f"judge ({self.mode}, {who})"
+
+    def setting(self) -> str:
+        return f"label.kind='judge' mode={self.mode!r}"
+
+    def budgets(self, pipeline) -> dict[str, Budget]:
+        """Each judged text is the prompt and a sampled completion inside the judge's template,
+        followed by its verdict."""
+        if self.endpoint is not None:  # its context and tokenizer are the server's: it says when a prompt is too long
+            return {}
+        verdict = self.max_tokens if self.mode == "text" else 4
+        return {"the judge": Budget(template_wrap(self), pipeline.sample.max_tokens + verdict,
+                                    pipeline.sampler.max_model_len,
+                                    "raise sampler.max_model_len or lower sample.max_tokens", "label")}
+
+    def checks(self, pipeline) -> list[str]:
+        if self.endpoint is None and pipeline.sampler.backend == "vllm" and self.top_logprobs > 20:
+            return [f"label.top_logprobs={self.top_logprobs}: vLLM returns at most 20 candidates; set it to 20 "
+                    "or less (or sampler.backend='hf', which reads the whole vocabulary)"]
+        return []
+
+    def served(self) -> bool:
+        return self.endpoint is not None
+
+    def ready(self) -> list[str]:
+        return self.endpoint.problems("label.endpoint") if self.endpoint else []
+
+    def summary(self, m: dict[str, float]) -> list[str]:
+        out = super().summary(m)
+        if "judge_calls" in m:  # a served judge: what the calls cost
+            out.append(f"{events.count(m['judge_calls'])} calls ({events.count(m['judge_calls_reused'])} reused) · "
+                       f"p95 {m['judge_latency_p95_s']:.2f} s · {events.count(m['judge_retries'])} retries")
+        return out
 
 
 @dataclass
@@ -77,10 +190,8 @@ def run_served(req, store, rows: list[Completion], check_cfg, cfg: JudgeLabel) -
     return Labeled(out, metrics, info={"summary": f"judged by {cfg.endpoint.where()} ({cfg.mode})"})
 
 
-def run(req, store, rows: list[Completion], check_cfg, cfg: JudgeLabel) -> Labeled:
-    """Score rows with the policy as judge, unit by unit (resumable)."""
-    if cfg.endpoint is not None:
-        return run_served(req, store, rows, check_cfg, cfg)
+def run_local(req, store, rows: list[Completion], check_cfg, cfg: JudgeLabel) -> Labeled:
+    """Score rows with the policy (or the fixed judge model) as judge, unit by unit (resumable)."""
     done = run_units(JudgeWork(items=rows, size=cfg.shard_size, cfg=cfg, check=check_cfg, **policy_of(req, store)),
                      store.stage_dir(req.stage, req.key) / "shards", req.executor)
     out = [LabeledCompletion.model_validate_json(x) for x in done.shards.lines()]
@@ -93,42 +204,3 @@ def run(req, store, rows: list[Completion], check_cfg, cfg: JudgeLabel) -> Label
     }
     return Labeled(out, metrics, info={"units": done.placement})
 
-
-def budgets(pipeline) -> dict[str, Budget]:
-    """Each judged text is the prompt and a sampled completion inside the judge's template,
-    followed by its verdict."""
-    from ratchet.tasks.judge import template_wrap
-
-    cfg, ctx = pipeline.label, pipeline.sampler.max_model_len
-    if cfg.endpoint is not None:  # its context and tokenizer are the server's: it says when a prompt is too long
-        return {}
-    verdict = cfg.max_tokens if cfg.mode == "text" else 4
-    return {"the judge": Budget(template_wrap(cfg), pipeline.sample.max_tokens + verdict, ctx,
-                                "raise sampler.max_model_len or lower sample.max_tokens", "label")}
-
-
-def checks(pipeline) -> list[str]:
-    if pipeline.label.endpoint is None and pipeline.sampler.backend == "vllm" and pipeline.label.top_logprobs > 20:
-        return [f"label.top_logprobs={pipeline.label.top_logprobs}: vLLM returns at most 20 candidates; set it to 20 "
-                "or less (or sampler.backend='hf', which reads the whole vocabulary)"]
-    return []
-
-
-def title(cfg: JudgeLabel) -> str:
-    who = cfg.endpoint.model + " served" if cfg.endpoint else "the policy" if cfg.model is None else cfg.model
-    return f"judge ({cfg.mode}, {who})"
-
-
-def summary(m: dict[str, float]) -> list[str]:
-    out = LabelKind.summary(m)
-    if "judge_calls" in m:  # a served judge: what the calls cost
-        out.append(f"{events.count(m['judge_calls'])} calls ({events.count(m['judge_calls_reused'])} reused) · "
-                   f"p95 {m['judge_latency_p95_s']:.2f} s · {events.count(m['judge_retries'])} retries")
-    return out
-
-
-KIND = LabelKind(name="judge", config=JudgeLabel, consumes="samples", uses_policy=True, run=run,
-                 reward_range=lambda cfg: cfg.scale, fixed_model=lambda cfg: cfg.model, title=title,
-                 setting=lambda cfg: f"label.kind='judge' mode={cfg.mode!r}", budgets=budgets, checks=checks,
-                 served=lambda cfg: cfg.endpoint is not None, summary=summary,
-                 ready=lambda cfg: cfg.endpoint.problems("label.endpoint") if cfg.endpoint else [])

@@ -15,23 +15,23 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ratchet.data.checkers import extract
 from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.data.userfiles import UserPath
 from ratchet.models.sampler import resolve_dtype
 from ratchet.tasks.guard import GuardConfig
-from ratchet.tasks.labels import Labeled, LabelKind, agreement, injection_stats, truths
+from ratchet.tasks.labels import Label, Labeled, agreement, injection_stats, truths
 from ratchet.tasks.units import UnitWork, run_units
 
 
-class RewardModelLabel(BaseModel):
+class RewardModelLabel(Label):
     """Reward = a sequence-classification reward model's score of (prompt, completion)."""
 
-    model_config = ConfigDict(extra="forbid")
+    uses_policy: ClassVar[bool] = True  # its own fixed model, in a worker
     kind: Literal["reward_model"] = "reward_model"
     model: UserPath = Field(description="a local Hugging Face directory of a *ForSequenceClassification reward model "
                        "(1 label: the reward is its logit; 2 labels: the probability of label 1)")
@@ -43,6 +43,24 @@ class RewardModelLabel(BaseModel):
     shard_size: int = Field(default=256, ge=1, description="completions scored per unit (the unit of resume)")
     guard: GuardConfig = Field(default_factory=GuardConfig, description="what happens to a response that speaks to "
                                "its grader (scores, verdicts, instructions, fences, roles in its text)")
+
+    def run(self, req, store, rows: list[Completion], check_cfg) -> Labeled:
+        return score_all(req, store, rows, check_cfg, self)
+
+    def reward_range(self) -> tuple[float, float]:
+        return (-math.inf, math.inf)  # a reward model's logits have no fixed scale
+
+    def fixed_model(self) -> str | None:
+        return self.model
+
+    @classmethod
+    def check_model(cls, path: Path) -> str | None:
+        """What is wrong with a reward model directory (only its config.json is read), if anything."""
+        from ratchet.models.reward_model import describe
+
+        found = describe(path)
+        return (f"{found}; give a reward model directory, or use label.kind='judge' for a generative judge"
+                if isinstance(found, str) else None)
 
 
 @dataclass
@@ -85,7 +103,7 @@ def penalise(rows: list[LabeledCompletion], on_suspect: str) -> list[LabeledComp
     return [r.model_copy(update={"reward": floor}) if r.flags else r for r in rows]
 
 
-def run(req, store, rows: list[Completion], check_cfg, cfg: RewardModelLabel) -> Labeled:
+def score_all(req, store, rows: list[Completion], check_cfg, cfg: RewardModelLabel) -> Labeled:
     from ratchet.tasks.prepare import model_dir
 
     done = run_units(RewardWork(items=rows, size=cfg.shard_size, model=model_dir(store, req.parent_model), cfg=cfg,
@@ -98,16 +116,3 @@ def run(req, store, rows: list[Completion], check_cfg, cfg: RewardModelLabel) ->
                **injection_stats([r.flags or [] for r in out]), **agreement(out)}
     return Labeled(out, metrics, info={"units": done.placement})
 
-
-def check_model(path: Path) -> str | None:
-    """What is wrong with a reward model directory (only its config.json is read), if anything."""
-    from ratchet.models.reward_model import describe
-
-    found = describe(path)
-    return (f"{found}; give a reward model directory, or use label.kind='judge' for a generative judge"
-            if isinstance(found, str) else None)
-
-
-KIND = LabelKind(name="reward_model", config=RewardModelLabel, consumes="samples", uses_policy=True, run=run,
-                 reward_range=lambda cfg: (-math.inf, math.inf),  # a reward model's logits have no fixed scale
-                 fixed_model=lambda cfg: cfg.model, check_model=check_model)

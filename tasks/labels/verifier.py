@@ -12,21 +12,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ratchet.data.checkers import Item, check_many, score_metrics, score_sums
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import Completion, LabeledCompletion
-from ratchet.tasks.labels import Labeled, LabelKind
+from ratchet.tasks.labels import Label, Labeled
 from ratchet.tasks.units import UnitWork, run_units
 
 
-class VerifierLabel(BaseModel):
+class VerifierLabel(Label):
     """Reward = the data source's answer check (data.check)."""
 
-    model_config = ConfigDict(extra="forbid")
     kind: Literal["verifier"] = "verifier"
     shard_size: int = Field(default=256, ge=1, description="completions checked per unit (the unit of resume)")
+
+    def run(self, req, store, rows: list[Completion], check_cfg) -> Labeled:
+        return Labeled(*verify(req, store, rows, check_cfg, self.shard_size))
+
+    def needs_reference(self) -> bool:
+        return True
 
 
 @dataclass
@@ -65,11 +70,3 @@ def verify(req, store, rows: list[Completion], check_cfg, shard_size: int) -> tu
                      store.stage_dir(req.stage, req.key) / "shards", req.executor)
     return [LabeledCompletion.model_validate_json(x) for x in done.shards.lines()], score_metrics(done.cost)
 
-
-def run(req, store, rows: list[Completion], check_cfg, cfg: VerifierLabel) -> Labeled:
-    out, metrics = verify(req, store, rows, check_cfg, cfg.shard_size)
-    return Labeled(out, metrics)
-
-
-KIND = LabelKind(name="verifier", config=VerifierLabel, consumes="samples", uses_policy=False, run=run,
-                 needs_reference=lambda cfg: True)

@@ -58,7 +58,7 @@ def test_a_server_killed_mid_stage_is_resumed_without_asking_again(served, defau
     from ratchet.data.sources.addition import AdditionSource
     from ratchet.data.store import ArtifactStore
     from ratchet.models.endpoint import EndpointConfig, EndpointError
-    from ratchet.tasks.judge import JudgeLabel
+    from ratchet.tasks.labels.judge import JudgeLabel
     from ratchet.tasks.label import label
     from tests.tasks.test_served_judge import _samples
 
@@ -104,7 +104,8 @@ def test_the_attack_corpus_does_not_lift_the_served_judge(served, tmp_path):
     control."""
     from ratchet.models.endpoint import Endpoint, EndpointConfig
     from ratchet.tasks.guard import guard
-    from ratchet.tasks.judge import JudgeLabel, judge_values, rate
+    from ratchet.tasks.labels.judge import JudgeLabel
+    from ratchet.tasks.judge import judge_values, rate
     from tests.tasks.test_judge_attacks import CORPUS, KIND_MEAN, SINGLE, _by_kind
 
     _, url, _ = served

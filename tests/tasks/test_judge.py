@@ -4,7 +4,8 @@ import pytest
 
 from ratchet.data.errors import ConfigError
 from ratchet.models.sampler import Generation
-from ratchet.tasks.judge import (JudgeLabel, copied_mask, expected_rating, judge_batch, judge_prompt, p_yes,
+from ratchet.tasks.labels.judge import JudgeLabel
+from ratchet.tasks.judge import (copied_mask, expected_rating, judge_batch, judge_prompt, p_yes,
                          parse_verdict)
 
 

@@ -6,7 +6,8 @@ import math
 import pytest
 
 from ratchet.models.sampler import Generation
-from ratchet.tasks.mcts import MctsLabel, Node, Tree, backup, complete_nodes, puct, search, select, step_pairs, uct, wave
+from ratchet.tasks.labels.mcts import MctsLabel
+from ratchet.tasks.mcts import Node, Tree, backup, complete_nodes, puct, search, select, step_pairs, uct, wave
 
 
 def hand_tree() -> Tree:
