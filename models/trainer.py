@@ -74,7 +74,7 @@ class OptimSettings(BaseModel):
                                "num_processes")
 
 
-    consumes: ClassVar[str]  # the rows it trains on, as a filter kind builds them (tasks/filter.py ROWS)
+    consumes: ClassVar[str]  # the rows it trains on, as a filter kind builds them (tasks/filters/ ROWS)
     kind: str
 
     @abstractmethod

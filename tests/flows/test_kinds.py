@@ -8,7 +8,8 @@ import pytest
 
 from ratchet.data.checkers import AnyCheck
 from ratchet.flows.config import kinds_of, load_config
-from ratchet.tasks.label import KINDS, LabelConfig, kind_of
+from ratchet.tasks.label import KINDS, LabelConfig
+from ratchet.tasks.labels import Label
 
 FLOWS = Path(__file__).parents[2] / "flows"
 
@@ -35,30 +36,31 @@ def test_flows_name_no_kind():
 def test_the_label_union_is_the_registered_kinds():
     members = typing.get_args(typing.get_args(LabelConfig)[0])
     assert {m.model_fields["kind"].default for m in members} == set(KINDS)
-    assert all(KINDS[m.model_fields["kind"].default].config is m for m in members)
+    assert all(KINDS[m.model_fields["kind"].default] is m for m in members)
 
 
-def test_an_unregistered_label_config_is_an_error():
+def test_a_label_kind_is_one_class_that_must_say_how_it_labels():
+    """Every kind is a `Label` subclass; one that does not say how it labels cannot be made."""
     from typing import Literal
 
-    from pydantic import BaseModel
+    assert all(issubclass(k, Label) for k in KINDS.values())
 
-    class PRMLabel(BaseModel):
+    class PRMLabel(Label):
         kind: Literal["prm"] = "prm"
 
-    with pytest.raises(ValueError, match="'prm' is not a registered label kind"):
-        kind_of(PRMLabel())
+    with pytest.raises(TypeError, match="abstract"):
+        PRMLabel()
 
 
 def test_what_the_kinds_declare_reaches_the_checks():
     cfg = load_config(None, ["label.kind=judge", "label.mode=rating"])
-    k = kind_of(cfg.label)
-    assert k.reward_range(cfg.label) == (0.0, 5.0) and k.title(cfg.label) == "judge (rating, the policy)"
-    assert not k.needs_reference(cfg.label) and k.fixed_model(cfg.label) is None
+    k = cfg.label
+    assert k.reward_range() == (0.0, 5.0) and k.title() == "judge (rating, the policy)"
+    assert not k.needs_reference() and k.fixed_model() is None
     assert set(k.budgets(cfg)) == {"the judge"}
     mcts = load_config("flows/configs/mcts_dpo.yaml")
-    assert kind_of(mcts.label).needs_reference(mcts.label) and "trees.jsonl" in kind_of(mcts.label).outputs
-    assert set(kind_of(mcts.label).budgets(mcts)) == {"the tree search"}
+    assert mcts.label.needs_reference() and "trees.jsonl" in mcts.label.outputs
+    assert set(mcts.label.budgets(mcts)) == {"the tree search"}
     # a filter kind and a train kind find each other by what one builds and the other consumes
     assert load_config(None, ["train.kind=dpo"]).filter.kind == "pairs"
     assert load_config(None, ["filter.kind=pairs"]).train.kind == "dpo"
@@ -71,10 +73,13 @@ def test_each_stage_words_its_result_as_its_kind_does():
     from ratchet.data.prompts import AdditionSource
     from ratchet.models.sampler import SamplerConfig
     from ratchet.tasks.evaluate import EvalRun, EvaluateJob
-    from ratchet.tasks.filter import FilterJob, PairFilter, RFTFilter, StepPairFilter
+    from ratchet.tasks.filter import FilterJob
+    from ratchet.tasks.filters.pairs import PairFilter
+    from ratchet.tasks.filters.rft import RFTFilter
+    from ratchet.tasks.filters.step_pairs import StepPairFilter
     from ratchet.tasks.label import LabelJob
     from ratchet.tasks.labels.verifier import VerifierLabel
-    from ratchet.tasks.mcts import MctsLabel
+    from ratchet.tasks.labels.mcts import MctsLabel
 
     def label(cfg, m):
         return summary_of(LabelJob(label=cfg, data=AdditionSource()), m)

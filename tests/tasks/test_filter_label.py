@@ -4,7 +4,9 @@ from ratchet.data.checkers import NumberCheck
 from ratchet.data.errors import ConfigError, EmptyStageError
 from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.data.store import ArtifactStore
-from ratchet.tasks.filter import PairFilter, RFTFilter, accept, build_pairs, filter_rows
+from ratchet.tasks.filter import filter_rows
+from ratchet.tasks.filters.pairs import PairFilter, build_pairs
+from ratchet.tasks.filters.rft import RFTFilter, accept
 from ratchet.tasks.labels import agreement, auc, reward_stats
 from ratchet.tasks.labels.verifier import verify
 

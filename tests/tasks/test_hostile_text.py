@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from ratchet.data.records import LabeledCompletion
-from ratchet.tasks.filter import RFTFilter, PairFilter, accept, build_pairs
+from ratchet.tasks.filters.pairs import PairFilter, build_pairs
+from ratchet.tasks.filters.rft import RFTFilter, accept
 from ratchet.tasks.guard import guard, neutralize, scan
 from ratchet.tasks.judge import DEFAULT_TEMPLATES, copied_mask, judge_prompt, parse_verdict
 from ratchet.tasks.mcts import step_text

@@ -9,7 +9,7 @@ from ratchet.models.sampler import SamplerConfig
 from ratchet.models.train_kinds import RFTTrainConfig
 from ratchet.tasks import evaluate, filter as filt, label, prepare, sample, train
 from ratchet.tasks.evaluate import EvaluateConfig
-from ratchet.tasks.filter import RFTFilter
+from ratchet.tasks.filters.rft import RFTFilter
 from ratchet.tasks.label import VerifierLabel
 from ratchet.tasks.sample import SampleConfig
 from ratchet.tasks.stage import body_code
@@ -90,8 +90,8 @@ def test_self_reward_chain_judge_pairs_dpo(tiny_model, tmp_path):
     from ratchet.data.records import LabeledCompletion, PairRow, read_jsonl
     from ratchet.data.store import stage_key
     from ratchet.models.train_kinds import DPOTrainConfig
-    from ratchet.tasks.filter import PairFilter
-    from ratchet.tasks.judge import JudgeLabel
+    from ratchet.tasks.filters.pairs import PairFilter
+    from ratchet.tasks.labels.judge import JudgeLabel
 
     store = ArtifactStore(tmp_path / "a")
     src = AdditionSource(a_max=4, b_max=3, eval_size=4)
@@ -141,8 +141,8 @@ def test_mcts_chain_trees_pairs_dpo_and_shard_resume(tiny_model, tmp_path):
     from ratchet.data.records import LabeledCompletion, PairRow, read_jsonl
     from ratchet.data.store import stage_key
     from ratchet.models.train_kinds import DPOTrainConfig
-    from ratchet.tasks.filter import StepPairFilter
-    from ratchet.tasks.mcts import MctsLabel
+    from ratchet.tasks.filters.step_pairs import StepPairFilter
+    from ratchet.tasks.labels.mcts import MctsLabel
 
     src = AdditionSource(a_max=4, b_max=3, eval_size=4)
     cfg = MctsLabel(simulations=2, k=3, max_depth=2, step_max_tokens=3, rollout_tokens=4, shard_size=4,
