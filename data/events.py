@@ -93,11 +93,15 @@ def emit(event: Event) -> None:
 
 
 class Progress:
-    """Writes a stage's progress file: `done` of `total` `unit`s plus counters, since `started`."""
+    """Writes a stage's progress file: `done` of `total` `unit`s plus counters, since `started`;
+    `rate` (count counter, seconds counter, unit): which counters give the stage's rate, as the
+    stage's work declares it (tasks/units.py UnitWork.rate)."""
 
     def __init__(self, stage_dir: Path, total: int, unit: str, done: int = 0,
-                 counters: dict[str, float] | None = None, every_s: float = 0.5):
+                 counters: dict[str, float] | None = None, every_s: float = 0.5,
+                 rate: tuple[str, str, str] | None = None):
         self.path, self.total, self.unit, self.every_s = Path(stage_dir) / PROGRESS, total, unit, every_s
+        self.rate = rate
         self.started, self.base, self.base_counters, self._last = time.time(), done, dict(counters or {}), 0.0
         self.update(done, self.base_counters, force=True)
 
@@ -109,7 +113,8 @@ class Progress:
             return
         self._last = now
         body = {"done": done, "total": self.total, "unit": self.unit, "started": self.started, "at": now,
-                "done_at_start": self.base, "counters": counters or {}, "counters_at_start": self.base_counters}
+                "done_at_start": self.base, "counters": counters or {}, "counters_at_start": self.base_counters,
+                "rate": self.rate}
         tmp = self.path.with_name(f"{PROGRESS}.{os.getpid()}.tmp")
         try:
             tmp.write_text(json.dumps(body))

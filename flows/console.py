@@ -53,13 +53,13 @@ def short_reason(gate: str) -> str:
 
 
 def rate_of(p: dict[str, Any]) -> str:
-    """The running stage's rate: work done per second of work, over what this attempt added."""
+    """The running stage's rate: work done per second of work, over what this attempt added, by
+    the counters its work declares (`rate` in the progress file)."""
     now, base = p.get("counters", {}), p.get("counters_at_start", {})
-    for key, secs, unit in (("gen_tokens", "gen_s", "tok/s"), ("tokens", "mcts_s", "tok/s"),
-                            ("judged", "judge_s", "judgements/s")):
-        if key in now:
-            dt = now.get(secs, 0) - base.get(secs, 0)
-            return f"{(now[key] - base.get(key, 0)) / dt:.0f} {unit}" if dt > 0 else ""
+    if p.get("rate") and p["rate"][0] in now:
+        key, secs, unit = p["rate"]
+        dt = now.get(secs, 0) - base.get(secs, 0)
+        return f"{(now[key] - base.get(key, 0)) / dt:.0f} {unit}" if dt > 0 else ""
     if p.get("unit") == "step":
         done = p.get("done", 0) - p.get("done_at_start", 0)
         dt = max(p.get("at", 0) - p.get("started", 0), 1e-9)

@@ -130,6 +130,7 @@ class EvaluateWork(PolicyWork):
     """A unit: greedy answers to `size` held-out prompts, checked against their references."""
 
     stage = "evaluate"
+    rate = ("gen_tokens", "gen_s", "tok/s")
     max_tokens: int
     check: object  # the data source's answer check
 

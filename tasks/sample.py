@@ -84,6 +84,7 @@ class SampleWork(PolicyWork):
     """A unit: `n` completions for each of `size` prompts, seeded by (seed, unit)."""
 
     stage = "sample"
+    rate = ("gen_tokens", "gen_s", "tok/s")
     params: SamplingParams
 
     def run(self, sampler, chunk: list[Prompt], seed: int):

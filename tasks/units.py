@@ -33,7 +33,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -107,6 +107,7 @@ class UnitWork(ABC, Generic[Item]):
     hold the stage's items and settings, never an open engine."""
 
     stage: str  # the stage's name, for progress and failpoints ("<stage>:shard")
+    rate: ClassVar[tuple[str, str, str] | None] = None  # (count, seconds, unit): its rate on the console
     items: list[Item]
     size: int  # items per unit
     seed: int
@@ -154,7 +155,7 @@ class UnitsDone:
 
 def _progress(work: UnitWork, shards: Shards, missing: list[int]) -> events.Progress:
     """The stage's progress file (in the stage's directory, beside the shard folder)."""
-    return events.Progress(shards.dir.parent, shards.n, "unit", shards.n - len(missing), shards.cost())
+    return events.Progress(shards.dir.parent, shards.n, "unit", shards.n - len(missing), shards.cost(), rate=work.rate)
 
 
 def _advance(work: UnitWork, shards: Shards, progress: events.Progress, done: int) -> None:

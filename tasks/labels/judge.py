@@ -141,6 +141,7 @@ class JudgeWork(PolicyWork):
     """A unit: `size` completions rated by the policy as judge (tasks/judge.py)."""
 
     stage = "label"
+    rate = ("judged", "judge_s", "judgements/s")
     cfg: JudgeLabel
     check: object  # the data source's answer check (the verifier's verdict is kept beside the reward)
 

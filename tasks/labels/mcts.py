@@ -124,6 +124,7 @@ class MctsWork(PolicyWork):
     verifier or by the policy as judge."""
 
     stage = "label"
+    rate = ("tokens", "mcts_s", "tok/s")
     cfg: MctsLabel
     check: object
 

@@ -9,7 +9,7 @@ from ratchet.data.errors import EmptyStageError, StageFailedError
 from ratchet.flows.console import RunConsole, rate_of
 from ratchet.models.sampler import SamplerConfig
 from ratchet.models.train_kinds import RFTTrainConfig
-from ratchet.tasks.sample import SampleConfig, SampleJob
+from ratchet.tasks.sample import SampleConfig, SampleJob, SampleWork
 from ratchet.tasks.train import TrainJob
 
 STAMP = re.compile(r"^\d\d:\d\d:\d\d ")
@@ -59,7 +59,8 @@ def test_without_a_terminal_every_event_is_one_plain_line(tmp_path):
 
 
 def test_progress_files_give_the_running_stage_its_rate(tmp_path):
-    p = events.Progress(tmp_path, 4, "unit", done=1, counters={"gen_tokens": 100.0, "gen_s": 1.0})
+    p = events.Progress(tmp_path, 4, "unit", done=1, counters={"gen_tokens": 100.0, "gen_s": 1.0},
+                        rate=SampleWork.rate)  # the counters the stage's work says its rate is read from
     p.update(2, {"gen_tokens": 150.0, "gen_s": 2.0})  # within every_s of the first write: skipped
     assert events.read_progress(tmp_path)["done"] == 1
     p.update(3, {"gen_tokens": 700.0, "gen_s": 3.0}, force=True)
@@ -73,6 +74,10 @@ def test_progress_files_give_the_running_stage_its_rate(tmp_path):
     steps.update(10, {"loss": 0.25})
     assert rate_of(events.read_progress(tmp_path / "t")).endswith("steps/s · loss 0.250")
     assert events.read_progress(tmp_path / "missing") is None
+    # a work that declares no rate shows none, whatever its counters
+    (tmp_path / "n").mkdir()
+    events.Progress(tmp_path / "n", 4, "unit", counters={"gen_tokens": 100.0, "gen_s": 1.0}).update(4, force=True)
+    assert rate_of(events.read_progress(tmp_path / "n")) == ""
 
 
 def test_a_failed_stage_prints_one_block_with_its_log_and_the_resume_command(tmp_path):
