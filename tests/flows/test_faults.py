@@ -22,15 +22,18 @@ from tests.flows.tiny import CONFIG, overrides as _overrides, ratchet
 
 pytestmark = pytest.mark.integration
 
-# in stage order (round 0's evaluation has finished in the reference-shaped first run below)
+# in stage order (round 0's evaluation has finished in the reference-shaped first run below). One
+# kill in each stage that runs for real, each at the point that leaves it the most to lose or to
+# clean up: two engine holders mid-sampling, a label stage whose every unit is done but not its
+# manifest, two training processes mid-training, an evaluation written but not recorded. A stage
+# directory without a manifest is resumed by the same code whichever point cut it, so the other
+# points (four more runs, a third of this test's time) added no path; the label stage is killed
+# mid-unit on a Ray cluster (test_ray_round) and training at its checkpoint alone too
+# (test_train_processes).
 KILLS = [
-    "sample:shard",  # one shard written
-    "sample:before-manifest",  # every shard and samples.jsonl written, no manifest yet
-    "label:shard",
-    "label:before-manifest",
-    "filter:before-manifest",
-    "train:checkpoint",  # the first trainer checkpoint saved
-    "train:before-manifest",  # the model written, the last checkpoint still there, no manifest
+    "sample:shard",  # one shard written, the other holder still sampling
+    "label:before-manifest",  # every shard and labels.jsonl written, no manifest yet
+    "train:checkpoint",  # the first trainer checkpoint saved, two training processes running
     "evaluate:before-manifest",
 ]
 
@@ -125,9 +128,9 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
     # the work of the stages killed before their manifest was resumed whole, not redone
     by_stage = {(m.stage, m.round): m for m in done.values()}
     sample, label, train = by_stage[("sample", 1)], by_stage[("label", 1)], by_stage[("train", 1)]
-    assert sample.metrics["shards_reused"] == sample.metrics["shards"] == 4
+    assert sample.metrics["shards"] == 4 and 1 <= sample.metrics["shards_reused"] < 4
     assert label.metrics["judge_shards_reused"] == 4
-    assert train.metrics["resumed"] == 1 and train.metrics["resumed_from_step"] == train.metrics["steps"]
+    assert train.metrics["resumed"] == 1 and train.metrics["resumed_from_step"] == 2  # train.checkpoint_steps
     # and the resumed stages report what the uninterrupted ones did
     ref_sample = next(m for m in reference.values() if (m.stage, m.round) == ("sample", 1))
     assert sample.metrics["gen_tokens"] == ref_sample.metrics["gen_tokens"]
