@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Literal
-
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the tree search kind's config (tasks/labels/mcts.py)
