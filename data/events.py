@@ -30,6 +30,31 @@ STAGE_LOG = "stage.log"
 
 
 @dataclass(frozen=True)
+class Figure:
+    """A figure of a kind's own in the run's report: `bars` (metric key, name) per round, and an
+    optional `line` (metric key, name, axis label), a fraction drawn as a percentage on a second axis."""
+
+    title: str
+    file: str
+    ylabel: str
+    bars: tuple[str, str]
+    line: tuple[str, str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Shows:
+    """The metrics a kind emits that the report draws, keys within its stage's metrics: `rows`
+    (key, what they are) counts the training rows it built; `agreement` (key, name) are fractions
+    in [0, 1] drawn beside the label's agreement with the verifier; `throughput` is its tokens/s;
+    `figures` are its own. The report asks the registered kinds; it names no metric of one."""
+
+    rows: tuple[str, str] | None = None
+    agreement: tuple[tuple[str, str], ...] = ()
+    throughput: str | None = None
+    figures: tuple[Figure, ...] = ()
+
+
+@dataclass(frozen=True)
 class Event:
     """kind: start | reused | done | failed (a stage), note (a check's finding, data["text"]),
     round (a round decided), report (the run's report written). `summary`: a finished stage's

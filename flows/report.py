@@ -13,7 +13,7 @@ Figures, each only where the run has its data:
 - the label's reward distribution per round;
 - accepted rows or preference pairs per round;
 - the label's agreement with the verifier (AUC, pair accuracy) where references exist;
-- MCTS: solved fraction and generated tokens per prompt;
+- each kind's own figures (the tree search: solved fraction and generated tokens per prompt);
 - wall time per stage, and sampling / evaluation throughput.
 """
 
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ratchet.data.errors import ArtifactError, RatchetError
+from ratchet.data.events import Shows
 from ratchet.data.store import ArtifactStore
 from ratchet.flows.runs import RunSummary, list_runs
 from ratchet.flows.tracking import Tracker
@@ -136,6 +137,21 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def declared() -> list[tuple[str, Shows]]:
+    """(section, what it shows) of every registered label and filter kind."""
+    from ratchet.flows.config import kinds_of
+
+    return [(sec, k.shows) for sec in ("label", "filter") for k in kinds_of(sec).values()]
+
+
+def training_rows(m: dict[str, float], shown: list[tuple[str, Shows]]) -> tuple[float, str] | None:
+    """A round's training-row count and what the rows are, as its filter kind declares them."""
+    for sec, s in shown:
+        if s.rows and f"{sec}.{s.rows[0]}" in m:
+            return m[f"{sec}.{s.rows[0]}"], s.rows[1]
+    return None
+
+
 def draw(report: Report, out: Path) -> dict[str, Path]:
     """Write the report's figures into `out` as PNG files; returns title -> path."""
     out.mkdir(parents=True, exist_ok=True)
@@ -196,22 +212,21 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
         ax.set_ylim(lo - pad, hi + pad)
         figs["Label reward distribution by round"] = _save(fig, out / "rewards.png")
 
-    kept = [(r.round, r.metrics.get("filter.pairs", r.metrics.get("filter.accepted"))) for r in rs]
-    kept = [(k, v) for k, v in kept if v is not None]
+    shown = declared()
+    kept = [(r.round, *rows) for r in rs if (rows := training_rows(r.metrics, shown))]
     if kept:
-        pairs = any("filter.pairs" in r.metrics for r in rs)
-        what = "preference pairs" if pairs else "accepted rows"
-        fig, ax = _axes(f"Training data per round ({what})", what, [k for k, _ in kept])
-        ax.bar([k for k, _ in kept], [v for _, v in kept], color=COLORS["filter"], width=0.6)
-        for k, v in kept:
+        what = " / ".join(dict.fromkeys(w for _, _, w in kept))
+        fig, ax = _axes(f"Training data per round ({what})", what, [k for k, _, _ in kept])
+        ax.bar([k for k, _, _ in kept], [v for _, v, _ in kept], color=COLORS["filter"], width=0.6)
+        for k, v, _ in kept:
             ax.annotate(f"{v:.0f}", (k, v), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
-        ax.set_ylim(0, max(v for _, v in kept) * 1.15 or 1)
+        ax.set_ylim(0, max(v for _, v, _ in kept) * 1.15 or 1)
         figs["Training data per round"] = _save(fig, out / "training_data.png")
 
     series = [("label.verifier_auc", "label vs verifier AUC"),
               ("label.verifier_within_prompt_auc", "AUC within a prompt"),
-              ("filter.pair_accuracy", "pair accuracy (chosen right, rejected wrong)")]
-    present = [(k, name) for k, name in series if any(k in r.metrics for r in rs)]
+              *((f"{sec}.{k}", name) for sec, s in shown for k, name in s.agreement)]
+    present = [(k, name) for k, name in dict.fromkeys(series) if any(k in r.metrics for r in rs)]
     if present:
         fig, ax = _axes("Label agreement with the verifier", "AUC / fraction", ks)
         for k, name in present:
@@ -222,20 +237,24 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
         ax.legend(fontsize=8)
         figs["Label agreement with the verifier"] = _save(fig, out / "agreement.png")
 
-    if any("label.mcts_tokens_per_prompt" in r.metrics for r in rs):
-        pts = [r for r in rs if "label.mcts_tokens_per_prompt" in r.metrics]
-        fig, ax = _axes("Tree search per round", "generated tokens per prompt", [r.round for r in pts])
-        ax.bar([r.round for r in pts], [r.metrics["label.mcts_tokens_per_prompt"] for r in pts],
-               color=COLORS["label"], width=0.6, label="tokens per prompt")
-        if any("label.mcts_solved_frac" in r.metrics for r in pts):
-            ax2 = ax.twinx()
-            ax2.plot([r.round for r in pts], [100 * r.metrics.get("label.mcts_solved_frac", 0) for r in pts],
-                     color="black", marker="o", label="solved (%)")
-            ax2.set_ylabel("prompts solved by the search (%)")
-            ax2.set_ylim(0, 105)
-            ax2.legend(loc="upper right", fontsize=8)
-        ax.legend(loc="upper left", fontsize=8)
-        figs["Tree search per round"] = _save(fig, out / "mcts.png")
+    for sec, s in shown:
+        for f in s.figures:
+            bars = f"{sec}.{f.bars[0]}"
+            pts = [r for r in rs if bars in r.metrics]
+            if not pts or f.title in figs:
+                continue
+            fig, ax = _axes(f.title, f.ylabel, [r.round for r in pts])
+            ax.bar([r.round for r in pts], [r.metrics[bars] for r in pts], color=COLORS[sec], width=0.6,
+                   label=f.bars[1])
+            if f.line and any(f"{sec}.{f.line[0]}" in r.metrics for r in pts):
+                ax2 = ax.twinx()
+                ax2.plot([r.round for r in pts], [100 * r.metrics.get(f"{sec}.{f.line[0]}", 0) for r in pts],
+                         color="black", marker="o", label=f.line[1])
+                ax2.set_ylabel(f.line[2])
+                ax2.set_ylim(0, 105)
+                ax2.legend(loc="upper right", fontsize=8)
+            ax.legend(loc="upper left", fontsize=8)
+            figs[f.title] = _save(fig, out / f.file)
 
     walls = [(r.round, r.wall_s()) for r in rs]
     walls = [(k, w) for k, w in walls if w]
@@ -251,9 +270,9 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
         ax.set_ylim(0, max(bottom) * 1.2 if max(bottom) > 0 else 1)
         figs["Wall time per stage"] = _save(fig, out / "wall_time.png")
 
-    tput = [(k, name) for k, name in (("sample.tokens_per_s", "sample"), ("label.mcts_tokens_per_s", "label"),
-                                      ("train.tokens_per_s", "train"), ("evaluate.tokens_per_s", "evaluate"))
-            if any(k in r.metrics for r in rs)]
+    rates = [(f"{s}.tokens_per_s", s) for s in ("sample", "train", "evaluate")]
+    rates[1:1] = dict.fromkeys((f"{sec}.{s.throughput}", sec) for sec, s in shown if s.throughput)
+    tput = [(k, name) for k, name in rates if any(k in r.metrics for r in rs)]
     if tput:
         fig, ax = _axes("Throughput", "tokens per second", ks)
         for k, name in tput:
@@ -276,10 +295,10 @@ def _pct(x: float | None) -> str:
 
 
 def _table(report: Report) -> str:
-    rows, others = [], other_sets(report)
+    rows, others, shown = [], other_sets(report), declared()
     for r in report.rounds:
         m = r.metrics
-        data = m.get("filter.pairs", m.get("filter.accepted"))
+        data = (training_rows(m, shown) or (None,))[0]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in (
             r.round, f"v{r.version}" + (" (champion)" if r.version == report.champion else "") if r.version else "",
             _pct(r.accuracy), *(_pct(r.other_sets.get(n)) for n in others), "yes" if r.promoted else "no",
@@ -342,14 +361,14 @@ def build(workdir: Path, tracker: Tracker, run: str | None = None, log: bool = T
 
 def markdown(report: Report) -> str:
     """The round table and where the report's files are: a Prefect artifact's body."""
-    others = other_sets(report)
+    others, shown = other_sets(report), declared()
     gate = f" ({report.rounds[-1].gate_set})" if others else ""
     lines = [f"# {report.run.run}", "", f"{report.model}: {report.run.rounds_done} of {report.run.rounds} round(s); "
              f"champion {'version ' + report.champion if report.champion else 'none yet'}.", "",
              f"| round | version | held-out accuracy{gate} | {''.join(f'{n} | ' for n in others)}promoted | "
              "training rows | wall time (s) |", "|---:|---:|---:|" + "---:|" * len(others) + ":---:|---:|---:|"]
     for r in report.rounds:
-        data = r.metrics.get("filter.pairs", r.metrics.get("filter.accepted"))
+        data = (training_rows(r.metrics, shown) or (None,))[0]
         lines.append(f"| {r.round} | {r.version or ''} | {_pct(r.accuracy)} | "
                      f"{''.join(f'{_pct(r.other_sets.get(n))} | ' for n in others)}{'yes' if r.promoted else 'no'} | "
                      f"{'' if data is None else f'{data:.0f}'} | {sum(r.wall_s().values()):.0f} |")

@@ -177,8 +177,10 @@ def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, source: StageManife
                                 seed=round_seed(cfg, k), isolate=cfg.isolate, run=ctx.run_name,
                                 executor=cfg.executor)
     t = tracker_of(cfg, ctx)
-    if logged(t, child, store_of(ctx), m, reused) and "trees.jsonl" in m.outputs:  # the search trees, for inspection
-        t.client.log_artifact(child, str(store.path(m, "trees.jsonl")), artifact_path="label")
+    if logged(t, child, store_of(ctx), m, reused):
+        for name in cfg.label.outputs:  # a kind's own files (the search trees), for inspection
+            if name in m.outputs:
+                t.client.log_artifact(child, str(store.path(m, name)), artifact_path="label")
     return finished(m, reused)
 
 

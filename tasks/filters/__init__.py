@@ -22,6 +22,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict
 
 from ratchet.data import events
+from ratchet.data.events import Shows
 from ratchet.data.records import LabeledCompletion, PairRow, read_jsonl
 
 # What a filter kind writes and a train kind reads: accepted samples for fine-tuning, or preference pairs
@@ -36,6 +37,7 @@ class Filter(BaseModel):
     model_config = ConfigDict(extra="forbid")
     builds: ClassVar[Rows]  # the rows it writes, as a train kind consumes them
     reads: ClassVar[tuple[str, str] | None] = None  # (file, what it holds): a label kind's extra output it needs
+    shows: ClassVar[Shows] = Shows()  # what the report draws of its metrics
     kind: str
 
     @abstractmethod
@@ -60,6 +62,11 @@ def labeled(req, store) -> list[LabeledCompletion]:
 def norm(text: str) -> str:
     """A completion's text for duplicate detection: case and whitespace aside."""
     return " ".join(text.lower().split())
+
+
+# What the report draws of a pair-building kind's metrics (pair_summary, verifier_view)
+PAIRS_SHOWN = Shows(rows=("pairs", "preference pairs"),
+                    agreement=(("pair_accuracy", "pair accuracy (chosen right, rejected wrong)"),))
 
 
 def pair_summary(m: dict[str, float]) -> list[str]:

@@ -11,15 +11,17 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from ratchet.data.events import Shows
 from ratchet.data.errors import EmptyStageError
 from ratchet.data.records import LabeledCompletion, PairRow
-from ratchet.tasks.filters import Filter, Rows, labeled, norm, pair_summary, verifier_view
+from ratchet.tasks.filters import PAIRS_SHOWN, Filter, Rows, labeled, norm, pair_summary, verifier_view
 
 
 class PairFilter(Filter):
     """Preference pairs (chosen, rejected) per prompt for DPO."""
 
     builds: ClassVar[Rows] = "pairs"
+    shows: ClassVar[Shows] = PAIRS_SHOWN
     kind: Literal["pairs"] = "pairs"
     margin: float = Field(
         default=0.1, ge=0,

@@ -12,6 +12,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from ratchet.data import events
+from ratchet.data.events import Shows
 from ratchet.data.errors import EmptyStageError
 from ratchet.data.records import LabeledCompletion, SFTRow
 from ratchet.tasks.filters import Filter, Rows, labeled, norm
@@ -21,6 +22,7 @@ class RFTFilter(Filter):
     """Accepted samples for rejection-sampling fine-tuning: the right ones, deduplicated, capped per prompt."""
 
     builds: ClassVar[Rows] = "rft"
+    shows: ClassVar[Shows] = Shows(rows=("accepted", "accepted rows"))
     kind: Literal["rft"] = "rft"
     min_reward: float = Field(default=1.0, description="accept completions with reward >= this")
     max_per_prompt: int = Field(default=2, ge=1, description="cap on accepted completions per prompt")

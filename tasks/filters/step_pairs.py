@@ -11,15 +11,17 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from ratchet.data.events import Shows
 from ratchet.data.errors import EmptyStageError
 from ratchet.data.records import PairRow
-from ratchet.tasks.filters import Filter, Rows, pair_summary, verifier_view
+from ratchet.tasks.filters import PAIRS_SHOWN, Filter, Rows, pair_summary, verifier_view
 
 
 class StepPairFilter(Filter):
     """Step-level preference pairs from the trees of label.kind='mcts' for DPO."""
 
     builds: ClassVar[Rows] = "pairs"
+    shows: ClassVar[Shows] = PAIRS_SHOWN
     reads: ClassVar[tuple[str, str] | None] = ("trees.jsonl", "search trees")  # a label kind's extra output
     kind: Literal["step_pairs"] = "step_pairs"
     margin: float = Field(default=0.3, ge=0, le=1, description="least Q gap (0-1) between the preferred and the "

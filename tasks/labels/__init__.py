@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict
 
 from ratchet.data import events
+from ratchet.data.events import Shows
 from ratchet.data.checkers import Item, check_many
 from ratchet.data.records import Completion, LabeledCompletion
 
@@ -65,6 +66,7 @@ class Label(BaseModel):
     consumes: ClassVar[Literal["samples", "prompts"]] = "samples"  # the parent stage it reads
     uses_policy: ClassVar[bool] = False  # runs a model (the round's policy, or its fixed one): a worker, a seed
     outputs: ClassVar[tuple[str, ...]] = ()  # files it writes beside labels.jsonl (that a filter kind may read)
+    shows: ClassVar[Shows] = Shows()  # what the report draws of its metrics
     kind: str
 
     @abstractmethod

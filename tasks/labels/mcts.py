@@ -14,7 +14,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from ratchet.data.checkers import Item, Tally, check_many, extract, graded
-from ratchet.data.events import count
+from ratchet.data.events import Figure, Shows, count
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import LabeledCompletion, Prompt
 from ratchet.tasks.labels import Budget, Label, Labeled, agreement, injection_stats
@@ -29,6 +29,9 @@ class MctsLabel(Label):
     consumes: ClassVar[Literal["samples", "prompts"]] = "prompts"  # no sample stage: it samples its own rollouts
     uses_policy: ClassVar[bool] = True
     outputs: ClassVar[tuple[str, ...]] = ("trees.jsonl",)
+    shows: ClassVar[Shows] = Shows(throughput="mcts_tokens_per_s", figures=(Figure(
+        "Tree search per round", "mcts.png", "generated tokens per prompt", ("mcts_tokens_per_prompt", "tokens per prompt"),
+        ("mcts_solved_frac", "solved (%)", "prompts solved by the search (%)")),))
     kind: Literal["mcts"] = "mcts"
     simulations: int = Field(default=6, ge=1, description="simulation waves per prompt (each selects and expands "
                              "one leaf that can grow)")

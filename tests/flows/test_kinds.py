@@ -33,6 +33,31 @@ def test_flows_name_no_kind():
     assert not found, "flows/ names kinds; ask the kind's declaration instead: " + ", ".join(found)
 
 
+def _kind_metrics() -> set[str]:
+    """The metric keys a kind declares (what it shows), and the ones its summary reads."""
+    keys = set()
+    for section in ("label", "filter"):
+        for kind in kinds_of(section).values():
+            s = kind.shows
+            keys |= {k for k, _ in s.agreement} | ({s.rows[0]} if s.rows else set())
+            keys |= {s.throughput} if s.throughput else set()
+            keys |= {k for f in s.figures for k in (f.bars[0], *(f.line[:1] if f.line else ()))}
+    return keys
+
+
+def test_flows_name_no_metric_of_a_kind():
+    """The report and the console ask the kinds what to draw: no kind's metric is named in flows/."""
+    keys = _kind_metrics()
+    assert {"pairs", "accepted", "pair_accuracy", "mcts_tokens_per_s", "mcts_solved_frac"} <= keys
+    found = []
+    for path in sorted(FLOWS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if node.value in keys or any(node.value.endswith("." + k) for k in keys) or "judge_s" in node.value:
+                    found.append(f"{path.name}:{node.lineno} {node.value!r}")
+    assert not found, "flows/ names a kind's metric; declare it in the kind's `shows`: " + ", ".join(found)
+
+
 def test_the_label_union_is_the_registered_kinds():
     members = typing.get_args(typing.get_args(LabelConfig)[0])
     assert {m.model_fields["kind"].default for m in members} == set(KINDS)
