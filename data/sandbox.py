@@ -26,6 +26,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 NOBODY = 65534
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
@@ -213,3 +216,56 @@ def _children(pid: int) -> list[int]:
     except OSError:
         pass
     return out
+
+
+class SandboxSettings(BaseModel):
+    """Where and under which limits a model's programs run: the settings the code check and the
+    Python tool share (a config section that subclasses this holds them as its own fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+    sandbox: Literal["bwrap", "none"] = Field(default="bwrap", description="bwrap: each program in a bubblewrap "
+                                              "sandbox; none: without one (trusted code only)")
+    interpreter: str = Field(default="python3", description="the Python that runs programs, on the sandbox's PATH "
+                             "(/usr/local/bin, /usr/bin, /bin) or absolute")
+    workers: int = Field(default=2, ge=1, le=256, description="programs run at once")
+    cpu_s: int = Field(default=5, ge=1, le=3600, description="CPU seconds of one run")
+    wall_s: float = Field(default=10.0, gt=0, le=3600, description="seconds one run may take")
+    memory_mb: int = Field(default=512, ge=32, le=1 << 20, description="address space of one run, MiB")
+    processes: int = Field(default=16, ge=1, le=4096, description="processes (and threads) one run may have")
+    file_mb: int = Field(default=16, ge=1, le=1 << 16, description="the largest file one run may write, MiB "
+                         "(its /tmp holds twice that)")
+    output_kb: int = Field(default=256, ge=1, le=1 << 20, description="output one run may print, KiB; past it the "
+                           "run is ended and fails")
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(cpu_s=self.cpu_s, wall_s=self.wall_s, memory_mb=self.memory_mb, processes=self.processes,
+                      file_mb=self.file_mb, output_kb=self.output_kb)
+
+    def run(self, files: dict[str, str], argv: list[str], stdin: str = "") -> Ran:
+        """`argv` (after the interpreter) with `files` in /box, under these settings."""
+        return run(files, [self.interpreter, *argv], stdin, self.limits, self.sandbox)
+
+    def probe(self, where: str) -> list[str]:
+        """Run a program in the sandbox, as a stage will, before any model loads; `where` is the
+        config section these settings are (`data.check`)."""
+        import sys
+
+        if self.sandbox == "none":
+            print(f"ratchet: warning: {where}.sandbox=none: the model's programs run on this machine without a "
+                  "sandbox (limits only); use it for trusted code alone", file=sys.stderr)
+        fix = ("enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 "
+               "also kernel.apparmor_restrict_unprivileged_userns=0), or run where they are allowed (a container "
+               f"started with --security-opt seccomp=unconfined), or set {where}.sandbox=none for trusted code")
+        try:
+            ran = self.run({"program.py": "print(6 * 7)"}, ["{box}/program.py"])
+        except SandboxError as e:
+            return [f"{where}.sandbox={self.sandbox!r}: {e}"]
+        if ran.stdout.strip() == "42":
+            return []
+        if ran.status == 127 or "No such file" in ran.stderr or "No such file" in ran.stdout:
+            return [f"{where}.interpreter={self.interpreter!r}: not found in the sandbox; give a Python on "
+                    "/usr/local/bin, /usr/bin or /bin, or an absolute path under /usr"]
+        said = " ".join(ran.stderr.split())[-300:]
+        return [f"{where}.sandbox={self.sandbox!r}: the sandbox could not run a program here (exit status "
+                f"{ran.status}{': ' + said if said else ''}); {fix}"]

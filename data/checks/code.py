@@ -37,13 +37,12 @@ from __future__ import annotations
 
 import json
 import secrets
-import sys
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from ratchet.data.checks.base import Check, Item, Tally, Verdict
-from ratchet.data.sandbox import Limits, Ran, SandboxError, run
+from ratchet.data.sandbox import Ran, SandboxSettings
 
 FENCE = "```"
 
@@ -114,53 +113,16 @@ def _same_output(got: str, want: str) -> bool:
     return norm(got) == norm(want)
 
 
-class CodeCheck(Check):
+class CodeCheck(Check, SandboxSettings):
     """The response's program against the row's tests, in a sandbox."""
 
     extracts: ClassVar[bool] = False  # a program, not an answer samples could vote with
     kind: Literal["code"] = "code"
     reward: Literal["pass", "fraction"] = Field(default="pass", description="pass: 1 when every test passes, else "
                                                 "0; fraction: the share of tests that passed")
-    sandbox: Literal["bwrap", "none"] = Field(default="bwrap", description="bwrap: each program in a bubblewrap "
-                                              "sandbox; none: without one (trusted code only)")
-    interpreter: str = Field(default="python3", description="the Python that runs programs, on the sandbox's PATH "
-                             "(/usr/local/bin, /usr/bin, /bin) or absolute")
-    workers: int = Field(default=2, ge=1, le=256, description="programs run at once")
-    cpu_s: int = Field(default=5, ge=1, le=3600, description="CPU seconds of one run")
-    wall_s: float = Field(default=10.0, gt=0, le=3600, description="seconds one run may take")
-    memory_mb: int = Field(default=512, ge=32, le=1 << 20, description="address space of one run, MiB")
-    processes: int = Field(default=16, ge=1, le=4096, description="processes (and threads) one run may have")
-    file_mb: int = Field(default=16, ge=1, le=1 << 16, description="the largest file one run may write, MiB "
-                         "(its /tmp holds twice that)")
-    output_kb: int = Field(default=256, ge=1, le=1 << 20, description="output one run may print, KiB; past it the "
-                           "run is ended and fails")
-
-    @property
-    def limits(self) -> Limits:
-        return Limits(cpu_s=self.cpu_s, wall_s=self.wall_s, memory_mb=self.memory_mb, processes=self.processes,
-                      file_mb=self.file_mb, output_kb=self.output_kb)
 
     def problems(self, fields=()) -> list[str]:
-        """Run a program in the sandbox, as a stage will, before any model loads."""
-        if self.sandbox == "none":
-            print("ratchet: warning: data.check.sandbox=none: the model's programs run on this machine without a "
-                  "sandbox (limits only); use it for trusted code alone", file=sys.stderr)
-        fix = ("enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 "
-               "also kernel.apparmor_restrict_unprivileged_userns=0), or run where they are allowed (a container "
-               "started with --security-opt seccomp=unconfined), or set data.check.sandbox=none for trusted code")
-        try:
-            ran = run({"program.py": "print(6 * 7)"}, [self.interpreter, "{box}/program.py"], "", self.limits,
-                      self.sandbox)
-        except SandboxError as e:
-            return [f"data.check.sandbox={self.sandbox!r}: {e}"]
-        if ran.stdout.strip() == "42":
-            return []
-        if ran.status == 127 or "No such file" in ran.stderr or "No such file" in ran.stdout:
-            return [f"data.check.interpreter={self.interpreter!r}: not found in the sandbox; give a Python on "
-                    "/usr/local/bin, /usr/bin or /bin, or an absolute path under /usr"]
-        said = " ".join(ran.stderr.split())[-300:]
-        return [f"data.check.sandbox={self.sandbox!r}: the sandbox could not run a program here (exit status "
-                f"{ran.status}{': ' + said if said else ''}); {fix}"]
+        return self.probe("data.check")
 
     def check(self, response: str, answer: str) -> Verdict:
         return self.check_many([Item(response, answer)])[0]
@@ -206,4 +168,4 @@ class CodeCheck(Check):
             return 0, 0
 
     def _run(self, files: dict[str, str], argv: list[str], stdin: str) -> Ran:
-        return run(files, [self.interpreter, *argv], stdin, self.limits, self.sandbox)
+        return self.run(files, argv, stdin)
