@@ -6,7 +6,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
@@ -15,23 +15,61 @@ from ratchet.data.errors import ArtifactError
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
 
-class _Fields(BaseModel):
-    """A row that may carry its source row's other columns (`fields`, JSON values by column name),
-    for a check that reads them (a user's function gets them by name). A row without any is
-    written without the key, so rows of sources that carry none keep their bytes."""
+class _Sparse(BaseModel):
+    """A row whose optional keys in `SPARSE` are written only when they hold something, so rows
+    without them keep their bytes (a source's rows without other columns, a single-turn sample
+    without segments)."""
 
     @model_serializer(mode="wrap")
-    def _drop_empty_fields(self, handler):
+    def _drop_empty(self, handler):
         out = handler(self)
-        if not out.get("fields"):
-            out.pop("fields", None)
+        for k in SPARSE:
+            if k in out and not out[k]:
+                out.pop(k)
         return out
 
-    def __hash__(self) -> int:  # frozen, but a dict field cannot be hashed: its JSON stands for it
+    def __hash__(self) -> int:  # frozen, but a dict or list field cannot be hashed: its JSON stands for it
         return hash((type(self), self.model_dump_json()))
 
 
-class Prompt(_Fields):
+SPARSE = ("fields", "prompt_ids", "segments", "chosen_segments", "rejected_segments")
+
+
+class Segment(BaseModel):
+    """One turn of a trajectory: who wrote it (the model, a tool, an environment), its text, and
+    the token ids it took in the episode's context. A model segment's ids are the ones the engine
+    produced; any other segment's are the ones inserted after it, that the model then read.
+    Training reads these ids, never a re-tokenisation of the text."""
+
+    model_config = _FROZEN
+    role: Literal["model", "tool", "env"]
+    text: str
+    token_ids: tuple[int, ...]
+
+
+class _Turns(_Sparse):
+    """A completion that may be a trajectory of several turns: its prompt's token ids as the
+    engine read them and its segments. A single-turn completion has neither (None)."""
+
+    prompt_ids: tuple[int, ...] | None = Field(default=None, description="the templated prompt's token ids, where "
+                                                "the completion is a trajectory")
+    segments: tuple[Segment, ...] | None = Field(default=None, description="the trajectory's turns, in order; "
+                                                 "their texts joined are `text`")
+
+    @property
+    def final(self) -> str:
+        """What a check scores: the model's last segment (its answer after the last tool or
+        environment turn), or the whole text of a single-turn completion."""
+        if not self.segments:
+            return self.text  # type: ignore[attr-defined]
+        return next((s.text for s in reversed(self.segments) if s.role == "model"), "")
+
+    def turns(self) -> dict:
+        """The trajectory fields, to carry onto the next stage's row."""
+        return {"prompt_ids": self.prompt_ids, "segments": self.segments}
+
+
+class Prompt(_Sparse):
     """One prompt with an optional reference answer."""
 
     model_config = _FROZEN
@@ -43,8 +81,8 @@ class Prompt(_Fields):
                                    "for a check that reads them")
 
 
-class Completion(_Fields):
-    """One sampled completion of one prompt."""
+class Completion(_Turns):
+    """One sampled completion of one prompt (a single answer, or a trajectory's transcript)."""
 
     model_config = _FROZEN
     prompt_id: str
@@ -58,7 +96,7 @@ class Completion(_Fields):
                                    "for a check that reads them")
 
 
-class LabeledCompletion(BaseModel):
+class LabeledCompletion(_Turns):
     """A completion with the label stage's reward."""
 
     model_config = _FROZEN
@@ -79,8 +117,9 @@ class LabeledCompletion(BaseModel):
                                     "verdict, instruction, fence, role, obfuscation); the judge never saw it")
 
 
-class PairRow(BaseModel):
-    """One preference pair for DPO: two completions of the same prompt, the better one chosen."""
+class PairRow(_Sparse):
+    """One preference pair for DPO: two completions of the same prompt, the better one chosen;
+    of trajectories, with the prompt's token ids and each one's segments."""
 
     model_config = _FROZEN
     prompt_id: str
@@ -93,10 +132,13 @@ class PairRow(BaseModel):
     rejected_tokens: int
     chosen_correct: bool | None = None
     rejected_correct: bool | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    chosen_segments: tuple[Segment, ...] | None = None
+    rejected_segments: tuple[Segment, ...] | None = None
 
 
-class SFTRow(BaseModel):
-    """One accepted sample for rejection-sampling fine-tuning."""
+class SFTRow(_Turns):
+    """One accepted sample for rejection-sampling fine-tuning (of a trajectory, with its turns)."""
 
     model_config = _FROZEN
     prompt_id: str

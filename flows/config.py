@@ -87,6 +87,7 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
             f"sample.max_tokens={cfg.sample.max_tokens} leaves under 64 prompt tokens within "
             f"sampler.max_model_len={cfg.sampler.max_model_len}; raise sampler.max_model_len or lower sample.max_tokens"
         )
+    problems += cfg.sample.rollout.checks(cfg)
     label = cfg.label
     lo, hi = label.reward_range()
     problems += cfg.filter.reward_checks(lo, hi, label.setting())
@@ -109,9 +110,12 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
         problems.append(f"agreement.min={cfg.agreement.min}: {label.setting()} scores with the reference "
                         "answers themselves, so there is no agreement to check; remove agreement.min (it gates labels "
                         "such as the judge, a majority vote or a reward model)")
-    if cfg.train.max_length <= cfg.sample.max_tokens:
-        problems.append(f"train.max_length={cfg.train.max_length} cannot hold a prompt plus "
-                        f"sample.max_tokens={cfg.sample.max_tokens}; raise train.max_length")
+    episode = cfg.sample.rollout.budget(cfg.sample.max_tokens)
+    if cfg.train.max_length <= episode:
+        what = (f"sample.max_tokens={cfg.sample.max_tokens}" if episode == cfg.sample.max_tokens else
+                f"an episode of sample.rollout.episode_tokens={episode}")
+        problems.append(f"train.max_length={cfg.train.max_length} cannot hold a prompt plus {what}; raise "
+                        "train.max_length")
     return problems
 
 

@@ -40,6 +40,9 @@ def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Spli
     check_label_model(cfg)
     if problems := cfg.label.ready():  # a served judge's key and server, before any model loads
         raise ConfigError(problems, source="label")
+    rollouts = [cfg.sample.rollout] + [s.rollout for s in cfg.evaluate.sets if s.rollout is not None]
+    if problems := sorted({p for ro in rollouts for p in ro.problems()}):  # a tool's sandbox, tried as stages use it
+        raise ConfigError(problems)
     if problems := cfg.data.check.problems(columns(split.train + split.eval)):  # loaded once, as a stage will
         raise ConfigError(problems, source="data.check")
     sets = held_out_sets(cfg, split)
@@ -180,16 +183,23 @@ def train_budgets(cfg: PipelineConfig) -> dict[str, Budget]:
     sample stage's completions), what the label kind runs itself, and training."""
     same = lambda p: p  # noqa: E731
     out = {}
+    ro = cfg.sample.rollout
     if cfg.label.consumes == "samples":
-        out["sampling"] = Budget(same, cfg.sample.max_tokens, cfg.sampler.max_model_len,
-                                 "raise sampler.max_model_len or lower sample.max_tokens")
+        fix = "lower sample.max_tokens" if ro.budget(cfg.sample.max_tokens) == cfg.sample.max_tokens else \
+            "lower sample.rollout.episode_tokens"
+        out["sampling"] = Budget(ro.wrap, ro.budget(cfg.sample.max_tokens), cfg.sampler.max_model_len,
+                                 f"raise sampler.max_model_len or {fix}")
     out.update(cfg.label.budgets(cfg))
-    out["training"] = Budget(same, 1, cfg.train.max_length, "raise train.max_length")
+    out["training"] = Budget(ro.wrap if cfg.label.consumes == "samples" else same, 1, cfg.train.max_length,
+                             "raise train.max_length")
     return out
 
 
 def eval_budgets(cfg: PipelineConfig) -> dict[str, Budget]:
-    return {"evaluation": Budget(lambda p: p, cfg.evaluate.max_tokens, cfg.sampler.max_model_len,
+    ro = cfg.sample.rollout  # a set with a rollout of its own is checked against the widest of the two
+    rollouts = [ro] + [s.rollout for s in cfg.evaluate.sets if s.rollout is not None]
+    widest = max(rollouts, key=lambda r: r.budget(cfg.evaluate.max_tokens))
+    return {"evaluation": Budget(widest.wrap, widest.budget(cfg.evaluate.max_tokens), cfg.sampler.max_model_len,
                                  "raise sampler.max_model_len or lower evaluate.max_tokens")}
 
 

@@ -29,6 +29,7 @@ from ratchet.tasks import evaluate as evaluate_mod
 from ratchet.tasks import filter as filter_mod
 from ratchet.tasks import label as label_mod
 from ratchet.tasks import prepare, sample as sample_mod, train as train_mod
+from ratchet.tasks.sample import RolloutConfig
 
 
 class RoundResult(BaseModel):
@@ -56,6 +57,7 @@ class EvalTarget(BaseModel):
     stage: str
     prompts: StageManifest
     source: SourceConfig
+    rollout: RolloutConfig  # the set's own, or the samples' (sample.rollout)
 
 
 def store_of(ctx: RunContext) -> ArtifactStore:
@@ -244,7 +246,8 @@ def eval_targets_task(cfg: PipelineConfig, ctx: RunContext, prompts: StageManife
                                             run=ctx.run_name)
             if t.log_stage(ctx.parent_run_id, held, reused):
                 t.log_dataset(ctx.parent_run_id, store, held, "eval.jsonl", f"eval-prompts-{s.name}")
-        out.append(EvalTarget(name=s.name, stage=stage, prompts=held, source=source))
+        out.append(EvalTarget(name=s.name, stage=stage, prompts=held, source=source,
+                              rollout=s.rollout or cfg.sample.rollout))
     return out
 
 
@@ -263,7 +266,7 @@ def evaluate_on(cfg: PipelineConfig, ctx: RunContext, policy: StageManifest, tar
                 k: int) -> tuple[StageManifest, bool]:
     return evaluate_mod.evaluate(store_of(ctx), policy, target.prompts, cfg.evaluate, cfg.sampler, target.source,
                                  cfg.seed, k, isolate=cfg.isolate, run=ctx.run_name, executor=cfg.executor,
-                                 stage=target.stage)
+                                 stage=target.stage, rollout=target.rollout)
 
 
 @task(name="register", cache_policy=NONE, retries=0)

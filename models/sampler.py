@@ -50,6 +50,7 @@ class Generation:
     n_tokens: int
     finish_reason: str | None  # "stop" (end of sequence or a stop string) or "length"
     stop: str | None = None  # the stop string that ended it, if one did
+    token_ids: tuple[int, ...] = ()  # the ids the engine produced, the end-of-sequence token included
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, str | None]:
@@ -65,6 +66,11 @@ class Sampler(Protocol):
     def generate(
         self, prompts: list[str], params: SamplingParams, seed: int, prefixes: list[str] | None = None
     ) -> list[list[Generation]]: ...
+
+    def generate_ids(self, contexts: list[list[int]], params: SamplingParams, seed: int) -> list[list[Generation]]:
+        """`n` continuations of each context given as token ids (token in, token out: a multi-turn
+        rollout feeds back exactly the ids it has)."""
+        ...
 
     def next_token_logprobs(self, prompts: list[str], prefix: str, top: int) -> list[dict[int, float]]: ...
 
@@ -143,6 +149,9 @@ class VLLMSampler:
     def generate(self, prompts: list[str], params: SamplingParams, seed: int,
                  prefixes: list[str] | None = None) -> list[list[Generation]]:
         """`n` completions per prompt; with `prefixes`, each continues its assistant prefix."""
+        return self.generate_ids(chat_token_ids(self.tokenizer, prompts, prefixes or ""), params, seed)
+
+    def generate_ids(self, contexts: list[list[int]], params: SamplingParams, seed: int) -> list[list[Generation]]:
         import torch
         from vllm import SamplingParams as VSP
         from vllm.inputs import TokensPrompt
@@ -159,14 +168,13 @@ class VLLMSampler:
             stop=list(params.stop) or None,
             include_stop_str_in_output=True,
         )
-        ids = chat_token_ids(self.tokenizer, prompts, prefixes or "")
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], sp, use_tqdm=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(i)) for i in contexts], sp, use_tqdm=False)
         result = []
         for o in outs:
             row = []
             for c in o.outputs:
                 text, hit = cut_at_stop(c.text, params.stop)
-                row.append(Generation(text, len(c.token_ids), c.finish_reason, hit))
+                row.append(Generation(text, len(c.token_ids), c.finish_reason, hit, tuple(c.token_ids)))
             result.append(row)
         return result
 
@@ -230,11 +238,14 @@ class HFSampler:
 
     def generate(self, prompts: list[str], params: SamplingParams, seed: int,
                  prefixes: list[str] | None = None) -> list[list[Generation]]:
+        return self.generate_ids(chat_token_ids(self.tokenizer, prompts, prefixes or ""), params, seed)
+
+    def generate_ids(self, contexts: list[list[int]], params: SamplingParams, seed: int) -> list[list[Generation]]:
         import torch
 
         torch.manual_seed(seed)
         tok = self.tokenizer
-        ids = chat_token_ids(tok, prompts, prefixes or "")
+        ids = [list(c) for c in contexts]
         results: list[list[Generation]] = []
         for batch, input_ids, mask in self._batches(ids):
             width = input_ids.shape[1]
@@ -299,9 +310,11 @@ def _decode_hf(tok, seq: list[int], stops: tuple[str, ...] = ()) -> Generation:
     end = next((j for j, t in enumerate(seq) if t in eos), None)
     n = len(seq) if end is None else end
     text, hit = cut_at_stop(tok.decode(seq[:n], skip_special_tokens=True), stops)
-    if hit is not None:
-        return Generation(text, n, "stop", hit)
-    return Generation(text, n, "length" if end is None else "stop")
+    if hit is not None:  # generation stopped at the stop string; what follows is padding
+        return Generation(text, n, "stop", hit, tuple(seq[:n]))
+    if end is None:
+        return Generation(text, n, "length", None, tuple(seq))
+    return Generation(text, n, "stop", None, tuple(seq[: n + 1]))  # the end-of-sequence token, as vLLM keeps it
 
 
 def open_sampler(model_dir: Path, cfg: SamplerConfig, seed: int, sleep_mode: bool = False) -> Sampler:

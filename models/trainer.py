@@ -295,11 +295,38 @@ def trainer_class(trainer_cls):
 
 def chat_dataset(rows: list[dict]):
     """TRL's conversational format: `prompt` becomes the user turn, every other field
-    (completion, or chosen and rejected) an assistant turn."""
+    (completion, or chosen and rejected) an assistant turn. Rows of trajectories come as token
+    ids already (`token_rows`) and are taken as they are."""
     from datasets import Dataset
 
+    if rows and any(k.endswith("ids") for k in rows[0]):
+        return Dataset.from_list(rows)
     return Dataset.from_list([{k: [{"role": "user" if k == "prompt" else "assistant", "content": v}]
                                for k, v in r.items()} for r in rows])
+
+
+def turn_ids(segments) -> tuple[list[int], list[int]]:
+    """A trajectory's token ids after its prompt, and its loss mask: 1 on the model's own tokens,
+    0 on every other segment's (a tool's output, an environment's answer)."""
+    ids: list[int] = []
+    mask: list[int] = []
+    for s in segments:
+        ids += s.token_ids
+        mask += [int(s.role == "model")] * len(s.token_ids)
+    return ids, mask
+
+
+def token_rows(rows: list, fields: list[str]) -> bool:
+    """Whether a train set's rows are trajectories (train on their token ids) or text (TRL
+    templates and tokenizes them); a set of both is an error naming the first of each."""
+    turns = [getattr(r, fields[0]) is not None for r in rows]
+    if any(turns) and not all(turns):
+        from ratchet.data.errors import ArtifactError
+
+        raise ArtifactError(f"the train set mixes trajectories (row {turns.index(True)}, prompt "
+                            f"{rows[turns.index(True)].prompt_id!r}) with single completions (row "
+                            f"{turns.index(False)}); a round's samples come from one sample.rollout")
+    return any(turns)
 
 
 def run_training(trainer, out: Path) -> int | None:

@@ -144,6 +144,9 @@ class WarmSampler:
     def generate(self, prompts, params, seed: int, prefixes=None):
         return self._call("generate", prompts, params, seed, prefixes)
 
+    def generate_ids(self, contexts, params, seed: int):
+        return self._call("generate_ids", contexts, params, seed)
+
     def next_token_logprobs(self, prompts, prefix: str, top: int):
         return self._call("logprobs", prompts, prefix, top)
 
@@ -300,6 +303,8 @@ def _answer(engines: _Engines, conn) -> bool:
                 reply = engines.open(a["model"], a["sampler"], a["seed"], a["threads"])
             elif op == "generate":
                 reply = engines.held.engine.generate(*args)
+            elif op == "generate_ids":
+                reply = engines.held.engine.generate_ids(*args)
             elif op == "logprobs":
                 reply = engines.held.engine.next_token_logprobs(*args)
             elif op == "release":

@@ -28,7 +28,9 @@ from ratchet.data.prompts import SourceConfig
 from ratchet.data.records import LabeledCompletion, Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig, SamplingParams
-from ratchet.tasks.sample import PolicyWork, policy_of
+from ratchet.tasks.labels import labeled_row
+from ratchet.tasks.rollouts.single import SingleRollout
+from ratchet.tasks.sample import PolicyWork, RolloutConfig, SparseRollout, policy_of
 from ratchet.tasks.stage import StageRequest, run_stage
 from ratchet.tasks.units import ExecutorConfig, run_units
 
@@ -55,6 +57,9 @@ class EvalSet(BaseModel):
                                       "source's own check")
     allow_overlap: bool = Field(default=False, description="allow prompts that are also train prompts of the task "
                                 "(normally an error: accuracy on trained prompts is not held out)")
+    rollout: RolloutConfig | None = Field(default=None, description="how this set's answers are rolled out; unset: "
+                                          "as the samples are (sample.rollout). {kind: single} beside a tool "
+                                          "rollout's set shows what the tool adds")
 
     def source(self, task: SourceConfig) -> SourceConfig:
         """The source this set's prompts come from and are scored by."""
@@ -100,15 +105,16 @@ class EvaluateConfig(EvalRun):
         return [(x, "evaluate" if i == 0 else f"evaluate.{x.name}") for i, x in enumerate(self.sets)]
 
 
-class EvaluateJob(BaseModel):
+class EvaluateJob(SparseRollout):
     model_config = ConfigDict(extra="forbid", frozen=True)
     evaluate: EvalRun
     sampler: SamplerConfig
     data: SourceConfig
     seed: int
+    rollout: RolloutConfig = Field(default_factory=SingleRollout)
 
     def summary(self, m: dict[str, float]) -> list[str]:
-        out = [f"held-out accuracy {m.get('accuracy', 0):.1%}"]
+        out = [f"held-out accuracy {m.get('accuracy', 0):.1%}"] + self.rollout.summary(m)
         if "worked_accuracy" in m:
             out.append(f"{m['worked_accuracy']:.1%} with every step shown")
         if "score_mean" in m:  # a check that scores (a user's function): its mean beside the accuracy
@@ -120,32 +126,32 @@ def eval_set_id(prompts: StageManifest, job: EvaluateJob) -> str:
     """What makes two held-out accuracies comparable: the same prompts, scored the same way."""
     from ratchet.models.sampler import resolve_dtype
 
+    rollout = {"rollout": job.rollout.model_dump(mode="json")} if job.rollout.multi_turn else {}
     return sha256_json({"eval": prompts.outputs["eval.jsonl"].sha256, "check": job.data.check.model_dump(mode="json"),
                         "max_tokens": job.evaluate.max_tokens, "backend": job.sampler.backend,
-                        "dtype": resolve_dtype(job.sampler.dtype)})[:16]
+                        "dtype": resolve_dtype(job.sampler.dtype), **rollout})[:16]
 
 
 @dataclass
 class EvaluateWork(PolicyWork):
-    """A unit: greedy answers to `size` held-out prompts, checked against their references."""
+    """A unit: greedy answers (or episodes) to `size` held-out prompts, checked against their references."""
 
     stage = "evaluate"
     rate = ("gen_tokens", "gen_s", "tok/s")
     max_tokens: int
     check: object  # the data source's answer check
+    rollout: object  # the rollout kind (tasks/rollouts/)
 
     def run(self, sampler, chunk: list[Prompt], seed: int):
         t = time.time()
-        gens = sampler.generate([p.prompt for p in chunk], SamplingParams(n=1, temperature=0.0,
-                                max_tokens=self.max_tokens), seed=seed)
+        done, cost = self.rollout.roll(sampler, chunk, SamplingParams(n=1, temperature=0.0, max_tokens=self.max_tokens),
+                                       seed)
         gen_s = time.time() - t
-        verdicts = check_many(self.check, [Item(g.text, p.answer, p.prompt, p.id, p.fields)
-                                           for p, (g,) in zip(chunk, gens)])
-        rows = [LabeledCompletion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, index=0, text=g.text,
-                                  n_tokens=g.n_tokens, reward=float(v.correct) if v.correct is not None else 0.0,
-                                  extracted=v.extracted, correct=v.correct)
-                for p, (g,), v in zip(chunk, gens, verdicts)]
-        return rows, {"gen_s": gen_s, "gen_tokens": sum(r.n_tokens for r in rows), **score_sums(verdicts)}
+        verdicts = check_many(self.check, [Item(c.final, c.answer, c.prompt, c.prompt_id, c.fields) for c in done])
+        rows = [labeled_row(c, reward=float(v.correct) if v.correct is not None else 0.0, extracted=v.extracted,
+                            correct=v.correct)
+                for c, v in zip(done, verdicts)]
+        return rows, {"gen_s": gen_s, **cost, **score_sums(verdicts)}
 
 
 def held_out_of(req: StageRequest) -> StageManifest:
@@ -158,7 +164,7 @@ def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> Stage
     prompts = read_jsonl(store.path(held_out_of(req), "eval.jsonl"), Prompt)
     d = store.stage_dir(req.stage, req.key)
     done = run_units(EvaluateWork(items=prompts, size=cfg.shard_size, max_tokens=cfg.max_tokens, check=src.check,
-                                  **policy_of(req, store)), d / "shards", req.executor)
+                                  rollout=req.config.rollout, **policy_of(req, store)), d / "shards", req.executor)
     rows = [LabeledCompletion.model_validate_json(x) for x in done.shards.lines()]
     n = write_jsonl(d / "eval.jsonl", rows)
     scored = [r for r in rows if r.correct is not None]
@@ -167,6 +173,7 @@ def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> Stage
                "mean_tokens": cost.get("gen_tokens", 0.0) / max(n, 1), "gen_s": cost.get("gen_s", 0.0),
                "load_s": done.load_s, "shards_reused": float(done.reused), "holders": done.holders,
                "tokens_per_s": cost["gen_tokens"] / cost["gen_s"] if cost.get("gen_s") else 0.0}
+    metrics.update(req.config.rollout.metrics(cost))
     metrics.update(score_metrics(cost))  # a user's check: its mean score and metrics beside the accuracy
     metrics.update(src.eval_metrics(prompts, rows))  # what the source measures beside (chain: worked_accuracy)
     return req.finish(store, outputs={"eval.jsonl": n}, metrics=metrics,
@@ -177,9 +184,10 @@ def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> Stage
 def evaluate(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: EvaluateConfig,
              sampler: SamplerConfig, data_cfg: SourceConfig, seed: int, round: int,
              isolate: bool = True, run: str | None = None, executor: ExecutorConfig | None = None,
-             stage: str = "evaluate") -> tuple[StageManifest, bool]:
-    """Held-out accuracy of `policy` on the held-out prompts of `prompts`, scored by `data_cfg`'s check."""
+             stage: str = "evaluate", rollout: RolloutConfig | None = None) -> tuple[StageManifest, bool]:
+    """Held-out accuracy of `policy` on the held-out prompts of `prompts`, scored by `data_cfg`'s check,
+    rolled out by `rollout` (unset: single answers)."""
     run_cfg = EvalRun.model_validate(cfg.model_dump(include=set(EvalRun.model_fields)))  # the gate's keys stay out
-    job = EvaluateJob(evaluate=run_cfg, sampler=sampler, data=data_cfg, seed=seed)
+    job = EvaluateJob(evaluate=run_cfg, sampler=sampler, data=data_cfg, seed=seed, rollout=rollout or SingleRollout())
     return run_stage(store, stage=stage, round=round, body=evaluate_body, config=job,
                      parents=[policy, prompts], isolate=isolate, keep_partial=True, run=run, executor=executor)

@@ -10,10 +10,11 @@ the missing units and gets the same text it would have.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from ratchet.data import events
 from ratchet.data.manifest import StageManifest
@@ -21,10 +22,29 @@ from ratchet.data.records import Completion, Prompt, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig, SamplingParams
 from ratchet.tasks.prepare import train_prompts
+from ratchet.tasks.rollouts import Rollout
+from ratchet.tasks.rollouts.single import SingleRollout
+from ratchet.tasks.rollouts.tool import ToolRollout
 from ratchet.tasks.stage import StageRequest, run_stage
 from ratchet.tasks.units import ExecutorConfig, UnitWork, run_units
 
-class SampleConfig(BaseModel):
+# The rollout kinds (tasks/rollouts/), one line each: how a prompt becomes a completion or a trajectory
+RolloutConfig = Annotated[SingleRollout | ToolRollout, Field(discriminator="kind")]
+
+
+class SparseRollout(BaseModel):
+    """A config dumped without its rollout where that is the default (single): a config that
+    never set one keeps the bytes, and so the stage keys, it had before rollouts were a kind."""
+
+    @model_serializer(mode="wrap")
+    def _sparse(self, handler):
+        out = handler(self)
+        if isinstance(out, dict) and out.get("rollout") == {"kind": "single"}:
+            out.pop("rollout")
+        return out
+
+
+class SampleConfig(SparseRollout):
     """How the policy's completions are drawn each round."""
 
     model_config = ConfigDict(extra="forbid")
@@ -34,6 +54,8 @@ class SampleConfig(BaseModel):
     top_k: int = Field(default=50, ge=0, description="top-k sampling (0 = off)")
     max_tokens: int = Field(default=48, ge=1, description="completion token limit")
     shard_size: int = Field(default=64, ge=1, description="prompts per shard (the unit of resume)")
+    rollout: RolloutConfig = Field(default_factory=SingleRollout, description="how a prompt becomes a completion: "
+                                   "single (one generation) or tool (the model runs Python mid-answer)")
 
     def params(self) -> SamplingParams:
         return SamplingParams(
@@ -49,7 +71,8 @@ class SampleJob(BaseModel):
 
     def summary(self, m: dict[str, float]) -> list[str]:
         out = [f"{events.count(m.get('completions', 0))} completions", f"{m.get('tokens_per_s', 0):.0f} tok/s"]
-        return out + ([f"{m['truncated_frac']:.0%} truncated"] if m.get("truncated_frac") else [])
+        out += [f"{m['truncated_frac']:.0%} truncated"] if m.get("truncated_frac") else []
+        return out + self.sample.rollout.summary(m)
 
 
 @dataclass
@@ -81,29 +104,25 @@ def policy_of(req: StageRequest, store: ArtifactStore) -> dict:
 
 @dataclass
 class SampleWork(PolicyWork):
-    """A unit: `n` completions for each of `size` prompts, seeded by (seed, unit)."""
+    """A unit: `n` completions (or trajectories) for each of `size` prompts, seeded by (seed, unit)."""
 
     stage = "sample"
     rate = ("gen_tokens", "gen_s", "tok/s")
     params: SamplingParams
+    rollout: Rollout = field(default_factory=SingleRollout)  # the rollout kind (tasks/rollouts/)
 
     def run(self, sampler, chunk: list[Prompt], seed: int):
         t = time.time()
-        gens = sampler.generate([p.prompt for p in chunk], self.params, seed=seed)
-        rows = [
-            Completion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, fields=p.fields, index=i,
-                       text=g.text, n_tokens=g.n_tokens, finish_reason=g.finish_reason)
-            for p, gs in zip(chunk, gens) for i, g in enumerate(gs)
-        ]
-        return rows, {"gen_tokens": sum(r.n_tokens for r in rows), "gen_s": time.time() - t}
+        rows, cost = self.rollout.roll(sampler, chunk, self.params, seed)
+        return rows, {**cost, "gen_s": time.time() - t}
 
 
 def sample_body(req: StageRequest[SampleJob], store: ArtifactStore) -> StageManifest:
     cfg = req.config.sample
     prompts = train_prompts(req, store)
     d = store.stage_dir(req.stage, req.key)
-    done = run_units(SampleWork(items=prompts, size=cfg.shard_size, params=cfg.params(), **policy_of(req, store)),
-                     d / "shards", req.executor)
+    done = run_units(SampleWork(items=prompts, size=cfg.shard_size, params=cfg.params(), rollout=cfg.rollout,
+                                **policy_of(req, store)), d / "shards", req.executor)
     rows = [Completion.model_validate_json(x) for x in done.shards.lines()]
     n = write_jsonl(d / "samples.jsonl", rows)
     m = done.cost
@@ -112,6 +131,7 @@ def sample_body(req: StageRequest[SampleJob], store: ArtifactStore) -> StageMani
              completions=n, prompts=len(prompts),
              mean_tokens=sum(r.n_tokens for r in rows) / max(n, 1),
              truncated_frac=sum(r.finish_reason == "length" for r in rows) / max(n, 1))
+    m.update(cfg.rollout.metrics(m))
     return req.finish(store, outputs={"samples.jsonl": n}, metrics=m, info={"backend": req.config.sampler.backend, "units": done.placement},
                       scratch=("shards",))
 

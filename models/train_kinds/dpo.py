@@ -11,7 +11,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from ratchet.models.trainer import (OptimSettings, chat_dataset, load_policy, resolve_precision, run_training,
-                                    save_merged, trainer_args, write_log)
+                                    save_merged, token_rows, trainer_args, turn_ids, write_log)
 
 
 DPOLoss = Literal["sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
@@ -49,8 +49,15 @@ class DPOTrainConfig(OptimSettings):
     def rows_of(self, train_set: Path) -> list[dict]:
         from ratchet.data.records import PairRow, read_jsonl
 
-        return [{"prompt": r.prompt, "chosen": r.chosen, "rejected": r.rejected}
-                for r in read_jsonl(train_set, PairRow)]
+        rows = read_jsonl(train_set, PairRow)
+        if token_rows(rows, ["chosen_segments"]):  # trajectories: the sampled ids, tool tokens masked
+            out = []
+            for r in rows:
+                (chosen, cmask), (rejected, rmask) = turn_ids(r.chosen_segments), turn_ids(r.rejected_segments)
+                out.append({"prompt_ids": list(r.prompt_ids), "chosen_ids": chosen, "rejected_ids": rejected,
+                            "chosen_mask": cmask, "rejected_mask": rmask})
+            return out
+        return [{"prompt": r.prompt, "chosen": r.chosen, "rejected": r.rejected} for r in rows]
 
     def info(self, start_model: str) -> dict[str, str]:
         return {"reference": start_model}  # DPO's reference policy: the weights this round started from
@@ -115,24 +122,84 @@ def plain_lm_head(model) -> bool:
     return True
 
 
+def masked_dpo(trainer_cls):
+    """`trainer_cls` (TRL's DPOTrainer) that also takes trajectories as token ids with a loss mask.
+
+    TRL scores every completion token of a pair. A row with `chosen_mask` / `rejected_mask` (1 on
+    the model's own tokens, 0 on a tool's or an environment's) is taken as tokenized, and its
+    collated `completion_mask`, which every log-probability and the loss are summed over, is
+    multiplied by them: a tool segment's tokens get no log-probability, so no gradient.
+    """
+
+    class MaskedDPO(trainer_cls):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.data_collator = masked_collator(self.data_collator)
+
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            if "chosen_mask" in dataset.column_names:  # tokenized by the rollout, token in, token out
+                return dataset
+            return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+
+        def _set_signature_columns_if_needed(self):
+            super()._set_signature_columns_if_needed()
+            self._signature_columns = [*self._signature_columns, "chosen_mask", "rejected_mask"]
+
+    MaskedDPO.__name__ = f"Masked{trainer_cls.__name__}"
+    return MaskedDPO
+
+
+def masked_collator(collate):
+    """`collate` (TRL's preference collator) with the rows' own loss masks applied to its completion_mask."""
+    import torch
+
+    def call(examples):
+        masks = [e.pop("chosen_mask", None) for e in examples]
+        rmasks = [e.pop("rejected_mask", None) for e in examples]
+        out = collate(examples)
+        if masks[0] is None:
+            return out
+        cm = out["completion_mask"]
+        full = [[0] * len(e["prompt_ids"]) + list(m) for e, m in zip(examples, masks)]
+        full += [[0] * len(e["prompt_ids"]) + list(m) for e, m in zip(examples, rmasks)]
+        if collate.max_length is not None:  # cut as the collator cut the ids
+            cut = slice(None, collate.max_length) if collate.truncation_mode == "keep_start" else \
+                slice(-collate.max_length, None)
+            full = [m[cut] for m in full]
+        keep = torch.zeros_like(cm)
+        for i, m in enumerate(full):
+            keep[i, : len(m)] = torch.tensor(m, dtype=cm.dtype)
+        out["completion_mask"] = cm * keep
+        return out
+
+    call.max_length, call.truncation_mode = collate.max_length, collate.truncation_mode
+    return call
+
+
+def dpo_trainer(model_dir: Path, rows: list[dict], cfg: DPOTrainConfig, out: Path, seed: int):
+    """The DPO trainer over `rows`, ready to train: (trainer, tokenizer, precision, plain LM head)."""
+    import torch
+    from trl import DPOConfig, DPOTrainer
+
+    model, tok, peft_config = load_policy(model_dir, cfg, resolve_precision(cfg.precision))
+    args, prec = trainer_args(DPOConfig, cfg, out, seed, beta=cfg.beta, loss_type=list(cfg.loss_type),
+                               loss_weights=cfg.loss_weights, label_smoothing=cfg.label_smoothing)
+    trainer = masked_dpo(DPOTrainer)(model=model, args=args, train_dataset=chat_dataset(rows), processing_class=tok,
+                                     peft_config=peft_config)
+    plain = False
+    if not torch.cuda.is_available():  # see plain_lm_head: TRL's tiled head is built for Triton devices
+        inner = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
+        plain = plain_lm_head(inner) and (trainer.ref_model is None or plain_lm_head(trainer.ref_model))
+    return trainer, tok, prec, plain
+
+
 def train_dpo(model_dir: Path, rows: list[dict], cfg: DPOTrainConfig, out: Path, seed: int) -> dict[str, float]:
     """DPO on (prompt, chosen, rejected) rows against the starting policy; writes out/model.
 
     Resumes from out/checkpoints/ when a previous attempt left a checkpoint.
     """
-    import torch
-    from trl import DPOConfig, DPOTrainer
-
     started = time.time()
-    model, tok, peft_config = load_policy(model_dir, cfg, resolve_precision(cfg.precision))
-    ds = chat_dataset(rows)
-    args, prec = trainer_args(DPOConfig, cfg, out, seed, beta=cfg.beta, loss_type=list(cfg.loss_type),
-                               loss_weights=cfg.loss_weights, label_smoothing=cfg.label_smoothing)
-    trainer = DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config)
-    plain = False
-    if not torch.cuda.is_available():  # see plain_lm_head: TRL's tiled head is built for Triton devices
-        inner = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
-        plain = plain_lm_head(inner) and (trainer.ref_model is None or plain_lm_head(trainer.ref_model))
+    trainer, tok, prec, plain = dpo_trainer(model_dir, rows, cfg, out, seed)
     d = trainer.train_dataset
     n_tokens = sum(len(p) + len(c) + len(r) for p, c, r in zip(d["prompt_ids"], d["chosen_ids"], d["rejected_ids"]))
     resumed = run_training(trainer, out)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from ratchet.models.trainer import (OptimSettings, chat_dataset, load_policy, resolve_precision, run_training,
-                                    save_merged, trainer_args, trainer_class, write_log)
+                                    save_merged, token_rows, trainer_args, trainer_class, turn_ids, write_log)
 
 
 class RFTTrainConfig(OptimSettings):
@@ -23,7 +23,27 @@ class RFTTrainConfig(OptimSettings):
     def rows_of(self, train_set: Path) -> list[dict]:
         from ratchet.data.records import SFTRow, read_jsonl
 
-        return [{"prompt": r.prompt, "completion": r.completion} for r in read_jsonl(train_set, SFTRow)]
+        rows = read_jsonl(train_set, SFTRow)
+        if token_rows(rows, ["segments"]):  # trajectories: the sampled ids, the model's own tokens trained
+            out = []
+            for r in rows:
+                ids, mask = turn_ids(r.segments)
+                out.append({"input_ids": [*r.prompt_ids, *ids], "completion_mask": [0] * len(r.prompt_ids) + mask})
+            return out
+        return [{"prompt": r.prompt, "completion": r.completion} for r in rows]
+
+
+def rft_trainer(model_dir: Path, rows: list[dict], cfg: RFTTrainConfig, out: Path, seed: int):
+    """The SFT trainer over `rows`, ready to train: (trainer, tokenizer, precision). Rows of
+    trajectories (`input_ids`, `completion_mask`) are taken as tokenized; TRL turns the mask into
+    the labels it trains on (-100 off the model's own tokens)."""
+    from trl import SFTConfig, SFTTrainer
+
+    model, tok, peft_config = load_policy(model_dir, cfg, resolve_precision(cfg.precision))
+    args, prec = trainer_args(SFTConfig, cfg, out, seed, completion_only_loss=True)
+    trainer = trainer_class(SFTTrainer)(model=model, args=args, train_dataset=chat_dataset(rows), processing_class=tok,
+                                        peft_config=peft_config)
+    return trainer, tok, prec
 
 
 def train_rft(model_dir: Path, rows: list[dict], cfg: RFTTrainConfig, out: Path, seed: int) -> dict[str, float]:
@@ -31,13 +51,8 @@ def train_rft(model_dir: Path, rows: list[dict], cfg: RFTTrainConfig, out: Path,
 
     Resumes from out/checkpoints/ when a previous attempt left a checkpoint.
     """
-    from trl import SFTConfig, SFTTrainer
-
     started = time.time()
-    model, tok, peft_config = load_policy(model_dir, cfg, resolve_precision(cfg.precision))
-    ds = chat_dataset(rows)
-    args, prec = trainer_args(SFTConfig, cfg, out, seed, completion_only_loss=True)
-    trainer = trainer_class(SFTTrainer)(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config)
+    trainer, tok, prec = rft_trainer(model_dir, rows, cfg, out, seed)
     n_tokens = sum(len(x) for x in trainer.train_dataset["input_ids"])
     resumed = run_training(trainer, out)
     if not trainer.is_world_process_zero():

@@ -113,7 +113,8 @@ def build_pairs(rows: list[LabeledCompletion], cfg: PairFilter) -> tuple[list[Pa
             taken += 1
             pairs.append(PairRow(prompt_id=pid, prompt=c.prompt, chosen=c.text, rejected=r.text,
                                  chosen_reward=c.reward, rejected_reward=r.reward, chosen_tokens=c.n_tokens,
-                                 rejected_tokens=r.n_tokens, chosen_correct=c.correct, rejected_correct=r.correct))
+                                 rejected_tokens=r.n_tokens, chosen_correct=c.correct, rejected_correct=r.correct,
+                                 prompt_ids=c.prompt_ids, chosen_segments=c.segments, rejected_segments=r.segments))
         if taken == 0:
             counts["length_bias_prompts"] += 1
     n = max(len(pairs), 1)

@@ -80,7 +80,7 @@ def accept(rows: list[LabeledCompletion], cfg: RFTFilter, seed: int) -> tuple[li
         else:
             rng.shuffle(cands)
         dropped["over_cap"] += max(0, len(cands) - cfg.max_per_prompt)
-        kept += [SFTRow(prompt_id=r.prompt_id, prompt=r.prompt, completion=r.text, reward=r.reward)
+        kept += [SFTRow(prompt_id=r.prompt_id, prompt=r.prompt, completion=r.text, reward=r.reward, **r.turns())
                  for r in cands[: cfg.max_per_prompt]]
     metrics = {f"dropped_{k}": float(v) for k, v in dropped.items()}
     metrics.update(accepted=float(len(kept)), prompts_covered=float(len({r.prompt_id for r in kept})),

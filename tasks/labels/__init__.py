@@ -118,14 +118,25 @@ class Label(BaseModel):
         return [f"{events.count(m.get('labeled', 0))} labeled", f"mean reward {m.get('reward_mean', 0):.2f}"]
 
 
+def item_of(c: Completion) -> Item:
+    """What a check reads of a completion: its final answer (a trajectory's last model turn),
+    the reference, the prompt, the row's id and its other columns."""
+    return Item(c.final, c.answer, c.prompt, f"{c.prompt_id}#{c.index}", c.fields)
+
+
+def labeled_row(c: Completion, **label) -> LabeledCompletion:
+    """A completion with its label (`reward`, and what else the kind records), its turns kept."""
+    return LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index, text=c.text,
+                             n_tokens=c.n_tokens, **c.turns(), **label)
+
+
 def truths(check_cfg: Any, rows: list[Completion]) -> list[bool | None]:
     """The verifier's verdict on each completion whose prompt has a reference answer (the audit
     of a label that does not use it), checked as the verifier label checks: in one batch, the
     row's id and other columns beside it, a user's check's failures held against its budget
     over the batch (a failed row is unaudited, None)."""
     answered = [c for c in rows if c.answer is not None]
-    verdicts = iter(check_many(check_cfg, [Item(c.text, c.answer, c.prompt, f"{c.prompt_id}#{c.index}", c.fields)
-                                           for c in answered]))
+    verdicts = iter(check_many(check_cfg, [item_of(c) for c in answered]))
     return [next(verdicts).correct if c.answer is not None else None for c in rows]
 
 

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from ratchet.data.checkers import answer_key, extract
 from ratchet.data.records import Completion, LabeledCompletion
-from ratchet.tasks.labels import Label, Labeled, agreement, truths
+from ratchet.tasks.labels import Label, Labeled, agreement, labeled_row, truths
 
 
 class ConsistencyLabel(Label):
@@ -51,7 +51,7 @@ def majority_vote(rows: list[Completion], check_cfg, cfg: ConsistencyLabel
     labeled, agreement, right, with_ref = 0, [], 0, 0
     for pid in sorted(by_prompt):
         comps = sorted(by_prompt[pid], key=lambda r: r.index)
-        keys = [extract(check_cfg, c.text) for c in comps]
+        keys = [extract(check_cfg, c.final) for c in comps]
         votes = Counter(k for k in keys if k is not None)
         label = None
         if votes:
@@ -69,10 +69,8 @@ def majority_vote(rows: list[Completion], check_cfg, cfg: ConsistencyLabel
                 with_ref += 1
                 right += answer_key(check_cfg, ref) == label
         for c, k in zip(comps, keys):
-            out.append(LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index,
-                                         text=c.text, n_tokens=c.n_tokens,
-                                         reward=float(label is not None and k == label), extracted=k,
-                                         correct=audit[c.prompt_id, c.index]))
+            out.append(labeled_row(c, reward=float(label is not None and k == label), extracted=k,
+                                   correct=audit[c.prompt_id, c.index]))
     n = max(len(by_prompt), 1)
     metrics = {"labeled_prompts_frac": labeled / n, "agreement_mean": sum(agreement) / n}
     if with_ref:

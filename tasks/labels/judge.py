@@ -26,7 +26,7 @@ from ratchet.data.userfiles import UserFile
 from ratchet.models.endpoint import EndpointConfig
 from ratchet.tasks.guard import GuardConfig
 from ratchet.tasks.judge import DEFAULT_TEMPLATES, judge_batch, template_wrap
-from ratchet.tasks.labels import Budget, Label, Labeled, agreement, injection_stats, truths
+from ratchet.tasks.labels import Budget, Label, Labeled, agreement, injection_stats, labeled_row, truths
 from ratchet.tasks.sample import PolicyWork, policy_of
 from ratchet.tasks.units import run_units
 
@@ -161,9 +161,8 @@ class JudgeWork(PolicyWork):
 
 
 def _rows(chunk: list[Completion], scores, check) -> list[LabeledCompletion]:
-    return [LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index, text=c.text,
-                              n_tokens=c.n_tokens, reward=reward, votes=votes, flags=flags or None,
-                              extracted=extract(check, c.text), correct=right)
+    return [labeled_row(c, reward=reward, votes=votes, flags=flags or None, extracted=extract(check, c.final),
+                        correct=right)
             for c, (reward, votes, flags), right in zip(chunk, scores, truths(check, chunk))]
 
 

@@ -24,7 +24,7 @@ from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.data.userfiles import UserPath
 from ratchet.models.sampler import resolve_dtype
 from ratchet.tasks.guard import GuardConfig
-from ratchet.tasks.labels import Label, Labeled, agreement, injection_stats, truths
+from ratchet.tasks.labels import Label, Labeled, agreement, injection_stats, labeled_row, truths
 from ratchet.tasks.units import UnitWork, run_units
 
 
@@ -86,9 +86,8 @@ class RewardWork(UnitWork):
         t = time.time()
         seen = [guard(c.prompt, c.text) for c in chunk]
         scores = scorer.score([(c.prompt, text) for c, (text, _) in zip(chunk, seen)])
-        rows = [LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index,
-                                  text=c.text, n_tokens=c.n_tokens, reward=s, votes=[s], flags=flags or None,
-                                  extracted=extract(self.check, c.text), correct=right)
+        rows = [labeled_row(c, reward=s, votes=[s], flags=flags or None, extracted=extract(self.check, c.final),
+                            correct=right)
                 for c, s, (_, flags), right in zip(chunk, scores, seen, truths(self.check, chunk))]
         return rows, {"score_s": time.time() - t, "scored": len(chunk)}
 

@@ -14,10 +14,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from ratchet.data.checkers import Item, check_many, score_metrics, score_sums
+from ratchet.data.checkers import check_many, score_metrics, score_sums
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import Completion, LabeledCompletion
-from ratchet.tasks.labels import Label, Labeled
+from ratchet.tasks.labels import Label, Labeled, item_of, labeled_row
 from ratchet.tasks.units import UnitWork, run_units
 
 
@@ -51,10 +51,8 @@ class VerifyWork(UnitWork):
         pass
 
     def run(self, engine, chunk: list[Completion], seed: int):
-        verdicts = check_many(self.check, [Item(c.text, c.answer, c.prompt, f"{c.prompt_id}#{c.index}", c.fields)
-                                           for c in chunk])
-        rows = [LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index, text=c.text,
-                                  n_tokens=c.n_tokens, reward=v.reward, extracted=v.extracted, correct=v.correct)
+        verdicts = check_many(self.check, [item_of(c) for c in chunk])
+        rows = [labeled_row(c, reward=v.reward, extracted=v.extracted, correct=v.correct)
                 for c, v in zip(chunk, verdicts)]
         return rows, score_sums(verdicts)
 

@@ -3,65 +3,18 @@ contained and scored as failures while the rest of the batch is checked as usual
 no process of theirs is left and nothing was written outside."""
 
 import os
-import socket
 import sys
-import threading
 from pathlib import Path
-
-import pytest
 
 from ratchet.data.checks.base import Item
 from ratchet.data.checks.code import CodeCheck, io_cases, program_of
+from tests.hostile import adopting, hostile_programs, leftovers, listener  # noqa: F401 - fixtures
 
 FAST = dict(cpu_s=2, wall_s=6.0, memory_mb=256, processes=8, output_kb=64)
 ADD = "```python\ndef add(a, b):\n    return a + b\n```"
 ADD_TESTS = "assert add(1, 2) == 3\nassert add(-1, 1) == 0"
 SUM_IO = '[{"input": "1 2\\n", "output": "3\\n"}, {"input": "40 2", "output": "42"}]'
 SUM = "```py\nimport sys\na, b = map(int, sys.stdin.read().split())\nprint(a + b)\n```"
-
-
-@pytest.fixture
-def adopting():
-    """This process adopts every orphan below it (PR_SET_CHILD_SUBREAPER), so whatever a sandbox
-    leaves behind ends up as a child of the test, where `_leftovers` finds it."""
-    import ctypes
-
-    prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
-    yield
-    prctl(36, 0)
-
-
-def _leftovers(wait_s: float = 5.0) -> list[str]:
-    """Live processes left below this one (with `adopting`, orphans included). A dead one not yet
-    collected (bwrap's init inside a sandbox exits just after bwrap does) is collected here; one
-    caught while exiting is given `wait_s` to finish."""
-    import time
-
-    deadline = time.time() + wait_s
-    while (out := _live_children()) and time.time() < deadline:
-        time.sleep(0.1)
-    return out
-
-
-def _live_children() -> list[str]:
-    children, out = [], []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            children += map(int, open(f"/proc/self/task/{task}/children").read().split())
-        except OSError:  # a thread that has ended since
-            continue
-    for pid in children:
-        try:
-            status = open(f"/proc/{pid}/status").read()
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if status.split("State:")[1].split()[0] == "Z":
-            os.waitpid(pid, 0)
-        else:
-            out.append(f"{pid} {cmd[:120]}")
-    return out
 
 
 def test_programs_pass_and_fail_their_tests_in_both_forms():
@@ -95,32 +48,6 @@ def test_program_of_takes_the_last_fenced_block_or_the_whole_text():
     assert io_cases("assert f() == [1]") is None and io_cases("[1, 2]") is None and io_cases("[") is None
 
 
-@pytest.fixture
-def listener():
-    """A TCP server on loopback that counts the connections it gets."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(8)
-    s.settimeout(0.2)
-    got, stop = [], threading.Event()
-
-    def serve():
-        while not stop.is_set():
-            try:
-                conn, _ = s.accept()
-                got.append(conn.recv(100))
-                conn.close()
-            except OSError:
-                continue
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    yield s.getsockname()[1], got
-    stop.set()
-    t.join()
-    s.close()
-
-
 def test_hostile_programs_are_contained_and_scored_as_failures(tmp_path, listener, monkeypatch, adopting):
     port, connections = listener
     monkeypatch.setenv("RATCHET_TEST_SECRET", "s3cr3t-value")
@@ -129,22 +56,7 @@ def test_hostile_programs_are_contained_and_scored_as_failures(tmp_path, listene
     home = Path.home()
     home_before = set(os.listdir(home))
     ok = "\ndef add(a, b):\n    return a + b\n"  # after the attack: the tests pass only if the attack did not raise
-    hostile = {
-        "fork bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
-        "infinite loop": "while True:\n    pass",
-        "10 GB": "x = bytearray(10 * 1024 ** 3)\nx[-1] = 1" + ok,
-        "write $HOME": f"open({str(home / 'pwned-by-ratchet-test')!r}, 'w').write('x')" + ok,
-        "write outside": f"open({str(canary / 'pwned')!r}, 'w').write('x')" + ok,
-        "write /etc": "open('/etc/pwned-by-ratchet-test', 'w').write('x')" + ok,
-        "read the secret": "import os\nassert os.environ['RATCHET_TEST_SECRET'] == 's3cr3t-value'" + ok,
-        "read the parent's environment": "assert b's3cr3t' in open('/proc/%d/environ' % __import__('os').getppid(), "
-                                         "'rb').read()" + ok,
-        "socket": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'hi')" + ok,
-        "signal the parent": f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)\n"
-                             "os.kill(os.getppid(), signal.SIGKILL)" + ok,
-        "print a gigabyte": "import sys\nfor _ in range(16384):\n    sys.stdout.write('x' * 65536)" + ok,
-        "fill /tmp": "f = open('/tmp/big', 'wb')\nfor _ in range(4096):\n    f.write(b'x' * (1 << 20))" + ok,
-    }
+    hostile = hostile_programs(port, canary, ok)
     c = CodeCheck(**FAST, workers=4)
     items = [Item(ADD, ADD_TESTS)] + [Item(p, ADD_TESTS) for p in hostile.values()] + [Item(SUM, SUM_IO)]
     verdicts = c.check_many(items)
@@ -156,7 +68,7 @@ def test_hostile_programs_are_contained_and_scored_as_failures(tmp_path, listene
                                  '[{"input": "", "output": "s3cr3t-value"}]')])
     assert leak.correct is False
     # and the machine after them: no process of theirs, nothing written outside, no connection
-    assert _leftovers() == []
+    assert leftovers() == []
     assert os.listdir(canary) == [] and set(os.listdir(home)) == home_before
     assert not os.path.exists("/etc/pwned-by-ratchet-test") and connections == []
 

@@ -47,10 +47,16 @@ def test_vllm_and_hf_greedy_agree_on_the_default_model(default_model):
     hf = HFSampler(default_model, SamplerConfig(backend="hf", dtype="float32"), seed=0).generate(prompts, greedy, 0)
     v = open_sampler(default_model, SamplerConfig(backend="vllm", dtype="float32", kv_cache_gb=1), seed=0)
     out = v.generate(prompts, greedy, 0)
+    # token in, token out: the ids the engine produced, fed back, continue where they left off
+    ctx = chat_token_ids(v.tokenizer, prompts[:1])[0]
+    (half,), = v.generate_ids([ctx], greedy.model_copy(update={"max_tokens": 4}), 0)
+    (rest,), = v.generate_ids([ctx + list(half.token_ids)], greedy.model_copy(update={"max_tokens": 4}), 0)
     v.close()
-    # same weights, same token ids in: the first greedy words agree
+    assert len(half.token_ids) == 4 and (half.token_ids + rest.token_ids)[:8] == out[0][0].token_ids[:8]
+    # same weights, same token ids in: the first greedy words (and ids) agree
     for h, x in zip(hf, out):
         assert h[0].text.split()[:3] == x[0].text.split()[:3], (h[0].text, x[0].text)
+        assert h[0].token_ids[:3] == x[0].token_ids[:3] and len(x[0].token_ids) == x[0].n_tokens
 
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "completion": f"{a} + {b} = {a + b}."} for a in range(4) for b in range(3)]

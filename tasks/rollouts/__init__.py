@@ -1,0 +1,65 @@
+"""Rollout kinds: how the sample stage (and evaluation) turns a prompt into a trajectory.
+
+Every kind lives in one module of this package, as one class: its config model (a member of
+RolloutConfig's union, `sample.rollout`), a subclass of `Rollout`, whose methods say how it
+plays one unit's episodes on the engine, what it adds to the prompt, how many tokens an
+episode may take, what it needs of the rest of the config, and how its counters read.
+
+    single  one generation per completion (the default; its rows are plain completions)
+    tool    the model runs Python in a sandbox mid-answer, and reads the output (ReTool)
+
+A multi-turn kind writes trajectories: each completion keeps its prompt's token ids and its
+turns as segments (data/records.py: Segment), the model's with the ids the engine produced.
+Training reads those ids and masks every segment that is not the model's (models/train_kinds/).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from ratchet.data.events import Shows
+from ratchet.data.records import Completion, Prompt
+from ratchet.models.sampler import SamplingParams
+
+
+class Rollout(BaseModel):
+    """A rollout kind: its config and what the sample and evaluate stages and the config checks ask of it."""
+
+    model_config = ConfigDict(extra="forbid")
+    multi_turn: ClassVar[bool] = False  # writes trajectories (segments and token ids), not plain completions
+    shows: ClassVar[Shows] = Shows()  # what the report draws of its counters
+    kind: str
+
+    @abstractmethod
+    def roll(self, sampler, prompts: list[Prompt], params: SamplingParams,
+             seed: int) -> tuple[list[Completion], dict[str, float]]:
+        """`params.n` completions of each prompt, in order (prompt by prompt, index by index), and
+        this unit's counters (summed over units), `gen_tokens` among them. Deterministic for a
+        given engine, unit and seed: a resumed stage redoes a unit and gets the same rows."""
+
+    def wrap(self, prompt: str) -> str:
+        """The user message the engine is given for `prompt`."""
+        return prompt
+
+    def budget(self, max_tokens: int) -> int:
+        """The most tokens one episode adds after its prompt, when each generation may take `max_tokens`."""
+        return max_tokens
+
+    def problems(self) -> list[str]:
+        """Problems found by trying what it runs (a sandbox), before any model loads."""
+        return []
+
+    def checks(self, pipeline) -> list[str]:
+        """Problems with this rollout in the whole pipeline config, before any model loads."""
+        return []
+
+    def metrics(self, cost: dict[str, float]) -> dict[str, float]:
+        """The stage metrics this kind derives from its units' summed counters."""
+        return {}
+
+    def summary(self, m: dict[str, float]) -> list[str]:
+        """Its counters in a few words, for the console."""
+        return []

@@ -1,0 +1,220 @@
+"""sample.rollout.kind=tool: the model runs Python while it answers, and reads what it printed (ReTool).
+
+    sample:
+      rollout: {kind: tool, max_turns: 3, episode_tokens: 256}
+
+The loop, for every episode of a unit at once:
+
+1. The model writes. Generation stops at a closing fence (a line of three backticks, a stop
+   string), at the end of its turn, or at the episode's token budget.
+2. Stopped at a fence that closes a ```python block, the block runs in the sandbox
+   (data/sandbox.py, the code check's settings and limits: `sandbox`, `cpu_s`, `wall_s`, ...).
+   What it printed, cut to `output_chars`, goes into the episode as a tool segment, an
+   ```output block, and the model writes on. A program that fails, times out or prints past
+   the limit gives a tool segment that says so; the episode goes on. A fence that closes any
+   other block, or opens one, is text: the model writes on in the same turn.
+3. An episode ends when the model ends its turn, after `max_turns` generations (the last one
+   runs no program), or when its model and tool tokens reach `episode_tokens`.
+
+Why a fenced block and not tags: the default model writes ```python blocks by itself when told
+it can run Python (greedy, 32 two-digit products: 0 calls of 32 with <code> tags in the
+template). Its fences are the format it already has. A fence closes with the same backticks
+that open one, so the stop string fires at both; which one it was is read from the fences of
+the turn, and an opening fence just continues the generation.
+
+Why no state across calls: every call is a fresh interpreter in a fresh sandbox. A program
+that needs an earlier value defines it again. A live interpreter per episode would hold a
+process and its memory across the whole unit, outlive a killed stage, and make a resumed
+episode depend on replaying side effects. Fresh calls are bounded, independent, and their
+output depends on their program alone, so a resumed unit equals an uninterrupted one.
+
+The whole episode is one assistant turn: the prompt is templated once, and every later token
+is appended as ids (the model's as the engine produced them, the tool's as encoded). No chat
+template ever re-renders an earlier turn, so the ids trained on are the ids sampled.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from ratchet.data.events import Figure, Shows
+from ratchet.data.records import Completion, Prompt, Segment
+from ratchet.data.sandbox import SandboxSettings
+from ratchet.models.sampler import SamplingParams, chat_token_ids
+from ratchet.tasks.rollouts import Rollout
+
+STOP = "\n```\n"  # a fence line: it closes a block (or opens a bare one)
+PYTHON = ("python", "py", "python3")
+TEMPLATE = ("{prompt}\n\nYou can run Python to help you: write a program in a ```python block, and what it prints "
+            "appears in an ```output block after it. Then give the final answer.")
+
+
+@dataclass
+class _Episode:
+    prompt: Prompt
+    index: int
+    context: list[int]  # the prompt's ids, then every segment's
+    segments: list[Segment] = field(default_factory=list)
+    used: int = 0  # tokens after the prompt, the model's and the tool's
+    generated: int = 0  # the model's tokens
+    calls: int = 0
+    errors: int = 0
+    finish: str | None = None
+    done: bool = False
+
+    def add(self, role: str, text: str, ids: tuple[int, ...]) -> None:
+        """Append a segment; the model's text right after the model's (a generation that went on
+        past a fence that was not a program's end) joins its segment."""
+        last = self.segments[-1] if self.segments else None
+        if last is not None and last.role == role == "model":
+            self.segments[-1] = Segment(role=role, text=last.text + text, token_ids=last.token_ids + tuple(ids))
+        else:
+            self.segments.append(Segment(role=role, text=text, token_ids=tuple(ids)))
+        self.context.extend(ids)
+        self.used += len(ids)
+
+
+def program_of(text: str) -> str | None:
+    """The program a model turn asks to run: the ```python block its last fence line closes; None
+    where that fence opens a block or closes one in another language (text, not a call)."""
+    lines = text.split("\n")
+    fences = [i for i, line in enumerate(lines) if line.strip().startswith("```")]
+    if len(fences) % 2 or not fences:
+        return None
+    start, end = fences[-2], fences[-1]
+    if lines[start].strip()[3:].strip().lower() not in PYTHON or lines[end].strip() != "```":
+        return None
+    return "\n".join(lines[start + 1 : end])
+
+
+class ToolRollout(Rollout, SandboxSettings):
+    """The model runs ```python blocks mid-answer in a sandbox and reads what they print."""
+
+    multi_turn: ClassVar[bool] = True
+    shows: ClassVar[Shows] = Shows(figures=(Figure(
+        "Tool use per round", "tool_use.png", "tool calls per episode", ("tool_calls_per_episode", "calls per episode"),
+        ("tool_used_frac", "answers that used the tool (%)", "episodes with a call (%)")),))
+    kind: Literal["tool"] = "tool"
+    max_turns: int = Field(default=4, ge=1, le=64, description="generations per episode; each but the last may "
+                           "end in a program")
+    episode_tokens: int = Field(default=256, ge=1, description="tokens one episode may add after its prompt, the "
+                                "model's and the tool output's together")
+    output_chars: int = Field(default=400, ge=16, le=1 << 16, description="a call's output past this many characters "
+                              "is cut (its head and its tail are kept)")
+    template: str = Field(default=TEMPLATE, description="the user message, with {prompt} where the task's prompt goes: "
+                          "it tells the model that the tool exists and how to call it")
+    wall_s: float = Field(default=5.0, gt=0, le=3600, description="seconds one call may take")
+
+    @field_validator("template")
+    @classmethod
+    def _has_prompt(cls, v: str) -> str:
+        if "{prompt}" not in v:
+            raise ValueError(f"sample.rollout.template={v[:60]!r} has no {{prompt}}; put {{prompt}} where the task's "
+                             "prompt goes")
+        return v
+
+    def wrap(self, prompt: str) -> str:
+        return self.template.replace("{prompt}", prompt)
+
+    def budget(self, max_tokens: int) -> int:
+        return self.episode_tokens
+
+    def checks(self, pipeline) -> list[str]:
+        label = pipeline.label
+        if label.consumes != "samples":
+            return [f"sample.rollout.kind='tool' is not used by {label.setting()}: it searches from the prompts with "
+                    "its own single-turn rollouts and never reads the sample stage; set sample.rollout.kind=single, "
+                    "or a label kind that reads the samples"]
+        if pipeline.sample.max_tokens > self.episode_tokens:
+            return [f"sample.max_tokens={pipeline.sample.max_tokens} (one model turn) is more than "
+                    f"sample.rollout.episode_tokens={self.episode_tokens} (the whole episode); raise episode_tokens "
+                    "or lower sample.max_tokens"]
+        return []
+
+    def problems(self) -> list[str]:
+        return self.probe("sample.rollout")
+
+    def roll(self, sampler, prompts: list[Prompt], params: SamplingParams,
+             seed: int) -> tuple[list[Completion], dict[str, float]]:
+        base = chat_token_ids(sampler.tokenizer, [self.wrap(p.prompt) for p in prompts])
+        eps = [_Episode(p, i, list(ids)) for p, ids in zip(prompts, base) for i in range(params.n)]
+        tool_s = 0.0
+        for turn in range(self.max_turns):
+            live = [e for e in eps if not e.done]
+            if not live:
+                break
+            rooms: dict[int, list[_Episode]] = {}
+            for e in live:  # a turn may take what is left of the episode's budget, at most max_tokens
+                rooms.setdefault(min(params.max_tokens, self.episode_tokens - e.used), []).append(e)
+            calls: list[tuple[_Episode, str]] = []
+            for room, group in sorted(rooms.items()):
+                step = params.model_copy(update={"n": 1, "max_tokens": room, "stop": (STOP,)})
+                gens = sampler.generate_ids([e.context for e in group], step,
+                                            seed=(seed * 1_000_003 + turn * 8_191 + room) % (1 << 62))
+                for e, (g,) in zip(group, gens):
+                    e.add("model", g.text, g.token_ids)
+                    e.generated += len(g.token_ids)
+                    if g.stop != STOP:  # the end of its turn, or of its tokens
+                        e.done, e.finish = True, g.finish_reason
+                    elif turn + 1 == self.max_turns or e.used >= self.episode_tokens:
+                        e.done, e.finish = True, "length"  # no generation or token left to go on with
+                    elif (program := program_of(e.segments[-1].text)) is not None:
+                        calls.append((e, program))
+            t = time.time()
+            with ThreadPoolExecutor(max_workers=self.workers) as pool:
+                outputs = list(pool.map(self.call, [program for _, program in calls]))
+            tool_s += time.time() - t
+            for (e, _), (text, failed) in zip(calls, outputs):
+                e.calls += 1
+                e.errors += failed
+                ids = tuple(sampler.tokenizer.encode(text, add_special_tokens=False))
+                if e.used + len(ids) >= self.episode_tokens:  # no room left to read it and answer
+                    e.done, e.finish = True, "length"
+                else:
+                    e.add("tool", text, ids)
+        rows = [Completion(prompt_id=e.prompt.id, prompt=e.prompt.prompt, answer=e.prompt.answer,
+                           fields=e.prompt.fields, index=e.index, text="".join(s.text for s in e.segments),
+                           n_tokens=e.generated, finish_reason=e.finish, prompt_ids=tuple(ids),
+                           segments=tuple(e.segments))
+                for e, ids in zip(eps, (b for b in base for _ in range(params.n)))]
+        return rows, {"gen_tokens": sum(e.generated for e in eps), "episodes": len(eps),
+                      "turns": sum(sum(s.role == "model" for s in e.segments) for e in eps),
+                      "tool_calls": sum(e.calls for e in eps), "tool_errors": sum(e.errors for e in eps),
+                      "tool_used": sum(e.calls > 0 for e in eps), "tool_s": tool_s}
+
+    def call(self, program: str) -> tuple[str, bool]:
+        """One call: the tool segment's text, and whether the call failed."""
+        ran = self.run({"program.py": program}, ["{box}/program.py"])
+        said = ran.stdout
+        if ran.status != 0 and ran.stderr.strip():
+            said += ("\n" if said and not said.endswith("\n") else "") + ran.stderr
+        if ran.timed_out:
+            said += f"\n[stopped: the program ran past {self.wall_s:g} s]"
+        elif ran.cut:
+            said += f"\n[stopped: the program printed past {self.output_kb} KiB]"
+        elif ran.status != 0:
+            said += f"\n[exit status {ran.status}]"
+        return self.segment(said), ran.status != 0 or ran.timed_out or ran.cut
+
+    def segment(self, said: str) -> str:
+        """A call's output as the model reads it: cut to output_chars, head and tail kept."""
+        if len(said) > self.output_chars:
+            half = self.output_chars // 2
+            said = f"{said[:half]}\n[... {len(said) - 2 * half} characters cut ...]\n{said[-half:]}"
+        return f"```output\n{said.strip(chr(10))}\n```\n"
+
+    def metrics(self, cost: dict[str, float]) -> dict[str, float]:
+        n = max(cost.get("episodes", 0), 1)
+        return {"turns_per_episode": cost.get("turns", 0) / n, "tool_calls_per_episode": cost.get("tool_calls", 0) / n,
+                "tool_error_frac": cost.get("tool_errors", 0) / max(cost.get("tool_calls", 0), 1),
+                "tool_used_frac": cost.get("tool_used", 0) / n, "tool_calls": cost.get("tool_calls", 0),
+                "tool_errors": cost.get("tool_errors", 0), "tool_s": cost.get("tool_s", 0.0)}
+
+    def summary(self, m: dict[str, float]) -> list[str]:
+        return [f"{m.get('tool_calls_per_episode', 0):.2f} tool calls/episode",
+                f"{m.get('tool_used_frac', 0):.0%} used the tool", f"{m.get('tool_error_frac', 0):.0%} of calls failed"]
