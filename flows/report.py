@@ -138,10 +138,12 @@ def _save(fig, path: Path) -> Path:
 
 
 def declared() -> list[tuple[str, Shows]]:
-    """(section, what it shows) of every registered label and filter kind."""
+    """(section, what it shows) of every registered label, filter and rollout kind."""
     from ratchet.flows.config import kinds_of
+    from ratchet.tasks.sample import ROLLOUTS
 
-    return [(sec, k.shows) for sec in ("label", "filter") for k in kinds_of(sec).values()]
+    return [(sec, k.shows) for sec in ("label", "filter") for k in kinds_of(sec).values()] + \
+        [("sample", k.shows) for k in ROLLOUTS.values()]
 
 
 def training_rows(m: dict[str, float], shown: list[tuple[str, Shows]]) -> tuple[float, str] | None:

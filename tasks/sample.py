@@ -10,6 +10,7 @@ the missing units and gets the same text it would have.
 from __future__ import annotations
 
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -30,6 +31,8 @@ from ratchet.tasks.units import ExecutorConfig, UnitWork, run_units
 
 # The rollout kinds (tasks/rollouts/), one line each: how a prompt becomes a completion or a trajectory
 RolloutConfig = Annotated[SingleRollout | ToolRollout, Field(discriminator="kind")]
+ROLLOUTS: dict[str, type[Rollout]] = {c.model_fields["kind"].default: c
+                                      for c in typing.get_args(typing.get_args(RolloutConfig)[0])}
 
 
 class SparseRollout(BaseModel):

@@ -35,9 +35,11 @@ def test_flows_name_no_kind():
 
 def _kind_metrics() -> set[str]:
     """The metric keys a kind declares (what it shows), and the ones its summary reads."""
+    from ratchet.tasks.sample import ROLLOUTS
+
     keys = set()
-    for section in ("label", "filter"):
-        for kind in kinds_of(section).values():
+    for kinds in [kinds_of("label"), kinds_of("filter"), ROLLOUTS]:
+        for kind in kinds.values():
             s = kind.shows
             keys |= {k for k, _ in s.agreement} | ({s.rows[0]} if s.rows else set())
             keys |= {s.throughput} if s.throughput else set()
@@ -48,7 +50,7 @@ def _kind_metrics() -> set[str]:
 def test_flows_name_no_metric_of_a_kind():
     """The report and the console ask the kinds what to draw: no kind's metric is named in flows/."""
     keys = _kind_metrics()
-    assert {"pairs", "accepted", "pair_accuracy", "mcts_tokens_per_s", "mcts_solved_frac"} <= keys
+    assert {"pairs", "accepted", "pair_accuracy", "mcts_tokens_per_s", "mcts_solved_frac", "tool_used_frac"} <= keys
     found = []
     for path in sorted(FLOWS.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
