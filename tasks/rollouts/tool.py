@@ -36,7 +36,7 @@ template ever re-renders an earlier turn, so the ids trained on are the ids samp
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -64,6 +64,7 @@ class _Episode:
     generated: int = 0  # the model's tokens
     calls: int = 0
     errors: int = 0
+    tool_s: float = 0.0
     finish: str | None = None
     done: bool = False
 
@@ -109,6 +110,9 @@ class ToolRollout(Rollout, SandboxSettings):
     template: str = Field(default=TEMPLATE, description="the user message, with {prompt} where the task's prompt goes: "
                           "it tells the model that the tool exists and how to call it")
     wall_s: float = Field(default=5.0, gt=0, le=3600, description="seconds one call may take")
+    overlap: bool = Field(default=True, description="a unit's episodes in two halves that take turns: one half's "
+                          "programs run while the other half generates (false: all episodes generate together, "
+                          "then all their programs run)")
 
     @field_validator("template")
     @classmethod
@@ -141,42 +145,27 @@ class ToolRollout(Rollout, SandboxSettings):
 
     def roll(self, sampler, prompts: list[Prompt], params: SamplingParams,
              seed: int) -> tuple[list[Completion], dict[str, float]]:
+        """The unit's episodes in two halves that take turns on the engine: while one half
+        generates, the other half's programs run, so a tool call holds no episode but its own."""
         base = chat_token_ids(sampler.tokenizer, [self.wrap(p.prompt) for p in prompts])
         eps = [_Episode(p, i, list(ids)) for p, ids in zip(prompts, base) for i in range(params.n)]
-        tool_s = 0.0
-        for turn in range(self.max_turns):
-            live = [e for e in eps if not e.done]
-            if not live:
-                break
-            rooms: dict[int, list[_Episode]] = {}
-            for e in live:  # a turn may take what is left of the episode's budget, at most max_tokens
-                rooms.setdefault(min(params.max_tokens, self.episode_tokens - e.used), []).append(e)
-            calls: list[tuple[_Episode, str]] = []
-            for room, group in sorted(rooms.items()):
-                step = params.model_copy(update={"n": 1, "max_tokens": room, "stop": (STOP,)})
-                gens = sampler.generate_ids([e.context for e in group], step,
-                                            seed=(seed * 1_000_003 + turn * 8_191 + room) % (1 << 62))
-                for e, (g,) in zip(group, gens):
-                    e.add("model", g.text, g.token_ids)
-                    e.generated += len(g.token_ids)
-                    if g.stop != STOP:  # the end of its turn, or of its tokens
-                        e.done, e.finish = True, g.finish_reason
-                    elif turn + 1 == self.max_turns or e.used >= self.episode_tokens:
-                        e.done, e.finish = True, "length"  # no generation or token left to go on with
-                    elif (program := program_of(e.segments[-1].text)) is not None:
-                        calls.append((e, program))
-            t = time.time()
-            with ThreadPoolExecutor(max_workers=self.workers) as pool:
-                outputs = list(pool.map(self.call, [program for _, program in calls]))
-            tool_s += time.time() - t
-            for (e, _), (text, failed) in zip(calls, outputs):
-                e.calls += 1
-                e.errors += failed
-                ids = tuple(sampler.tokenizer.encode(text, add_special_tokens=False))
-                if e.used + len(ids) >= self.episode_tokens:  # no room left to read it and answer
-                    e.done, e.finish = True, "length"
-                else:
-                    e.add("tool", text, ids)
+        half = (len(eps) + 1) // 2 if self.overlap else len(eps)
+        cohorts = [c for c in (eps[:half], eps[half:]) if c]
+        pending: list[list[tuple[_Episode, Future]]] = [[] for _ in cohorts]
+        waited = 0.0
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            for turn in range(self.max_turns + 1):
+                for c, cohort in enumerate(cohorts):
+                    t = time.time()
+                    for e, call in pending[c]:  # its programs ran while the other half generated
+                        self.read(sampler, e, *call.result())
+                    waited += time.time() - t
+                    pending[c] = []
+                    if turn == self.max_turns or not (live := [e for e in cohort if not e.done]):
+                        continue
+                    for e, program in self.generate(sampler, live, params, turn,
+                                                    (seed * 1_000_003 + c * 7_919 + turn * 8_191) % (1 << 61)):
+                        pending[c].append((e, pool.submit(self.call, program)))
         rows = [Completion(prompt_id=e.prompt.id, prompt=e.prompt.prompt, answer=e.prompt.answer,
                            fields=e.prompt.fields, index=e.index, text="".join(s.text for s in e.segments),
                            n_tokens=e.generated, finish_reason=e.finish, prompt_ids=tuple(ids),
@@ -185,10 +174,44 @@ class ToolRollout(Rollout, SandboxSettings):
         return rows, {"gen_tokens": sum(e.generated for e in eps), "episodes": len(eps),
                       "turns": sum(sum(s.role == "model" for s in e.segments) for e in eps),
                       "tool_calls": sum(e.calls for e in eps), "tool_errors": sum(e.errors for e in eps),
-                      "tool_used": sum(e.calls > 0 for e in eps), "tool_s": tool_s}
+                      "tool_used": sum(e.calls > 0 for e in eps), "tool_s": sum(e.tool_s for e in eps),
+                      "tool_wait_s": waited}
 
-    def call(self, program: str) -> tuple[str, bool]:
-        """One call: the tool segment's text, and whether the call failed."""
+    def generate(self, sampler, live: list[_Episode], params: SamplingParams, turn: int,
+                 seed: int) -> list[tuple[_Episode, str]]:
+        """One generation for each live episode; the programs they ask to run."""
+        rooms: dict[int, list[_Episode]] = {}
+        for e in live:  # a generation may take what is left of the episode's budget, at most max_tokens
+            rooms.setdefault(min(params.max_tokens, self.episode_tokens - e.used), []).append(e)
+        calls: list[tuple[_Episode, str]] = []
+        for room, group in sorted(rooms.items()):
+            step = params.model_copy(update={"n": 1, "max_tokens": room, "stop": (STOP,)})
+            gens = sampler.generate_ids([e.context for e in group], step, seed=(seed + room) % (1 << 62))
+            for e, (g,) in zip(group, gens):
+                e.add("model", g.text, g.token_ids)
+                e.generated += len(g.token_ids)
+                if g.stop != STOP:  # the end of its turn, or of its tokens
+                    e.done, e.finish = True, g.finish_reason
+                elif turn + 1 == self.max_turns or e.used >= self.episode_tokens:
+                    e.done, e.finish = True, "length"  # no generation or token left to go on with
+                elif (program := program_of(e.segments[-1].text)) is not None:
+                    calls.append((e, program))
+        return calls
+
+    def read(self, sampler, e: _Episode, text: str, failed: bool, took: float) -> None:
+        """A finished call into its episode: its output as a tool segment, if the episode has room."""
+        e.calls += 1
+        e.errors += failed
+        e.tool_s += took
+        ids = tuple(sampler.tokenizer.encode(text, add_special_tokens=False))
+        if e.used + len(ids) >= self.episode_tokens:  # no room left to read it and answer
+            e.done, e.finish = True, "length"
+        else:
+            e.add("tool", text, ids)
+
+    def call(self, program: str) -> tuple[str, bool, float]:
+        """One call: the tool segment's text, whether the call failed, and its seconds."""
+        t = time.time()
         ran = self.run({"program.py": program}, ["{box}/program.py"])
         said = ran.stdout
         if ran.status != 0 and ran.stderr.strip():
@@ -199,7 +222,7 @@ class ToolRollout(Rollout, SandboxSettings):
             said += f"\n[stopped: the program printed past {self.output_kb} KiB]"
         elif ran.status != 0:
             said += f"\n[exit status {ran.status}]"
-        return self.segment(said), ran.status != 0 or ran.timed_out or ran.cut
+        return self.segment(said), ran.status != 0 or ran.timed_out or ran.cut, time.time() - t
 
     def segment(self, said: str) -> str:
         """A call's output as the model reads it: cut to output_chars, head and tail kept."""
@@ -213,7 +236,8 @@ class ToolRollout(Rollout, SandboxSettings):
         return {"turns_per_episode": cost.get("turns", 0) / n, "tool_calls_per_episode": cost.get("tool_calls", 0) / n,
                 "tool_error_frac": cost.get("tool_errors", 0) / max(cost.get("tool_calls", 0), 1),
                 "tool_used_frac": cost.get("tool_used", 0) / n, "tool_calls": cost.get("tool_calls", 0),
-                "tool_errors": cost.get("tool_errors", 0), "tool_s": cost.get("tool_s", 0.0)}
+                "tool_errors": cost.get("tool_errors", 0), "tool_s": cost.get("tool_s", 0.0),
+                "tool_wait_s": cost.get("tool_wait_s", 0.0)}
 
     def summary(self, m: dict[str, float]) -> list[str]:
         return [f"{m.get('tool_calls_per_episode', 0):.2f} tool calls/episode",

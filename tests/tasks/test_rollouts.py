@@ -383,3 +383,38 @@ def test_the_majority_vote_counts_final_answers(tok):
     assert len({r.segments[1].text for r in rows}) == 2  # the programs printed different numbers
     out, m = majority_vote(rows, NumberCheck(), ConsistencyLabel(min_votes=2))
     assert {r.extracted for r in out} == {"42"} and all(r.reward == 1.0 for r in out) and m["agreement_mean"] == 1.0
+
+
+def test_programs_run_while_the_other_half_of_the_unit_generates(tok):
+    """With overlap, a half's calls run during the other half's generation; without it, no call
+    runs while the engine generates. The (scripted) episodes come out the same either way."""
+    import time
+
+    class Slow(Scripted):
+        def generate_ids(self, contexts, params, seed):
+            t = time.monotonic()
+            time.sleep(0.5)
+            out = super().generate_ids(contexts, params, seed)
+            self.busy.append((t, time.monotonic()))
+            return out
+
+    class Timed(ToolRollout):
+        def call(self, program):
+            t = time.monotonic()
+            out = super().call(program)
+            spans.append((t, time.monotonic()))
+            return out
+
+    script = {f"q{i}": ["```python\nprint(1)\n```\n", "```python\nprint(2)\n```\n", "Done."] for i in range(4)}
+    results = {}
+    for overlap in (True, False):
+        spans = []
+        engine = Slow(tok, script)
+        engine.busy = []
+        rows, cost = Timed(**FAST, overlap=overlap).roll(engine, [P(f"q{i}", i) for i in range(4)],
+                                                        SamplingParams(n=1, max_tokens=32), 5)
+        overlapping = [s for s in spans if any(s[0] < b and a < s[1] for a, b in engine.busy)]
+        results[overlap] = (rows, overlapping, cost)
+    assert results[True][1] and not results[False][1]
+    assert results[True][2]["tool_calls"] == results[False][2]["tool_calls"] == 8
+    assert [r.segments for r in results[True][0]] == [r.segments for r in results[False][0]]
