@@ -418,3 +418,28 @@ def test_programs_run_while_the_other_half_of_the_unit_generates(tok):
     assert results[True][1] and not results[False][1]
     assert results[True][2]["tool_calls"] == results[False][2]["tool_calls"] == 8
     assert [r.segments for r in results[True][0]] == [r.segments for r in results[False][0]]
+
+
+@pytest.mark.integration
+def test_a_resumed_tool_stage_on_the_tiny_model_writes_the_same_bytes(tiny_model, tmp_path):
+    """The real engine path (HF generate from token ids, sampling at temperature 1): a unit lost
+    and redone comes out byte-identical. (A random model writes no program: the scripted test
+    above resumes episodes that call the tool.)"""
+    from ratchet.models.sampler import open_sampler
+
+    engine = open_sampler(tiny_model, SamplerConfig(backend="hf", dtype="float32"), seed=0)
+    prompts = [P(f"What is {i} * 7?", i) for i in range(4)]
+
+    def work():
+        return Given(model=Path("unused"), sampler=SamplerConfig(backend="hf"), seed=3, items=prompts, size=2,
+                     params=SamplingParams(n=2, temperature=1.0, max_tokens=6), engine=engine,
+                     rollout=ToolRollout(**FAST, episode_tokens=12))
+
+    full = run_units(work(), tmp_path / "a").shards
+    assert len({r.text for r in read_jsonl(full.path(0), Completion)}) > 1
+    killed = run_units(work(), tmp_path / "b").shards
+    killed.path(1).unlink()
+    (tmp_path / "b" / "00001.cost.json").unlink()
+    assert run_units(work(), tmp_path / "b").reused == 1
+    for i in range(2):
+        assert full.path(i).read_bytes() == killed.path(i).read_bytes(), i
