@@ -8,7 +8,6 @@ against exactly what the engine read."""
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,9 +16,10 @@ from ratchet.data.records import Completion, PairRow, Prompt, SFTRow, read_jsonl
 from ratchet.models.sampler import Generation, SamplerConfig, SamplingParams
 from ratchet.tasks.rollouts.single import SingleRollout
 from ratchet.tasks.rollouts.tool import STOP, ToolRollout, program_of
-from ratchet.tasks.sample import SampleConfig, SampleWork
+from ratchet.tasks.sample import SampleConfig
 from ratchet.tasks.units import run_units
 from tests.hostile import adopting, hostile_programs, leftovers, listener  # noqa: F401 - fixtures
+from tests.tasks.test_sample import Given
 
 ROOT = Path(__file__).parents[2]
 FAST = dict(cpu_s=2, wall_s=3.0, memory_mb=256, processes=8, output_kb=64)
@@ -161,19 +161,6 @@ def test_hostile_programs_inside_tool_calls_are_contained(tok, tmp_path, listene
     assert leftovers() == []
     assert os.listdir(canary) == [] and set(os.listdir(Path.home())) == home_before
     assert not os.path.exists("/etc/pwned-by-ratchet-test") and connections == []
-
-
-@dataclass
-class Given(SampleWork):
-    """SampleWork on an engine the test holds."""
-
-    engine: object = None
-
-    def open(self):
-        return self.engine
-
-    def close(self, engine):
-        pass
 
 
 def test_a_resumed_tool_stage_redoes_only_its_missing_unit_byte_for_byte(tok, tmp_path):
