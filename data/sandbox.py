@@ -136,19 +136,19 @@ def _watch(cmd: list[str], stdin: str, limits: Limits, kw: dict) -> Ran:
                                 start_new_session=True, preexec_fn=child_dies_with_parent(), **kw)
     except OSError as e:
         raise SandboxError(f"{cmd[0]} could not start: {e}") from None
-    try:
-        proc.stdin.write(stdin.encode("utf-8", "replace"))
-    except OSError:
-        pass  # it does not read its input, or has exited
-    finally:
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
+    # Its input is written as it reads it, while its output is read: a program that answers a
+    # line at a time fills its output pipe long before a large input is all written, and would
+    # wait on us while we waited on it. The wall time counts from here, writing included.
+    data, sent = memoryview(stdin.encode("utf-8", "replace")), 0
     out, err, cut, timed_out = bytearray(), bytearray(), False, False
     cap = limits.output_kb << 10
     deadline = time.monotonic() + limits.wall_s
     sel = selectors.DefaultSelector()
+    if data:
+        os.set_blocking(proc.stdin.fileno(), False)
+        sel.register(proc.stdin, selectors.EVENT_WRITE, None)
+    else:
+        _close(proc.stdin)
     sel.register(proc.stdout, selectors.EVENT_READ, out)
     sel.register(proc.stderr, selectors.EVENT_READ, err)
     open_streams = 2
@@ -158,6 +158,17 @@ def _watch(cmd: list[str], stdin: str, limits: Limits, kw: dict) -> Ran:
             timed_out = True
             break
         for key, _ in sel.select(timeout=min(left, 1.0)):
+            if key.fileobj is proc.stdin:
+                try:
+                    sent += os.write(proc.stdin.fileno(), data[sent : sent + 65536])
+                except BlockingIOError:
+                    continue
+                except OSError:  # it does not read its input, or has exited
+                    sent = len(data)
+                if sent >= len(data):
+                    sel.unregister(proc.stdin)
+                    _close(proc.stdin)
+                continue
             chunk = os.read(key.fileobj.fileno(), 65536)
             if not chunk:
                 sel.unregister(key.fileobj)
@@ -170,6 +181,7 @@ def _watch(cmd: list[str], stdin: str, limits: Limits, kw: dict) -> Ran:
         if cut:
             break
     sel.close()
+    _close(proc.stdin)
     if cut or timed_out:
         _kill(proc)
     status = _reap(proc, deadline)
@@ -178,6 +190,13 @@ def _watch(cmd: list[str], stdin: str, limits: Limits, kw: dict) -> Ran:
         status, timed_out = proc.wait(), True
     return Ran(status, bytes(out[:cap]).decode("utf-8", "replace"), timed_out, cut,
                bytes(err[-2000:]).decode("utf-8", "replace"))
+
+
+def _close(stream) -> None:
+    try:
+        stream.close()
+    except OSError:
+        pass
 
 
 def _reap(proc, deadline: float) -> int | None:

@@ -2,6 +2,7 @@
 contained and scored as failures while the rest of the batch is checked as usual; afterwards
 no process of theirs is left and nothing was written outside."""
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -121,3 +122,20 @@ def test_the_built_in_code_task_is_solvable_and_not_passed_by_nothing():
     assert not any(v.correct for v in c.check_many([Item("```python\npass\n```", r["answer"]) for r in rows.values()]))
     cfg = load_config(root / "flows" / "configs" / "code_rft.yaml", [])
     assert cfg.data.check.kind == "code" and cfg.data.path.endswith("problems.jsonl")
+
+
+def test_a_program_that_answers_line_by_line_reads_a_megabyte_without_blocking():
+    """Its input is written while its output is read: with all of it written first, a line-echo
+    program fills its output pipe and both sides wait forever (here: until the wall time)."""
+    from ratchet.data.sandbox import Limits, run
+
+    echo = "import sys\nfor line in sys.stdin:\n    sys.stdout.write(line)\n    sys.stdout.flush()"
+    given = "".join(f"line {i:07d} of a long input\n" for i in range(32_000))  # ~1 MiB
+    for sandbox in ("bwrap", "none"):
+        ran = run({"echo.py": echo}, ["python3", "{box}/echo.py"], given,
+                  Limits(cpu_s=10, wall_s=20, memory_mb=256, processes=8, output_kb=2048), sandbox)
+        assert (ran.status, ran.timed_out, ran.cut) == (0, False, False), (sandbox, ran.stderr[-500:])
+        assert ran.stdout == given, sandbox
+    c = CodeCheck(**{**FAST, "output_kb": 2048, "wall_s": 20.0})
+    (v,) = c.check_many([Item(f"```python\n{echo}\n```", json.dumps([{"input": given, "output": given}]))])
+    assert v.correct
