@@ -2,15 +2,20 @@
 
   1. single: one generation per sample (sample.rollout.kind=single)
   2. tool, overlapped: the unit's two halves take turns, one half's programs run while the
-     other half generates (the default)
-  3. tool, in lockstep: every episode generates, then every program runs (overlap: false)
+     other half generates (overlap: true; the default where the engine is on a GPU)
+  3. tool, in lockstep: every episode generates, then every program runs (overlap: false; the
+     default on a CPU)
 
 Each prints its generated tokens per second (the model's tokens over the whole rollout's wall
 time, programs included), its calls, and the share of wall time the engine sat waiting on
 programs. The prompts are reasoning-gym products (the tool_rft.yaml task), so the model calls
 the tool.
 
-    python bench/tool_bench.py [--prompts 32] [--n 4] [--max-tokens 96]
+    python bench/tool_bench.py [--prompts 32] [--n 4] [--max-tokens 96] [--block-size 64]
+
+`--block-size` is the engine's KV-cache block size (sampler.block_size; unset: vLLM's, 128 on
+CPU). A prefix is reused in whole blocks, so it decides whether a continued episode re-reads
+its earlier turns.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--block-size", type=int, default=None)
     a = ap.parse_args()
 
     from ratchet.data.sources.reasoning_gym import ReasoningGymSource
@@ -36,12 +42,15 @@ def main() -> None:
     src = ReasoningGymSource(dataset="products", config={"min_terms": 2, "max_terms": 2, "min_digits": 2,
                                                           "max_digits": 3}, eval_size=a.prompts, train_size=8)
     prompts = src.load(seed=0, train_answers=True).eval
-    engine = open_sampler(default_model_dir(), SamplerConfig(backend="vllm", kv_cache_gb=4), seed=0)
+    engine = open_sampler(default_model_dir(), SamplerConfig(backend="vllm", kv_cache_gb=4, block_size=a.block_size),
+                          seed=0)
     params = SamplingParams(n=a.n, temperature=a.temperature, top_k=50, max_tokens=a.max_tokens)
     engine.generate([p.prompt for p in prompts[:4]], params, seed=1)  # warm-up, not measured
-    runs = [("single", SingleRollout()), ("tool, overlapped", ToolRollout()),
+    runs = [("single", SingleRollout()), ("tool, overlapped", ToolRollout(overlap=True)),
             ("tool, lockstep", ToolRollout(overlap=False))]
-    print(f"{len(prompts)} prompts x {a.n} samples, max_tokens={a.max_tokens}, default model on vLLM")
+    block = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    print(f"{len(prompts)} prompts x {a.n} samples, max_tokens={a.max_tokens}, default model on vLLM, KV blocks of "
+          f"{block} tokens")
     print(f"{'rollout':<18} {'wall s':>7} {'gen tok':>8} {'tok/s':>7} {'vs single':>9} {'calls':>6} "
           f"{'used tool':>9} {'waiting on tools':>16}")
     base = None

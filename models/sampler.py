@@ -30,6 +30,10 @@ class SamplerConfig(BaseModel):
     gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1, description="vLLM GPU memory fraction")
     tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM tensor parallel GPUs")
     enforce_eager: bool = Field(default=True, description="skip vLLM graph capture/compile (faster start on CPU)")
+    block_size: int | None = Field(default=None, ge=16, le=256, description="vLLM KV-cache block size in tokens "
+                                   "(unset: vLLM's, 128 on CPU; a multiple of 32 there). Prefixes are reused in "
+                                   "whole blocks: smaller blocks let n samples share their prompt and a multi-turn "
+                                   "episode its earlier turns (tool rollouts: 64 ran 1.4x faster than 128 here)")
     hf_batch_size: int = Field(default=64, ge=1, description="prompts per HF generate call")
 
 
@@ -137,6 +141,8 @@ class VLLMSampler:
             enforce_eager=cfg.enforce_eager,
             seed=seed,
         )
+        if cfg.block_size is not None:
+            kwargs["block_size"] = cfg.block_size
         if not cpu:
             kwargs.update(
                 gpu_memory_utilization=cfg.gpu_memory_utilization,
