@@ -50,8 +50,8 @@ from ratchet.tasks.rollouts import Rollout
 
 STOP = "\n```\n"  # a fence line: it closes a block (or opens a bare one)
 PYTHON = ("python", "py", "python3")
-TEMPLATE = ("{prompt}\n\nYou can run Python to help you: write a program in a ```python block, and what it prints "
-            "appears in an ```output block after it. Then give the final answer.")
+TEMPLATE = ("{prompt}\n\nYou can run Python: write a ```python block that prints the result, and its output appears "
+            "in an ```output block. Then write the final answer.")
 
 
 @dataclass
