@@ -9,14 +9,38 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-from pathlib import Path
-from typing import Any
+import re
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ratchet.data.digest import sha256_json
+from ratchet.data.errors import ArtifactError
 
 MANIFEST = "manifest.json"
+STAGE_DIR = re.compile(r"stages/[a-z][a-z0-9_.-]{0,63}-[0-9a-z]{16}")  # the store writes hex keys
+
+
+def _stage_dir(rel: str) -> str:
+    """A manifest names directories of its own store only: `stages/<stage>-<key>`."""
+    if not STAGE_DIR.fullmatch(rel):
+        raise ValueError(f"{rel!r} is not a stage directory of a Ratchet store (stages/<stage>-<key>)")
+    return rel
+
+
+def _output_name(name: str) -> str:
+    """An output is a file inside its stage directory: a relative POSIX path with no `..`, `.`
+    or empty part, so no reader (verify, export, lineage) is sent outside the directory."""
+    parts = name.split("/")
+    if (not name or PurePosixPath(name).is_absolute() or "\\" in name or "\0" in name
+            or any(part in ("", ".", "..") for part in parts)):
+        raise ValueError(f"output name {name!r} is not a relative path inside the stage directory")
+    return name
+
+
+StageDir = Annotated[str, AfterValidator(_stage_dir)]
+OutputName = Annotated[str, AfterValidator(_output_name)]
 
 
 class FileRef(BaseModel):
@@ -32,7 +56,7 @@ class ParentRef(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     stage: str
     key: str
-    dir: str = Field(description="stage directory relative to the store root")
+    dir: StageDir = Field(description="stage directory relative to the store root")
     content: str = Field(description="digest over the parent's output digests")
 
 
@@ -43,11 +67,11 @@ class StageManifest(BaseModel):
     stage: str = Field(description="stage name: base, sample, label, filter, train, evaluate")
     round: int = Field(ge=0)
     key: str = Field(description="cache key: stage + code version + config + parent contents")
-    dir: str = Field(description="stage directory relative to the store root")
+    dir: StageDir = Field(description="stage directory relative to the store root")
     code_version: str
     config: dict[str, Any] = Field(default_factory=dict, description="the config slice used")
     parents: list[ParentRef] = Field(default_factory=list)
-    outputs: dict[str, FileRef] = Field(default_factory=dict, description="relative path -> digest")
+    outputs: dict[OutputName, FileRef] = Field(default_factory=dict, description="relative path -> digest")
     metrics: dict[str, float] = Field(default_factory=dict)
     info: dict[str, Any] = Field(default_factory=dict, description="non-numeric facts (backend, paths)")
     created_at: str = ""
@@ -80,4 +104,9 @@ def read_manifest(stage_dir: Path) -> StageManifest | None:
     p = stage_dir / MANIFEST
     if not p.exists():
         return None
-    return StageManifest.model_validate_json(p.read_text())
+    try:
+        return StageManifest.model_validate_json(p.read_bytes())
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'the file'}: {x['msg']}" for x in e.errors()[:5])
+        raise ArtifactError(f"{p} is not a Ratchet stage manifest ({problems}); it was edited or is not "
+                            f"Ratchet's. Delete {stage_dir} to recompute the stage, or restore the file") from None

@@ -58,7 +58,11 @@ class ArtifactStore:
     def path(self, m: StageManifest, name: str) -> Path:
         if name not in m.outputs:
             raise ArtifactError(f"{m.stage} (round {m.round}) has no output {name!r}; it has {sorted(m.outputs)}")
-        return self.dir_of(m) / name
+        d = self.dir_of(m)
+        if not (d / name).resolve().is_relative_to(d.resolve()):  # a link in the stage directory leads out
+            raise ArtifactError(f"{d / name} leads outside its stage directory {d} (a link); a Ratchet stage "
+                                f"writes none. Delete {d} to recompute the stage")
+        return d / name
 
     def find(self, stage: str, key: str, verify: bool = True) -> StageManifest | None:
         """The finished stage with this key, verified; None if absent or unfinished."""

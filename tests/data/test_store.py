@@ -130,3 +130,36 @@ def test_a_stage_dir_a_tag_names_is_only_ever_a_stage_dir_of_this_store(tmp_path
                 "stages/train-0123456789abcdef/../../..", "stages/train-xyz", "", "stages/train-0123456789abcdef\n"):
         with pytest.raises(ArtifactError, match="not a stage directory of a Ratchet store"):
             store.recorded_dir(bad, "version 3's ratchet.stage_dir tag")
+
+
+@pytest.mark.parametrize("edit", [
+    {"outputs": {"../../secret": {"sha256": "0" * 64, "bytes": 1}}},
+    {"outputs": {"model/../../../etc/passwd": {"sha256": "0" * 64, "bytes": 1}}},
+    {"outputs": {"/etc/passwd": {"sha256": "0" * 64, "bytes": 1}}},
+    {"outputs": {"model//x": {"sha256": "0" * 64, "bytes": 1}}},
+    {"dir": "../elsewhere"},
+    {"dir": "stages/filter-kkkkkkkkkkkkkkkk/../../.."},
+    {"parents": [{"stage": "sample", "key": "s", "dir": "/tmp", "content": "c"}]},
+])
+def test_a_manifest_that_names_a_path_outside_its_stage_is_refused_with_the_file_named(tmp_path, edit):
+    """Export, verify and lineage read the files a manifest names: an edited manifest can name
+    none outside its stage directory, and reading it is a report, not a traceback."""
+    import json
+
+    store = ArtifactStore(tmp_path)
+    m = _finish(store, "k" * 64)
+    path = store.dir_of(m) / MANIFEST
+    path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+    with pytest.raises(ArtifactError, match=rf"{path} is not a Ratchet stage manifest \(.*(outputs|dir).*\).*Delete"):
+        store.find("filter", "k" * 64)
+
+
+def test_a_link_in_a_stage_directory_is_never_followed_out_of_it(tmp_path):
+    store = ArtifactStore(tmp_path / "store")
+    m = _finish(store, "k" * 64)
+    outside = tmp_path / "secret.txt"
+    outside.write_text("a")  # the digest the manifest holds: only the link is wrong
+    (store.dir_of(m) / "out.txt").unlink()
+    (store.dir_of(m) / "out.txt").symlink_to(outside)
+    with pytest.raises(ArtifactError, match="leads outside its stage directory"):
+        store.path(store.find("filter", "k" * 64), "out.txt")

@@ -10,7 +10,7 @@ from ratchet.tasks.evaluate import EvaluateConfig
 
 
 def _round(k: int, acc: float) -> RoundResult:
-    policy = StageManifest(stage="train" if k else "base", round=k, key=f"key-{k}", dir=f"stages/s-{k}", code_version="c")
+    policy = StageManifest(stage="train" if k else "base", round=k, key=f"key-{k}", dir=f"stages/s-{k:016x}", code_version="c")
     return RoundResult(round=k, policy=policy, version=str(k + 1), accuracy=acc, promoted=False, child_run_id=f"run-{k}")
 
 
