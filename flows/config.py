@@ -9,6 +9,7 @@ value and the fix.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -232,10 +233,23 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> PipelineC
             raise ConfigError([f"config file {str(p)!r} does not exist; pass a YAML file such as "
                                "flows/configs/default.yaml"])
         source = str(p)
+        raw = p.read_bytes()
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            line = raw[:e.start].count(b"\n") + 1
+            raise ConfigError([f"{p} is not UTF-8 text: byte {raw[e.start:e.start + 1]!r} on line {line}; save it "
+                               "as UTF-8"], source=source) from None
+        try:
+            data = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
-            raise ConfigError([f"{p} is not valid YAML: {e}"], source=source) from e
+            raise ConfigError([f"{p} is not valid YAML: {e}"], source=source) from None
+        except RecursionError:
+            raise ConfigError([f"{p} nests deeper than {sys.getrecursionlimit()} levels; a config is a few "
+                               "levels of sections"], source=source) from None
+        except ValueError as e:  # an integer of more than 4,300 digits: Python reads none
+            raise ConfigError([f"{p} holds a value YAML cannot read ({e}); write it as a quoted string"],
+                              source=source) from None
         if not isinstance(data, dict):
             raise ConfigError([f"{p} must hold a mapping of sections, got {type(data).__name__}"], source=source)
     return config_from_dict(data, overrides, source)

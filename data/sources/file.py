@@ -111,7 +111,22 @@ def _jsonl(p: Path, path: str, report: ProblemReport) -> list[tuple[str, Any]]:
             except json.JSONDecodeError as e:
                 report.add(path, "malformed JSON lines", f"line {n}", f"{e.msg} (column {e.colno}) in "
                            f"{show(line.strip(), 50)}", "make every line one complete JSON object, or delete it")
+            except (ValueError, RecursionError) as e:  # valid JSON that Python's reader refuses
+                report.add(path, *_beyond_reader(e, f"line {n}"))
     return rows
+
+
+def _beyond_reader(e: Exception, place: str) -> tuple[str, str, str, str]:
+    """(kind, place, value, fix) for JSON that is well formed but beyond what Python reads: an
+    integer of more than sys.get_int_max_str_digits() digits (4,300: reading one takes time
+    quadratic in its length), or nesting deeper than the interpreter's recursion limit."""
+    import sys
+
+    if isinstance(e, RecursionError):
+        return ("values nested too deep to read", place, f"deeper than {sys.getrecursionlimit()} levels",
+                "flatten the value, or remove the row")
+    return ("numbers too long to read", place, f"an integer of more than {sys.get_int_max_str_digits():,} digits",
+            "write it as a JSON string (\"123...\"), or remove the row")
 
 
 def _text(p: Path, path: str, report: ProblemReport) -> str | None:
@@ -138,6 +153,9 @@ def _json(p: Path, path: str, report: ProblemReport) -> list[tuple[str, Any]]:
     except json.JSONDecodeError as e:
         report.add(path, "malformed JSON", f"line {e.lineno}", f"{e.msg} (column {e.colno})",
                    "fix the JSON array, or write one JSON object per line (.jsonl)")
+        return []
+    except (ValueError, RecursionError) as e:  # valid JSON that Python's reader refuses
+        report.add(path, *_beyond_reader(e, "file"))
         return []
     return [(f"item {i}", r) for i, r in enumerate(items, 1)]
 

@@ -182,6 +182,9 @@ HELD = [{"prompt": "What is 50 + 1?", "answer": 51}]
     ({"prompt": "What is 1 + 1?", "answer": "1e400"}, NOT_FINITE, "line 5: '1e400'"),
     ('{"prompt": "What is 1 + 1?", "answer": 1%s}' % ("0" * 400), NOT_FINITE,
      "line 5: 1000"),
+    ('{"prompt": "What is 1 + 1?", "answer": 1%s}' % ("0" * 5000), "numbers too long to read",
+     "line 5: an integer of more than 4,300 digits"),  # valid JSON that Python's reader refuses
+    ('{"prompt": "a", "answer": %s}' % ("[" * 5000 + "]" * 5000), "values nested too deep to read", "line 5: deeper"),
     ({"prompt": "What is 1 + 1?", "answer": True}, "answers that are not text or a number", "line 5: True"),
     ({"prompt": "What is 1 + 1?", "answer": ""}, "empty answers", "line 5"),
     ({"prompt": "What is 1 + 1?", "answer": "two"}, "answers the 'number' check cannot compare", "line 5: 'two'"),
