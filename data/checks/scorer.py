@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -232,6 +233,11 @@ def _signature_problem(fn, batched: bool, fields: list[str] = ()) -> str | None:
     return None
 
 
+# the names a metric may have: a subset of what MLflow logs (it also takes spaces, slashes and
+# colons, but refuses '@', '%' and others), checked at the call, before the stage writes its manifest
+METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+
+
 def _value(v) -> dict:
     """A returned value as a Call's fields, or its failure naming what came back."""
     import math
@@ -243,6 +249,9 @@ def _value(v) -> dict:
         for k, x in v.items():
             if k == "score":
                 continue
+            if not isinstance(k, str) or not METRIC_NAME.fullmatch(k):
+                return {"failure": f"returned metric name {k!r:.80}, which MLflow cannot log; name metrics with "
+                                   "letters, digits and _ - . (at most 100), e.g. 'pass_at_1'"}
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
                 return {"failure": f"returned metric {k!r} = {x!r:.80}; metrics must be finite numbers"}
             metrics[str(k)] = float(x)

@@ -4,11 +4,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from ratchet.data.checkers import Item, PythonCheck, check, check_many, score_metrics, score_sums
 from ratchet.data.checks.python import CheckFailedError
-from ratchet.data.checks.scorer import _SHARED, close_all
+from ratchet.data.checks.scorer import METRIC_NAME, _SHARED, close_all
 
 ROWS = [Item("the answer is 4", "4", "What is 2 + 2?", "p0#0"), Item("5", "4", "What is 2 + 2?", "p0#1"),
         Item("", None, "Say nothing.", "p1#0")]
@@ -92,6 +94,8 @@ def test_a_raise_names_the_row_and_shows_the_users_traceback(tmp_path):
     ("[1.0]", "returned list [1.0]"),
     ("{'value': 1}", "returned a dict without 'score'"),
     ("{'score': 1, 'len': float('nan')}", "metric 'len' = nan; metrics must be finite numbers"),
+    ("{'score': 1, 'pass@1': 1.0}", "returned metric name 'pass@1', which MLflow cannot log"),
+    ("{'score': 1, 3: 1.0}", "returned metric name 3,"),
 ])
 def test_a_bad_value_is_an_error_naming_the_row_and_the_value(tmp_path, value, said):
     f = _file(tmp_path, f"def score(completion, answer=None, prompt=None):\n    return {value}\n")
@@ -351,3 +355,13 @@ def test_the_failure_budget_counts_rows_across_a_units_calls(tmp_path):
     assert truths(c, rows) == [True, None, False, None]
     with pytest.raises(CheckFailedError, match=r"(?s)failed on row 'p#1'.*\(1 of 3 rows failed"):
         truths(PythonCheck(function=f"{f}:score"), rows)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.from_regex(METRIC_NAME, fullmatch=True))
+def test_every_metric_name_a_function_may_return_is_one_mlflow_logs(name):
+    """A name the call accepts never reaches MLflow to be refused after the stage's manifest."""
+    from mlflow.utils.validation import _validate_metric_name
+
+    for stage in ("label", "evaluate"):
+        _validate_metric_name(f"{stage}.score_{name}_mean")
