@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -159,6 +160,7 @@ def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | Non
     if commit:
         tags["mlflow.source.git.commit"] = commit
     record = workdir / "runs" / f"{run_name}.json"
+    hold_liveness(workdir, run_name)  # before the tracker's lock, which a live attempt needs to end
     with tracker.lock():  # two processes starting the same run continue one parent run, never two
         parent, pool_start = None, 0
         if record.exists():
@@ -186,10 +188,14 @@ def _lock_path(workdir: Path, run_name: str) -> Path:
     return workdir / "runs" / f"{run_name}.lock"
 
 
-def hold_liveness(workdir: Path, run_name: str) -> None:
+def hold_liveness(workdir: Path, run_name: str, say=None) -> None:
     """Hold the run's liveness lock while this process runs it: a record says "running" while an
     attempt lives, and whether one does is whether someone holds this lock (the kernel drops it
-    when the process dies, however it dies), never a guess from process ids or command lines."""
+    when the process dies, however it dies), never a guess from process ids or command lines.
+
+    A second attempt of a run that is alive in this workdir (a cron tick that overlaps a manual
+    run) never runs beside it: it says which process holds the run (`say`, a line) and waits for
+    that one to end, then goes on and reuses every stage it finished."""
     import fcntl
 
     if run_name in _LIVE:
@@ -197,10 +203,24 @@ def hold_liveness(workdir: Path, run_name: str) -> None:
     fd = os.open(_lock_path(workdir, run_name), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:  # another live process runs it: it writes the record; this one still may reuse
-        os.close(fd)
-        return
+    except BlockingIOError:
+        try:
+            rec = load_record(workdir, run_name)
+            who = f"pid {rec.pid} on {rec.host}" if rec.pid else "another process"
+        except Exception:  # the live attempt has not written its record yet
+            who = "another process"
+        (say or _stderr)(f"run {run_name} is already running in {workdir} ({who}); waiting for it to end, then "
+                         "this attempt reuses what it finished (Ctrl-C stops waiting)")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
     _LIVE[run_name] = fd
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def release_liveness(run_name: str) -> None:

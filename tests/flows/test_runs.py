@@ -76,3 +76,42 @@ def test_liveness_is_the_lock_a_live_attempt_holds(tmp_path):
     finally:
         release_liveness("demo-abc")
     assert _alive(tmp_path, rec) is False
+
+
+def test_a_second_attempt_of_a_live_run_names_the_holder_and_waits_for_it(tmp_path):
+    """Two attempts of one run never run side by side: the second says which process holds it
+    and starts only when that one has ended (here: killed, as a lost session ends)."""
+    import socket
+    import threading
+
+    (tmp_path / "runs").mkdir()
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, socket, time
+        from pathlib import Path
+        from ratchet.flows.runs import RunContext, RunRecord, hold_liveness, write_record
+        ctx = RunContext(run_name="demo-abc", workdir="/w", parent_run_id="p1", code_version="c", config_hash="h")
+        hold_liveness(Path({str(tmp_path)!r}), "demo-abc")
+        write_record(Path({str(tmp_path)!r}), RunRecord(ctx=ctx, config={{}}, host=socket.gethostname(),
+                                                        pid=os.getpid()))
+        print("held", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    said: list[str] = []
+    second = threading.Thread(target=hold_liveness, args=(tmp_path, "demo-abc", said.append), daemon=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        second.start()
+        second.join(2)
+        assert second.is_alive()  # waiting, not running beside it
+        (line,) = said
+        assert f"run demo-abc is already running in {tmp_path} (pid {child.pid} on {socket.gethostname()})" in line
+        assert "waiting for it to end" in line
+    finally:
+        child.kill()
+        child.wait()
+    second.join(30)
+    assert not second.is_alive()  # the holder is gone: this attempt goes on
+    try:
+        assert _alive(tmp_path, _record().model_copy(update={"host": None})) is True
+    finally:
+        release_liveness("demo-abc")

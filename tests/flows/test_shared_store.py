@@ -1,5 +1,5 @@
-"""Two pipeline runs racing on one workdir and one MLflow tracking server, started from a
-directory full of modules named like Ratchet's own; then a run on another split that must
+"""Two attempts of one pipeline run started at once on one workdir and one MLflow tracking
+server, from a directory full of modules named like Ratchet's own; then a run on another split that must
 re-evaluate the champion before comparing with it. The tracking URI carries credentials,
 which must end up nowhere."""
 
@@ -80,12 +80,14 @@ def test_racing_runs_share_one_store_and_a_new_split_reevaluates_the_champion(tm
                                       "tracking": {"uri": url.replace("http://", f"http://alice:{SECRET}@")}}))
     api, cwd, work = PREFECT_API_URL.value(), _hostile_cwd(tmp_path), tmp_path / "work"
 
-    # the same command twice at once, as a cron tick that overlaps a manual run would
+    # the same command twice at once, as a cron tick that overlaps a manual run would: the second
+    # names the first, waits for it, then finishes by reusing what it made
     procs = [_start(cwd, work, tiny_model, config, api) for _ in range(2)]
     outs = [p.communicate(timeout=900) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-4000:]
         assert "imported from the current directory" not in err
+    assert sum("is already running in" in err and "waiting for it to end" in err for _, err in outs) == 1
 
     c = MlflowClient(url)
     (exp,) = [e for e in c.search_experiments() if e.name == "ratchet-self-reward-dpo"]
