@@ -175,7 +175,7 @@ def _execute(cfg, start_from: str | None = None, verbose: bool = False) -> int:
     ctx = None
     with RunConsole.for_streams(out, err, plain=verbose) as console:
         try:
-            ctx, tracker = start(cfg, start_from, split)
+            ctx, tracker = start(cfg, start_from, split, say=console.line)
             if run_log is not None:  # named after the run, now that it has a name
                 named = run_log.with_name(f"{ctx.run_name}.{stamp}.log")
                 run_log.rename(named)

@@ -139,12 +139,14 @@ def start_version(tracker: Tracker, start_from: str | None) -> str | None:
     return str(start_from)
 
 
-def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | None = None
+def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | None = None, say=None
           ) -> tuple[RunContext, Tracker]:
     """The run's context: continue the MLflow parent run of an earlier attempt of the same
     config and data (and the same starting model version) in this workdir, or create one.
     Finished stages are reused either way. The data is checked first (`split`, if the caller
-    already checked it): a problem stops the run before anything is written."""
+    already checked it): a problem stops the run before anything is written. While another
+    attempt of the same run is alive in the workdir, this one waits, saying so (`say`, a line;
+    standard error by default)."""
     if split is None:
         split = check_inputs(cfg)
     workdir = Path(cfg.workdir).resolve()
@@ -160,7 +162,7 @@ def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | Non
     if commit:
         tags["mlflow.source.git.commit"] = commit
     record = workdir / "runs" / f"{run_name}.json"
-    hold_liveness(workdir, run_name)  # before the tracker's lock, which a live attempt needs to end
+    hold_liveness(workdir, run_name, say)  # before the tracker's lock, which a live attempt needs to end
     with tracker.lock():  # two processes starting the same run continue one parent run, never two
         parent, pool_start = None, 0
         if record.exists():

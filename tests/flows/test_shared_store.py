@@ -87,7 +87,7 @@ def test_racing_runs_share_one_store_and_a_new_split_reevaluates_the_champion(tm
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-4000:]
         assert "imported from the current directory" not in err
-    assert sum("is already running in" in err and "waiting for it to end" in err for _, err in outs) == 1
+    assert sum("is already running in" in out and "waiting for it to end" in out for out, _ in outs) == 1
 
     c = MlflowClient(url)
     (exp,) = [e for e in c.search_experiments() if e.name == "ratchet-self-reward-dpo"]
