@@ -273,20 +273,50 @@ def serve(path: str, preload: str) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     die_with_parent()
     key = bytes.fromhex(sys.stdin.readline().strip())
-    listener = Listener(path, family="AF_UNIX", authkey=key)
+    listener = Listener(path, family="AF_UNIX")  # the key is checked by _accept, under a time bound
     if preload == "vllm":  # the import is most of a start; done while the run prepares its first stage
         import vllm  # noqa: F401
     engines = _Engines()
     while True:
-        try:
-            conn = listener.accept()
-        except OSError:  # a caller that failed the handshake: wait for the next
+        conn = _accept(listener, key)
+        if conn is None:  # a caller that failed the handshake: the engine waits for the next
             continue
         try:
             if not _answer(engines, conn):
                 return 1  # the engine failed: its state is unknown, the run starts another
         finally:
             conn.close()
+
+
+HANDSHAKE_S = 5.0  # a caller has this long to prove it holds the run's key
+
+
+def _accept(listener, key: bytes):
+    """The next caller's connection once it has proven it holds the key, or None: a wrong key, a
+    caller that hangs up, or one that says nothing for HANDSHAKE_S costs the engine nothing."""
+    import socket
+    import struct
+    from multiprocessing.connection import AuthenticationError, answer_challenge, deliver_challenge
+
+    try:
+        conn = listener.accept()
+    except OSError:
+        return None
+    bound = socket.socket(fileno=os.dup(conn.fileno()))  # the same socket: its options are the connection's
+    try:
+        for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+            bound.setsockopt(socket.SOL_SOCKET, opt, struct.pack("ll", int(HANDSHAKE_S), 0))
+        deliver_challenge(conn, key)
+        answer_challenge(conn, key)
+        for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):  # a worker's calls may be minutes apart
+            bound.setsockopt(socket.SOL_SOCKET, opt, struct.pack("ll", 0, 0))
+    except (AuthenticationError, EOFError, OSError) as e:
+        log.warning("a caller failed the handshake (%s: %s); waiting for the next", type(e).__name__, e)
+        conn.close()
+        return None
+    finally:
+        bound.close()
+    return conn
 
 
 def _answer(engines: _Engines, conn) -> bool:

@@ -97,6 +97,36 @@ def test_an_error_in_the_engine_fails_the_stage_and_the_next_stage_gets_a_new_en
     again.close()
 
 
+def test_callers_that_fail_the_handshake_cost_the_engine_nothing(tiny_model, engine):
+    """A wrong key, a caller that hangs up mid-handshake and one that says nothing: the engine
+    process lives through each and answers the next stage worker."""
+    import socket
+    from multiprocessing.connection import AuthenticationError, Client
+
+    cfg = SamplerConfig(backend="hf", dtype="float32")
+    with warm.lend(None):
+        s = warm.WarmSampler(tiny_model, cfg, seed=0)
+    pid, before = s.opened["pid"], _texts(s.generate(PROMPTS[:2], SAMPLED, seed=1))
+    s.close()
+    path = engine.env()[warm.ENV].split("|")[0]
+    with pytest.raises(AuthenticationError):
+        Client(path, family="AF_UNIX", authkey=b"not the run's key")
+    hangs_up = socket.socket(socket.AF_UNIX)
+    hangs_up.connect(path)
+    hangs_up.close()
+    silent = socket.socket(socket.AF_UNIX)  # connected, and never answers the challenge
+    silent.connect(path)
+    try:
+        with warm.lend(None):
+            again = warm.WarmSampler(tiny_model, cfg, seed=0)  # waits out the silent caller's bound
+        assert again.opened["pid"] == pid and engine.proc.poll() is None
+        assert _texts(again.generate(PROMPTS[:2], SAMPLED, seed=1)) == before
+        again.close()
+    finally:
+        silent.close()
+    assert engine.log_path.read_text().count("failed the handshake") == 3
+
+
 def test_only_the_local_executor_s_own_engine_is_lent(tiny_model, engine):
     from ratchet.tasks.sample import PolicyWork
 
