@@ -12,8 +12,11 @@ for what the journal lacks, so no finished call is paid for twice.
 
 A 429, a timeout, a lost connection, a 5xx, or a reply without a choice is retried with
 exponential backoff and full jitter (a 429's Retry-After is honoured); past `retries` the
-stage stops with what the server said, the endpoint and the fix. A refusal that a retry
-cannot change (401, 403, 404, 400) stops it at once. The key is read from the environment
+stage stops with what the server said, the endpoint and the fix. A refusal of the endpoint
+(401, 403, 404) stops it at once. A refusal of one request for what it asks (400, 413, 422:
+a prompt longer than the server's context) leaves that row unscored, within
+`max_refused_frac` of a unit's calls. Ctrl-C stops the calls at once, retry waits included.
+A journal line cut by a kill is dropped before anything is appended. The key is read from the environment
 variable the config names, at call time, and is never printed, logged or recorded: the
 config holds only the variable's name.
 """
@@ -57,6 +60,10 @@ class EndpointConfig(BaseModel):
                          description="retries of one call (429, timeout, 5xx, lost connection, empty reply)")
     backoff_s: float = Field(default=1.0, ge=0, le=600, json_schema_extra=NOT_KEYED, description=(
         "the first retry's wait; each next one doubles it (at most 60 s), each drawn at random below that"))
+    max_refused_frac: float = Field(default=0.05, ge=0, le=1, json_schema_extra=NOT_KEYED, description=(
+        "the share of a unit's calls the server may refuse for what they ask (HTTP 400, 413, 422: e.g. a prompt "
+        "longer than its context) before the stage stops; each refused row is left unscored (a resume asks it "
+        "again: a refusal costs nothing, and the server may have changed)"))
 
     @field_validator("base_url")
     @classmethod
@@ -124,6 +131,7 @@ class Reply:
 
 
 RETRIED = (408, 409, 425, 429)  # with every 5xx: a later try may succeed
+REFUSED_REQUEST = (400, 413, 422)  # the request itself (a prompt past the context): that row alone, never retried
 
 
 @dataclass
@@ -140,27 +148,35 @@ class Endpoint:
 
     def __post_init__(self):
         self.journal.parent.mkdir(parents=True, exist_ok=True)
+        self.refused: dict[str, str] = {}  # call id -> what the server said, for calls it refused (this run)
         if self.journal.exists():
+            _drop_cut_line(self.journal)  # else the next call's line would be appended to it, and lost
             for line in self.journal.read_text(encoding="utf-8", errors="replace").splitlines():
-                try:  # a line cut by a kill is the one call asked again
+                try:
                     row = json.loads(line)
                     self.done[row["id"]] = Reply(row["texts"], [[(t, dict(top)) for t, top in c]
                                                                 for c in row["tokens"]] if row["tokens"] else None,
                                                  row["input_tokens"], row["output_tokens"])
-                except (ValueError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, AttributeError):  # not a line this code wrote
                     continue
         self._journaled, self._reused = set(self.done), set()  # what an earlier run of the stage finished
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._client = self.cfg.client()
 
-    def chat(self, requests: list[dict[str, Any]]) -> list[Reply]:
+    def chat(self, requests: list[dict[str, Any]], counted: bool = True) -> list[Reply | None]:
         """The reply to each request (a chat completion's body without the model), from the
-        journal where it is already there, else from the server, `max_concurrency` at a time."""
+        journal where it is already there, else from the server, `max_concurrency` at a time.
+        None for a request the server refused for what it asks (HTTP 400, 413, 422), within
+        `max_refused_frac` of them; past it, the stage stops (`counted`: False for a probe, whose
+        requests are asked again with the rest).
+
+        An interrupt (Ctrl-C) stops it at once: no call is started after it, and a call waiting
+        to be retried stops waiting."""
         from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
         ids = [sha256_json({"model": self.cfg.model, "base_url": self.cfg.base_url, **r}) for r in requests]
-        todo = {i: r for i, r in zip(ids, requests) if i not in self.done}
+        todo = {i: r for i, r in zip(ids, requests) if i not in self.done and i not in self.refused}
         self._reused |= set(ids) & self._journaled
         self.stats["calls_reused"] = float(len(self._reused))  # each journaled call once, however often asked
         with open(self.journal, "a", encoding="utf-8") as out:
@@ -168,18 +184,34 @@ class Endpoint:
             try:
                 futures = [pool.submit(self._call, i, r, out) for i, r in todo.items()]
                 wait(futures, return_when=FIRST_EXCEPTION)
+            except BaseException:  # an interrupt: the calls in flight end, no other starts or waits
+                self._stopped.set()
+                raise
             finally:  # after a call that failed for good, no other is started; those in flight are kept
                 pool.shutdown(wait=True, cancel_futures=True)
             for f in futures:
                 if not f.cancelled() and f.exception() is not None:
                     raise f.exception()
-        return [self.done[i] for i in ids]
+        refused = [i for i in ids if i in self.refused]
+        if counted and refused and len(refused) > self.cfg.max_refused_frac * len(ids):
+            raise EndpointError(
+                f"the served model {self.cfg.where()} refused {len(refused)} of {len(ids)} calls of this unit for "
+                f"what they ask, more than label.endpoint.max_refused_frac={self.cfg.max_refused_frac}; the first: "
+                f"{self.refused[refused[0]]}. Shorten the prompts (a longer context on the server, a shorter "
+                "template), or raise label.endpoint.max_refused_frac to leave them unscored. Every answered call "
+                "is kept: re-run the same command to resume")
+        return [self.done.get(i) for i in ids]
 
     def _call(self, id: str, request: dict, out) -> None:
         if self._stopped.is_set():  # another call failed for good: none is started after it
             return
         try:
             reply = self._with_retries(request)
+        except _Refused as e:  # this request, not the server: the row is left unscored
+            with self._lock:
+                self.refused[id] = str(e)
+                self.stats["refused"] = self.stats.get("refused", 0.0) + 1
+            return
         except BaseException:
             self._stopped.set()
             raise
@@ -209,6 +241,8 @@ class Endpoint:
             except Exception as e:  # noqa: BLE001 - sorted below: retried, or reported at once
                 status = getattr(e, "status_code", None)
                 last = _what(e)
+                if status in REFUSED_REQUEST:
+                    raise _Refused(last) from None
                 if status is not None and status not in RETRIED and status < 500:
                     raise EndpointError(self._refused(status, last)) from None
                 wait = _retry_after(e)
@@ -218,7 +252,8 @@ class Endpoint:
                 with self._lock:
                     self.stats["retries"] += 1
                 cap = min(60.0, self.cfg.backoff_s * 2 ** attempt)
-                time.sleep(wait if wait is not None else random.uniform(0, cap))
+                if self._stopped.wait(wait if wait is not None else random.uniform(0, cap)):
+                    raise EndpointError("stopped: the stage was interrupted, or another call failed for good")
         raise EndpointError(
             f"the served model {self.cfg.where()} failed {self.cfg.retries + 1} time(s) on one call; the last: "
             f"{last}. Check that the server is up and serving {self.cfg.model!r}, or raise "
@@ -241,6 +276,32 @@ class Endpoint:
 
 class _Malformed(Exception):
     pass
+
+
+class _Refused(Exception):
+    """The server refused this request for what it asks: asking again gets the same answer."""
+
+
+def _drop_cut_line(path: Path) -> None:
+    """Cut the journal back to its last whole line: a kill mid-write leaves a line without its
+    newline, and the next call's line appended to it would be unreadable with it."""
+    with open(path, "rb+") as f:
+        size = f.seek(0, 2)
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        block, end = 1 << 16, size
+        while end > 0:  # the last newline, searched from the end
+            start = max(0, end - block)
+            f.seek(start)
+            chunk = f.read(end - start)
+            if (k := chunk.rfind(b"\n")) >= 0:
+                f.truncate(start + k + 1)
+                return
+            end = start
+        f.truncate(0)
 
 
 def _read(r, request: dict) -> Reply:

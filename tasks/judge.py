@@ -284,19 +284,25 @@ def _rate_served(endpoint, cfg: JudgeLabel, items: list[tuple[str, str]], seed: 
                                      seed=(seed + j) % 2**31) for p in items for j in range(cfg.k)])
         out = []
         for i, (_, response) in enumerate(items):
-            votes = [parse_verdict(r.texts[0], response, lo, hi) for r in replies[i * cfg.k : (i + 1) * cfg.k]]
+            votes = [parse_verdict(r.texts[0], response, lo, hi) if r is not None else None  # None: refused
+                     for r in replies[i * cfg.k : (i + 1) * cfg.k]]
             read = [v for v in votes if v is not None]
             out.append((sum(read) / len(read) if read else None, votes))
         return out
     requests = [ask(p, max_tokens=1 if cfg.mode == "p_yes" else cfg.max_tokens, temperature=0.0, seed=seed,
                     logprobs=True, top_logprobs=cfg.top_logprobs) for p in items]
-    if endpoint.chat(requests[:1])[0].tokens is None:  # asked first, alone: a server without them costs one call
-        raise EndpointError(f"the served judge {endpoint.cfg.where()} returned no token log-probabilities, which "
-                            f"label.mode={cfg.mode!r} reads; this server supports label.mode='text' (vLLM returns "
-                            "them: vllm serve ... --max-logprobs 20)")
+    no_logprobs = EndpointError(f"the served judge {endpoint.cfg.where()} returned no token log-probabilities, "
+                                f"which label.mode={cfg.mode!r} reads; this server supports label.mode='text' (vLLM "
+                                "returns them: vllm serve ... --max-logprobs 20)")
+    first = endpoint.chat(requests[:1], counted=False)[0]  # asked first, alone: a server without them costs one call
+    if first is not None and first.tokens is None:
+        raise no_logprobs
+    replies = endpoint.chat(requests)
+    if any(r is not None and r.tokens is None for r in replies):  # the first was refused: the rest tell
+        raise no_logprobs
     out = []
-    for (_, response), r in zip(items, endpoint.chat(requests)):
-        tokens = r.tokens[0] if r.tokens else []
+    for (_, response), r in zip(items, replies):
+        tokens = r.tokens[0] if r is not None and r.tokens else []  # None: refused, unscored
         s = (p_yes_of_words(tokens[0][1]) if tokens else None) if cfg.mode == "p_yes" \
             else rating_at_verdict(tokens, response, lo, hi)
         out.append((s, [s]))

@@ -248,6 +248,54 @@ def test_a_journal_cut_by_a_kill_or_spoiled_costs_only_its_broken_lines(tmp_path
         again = Endpoint(cfg.endpoint, journal)
         assert [r.texts for r in again.chat(requests)] == [r.texts for r in first.chat(requests)]
         assert len(server.requests) - before == 2 and again.stats["calls_reused"] == 2  # the cut line and the last
+        # the cut line was dropped before the calls asked again were appended: a third reader reuses all four
+        before = len(server.requests)
+        third = Endpoint(cfg.endpoint, journal)
+        assert [r.texts for r in third.chat(requests)] == [r.texts for r in first.chat(requests)]
+        assert len(server.requests) == before and third.stats["calls_reused"] == 4
+
+
+def test_a_request_the_server_refuses_leaves_its_row_unscored_within_a_budget(tmp_path):
+    """A prompt past the server's context is refused (HTTP 400) whatever the retries: that row is
+    left unscored and the stage goes on, within label.endpoint.max_refused_frac of a unit's
+    calls; past it, the stage stops, naming the count, the server's words and the fix."""
+    too_long = Failure(400, json.dumps({"error": {"message": "This model's maximum context length is 1024 tokens"}
+                                        }).encode())
+    answer = lambda body: too_long if "It is 51." in body["messages"][-1]["content"] else _score_of(body)  # noqa: E731
+    store = ArtifactStore(tmp_path / "w")
+    sample = _samples(store, TEXTS[:4])  # one unit of 4 rows; the second row's prompt is "too long"
+    with Stub(answer) as server:
+        with pytest.raises(EndpointError, match=r"refused 1 of 4 calls of this unit for what they ask, more than "
+                                                r"label.endpoint.max_refused_frac=0.05; the first: HTTP 400: .*maximum "
+                                                r"context length.*Shorten the prompts"):
+            _label(store, sample, _judge(server.url, k=1))
+        assert len(server.requests) == 4  # the refusal was not retried
+        m, _ = _label(store, sample, _judge(server.url, k=1, endpoint={"max_refused_frac": 0.25}))
+        assert len(server.requests) == 4 + 1  # the three answers came from the journal; the refusal asked again
+    rows = [json.loads(x) for x in (store.dir_of(m) / "labels.jsonl").read_text().splitlines()]
+    assert [r["reward"] for r in rows] == [5.0, None, 5.0, 1.0]
+    assert m.metrics["judge_refused"] == 1 and m.metrics["judge_scored_frac"] == 0.75
+
+
+def test_an_interrupt_stops_the_calls_at_once_whatever_the_retries(tmp_path):
+    """Ctrl-C while the calls wait out a dead server's retries: the stage ends with the
+    interrupt within a second or two, not when the retries run out."""
+    import signal
+    import threading
+    import time
+
+    store = ArtifactStore(tmp_path / "w")
+    sample = _samples(store, TEXTS[:4])
+    with Stub(lambda body: Failure(503)) as server:
+        threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        t = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            _label(store, sample, _judge(server.url, k=1, endpoint={"retries": 20, "backoff_s": 4.0}))
+        took = time.monotonic() - t
+        asked = len(server.requests)
+        time.sleep(1.5)
+        assert len(server.requests) == asked  # nothing asked after it
+    assert took < 4.0, took
 
 
 def test_a_rows_tests_that_do_not_parse_leave_it_unscored():
