@@ -142,7 +142,7 @@ class Endpoint:
     journal: Path
     done: dict[str, Reply] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=lambda: {"calls": 0.0, "calls_reused": 0.0, "retries": 0.0,
-                                                             "failures": 0.0, "input_tokens": 0.0,
+                                                             "failures": 0.0, "refused": 0.0, "input_tokens": 0.0,
                                                              "output_tokens": 0.0})
     latencies: list[float] = field(default_factory=list)
 
@@ -189,9 +189,9 @@ class Endpoint:
                 raise
             finally:  # after a call that failed for good, no other is started; those in flight are kept
                 pool.shutdown(wait=True, cancel_futures=True)
-            for f in futures:
-                if not f.cancelled() and f.exception() is not None:
-                    raise f.exception()
+            failed = [e for f in futures if not f.cancelled() and (e := f.exception()) is not None]
+            for e in sorted(failed, key=lambda e: isinstance(e, _Stopped)):  # the cause, not the calls it stopped
+                raise e
         refused = [i for i in ids if i in self.refused]
         if counted and refused and len(refused) > self.cfg.max_refused_frac * len(ids):
             raise EndpointError(
@@ -210,7 +210,7 @@ class Endpoint:
         except _Refused as e:  # this request, not the server: the row is left unscored
             with self._lock:
                 self.refused[id] = str(e)
-                self.stats["refused"] = self.stats.get("refused", 0.0) + 1
+                self.stats["refused"] += 1
             return
         except BaseException:
             self._stopped.set()
@@ -253,7 +253,7 @@ class Endpoint:
                     self.stats["retries"] += 1
                 cap = min(60.0, self.cfg.backoff_s * 2 ** attempt)
                 if self._stopped.wait(wait if wait is not None else random.uniform(0, cap)):
-                    raise EndpointError("stopped: the stage was interrupted, or another call failed for good")
+                    raise _Stopped("stopped: the stage was interrupted, or another call failed for good")
         raise EndpointError(
             f"the served model {self.cfg.where()} failed {self.cfg.retries + 1} time(s) on one call; the last: "
             f"{last}. Check that the server is up and serving {self.cfg.model!r}, or raise "
@@ -276,6 +276,10 @@ class Endpoint:
 
 class _Malformed(Exception):
     pass
+
+
+class _Stopped(EndpointError):
+    """A call that stopped waiting to be retried: another failed for good, or an interrupt came."""
 
 
 class _Refused(Exception):

@@ -125,9 +125,9 @@ def test_past_the_retry_budget_the_stage_stops_naming_the_endpoint_and_the_fix(t
     store = ArtifactStore(tmp_path / "w")
     with Stub(lambda body: failure) as server:
         with pytest.raises(EndpointError) as e:
-            _label(store, _samples(store, TEXTS[:2]), _judge(server.url, k=1, endpoint={"retries": 2,
-                                                                                        "timeout_s": 1.0}))
-        assert len(server.requests) == 3 * 2  # each call tried 1 + retries times
+            _label(store, _samples(store, TEXTS[:2]), _judge(server.url, k=1, endpoint={
+                "retries": 2, "timeout_s": 1.0, "max_concurrency": 1}))
+        assert len(server.requests) == 3  # the call tried 1 + retries times; none started after it
     msg = str(e.value)
     assert f"the served model 'judge' at {server.url} failed 3 time(s)" in msg and said in msg, msg
     assert "raise label.endpoint.retries / timeout_s" in msg and "re-run the same command to resume" in msg
@@ -139,6 +139,16 @@ def test_a_refusal_a_retry_cannot_change_stops_at_once(tmp_path):
         with pytest.raises(EndpointError, match="refused a call: HTTP 401.*label.endpoint.api_key_env"):
             _label(store, _samples(store, TEXTS[:2]), _judge(server.url, k=1, endpoint={"max_concurrency": 1}))
         assert len(server.requests) == 1
+
+
+def test_a_call_that_fails_for_good_stops_the_others_retries_and_is_the_error_given(tmp_path):
+    answer = lambda body: Failure(401) if "It is 51." in body["messages"][-1]["content"] else Failure(503)  # noqa: E731
+    store = ArtifactStore(tmp_path / "w")
+    with Stub(answer) as server:
+        with pytest.raises(EndpointError, match="refused a call: HTTP 401"):
+            _label(store, _samples(store, TEXTS[:2]), _judge(server.url, k=1, endpoint={
+                "retries": 50, "backoff_s": 0.2, "max_concurrency": 2}))
+        assert len(server.requests) < 10  # the other call stopped retrying
 
 
 def test_probability_modes_read_the_servers_log_probabilities_or_say_it_gives_none(tmp_path):
