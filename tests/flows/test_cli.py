@@ -85,6 +85,7 @@ def test_serve_refuses_bad_cron_and_missing_server_before_touching_anything(tmp_
                         f"workdir={tmp_path}", "--cron", "61 * * * *"], cwd=ROOT, capture_output=True, text=True,
                        env=env)
     assert r.returncode == 2 and "--cron '61 * * * *'" in r.stderr and "Traceback" not in r.stderr
+    assert "0 3 * * *" in r.stderr  # an example of one that works
     r = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "serve", "flows/configs/default.yaml",
                         f"workdir={tmp_path}", "--cron", "0 3 * * *", "--from", "newest"], cwd=ROOT,
                        capture_output=True, text=True, env=env)

@@ -15,12 +15,11 @@ STAGES = ["base", "evaluate", "evaluate", "filter", "label", "prompts", "sample"
 
 
 def _run(cfg):
-    from ratchet.flows.pipeline import self_improve
-    from ratchet.flows.runs import start
+    """A run as `ratchet run` makes it: its stages' workers forked from the run's fork server,
+    sampling on the run's one warm engine."""
+    from ratchet.flows.pipeline import execute
 
-    ctx, tracker = start(cfg)
-    results = self_improve(cfg, ctx)
-    tracker.end(ctx.parent_run_id)
+    ctx, results, tracker = execute(cfg)
     return ctx, tracker, results
 
 
@@ -132,9 +131,9 @@ def test_sigkill_during_training_then_rerun_recomputes_nothing_finished(referenc
     """Kill the whole pipeline (CLI, Prefect server, fork server, warm engine, stage worker) once
     training has checkpointed; the same command then finishes the run from that checkpoint. The
     sampling stages are the reference run's, copied in: the run finds them by key (the filter is
-    made again: the lineage test above corrupts the reference's on purpose). The reference ran its
-    stages with an engine each; this run's evaluations borrow the run's warm engine, and must
-    answer byte for byte as the reference's did."""
+    made again: the lineage test above corrupts the reference's on purpose). The resumed run's
+    warm engine is a new one, opened on the resumed model, and must answer byte for byte as the
+    reference's did (a warm engine against fresh ones: tests/models/test_warm.py)."""
     import os
     import shutil
     import signal
