@@ -1,6 +1,8 @@
 # One command each: `make demo` sets up and runs the default job; `make test` sets up and runs the tests;
 # `make docs` builds the documentation site in strict mode and serves it.
 PY ?= python3
+# pytest-xdist workers for `make test` (tests/conftest.py says which tests share one)
+TEST_WORKERS ?= 2
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ratchet-installed
@@ -26,7 +28,7 @@ demo: setup
 	$(BIN)/ratchet run flows/configs/default.yaml
 
 test: setup
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not integration"

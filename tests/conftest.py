@@ -78,3 +78,22 @@ def ray_cluster():
         yield c.address
     finally:
         c.shutdown()
+
+
+# `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup): one test's wait on a
+# server, a process start or a subprocess leaves the other core to the next test. A module's tests
+# stay on one worker, so its module-scoped fixtures (a server, a reference run) are made once. The
+# modules that run vLLM on the default model share one worker: two vLLM engines on two cores spin
+# on each other's threads. So do the two Ray modules, which each start a cluster.
+SHARED_WORKER = {
+    "vllm": ("tests/flows/test_pipeline.py", "tests/flows/test_served_round.py", "tests/models/test_warm.py",
+             "tests/models/test_models.py", "tests/tasks/test_judge_attacks.py"),
+    "ray": ("tests/flows/test_ray_round.py", "tests/tasks/test_ray.py"),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    group_of = {m: g for g, modules in SHARED_WORKER.items() for m in modules}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group_of.get(module, module)))
