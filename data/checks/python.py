@@ -16,10 +16,12 @@ list out; `async def` either way. The reward is the score; the verdict is score 
 so RFT accepts, DPO pairs and evaluation's accuracy counts by it, and the mean score and the
 returned metrics are logged per round.
 
-It runs in a process of its own (data/checks/scorer.py), every call bounded by `timeout_s`. A
-call that raises, outlives its bound, or returns NaN, inf or a wrong type is a failure; up to
-`max_failed_frac` of a batch of rows may fail (and stay unscored), past that the stage stops
-with the first failure's row and the function's own traceback. The digest of the function's
+It runs in processes of its own (data/checks/scorer.py), `workers` calls at once, every call
+bounded by `timeout_s` (a timeout ends the processes the function started too). A call that
+raises, outlives its bound, or returns NaN, inf or a wrong type is a failure; up to
+`max_failed_frac` of a batch of rows may fail (and stay unscored). The budget is read as calls
+finish: once it is spent no other call starts, and the stage stops with the first failure's
+row and the function's own traceback. The digest of the function's
 file is part of this config (`source`), so it keys every stage that scores with it, names the
 run and the eval set, and stands in the lineage: an edited file re-runs label and evaluate
 and reuses the samples.
@@ -63,6 +65,8 @@ class PythonCheck(Check):
     max_failed_frac: float = Field(default=0.0, ge=0, le=1, description="share of a batch of rows whose calls may "
                                    "fail (raise, time out, return NaN or a wrong type) and stay unscored; past it the "
                                    "stage stops with the first failure")
+    workers: int = Field(default=1, ge=1, le=64, json_schema_extra={"keyed": False}, description="calls run at "
+                         "once, each in a process of its own (the function is loaded in each)")
     source: str | None = Field(default=None, description="sha256 of the function's file, filled in when the config "
                                "is read; a stage that finds the file changed since stops instead of mixing versions")
 
@@ -95,22 +99,27 @@ class PythonCheck(Check):
         return self.check_many([Item(response, answer)])[0]
 
     def check_many(self, items: list[Item], tally: Tally | None = None) -> list[Verdict]:
+        """Verdicts for a batch of rows. The failure budget is read as calls finish: once more rows
+        have failed than `max_failed_frac` of the batch allows, no further call starts, so a
+        function that hangs costs the budget's timeouts, not one per row. (With a `tally`, the
+        caller holds the budget over several batches and settles it at the end.)"""
         if not items:
             return []
-        calls = self._calls(items)
+        calls = self._calls(items, budget=None if tally is not None else self.max_failed_frac * len(items))
         t = Tally() if tally is None else tally
         t.rows += len(items)
-        t.failed += [(i.id or "?", c.failure) for i, c in zip(items, calls) if c.failure is not None]
+        t.failed += [(i.id or "?", c.failure) for i, c in zip(items, calls) if c is not None and c.failure is not None]
         if tally is None:
-            self.settle(t)
+            self.settle(t, stopped=any(c is None for c in calls))
         return [self._verdict(c) for c in calls]
 
-    def settle(self, tally: Tally) -> None:
+    def settle(self, tally: Tally, stopped: bool = False) -> None:
         if tally.failed and len(tally.failed) > self.max_failed_frac * tally.rows:
             row, failure = tally.failed[0]
             raise CheckFailedError(
                 f"data.check.function={self.function!r} failed on row {row!r}: {failure}\n"
-                f"({len(tally.failed)} of {tally.rows} rows failed; data.check.max_failed_frac="
+                f"({len(tally.failed)} of {tally.rows} rows failed"
+                f"{', and the rest were not called' if stopped else ''}; data.check.max_failed_frac="
                 f"{self.max_failed_frac:g}). Fix the function (or raise data.check.timeout_s / max_failed_frac) and "
                 "re-run the same command: finished stages are kept")
 
@@ -121,17 +130,49 @@ class PythonCheck(Check):
             return Verdict(None, None, None, {"unscored": 1.0})
         return Verdict(c.score >= self.threshold, None, c.score, c.metrics)
 
-    def _calls(self, items: list[Item]) -> list[Call]:
-        scorer = _scorer(self)
+    def _calls(self, items: list[Item], budget: float | None) -> list[Call | None]:
+        """Each row's Call, `workers` calls at a time; None for the rows never called because
+        more than `budget` rows had failed by then."""
+        import queue
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
         if not self.batched:
-            return [scorer.call({"completion": i.response, "answer": i.answer, "prompt": i.prompt, **i.fields})
-                    for i in items]
-        out: list[Call] = []
-        for at in range(0, len(items), self.batch_size):
-            chunk = items[at:at + self.batch_size]
-            fields = {k: [i.fields.get(k) for i in chunk] for k in sorted({k for i in chunk for k in i.fields})}
-            out += scorer.call({"completions": [i.response for i in chunk], "prompts": [i.prompt for i in chunk],
-                                "answer": [i.answer for i in chunk], **fields})
+            jobs = [([k], {"completion": i.response, "answer": i.answer, "prompt": i.prompt, **i.fields})
+                    for k, i in enumerate(items)]
+        else:
+            jobs = []
+            for at in range(0, len(items), self.batch_size):
+                chunk = items[at:at + self.batch_size]
+                fields = {k: [i.fields.get(k) for i in chunk] for k in sorted({k for i in chunk for k in i.fields})}
+                jobs.append((list(range(at, at + len(chunk))), {
+                    "completions": [i.response for i in chunk], "prompts": [i.prompt for i in chunk],
+                    "answer": [i.answer for i in chunk], **fields}))
+        out: list[Call | None] = [None] * len(items)
+        free: queue.SimpleQueue[Scorer] = queue.SimpleQueue()
+        for s in _scorers(self, min(self.workers, len(jobs))):
+            free.put(s)
+        lock, spent, failed = threading.Lock(), threading.Event(), [0]
+
+        def run(job) -> None:
+            rows, kwargs = job
+            if spent.is_set():
+                return
+            scorer = free.get()
+            try:
+                got = scorer.call(kwargs)
+            finally:
+                free.put(scorer)
+            got = got if self.batched else [got]
+            with lock:
+                for k, c in zip(rows, got):
+                    out[k] = c
+                failed[0] += sum(c.failure is not None for c in got)
+                if budget is not None and failed[0] > budget:
+                    spent.set()
+
+        with ThreadPoolExecutor(max_workers=min(self.workers, len(jobs))) as pool:
+            list(pool.map(run, jobs))
         return out
 
 
@@ -154,10 +195,16 @@ def source_digest(spec: str) -> str:
     return sha256_file(Path(found.origin))
 
 
-def _scorer(cfg: PythonCheck) -> Scorer:
-    """This process's scorer for the function. The file is checked against the digest the stage
-    was keyed with each time it is loaded (at start, and when a timeout or a crash restarts it):
-    a running process keeps the code it loaded, so that is when a changed file would slip in."""
+def _scorers(cfg: PythonCheck, n: int) -> list[Scorer]:
+    """This process's first `n` scorers for the function (one per call that runs at once)."""
+    return [_scorer(cfg, k) for k in range(n)]
+
+
+def _scorer(cfg: PythonCheck, k: int = 0) -> Scorer:
+    """This process's scorer number `k` for the function. The file is checked against the digest
+    the stage was keyed with each time it is loaded (at start, and when a timeout or a crash
+    restarts it): a running process keeps the code it loaded, so that is when a changed file would
+    slip in."""
 
     def same_source() -> None:
         now = source_digest(cfg.function)
@@ -168,7 +215,7 @@ def _scorer(cfg: PythonCheck) -> Scorer:
                                    "decided")
 
     try:
-        return shared(cfg.function, batched=cfg.batched, timeout_s=cfg.timeout_s, tag=cfg.source or "",
+        return shared(cfg.function, batched=cfg.batched, timeout_s=cfg.timeout_s, tag=f"{cfg.source or ''}#{k}",
                       before_load=same_source)
     except ScorerError as e:
         raise CheckFailedError(f"data.check.function={cfg.function!r}: {e}") from None

@@ -4,9 +4,11 @@ bounds need a process's main thread (math-verify's signal alarms).
 A `Scorer` starts one child process (`python -c ...`), which imports the function once and
 then answers one call at a time over a pipe (JSON lines on a descriptor of their own, so
 what the function prints goes to the stage's log, not into the protocol). Every call is
-bounded in time by this side: a call that outlives `timeout_s` has its child killed, is
-reported as timed out, and the next call starts a new child. A child that dies (a crash,
-`sys.exit`, the out-of-memory killer) costs only the call it was making.
+bounded in time by this side: a call that outlives `timeout_s` has its child killed, with its
+process group (what the function started), is reported as timed out, and the next call starts
+a new child. A child that dies (a crash, `sys.exit`, the out-of-memory killer) costs only the
+call it was making. Each call and its answer carry a number, and a process the function forked
+that returns from it exits there: no answer ever goes to a call it was not for.
 
 Calls are (completion, answer=, prompt=, **fields) for one row, or, batched, lists under
 TRL's names (completions, prompts=, answer=, ...) returning a list. A function may be
@@ -79,9 +81,9 @@ class Scorer:
         self.proc = subprocess.Popen([sys.executable, "-c", CHILD, self.spec, "1" if self.batched else "0",
                                       json.dumps(list(self.fields))],
                                      stdin=subprocess.PIPE, stdout=None, stderr=None, pass_fds=(write_fd,),
-                                     env=env)
+                                     env=env, start_new_session=True)  # its group: what the function starts
         os.close(write_fd)
-        self._out = os.fdopen(read_fd, "r")
+        self._out, self._buf = os.fdopen(read_fd, "rb", buffering=0), b""
         reply = self._read(self.load_timeout_s)
         if not reply:
             code = self._wait()
@@ -90,13 +92,17 @@ class Scorer:
                               else f"{self.spec}: loading it took over {self.load_timeout_s:.0f} s")
         if not reply.get("ok"):
             self.close()
-            raise ScorerError(reply["error"])
+            raise ScorerError(reply.get("error") or f"{self.spec}: its process answered outside the scorer's protocol")
         return reply
 
     def close(self) -> None:
         if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
+            import signal
+
+            try:  # the child's whole group: a process the function started ends with it
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
             self.proc.wait()
             for f in (self.proc.stdin, getattr(self, "_out", None)):
                 if f is not None:
@@ -107,18 +113,27 @@ class Scorer:
         self.proc = None
 
     def _read(self, timeout: float) -> dict | None:
-        """The child's next reply; None past `timeout`; {} when the child is gone."""
+        """The child's next reply; None past `timeout`; {} when the child is gone. A line that is
+        not JSON is no reply to anything (`{"#": None}`)."""
         import select
 
         end = time.monotonic() + timeout
-        while True:
+        while b"\n" not in self._buf:
             left = end - time.monotonic()
             if left <= 0:
                 return None
             ready, _, _ = select.select([self._out], [], [], left)
             if ready:
-                line = self._out.readline()
-                return json.loads(line) if line else {}
+                chunk = os.read(self._out.fileno(), 1 << 16)
+                if not chunk:
+                    return {}
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            return {"#": None}
+        return reply if isinstance(reply, dict) else {"#": None}
 
     # calls -------------------------------------------------------------------------------
     def call(self, kwargs: dict[str, Any]) -> list[Call] | Call:
@@ -130,13 +145,15 @@ class Scorer:
             self.start()
         self.calls += 1
         try:
-            self.proc.stdin.write((json.dumps(kwargs) + "\n").encode())
+            self.proc.stdin.write((json.dumps({"#": self.calls, "kwargs": kwargs}) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             code = self._wait()
             self.close()
             return self._failed(kwargs, f"its process died before the call (exit code {code})")
-        reply = self._read(self.timeout_s)
+        end = time.monotonic() + self.timeout_s
+        while (reply := self._read(end - time.monotonic())) and reply.get("#") != self.calls:
+            pass  # not this call's answer: never taken for it
         if reply == {}:
             code = self._wait()
             self.close()
@@ -328,25 +345,31 @@ def child_main() -> int:
         say({"ok": False, "error": f"{spec}: {problem}"})
         return 0
     say({"ok": True, "async": inspect.iscoroutinefunction(fn)})
+    me = os.getpid()
     for line in sys.stdin:
-        kwargs = json.loads(line)
+        call = json.loads(line)
+        n, kwargs = call["#"], call["kwargs"]
         first = kwargs.pop("completions" if batched else "completion")
         try:
             v = fn(first, **kwargs)
             if inspect.isawaitable(v):
                 v = asyncio.run(_await(v))
         except BaseException as e:  # noqa: BLE001 - the user's exception, reported with its row
+            if os.getpid() != me:  # a process the function forked, raising out of it: never answers
+                os._exit(1)
             failure = {"failure": f"raised {type(e).__name__}: {e}\n{_user_traceback(e)}"}
-            say({"results": [failure] * len(first)} if batched else {"result": failure})
+            say({"#": n, **({"results": [failure] * len(first)} if batched else {"result": failure})})
             continue
+        if os.getpid() != me:  # a process the function forked, returning from it: it answers nothing, and
+            os._exit(0)  # reads no call (its parent answers this one, and scores go to the rows they are for)
         if not batched:
-            say({"result": _value(v)})
+            say({"#": n, "result": _value(v)})
         elif not isinstance(v, (list, tuple)) or len(v) != len(first):
             what = f"{type(v).__name__} of {len(v)}" if isinstance(v, (list, tuple)) else type(v).__name__
             failure = f"returned a {what} for {len(first)} rows; a batched function returns one value per row"
-            say({"results": [{"failure": failure}] * len(first)})
+            say({"#": n, "results": [{"failure": failure}] * len(first)})
         else:
-            say({"results": [_value(x) for x in v]})
+            say({"#": n, "results": [_value(x) for x in v]})
     return 0
 
 

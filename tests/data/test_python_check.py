@@ -365,3 +365,81 @@ def test_every_metric_name_a_function_may_return_is_one_mlflow_logs(name):
 
     for stage in ("label", "evaluate"):
         _validate_metric_name(f"{stage}.score_{name}_mean")
+
+
+MANY = [Item(f"answer {k}", str(k), f"What is {k}?", f"p{k}#0") for k in range(6)]
+
+
+def test_a_function_that_hangs_costs_its_budget_not_a_timeout_per_row(tmp_path):
+    """With max_failed_frac 0, the first call that times out stops the batch: no other row is
+    called (a 40-row evaluation used to wait 40 timeouts in turn)."""
+    log = tmp_path / "called"
+    f = _file(tmp_path, f"""
+        import time
+
+        def score(completion, answer=None, prompt=None):
+            open({str(log)!r}, "a").write(completion + "\\n")
+            time.sleep(60)
+    """)
+    with pytest.raises(CheckFailedError, match=r"(?s)row 'p0#0'.*timed out after 1 s.*\(1 of 6 rows failed, and the "
+                                               r"rest were not called; data.check.max_failed_frac=0\)"):
+        check_many(PythonCheck(function=f"{f}:score", timeout_s=1.0), MANY)
+    assert log.read_text().splitlines() == ["answer 0"]
+    # within a budget of half the rows, the calls go on until it is spent: 3 may fail, the 4th stops them
+    log.unlink()
+    with pytest.raises(CheckFailedError, match=r"\(4 of 6 rows failed, and the rest were not called"):
+        check_many(PythonCheck(function=f"{f}:score", timeout_s=1.0, max_failed_frac=0.5), MANY)
+    assert len(log.read_text().splitlines()) == 4
+
+
+def test_calls_run_in_parallel_each_in_a_process_of_its_own_and_keep_their_rows(tmp_path):
+    log = tmp_path / "calls"
+    f = _file(tmp_path, f"""
+        import os, time
+
+        def score(completion, answer=None, prompt=None):
+            start = time.monotonic()
+            time.sleep(0.5)
+            open({str(log)!r}, "a").write(f"{{os.getpid()}} {{start}} {{time.monotonic()}}\\n")
+            return float(answer)
+    """)
+    v = check_many(PythonCheck(function=f"{f}:score", workers=3, threshold=100), MANY)
+    assert [x.score for x in v] == [float(k) for k in range(6)]  # each row its own score
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert len({pid for pid, _, _ in calls}) == 3
+    spans = sorted((float(a), float(b)) for _, a, b in calls)
+    assert any(spans[i + 1][0] < spans[i][1] for i in range(len(spans) - 1))  # calls overlapped in time
+
+
+def test_a_timeout_ends_the_processes_the_function_started(tmp_path):
+    pids = tmp_path / "pids"
+    f = _file(tmp_path, f"""
+        import subprocess, time
+
+        def score(completion, answer=None, prompt=None):
+            p = subprocess.Popen(["sleep", "300"])
+            open({str(pids)!r}, "a").write(f"{{p.pid}}\\n")
+            time.sleep(60)
+    """)
+    with pytest.raises(CheckFailedError, match="timed out"):
+        check_many(PythonCheck(function=f"{f}:score", timeout_s=1.0), MANY[:1])
+    from tests.procs import gone_within
+
+    (pid,) = map(int, pids.read_text().split())
+    assert gone_within(pid, 5), "the function's own process outlived its call's timeout"
+
+
+def test_a_fork_inside_the_function_cannot_send_scores_to_other_rows(tmp_path):
+    """The forked process returns from the function too: it is ended there, so only the parent
+    answers, and each row gets its own score."""
+    f = _file(tmp_path, """
+        import os
+
+        def score(completion, answer=None, prompt=None):
+            if os.fork() == 0:
+                return -1.0  # the forked copy's answer, which must never be taken for any row
+            os.wait()
+            return float(answer)
+    """)
+    v = check_many(PythonCheck(function=f"{f}:score", threshold=100), MANY)
+    assert [x.score for x in v] == [float(k) for k in range(6)]
