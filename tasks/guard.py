@@ -19,10 +19,14 @@ scan() finds that text in five kinds:
 - role: a turn of the conversation ("assistant:", "Judge:", "System:").
 
 It reads a normalised copy of the text, so look-alike letters, full-width and
-mathematical characters, invisible characters, digits standing for letters (sc0re)
-and spaced-out words (s c o r e) match as the plain words; a finding that needed
-that is also flagged `obfuscation`. A word that the prompt itself uses ("score" in
-"What was the final score?") is not held against the response.
+mathematical characters, accents, combining marks, variation selectors and other
+invisible characters, markup inside a word (**S**core, S<b></b>core), HTML character
+references (&lt;/response&gt;), digits standing for letters (sc0re) and spaced-out
+words (s c o r e) match as the plain words; a finding that needed that is also flagged
+`obfuscation`. Score words of other languages (评分, Bewertung, puntuación, оценка, ...)
+and numeric superlatives ("a perfect 10") are scores too. A word that the prompt itself
+uses ("score" in "What was the final score?") is not held against the response, unless
+the response hides it: an obfuscated finding is never excused.
 
 neutralize() removes the sentence around each finding (a fence or role finding: the
 rest of its line) and scans again until nothing is found, so a response made of a
@@ -65,6 +69,7 @@ _LOOKALIKE = str.maketrans({
     "Α": "A", "Β": "B", "Ε": "E", "Ζ": "Z", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N", "Ο": "O", "Ρ": "P",
     "Τ": "T", "Υ": "Y", "Χ": "X",
 })
+_LOOKALIKE_CHARS = {chr(c) for c in _LOOKALIKE}
 _LEET = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s"})
 _LEET_WORD = re.compile(r"(?<![\w@$])(?=[\w@$]*[A-Za-z][\w@$]*[A-Za-z])(?=[\w@$]*[013457@$])[\w@$]+")
 _SPACED = re.compile(r"(?<![A-Za-z])(?:[A-Za-z][ .\-_*·]{1,3}){3,}[A-Za-z](?![A-Za-z])")
@@ -101,17 +106,56 @@ def _runs_cut(chars: list[str], origin: list[int]) -> tuple[list[str], list[int]
 PUNCT_RUN = 6  # the longest run of non-word characters a pattern reads ("<![CDATA[" holds three)
 
 
+_ENTITY = re.compile(r"&(?:#\d{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,9});?")
+_HIDDEN = {"Cf", "Mn", "Me"}  # invisible characters, combining marks (accents, strokes), variation selectors, keycaps
+_MARKUP = re.compile(r"(?<=[^\W\d_])(?:[*_`~]|<\s?/?\s?[A-Za-z]{1,10}\s?/?\s?>)+(?=[^\W\d_])")
+
+
+def _entities(text: str) -> tuple[list[str], list[int]]:
+    """`text` with its HTML character references read (&lt; is <), each read character mapped to
+    where its reference starts: the judge may be shown a page, and a fence written as &lt;/response&gt;
+    reads as one there."""
+    import html
+
+    chars, origin, pos = [], [], 0
+    for m in _ENTITY.finditer(text):
+        read = html.unescape(m.group())
+        if read == m.group():
+            continue
+        chars += text[pos:m.start()]
+        origin += range(pos, m.start())
+        chars += read
+        origin += [m.start()] * len(read)
+        pos = m.end()
+    chars += text[pos:]
+    origin += range(pos, len(text))
+    return chars, origin
+
+
+def fold(word: str) -> str:
+    """What `view` makes of a word: compatibility forms, accents and look-alike letters undone."""
+    return "".join(c for c in unicodedata.normalize("NFKD", word) if unicodedata.category(c) not in _HIDDEN
+                   ).translate(_LOOKALIKE)
+
+
 def view(text: str) -> tuple[str, list[int]]:
     """A copy of `text` for matching, and for each of its characters the index of the
     character of `text` it came from."""
     chars, origin = [], []
-    for i, ch in enumerate(text):
-        if unicodedata.category(ch) == "Cf":  # zero-width and other invisible characters
+    for ch, i in zip(*_entities(text)):
+        if unicodedata.category(ch) in _HIDDEN:
             continue
-        for c in unicodedata.normalize("NFKC", ch).translate(_LOOKALIKE):
-            chars.append(c)
-            origin.append(i)
+        for c in unicodedata.normalize("NFKD", ch).translate(_LOOKALIKE):
+            if unicodedata.category(c) not in _HIDDEN:  # an accent that NFKD took off its letter
+                chars.append(c)
+                origin.append(i)
     chars, origin = _runs_cut(chars, origin)
+    s = "".join(chars)
+    keep = [True] * len(s)  # markup inside a word goes: "**S**core" reads as "**Score"
+    for m in _MARKUP.finditer(s):
+        keep[m.start():m.end()] = [False] * (m.end() - m.start())
+    chars = [c for c, k in zip(chars, keep) if k]
+    origin = [o for o, k in zip(origin, keep) if k]
     s = "".join(chars)
     s = _LEET_WORD.sub(lambda m: m.group().translate(_LEET), s)  # same length: origins still hold
     out, keep = [], []
@@ -141,6 +185,17 @@ _WORDS = r"(?:[\w'-]+\s+)"
 _SURELY = (r"(?:(?:definitely|absolutely|completely|certainly|clearly|indeed|fully|totally|entirely|perfectly|"
            r"undoubtedly|surely|obviously|also|100%|100 percent|most|very|now)\s+)")
 
+# a score in other languages: the word (folded as `view` folds text), then a number
+_FOREIGN_WORDS = {fold(w).casefold() for w in (
+    "评分", "得分", "分数", "打分", "评价", "評分", "分數", "点数", "評価", "採点", "得点", "スコア", "점수", "평가",
+    "Bewertung", "Punkte", "Punktzahl", "Wertung", "puntuación", "calificación", "puntaje", "pontuação",
+    "avaliação", "punteggio", "valutazione", "voto", "évaluation", "оценка", "балл", "баллы", "баллов", "рейтинг",
+    "ocena", "punkty", "puan", "skor", "درجة", "ציון")}
+_FOREIGN_SCORE = "|".join(re.escape(w) for w in sorted(_FOREIGN_WORDS, key=len, reverse=True))
+_FOREIGN_OF = "|".join(re.escape(fold(w)) for w in ("von", "sur", "su", "de", "di", "из", "od", "z", "av", "van"))
+_FOREIGN_FULL = "|".join(re.escape(fold(w)) for w in ("满分", "滿分", "満点", "만점", "Höchstpunktzahl", "volle Punktzahl",
+                                                      "note maximale", "puntuación perfecta", "nota máxima"))
+
 # (kind, pattern, never excused by the prompt, cut to the end of the line)
 PATTERNS: list[tuple[str, re.Pattern, bool, bool]] = [(k, re.compile(p, re.I | re.M), strict, line) for k, p, strict, line in [
     # score
@@ -158,6 +213,11 @@ PATTERNS: list[tuple[str, re.Pattern, bool, bool]] = [(k, re.compile(p, re.I | r
     ("score", r"\b(?:\d+(?:\.\d+)?|one|two|three|four|five|six|seven|eight|nine|ten)\s+(?P<kw>stars?|points?)\b",
      False, False),  # "zero point" is a phrase, not a score
     ("score", r"[★⭐✩✪✫✬✭✮✯✰☆]", True, False),
+    ("score", rf"(?P<kw>{_FOREIGN_SCORE})[\"'`*_\]]*\s*(?:[:=]|\s)\s*[*_`\"'(\[]*\s*{_NUM}", False, False),
+    ("score", rf"(?<![\d.])(?:5|10|100)\s+(?:{_FOREIGN_OF})\s+(?:5|10|100)(?![\d.])", True, False),
+    ("score", rf"(?:{_FOREIGN_FULL})", True, False),
+    ("score", r"\b(?P<kw>perfect|flawless|solid|straight)\s+(?:10|ten|100|hundred|5|five)(?:s|/10|/5)?\b"
+              r"(?=\s*(?:[.!,;:)\]]|$|out of\b|of\b))", False, False),
     # verdict
     ("verdict", rf"\b(?P<kw>verdict|judge?ment|assessment|evaluation|conclusion|result|status|grade|decision)\s*"
                 rf"[:=-]\s*(?:the\s+{_RESP}\s+is\s+)?{_GOOD}\b", False, False),
@@ -200,11 +260,12 @@ PATTERNS: list[tuple[str, re.Pattern, bool, bool]] = [(k, re.compile(p, re.I | r
                     r"(?:only\s+)?(?:with\s+)?"
                     r"(?:[\"'“‘]\s*(?:yes|correct|true|5|10|pass)\b|(?P<kw>yes)\b)", False, False),
     # fence
-    ("fence", r"</?\s*(?P<kw>response|question|proposed_answer)\b[^<>]{0,40}>", True, True),
-    ("fence", r"</?\s*(?P<kw>answer|prompt|user|assistant|system|judge|judgement|verdict|score|rating|evaluation|"
+    ("fence", r"<\s*/?\s*(?P<kw>response|question|proposed_answer)\b[^<>]{0,40}>", True, True),
+    ("fence", r"<\s*/?\s*(?P<kw>answer|prompt|user|assistant|system|judge|judgement|verdict|score|rating|evaluation|"
               r"rubric|instructions?|output|input|context|human|ai|model|grade|review|feedback)\b[^<>]{0,40}>", False, True),
-    ("fence", r"<\|[^<>|]{1,40}\|>|\[/?INST\]|<</?SYS>>|</?s>|\]\]>|<!\[CDATA\[|"
-              r"</?\|?[a-z_]*(?:eos|bos|eot|endoftext|end_of_turn|start_of_turn|im_start|im_end)[a-z_]*\|?>", True, True),
+    ("fence", r"<\s*\|[^<>|]{1,40}\|\s*>|\[/?INST\]|<</?SYS>>|<\s*/?\s*s\s*>|\]\]>|<!\[CDATA\[|"
+              r"<\s*/?\s*\|?[a-z_]*(?:eos|bos|eot|endoftext|end_of_turn|start_of_turn|im_start|im_end)[a-z_]*\|?\s*>",
+     True, True),
     ("fence", r"^\s*#{1,6}\s*(?P<kw>instructions?|response|system|user|assistant|human|evaluation|judge|verdict|score|"
               r"rating|review|assessment|feedback|grade)\b", False, True),
     ("fence", rf"\b(?:end|start|begin|close|beginning)\s+(?:of\s+)?(?:the\s+)?(?P<kw>{_RESP}|input|message|"
@@ -235,7 +296,7 @@ def _stem(word: str) -> str:
 
 
 def _words(text: str) -> set[str]:
-    return {_stem(w) for w in re.findall(r"[a-z_]+", view(text)[0].casefold())}
+    return {_stem(w) for w in re.findall(r"[^\W\d]+", view(text)[0].casefold())}
 
 
 def scan(response: str, prompt: str = "") -> list[Finding]:
@@ -243,29 +304,45 @@ def scan(response: str, prompt: str = "") -> list[Finding]:
     v, origin = view(response)
     if not v:
         return []
-    excused = _words(prompt)
+    excused, prompt_view = _words(prompt), view(prompt)[0].casefold()
     tags = {m.lower() for m in re.findall(r"</?\s*([a-z_]+)", prompt, re.I)}
     found = []
 
-    def add(kind: str, m: re.Match, to_line_end: bool) -> None:
+    def obfuscated(m: re.Match) -> bool:
+        """The view had to undo more than a long run's cut to read it: look-alike letters, markup
+        inside a word, marks that compose with no letter, invisible characters, entities, spaced
+        letters, an English word written with accents. A word in its own language's letters
+        ("Puntuación", "评分：") is not hidden."""
+        text = response[origin[m.start()]:origin[m.end() - 1] + 1]
+        cut = lambda s: "".join(_runs_cut(list(s), list(range(len(s))))[0])  # noqa: E731
+        if cut(text) == m.group():
+            return False
+        nfc = unicodedata.normalize("NFC", text)
+        if any(unicodedata.category(c) in _HIDDEN or c in _LOOKALIKE_CHARS for c in nfc) or cut(fold(nfc)) != m.group():
+            return True
+        kw = m.groupdict().get("kw")
+        if kw is None:
+            return False
+        a, b = origin[m.start("kw")], origin[m.end("kw") - 1] + 1
+        return kw.isascii() and not response[a:b].isascii() and kw.casefold() not in _FOREIGN_WORDS  # "Scòre"
+
+    def add(kind: str, m: re.Match, to_line_end: bool, obf: bool) -> None:
         a, b = origin[m.start()], origin[m.end() - 1] + 1
-        text = response[a:b]
-        # obfuscated: the view had to undo more than a long run's cut to read it
-        plain = "".join(_runs_cut(list(text), list(range(len(text))))[0])
-        found.append(Finding(kind, a, b, text, obfuscated=plain != m.group(), to_line_end=to_line_end))
+        found.append(Finding(kind, a, b, response[a:b], obfuscated=obf, to_line_end=to_line_end))
 
     for kind, pattern, strict, to_line_end in PATTERNS:
         for m in pattern.finditer(v):
-            kw = m.groupdict().get("kw")
-            if not strict and kw is not None:
-                words = {_stem(w) for w in re.findall(r"[a-z_]+", kw.casefold()) if len(w) > 3 or w == kw.casefold()}
-                if (words & excused and not m.group().lstrip().startswith("<")) or (kw.casefold() in tags):
+            kw, obf = m.groupdict().get("kw"), obfuscated(m)
+            if not strict and kw is not None and not obf:  # a word hidden from plain reading is never excused
+                words = {_stem(w) for w in re.findall(r"[^\W\d]+", kw.casefold()) if len(w) > 3 or w == kw.casefold()}
+                said = words & excused or (not kw.isascii() and kw.casefold() in prompt_view)  # unspaced scripts
+                if (said and not m.group().lstrip().startswith("<")) or (kw.casefold() in tags):
                     continue
-            add(kind, m, to_line_end)
+            add(kind, m, to_line_end, obf)
     if len([x for x in v.splitlines() if x.strip()]) > 1:
         for m in _VERDICT_LINE.finditer(v):
-            if m.group("kw").casefold() not in excused:
-                add("verdict", m, True)
+            if m.group("kw").casefold() not in excused or obfuscated(m):
+                add("verdict", m, True, obfuscated(m))
     return sorted(found, key=lambda f: (f.start, f.end))
 
 

@@ -296,15 +296,19 @@ def test_an_interrupt_stops_the_calls_at_once_whatever_the_retries(tmp_path):
 
     store = ArtifactStore(tmp_path / "w")
     sample = _samples(store, TEXTS[:4])
-    with Stub(lambda body: Failure(503)) as server:
-        threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-        t = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
-            _label(store, sample, _judge(server.url, k=1, endpoint={"retries": 20, "backoff_s": 4.0}))
-        took = time.monotonic() - t
-        asked = len(server.requests)
-        time.sleep(1.5)
-        assert len(server.requests) == asked  # nothing asked after it
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's (a test worker ignores it)
+    try:
+        with Stub(lambda body: Failure(503)) as server:
+            threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+            t = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                _label(store, sample, _judge(server.url, k=1, endpoint={"retries": 20, "backoff_s": 4.0}))
+            took = time.monotonic() - t
+            asked = len(server.requests)
+            time.sleep(1.5)
+            assert len(server.requests) == asked  # nothing asked after it
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert took < 4.0, took
 
 
