@@ -108,7 +108,8 @@ PUNCT_RUN = 6  # the longest run of non-word characters a pattern reads ("<![CDA
 
 _ENTITY = re.compile(r"&(?:#\d{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,9});?")
 _HIDDEN = {"Cf", "Mn", "Me"}  # invisible characters, combining marks (accents, strokes), variation selectors, keycaps
-_MARKUP = re.compile(r"(?<=[^\W\d_])(?:[*_`~]|<\s?/?\s?[A-Za-z]{1,10}\s?/?\s?>)+(?=[^\W\d_])")
+# emphasis and tags inside a word ("_" is no emphasis inside a word, and names hold it: proposed_answer)
+_MARKUP = re.compile(r"(?<=[^\W\d_])(?:[*`~]|<\s?/?\s?[A-Za-z]{1,10}\s?/?\s?>)+(?=[^\W\d_])")
 
 
 def _entities(text: str) -> tuple[list[str], list[int]]:
