@@ -1,8 +1,6 @@
 # One command each: `make demo` sets up and runs the default job; `make test` sets up and runs the tests;
 # `make docs` builds the documentation site in strict mode and serves it.
 PY ?= python3
-# pytest-xdist workers for `make test` (tests/conftest.py says which tests share one)
-TEST_WORKERS ?= 2
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ratchet-installed
@@ -28,7 +26,7 @@ demo: setup
 	$(BIN)/ratchet run flows/configs/default.yaml
 
 test: setup
-	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q --durations=15
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not integration"
