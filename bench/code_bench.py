@@ -4,8 +4,9 @@ pass rate on Ratchet's own code task (greedy, vLLM).
 
 The programs are the task's reference solutions (examples/code_task/solutions.jsonl, every
 one passes) and the same number of failing ones (an empty body), so both the passing and the
-failing paths are timed. A program here is one run: one sandbox for a problem tested by
-asserts, one per case for stdin-to-stdout problems.
+failing paths are timed. A program here is one run for a problem tested by asserts (two
+sandboxes joined by a pipe: the program's side and the tests' side), and one run (one
+sandbox) per case for stdin-to-stdout problems.
 
     python bench/code_bench.py [--repeat 3] [--workers 1 2] [--base-rate]
 """

@@ -100,42 +100,65 @@ def run(files: dict[str, str], argv: list[str], stdin: str, limits: Limits, sand
     and `stdin`, under `limits`, in the sandbox (`bwrap`) or without one (`none`)."""
     box = Path(tempfile.mkdtemp(prefix="ratchet-box-"))
     try:
-        os.chmod(box, 0o755)  # readable by nobody, the sandbox's user where this runs as root
-        for name, text in files.items():
-            (box / name).write_text(text, encoding="utf-8")
-            os.chmod(box / name, 0o644)
-        exe = shutil.which(argv[0], path=PATH) or argv[0]
-        rl = [str(limits.cpu_s), str(limits.memory_mb << 20), str(limits.processes), str(limits.file_mb << 20)]
-        kw: dict = {}
-        if sandbox == "bwrap":
-            cmd = [bwrap_path(), "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
-                   "--setenv", "PATH", PATH, "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
-                   *_system_binds(), "--proc", "/proc", "--dev", "/dev",
-                   "--size", str(max(limits.file_mb, 16) << 21), "--tmpfs", "/tmp",
-                   "--ro-bind", str(box), "/box", "--chdir", "/tmp", "--cap-drop", "ALL",
-                   exe, "-I", "-c", LAUNCHER, *rl, exe, "-I", *[a.replace("{box}", "/box") for a in argv[1:]]]
-            # bwrap's own environment is empty too: its init process (PID 1 inside) keeps it, readable there
-            kw = {"env": {"PATH": PATH}}
-            if os.geteuid() == 0:
-                kw.update(user=NOBODY, group=NOBODY, extra_groups=[])
-        else:
-            work = box / "tmp"
-            work.mkdir()
-            cmd = [exe, "-I", "-c", LAUNCHER, *rl, exe, "-I", *[a.replace("{box}", str(box)) for a in argv[1:]]]
-            kw = {"cwd": work, "env": {"PATH": PATH, "HOME": str(work), "LANG": "C.UTF-8"}}
+        cmd, kw = _command(box, files, argv, limits, sandbox)
         return _watch(cmd, stdin, limits, kw)
     finally:
         shutil.rmtree(box, ignore_errors=True)
 
 
-def _watch(cmd: list[str], stdin: str, limits: Limits, kw: dict) -> Ran:
+def run_pair(first: tuple[dict[str, str], list[str]], second: tuple[dict[str, str], list[str]], limits: Limits,
+             sandbox: str) -> tuple[Ran, Ran]:
+    """Two programs, each `(files, argv)` as in `run` and each in a sandbox of its own, that talk
+    to each other: the first's stdout is the second's stdin and the second's stdout the first's.
+    Neither can see or signal the other (separate PID, mount and IPC namespaces); all that
+    passes between them is the pipe. The parent reads their stderrs (the second's up to the
+    output limit: its report); the wall time bounds both, and both end when the second does."""
+    boxes = [Path(tempfile.mkdtemp(prefix="ratchet-box-")) for _ in range(2)]
+    try:
+        cmds = [_command(box, files, argv, limits, sandbox) for box, (files, argv) in zip(boxes, (first, second))]
+        return _watch_pair(cmds, limits)
+    finally:
+        for box in boxes:
+            shutil.rmtree(box, ignore_errors=True)
+
+
+def _command(box: Path, files: dict[str, str], argv: list[str], limits: Limits, sandbox: str) -> tuple[list, dict]:
+    """The command line and Popen arguments that run `argv` with `files` in `box` (as /box)."""
+    os.chmod(box, 0o755)  # readable by nobody, the sandbox's user where this runs as root
+    for name, text in files.items():
+        (box / name).write_text(text, encoding="utf-8")
+        os.chmod(box / name, 0o644)
+    exe = shutil.which(argv[0], path=PATH) or argv[0]
+    rl = [str(limits.cpu_s), str(limits.memory_mb << 20), str(limits.processes), str(limits.file_mb << 20)]
+    if sandbox == "bwrap":
+        cmd = [bwrap_path(), "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+               "--setenv", "PATH", PATH, "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
+               *_system_binds(), "--proc", "/proc", "--dev", "/dev",
+               "--size", str(max(limits.file_mb, 16) << 21), "--tmpfs", "/tmp",
+               "--ro-bind", str(box), "/box", "--chdir", "/tmp", "--cap-drop", "ALL",
+               exe, "-I", "-c", LAUNCHER, *rl, exe, "-I", *[a.replace("{box}", "/box") for a in argv[1:]]]
+        # bwrap's own environment is empty too: its init process (PID 1 inside) keeps it, readable there
+        kw: dict = {"env": {"PATH": PATH}}
+        if os.geteuid() == 0:
+            kw.update(user=NOBODY, group=NOBODY, extra_groups=[])
+        return cmd, kw
+    work = box / "tmp"
+    work.mkdir()
+    cmd = [exe, "-I", "-c", LAUNCHER, *rl, exe, "-I", *[a.replace("{box}", str(box)) for a in argv[1:]]]
+    return cmd, {"cwd": work, "env": {"PATH": PATH, "HOME": str(work), "LANG": "C.UTF-8"}}
+
+
+def _start(cmd: list[str], kw: dict, **pipes) -> subprocess.Popen:
     from ratchet.data.lifetime import child_dies_with_parent
 
     try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, preexec_fn=child_dies_with_parent(), **kw)
+        return subprocess.Popen(cmd, start_new_session=True, preexec_fn=child_dies_with_parent(), **pipes, **kw)
     except OSError as e:
         raise SandboxError(f"{cmd[0]} could not start: {e}") from None
+
+
+def _watch(cmd: list[str], stdin: str, limits: Limits, kw: dict) -> Ran:
+    proc = _start(cmd, kw, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     # Its input is written as it reads it, while its output is read: a program that answers a
     # line at a time fills its output pipe long before a large input is all written, and would
     # wait on us while we waited on it. The wall time counts from here, writing included.
@@ -190,6 +213,56 @@ def _watch(cmd: list[str], stdin: str, limits: Limits, kw: dict) -> Ran:
         status, timed_out = proc.wait(), True
     return Ran(status, bytes(out[:cap]).decode("utf-8", "replace"), timed_out, cut,
                bytes(err[-2000:]).decode("utf-8", "replace"))
+
+
+def _watch_pair(cmds: list[tuple[list, dict]], limits: Limits) -> tuple[Ran, Ran]:
+    there, back = os.pipe(), os.pipe()  # first -> second, second -> first
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(_start(*cmds[0], stdin=back[0], stdout=there[1], stderr=subprocess.PIPE))
+        procs.append(_start(*cmds[1], stdin=there[0], stdout=back[1], stderr=subprocess.PIPE))
+    except SandboxError:
+        for proc in procs:
+            _kill(proc)
+        raise
+    finally:
+        for fd in (*there, *back):
+            os.close(fd)
+    errs, caps = [bytearray(), bytearray()], [2000, limits.output_kb << 10]
+    cut = timed_out = False
+    deadline = time.monotonic() + limits.wall_s
+    sel = selectors.DefaultSelector()
+    for i, proc in enumerate(procs):
+        sel.register(proc.stderr, selectors.EVENT_READ, i)
+    streams = {0, 1}
+    while 1 in streams:  # until the second's stderr closes: it has ended
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            break
+        for key, _ in sel.select(timeout=min(left, 1.0)):
+            chunk = os.read(key.fileobj.fileno(), 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                streams.discard(key.data)
+                continue
+            buf = errs[key.data]
+            buf += chunk
+            if key.data == 0:
+                del buf[: max(0, len(buf) - caps[0])]
+            elif len(buf) > caps[1]:
+                cut = True
+        if cut:
+            break
+    sel.close()
+    for proc in procs:  # the second has ended (or broke a limit): the first has nothing left to answer
+        _kill(proc)
+    out = []
+    for i, proc in enumerate(procs):
+        _close(proc.stderr)
+        out.append(Ran(proc.wait(), "", timed_out, cut and i == 1,
+                       bytes(errs[i][: caps[i]]).decode("utf-8", "replace")))
+    return out[0], out[1]
 
 
 def _close(stream) -> None:

@@ -8,9 +8,8 @@
 The program is the response's last fenced block (```python ... ```), or the whole text
 where it has none. The tests are the row's answer, in one of two forms:
 
-- assert statements (Python), run after the program in its interpreter, each on its own:
-  `assert add(2, 3) == 5`. The program runs as a module named `solution`, so its
-  `if __name__ == "__main__":` block does not.
+- assert statements (Python), each on its own: `assert add(2, 3) == 5`. The program runs as
+  a module named `solution`, so its `if __name__ == "__main__":` block does not.
 - stdin-to-stdout cases, a JSON list: `[{"input": "2 3\\n", "output": "5\\n"}, ...]`. Each case
   is a run of its own; its output is compared with the expected one line by line, trailing
   spaces and blank lines aside.
@@ -22,11 +21,20 @@ memory, process, file-size, output and wall-time limits, death with its parent),
 `workers` at once. A program that breaks a limit, crashes, or prints past the output limit
 fails its tests; the stage goes on.
 
-In assert form the program and its tests share an interpreter, so the harness's verdict line
-carries a secret made for that run: a program that prints a pass, or ends the interpreter
-before its tests, passes nothing. A program that went looking for that secret in the
-harness's memory could forge it; where that matters, use stdin-to-stdout cases, whose output
-is compared outside the sandbox.
+The verdict is decided where the program cannot reach. In assert form the program and the
+tests run in two sandboxes joined by a pipe (data/checks/code_sides.py): the tests run in an
+interpreter of their own, where each name the program defines stands for the program's
+object; a call sends its arguments to the program's side and gets back data (numbers,
+strings, and containers of them) that the tests' side rebuilds as Python's own types and
+compares with its own `==`. The expected values never reach the program, and what it returns
+cannot be an object that says it equals anything (an object of the program's comes back as a
+reference: its `==` is identity). So a program passes a test only by answering the test's
+calls with the wanted values: printing a pass, ending early, rewriting the harness or its
+counters, or reading `__main__` gain nothing. A test can call the program's functions, read
+its names and its objects' attributes, iterate, index and print them, and catch Python's own
+exceptions it raises; it cannot pass the program a function, and a name the program defines
+that shadows a builtin (`len`) stays the builtin in the tests. In stdin-to-stdout form the
+output is compared outside the sandbox.
 
 If the sandbox cannot start here, the check says so before any model loads, with the fix.
 `sandbox: none` runs programs with the same limits but without the sandbox, for trusted
@@ -36,43 +44,18 @@ code, and says so on the console.
 from __future__ import annotations
 
 import json
-import secrets
+from functools import cache
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from ratchet.data.checks.base import Check, Item, Tally, Verdict
-from ratchet.data.sandbox import Ran, SandboxSettings
+from ratchet.data.sandbox import Ran, SandboxSettings, run_pair
 
 FENCE = "```"
 
-# Inside the sandbox (assert form): the secret, the program and the tests come on stdin (no
-# file holds the tests for the program to read), the program is loaded as module `solution`,
-# each test statement runs on its own; the last line says how many passed.
-HARNESS = """
-import ast, json, os, sys
-given = json.loads(sys.stdin.read())
-secret, out = given.pop("secret"), os.dup(1)
-passed = total = 0
-try:
-    tests = ast.parse(given.pop("tests")).body
-    total = len(tests)
-    g = {"__name__": "solution"}
-    try:
-        exec(compile(given.pop("program"), "program.py", "exec"), g)
-        loaded = True
-    except BaseException:
-        loaded = False
-    if loaded:
-        for t in tests:
-            try:
-                exec(compile(ast.Module([t], []), "tests.py", "exec"), g)
-                passed += 1
-            except BaseException:
-                pass
-finally:
-    os.write(out, ("\\n" + secret + " %d %d\\n" % (passed, total)).encode())
-"""
+SIDES = Path(__file__).with_name("code_sides.py")
 
 
 def program_of(response: str) -> str:
@@ -153,14 +136,16 @@ class CodeCheck(Check, SandboxSettings):
         return ran.status == 0 and not ran.cut and not ran.timed_out and _same_output(ran.stdout, want)
 
     def _asserts(self, program: str, tests: str) -> tuple[int, int]:
-        secret = secrets.token_hex(16)
-        ran = self._run({"harness.py": HARNESS}, ["{box}/harness.py"],
-                        json.dumps({"secret": secret, "program": program, "tests": tests}))
-        for line in reversed(ran.stdout.splitlines()):
-            parts = line.split()
-            if len(parts) == 3 and parts[0] == secret and parts[1].isdigit() and parts[2].isdigit():
-                return int(parts[1]), int(parts[2])
-        try:  # the harness never said: nothing passed, of however many tests there are
+        sides = _sides()
+        _, report = run_pair(({"sides.py": sides, "program.py": program}, [self.interpreter, "{box}/sides.py",
+                                                                             "program", "{box}/program.py"]),
+                             ({"sides.py": sides, "tests.py": tests}, [self.interpreter, "{box}/sides.py", "tests",
+                                                                       "{box}/tests.py", str(self.output_kb << 10)]),
+                             self.limits, self.sandbox)
+        lines = report.stderr.splitlines()
+        if lines and lines[0].startswith("tests ") and lines[0][6:].isdigit():
+            return sum(line.startswith("pass ") for line in lines[1:]), int(lines[0][6:])
+        try:  # the tests' side never said (it could not start): nothing passed, of however many there are
             import ast
 
             return 0, len(ast.parse(tests).body)
@@ -169,3 +154,8 @@ class CodeCheck(Check, SandboxSettings):
 
     def _run(self, files: dict[str, str], argv: list[str], stdin: str) -> Ran:
         return self.run(files, argv, stdin)
+
+
+@cache
+def _sides() -> str:
+    return SIDES.read_text(encoding="utf-8")

@@ -34,9 +34,94 @@ def test_a_program_cannot_pass_by_ending_early_or_printing_a_pass():
     c = CodeCheck(**FAST)
     forged = ["import os\nos._exit(0)", "import sys\nsys.exit(0)", "print('x 2 2')\nimport os\nos._exit(0)",
               "raise SystemExit", "import sys\nprint(sys.stdin.read())\nimport os\nos._exit(0)",
-              "import builtins\nbuiltins.AssertionError = type('E', (Exception,), {})\ndef add(a, b): return 0",
+              "import builtins\nbuiltins.AssertionError = type('E', (Exception,), {})\ndef add(a, b): return -7",
               "import os\nprint(os.listdir('/box'))\nos._exit(0)"]
     assert [v.correct for v in c.check_many([Item(f, ADD_TESTS) for f in forged])] == [False] * len(forged)
+
+
+# Programs written to pass tests they do not: each is scored a failure. ADD_TESTS asks add(1, 2) == 3 and
+# add(-1, 1) == 0; EVEN_TESTS is_even(4) is True and is_even(7) is False.
+EVEN_TESTS = "assert is_even(4) is True\nassert is_even(7) is False"
+FORGERS = {
+    "read __main__'s secret": ("import __main__\nprint(getattr(__main__, 'secret', ''))\n"
+                               "print(vars(__main__))\ndef add(a, b): return -7", ADD_TESTS),
+    "rewrite the counters": ("import sys\nm = sys.modules['__main__']\nfor k in ('passed', 'total'):\n"
+                             "    setattr(m, k, 2)\ndef add(a, b): return -7", ADD_TESTS),
+    "== is always true": ("class Yes:\n    def __eq__(self, other): return True\n    __hash__ = object.__hash__\n"
+                          "def add(a, b): return Yes()", ADD_TESTS),
+    "an int whose == is always true": ("class I(int):\n    def __eq__(self, other): return True\n"
+                                       "    __hash__ = int.__hash__\ndef add(a, b): return I(7)", ADD_TESTS),
+    "a list whose == is always true": ("class L(list):\n    def __eq__(self, other): return True\n"
+                                       "def add(a, b): return L([9])", ADD_TESTS),
+    "truthy for every assert": ("class T:\n    def __bool__(self): return True\n"
+                                "def is_even(n): return T()", EVEN_TESTS),
+    "rewrite the reply encoder": ("import sys\nm = sys.modules['__main__']\n"
+                                  "m.encode = lambda value, handle, depth=0: True\ndef is_even(n): return 1",
+                                  EVEN_TESTS),
+    "rewrite json": ("import json\njson.dumps = lambda *a, **k: '{\"ok\": true}'\ndef is_even(n): return 1",
+                     EVEN_TESTS),
+    "write a report to every descriptor": ("import os\nfor fd in range(64):\n    try:\n"
+                                           "        os.write(fd, b'tests 2\\npass 0\\npass 1\\ndone\\n')\n"
+                                           "    except OSError:\n        pass\nos._exit(0)", ADD_TESTS),
+    "read the tests": ("import glob\nfound = [open(f).read() for f in glob.glob('/box/test*') + glob.glob('/tmp/*') + glob.glob('/*/tests.py')]\n"
+                       "WANT = [int(w) for t in found for w in t.replace(')', ' ').split() if w.lstrip('-').isdigit()]\n"
+                       "def add(a, b): return WANT.pop(0) if WANT else -7", ADD_TESTS),
+    "find the tests' process": ("import os\nPIDS = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+                                "for p in PIDS:\n    try:\n        os.kill(int(p), 19)\n    except OSError:\n"
+                                "        pass\ndef add(a, b): return len(PIDS)", ADD_TESTS),
+    "raise AssertionError's opposite": ("import builtins\nbuiltins.AssertionError = KeyError\n"
+                                        "def add(a, b): raise KeyError", ADD_TESTS),
+    "shadow a builtin the tests use": ("def len(x): return 2\ndef add(a, b): return [0]", "assert len(add(1, 2)) == 2"),
+    "end the interpreter before the tests": ("print('tests 2\\npass 0\\npass 1')\nraise SystemExit(0)", ADD_TESTS),
+}
+
+
+def test_a_verdict_cannot_be_forged_from_inside_the_program():
+    """The tests run where the program cannot reach and compare plain values with their own ==:
+    every forger fails every test, honest programs doing the same things pass."""
+    c = CodeCheck(reward="fraction", **FAST, workers=4)
+    got = c.check_many([Item(p, tests) for p, tests in FORGERS.values()])
+    assert {name: v.reward for name, v in zip(FORGERS, got)} == {name: 0.0 for name in FORGERS}
+
+
+HONEST = {  # each program passes its tests, which read the program in every way a test may
+    "objects, methods and attributes": ("class Counter:\n    def __init__(self): self.n = 0\n"
+                                        "    def add(self, k=1): self.n += k\n    def __len__(self): return self.n\n"
+                                        "    def __str__(self): return f'Counter({self.n})'",
+                                        "c = Counter()\nc.add()\nc.add(k=2)\nassert c.n == 3\nassert len(c) == 3\n"
+                                        "assert str(c) == 'Counter(3)'\nassert c is not None"),
+    "generators and iterators": ("def upto(n):\n    yield from range(n)",
+                                 "assert list(upto(3)) == [0, 1, 2]\nassert sum(upto(4)) == 6\n"
+                                 "assert 2 in upto(3)\nassert next(iter(upto(2))) == 0"),
+    "values of every plain type": ("def f():\n    return (1, 2.5, -0.0, None, 'é', b'\\x00', {1: [2]}, {3}, "
+                                   "frozenset({4}), 1j, float('inf'), 2 ** 200, True)",
+                                   "assert f() == (1, 2.5, 0.0, None, 'é', b'\\x00', {1: [2]}, {3}, frozenset({4}), "
+                                   "1j, float('inf'), 2 ** 200, 1)\nassert f()[-1] is True\n"
+                                   "assert type(f()[0]) is int and type(f()) is tuple\n"
+                                   "import math\nassert math.isclose(f()[1], 2.5)\nassert math.isnan(g())"),
+    "exceptions it raises": ("def root(x):\n    if x < 0:\n        raise ValueError('negative')\n    return x ** 0.5",
+                             "try:\n    root(-1)\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError\n"
+                             "assert root(4) == 2.0"),
+    "its own objects passed back": ("class P:\n    def __init__(self, x): self.x = x\n"
+                                    "def double(p): return P(p.x * 2)\nLIMIT = 10",
+                                    "assert double(double(P(3))).x == 12\nassert LIMIT == 10"),
+    "prints, input and a main block": ("print('loading')\ndef add(a, b):\n    print(a, b)\n    return a + b\n"
+                                       "if __name__ == '__main__':\n    input()", ADD_TESTS),
+}
+
+
+def test_honest_programs_pass_however_their_tests_read_them():
+    c = CodeCheck(reward="fraction", **FAST, workers=4)
+    progs = {**HONEST, "values of every plain type": (HONEST["values of every plain type"][0] +
+                                                      "\ndef g(): return float('nan')",
+                                                      HONEST["values of every plain type"][1])}
+    got = c.check_many([Item(p, tests) for p, tests in progs.values()])
+    assert {name: v.reward for name, v in zip(progs, got)} == {name: 1.0 for name in progs}
+    # and a test that compares the program's object itself, or sends it a function, fails rather than guess
+    got = c.check_many([Item("class P:\n    pass\nONE = P()\ndef same(p): return p", "assert same(ONE) == ONE"),
+                        Item("def apply(f, x): return f(x)", "assert apply(abs, -2) == 2"),
+                        Item("class P:\n    pass", "assert P()")])
+    assert [v.reward for v in got] == [1.0, 0.0, 0.0]  # identity holds; functions and truth are not sent
 
 
 def test_program_of_takes_the_last_fenced_block_or_the_whole_text():
@@ -63,7 +148,12 @@ def test_hostile_programs_are_contained_and_scored_as_failures(tmp_path, listene
     verdicts = c.check_many(items)
     assert verdicts[0].correct and verdicts[-1].correct  # the rest of the batch, checked as usual
     failed = {name: v.correct for name, v in zip(hostile, verdicts[1:-1])}
+    # in assert form the program's prints go nowhere, so printing a gigabyte costs it nothing but time;
+    # where its output is what is judged (stdin-to-stdout), the output limit ends it
+    assert failed.pop("print a gigabyte") is True
     assert not any(failed.values()), failed
+    (flood,) = c.check_many([Item(hostile["print a gigabyte"] + "\nprint(5)", '[{"input": "", "output": "5"}]')])
+    assert flood.correct is False
     # the secret does not reach stdin-to-stdout programs either
     (leak,) = c.check_many([Item("import os\nprint(os.environ.get('RATCHET_TEST_SECRET'))",
                                  '[{"input": "", "output": "s3cr3t-value"}]')])
