@@ -251,6 +251,15 @@ def verdict(scores: dict[str, float], bars: dict[str, float], gate: str, min_imp
     return won, reason
 
 
+def _token(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)[:120]
+
+
+def _tombstone(lease: str, holder: str) -> str:
+    """Where `holder`'s lease is moved when it leaves: a name no other holder's lease can take."""
+    return f"{lease}.gone-{_token(holder)}"
+
+
 class Tracker:
     def __init__(self, cfg: TrackingConfig, workdir: Path, name: str):
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -311,16 +320,22 @@ class Tracker:
         in different workdirs that share one tracking server and one model name never both
         become champion. The lease is a registered model of its own (`<model>.gate-lease`):
         creating a name that exists fails in every MLflow store (a UNIQUE key on a server's
-        database), so exactly one creator holds it; it is deleted on release. A lease older than
-        LEASE_STALE_S (its holder died inside the gate, which takes seconds) is taken over. A
-        SQLite store needs none: the file lock beside it already spans every workdir."""
+        database), so exactly one creator holds it. A SQLite store needs none: the file lock
+        beside it already spans every workdir.
+
+        A lease leaves only by a rename to `<model>.gate-lease.gone-<holder>`, whoever moves it:
+        its holder on release, or a run taking it over once it is older than LEASE_STALE_S (its
+        holder died inside the gate, which takes seconds). A rename is one statement against the
+        registry's database, and that name is its holder's alone, so the move succeeds once: two
+        runs that both saw a stale lease cannot both take it (the second finds the name taken and
+        waits), and a holder whose lease was taken over cannot release the next holder's."""
         from mlflow.exceptions import MlflowException
 
         if not self.lease_in_registry:
             yield
             return
-        name, me = f"{self.model_name}.gate-lease", f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        deadline = time.time() + wait_s
+        name, me = f"{self.model_name}.gate-lease", _token(f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        deadline, start = time.time() + wait_s, time.time()
         while True:
             try:
                 self.client.create_registered_model(name, tags={"ratchet.holder": me, "ratchet.since": str(time.time())},
@@ -332,24 +347,53 @@ class Tracker:
             try:
                 held = self.client.get_registered_model(name)
                 since = float(held.tags.get("ratchet.since", "0"))
+                holder = held.tags.get("ratchet.holder") or f"unknown-{since}"
             except MlflowException:  # released between the two calls: try again at once
                 continue
             if time.time() - since > LEASE_STALE_S:
-                log.warning("taking over the champion gate's lease %s, held by %s since %.0f s ago", name,
-                            held.tags.get("ratchet.holder"), time.time() - since)
-                self._release(name)
+                if self._move_lease(name, holder):
+                    log.warning("took over the champion gate's lease %s, held by %s since %.0f s ago", name, holder,
+                                time.time() - since)
                 continue
             if time.time() > deadline:
                 raise TrackingError(f"the champion gate's lease {name} on {redact(self.uri)} has been held by "
-                                    f"{held.tags.get('ratchet.holder')} for {time.time() - since:.0f} s; if no "
-                                    "run is deciding a champion, delete that registered model and resume")
+                                    f"{holder} for {time.time() - since:.0f} s; if no run is deciding a champion, "
+                                    "delete that registered model and resume")
             time.sleep(0.2 + random.random() * 0.3)
         try:
             yield
         finally:
-            self._release(name)
+            if self._move_lease(name, me) and time.time() - start < LEASE_STALE_S / 2:
+                # a lease no one could have thought stale: its tombstone has no other reader
+                self._delete(_tombstone(name, me))
+            self._sweep(name)
 
-    def _release(self, name: str) -> None:
+    def _move_lease(self, name: str, holder: str) -> bool:
+        """Move `holder`'s lease out of the way; False if it was not there to move (already moved,
+        by its holder or a taker, or never `holder`'s)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.rename_registered_model(name, _tombstone(name, holder))
+            return True
+        except MlflowException as e:
+            if e.error_code in ("RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST"):
+                return False
+            raise
+
+    def _sweep(self, name: str) -> None:
+        """Remove tombstones of leases moved more than a day ago (no run still reads them)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            old = [m.name for m in self.client.search_registered_models(filter_string=f"name LIKE '{name}.gone-%'")
+                   if time.time() - (m.last_updated_timestamp or 0) / 1000 > 86400]
+        except MlflowException:
+            return
+        for n in old:
+            self._delete(n)
+
+    def _delete(self, name: str) -> None:
         from mlflow.exceptions import MlflowException
 
         try:

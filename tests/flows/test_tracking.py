@@ -294,3 +294,79 @@ def test_the_gates_lease_is_held_by_one_tracker_at_a_time_whatever_its_workdir(t
     with t.registry_lease():
         assert t.client.get_registered_model("shared.gate-lease").tags["ratchet.holder"] != "gone:1"
     assert "shared.gate-lease" not in {m.name for m in t.client.search_registered_models()}
+
+
+def _lease_racer(uri: str, work: str, log: str, barrier, rounds: int) -> None:
+    """One of two processes: each round, wait for the other, then pass through the gate's lease,
+    writing when it is inside (O_APPEND lines, one write each)."""
+    import time as _time
+
+    t = Tracker(TrackingConfig(uri=uri, model_name="shared"), Path(work), "t")
+    t.lease_in_registry = True
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    for r in range(rounds):
+        barrier.wait(timeout=60)
+        with t.registry_lease(wait_s=60):
+            os.write(fd, f"{r} in {os.getpid()} {_time.time()}\n".encode())
+            _time.sleep(0.3)
+            os.write(fd, f"{r} out {os.getpid()} {_time.time()}\n".encode())
+        barrier.wait(timeout=60)  # the parent plants the next stale lease while both wait here
+
+
+def test_two_processes_never_both_take_over_a_stale_lease_on_a_database_registry(tmp_path, monkeypatch):
+    """A registry on a real database (SQLite, as a tracking server behind several workdirs would
+    use), two processes: each round the lease left behind is stale, both see it at once and race
+    to take it over; one takes it and the other waits for its release. Releasing a lease that
+    was taken over leaves the new holder's alone."""
+    import multiprocessing as mp
+    import threading
+    import time as _time
+
+    monkeypatch.setattr(tracking, "LEASE_STALE_S", 5.0)  # the forked racers inherit it
+    uri, log, rounds = f"sqlite:///{tmp_path / 'server.db'}", str(tmp_path / "gate.log"), 4
+    open(log, "w").close()
+    t = Tracker(TrackingConfig(uri=uri, model_name="shared"), tmp_path / "work", "t")
+    barrier = mp.get_context("fork").Barrier(3)
+    racers = [mp.get_context("fork").Process(target=_lease_racer, args=(uri, str(tmp_path / f"w{i}"), log, barrier,
+                                                                       rounds)) for i in range(2)]
+    for p in racers:
+        p.start()
+    for r in range(rounds):
+        t.client.create_registered_model("shared.gate-lease", tags={"ratchet.holder": f"dead-{r}",
+                                                                   "ratchet.since": str(_time.time() - 60)})
+        barrier.wait(timeout=60)  # both racers start at once, against a lease a dead run left
+        barrier.wait(timeout=120)  # both have been through
+    for p in racers:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    events = [line.split() for line in open(log).read().splitlines()]
+    assert len(events) == 4 * rounds
+    inside, most = 0, 0
+    for _, what, _, _ in sorted(events, key=lambda e: float(e[3])):
+        inside += 1 if what == "in" else -1
+        most = max(most, inside)
+    assert most == 1, events  # never two inside at once
+    names = {m.name for m in t.client.search_registered_models()}
+    assert "shared.gate-lease" not in names and all(f"shared.gate-lease.gone-dead-{r}" in names for r in range(rounds))
+
+    # a holder whose lease was taken over (it stayed inside past LEASE_STALE_S) releases nothing of the next one's
+    monkeypatch.setattr(tracking, "LEASE_STALE_S", 0.5)
+    other = Tracker(TrackingConfig(uri=uri, model_name="shared"), tmp_path / "work2", "t")
+    t.lease_in_registry = other.lease_in_registry = True
+    took, done = threading.Event(), threading.Event()
+
+    def take_over():
+        with other.registry_lease(wait_s=30):
+            took.set()
+            done.wait(30)
+
+    with t.registry_lease():
+        mine = t.client.get_registered_model("shared.gate-lease").tags["ratchet.holder"]
+        th = threading.Thread(target=take_over)
+        th.start()
+        assert took.wait(30)
+    theirs = t.client.get_registered_model("shared.gate-lease").tags["ratchet.holder"]
+    assert theirs != mine  # the stale holder's release left the new holder's lease in place
+    done.set()
+    th.join(30)
+    assert "shared.gate-lease" not in {m.name for m in t.client.search_registered_models()}
