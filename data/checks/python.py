@@ -4,8 +4,7 @@
       check: {kind: python, function: "rewards.py:score", threshold: 1.0}
 
 `function` is a file and a function ('path/to/rewards.py:score', relative to where `ratchet`
-runs) or an installed module ('package.module:score'). Its row fields come by name, as TRL's
-and verl's reward functions take them:
+runs) or an installed module ('package.module:score'). Its row fields come by name:
 
     def score(completion, answer=None, prompt=None, **fields) -> float | bool | None | dict
 
@@ -14,7 +13,10 @@ returning a float, a bool, None (unscored: the row is left out, never guessed) o
 {"score": x, **metrics}; with `batched: true`, lists in (completions, prompts=, answer=), a
 list out; `async def` either way. The reward is the score; the verdict is score >= threshold,
 so RFT accepts, DPO pairs and evaluation's accuracy counts by it, and the mean score and the
-returned metrics are logged per round.
+returned metrics are logged per round. A function written for TRL (`completions` among its
+parameters: keyword lists in, a list out) or verl (`compute_score(data_source, solution_str,
+ground_truth, extra_info)`) is called as those libraries call it (`convention`, found from the
+signature unless named).
 
 It runs in processes of its own (data/checks/scorer.py), `workers` calls at once, every call
 bounded by `timeout_s` (a timeout ends the processes the function started too). A call that
@@ -60,6 +62,11 @@ class PythonCheck(Check):
     batched: bool = Field(default=False, description="call with lists (completions, prompts=, answer=) and take a "
                           "list back, batch_size rows a call")
     batch_size: int = Field(default=64, ge=1, description="rows per call when batched")
+    convention: Literal["auto", "ratchet", "trl", "verl"] = Field(default="auto", description=(
+        "how the function is called: ratchet (a row's fields by name, or lists with batched), trl (TRL's reward "
+        "functions: completions, prompts and every column as keyword lists, a list back), verl (verl's "
+        "compute_score(data_source, solution_str, ground_truth, extra_info)); auto: from its signature (verl's "
+        "names, else a `completions` parameter for trl, else ratchet)"))
     timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False, description="a call that runs longer fails "
                              "(its process is ended and a new one takes the next call)")
     max_failed_frac: float = Field(default=0.0, ge=0, le=1, description="share of a batch of rows whose calls may "
@@ -86,7 +93,8 @@ class PythonCheck(Check):
         """Load the function in its own process, as a stage will: an import error, a missing
         function or a signature that cannot take a row's fields (`fields`: the rows' other
         columns, passed by name), before any model loads."""
-        s = Scorer(self.function, batched=self.batched, timeout_s=self.timeout_s, fields=tuple(sorted(fields)))
+        s = Scorer(self.function, batched=self.batched, timeout_s=self.timeout_s, fields=tuple(sorted(fields)),
+                   convention=self.convention)
         try:
             s.start()
         except ScorerError as e:
@@ -137,7 +145,8 @@ class PythonCheck(Check):
         import threading
         from concurrent.futures import ThreadPoolExecutor
 
-        if not self.batched:
+        batched = _scorer(self).batched  # with `auto`, what the function's signature asks for
+        if not batched:
             jobs = [([k], {"completion": i.response, "answer": i.answer, "prompt": i.prompt, **i.fields})
                     for k, i in enumerate(items)]
         else:
@@ -163,7 +172,7 @@ class PythonCheck(Check):
                 got = scorer.call(kwargs)
             finally:
                 free.put(scorer)
-            got = got if self.batched else [got]
+            got = got if batched else [got]
             with lock:
                 for k, c in zip(rows, got):
                     out[k] = c
@@ -216,6 +225,6 @@ def _scorer(cfg: PythonCheck, k: int = 0) -> Scorer:
 
     try:
         return shared(cfg.function, batched=cfg.batched, timeout_s=cfg.timeout_s, tag=f"{cfg.source or ''}#{k}",
-                      before_load=same_source)
+                      before_load=same_source, convention=cfg.convention)
     except ScorerError as e:
         raise CheckFailedError(f"data.check.function={cfg.function!r}: {e}") from None

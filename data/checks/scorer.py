@@ -11,8 +11,12 @@ call it was making. Each call and its answer carry a number, and a process the f
 that returns from it exits there: no answer ever goes to a call it was not for.
 
 Calls are (completion, answer=, prompt=, **fields) for one row, or, batched, lists under
-TRL's names (completions, prompts=, answer=, ...) returning a list. A function may be
-`async def`. It returns a float, a bool, None (unscored) or {"score": x, **metrics}; the
+TRL's names (completions, prompts=, answer=, ...) returning a list. Two other conventions
+are taken unchanged, named in config or found from the function's signature (`auto`):
+TRL's reward functions (`completions` among its parameters: every list by keyword, as TRL's
+trainers call them) and verl's `compute_score(data_source, solution_str, ground_truth,
+extra_info)` (one row; `data_source` from the row's `data_source` column, else ""; the
+prompt and the other columns in `extra_info`). A function may be `async def`. It returns a float, a bool, None (unscored) or {"score": x, **metrics}; the
 child checks the value and says what is wrong with it, naming what came back.
 """
 
@@ -64,8 +68,10 @@ class Scorer:
     """A child process that runs `spec` (see the module docstring); one call at a time."""
 
     def __init__(self, spec: str, *, batched: bool, timeout_s: float, load_timeout_s: float = 120.0,
-                 before_load: Callable[[], None] | None = None, fields: tuple[str, ...] = ()):
+                 before_load: Callable[[], None] | None = None, fields: tuple[str, ...] = (),
+                 convention: str = "ratchet"):
         self.spec, self.batched, self.timeout_s, self.load_timeout_s = spec, batched, timeout_s, load_timeout_s
+        self.convention = convention  # ratchet, trl, verl, or auto (found from the signature when loaded)
         self.fields = tuple(fields)  # the rows' other columns, which the signature must take by name
         self.before_load = before_load  # runs before every (re)start, which loads the function's file anew
         self.proc: subprocess.Popen | None = None
@@ -79,7 +85,7 @@ class Scorer:
         read_fd, write_fd = os.pipe()
         env = dict(os.environ, RATCHET_SCORER_FD=str(write_fd))
         self.proc = subprocess.Popen([sys.executable, "-c", CHILD, self.spec, "1" if self.batched else "0",
-                                      json.dumps(list(self.fields))],
+                                      json.dumps(list(self.fields)), self.convention],
                                      stdin=subprocess.PIPE, stdout=None, stderr=None, pass_fds=(write_fd,),
                                      env=env, start_new_session=True)  # its group: what the function starts
         os.close(write_fd)
@@ -93,6 +99,8 @@ class Scorer:
         if not reply.get("ok"):
             self.close()
             raise ScorerError(reply.get("error") or f"{self.spec}: its process answered outside the scorer's protocol")
+        if reply.get("convention") in CONVENTIONS:  # what `auto` found: the calls take its shape
+            self.convention, self.batched = reply["convention"], bool(reply.get("batched"))
         return reply
 
     def close(self) -> None:
@@ -180,12 +188,12 @@ _SHARED: dict[tuple, Scorer] = {}
 
 
 def shared(spec: str, *, batched: bool, timeout_s: float, tag: str = "",
-           before_load: Callable[[], None] | None = None) -> Scorer:
+           before_load: Callable[[], None] | None = None, convention: str = "ratchet") -> Scorer:
     """This process's scorer for `spec` (and `tag`: what else tells two versions apart), started on
     first use and kept for the calls after (a stage's units share it; it ends with the process)."""
-    key = (spec, tag, batched, timeout_s)
+    key = (spec, tag, batched, timeout_s, convention)
     if key not in _SHARED:
-        s = Scorer(spec, batched=batched, timeout_s=timeout_s, before_load=before_load)
+        s = Scorer(spec, batched=batched, timeout_s=timeout_s, before_load=before_load, convention=convention)
         s.start()  # raises ScorerError, and then nothing is kept
         _SHARED[key] = s
     return _SHARED[key]
@@ -230,7 +238,33 @@ def _load(spec: str):
     return fn
 
 
-def _signature_problem(fn, batched: bool, fields: list[str] = ()) -> str | None:
+CONVENTIONS = ("ratchet", "trl", "verl")
+VERL = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def _parameters(fn) -> list[str] | None:
+    import inspect
+
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None  # a builtin or C function: its call will tell
+
+
+def found_convention(fn, asked: str) -> str:
+    """`asked`, or for `auto` the convention the signature speaks: verl's names, TRL's
+    `completions`, else Ratchet's own."""
+    if asked != "auto":
+        return asked
+    names = set(_parameters(fn) or ())
+    if {"solution_str", "ground_truth"} & names:
+        return "verl"
+    if "completions" in names:
+        return "trl"
+    return "ratchet"
+
+
+def _signature_problem(fn, batched: bool, fields: list[str] = (), convention: str = "ratchet") -> str | None:
     """Why fn cannot take a row's fields (and its other columns, `fields`) by name, or None."""
     import inspect
 
@@ -238,16 +272,33 @@ def _signature_problem(fn, batched: bool, fields: list[str] = ()) -> str | None:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return None  # a builtin or C function: its call will tell
-    probe = (([""], ), {"prompts": [""], "answer": [""], **{f: [""] for f in fields}}) if batched \
-        else (("",), {"prompt": "", "answer": "", **{f: "" for f in fields}})
+    if convention == "verl":
+        probe = ((), {"data_source": "", "solution_str": "", "ground_truth": "", "extra_info": {}})
+        want = "compute_score(data_source, solution_str, ground_truth, extra_info=None)"
+    elif convention == "trl":
+        probe = ((), {"completions": [""], "prompts": [""], "answer": [""], **{f: [""] for f in fields}})
+        want = "reward(completions, prompts=None, answer=None, **kwargs) returning a list, as TRL calls it"
+    elif batched:
+        probe = (([""], ), {"prompts": [""], "answer": [""], **{f: [""] for f in fields}})
+        want = "score(completions, prompts=None, answer=None, **fields) returning a list"
+    else:
+        probe = (("",), {"prompt": "", "answer": "", **{f: "" for f in fields}})
+        want = "score(completion, answer=None, prompt=None, **fields)"
     try:
         sig.bind(*probe[0], **probe[1])
     except TypeError as e:
-        want = ("score(completions, prompts=None, answer=None, **fields) returning a list" if batched
-                else "score(completion, answer=None, prompt=None, **fields)")
-        cols = f"; the rows' other columns {sorted(fields)} come by name too" if fields else ""
+        cols = f"; the rows' other columns {sorted(fields)} come by name too" if fields and convention != "verl" else ""
         return f"{fn.__name__}{sig} cannot take a row's fields by name ({e}{cols}); define it as {want}"
     return None
+
+
+def _verl_kwargs(row: dict) -> dict:
+    """A row's fields as verl's compute_score takes them."""
+    rest = dict(row)
+    solution, truth, prompt = rest.pop("completion"), rest.pop("answer", None), rest.pop("prompt", None)
+    source = rest.pop("data_source", None)
+    return {"data_source": source if isinstance(source, str) else "", "solution_str": solution,
+            "ground_truth": truth, "extra_info": {"prompt": prompt, **rest}}
 
 
 # the names a metric may have: a subset of what MLflow logs (it also takes spaces, slashes and
@@ -328,6 +379,7 @@ def child_main() -> int:
     proto = os.fdopen(int(os.environ.pop("RATCHET_SCORER_FD")), "w")
     os.dup2(2, 1)  # the function's prints go to the log
     spec, batched, fields = sys.argv[1], sys.argv[2] == "1", json.loads(sys.argv[3])
+    asked = sys.argv[4] if len(sys.argv) > 4 else "ratchet"
 
     def say(obj) -> None:
         proto.write(json.dumps(obj) + "\n")
@@ -341,17 +393,24 @@ def child_main() -> int:
     except BaseException as e:  # noqa: BLE001 - the user's module failed to import: its traceback
         say({"ok": False, "error": f"{spec}: importing it failed:\n{_user_traceback(e)}"})
         return 0
-    if (problem := _signature_problem(fn, batched, fields)) is not None:
+    convention = found_convention(fn, asked)
+    batched = convention == "trl" or (convention == "ratchet" and batched)
+    if (problem := _signature_problem(fn, batched, fields, convention)) is not None:
         say({"ok": False, "error": f"{spec}: {problem}"})
         return 0
-    say({"ok": True, "async": inspect.iscoroutinefunction(fn)})
+    say({"ok": True, "async": inspect.iscoroutinefunction(fn), "convention": convention, "batched": batched})
     me = os.getpid()
     for line in sys.stdin:
         call = json.loads(line)
         n, kwargs = call["#"], call["kwargs"]
-        first = kwargs.pop("completions" if batched else "completion")
+        first = kwargs["completions"] if batched else kwargs["completion"]
         try:
-            v = fn(first, **kwargs)
+            if convention == "trl":  # every list by keyword, as TRL's trainers call a reward function
+                v = fn(**kwargs)
+            elif convention == "verl":
+                v = fn(**_verl_kwargs(kwargs))
+            else:
+                v = fn(kwargs.pop("completions" if batched else "completion"), **kwargs)
             if inspect.isawaitable(v):
                 v = asyncio.run(_await(v))
         except BaseException as e:  # noqa: BLE001 - the user's exception, reported with its row

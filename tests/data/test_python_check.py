@@ -443,3 +443,61 @@ def test_a_fork_inside_the_function_cannot_send_scores_to_other_rows(tmp_path):
     """)
     v = check_many(PythonCheck(function=f"{f}:score", threshold=100), MANY)
     assert [x.score for x in v] == [float(k) for k in range(6)]
+
+
+COLUMNS = [Item("so it is 4", "4", "What is 2 + 2?", "a#0", {"data_source": "arith", "unit": "apples"}),
+           Item("5", "4", "What is 2 + 2?", "a#1", {"data_source": "arith", "unit": "apples"}),
+           Item("nine", "9", "What is 3 * 3?", "b#0", {"unit": "pears"})]
+
+
+def test_reward_functions_written_for_trl_and_verl_are_called_as_those_libraries_call_them(tmp_path):
+    """Functions in TRL's and verl's own signatures, unchanged: found from the signature or named
+    in config, and given each row as that library gives it."""
+    f = _file(tmp_path, """
+        # TRL: every column as a keyword list (the order of the parameters does not matter), a list back
+        def accuracy_reward(prompts, completions, answer, **kwargs):
+            assert "unit" in kwargs and len(prompts) == len(completions)
+            return [1.0 if c.split()[-1] == a else 0.0 for c, a in zip(completions, answer)]
+
+        # verl: one row at a time, the other columns in extra_info
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None, format_score=0.1, score=1.0):
+            seen.append((data_source, extra_info["prompt"], extra_info["unit"]))
+            if solution_str.split()[-1] == ground_truth:
+                return score
+            return {"score": format_score, "said": float(len(seen))}
+
+        seen = []
+    """)
+    trl = PythonCheck(function=f"{f}:accuracy_reward", batch_size=2)
+    assert trl.problems(["data_source", "unit"]) == []
+    assert [v.score for v in check_many(trl, COLUMNS)] == [1.0, 0.0, 0.0]
+    assert [v.score for v in check_many(PythonCheck(function=f"{f}:accuracy_reward", convention="trl"), COLUMNS)] \
+        == [1.0, 0.0, 0.0]
+    verl = PythonCheck(function=f"{f}:compute_score")
+    v = check_many(verl, COLUMNS)
+    assert [x.score for x in v] == [1.0, 0.1, 0.1] and v[1].metrics == {"said": 2.0}
+    assert [x.score for x in check_many(PythonCheck(function=f"{f}:compute_score", convention="verl"), COLUMNS)] \
+        == [1.0, 0.1, 0.1]
+    # Ratchet's own form is what a function without either library's names gets, as before
+    g = _file(tmp_path, """
+        def score(completion, answer=None, prompt=None, **fields):
+            return completion.split()[-1] == answer
+        def verl_shaped(data_source, solution_str):
+            return 1.0
+    """, "mine.py")
+    assert [x.score for x in check_many(PythonCheck(function=f"{g}:score"), COLUMNS)] == [1.0, 0.0, 0.0]
+    # a convention the function cannot take is said before anything runs, with the signature wanted
+    [bad] = PythonCheck(function=f"{g}:score", convention="verl").problems()
+    assert "cannot take a row's fields by name" in bad and "compute_score(data_source, solution_str, ground_truth" in bad
+    [bad] = PythonCheck(function=f"{g}:verl_shaped").problems()
+    assert "compute_score(data_source, solution_str, ground_truth, extra_info=None)" in bad
+
+
+def test_verl_gets_the_data_source_column_or_nothing(tmp_path):
+    f = _file(tmp_path, """
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+            return {"score": 1.0, "named": float(data_source == "arith"), "cols": float(len(extra_info))}
+    """)
+    v = check_many(PythonCheck(function=f"{f}:compute_score"), COLUMNS)
+    assert [x.metrics for x in v] == [{"named": 1.0, "cols": 2.0}, {"named": 1.0, "cols": 2.0},
+                                      {"named": 0.0, "cols": 2.0}]
