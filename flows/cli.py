@@ -433,7 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("lineage", help="print and verify the chain that produced a model version",
                        description="Walk a model's manifests back to the base model and prompts, re-verifying "
                        "every digest. Exits 1 if any link was changed after it finished.")
-    _workdir_args(s, target="model version number, models:/NAME/N, a round's MLflow run id, or a stage dir")
+    _workdir_args(s, target="model version number, models:/NAME/N, 'champion', a round's MLflow run id, or a "
+                  "stage dir")
     s.set_defaults(fn=cmd_lineage)
     s = sub.add_parser("runs", help="list the pipeline runs in a workdir, their state and how to resume them",
                        description="The pipeline runs recorded in the config's workdir: finished, failed, "

@@ -106,10 +106,15 @@ def annotate(links: list[Link], tracker) -> None:
 
 
 def resolve(target: str, store: ArtifactStore, tracker) -> StageManifest:
-    """A model version number, 'models:/name/N', an MLflow run id, or a stage directory."""
+    """A model version number, 'models:/name/N', 'champion', an MLflow run id, or a stage directory."""
     p = Path(target)
     if p.is_dir() and (p / "manifest.json").exists():
         return read_manifest(p)
+    if target == "champion":
+        champion = tracker.champion()
+        if champion is None:
+            raise RatchetError(f"{tracker.model_name} has no champion yet; name a version (see `ratchet runs`)")
+        return version_manifest(store, tracker, champion)
     version = target.rsplit("/", 1)[-1] if target.startswith("models:/") else target
     if not version.isdigit():
         try:

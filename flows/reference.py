@@ -12,6 +12,7 @@ when the committed reference differs from what the models generate.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import textwrap
@@ -40,6 +41,7 @@ class Entry:
     description: str
     kind: str | None = None  # e.g. 'judge' for the fields of label.kind=judge; None: every kind
     see: str | None = None  # the section of kinds this field holds, listed once elsewhere
+    owner: str | None = None  # the section whose `kind` is `kind` (label, for label.judge.mode under mcts)
 
 
 @dataclass
@@ -208,7 +210,7 @@ class _Walk:
             for m in kinds:
                 for name, f in m.model_fields.items():
                     if name != "kind" and f"{path}.{name}" not in shared:
-                        sec.entries += self.fields(f"{path}.{name}", f, _kind_of(m))
+                        sec.entries += self.fields(f"{path}.{name}", f, _kind_of(m), owner=path)
         else:
             for name, f in models[0].model_fields.items():
                 sec.entries += self.fields(f"{path}.{name}" if path else name, f, None)
@@ -225,14 +227,14 @@ class _Walk:
                 out.update((e.path, e) for e in first)
         return out
 
-    def fields(self, path: str, f: FieldInfo, kind: str | None) -> list[Entry]:
+    def fields(self, path: str, f: FieldInfo, kind: str | None, owner: str | None = None) -> list[Entry]:
         """A field's entries: its own, and those of the sections it holds."""
         models = _models(f.annotation)
         if not models:
             e = _entry(path, f, kind)
             if path.endswith(".kind") and not e.description:
                 e = Entry(e.path, e.type, e.default, e.allowed, f"always {e.default}: the section's only kind", kind)
-            return [e]
+            return [dataclasses.replace(e, owner=owner)]
         ann, _ = _unwrap(f.annotation)
         is_list = typing.get_origin(ann) is list or (_is_union(ann) and any(
             typing.get_origin(a) is list for a in typing.get_args(ann)))
@@ -249,13 +251,20 @@ class _Walk:
             optional = _is_union(ann) and type(None) in typing.get_args(ann)
             desc = _words(f.description) or f"one of {where}'s kinds"
             return [Entry(path, f"section: one of {where}'s kinds" + (" or null" if optional else ""),
-                          _default(f), names, desc, kind, see=where)]
+                          _default(f), names, desc, kind, see=where, owner=owner)]
         inner = f"{path}[]" if is_list else path
         own = _entry(path, f, kind)
         out = [Entry(path, "list of sections" if is_list else own.type, own.default, own.allowed,
-                     own.description or _first_paragraph(models[0].__doc__), kind)]
+                     own.description or _first_paragraph(models[0].__doc__), kind, owner=owner)]
+        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+        made = f.default_factory() if f.default_factory is not None and not is_list else None
         for name, sub in models[0].model_fields.items():
-            out += self.fields(f"{inner}.{name}", sub, kind)
+            if name in extra.get("without", ()):  # a field of the section that this place refuses
+                continue
+            entries = self.fields(f"{inner}.{name}", sub, kind, owner)
+            if isinstance(made, BaseModel) and not _models(sub.annotation):  # the default this place makes
+                entries = [dataclasses.replace(e, default=_value(getattr(made, name))) for e in entries]
+            out += entries
         return out
 
 
@@ -381,15 +390,23 @@ def explain(path: str) -> str:
         known = list(dict.fromkeys(_normal(e.path) for s in secs for e in s.entries)) + [s.path for s in secs]
         raise KeyError(difflib.get_close_matches(want, known, n=5, cutoff=0.5)
                        or [k for k in known if k.startswith(want.split(".")[0])][:5])
-    lines = []
+    lines, listed = [], False
     for e in found:
-        where = "" if e.kind is None else f"   (with {e.path.rsplit('.', 1)[0]}.kind: {e.kind})"
+        where = "" if e.kind is None else f"   (with {e.owner or e.path.rsplit('.', 1)[0]}.kind: {e.kind})"
         lines += [f"{e.path}{where}", f"  type     {e.type}", f"  default  {e.default}"]
         if e.allowed:
             lines.append(f"  allowed  {e.allowed}")
         if e.description:
             lines += textwrap.wrap(e.description, 96, initial_indent="  ", subsequent_indent="  ")
-        if e.see:
+        if e.see and _normal(e.see) == want and listed:
+            lines.append("  its kinds: as above")
+        elif e.see and _normal(e.see) == want:  # the section of kinds itself: list them here, not point back here
+            listed = True
+            sec = next((s for s in secs if s.path == e.see), None)
+            for kind, about in (sec.kinds if sec is not None else {}).items():
+                lines += textwrap.wrap(f"{kind}: {about}", 96, initial_indent="    ", subsequent_indent="      ")
+            lines.append(f"  a kind's fields: ratchet config --explain {e.see}.FIELD")
+        elif e.see:
             lines.append(f"  its kinds: ratchet config --explain {e.see}")
         lines.append("")
     section = found[0].path.split(".")[0] if "." in found[0].path else "top"

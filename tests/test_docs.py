@@ -68,6 +68,22 @@ def test_config_explain_prints_one_field_and_names_close_ones_for_a_typo():
     assert r.returncode == 0 and r.stdout.startswith("the top level: A whole self-improvement run.\n  name, workdir, seed")
 
 
+def test_explain_qualifies_a_nested_field_by_the_kind_that_holds_it_and_lists_a_sections_kinds():
+    """label.judge under label.kind=mcts: qualified by label's kind, with the default that place makes
+    (rating), and without the fields that place refuses; a section of kinds lists them, not itself."""
+    from ratchet.flows.reference import explain
+
+    mode = explain("label.judge.mode")
+    assert mode.startswith("label.judge.mode   (with label.kind: mcts)\n  type     str\n  default  rating\n")
+    for refused in ("label.judge.endpoint", "label.judge.model"):
+        with pytest.raises(KeyError):
+            explain(refused)
+    check = explain("data.check")
+    assert "ratchet config --explain data.check\n" not in check + "\n"  # never points at itself
+    assert "    code: The response's program against the row's tests, in a sandbox." in check
+    assert check.count("    number: ") == 1 and "its kinds: as above" in check
+
+
 def test_the_site_builds_in_strict_mode(tmp_path):
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
     if mkdocs is None:

@@ -59,6 +59,7 @@ class MctsLabel(Label):
     partial: float = Field(default=0.5, gt=0, lt=1, description="value='graded': the most a wrong answer earns "
                            "(an answer one away from the reference earns half of it)")
     judge: JudgeLabel = Field(default_factory=lambda: JudgeLabel(mode="rating"),
+                              json_schema_extra={"without": ("model", "endpoint")},  # refused below: not listed
                               description="the judge used when value='judge' (mode p_yes or rating)")
     shard_size: int = Field(default=32, ge=1, description="prompts per resumable shard")
 

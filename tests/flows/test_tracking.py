@@ -197,6 +197,19 @@ def test_two_processes_register_and_open_rounds_once(tmp_path):
     assert len(children) == 1
 
 
+def test_lineage_takes_the_champion_as_export_does(tmp_path):
+    from ratchet.data.errors import RatchetError
+    from ratchet.flows.lineage import resolve
+
+    t, store, run = _tracker(tmp_path)
+    with pytest.raises(RatchetError, match="has no champion yet; name a version"):
+        resolve("champion", store, t)
+    m = _model(store, "a")
+    v = t.register(run, store, m, {})
+    t.client.set_registered_model_alias(t.model_name, "champion", v)
+    assert resolve("champion", store, t).key == m.key == resolve(v, store, t).key
+
+
 def test_lineage_reports_a_registry_that_disagrees_with_the_store(tmp_path):
     from ratchet.data.manifest import read_manifest
     from ratchet.flows.lineage import annotate, walk
