@@ -20,6 +20,7 @@ from typing import Annotated
 from pydantic import Field
 
 from ratchet.data.checks.base import Check, Item, Tally, Verdict
+from ratchet.data.events import count
 from ratchet.data.checks.code import CodeCheck
 from ratchet.data.checks.exact import ExactCheck
 from ratchet.data.checks.math_answer import MathCheck
@@ -33,8 +34,8 @@ AnyCheck = NumberCheck | ExactCheck | RegexCheck | StepsCheck | MathCheck | Pyth
 CheckConfig = Annotated[AnyCheck, Field(discriminator="kind")]
 
 __all__ = ["AnyCheck", "Check", "CheckConfig", "CodeCheck", "ExactCheck", "Item", "MathCheck", "NumberCheck", "PythonCheck", "RegexCheck",
-           "StepsCheck", "Tally", "Verdict", "answer_key", "check", "check_many", "extract", "graded", "listed_values",
-           "score_metrics", "score_sums", "shown_steps", "worked"]
+           "StepsCheck", "Tally", "Verdict", "answer_key", "check", "check_many", "extract", "form_refusals", "graded",
+           "listed_values", "score_metrics", "score_sums", "shown_steps", "worked"]
 
 
 def check(cfg: Check, response: str, answer: str, prompt: str | None = None) -> Verdict:
@@ -65,11 +66,13 @@ def graded(cfg: Check, response: str, answer: str, partial: float) -> float:
 
 
 def score_sums(verdicts: list[Verdict]) -> dict[str, float]:
-    """What a unit adds up for a check that scores (a user's function): its scores, the metrics it
-    returned, its failures; summed over units like any unit cost, then `score_metrics`. Empty for
-    the built-in checks, which give verdicts only."""
+    """What a unit adds up of its verdicts: a scoring check's scores (a user's function), the metrics
+    it returned, its failures, and any check's refusals for form by rule (`check_form_no_number`);
+    summed over units like any unit cost, then `score_metrics`."""
     out: dict[str, float] = {}
     for v in verdicts:
+        if v.form is not None:
+            out[f"check_form_{v.form}"] = out.get(f"check_form_{v.form}", 0.0) + 1
         if v.score is not None:
             out["check_scored"] = out.get("check_scored", 0.0) + 1
             out["check_score_sum"] = out.get("check_score_sum", 0.0) + v.score
@@ -84,8 +87,32 @@ def score_metrics(sums: dict[str, float]) -> dict[str, float]:
     n = sums.get("check_scored", 0.0)
     out = {"score_mean": sums["check_score_sum"] / n} if n else {}
     for k, x in sums.items():
+        if k.startswith("check_form_"):  # answers refused for their form, by rule: counts
+            out[k[len("check_"):]] = x
         if k.startswith("check_sum_"):
             name = k[len("check_sum_"):]
             out[f"check_{name}" if name in ("failed", "unscored") else f"score_{name}_mean"] = (
                 x if name in ("failed", "unscored") else x / max(n, 1))
+    return out
+
+
+# a check's rules of form, as the console says them, and what to do when most answers break one
+FORM_RULES = {"no_number": ("no number", "the answers state no number: check the prompt asks for one"),
+              "too_many_numbers": ("more distinct numbers than data.check.max_numbers",
+                                   "a worked answer states its steps' numbers too: raise data.check.max_numbers"),
+              "no_match": ("no match of data.check.pattern", "check data.check.pattern against a few answers")}
+
+
+def form_refusals(m: dict[str, float], rows: float | None) -> list[str]:
+    """What a stage's metrics say of answers read as wrong for their form (`form_<rule>` counts): a
+    line naming each rule and its count, and, when they are most of the `rows`, what to do."""
+    found = {k[len("form_"):]: v for k, v in m.items() if k.startswith("form_") and v}
+    if not found:
+        return []
+    total = sum(found.values())
+    parts = ", ".join(f"{FORM_RULES.get(k, (k,))[0]}: {count(v)}" for k, v in sorted(found.items(), key=lambda x: -x[1]))
+    out = [f"{count(total)}{f' of {count(rows)}' if rows else ''} answers wrong for their form ({parts})"]
+    if rows and total >= rows / 2:
+        worst = max(found, key=found.get)
+        out.append(f"most answers were refused for their form: {FORM_RULES.get(worst, (worst, 'see data.check'))[1]}")
     return out

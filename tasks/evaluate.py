@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ratchet.data.checkers import CheckConfig, Item, check_many, score_metrics, score_sums
+from ratchet.data.checkers import CheckConfig, Item, check_many, form_refusals, score_metrics, score_sums
 from ratchet.data.digest import sha256_json
 from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig
@@ -119,7 +119,7 @@ class EvaluateJob(SparseRollout):
             out.append(f"{m['worked_accuracy']:.1%} with every step shown")
         if "score_mean" in m:  # a check that scores (a user's function): its mean beside the accuracy
             out.append(f"mean score {m['score_mean']:.3g}")
-        return out
+        return out + form_refusals(m, m.get("eval_prompts"))
 
 
 def eval_set_id(prompts: StageManifest, job: EvaluateJob) -> str:

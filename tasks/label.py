@@ -24,6 +24,7 @@ from typing import Annotated, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.data import events
+from ratchet.data.checkers import form_refusals
 from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig
 from ratchet.data.records import Completion, read_jsonl, write_jsonl
@@ -63,6 +64,7 @@ class LabelJob(BaseModel):
             out.append(f"AUC vs verifier {m['verifier_auc']:.2f}")
         if m.get("check_failed"):
             out.append(f"{events.count(m['check_failed'])} rows the check failed on (unscored)")
+        out += form_refusals(m, m.get("labeled"))
         if m.get("injection_suspects"):
             out.append(f"{events.count(m['injection_suspects'])} injection suspects")
         return out

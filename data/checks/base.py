@@ -18,12 +18,15 @@ NUM = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w])")
 @dataclass(frozen=True)
 class Verdict:
     """A check's judgement of one response. `score` is the reward it gives (default: 1 right,
-    0 wrong; None: unscored, never guessed); `metrics` anything else a user's check returned."""
+    0 wrong; None: unscored, never guessed); `metrics` anything else a user's check returned;
+    `form` names the rule of form a wrong response broke (too many numbers, no match), so those
+    zeroes are counted and said, never silent."""
 
     correct: bool | None
     extracted: str | None
     score: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    form: str | None = None  # why the check read no answer from its form, not its content ("no_number", ...)
 
     @property
     def reward(self) -> float | None:

@@ -2,6 +2,9 @@
 
 It reads the LAST number ("7 + 5 = 12" reads 12) and refuses responses that list more than
 `max_numbers` distinct numbers, so enumerating candidates ("11 12 13 14 ...") never scores.
+A worked answer states numbers too ("3 x 4 = 12, 12 - 2 = 10" has four): such refusals are
+counted per stage (`form_too_many_numbers`) and said on the console, so a limit too low for
+the task shows; raise `max_numbers` for tasks whose answers show their work.
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ class NumberCheck(Check):
     def check(self, response: str, answer: str) -> Verdict:
         nums = NUM.findall(response)
         if not nums:
-            return Verdict(False, None)
+            return Verdict(False, None, form="no_number")
         last = nums[-1]
         if len({to_float(n) for n in nums}) > self.max_numbers:
-            return Verdict(False, last)
+            return Verdict(False, last, form="too_many_numbers")
         return Verdict(same_number(last, answer, self.tolerance), last)
 
     def extract(self, response: str) -> str | None:

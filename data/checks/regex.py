@@ -47,7 +47,7 @@ class RegexCheck(Check):
 
     def check(self, response: str, answer: str) -> Verdict:
         last = self._last(response)
-        return Verdict(False, None) if last is None else Verdict(norm(last) == norm(answer), last)
+        return Verdict(False, None, form="no_match") if last is None else Verdict(norm(last) == norm(answer), last)
 
     def extract(self, response: str) -> str | None:
         last = self._last(response)

@@ -148,3 +148,40 @@ def test_a_users_regex_that_backtracks_costs_a_row_not_the_stage():
     assert check(slow, "aaaa", "aaaa").correct  # a text it reads in time is read as before
     with pytest.raises(ValueError, match="timeout_s"):
         RegexCheck(pattern="(x)", timeout_s=0)
+
+
+def test_answers_refused_for_their_form_are_counted_and_said_never_silent():
+    """A worked answer past max_numbers, an answer without a number, a pattern that matches nothing:
+    each zero names its rule, the stage metrics count them, and the console says so, with what to
+    do when they are most of the answers."""
+    from pathlib import Path
+
+    from ratchet.data.checkers import Item, NumberCheck, RegexCheck, check_many, form_refusals, score_metrics, score_sums
+    from ratchet.flows.config import load_config
+    from ratchet.tasks.evaluate import EvaluateJob
+    from ratchet.tasks.label import LabelJob
+
+    number = NumberCheck()
+    got = check_many(number, [Item("3 x 4 = 12, 12 - 2 = 10, and 10 / 5 = 2", "2"), Item("no idea", "2"),
+                              Item("It is 2.", "2"), Item("It is 3.", "2")])
+    assert [(v.correct, v.form) for v in got] == [(False, "too_many_numbers"), (False, "no_number"), (True, None),
+                                                  (False, None)]
+    (miss,) = check_many(RegexCheck(pattern=r"Answer:\s*(\d+)"), [Item("2", "2")])
+    assert miss.form == "no_match" and not miss.correct
+    m = score_metrics(score_sums(got + [miss]))
+    assert m == {"form_too_many_numbers": 1.0, "form_no_number": 1.0, "form_no_match": 1.0}
+    assert form_refusals(m, 10) == ["3 of 10 answers wrong for their form (more distinct numbers than "
+                                    "data.check.max_numbers: 1, no number: 1, no match of data.check.pattern: 1)"]
+    most = {"form_too_many_numbers": 7.0, "accuracy": 0.1, "eval_prompts": 10.0}
+    said = form_refusals(most, 10)
+    assert said[1] == ("most answers were refused for their form: a worked answer states its steps' numbers too: "
+                       "raise data.check.max_numbers")
+    assert form_refusals({"accuracy": 1.0}, 10) == []
+    # the stages' console lines carry them
+    cfg = load_config(Path(__file__).parents[2] / "flows" / "configs" / "default.yaml", [])
+    job = EvaluateJob(evaluate=cfg.evaluate.model_dump(include={"max_tokens", "shard_size"}), sampler=cfg.sampler,
+                      data=cfg.data, seed=0)
+    assert said[0] in job.summary(most) and said[1] in job.summary(most)
+    label = LabelJob(label=cfg.label, data=cfg.data, seed=0)
+    assert any("2 of 8 answers wrong for their form (no number: 2)" == x
+               for x in label.summary({"labeled": 8.0, "form_no_number": 2.0, "reward_mean": 0.5}))
