@@ -111,11 +111,25 @@ def module_closure(*roots: str) -> list[str]:
 
 
 def code_version(*modules: str) -> str:
-    """Digest of the source of `modules` and of every module of the package they import,
+    """Digest of the code of `modules` and of every module of the package they import,
     transitively: a stage's code version is what its body runs, derived, never listed by hand,
-    so an edit to any helper a body reaches changes the stage's key."""
-    parts = [name + "\0" + _source(name)[0].read_text() for name in module_closure(*modules)]
+    so an edit to any helper a body reaches changes the stage's key. The code is each module's
+    syntax tree, not its text: a comment, a blank line or a reflowed call changes nothing that
+    runs, and reuses every stage."""
+    parts = [name + "\0" + _code_of(_source(name)[0]) for name in module_closure(*modules)]
     return sha256_text("\n".join(parts))[:16]
+
+
+def _code_of(path: Path) -> str:
+    """A module's syntax tree as text (no comments, no layout, no line numbers)."""
+    return _tree(path.read_text(), str(path))
+
+
+@functools.lru_cache(maxsize=512)
+def _tree(text: str, path: str) -> str:
+    import ast
+
+    return ast.dump(ast.parse(text, path))
 
 
 def keyed(config: BaseModel) -> dict:
