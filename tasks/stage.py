@@ -114,14 +114,14 @@ def code_version(*modules: str) -> str:
     """Digest of the code of `modules` and of every module of the package they import,
     transitively: a stage's code version is what its body runs, derived, never listed by hand,
     so an edit to any helper a body reaches changes the stage's key. The code is each module's
-    syntax tree, not its text: a comment, a blank line or a reflowed call changes nothing that
-    runs, and reuses every stage."""
+    syntax tree, not its text: a comment, a docstring, a blank line or a reflowed call changes
+    nothing that runs, and reuses every stage."""
     parts = [name + "\0" + _code_of(_source(name)[0]) for name in module_closure(*modules)]
     return sha256_text("\n".join(parts))[:16]
 
 
 def _code_of(path: Path) -> str:
-    """A module's syntax tree as text (no comments, no layout, no line numbers)."""
+    """A module's syntax tree as text (no comments, docstrings, layout or line numbers)."""
     return _tree(path.read_text(), str(path))
 
 
@@ -129,7 +129,14 @@ def _code_of(path: Path) -> str:
 def _tree(text: str, path: str) -> str:
     import ast
 
-    return ast.dump(ast.parse(text, path))
+    tree = ast.parse(text, path)
+    for node in ast.walk(tree):  # docstrings: no stage reads them (the config reference does, outside stages)
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 def keyed(config: BaseModel) -> dict:

@@ -153,7 +153,7 @@ def test_editing_a_helper_a_body_uses_changes_the_stage_key(tmp_path, monkeypatc
         before = code_version("userpkg.body")
         (pkg / "other.py").write_text("X = 2\n")
         assert code_version("userpkg.body") == before
-        (pkg / "sub" / "deep.py").write_text("# what g gives\ndef g():\n\n    return 1  # one\n")
+        (pkg / "sub" / "deep.py").write_text('"""Deep."""\n# what g gives\ndef g():\n    """One."""\n\n    return 1  # one\n')
         assert code_version("userpkg.body") == before  # a comment or a blank line runs nothing new
         (pkg / "sub" / "deep.py").write_text("def g():\n    return 2\n")
         after = code_version("userpkg.body")
