@@ -14,8 +14,9 @@ Executors (`executor:` in the pipeline config; not part of any stage key):
 - `local`, engines=1 (the default): the missing units one after another on one engine
   in the stage's process.
 - `local`, engines=N: N engine holders, each a process of its own with its own engine
-  (and `threads_per_engine` CPU threads), take units from one queue as they free up,
-  starting together once every engine is open. A
+  (and `threads_per_engine` CPU threads, and on a GPU machine GPUs of its own:
+  `gpus_per_engine` of the visible ones, or an even share), take units from one queue as
+  they free up, starting together once every engine is open. A
   holder that dies loses only the unit it held: the executor starts another holder for
   whatever is still missing, up to `restarts` times.
 
@@ -25,6 +26,7 @@ Executors (`executor:` in the pipeline config; not part of any stage key):
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -67,15 +69,20 @@ class ExecutorConfig(BaseModel):
     address: str | None = Field(default=None, description="ray: the cluster to join, as `ray start --head` "
                                 "prints it (host:port, or 'auto'); unset: a Ray instance on this machine for "
                                 "the stage")
-    gpus_per_engine: float = Field(default=0.0, ge=0, description="ray: GPUs each holder reserves (the "
-                                   "sampler's tensor_parallel_size on a GPU cluster)")
+    gpus_per_engine: float = Field(default=0.0, ge=0, description="GPUs of each holder. ray: what it reserves "
+                                   "(the sampler's tensor_parallel_size on a GPU cluster); local: that many of this "
+                                   "machine's visible GPUs, its own (CUDA_VISIBLE_DEVICES), or with 0 the visible "
+                                   "GPUs split evenly, at least one each")
     accelerator_type: str | None = Field(default=None, description="ray: place holders only on nodes with this "
                                          "accelerator (Ray's names, e.g. H100, A100-80G)")
 
     @model_validator(mode="after")
     def _ray_settings_need_ray(self) -> "ExecutorConfig":
         ray_only = [f for f in ("address", "accelerator_type") if getattr(self, f) is not None]
-        ray_only += ["gpus_per_engine"] if self.gpus_per_engine else []
+        if self.kind == "local" and self.gpus_per_engine != int(self.gpus_per_engine):
+            raise ValueError(f"executor.gpus_per_engine={self.gpus_per_engine:g}: on this machine (kind local) each "
+                             "holder gets whole GPUs of its own; give a whole number (fractions share a GPU on "
+                             "executor.kind=ray)")
         if self.kind != "ray" and ray_only:
             raise ValueError(f"{', '.join('executor.' + f for f in ray_only)} only apply to executor.kind=ray "
                              f"(kind is {self.kind!r}); set executor.kind=ray or remove them")
@@ -248,6 +255,7 @@ class PoolExecutor:
 
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited engine, lock or thread pool
         threads = self.cfg.threads_per_engine or max(1, (os.cpu_count() or 1) // self.cfg.engines)
+        devices = holder_devices(self.cfg, visible_gpus())
         load_s, restarts, progress = 0.0, 0, _progress(work, shards, missing)
         done = progress.base
         while missing:
@@ -258,8 +266,9 @@ class PoolExecutor:
             start = ctx.Barrier(k)
             procs = [ctx.Process(target=_holder, args=(work, str(shards.dir), shards.n, todo, events, threads, start),
                                  daemon=True) for _ in range(k)]
-            for p in procs:
-                p.start()
+            for p, gpus in zip(procs, devices):
+                with _environ(CUDA_VISIBLE_DEVICES=gpus):  # a spawned interpreter starts with this environment
+                    p.start()
             # Progress is read from the shard folder, not from messages: a holder killed mid-write
             # can leave a pipe with half a message, which must not stall the stage.
             while any(p.is_alive() for p in procs):
@@ -290,6 +299,53 @@ class PoolExecutor:
                 log.warning("%s: %d engine holder(s) died (exit codes %s); %d unit(s) left, starting holders again",
                             work.stage, len(dead), dead, len(missing))
         return load_s
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA devices this process may use: CUDA_VISIBLE_DEVICES where set, else every one torch
+    counts (none on a machine without CUDA)."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return [d.strip() for d in given.split(",") if d.strip() and d.strip() != "-1"]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001 - no torch, or no driver: no GPU
+        return []
+
+
+def holder_devices(cfg: ExecutorConfig, visible: list[str]) -> list[str | None]:
+    """Each local holder's CUDA_VISIBLE_DEVICES, from the `visible` devices: `gpus_per_engine` of
+    them each, distinct (0: the visible ones split evenly, at least one each, shared in turn when
+    there are more holders than GPUs); None for every holder on a machine without GPUs."""
+    from ratchet.data.errors import ConfigError
+
+    if not visible:
+        return [None] * cfg.engines
+    each = int(cfg.gpus_per_engine) or max(1, len(visible) // cfg.engines)
+    if cfg.gpus_per_engine and each * cfg.engines > len(visible):
+        raise ConfigError([f"executor.engines={cfg.engines} with executor.gpus_per_engine={each} needs "
+                           f"{each * cfg.engines} GPUs, and this machine shows {len(visible)} "
+                           f"({','.join(visible)}); lower executor.engines or gpus_per_engine"])
+    return [",".join(visible[(k * each + j) % len(visible)] for j in range(each)) for k in range(cfg.engines)]
+
+
+@contextlib.contextmanager
+def _environ(**values: str | None):
+    """Set (or, for None, leave alone) environment variables for the duration of the block."""
+    before = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is not None:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class _RayHolder:

@@ -100,3 +100,45 @@ def test_one_or_two_holders_sample_the_same_bytes(tiny_model, tmp_path):
     assert _bytes(tmp_path / "one", 6) == _bytes(tmp_path / "two", 6)
     texts = {r for x in _bytes(tmp_path / "one", 6) for r in x.decode().splitlines()}
     assert len(texts) == 12  # real, distinct samples
+
+
+@dataclass
+class Devices(Arithmetic):
+    """Each holder writes the CUDA devices it was started with when it opens its engine."""
+
+    seen: str = ""
+
+    def open(self):
+        Path(self.seen, str(os.getpid())).write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+        return Counter()
+
+
+def test_each_local_holder_is_started_on_gpus_of_its_own(tmp_path, monkeypatch):
+    """On a machine with GPUs every holder gets its own (this machine has none: the visible devices
+    are given through CUDA_VISIBLE_DEVICES, as a scheduler gives them); on one without, none is set."""
+    from ratchet.data.errors import ConfigError
+    from ratchet.tasks.units import holder_devices, visible_gpus
+
+    def started(engines, visible, **kw):
+        seen = tmp_path / f"seen-{engines}-{visible}-{sorted(kw.items())}"
+        seen.mkdir()
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        run_units(Devices(items=list(range(2 * engines)), size=2, seed=0, seen=str(seen)), seen / "shards",
+                  ExecutorConfig(engines=engines, threads_per_engine=1, **kw))
+        return sorted(p.read_text() for p in seen.iterdir() if p.name.isdigit())  # one per holder (its pid)
+
+    assert started(2, "0,1,2,3") == ["0,1", "2,3"]  # the holders' own environments: an even share each
+    share = lambda visible, **kw: holder_devices(ExecutorConfig(**kw), visible)  # noqa: E731
+    assert share(["4", "5", "6", "7"], engines=2, gpus_per_engine=1) == ["4", "5"]
+    assert share(["0", "1"], engines=3) == ["0", "1", "0"]  # more holders than GPUs: shared in turn
+    assert share([], engines=2) == [None, None]  # no GPU here: nothing is set
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == []
+    with pytest.raises(ConfigError, match=r"executor.engines=3 with executor.gpus_per_engine=2 needs 6 GPUs, and "
+                                          r"this machine shows 4 \(0,1,2,3\)"):
+        holder_devices(ExecutorConfig(engines=3, gpus_per_engine=2), ["0", "1", "2", "3"])
+    with pytest.raises(ValueError, match="give a whole number"):
+        ExecutorConfig(engines=2, gpus_per_engine=0.5)
