@@ -83,7 +83,7 @@ def test_executor_settings_are_checked_before_anything_runs():
     cfg = load_config(CONFIGS / "default.yaml", ["executor.kind=ray", "executor.address=10.0.0.5:6379",
                                                  "executor.engines=8", "executor.gpus_per_engine=1"])
     assert cfg.executor.address == "10.0.0.5:6379" and cfg.executor.gpus_per_engine == 1
-    with pytest.raises(ConfigError, match=r"executor.address, executor.gpus_per_engine only apply to "
+    with pytest.raises(ConfigError, match=r"executor.address only applies to "
                                           r"executor.kind=ray \(kind is 'local'\); set executor.kind=ray"):
         load_config(CONFIGS / "default.yaml", ["executor.address=10.0.0.5:6379", "executor.gpus_per_engine=1"])
     with pytest.raises(ConfigError, match="executor.kind='slurm'"):
