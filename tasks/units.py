@@ -84,8 +84,8 @@ class ExecutorConfig(BaseModel):
                              "holder gets whole GPUs of its own; give a whole number (fractions share a GPU on "
                              "executor.kind=ray)")
         if self.kind != "ray" and ray_only:
-            raise ValueError(f"{', '.join('executor.' + f for f in ray_only)} only appl{'ies' if len(ray_only) == 1 else 'y'} "
-                             "to executor.kind=ray "
+            verb = "applies" if len(ray_only) == 1 else "apply"
+            raise ValueError(f"{', '.join('executor.' + f for f in ray_only)} only {verb} to executor.kind=ray "
                              f"(kind is {self.kind!r}); set executor.kind=ray or remove them")
         if self.kind == "ray" and importlib.util.find_spec("ray") is None:
             raise ValueError("executor.kind=ray needs Ray on this machine and every node: "
