@@ -34,7 +34,7 @@ demo: setup
 	$(BIN)/ratchet run flows/configs/default.yaml
 
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15
+	$(BIN)/python -m pytest -q --durations=15
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not integration"

@@ -80,8 +80,8 @@ def ray_cluster():
         c.shutdown()
 
 
-# `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup): one test's wait on a
-# server, a process start or a subprocess leaves the other core to the next test. A module's tests
+# For `pytest -n 2 --dist loadgroup` (pytest-xdist; `make test` runs one test at a time, since on two
+# cores the heavy flow tests then only share them: docs/development.md). A module's tests
 # stay on one worker, so its module-scoped fixtures (a server, a reference run) are made once. The
 # modules that run vLLM on the default model share one worker: two vLLM engines on two cores spin
 # on each other's threads. So do the two Ray modules, which each start a cluster.

@@ -318,12 +318,12 @@ def _lease_racer(uri: str, work: str, log: str, barrier, rounds: int) -> None:
     t.lease_in_registry = True
     fd = os.open(log, os.O_WRONLY | os.O_APPEND)
     for r in range(rounds):
-        barrier.wait(timeout=60)
-        with t.registry_lease(wait_s=60):
+        barrier.wait(timeout=600)  # generous: a loaded machine starts processes slowly; the order is what counts
+        with t.registry_lease(wait_s=600):
             os.write(fd, f"{r} in {os.getpid()} {_time.time()}\n".encode())
             _time.sleep(0.3)
             os.write(fd, f"{r} out {os.getpid()} {_time.time()}\n".encode())
-        barrier.wait(timeout=60)  # the parent plants the next stale lease while both wait here
+        barrier.wait(timeout=600)  # the parent plants the next stale lease while both wait here
 
 
 def test_two_processes_never_both_take_over_a_stale_lease_on_a_database_registry(tmp_path, monkeypatch):
@@ -347,10 +347,10 @@ def test_two_processes_never_both_take_over_a_stale_lease_on_a_database_registry
     for r in range(rounds):
         t.client.create_registered_model("shared.gate-lease", tags={"ratchet.holder": f"dead-{r}",
                                                                    "ratchet.since": str(_time.time() - 60)})
-        barrier.wait(timeout=60)  # both racers start at once, against a lease a dead run left
-        barrier.wait(timeout=120)  # both have been through
+        barrier.wait(timeout=600)  # both racers start at once, against a lease a dead run left
+        barrier.wait(timeout=600)  # both have been through
     for p in racers:
-        p.join(timeout=60)
+        p.join(timeout=600)
         assert p.exitcode == 0
     events = [line.split() for line in open(log).read().splitlines()]
     assert len(events) == 4 * rounds
@@ -369,17 +369,17 @@ def test_two_processes_never_both_take_over_a_stale_lease_on_a_database_registry
     took, done = threading.Event(), threading.Event()
 
     def take_over():
-        with other.registry_lease(wait_s=30):
+        with other.registry_lease(wait_s=300):
             took.set()
-            done.wait(30)
+            done.wait(300)
 
     with t.registry_lease():
         mine = t.client.get_registered_model("shared.gate-lease").tags["ratchet.holder"]
         th = threading.Thread(target=take_over)
         th.start()
-        assert took.wait(30)
+        assert took.wait(300)
     theirs = t.client.get_registered_model("shared.gate-lease").tags["ratchet.holder"]
     assert theirs != mine  # the stale holder's release left the new holder's lease in place
     done.set()
-    th.join(30)
+    th.join(300)
     assert "shared.gate-lease" not in {m.name for m in t.client.search_registered_models()}
