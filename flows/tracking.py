@@ -379,6 +379,8 @@ class Tracker:
         except MlflowException as e:
             if e.error_code in ("RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST"):
                 return False
+            if e.error_code == "BAD_REQUEST" and "0 were matched" in str(e):  # SQLAlchemy: another run renamed it
+                return False  # first, between this one's read and its update (nothing was changed)
             raise
 
     def _sweep(self, name: str) -> None:

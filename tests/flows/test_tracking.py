@@ -309,21 +309,22 @@ def test_the_gates_lease_is_held_by_one_tracker_at_a_time_whatever_its_workdir(t
     assert "shared.gate-lease" not in {m.name for m in t.client.search_registered_models()}
 
 
-def _lease_racer(uri: str, work: str, log: str, barrier, rounds: int) -> None:
+def _lease_racer(uri: str, work: str, log: str, barrier, rounds: int, stale_s: float) -> None:
     """One of two processes: each round, wait for the other, then pass through the gate's lease,
     writing when it is inside (O_APPEND lines, one write each)."""
     import time as _time
 
+    tracking.LEASE_STALE_S = stale_s
     t = Tracker(TrackingConfig(uri=uri, model_name="shared"), Path(work), "t")
     t.lease_in_registry = True
     fd = os.open(log, os.O_WRONLY | os.O_APPEND)
     for r in range(rounds):
-        barrier.wait(timeout=600)  # generous: a loaded machine starts processes slowly; the order is what counts
-        with t.registry_lease(wait_s=600):
+        barrier.wait(timeout=180)  # generous: a loaded machine starts processes slowly; the order is what counts
+        with t.registry_lease(wait_s=180):
             os.write(fd, f"{r} in {os.getpid()} {_time.time()}\n".encode())
             _time.sleep(0.3)
             os.write(fd, f"{r} out {os.getpid()} {_time.time()}\n".encode())
-        barrier.wait(timeout=600)  # the parent plants the next stale lease while both wait here
+        barrier.wait(timeout=180)  # the parent plants the next stale lease while both wait here
 
 
 def test_two_processes_never_both_take_over_a_stale_lease_on_a_database_registry(tmp_path, monkeypatch):
@@ -335,22 +336,22 @@ def test_two_processes_never_both_take_over_a_stale_lease_on_a_database_registry
     import threading
     import time as _time
 
-    monkeypatch.setattr(tracking, "LEASE_STALE_S", 5.0)  # the forked racers inherit it
     uri, log, rounds = f"sqlite:///{tmp_path / 'server.db'}", str(tmp_path / "gate.log"), 4
     open(log, "w").close()
     t = Tracker(TrackingConfig(uri=uri, model_name="shared"), tmp_path / "work", "t")
-    barrier = mp.get_context("fork").Barrier(3)
-    racers = [mp.get_context("fork").Process(target=_lease_racer, args=(uri, str(tmp_path / f"w{i}"), log, barrier,
-                                                                       rounds)) for i in range(2)]
+    ctx = mp.get_context("spawn")  # fresh interpreters: a fork of this threaded process can inherit a held lock
+    barrier = ctx.Barrier(3)
+    racers = [ctx.Process(target=_lease_racer, args=(uri, str(tmp_path / f"w{i}"), log, barrier, rounds, 5.0))
+              for i in range(2)]
     for p in racers:
         p.start()
     for r in range(rounds):
         t.client.create_registered_model("shared.gate-lease", tags={"ratchet.holder": f"dead-{r}",
                                                                    "ratchet.since": str(_time.time() - 60)})
-        barrier.wait(timeout=600)  # both racers start at once, against a lease a dead run left
-        barrier.wait(timeout=600)  # both have been through
+        barrier.wait(timeout=180)  # both racers start at once, against a lease a dead run left
+        barrier.wait(timeout=180)  # both have been through
     for p in racers:
-        p.join(timeout=600)
+        p.join(timeout=180)
         assert p.exitcode == 0
     events = [line.split() for line in open(log).read().splitlines()]
     assert len(events) == 4 * rounds
