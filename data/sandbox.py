@@ -87,6 +87,8 @@ class RunGroup:
         self.dirs = dirs
         self.procs = [os.path.join(d, "cgroup.procs") for d in dirs]
 
+    swept: set[str] = set()  # parents this process has cleared of groups a killed run left
+
     @classmethod
     def make(cls, limits: Limits) -> RunGroup | None:
         name = f"ratchet-box-{os.getpid()}-{os.urandom(6).hex()}"
@@ -94,6 +96,9 @@ class RunGroup:
         memory, pids = str(limits.memory_mb << 20), str(limits.processes)
         try:
             v2 = _cgroup_parent("")
+            for parent in {v2, _cgroup_parent("memory"), _cgroup_parent("pids")} - {None} - cls.swept:
+                cls.swept.add(parent)
+                _sweep_groups(parent)
             if v2 is not None:
                 d = os.path.join(v2, name)
                 os.mkdir(d)
@@ -150,6 +155,29 @@ class RunGroup:
                     if time.monotonic() > deadline:
                         break
                     time.sleep(0.02)
+
+
+def _sweep_groups(parent: str) -> None:
+    """Remove the run groups under `parent` that a process no longer alive made (it was killed
+    before it could remove them; its sandboxes died with it, so they are empty)."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for n in names:
+        parts = n.split("-")
+        if n.startswith("ratchet-box-") and len(parts) == 4 and parts[2].isdigit():
+            try:
+                os.kill(int(parts[2]), 0)
+                continue  # its maker is alive
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            try:
+                os.rmdir(os.path.join(parent, n))
+            except OSError:
+                pass
 
 
 def _cgroup_parent(controller: str) -> str | None:
