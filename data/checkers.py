@@ -96,11 +96,11 @@ def score_metrics(sums: dict[str, float]) -> dict[str, float]:
     return out
 
 
-# a check's rules of form, as the console says them, and what to do when most answers break one
-FORM_RULES = {"no_number": ("no number", "the answers state no number: check the prompt asks for one"),
-              "too_many_numbers": ("more distinct numbers than data.check.max_numbers",
-                                   "a worked answer states its steps' numbers too: raise data.check.max_numbers"),
-              "no_match": ("no match of data.check.pattern", "check data.check.pattern against a few answers")}
+# a check's rules of form, as the console says them, and what to say when most answers break one
+FORM_RULES = {"no_number": ("no number", "most answers give no number: does the prompt ask for one?"),
+              "too_many_numbers": ("over max_numbers numbers",
+                                   "most answers state more numbers than data.check.max_numbers: raise it"),
+              "no_match": ("no pattern match", "most answers miss data.check.pattern: check it")}
 
 
 def form_refusals(m: dict[str, float], rows: float | None) -> list[str]:
@@ -111,8 +111,8 @@ def form_refusals(m: dict[str, float], rows: float | None) -> list[str]:
         return []
     total = sum(found.values())
     parts = ", ".join(f"{FORM_RULES.get(k, (k,))[0]}: {count(v)}" for k, v in sorted(found.items(), key=lambda x: -x[1]))
-    out = [f"{count(total)}{f' of {count(rows)}' if rows else ''} answers wrong for their form ({parts})"]
+    out = [f"{count(total)}{f'/{count(rows)}' if rows else ''} wrong for their form ({parts})"]
     if rows and total >= rows / 2:
         worst = max(found, key=found.get)
-        out.append(f"most answers were refused for their form: {FORM_RULES.get(worst, (worst, 'see data.check'))[1]}")
+        out.append(FORM_RULES.get(worst, (worst, f"most answers broke the check's rule {worst}"))[1])
     return out
