@@ -249,6 +249,7 @@ def cmd_check(args) -> int:
     print(f"data: {cfg.data.kind}, {len(split.train)} train prompts "
           f"({sum(p.answer is not None for p in split.train)} with an answer), {len(split.eval)} held out; "
           f"check: {check.kind}" + (f" ({check.function})" if hasattr(check, "function") else ""))
+    print(model_line(cfg, split.train[0].prompt))
     for s, stage in cfg.evaluate.stages():
         held = sets[s.name].eval if s.name in sets else split.eval
         src = s.source(cfg.data)
@@ -256,6 +257,26 @@ def cmd_check(args) -> int:
         print(f"held-out set {s.name!r} ({stage}): {len(held)} prompts from {src.kind}, check {src.check.kind}{gate}")
     print(f"ok: {args.config} is ready to run")
     return 0
+
+
+def model_line(cfg, prompt: str) -> str:
+    """The model and its prompt format, with what the model reads for one train prompt."""
+    from ratchet.flows.inputs import policy_tokenizer
+    from ratchet.models import prompt_format
+
+    tok = policy_tokenizer(cfg)
+    used = "plain" if tok.chat_template == prompt_format.plain_template(cfg.model.plain_layout) else "chat"
+    fmt = cfg.model.prompt_format
+    why = {"auto": " (auto: " + ("the tokenizer's chat template)" if used == "chat" else "the model has no chat "
+                                 "template: a base model)"),
+           "chat": " (the tokenizer's chat template)", "plain": ""}[fmt]
+    layout = ""
+    if used == "plain":
+        end = prompt_format.turn_end(tok)
+        layout = f"; model.plain_layout={cfg.model.plain_layout!r}; an answer ends at the end-of-sequence token" + (
+            f" or at {end!r}" if end else "")
+    return (f"model: {cfg.model.path}; prompt format: {used}{why}{layout}\n"
+            f"  the model reads: {prompt_format.example(tok, prompt)!r}")
 
 
 def cmd_lineage(args) -> int:

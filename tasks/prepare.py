@@ -23,6 +23,7 @@ from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig, Split, load_split, pool_slice
 from ratchet.data.records import Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
+from ratchet.models.prompt_format import TEMPLATE_FILE
 from ratchet.tasks.stage import StageRequest, run_stage
 
 
@@ -57,6 +58,9 @@ class BaseJob(BaseModel):
     source: str = Field(description="model.path as the user gave it")
     path: str = Field(description="the model directory it resolved to")
     files: dict[str, str] = Field(description="sha256 of every file in it: the key, whatever the path")
+    template: str | None = Field(default=None, exclude_if=lambda v: v is None,
+                                 description="the plain prompt format's chat template, written into the copy "
+                                 "(model.prompt_format resolved to plain); None keeps the model's own")
 
 
 def prompts_body(req: StageRequest[PromptsJob], store: ArtifactStore) -> StageManifest:
@@ -142,21 +146,27 @@ def base_body(req: StageRequest[BaseJob], store: ArtifactStore) -> StageManifest
     d.mkdir(parents=True, exist_ok=True)
     for f in model_files(src):
         _link_or_copy(f, d / f.name)
+    if req.config.template is not None:  # a new file: a linked one is the user's own, never written
+        (d / TEMPLATE_FILE).unlink(missing_ok=True)
+        (d / TEMPLATE_FILE).write_text(req.config.template, encoding="utf-8")
     return req.finish(store, outputs={f"model/{f.name}": None for f in model_files(d)},
                       info={"source": req.config.source, "origin_path": str(src)})
 
 
 def base_model(store: ArtifactStore, source: str, model_dir: Path, run: str | None = None,
-               stage: str = "base", field: str = "model.path") -> tuple[StageManifest, bool]:
+               stage: str = "base", field: str = "model.path", template: str | None = None,
+               ) -> tuple[StageManifest, bool]:
     """The starting policy as a store stage; keyed by the weights' digest, not the path.
-    stage="label-model": a label's fixed model (a judge or a reward model), the same way."""
+    stage="label-model": a label's fixed model (a judge or a reward model), the same way.
+    `template`: a chat template the copy reads prompts with instead of its own (the plain format)."""
     weights = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
     if not weights:
         raise ConfigError([f"{field}={str(model_dir)!r} has no *.safetensors or *.bin weights; "
                            f"point {field} at a Hugging Face model directory"])
     digests = {f.name: sha256_file(f) for f in model_files(model_dir)}
     return run_stage(store, stage=stage, round=0, body=base_body,
-                     config=BaseJob(source=source, path=str(model_dir), files=digests), parents=[], run=run)
+                     config=BaseJob(source=source, path=str(model_dir), files=digests, template=template),
+                     parents=[], run=run)
 
 
 def model_dir(store: ArtifactStore, m: StageManifest) -> Path:

@@ -56,6 +56,22 @@ def tiny_model(request, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_base_model(tiny_model, tmp_path_factory) -> Path:
+    """The tiny model as a base model: its tokenizer has no chat template."""
+    import json
+    import shutil
+
+    out = tmp_path_factory.mktemp("tiny-base-model")
+    for f in tiny_model.iterdir():
+        if f.name != "chat_template.jinja":
+            shutil.copy2(f, out / f.name)
+    conf = json.loads((out / "tokenizer_config.json").read_text())
+    conf.pop("chat_template", None)
+    (out / "tokenizer_config.json").write_text(json.dumps(conf))
+    return out
+
+
+@pytest.fixture(scope="session")
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness
 

@@ -67,6 +67,7 @@ class Label(BaseModel):
     uses_policy: ClassVar[bool] = False  # runs a model (the round's policy, or its fixed one): a worker, a seed
     outputs: ClassVar[tuple[str, ...]] = ()  # files it writes beside labels.jsonl (that a filter kind may read)
     shows: ClassVar[Shows] = Shows()  # what the report draws of its metrics
+    chats: ClassVar[bool] = False  # its fixed model reads prompts as a chat (a base model: the plain format)
     kind: str
 
     @abstractmethod

@@ -105,6 +105,47 @@ def test_a_fixed_judge_is_measured_with_its_own_tokenizer(tmp_path, default_mode
         check_inputs(_cfg(tmp_path, GOOD, label={**label, "model": str(judge)}, **sections), default_model)
 
 
+def test_a_base_model_is_read_in_the_plain_format_and_every_model_problem_is_named(tmp_path, tiny_base_model,
+                                                                                   capsys):
+    """A model without a chat template checks clean in the plain format, and `ratchet check` shows what
+    the model reads; asking for its chat template, a model that is no causal LM and a tokenizer that does
+    not load are each named with the field, the value and the fix, before any weights load."""
+    import shutil
+    from types import SimpleNamespace
+
+    from ratchet.flows.cli import cmd_check
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"workdir: {tmp_path / 'w'}\nmodel:\n  path: {tiny_base_model}\ndata:\n  kind: file\n  path: "
+                   f"{_write(tmp_path / 'train.jsonl', GOOD)}\n  eval_path: {_write(tmp_path / 'eval.jsonl', HELD)}\n")
+    assert cmd_check(SimpleNamespace(config=str(cfg), overrides=[])) == 0
+    out = capsys.readouterr().out
+    assert (f"model: {tiny_base_model}; prompt format: plain (auto: the model has no chat template: a base model); "
+            "model.plain_layout='Question: {prompt}\\nAnswer:'; an answer ends at the end-of-sequence token or at "
+            "'\\nQuestion:'\n  the model reads: 'Question: What is 0 + 1?\\nAnswer:'"
+            ) in out
+    cmd_check(SimpleNamespace(config=str(cfg), overrides=["model.plain_layout={prompt} ="]))
+    assert "the model reads: 'What is 0 + 1? ='" in capsys.readouterr().out
+
+    model = {"path": str(tiny_base_model), "prompt_format": "chat"}
+    with pytest.raises(ConfigError) as e:
+        check_inputs(_cfg(tmp_path, GOOD, model=model))
+    [problem] = e.value.problems
+    assert problem.startswith(f"model.prompt_format='chat': the tokenizer at {tiny_base_model} has no chat template")
+    assert "use prompt_format: plain (or auto)" in problem
+
+    bert = tmp_path / "bert"
+    shutil.copytree(tiny_base_model, bert)
+    (bert / "config.json").write_text('{"model_type": "bert", "architectures": ["BertForMaskedLM"]}')
+    with pytest.raises(ConfigError, match=r"holds a 'bert' model \(BertForMaskedLM\), not a causal language model; "):
+        check_inputs(_cfg(tmp_path, GOOD, model={"path": str(bert)}))
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_base_model, broken)
+    (broken / "tokenizer.json").write_text('{"model": {"type": "nothing-known"}}')
+    with pytest.raises(ConfigError, match=rf"model.path='{broken}': the tokenizer at {broken} does not load \("):
+        check_inputs(_cfg(tmp_path, GOOD, model={"path": str(broken)}))
+
+
 def test_bad_data_exits_2_with_one_report_and_writes_nothing(tmp_path):
     rows = [*GOOD, '{"prompt": "What is', {"prompt": None, "answer": 1}, {"id": 3, "prompt": "x", "answer": 1},
             {"id": 3, "prompt": "y", "answer": 2}]

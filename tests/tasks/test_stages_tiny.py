@@ -219,6 +219,55 @@ def _p_yes_by_hand(model_dir, prompt: str, response: str) -> float:
     return yes / (yes + no)
 
 
+def test_a_base_model_runs_every_stage_in_the_plain_format(tiny_base_model, tmp_path):
+    """A model without a chat template: the base stage's copy reads the plain layout, and sampling,
+    the policy judging itself, DPO, RFT and evaluation all run on it; the judge's prompt is the layout
+    around the judge's text (recomputed here from the bare tokenizer), and each trained model keeps
+    the layout for the next round."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ratchet.data.records import LabeledCompletion, PairRow, read_jsonl
+    from ratchet.models.prompt_format import plain_template
+    from ratchet.models.train_kinds import DPOTrainConfig
+    from ratchet.tasks.filters.pairs import PairFilter
+    from ratchet.tasks.judge import NO_WORDS, YES_NO, YES_WORDS, first_token_ids, judge_prompt
+    from ratchet.tasks.labels.judge import JudgeLabel
+
+    plain = plain_template("Question: {prompt}\nAnswer:")
+    store = ArtifactStore(tmp_path)
+    src = AdditionSource(a_max=4, b_max=3, eval_size=4)
+    pm, _ = prepare.prompts(store, src, seed=0, sources={})
+    base, _ = prepare.base_model(store, "base", tiny_base_model, template=plain)
+    s, _ = sample.sample(store, base, pm, SampleConfig(n=2, max_tokens=4), HF, seed=1, round=1, isolate=False)
+    judge = JudgeLabel(mode="p_yes", shard_size=8, top_logprobs=50_000)
+    lab, _ = label.label(store, s, judge, src, round=1, policy=base, sampler=HF, seed=1, isolate=False)
+    rows = read_jsonl(store.path(lab, "labels.jsonl"), LabeledCompletion)
+    tok = AutoTokenizer.from_pretrained(tiny_base_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_base_model, dtype=torch.float32).eval()
+    for r in rows[:2]:
+        text = "Question: " + judge_prompt(YES_NO, r.prompt, r.text) + "\nAnswer:"
+        with torch.inference_mode():
+            p = torch.softmax(model(input_ids=torch.tensor([tok.encode(text, add_special_tokens=False)])).logits[0, -1], -1)
+        yes, no = (sum(p[i].item() for i in first_token_ids(tok, w)) for w in (YES_WORDS, NO_WORDS))
+        assert r.reward == pytest.approx(yes / (yes + no), abs=1e-4)
+
+    pairs, _ = filt.filter_rows(store, lab, PairFilter(margin=0.0, min_pairs=1), seed=1, round=1)
+    assert read_jsonl(store.path(pairs, "train_set.jsonl"), PairRow)
+    dpo, _ = train.train(store, base, pairs, DPOTrainConfig(epochs=1, batch_size=4), seed=1, round=1, isolate=False)
+    fkey = "f" * 64
+    d = store.prepare("filter", fkey)
+    write_jsonl(d / "train_set.jsonl", [SFTRow(prompt_id=f"p{i}", prompt=f"What is {i} + 1?", completion=f" {i + 1}",
+                                               reward=1.0) for i in range(4)])
+    fm = store.finish(stage="filter", round=1, key=fkey, code_version="test", config={}, parents=[lab],
+                      outputs={"train_set.jsonl": 4})
+    rft, _ = train.train(store, base, fm, RFTTrainConfig(epochs=1, batch_size=4), seed=1, round=1, isolate=False)
+    for m in (dpo, rft):
+        assert (prepare.model_dir(store, m) / "chat_template.jinja").read_text() == plain
+    ev, _ = evaluate.evaluate(store, rft, pm, EvaluateConfig(max_tokens=4), HF, src, seed=0, round=1, isolate=False)
+    assert ev.metrics["eval_prompts"] == 4.0
+
+
 def test_a_reasoning_gym_task_is_labeled_and_evaluated_by_its_own_scorer(tiny_model, tmp_path):
     """Sample, label and evaluate a reasoning-gym task on the tiny model, the evaluation in a
     worker process: every reward and verdict is the dataset's own score_answer of the answer read
