@@ -46,6 +46,8 @@ class Round:
     rewards: list[float] = field(default_factory=list)
     sets: dict[str, float] = field(default_factory=dict)  # held-out accuracy on every set (evaluate.sets), by name
     gate_set: str = ""
+    files: dict[str, Path] = field(default_factory=dict)  # what it sampled, labeled and answered: name -> file
+    answers: list[dict] = field(default_factory=list)  # its answers on the gate's held-out set, as eval.jsonl has them
 
     @property
     def other_sets(self) -> dict[str, float]:
@@ -99,18 +101,51 @@ def gather(workdir: Path, tracker: Tracker, run: str | None = None) -> Report:
                   promoted=bool(c.data.metrics.get("round.promoted")), metrics=dict(c.data.metrics), stage_dirs=dirs,
                   sets={k.removeprefix("round.accuracy."): v for k, v in c.data.metrics.items()
                         if k.startswith("round.accuracy.")}, gate_set=tags.get("ratchet.gate_set", ""))
-        try:  # a tag is a record outside the store: only a stage directory of this store is read
-            labels = store.recorded_dir(dirs["label"], f"run {c.info.run_id}'s ratchet.stage.label tag") \
-                / "labels.jsonl" if "label" in dirs else None
-        except ArtifactError:
-            labels = None
-        if labels is not None and labels.exists():
-            for line in labels.read_text().splitlines():
-                if line.strip() and (x := json.loads(line).get("reward")) is not None:
-                    r.rewards.append(float(x))
+        gate_stage = f"evaluate.{r.gate_set}" if f"evaluate.{r.gate_set}" in dirs else "evaluate"
+        for name, stage, file in (("samples", "sample", "samples.jsonl"), ("labels", "label", "labels.jsonl"),
+                                  ("answers", gate_stage, "eval.jsonl")):
+            try:  # a tag is a record outside the store: only a stage directory of this store is read
+                path = store.recorded_dir(dirs[stage], f"run {c.info.run_id}'s ratchet.stage.{stage} tag") / file \
+                    if stage in dirs else None
+            except ArtifactError:
+                path = None
+            if path is not None and path.exists():
+                r.files[name] = path
+        for row in _rows(r.files.get("labels")):
+            if (x := row.get("reward")) is not None:
+                r.rewards.append(float(x))
+        r.answers = list(_rows(r.files.get("answers")))
         rounds.append(r)
     rounds.sort(key=lambda r: r.round)
     return Report(run=chosen, model=tracker.model_name, champion=tracker.champion(), rounds=rounds)
+
+
+def _rows(path: Path | None):
+    """The JSON rows of a stage's file (none where the round has no such file)."""
+    if path is not None:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                yield json.loads(line)
+
+
+SHOWN = 4  # held-out prompts the report follows from round to round
+
+
+def followed(report: Report) -> list[tuple[str, str]]:
+    """(id, prompt) of the first SHOWN prompts of the gate's held-out set, as the earliest round that
+    answered it lists them: the same prompts every round."""
+    first = next((r.answers for r in report.rounds if r.answers), [])
+    return list(dict.fromkeys((a["prompt_id"], a["prompt"]) for a in first))[:SHOWN]
+
+
+def verdict(a: dict) -> str:
+    """An answer's verdict in words: the check's (right, or wrong and what it read), else its reward."""
+    if a.get("correct") is True:
+        return "right"
+    if a.get("correct") is False:
+        read = a.get("extracted")
+        return "wrong: " + (f"read {read!r}" if read is not None else "no answer read")
+    return "unscored" if a.get("reward") is None else f"reward {a['reward']:.2f}"
 
 
 def _axes(title: str, ylabel: str, rounds: list[int]):
@@ -313,6 +348,38 @@ def _table(report: Report) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _answers(report: Report) -> str:
+    """The followed prompts, one row each, every round's answer and verdict side by side; each round's
+    column heads link its samples, labels and answers. Every text is escaped: it is the model's."""
+    prompts = followed(report)
+    if not prompts:
+        return ""
+    head = "".join(
+        f"<th>round {r.round}<br>" + " · ".join(
+            f"<a href=\"{html.escape(p.resolve().as_uri())}\">{name}</a>" for name, p in r.files.items()) + "</th>"
+        for r in report.rounds)
+    rows = []
+    for pid, prompt in prompts:
+        cells = []
+        for r in report.rounds:
+            a = next((a for a in r.answers if a["prompt_id"] == pid and a.get("index", 0) == 0), None)
+            cells.append("<td></td>" if a is None else
+                         f"<td class=\"answer\"><pre>{html.escape(_clip(a['text'], 400))}</pre>"
+                         f"<span class=\"{'right' if a.get('correct') else 'other'}\">{html.escape(verdict(a))}"
+                         "</span></td>")
+        rows.append(f"<tr><td class=\"prompt\">{html.escape(_clip(prompt, 300))}</td>{''.join(cells)}</tr>")
+    gate = report.rounds[-1].gate_set
+    return (f"<h2>What the model says</h2><p>The first {len(prompts)} prompts of the held-out set"
+            f"{f' {html.escape(gate)}' if gate else ''}, each round's answer and its verdict. A column's links open "
+            "that round's files: every sampled completion, its label, every held-out answer.</p>"
+            f"<table class=\"answers\"><thead><tr><th>prompt</th>{head}</tr></thead><tbody>{''.join(rows)}"
+            "</tbody></table>")
+
+
 def write_html(report: Report, out: Path) -> Path:
     """One page, figures embedded as data URIs: it opens anywhere, alone."""
     r = report.run
@@ -328,12 +395,16 @@ body {{ font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 70rem;
 table {{ border-collapse: collapse; margin: 1rem 0; }}
 th, td {{ border-bottom: 1px solid #ddd; padding: .3rem .8rem; text-align: right; }}
 figure {{ display: inline-block; margin: .5rem; }} img {{ max-width: 100%; }}
+table.answers td {{ text-align: left; vertical-align: top; max-width: 22rem; }}
+table.answers pre {{ white-space: pre-wrap; margin: 0 0 .2rem; }}
+.right {{ color: #2a7a3a; }} .other {{ color: #a33; }}
 </style></head><body>
 <h1>{html.escape(r.run)}</h1>
 <p>{html.escape(report.model)} · {r.state} · {r.rounds_done} of {r.rounds} round(s) {origin} ·
 champion: {('version ' + html.escape(report.champion)) if report.champion else 'none yet'}</p>
 {_table(report)}
 {imgs}
+{_answers(report)}
 </body></html>
 """
     path = out / "index.html"
@@ -376,4 +447,8 @@ def markdown(report: Report) -> str:
                      f"{'' if data is None else f'{data:.0f}'} | {sum(r.wall_s().values()):.0f} |")
     lines += ["", f"Figures: {', '.join(report.figures)}; the page with all of them: `{report.html}` "
               "(and the MLflow parent run's `report/` artifacts)."]
+    if any(r.files for r in report.rounds):
+        lines += ["", "Each round's files (JSON lines):", ""]
+        lines += [f"- round {r.round}: " + ", ".join(f"{name} `{p}`" for name, p in r.files.items())
+                  for r in report.rounds if r.files]
     return "\n".join(lines) + "\n"

@@ -11,6 +11,10 @@ ROOT = Path(__file__).parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+ANSWERS = [["9", "", "<script>alert(1)</script>", "7", "6"], ["2", "3", "4", "5", "6"], ["2", "3", "4", "5", "6"],
+           ["2", "3", "4", "5", "6"]]  # each round's held-out answers to "What is i + 2?"
+
+
 def _recorded_run(tmp_path: Path, mcts: bool):
     """A run as the pipeline records it: a parent run, a child per round with its stage metrics,
     its version and decision, the label stage's rows in the store, the run's record."""
@@ -27,6 +31,14 @@ def _recorded_run(tmp_path: Path, mcts: bool):
         child = t.child(parent, k, {})
         t.client.create_model_version(t.model_name, source=str(tmp_path), run_id=child)
         metrics = {"evaluate.accuracy": acc, "evaluate.wall_s": 25.0, "evaluate.tokens_per_s": 200.0 - k}
+        ev = tmp_path / "stages" / f"evaluate-{k:016x}"
+        ev.mkdir(parents=True)
+        answers = [{"prompt_id": f"e{i}", "prompt": f"What is {i} + 2?", "index": 0, "n_tokens": 3,
+                    "text": ANSWERS[k][i], "reward": float(ANSWERS[k][i] == str(i + 2)),
+                    "correct": ANSWERS[k][i] == str(i + 2), "extracted": ANSWERS[k][i][:1].strip() or None}
+                   for i in range(5)]
+        ev.joinpath("eval.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
+        t.client.set_tag(child, "ratchet.stage.evaluate", f"stages/evaluate-{k:016x}")
         if k:
             label = tmp_path / "stages" / f"label-{k:016x}"  # a stage directory's shape: <stage>-<key>
             label.mkdir(parents=True)
@@ -81,3 +93,27 @@ def test_tree_search_runs_get_their_figure_and_the_cli_names_the_files(tmp_path)
     bad = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "report", "flows/configs/default.yaml", "nope",
                           f"workdir={tmp_path}"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 1 and "no pipeline run 'nope'" in bad.stderr and "demo-1" in bad.stderr
+
+
+def test_the_report_follows_a_few_held_out_prompts_through_every_round(tmp_path):
+    """The same held-out prompts, each round's answer beside the last with its verdict, the model's
+    text escaped; each round's column links its files, and the markdown names them."""
+    from ratchet.flows.report import build, markdown
+
+    t, _ = _recorded_run(tmp_path, mcts=False)
+    report = build(tmp_path, t, log=False)
+    page = report.html.read_text()
+    table = page[page.index('<table class="answers">'):]
+    rows = re.findall(r"<tr><td class=\"prompt\">(.*?)</td>(.*?)</tr>", table)
+    assert [p for p, _ in rows] == ["What is 0 + 2?", "What is 1 + 2?", "What is 2 + 2?", "What is 3 + 2?"]
+    cells = [re.findall(r"<pre>(.*?)</pre><span class=\"\w+\">(.*?)</span>", r) for _, r in rows]
+    assert cells[0] == [("9", "wrong: read &#x27;9&#x27;"), ("2", "right"), ("2", "right"), ("2", "right")]
+    assert cells[1][0] == ("", "wrong: no answer read")
+    assert cells[2][0] == ("&lt;script&gt;alert(1)&lt;/script&gt;", "wrong: read &#x27;&lt;&#x27;")
+    assert "<script" not in page
+    evals = sorted((tmp_path / "stages").glob("evaluate-*"))
+    assert f'<a href="{(evals[0] / "eval.jsonl").as_uri()}">answers</a>' in table
+    assert f'<a href="{(tmp_path / "stages" / f"label-{1:016x}" / "labels.jsonl").as_uri()}">labels</a>' in table
+    md = markdown(report)
+    assert f"- round 0: answers `{evals[0] / 'eval.jsonl'}`" in md
+    assert f"- round 1: labels `{tmp_path / 'stages' / f'label-{1:016x}' / 'labels.jsonl'}`, answers" in md
