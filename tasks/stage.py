@@ -163,15 +163,14 @@ def keyed(config: BaseModel) -> dict:
     return drop(config, config.model_dump(mode="json"))
 
 
-def body_code(body: Body, *extra: str) -> str:
-    """The code version of a stage body: its module's closure (plus `extra` modules it reaches
-    through a registry rather than an import)."""
-    return _body_code(body.__module__, extra)
+def body_code(body: Body, *extra: str, config: BaseModel | None = None) -> str:
+    """The code version of a stage body: the definitions it can run (tasks/code_reach.py), from
+    the body, the classes of its job's values (`config`: the kinds it holds) and `extra` modules
+    it reaches through a registry rather than an import."""
+    from ratchet.tasks.code_reach import reach, roots_of
 
-
-@functools.lru_cache(maxsize=None)
-def _body_code(module: str, extra: tuple[str, ...]) -> str:
-    return code_version(module, *extra)
+    found = reach(roots_of(body, config, extra))
+    return sha256_text("\n".join(f"{m}:{n}\0{code}" for (m, n), code in sorted(found.items())))[:16]
 
 
 Job = TypeVar("Job", bound=BaseModel)
@@ -264,7 +263,7 @@ def run_stage(
 
     request = request_type(body)  # a body that cannot run is an error before anything is written
     name = body_name(body) if isolate else None
-    code = code or body_code(body)
+    code = code or body_code(body, config=config)
     key = stage_key(stage, code, keyed(config), parents)
     found = store.find(stage, key)
     if found is not None:

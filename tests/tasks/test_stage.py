@@ -6,7 +6,7 @@ from pydantic import BaseModel
 from ratchet.data.errors import EmptyStageError, RatchetError, StageFailedError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore, stage_key
-from ratchet.tasks.stage import StageRequest, code_version, module_closure, run_stage
+from ratchet.tasks.stage import StageRequest, body_code, code_version, module_closure, run_stage
 
 CALLS: list[str] = []
 
@@ -163,6 +163,87 @@ def test_editing_a_helper_a_body_uses_changes_the_stage_key(tmp_path, monkeypatc
     finally:
         for m in [m for m in sys.modules if m.startswith("userpkg")]:
             del sys.modules[m]
+
+
+def test_a_stage_is_keyed_by_the_definitions_its_body_can_run():
+    """The two edits that re-keyed stages they never run: the DPO loss is no code of sampling or of
+    RFT training, and no answer check is code of training; a label stage runs the check its job
+    holds, not every kind of check."""
+    from ratchet.data.checks.number import NumberCheck
+    from ratchet.data.checks.regex import RegexCheck
+    from ratchet.data.prompts import AdditionSource
+    from ratchet.models.sampler import SamplerConfig
+    from ratchet.models.train_kinds import DPOTrainConfig, RFTTrainConfig
+    from ratchet.tasks import label, sample, train
+    from ratchet.tasks.code_reach import reach, roots_of
+
+    def modules(body, job):
+        return {m for m, _ in reach(roots_of(body, job))}
+
+    sampling = modules(sample.sample_body, sample.SampleJob(sample=sample.SampleConfig(), sampler=SamplerConfig(),
+                                                            seed=0))
+    assert "ratchet.models.sampler" in sampling and "ratchet.models.train_kinds.dpo" not in sampling
+    rft = modules(train.train_body, train.TrainJob(train=RFTTrainConfig(), seed=0))
+    dpo = modules(train.train_body, train.TrainJob(train=DPOTrainConfig(), seed=0))
+    assert "ratchet.models.train_kinds.rft" in rft and "ratchet.models.train_kinds.dpo" not in rft
+    assert "ratchet.models.train_kinds.dpo" in dpo
+    assert not any(m.startswith("ratchet.data.checks") for m in rft | dpo)
+    by_number = modules(label.label_body, label.LabelJob(label=label.VerifierLabel(),
+                                                         data=AdditionSource(check=NumberCheck())))
+    by_regex = modules(label.label_body, label.LabelJob(label=label.VerifierLabel(),
+                                                        data=AdditionSource(check=RegexCheck(pattern=r"(\d+)"))))
+    assert "ratchet.data.checks.number" in by_number and "ratchet.data.checks.regex" not in by_number
+    assert "ratchet.data.checks.regex" in by_regex
+
+
+def test_editing_code_a_body_cannot_run_keeps_its_key(tmp_path, monkeypatch):
+    """Through a relative import, a function's own import, an attribute of a module and a kind union:
+    an edit to a definition the body reaches re-keys it; one to a sibling it never calls, or to a kind
+    its job does not hold, does not."""
+    import importlib
+    import sys
+
+    from ratchet.tasks import code_reach
+
+    pkg = tmp_path / "reachpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "body.py").write_text(
+        "from typing import Annotated\n\nfrom pydantic import BaseModel, Field\n\n"
+        "from .kinds import A, B\n\n"
+        "Kind = Annotated[A | B, Field(discriminator='kind')]\n\n\n"
+        "class Job(BaseModel):\n    k: Kind\n\n\n"
+        "def body(req, store):\n    from reachpkg import helpers\n    return helpers.used() + req.config.k.run()\n")
+    (pkg / "kinds.py").write_text(
+        "from typing import Literal\n\nfrom pydantic import BaseModel\n\n\n"
+        "class A(BaseModel):\n    kind: Literal['a'] = 'a'\n\n    def run(self):\n        return 1\n\n\n"
+        "class B(BaseModel):\n    kind: Literal['b'] = 'b'\n\n    def run(self):\n        return 2\n")
+    helpers = "from .deep import g\n\n\ndef used():\n    return g()\n\n\ndef unused():\n    return {}\n"
+    (pkg / "helpers.py").write_text(helpers.format(0))
+    (pkg / "deep.py").write_text("def g():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+
+    def version():
+        body = importlib.import_module("reachpkg.body")
+        kinds = importlib.import_module("reachpkg.kinds")
+        return body_code(body.body, config=body.Job(k=kinds.A()))
+
+    try:
+        before = version()
+        (pkg / "helpers.py").write_text(helpers.format(1))
+        assert version() == before  # unused() is never called
+        (pkg / "kinds.py").write_text((pkg / "kinds.py").read_text().replace("return 2", "return 3"))
+        assert version() == before  # the job holds kind a
+        (pkg / "deep.py").write_text("def g():\n    return 2\n")
+        after = version()
+        assert after != before  # used() calls g()
+        (pkg / "kinds.py").write_text((pkg / "kinds.py").read_text().replace("return 1", "return 4"))
+        assert version() != after  # A.run is what the body runs
+    finally:
+        for m in [m for m in sys.modules if m.startswith("reachpkg")]:
+            del sys.modules[m]
+        code_reach._find.cache_clear()
 
 
 def slow_body(req: StageRequest[X], store):

@@ -115,8 +115,9 @@ def test_self_reward_chain_judge_pairs_dpo(tiny_model, tmp_path):
     pm2, _ = prepare.prompts(other, src, seed=0, sources={})
     base2, _ = prepare.base_model(other, "tiny", tiny_model)
     s2, _ = sample.sample(other, base2, pm2, SampleConfig(n=4, max_tokens=6), HF, seed=1, round=1, isolate=False)
-    job = label.LabelJob(label=judge, data=src, sampler=HF, seed=1).model_dump(mode="json")
-    d = other.prepare("label", stage_key("label", body_code(label.label_body), job, [s2, base2]), keep_partial=True)
+    job = label.LabelJob(label=judge, data=src, sampler=HF, seed=1)
+    d = other.prepare("label", stage_key("label", body_code(label.label_body, config=job), job.model_dump(mode="json"),
+                                         [s2, base2]), keep_partial=True)
     (d / "shards").mkdir()
     write_jsonl(d / "shards" / "00000.jsonl", [r.model_copy(update={"reward": 0.123}) for r in rows[:8]])
     lab2, _ = label.label(other, s2, judge, src, round=1, policy=base2, sampler=HF, seed=1,
@@ -153,8 +154,9 @@ def test_mcts_chain_trees_pairs_dpo_and_shard_resume(tiny_model, tmp_path):
         pm, _ = prepare.prompts(store, src, seed=0, sources={})
         base, _ = prepare.base_model(store, "tiny", tiny_model)
         if seed_shard is not None:  # a killed earlier attempt left its first shard
-            job = label.LabelJob(label=cfg, data=src, sampler=HF, seed=1).model_dump(mode="json")
-            d = store.prepare("label", stage_key("label", body_code(label.label_body), job, [pm, base]), keep_partial=True)
+            job = label.LabelJob(label=cfg, data=src, sampler=HF, seed=1)
+            d = store.prepare("label", stage_key("label", body_code(label.label_body, config=job),
+                                                 job.model_dump(mode="json"), [pm, base]), keep_partial=True)
             (d / "shards").mkdir()
             (d / "shards" / "00000.jsonl").write_text(seed_shard)
         lab, _ = label.label(store, pm, cfg, src, round=1, policy=base, sampler=HF,

@@ -1,0 +1,280 @@
+"""The code a stage body can run: its code version, by definition rather than by module.
+
+A module-level digest keys a stage by every module its imports touch: the sample stage
+imports the sampler, which asks the trainer one question, and the trainer's module imports
+the DPO loss, so an edit to the loss re-sampled every round. Here a stage's code is the set of
+top-level definitions (functions, classes, assignments) its body reaches:
+
+- from the body function, every name it loads, resolved through its module's definitions
+  and imports (imports inside functions included) to the definition it names, transitively;
+- a class brings all of it (methods, bases, decorators, field annotations and defaults);
+- a module used as a value, or a name a module does not define, brings the whole module;
+- every reached module brings its own top-level statements that define nothing, and those of
+  the packages above it (they run when it is imported);
+- a kind union (`Annotated[A | B, Field(discriminator="kind")]`) brings no kind by itself: the
+  job's own values bring the kinds it holds (`instance_classes`), so a stage that checks with
+  `regex` is not re-keyed by an edit to the `code` check.
+
+Each definition counts as its syntax tree without docstrings (tasks/stage.py `_tree`): a
+comment or a reflowed line re-keys nothing. Only modules of the body's own top-level package
+are followed, as before: the installed libraries are keyed by what the run records of them.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.machinery
+import importlib.util
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel
+
+WHOLE = "*"  # a whole module: every definition in it
+INIT = "<module>"  # its top-level statements that define nothing
+
+
+@dataclass
+class _Module:
+    name: str
+    path: Path
+    is_pkg: bool
+    defs: dict[str, list[ast.AST]] = field(default_factory=dict)
+    init: list[ast.AST] = field(default_factory=list)
+    aliases: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # name -> (module, attribute)
+    unions: set[str] = field(default_factory=set)  # names that are kind unions
+
+
+def _spec(name: str) -> tuple[Path, bool] | None:
+    """(source file, is a package) of a module with a source file, else None."""
+    found = _find(name)
+    return None if found is None or found.origin is None or not found.origin.endswith(".py") else \
+        (Path(found.origin), found.submodule_search_locations is not None)
+
+
+@functools.lru_cache(maxsize=None)
+def _find(name: str):
+    """A module's spec, found without importing it or a package above it that is not imported yet
+    (finding `a.b.c` the usual way imports `a.b`, which may import a training library)."""
+    parent, _, last = name.rpartition(".")
+    try:
+        if not parent or parent in sys.modules:
+            return importlib.util.find_spec(name)
+        above = _find(parent)
+        if above is None or above.submodule_search_locations is None:
+            return None
+        return importlib.machinery.PathFinder.find_spec(last, list(above.submodule_search_locations))
+    except (ImportError, ValueError):
+        return None
+
+
+def _import_aliases(node: ast.AST, module: str, is_pkg: bool) -> dict[str, tuple[str, str | None]]:
+    """The names an import statement binds, each to (module, attribute or None for the module)."""
+    out: dict[str, tuple[str, str | None]] = {}
+    if isinstance(node, ast.Import):
+        for a in node.names:
+            if a.asname:
+                out[a.asname] = (a.name, None)
+            else:
+                top = a.name.split(".")[0]
+                out[top] = (top, None)
+    elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            here = module if is_pkg else module.rpartition(".")[0]
+            parts = here.split(".")
+            base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+        for a in node.names:
+            if a.name != "*":
+                out[a.asname or a.name] = (base, a.name)
+    return out
+
+
+def _is_union(value: ast.AST) -> bool:
+    """`Annotated[..., Field(discriminator=...)]`: a kind union, resolved by the value it holds."""
+    return (isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name) and value.value.id == "Annotated"
+            and any(isinstance(n, ast.Call) and any(k.arg == "discriminator" for k in n.keywords)
+                    for n in ast.walk(value)))
+
+
+def _module(name: str) -> _Module | None:
+    """A module's definitions, read from its file now (an edit between two runs of a long-lived
+    process counts), parsed once per text."""
+    found = _spec(name)
+    if found is None:
+        return None
+    path, is_pkg = found
+    return _parse(name, path, is_pkg, path.read_text())
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(name: str, path: Path, is_pkg: bool, text: str) -> _Module:
+    m = _Module(name, path, is_pkg)
+
+    def visit(stmts: list[ast.stmt], top: bool) -> None:
+        for s in stmts:
+            if isinstance(s, (ast.Import, ast.ImportFrom)):
+                m.aliases.update(_import_aliases(s, name, is_pkg))
+            elif isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                m.defs.setdefault(s.name, []).append(s)
+            elif isinstance(s, (ast.Assign, ast.AnnAssign)):
+                targets = s.targets if isinstance(s, ast.Assign) else [s.target]
+                names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+                for n in names:
+                    m.defs.setdefault(n, []).append(s)
+                    if s.value is not None and _is_union(s.value):
+                        m.unions.add(n)
+                if not names:
+                    m.init.append(s)
+            elif isinstance(s, (ast.If, ast.Try, ast.With)):  # conditional code: its defs, and itself as init
+                m.init.append(s)
+                for block in ("body", "orelse", "finalbody"):
+                    visit(getattr(s, block, []) or [], False)
+                for h in getattr(s, "handlers", []):
+                    visit(h.body, False)
+            elif not (top and s is tree.body[0] and isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)):
+                m.init.append(s)
+
+    tree = ast.parse(text, str(path))
+    visit(tree.body, True)
+    return m
+
+
+def _target(mod: _Module, name: str, local: dict[str, tuple[str, str | None]]) -> tuple[str, str] | None:
+    """What `name` names in `mod` (with a function's own imports `local`): (module, definition),
+    (module, WHOLE) for a module, or None for a name of no module of ours (a builtin, a local)."""
+    if name in local or (name not in mod.defs and name in mod.aliases):
+        module, attr = local.get(name) or mod.aliases[name]
+        if attr is None:
+            return (module, WHOLE)
+        if _spec(f"{module}.{attr}") is not None:
+            return (f"{module}.{attr}", WHOLE)
+        return (module, attr)
+    if name in mod.defs:
+        return (mod.name, name)
+    return None
+
+
+def _refs(mod: _Module, nodes: list[ast.AST], top: str) -> set[tuple[str, str]]:
+    """The definitions `nodes` load, resolved; attribute chains on modules (`prepare.model_dir`)
+    to the definition they end at."""
+    local: dict[str, tuple[str, str | None]] = {}
+    for node in nodes:
+        for n in ast.walk(node):
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                local.update(_import_aliases(n, mod.name, mod.is_pkg))
+    out: set[tuple[str, str]] = set()
+    chained: set[int] = set()
+    for node in nodes:
+        for n in ast.walk(node):
+            if isinstance(n, ast.Attribute) and id(n) not in chained:
+                chain, base = [], n
+                while isinstance(base, ast.Attribute):
+                    chained.add(id(base))
+                    chain.append(base.attr)
+                    base = base.value
+                if not isinstance(base, ast.Name):
+                    continue
+                chained.add(id(base))
+                t = _target(mod, base.id, local)
+                for attr in reversed(chain):
+                    if t is None or t[1] != WHOLE:
+                        break
+                    t = _member(t[0], attr)
+                if t is not None:
+                    out.add(t)
+            elif isinstance(n, ast.Name) and id(n) not in chained and (t := _target(mod, n.id, local)) is not None:
+                out.add(t)
+    return {t for t in out if t[0].split(".")[0] == top}
+
+
+def _member(module: str, attr: str) -> tuple[str, str]:
+    """`module.attr`: a submodule, a definition of the module, or one it imports."""
+    if _spec(f"{module}.{attr}") is not None:
+        return (f"{module}.{attr}", WHOLE)
+    m = _module(module)
+    if m is None:
+        return (module, WHOLE)
+    return _target(m, attr, {}) or (module, WHOLE)
+
+
+def reach(roots: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """Every definition the roots (module, name) reach, each with its code: (module, name) ->
+    its syntax tree as text; (module, INIT) for a module's other top-level statements."""
+    from ratchet.tasks.stage import _tree
+
+    todo = list(roots)
+    if not todo:
+        return {}
+    top = todo[0][0].split(".")[0]
+    out: dict[tuple[str, str], str] = {}
+    while todo:
+        module, name = todo.pop()
+        if (module, name) in out or module.split(".")[0] != top:
+            continue
+        m = _module(module)
+        if m is None:
+            out[(module, name)] = ""
+            continue
+        if name == WHOLE:
+            out[(module, WHOLE)] = ""
+            todo.extend((module, n) for n in m.defs)
+            todo.append((module, INIT))
+            continue
+        if name == INIT:
+            nodes = m.init
+            parts = module.split(".")
+            todo.extend((".".join(parts[:i]), INIT) for i in range(1, len(parts)))  # the packages above it
+        elif name in m.defs:
+            nodes = m.defs[name]
+            todo.append((module, INIT))
+        else:  # a name the module re-exports from elsewhere, or does not have: follow it, or take it all
+            t = _target(m, name, {})
+            out[(module, name)] = ""
+            todo.append(t if t is not None and t != (module, name) else (module, WHOLE))
+            continue
+        out[(module, name)] = "\n".join(_tree(ast.unparse(n), f"{module}:{name}") for n in nodes)
+        for ref in _refs(m, nodes, top):
+            if ref[1] in _module_unions(ref[0]):
+                out.setdefault(ref, "kind union: the job's values bring its kinds")
+                continue
+            todo.append(ref)
+    return out
+
+
+def _module_unions(module: str) -> set[str]:
+    m = _module(module)
+    return m.unions if m is not None else set()
+
+
+def instance_classes(value) -> set[type]:
+    """The classes of every pydantic model in a job's config tree: the kinds it holds."""
+    out: set[type] = set()
+
+    def walk(v) -> None:
+        if isinstance(v, BaseModel):
+            for cls in type(v).__mro__:
+                if issubclass(cls, BaseModel) and cls is not BaseModel and "pydantic" not in cls.__module__:
+                    out.add(cls)
+            for name in type(v).model_fields:
+                walk(getattr(v, name, None))
+        elif isinstance(v, (list, tuple, set)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+
+    walk(value)
+    return out
+
+
+def roots_of(body, config: BaseModel | None, extra: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """The body, the classes of its job's values, and `extra` modules whole."""
+    roots = [(body.__module__, body.__qualname__.split(".")[0])]
+    if config is not None:
+        roots += sorted((c.__module__, c.__qualname__.split(".")[0]) for c in instance_classes(config))
+    return roots + [(m, WHOLE) for m in extra]
