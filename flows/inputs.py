@@ -10,6 +10,7 @@ failing deep inside an engine in round 3. Only the tokenizer is loaded here.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from ratchet.data.errors import ConfigError, ProblemReport
@@ -158,7 +159,6 @@ def causal_lm_problems(path: Path, field: str) -> list[str]:
     """A policy generates text: its config.json must name a causal LM transformers knows. Only the
     config is read."""
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     try:
         config = AutoConfig.from_pretrained(path)
@@ -167,13 +167,33 @@ def causal_lm_problems(path: Path, field: str) -> list[str]:
         return [f"{field}: {path}/config.json does not load ({type(e).__name__}: {why}); give a model directory "
                 "of a model type this transformers knows"]
     archs = getattr(config, "architectures", None) or []
-    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
-            archs and not any(a in causal or a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)):
+    names = causal_lm_names()
+    if (names and config.model_type not in names) or (
+            archs and not any(a in names.values() or a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)):
         arch = ", ".join(archs) or "no architectures"
         return [f"{field}: {path} holds a {config.model_type!r} model ({arch}), not a causal language model; "
                 "the policy generates text: give a causal LM (e.g. a Llama, Qwen or SmolLM directory)"]
     return []
+
+
+@functools.lru_cache(maxsize=1)
+def causal_lm_names() -> dict[str, str]:
+    """transformers' causal-LM model types and classes (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), read from
+    its source: importing the module that defines them imports torch and transformers' generation
+    code, 8 s of a run's start on 2 cores, for one table. Empty where the table cannot be read (the
+    architectures' names are then checked alone)."""
+    import ast
+    import importlib.util
+
+    try:
+        origin = importlib.util.find_spec("transformers.models.auto.modeling_auto").origin
+        for node in ast.parse(Path(origin).read_text()).body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
+                                                    for t in node.targets):
+                return dict(ast.literal_eval(node.value.args[0]))
+    except (ImportError, AttributeError, OSError, ValueError, SyntaxError, IndexError, TypeError):
+        pass
+    return {}
 
 
 def lora_problems(cfg: PipelineConfig, path: Path) -> list[str]:

@@ -134,8 +134,8 @@ def _lineage(workdir, version):
 def test_sigkill_during_training_then_rerun_recomputes_nothing_finished(reference, tmp_path):
     """Kill the whole pipeline (CLI, Prefect server, fork server, warm engine, stage worker) once
     training has checkpointed; the same command then finishes the run from that checkpoint. The
-    sampling stages are the reference run's, copied in: the run finds them by key (the filter is
-    made again: the lineage test above corrupts the reference's on purpose). The resumed run's
+    sampling stages and round 0's evaluation are the reference run's, copied in: the run finds them
+    by key (the filter is made again: the lineage test above corrupts the reference's on purpose). The resumed run's
     warm engine is a new one, opened on the resumed model, and must answer byte for byte as the
     reference's did (a warm engine against fresh ones: tests/models/test_warm.py)."""
     import os
@@ -150,7 +150,7 @@ def test_sigkill_during_training_then_rerun_recomputes_nothing_finished(referenc
     ref_dir, _, _, _, ref_results = reference
     for d in (ref_dir / "stages").iterdir():
         m = read_manifest(d)
-        if m is not None and m.stage in ("prompts", "base", "sample", "label"):
+        if m is not None and (m.stage in ("prompts", "base", "sample", "label") or (m.stage, m.round) == ("evaluate", 0)):
             shutil.copytree(d, tmp_path / "stages" / d.name)
     cmd = [sys.executable, "-m", "ratchet.flows.cli", "run", str(CONFIGS / "default.yaml"), f"workdir={tmp_path}", *SMALL]
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
