@@ -264,8 +264,7 @@ def model_line(cfg, prompt: str) -> str:
     from ratchet.flows.inputs import policy_tokenizer
     from ratchet.models import prompt_format
 
-    tok = policy_tokenizer(cfg)
-    used = "plain" if tok.chat_template == prompt_format.plain_template(cfg.model.plain_layout) else "chat"
+    tok, used = policy_tokenizer(cfg)
     fmt = cfg.model.prompt_format
     why = {"auto": " (auto: " + ("the tokenizer's chat template)" if used == "chat" else "the model has no chat "
                                  "template: a base model)"),

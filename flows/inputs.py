@@ -273,10 +273,11 @@ def label_tokenizer(cfg: PipelineConfig, path: Path):
 
 
 def policy_tokenizer(cfg: PipelineConfig):
-    """The configured model's tokenizer, reading prompts in the run's prompt format."""
-    path = resolve_model(cfg.model.path)
-    return prompt_format.use(_tokenizer(path, f"model.path={cfg.model.path!r}"), cfg.model.prompt_format,
-                             cfg.model.plain_layout)
+    """The configured model's tokenizer, reading prompts in the run's prompt format, and that format
+    ('chat' or 'plain')."""
+    tok = _tokenizer(resolve_model(cfg.model.path), f"model.path={cfg.model.path!r}")
+    used = prompt_format.resolve(tok, cfg.model.prompt_format)
+    return prompt_format.use(tok, cfg.model.prompt_format, cfg.model.plain_layout), used
 
 
 def resolve_model(src: str) -> Path:

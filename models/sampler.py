@@ -68,12 +68,12 @@ def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, str | None]:
     return text[: i + len(s)], s
 
 
-def ended_turns(sampler, generate_ids, contexts: list[list[int]], params: SamplingParams,
+def ended_turns(tokenizer, generate_ids, contexts: list[list[int]], params: SamplingParams,
                 seed: int) -> list[list[Generation]]:
     """generate_ids, stopping where the model's prompt format ends its turn (a base model's plain
     layout: where it starts the next question itself) and cutting that string off the text; a
     stop string of `params` stays in the text as before."""
-    end = prompt_format.turn_end(sampler.tokenizer)
+    end = prompt_format.turn_end(tokenizer)
     if end is None or end in params.stop:
         return generate_ids(contexts, params, seed)
     out = generate_ids(contexts, params.model_copy(update={"stop": (*params.stop, end)}), seed)
@@ -169,8 +169,8 @@ class VLLMSampler:
     def generate(self, prompts: list[str], params: SamplingParams, seed: int,
                  prefixes: list[str] | None = None) -> list[list[Generation]]:
         """`n` completions per prompt; with `prefixes`, each continues its assistant prefix."""
-        return ended_turns(self, self.generate_ids, chat_token_ids(self.tokenizer, prompts, prefixes or ""), params,
-                           seed)
+        ids = chat_token_ids(self.tokenizer, prompts, prefixes or "")
+        return ended_turns(self.tokenizer, self.generate_ids, ids, params, seed)
 
     def generate_ids(self, contexts: list[list[int]], params: SamplingParams, seed: int) -> list[list[Generation]]:
         import torch
@@ -259,8 +259,8 @@ class HFSampler:
 
     def generate(self, prompts: list[str], params: SamplingParams, seed: int,
                  prefixes: list[str] | None = None) -> list[list[Generation]]:
-        return ended_turns(self, self.generate_ids, chat_token_ids(self.tokenizer, prompts, prefixes or ""), params,
-                           seed)
+        ids = chat_token_ids(self.tokenizer, prompts, prefixes or "")
+        return ended_turns(self.tokenizer, self.generate_ids, ids, params, seed)
 
     def generate_ids(self, contexts: list[list[int]], params: SamplingParams, seed: int) -> list[list[Generation]]:
         import torch

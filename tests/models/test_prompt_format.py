@@ -96,12 +96,12 @@ def test_a_base_model_s_answer_ends_where_it_starts_the_next_question(tiny_base_
         return [[Generation(" 5\nQuestion:", 4, "stop", "\nQuestion:"), Generation(" 5 ```", 3, "stop", "```"),
                  Generation(" 5 5 5", 3, "length")]]
 
-    [got] = ended_turns(SimpleNamespace(tokenizer=tok), generate_ids, [[1]], SamplingParams(stop=("```",)), 0)
+    [got] = ended_turns(tok, generate_ids, [[1]], SamplingParams(stop=("```",)), 0)
     assert asked == [("```", "\nQuestion:")]
     assert [(g.text, g.stop, g.finish_reason) for g in got] == [(" 5", None, "stop"), (" 5 ```", "```", "stop"),
                                                               (" 5 5 5", None, "length")]
     # a chat model's own template, and a layout with nothing before the prompt, end no turn by text
-    chat = SimpleNamespace(tokenizer=SimpleNamespace(chat_template="{{ messages }}"))
+    chat = SimpleNamespace(chat_template="{{ messages }}")
     assert ended_turns(chat, generate_ids, [[1]], SamplingParams(), 0)[0][0].text == " 5\nQuestion:"
     assert prompt_format.turn_end(prompt_format.use(AutoTokenizer.from_pretrained(tiny_base_model), "auto",
                                                     "{prompt}\n")) is None
