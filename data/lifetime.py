@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
 
 
 def _prctl():
@@ -73,3 +74,15 @@ class Spawner:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+
+def move_log(old: Path, new: Path) -> Path:
+    """Rename the log a running process appends to (its descriptor follows the file); where `new`
+    exists already, the log stays at `old`. Returns where the log is."""
+    if old == new or new.exists():
+        return old
+    try:
+        old.rename(new)
+    except FileNotFoundError:  # nothing written yet: the process opens `new` when it next opens its log
+        pass
+    return new

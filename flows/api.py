@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,12 +95,15 @@ def run(cfg: PipelineConfig, start_from: str | None = None) -> RunResult:
     else:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ready = _started_meanwhile(_ephemeral_server_dies_with_us())
-    from ratchet.flows.pipeline import execute
+    from ratchet.flows.pipeline import execute, helpers, name_helper_logs
     from ratchet.flows.runs import start
 
-    ctx, tracker = start(cfg, start_from, split)
-    ready.wait()
-    ctx, results, tracker = execute(cfg, ctx=ctx)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    with helpers(cfg, workdir / "logs", f"{stamp}-{os.getpid()}"):  # their imports overlap with the start
+        ctx, tracker = start(cfg, start_from, split)
+        name_helper_logs(workdir / "logs", f"{ctx.run_name}.{stamp}")
+        ready.wait()
+        ctx, results, tracker = execute(cfg, ctx=ctx)
     return RunResult(run=ctx.run_name, workdir=Path(ctx.workdir), model_name=tracker.model_name,
                      rounds=[RoundOutcome(r.round, r.version, r.accuracy, dict(r.accuracies), r.promoted)
                              for r in results],

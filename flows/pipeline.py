@@ -15,6 +15,7 @@ are in flows/runs.py.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from prefect import flow
@@ -130,6 +131,26 @@ def warm_engine_wanted(cfg: PipelineConfig) -> bool:
     return cfg.isolate and e.warm_engine and e.kind == "local" and e.engines == 1
 
 
+@contextlib.contextmanager
+def helpers(cfg: PipelineConfig, logs: Path, name: str):
+    """The run's helper processes while the run lasts, each where the config wants one: the fork
+    server its stage workers start from (tasks/forkserver.py) and its warm engine
+    (models/warm.py), with their own output in logs/NAME.forkserver.log and logs/NAME.engine.log.
+    Helpers already running (`ratchet run` starts them before the run's records, so that their
+    imports overlap with the run's start) are kept."""
+    with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, logs / f"{name}.forkserver.log"), \
+            warm.for_run(warm_engine_wanted(cfg), logs / f"{name}.engine.log", cfg.sampler.backend):
+        yield
+
+
+def name_helper_logs(logs: Path, name: str) -> None:
+    """The running helpers' logs renamed to NAME.forkserver.log and NAME.engine.log: helpers start
+    before the run has a name."""
+    for helper, kind in ((forkserver.current(), "forkserver"), (warm.current(), "engine")):
+        if helper is not None:
+            helper.rename_log(logs / f"{name}.{kind}.log")
+
+
 def execute(cfg: PipelineConfig, start_from: str | None = None,
             ctx: RunContext | None = None) -> tuple[RunContext, list[RoundResult], Tracker]:
     """Run (or continue) a pipeline run to the end; the MLflow parent run ends FINISHED or FAILED."""
@@ -138,9 +159,7 @@ def execute(cfg: PipelineConfig, start_from: str | None = None,
     else:
         tracker = Tracker(cfg.tracking, Path(ctx.workdir), cfg.name)
     try:
-        logs = Path(ctx.workdir) / "logs"
-        with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, logs / f"{ctx.run_name}.forkserver.log"), \
-                warm.for_run(warm_engine_wanted(cfg), logs / f"{ctx.run_name}.engine.log", cfg.sampler.backend):
+        with helpers(cfg, Path(ctx.workdir) / "logs", ctx.run_name):
             results = self_improve(cfg, ctx)
     except BaseException:
         tracker.end(ctx.parent_run_id, "FAILED")

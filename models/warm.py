@@ -274,8 +274,12 @@ def serve(path: str, preload: str) -> int:
     die_with_parent()
     key = bytes.fromhex(sys.stdin.readline().strip())
     listener = Listener(path, family="AF_UNIX")  # the key is checked by _accept, under a time bound
-    if preload == "vllm":  # the import is most of a start; done while the run prepares its first stage
+    # the import is most of a start; done while the run prepares its first stage
+    if preload == "vllm":
         import vllm  # noqa: F401
+    elif preload == "hf":
+        import torch  # noqa: F401
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
     engines = _Engines()
     while True:
         conn = _accept(listener, key)
@@ -402,6 +406,13 @@ class WarmEngine:
                 self.start()
             return {ENV: f"{self.path}|{self.key.hex()}"}
 
+    def rename_log(self, path: Path) -> None:
+        """Its log renamed to `path` (kept where it is if `path` exists); a restart opens the new name."""
+        from ratchet.data.lifetime import move_log
+
+        with self.lock:
+            self.log_path = move_log(self.log_path, Path(path))
+
     def stop(self) -> None:
         from ratchet.data.lifetime import end
 
@@ -415,6 +426,10 @@ class WarmEngine:
 
 
 _CURRENT: WarmEngine | None = None
+
+
+def current() -> WarmEngine | None:
+    return _CURRENT
 
 
 def worker_env() -> dict[str, str]:

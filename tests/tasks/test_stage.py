@@ -367,6 +367,14 @@ def test_forked_workers_fail_and_die_as_cold_ones_do_and_a_dead_server_is_replac
     with pytest.raises(StageFailedError, match=r"exit code -9.*re-run the same command to resume"):
         run_stage(store, stage="s", round=2, body=crash_body, code="c", config=X(), parents=[], isolate=True,
                   keep_partial=True)
+    # its log follows a rename (a run names it once the run has a name), never over another's
+    first_log = fork_server.log_path
+    taken = tmp_path / "taken.log"
+    taken.write_text("another run's")
+    fork_server.rename_log(taken)
+    assert fork_server.log_path == first_log and taken.read_text() == "another run's"
+    fork_server.rename_log(tmp_path / "named.log")
+    assert fork_server.log_path == tmp_path / "named.log" and not first_log.exists()
     first = fork_server.proc.pid
     fork_server.proc.send_signal(signal.SIGKILL)
     fork_server.proc.wait()
@@ -385,6 +393,7 @@ def test_forked_workers_fail_and_die_as_cold_ones_do_and_a_dead_server_is_replac
     assert json.loads((store.dir_of(done["m"]) / "out.txt").read_text())["ppid"] == fork_server.proc.pid != first
     time.sleep(1)
     assert fork_server.alive(), "the restarted fork server died with the thread that started it"
+    assert (tmp_path / "named.log").exists() and not first_log.exists()  # the new server writes to the new name
     m, _ = run_stage(store, stage="s", round=4, body=ok_body, code="c", config=X(x=4), parents=[], isolate=True)
     assert (store.dir_of(m) / "out.txt").read_text() == "4"
 
