@@ -17,6 +17,7 @@ class ConfigError(RatchetError):
 
     def __init__(self, problems: list[str], source: str = "config"):
         self.problems = list(problems)
+        self.source = source
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{len(self.problems)} problem(s) in {source}:\n{lines}")
 

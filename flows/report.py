@@ -422,7 +422,9 @@ def build(workdir: Path, tracker: Tracker, run: str | None = None, log: bool = T
     if state is not None:
         report.run = report.run.model_copy(update={"state": state})
     out = workdir / "reports" / report.run.run
-    draw(report, out)
+    from ratchet.tasks import forkserver
+
+    report.figures = forkserver.call("ratchet.flows.report:draw", report, out)  # where matplotlib is imported already
     write_html(report, out)
     if log:
         from ratchet.flows.runs import load_record

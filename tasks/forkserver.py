@@ -46,8 +46,9 @@ SERVE = "import sys; sys.path.pop(0); from ratchet.tasks.forkserver import serve
 # what a stage worker imports before its work; importing it here is what a fork saves
 PRELOAD = ("torch", "transformers", "peft", "trl", "datasets", "accelerate", "ratchet.tasks.stage",
            "ratchet.tasks.sample", "ratchet.tasks.evaluate", "ratchet.tasks.label", "ratchet.tasks.train",
-           "ratchet.models.trainer", "ratchet.models.warm", "mlflow.transformers", "ratchet.models.mlflow_model")
-QUIET_THREADS = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
+           "ratchet.models.trainer", "ratchet.models.warm", "mlflow.transformers", "ratchet.models.mlflow_model",
+           "matplotlib.pyplot")  # the last two for the run's own calls (`call`): its base model saved for MLflow, its report
+QUIET_THREADS = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false", "MPLBACKEND": "Agg"}
 
 
 def _threads() -> int:
@@ -85,9 +86,80 @@ def _child(req: dict) -> int:
     os.environ.clear()
     os.environ.update(req["env"])
     os.chdir(req["cwd"])
+    if req.get("call"):
+        return _call(Path(req["spec"]))
     from ratchet.tasks.stage import worker
 
     return worker(req["spec"])
+
+
+RESULT = "result.pkl"
+
+
+def _call(spec: Path) -> int:
+    """In the forked child: make the call `call` asked for; its value, or the ConfigError it
+    raised, is pickled beside the request. Any other error ends the child (its traceback in the
+    call's log) and the caller makes the call itself."""
+    import pickle
+
+    from ratchet.data.errors import ConfigError
+
+    target, args = pickle.loads(spec.read_bytes())
+    try:
+        out = ("value", _function(target)(*args))
+    except ConfigError as e:
+        out = ("config", (e.problems, e.source))
+    tmp = spec.with_name(RESULT + ".tmp")
+    tmp.write_bytes(pickle.dumps(out))
+    tmp.rename(spec.with_name(RESULT))
+    return 0
+
+
+def _function(target: str):
+    import importlib
+
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+CALL_READY_S = 120.0  # how long a call waits for the server's imports before it is made here
+
+
+def call(target: str, *args):
+    """`target` ("module:function") called with `args` in a child forked from the run's fork
+    server: the run's own process then never imports what the function needs (torch and
+    transformers to save a model for MLflow, matplotlib to draw the report: 4-5 s of a run's
+    start and 3 s of its end on 2 cores, each time). Returns the function's value; a ConfigError
+    it raises is raised here. Where there is no server, or the call cannot be made there (the
+    server is not ready in CALL_READY_S, refuses to fork or dies, the arguments or the value do
+    not pickle, the function fails in any other way), it is made here instead, so its outcome is
+    a direct call's. For functions whose outcome depends only on their arguments and the files
+    they read, which may run twice (a check, a figure, a model saved to a fresh directory)."""
+    import pickle
+    import tempfile
+
+    from ratchet.data.errors import ConfigError
+
+    server = current()
+    if server is not None and server.wait_ready(CALL_READY_S):
+        with tempfile.TemporaryDirectory(prefix="ratchet-call-") as t:
+            spec = Path(t) / "call.pkl"
+            try:
+                spec.write_bytes(pickle.dumps((target, args)))
+            except Exception as e:  # noqa: BLE001 - an argument that does not pickle: made here
+                log.info("%s: its arguments do not pickle (%s); calling it in this process", target, e)
+            else:
+                code = server.run(spec, Path(t) / "call.log", {}, call=True)
+                if code == 0 and (result := Path(t) / RESULT).exists():
+                    kind, value = pickle.loads(result.read_bytes())
+                    if kind == "config":
+                        raise ConfigError(*value)
+                    return value
+                tail = (Path(t) / "call.log").read_text(errors="replace")[-2000:] if (Path(t) / "call.log").exists() \
+                    else ""
+                log.warning("%s did not finish in a child of the fork server (exit code %s); calling it in this "
+                            "process. Its output there:\n%s", target, code, tail)
+    return _function(target)(*args)
 
 
 def serve() -> int:
@@ -200,7 +272,7 @@ class ForkServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def run(self, spec: Path, stage_log: Path, extra_env: dict[str, str]) -> int | None:
+    def run(self, spec: Path, stage_log: Path, extra_env: dict[str, str], call: bool = False) -> int | None:
         with self.lock:
             if not self.alive():
                 if self.proc is not None:
@@ -212,7 +284,7 @@ class ForkServer:
             with self.cond:
                 self.waiting[rid] = {}
             req = {"id": rid, "spec": str(spec), "log": str(stage_log), "cwd": os.getcwd(),
-                   "env": {**os.environ, **extra_env}}
+                   "env": {**os.environ, **extra_env}, "call": call}
             try:
                 self.proc.stdin.write(json.dumps(req).encode() + b"\n")
                 self.proc.stdin.flush()

@@ -3,7 +3,7 @@
 import pytest
 from pydantic import BaseModel
 
-from ratchet.data.errors import EmptyStageError, RatchetError, StageFailedError
+from ratchet.data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore, stage_key
 from ratchet.tasks.stage import StageRequest, body_code, code_version, module_closure, run_stage
@@ -412,3 +412,44 @@ def test_the_fork_server_refuses_to_fork_beside_a_thread():
     finally:
         stop.set()
         t.join()
+
+
+def where_called(x):
+    import os
+
+    return {"pid": os.getpid(), "x": x}
+
+
+def refuses(field):
+    raise ConfigError([f"{field}: no such model"], source="model")
+
+
+def dies_unless_in(pid):
+    import os
+
+    if os.getpid() != pid:
+        os._exit(3)
+    return "made here"
+
+
+def test_a_call_is_made_in_a_child_of_the_fork_server_or_else_here(fork_server):
+    """forkserver.call: the run's own calls that need heavy imports (its base model saved for
+    MLflow, its report's figures) are made in a forked child; whatever keeps that from working
+    makes the call in this process, so its outcome is a direct call's."""
+    import os
+
+    from ratchet.tasks import forkserver
+
+    assert fork_server.wait_ready(120)
+    got = forkserver.call("tests.tasks.test_stage:where_called", [1, "a"])
+    assert got["x"] == [1, "a"] and got["pid"] not in (os.getpid(), fork_server.proc.pid)
+    with pytest.raises(ConfigError, match="model.path: no such model") as e:  # the caller's own error, as raised
+        forkserver.call("tests.tasks.test_stage:refuses", "model.path")
+    assert e.value.problems == ["model.path: no such model"] and e.value.source == "model"
+    assert forkserver.call("tests.tasks.test_stage:dies_unless_in", os.getpid()) == "made here"  # the child died
+    assert forkserver.call("tests.tasks.test_stage:where_called", lambda: 0)["pid"] == os.getpid()  # no pickle
+    forkserver._CURRENT, server = None, forkserver._CURRENT
+    try:
+        assert forkserver.call("tests.tasks.test_stage:where_called", 1)["pid"] == os.getpid()  # no server
+    finally:
+        forkserver._CURRENT = server
