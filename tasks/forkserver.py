@@ -127,9 +127,9 @@ CALL_READY_S = 120.0  # how long a call waits for the server's imports before it
 
 def call(target: str, *args):
     """`target` ("module:function") called with `args` in a child forked from the run's fork
-    server: the run's own process then never imports what the function needs (torch and
-    transformers to save a model for MLflow, matplotlib to draw the report: 4-5 s of a run's
-    start and 3 s of its end on 2 cores, each time). Returns the function's value; a ConfigError
+    server, which has imported what the function needs, so the run's own process does not
+    (mlflow's transformers flavor to save the base model for MLflow, matplotlib to draw the
+    report: 4-5 s of round 0 and 3 s of a run's end on 2 cores). Returns the function's value; a ConfigError
     it raises is raised here. Where there is no server, or the call cannot be made there (the
     server is not ready in CALL_READY_S, refuses to fork or dies, the arguments or the value do
     not pickle, the function fails in any other way), it is made here instead, so its outcome is
