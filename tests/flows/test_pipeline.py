@@ -15,12 +15,28 @@ STAGES = ["base", "evaluate", "evaluate", "filter", "label", "prompts", "sample"
 
 
 def _run(cfg):
-    """A run as `ratchet run` makes it: its stages' workers forked from the run's fork server,
-    sampling on the run's one warm engine."""
+    """A run as `ratchet run` makes it: its stages' workers forked from a fork server, sampling on
+    one warm engine (this module's: `helpers` below)."""
     from ratchet.flows.pipeline import execute
 
     ctx, results, tracker = execute(cfg)
     return ctx, tracker, results
+
+
+@pytest.fixture(scope="module", autouse=True)
+def helpers(tmp_path_factory, default_model):
+    """One fork server and one warm vLLM engine for this module's runs in this process, as a run
+    holds them for all its stages (a run keeps helpers that are running already): the server's
+    imports and the engine's start are paid once, not once per run. A later run's engine is lent
+    or has its weights swapped in place, which tests/models/test_warm.py compares byte for byte
+    with fresh engines; the killed run's resume below starts its own and must match the
+    reference's evaluations byte for byte."""
+    from ratchet.models import warm
+    from ratchet.tasks import forkserver
+
+    logs = tmp_path_factory.mktemp("helpers")
+    with forkserver.for_run(True, logs / "forkserver.log"), warm.for_run(True, logs / "engine.log", "vllm"):
+        yield
 
 
 @pytest.fixture(scope="module")
