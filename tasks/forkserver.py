@@ -187,8 +187,8 @@ def serve() -> int:
         if ready:
             chunk = os.read(0, 65536)
             if not chunk:  # the run closed its end: it is over. Nothing is left to flush or close,
-                # and the interpreter's own teardown with torch and the rest loaded took 4-8 s on 2
-                # cores, which the run's exit waited for
+                # and the interpreter's own teardown with torch and the rest loaded took up to 8 s
+                # on 2 busy cores, which the run's exit waited for (0.2 s without it)
                 sys.stderr.flush()
                 os._exit(0)
             buf += chunk
