@@ -542,8 +542,8 @@ def entry() -> None:
     """The `ratchet` command: main, then the process ends without the interpreter's teardown.
     Every exit handler runs and every stream is flushed first; what is skipped is the freeing of
     each imported module, which with torch, transformers, Prefect and MLflow loaded took 4.5 s
-    of a run's end on 2 idle cores and 16 s on 2 busy ones, after its last line. An error that escapes main ends the process
-    as Python does (its traceback, then the usual teardown)."""
+    of a run's end on 2 idle cores and 16 s on 2 busy ones, after its last line. An error that
+    escapes main ends the process as Python does (its traceback, then the usual teardown)."""
     import atexit
     import threading
 

@@ -47,7 +47,7 @@ SERVE = "import sys; sys.path.pop(0); from ratchet.tasks.forkserver import serve
 PRELOAD = ("torch", "transformers", "peft", "trl", "datasets", "accelerate", "ratchet.tasks.stage",
            "ratchet.tasks.sample", "ratchet.tasks.evaluate", "ratchet.tasks.label", "ratchet.tasks.train",
            "ratchet.models.trainer", "ratchet.models.warm", "mlflow.transformers", "ratchet.models.mlflow_model",
-           "matplotlib.pyplot")  # the last two for the run's own calls (`call`): its base model saved for MLflow, its report
+           "matplotlib.pyplot")  # the last two also for the run's own calls (`call`): the base model, the report
 QUIET_THREADS = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false", "MPLBACKEND": "Agg"}
 
 
@@ -104,22 +104,17 @@ def _call(spec: Path) -> int:
 
     from ratchet.data.errors import ConfigError
 
+    from ratchet.tasks.stage import _resolve
+
     target, args = pickle.loads(spec.read_bytes())
     try:
-        out = ("value", _function(target)(*args))
+        out = ("value", _resolve(target)(*args))
     except ConfigError as e:
         out = ("config", (e.problems, e.source))
     tmp = spec.with_name(RESULT + ".tmp")
     tmp.write_bytes(pickle.dumps(out))
     tmp.rename(spec.with_name(RESULT))
     return 0
-
-
-def _function(target: str):
-    import importlib
-
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 CALL_READY_S = 120.0  # how long a call waits for the server's imports before it is made here
@@ -129,8 +124,8 @@ def call(target: str, *args):
     """`target` ("module:function") called with `args` in a child forked from the run's fork
     server, which has imported what the function needs, so the run's own process does not
     (mlflow's transformers flavor to save the base model for MLflow, matplotlib to draw the
-    report: 4-5 s of round 0 and 3 s of a run's end on 2 cores). Returns the function's value; a ConfigError
-    it raises is raised here. Where there is no server, or the call cannot be made there (the
+    report: 4-5 s of round 0 and 3 s of a run's end on 2 cores). Returns the function's value;
+    a ConfigError it raises is raised here. Where there is no server, or the call cannot be made there (the
     server is not ready in CALL_READY_S, refuses to fork or dies, the arguments or the value do
     not pickle, the function fails in any other way), it is made here instead, so its outcome is
     a direct call's. For functions whose outcome depends only on their arguments and the files
@@ -139,6 +134,7 @@ def call(target: str, *args):
     import tempfile
 
     from ratchet.data.errors import ConfigError
+    from ratchet.tasks.stage import _resolve
 
     server = current()
     if server is not None and server.wait_ready(CALL_READY_S):
@@ -155,11 +151,11 @@ def call(target: str, *args):
                     if kind == "config":
                         raise ConfigError(*value)
                     return value
-                tail = (Path(t) / "call.log").read_text(errors="replace")[-2000:] if (Path(t) / "call.log").exists() \
-                    else ""
+                said = Path(t) / "call.log"
                 log.warning("%s did not finish in a child of the fork server (exit code %s); calling it in this "
-                            "process. Its output there:\n%s", target, code, tail)
-    return _function(target)(*args)
+                            "process. Its output there:\n%s", target, code,
+                            said.read_text(errors="replace")[-2000:] if said.exists() else "")
+    return _resolve(target)(*args)
 
 
 def serve() -> int:
