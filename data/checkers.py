@@ -11,6 +11,8 @@ wants every running value stated (see their modules).
     steps    a worked answer: every listed value stated in order, the last one last
     math     the final answer equals the reference mathematically (LaTeX, sets, intervals; math-verify)
     python   the user's own scoring function (a file or an installed module), in a process of its own
+    code     the response's program passes the row's tests, in a sandbox
+    return   an environment episode's return (sample.rollout.kind=environment)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import Field
 from ratchet.data.checks.base import Check, Item, Tally, Verdict
 from ratchet.data.events import count
 from ratchet.data.checks.code import CodeCheck
+from ratchet.data.checks.episode_return import ReturnCheck
 from ratchet.data.checks.exact import ExactCheck
 from ratchet.data.checks.math_answer import MathCheck
 from ratchet.data.checks.number import NumberCheck
@@ -30,10 +33,11 @@ from ratchet.data.checks.regex import RegexCheck
 from ratchet.data.checks.steps import StepsCheck, listed_values, shown_steps, worked
 
 # The registration of every check kind: one member each.
-AnyCheck = NumberCheck | ExactCheck | RegexCheck | StepsCheck | MathCheck | PythonCheck | CodeCheck
+AnyCheck = NumberCheck | ExactCheck | RegexCheck | StepsCheck | MathCheck | PythonCheck | CodeCheck | ReturnCheck
 CheckConfig = Annotated[AnyCheck, Field(discriminator="kind")]
 
-__all__ = ["AnyCheck", "Check", "CheckConfig", "CodeCheck", "ExactCheck", "Item", "MathCheck", "NumberCheck", "PythonCheck", "RegexCheck",
+__all__ = ["AnyCheck", "Check", "CheckConfig", "CodeCheck", "ExactCheck", "Item", "MathCheck", "NumberCheck", "PythonCheck",
+           "RegexCheck", "ReturnCheck",
            "StepsCheck", "Tally", "Verdict", "answer_key", "check", "check_many", "extract", "form_refusals", "graded",
            "listed_values", "score_metrics", "score_sums", "shown_steps", "worked"]
 

@@ -6,6 +6,7 @@ split; `SourceConfig` below is their registration.
     chain          built-in: several dependent additions and subtractions
     file           the user's own prompts (JSONL, JSON, CSV, Parquet, a datasets dataset)
     reasoning_gym  a reasoning-gym procedural dataset, scored by its own scorer
+    episodes       seeded starts for an environment rollout, scored by the episode's return
 
 `load_split` also returns a digest of the rows it read from each file: the prompts stage keys
 on it, so an edited file is a new stage, never a stale reuse. `pool_slice` is each round's
@@ -25,11 +26,13 @@ from ratchet.data.records import Prompt
 from ratchet.data.sources.addition import AdditionSource
 from ratchet.data.sources.base import PoolSource, Split, check_placeholders, prompt_key  # noqa: F401 - from here
 from ratchet.data.sources.chain import ChainSource, chain_values  # noqa: F401 - imported from here
+from ratchet.data.sources.episodes import EpisodesSource
 from ratchet.data.sources.file import FileSource
 from ratchet.data.sources.reasoning_gym import ReasoningGymSource
 
 # The registration of every prompt source: one member each.
-SourceConfig = Annotated[AdditionSource | ChainSource | FileSource | ReasoningGymSource, Field(discriminator="kind")]
+SourceConfig = Annotated[AdditionSource | ChainSource | FileSource | ReasoningGymSource | EpisodesSource,
+                         Field(discriminator="kind")]
 
 
 def load_split(cfg: PoolSource, seed: int, *, train_answers: bool = False) -> Split:

@@ -24,7 +24,7 @@ class _Sparse(BaseModel):
     def _drop_empty(self, handler):
         out = handler(self)
         for k in SPARSE:
-            if k in out and not out[k]:
+            if k in out and (out[k] is None or (isinstance(out[k], (dict, list, tuple)) and not out[k])):
                 out.pop(k)
         return out
 
@@ -32,7 +32,8 @@ class _Sparse(BaseModel):
         return hash((type(self), self.model_dump_json()))
 
 
-SPARSE = ("fields", "prompt_ids", "segments", "chosen_segments", "rejected_segments")
+SPARSE = ("fields", "prompt_ids", "segments", "chosen_segments", "rejected_segments", "outcome", "chosen_outcome",
+          "rejected_outcome")
 
 
 class Segment(BaseModel):
@@ -47,6 +48,23 @@ class Segment(BaseModel):
     token_ids: tuple[int, ...]
 
 
+class Outcome(BaseModel):
+    """What an environment said of one episode: the reward of each step, the final reward, the
+    return (their sum: the episode's reward), how the episode ended, and, where the environment
+    failed (raised, hung, answered nonsense), what went wrong; then there is no return."""
+
+    model_config = _FROZEN
+    start: str = Field(description="the environment's first observation, as the model read it")
+    rewards: tuple[float, ...] = Field(default=(), description="each step's reward, in order")
+    final: float | None = Field(default=None, description="the environment's final reward, if it gives one")
+    ret: float | None = Field(default=None, description="the episode's return: its steps' rewards and the final "
+                              "reward summed; None where the environment failed")
+    ended: Literal["done", "max_turns", "length", "failed"] = Field(description="done: the environment ended it; "
+                                                                    "max_turns or length: its turns or tokens ran "
+                                                                    "out; failed: the environment failed")
+    failure: str | None = Field(default=None, description="what the environment did wrong, with its traceback")
+
+
 class _Turns(_Sparse):
     """A completion that may be a trajectory of several turns: its prompt's token ids as the
     engine read them and its segments. A single-turn completion has neither (None)."""
@@ -55,6 +73,7 @@ class _Turns(_Sparse):
                                                 "the completion is a trajectory")
     segments: tuple[Segment, ...] | None = Field(default=None, description="the trajectory's turns, in order; "
                                                  "their texts joined are `text`")
+    outcome: Outcome | None = Field(default=None, description="an environment episode's rewards and return")
 
     @property
     def final(self) -> str:
@@ -66,7 +85,7 @@ class _Turns(_Sparse):
 
     def turns(self) -> dict:
         """The trajectory fields, to carry onto the next stage's row."""
-        return {"prompt_ids": self.prompt_ids, "segments": self.segments}
+        return {"prompt_ids": self.prompt_ids, "segments": self.segments, "outcome": self.outcome}
 
 
 class Prompt(_Sparse):
@@ -135,6 +154,8 @@ class PairRow(_Sparse):
     prompt_ids: tuple[int, ...] | None = None
     chosen_segments: tuple[Segment, ...] | None = None
     rejected_segments: tuple[Segment, ...] | None = None
+    chosen_outcome: Outcome | None = None
+    rejected_outcome: Outcome | None = None
 
 
 class SFTRow(_Turns):

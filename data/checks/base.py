@@ -53,6 +53,7 @@ class Item:
     prompt: str | None = None
     id: str = ""  # the row, for messages
     fields: dict[str, Any] = field(default_factory=dict)
+    ret: float | None = None  # an environment episode's return (None: no episode, or its environment failed)
 
 
 class Check(BaseModel):
@@ -64,6 +65,8 @@ class Check(BaseModel):
     needs_answer: it compares with a reference answer, so every row it checks needs one.
     reads_fields: it reads a row's other columns (Item.fields), so a file source carries them
       through its prompts and samples.
+    reads_return: it scores an environment episode's return (Item.ret), not a text, so every
+      rollout it scores must play episodes against an environment.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -71,6 +74,7 @@ class Check(BaseModel):
     extracts: ClassVar[bool] = True
     needs_answer: ClassVar[bool] = True
     reads_fields: ClassVar[bool] = False
+    reads_return: ClassVar[bool] = False
 
     @abstractmethod
     def check(self, response: str, answer: str) -> Verdict: ...

@@ -261,7 +261,7 @@ def _to_prompts(rows: list[tuple[str, Any]], cfg: FileSource, source: str, id_pr
         report.add(source, f"data.prompt_field={cfg.prompt_field!r} is not a column", "columns", str(columns),
                    "set data.prompt_field to the column holding the prompt")
         return []
-    if dicts and need_answers and cfg.answer_field not in columns:
+    if dicts and need_answers and cfg.answer_field not in columns and not cfg.check.reads_return:
         report.add(source, f"data.answer_field={cfg.answer_field!r} is not a column", "columns", str(columns),
                    "set data.answer_field to the column holding the reference answers")
     out = []
@@ -284,7 +284,8 @@ def _to_prompts(rows: list[tuple[str, Any]], cfg: FileSource, source: str, id_pr
                        "give every row a unique text id, or drop the id field to number rows by line")
             continue
         answer = _answer(r.get(cfg.answer_field), cfg.check, source, place, report) if cfg.answer_field else None
-        fields = _fields(r, cfg, source, place, report) if cfg.check.reads_fields else {}
+        # a check that reads the other columns gets them, and so does an environment's reset (a return check)
+        fields = _fields(r, cfg, source, place, report) if cfg.check.reads_fields or cfg.check.reads_return else {}
         out.append((Prompt(id=str(pid), prompt=text, answer=answer, task="file", fields=fields), (source, place)))
     return out
 
@@ -337,7 +338,7 @@ def _check_split(cfg: FileSource, train: list[Placed], ev: list[Placed], train_a
         else:
             seen[p.id] = place
     for p, (source, place) in ev:
-        if p.answer is None:
+        if p.answer is None and not cfg.check.reads_return:  # an episode's return needs no reference
             report.add(source, "eval rows without a reference answer", place, f"id {p.id!r}",
                        f"give every eval row its {cfg.answer_field!r} (held-out accuracy is computed from them)")
     if train_answers:

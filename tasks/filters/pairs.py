@@ -94,8 +94,11 @@ def build_pairs(rows: list[LabeledCompletion], cfg: PairFilter) -> tuple[list[Pa
         if len({c.reward for c in cands}) == 1:
             counts["tie_prompts"] += 1
             continue
-        options = sorted(((c, r) for c in cands for r in cands
-                          if c.reward - r.reward > 0 and c.reward - r.reward >= cfg.margin),
+        gaps = [(c, r) for c in cands for r in cands if c.reward - r.reward > 0 and c.reward - r.reward >= cfg.margin]
+        same = [(c, r) for c, r in gaps if c.prompt_ids == r.prompt_ids]  # episodes of one start: DPO shares its ids
+        if len(same) < len(gaps):
+            counts["different_start"] = counts.get("different_start", 0) + len(gaps) - len(same)
+        options = sorted(same,
                          key=lambda cr: (-(cr[0].reward - cr[1].reward), cr[0].index, cr[1].index))
         if not options:
             counts["below_margin_prompts"] += 1
@@ -114,7 +117,8 @@ def build_pairs(rows: list[LabeledCompletion], cfg: PairFilter) -> tuple[list[Pa
             pairs.append(PairRow(prompt_id=pid, prompt=c.prompt, chosen=c.text, rejected=r.text,
                                  chosen_reward=c.reward, rejected_reward=r.reward, chosen_tokens=c.n_tokens,
                                  rejected_tokens=r.n_tokens, chosen_correct=c.correct, rejected_correct=r.correct,
-                                 prompt_ids=c.prompt_ids, chosen_segments=c.segments, rejected_segments=r.segments))
+                                 prompt_ids=c.prompt_ids, chosen_segments=c.segments, rejected_segments=r.segments,
+                                 chosen_outcome=c.outcome, rejected_outcome=r.outcome))
         if taken == 0:
             counts["length_bias_prompts"] += 1
     n = max(len(pairs), 1)

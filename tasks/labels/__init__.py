@@ -121,8 +121,8 @@ class Label(BaseModel):
 
 def item_of(c: Completion) -> Item:
     """What a check reads of a completion: its final answer (a trajectory's last model turn),
-    the reference, the prompt, the row's id and its other columns."""
-    return Item(c.final, c.answer, c.prompt, f"{c.prompt_id}#{c.index}", c.fields)
+    the reference, the prompt, the row's id, its other columns and an episode's return."""
+    return Item(c.final, c.answer, c.prompt, f"{c.prompt_id}#{c.index}", c.fields, c.outcome and c.outcome.ret)
 
 
 def labeled_row(c: Completion, **label) -> LabeledCompletion:
