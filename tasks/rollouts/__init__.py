@@ -7,6 +7,8 @@ episode may take, what it needs of the rest of the config, and how its counters 
 
     single  one generation per completion (the default; its rows are plain completions)
     tool    the model runs Python in a sandbox mid-answer, and reads the output (ReTool)
+    environment  the model plays episodes against an environment: the user's class, or a
+            TextArena game (tasks/environments/)
 
 A multi-turn kind writes trajectories: each completion keeps its prompt's token ids and its
 turns as segments (data/records.py: Segment), the model's with the ids the engine produced.
@@ -14,6 +16,8 @@ Training reads those ids and masks every segment that is not the model's (models
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from abc import abstractmethod
 from typing import ClassVar
@@ -30,6 +34,7 @@ class Rollout(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     multi_turn: ClassVar[bool] = False  # writes trajectories (segments and token ids), not plain completions
+    plays: ClassVar[bool] = False  # its episodes carry an environment's return (what data.check.kind=return scores)
     shows: ClassVar[Shows] = Shows()  # what the report draws of its counters
     kind: str
 
@@ -48,8 +53,13 @@ class Rollout(BaseModel):
         """The most tokens one episode adds after its prompt, when each generation may take `max_tokens`."""
         return max_tokens
 
-    def problems(self) -> list[str]:
-        """Problems found by trying what it runs (a sandbox), before any model loads."""
+    def problems(self, fields: Collection[str] = ()) -> list[str]:
+        """Problems found by trying what it runs (a sandbox, an environment), before any model loads;
+        `fields`: the other columns the prompt rows carry."""
+        return []
+
+    def model_problems(self, tokenizer) -> list[str]:
+        """Problems with this rollout for the policy's tokenizer (its chat template), before the model loads."""
         return []
 
     def checks(self, pipeline) -> list[str]:

@@ -35,6 +35,8 @@ template ever re-renders an earlier turn, so the ids trained on are the ids samp
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -143,7 +145,7 @@ class ToolRollout(Rollout, SandboxSettings):
                     "or lower sample.max_tokens"]
         return []
 
-    def problems(self) -> list[str]:
+    def problems(self, fields: Collection[str] = ()) -> list[str]:
         return self.probe("sample.rollout")
 
     def roll(self, sampler, prompts: list[Prompt], params: SamplingParams,

@@ -1,0 +1,89 @@
+"""TextArena's single-player games as environments: `{kind: environment, textarena: GuessTheNumber-v0}`.
+
+TextArena (`pip install textarena`, pinned in the `envs` extra) keeps one observation per player
+that grows by the whole history; the model is shown only what is new since its last turn (its
+own move, which the game echoes as a `[Player] ...` line, left out). The reward is the game's
+own at its end (TextArena's: 1 a win, -1 or 0 a loss or a draw, some games a fraction). A move
+the game refuses as invalid is answered by the game itself, as the game's rules say.
+
+Games that fetch a word list at run time (nltk's corpora: Wordle, Hangman, SpellingBee, ...)
+cannot run offline and are refused by name before anything starts; games for two or more
+players are refused by the start of their first episode (they need an opponent).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from functools import lru_cache
+from pathlib import Path
+
+SPEC = "ratchet.tasks.environments.textarena:TextArenaEnv"
+DOWNLOADS = re.compile(r"^\s*(import nltk|from nltk|from textarena\.envs\.utils\.word_lists|from textarena\.utils\.word_lists|import requests)", re.M)
+
+
+def version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version as installed
+
+    try:
+        return installed("textarena")
+    except PackageNotFoundError:
+        return None
+
+
+@lru_cache(maxsize=None)
+def game_problem(game: str) -> str | None:
+    """Why `game` cannot be played here (not installed, not a game, needs a download), or None.
+    Reads the registry, and the game's module source without importing it."""
+    if version() is None:
+        return ("sample.rollout.textarena needs the textarena package: pip install 'textarena==0.7.4' (or "
+                "`pip install -e .[envs]`)")
+    from textarena.envs.registration import ENV_REGISTRY
+
+    games = {g: e.entry_point for g, e in ENV_REGISTRY.items() if isinstance(getattr(e, "entry_point", None), str)}
+    if game not in games:
+        near = sorted(g for g in games if g.split("-")[0].lower() == game.split("-")[0].lower())
+        return (f"sample.rollout.textarena={game!r} is not a TextArena game"
+                + (f"; did you mean {near[:4]}" if near else f" (e.g. {sorted(games)[:6]})"))
+    module = games[game].split(":")[0]
+    found = importlib.util.find_spec(module.rsplit(".", 1)[0])
+    path = Path(found.origin).parent / (module.rsplit(".", 1)[1] + ".py") if found and found.origin else None
+    if path is not None and path.is_file() and DOWNLOADS.search(path.read_text()):
+        return (f"sample.rollout.textarena={game!r} fetches a word list (nltk's corpora) when it starts, and this "
+                "machine cannot download it at run time; choose a game that needs no download (GuessTheNumber-v0, "
+                "TowerOfHanoi-v0, Mastermind-v0, Minesweeper-v0, FrozenLake-v0, 2048-v0, LightsOut-v0, Countdown-v0)")
+    return None
+
+
+class TextArenaEnv:
+    """One TextArena game for one player, played through the environment interface."""
+
+    def __init__(self, game: str, **kwargs):
+        import textarena as ta
+
+        if (problem := game_problem(game)) is not None:
+            raise ValueError(problem)
+        self.env = ta.make(game, **kwargs)
+        self.seen = ""
+
+    def reset(self, seed: int) -> str:
+        self.env.reset(num_players=1, seed=seed)
+        return self._new(None)
+
+    def step(self, action: str):
+        done, _ = self.env.step(action)
+        if done:
+            rewards, info = self.env.close()
+            why = ((info or {}).get(0) or {}).get("reason", "")
+            return str(why), float((rewards or {}).get(0, 0.0)), True
+        return self._new(action), 0.0, False
+
+    def _new(self, action: str | None) -> str:
+        """What the player's observation added since it was last read, the echo of its move left out."""
+        _, obs = self.env.get_observation()
+        new = obs[len(self.seen):] if obs.startswith(self.seen) else obs
+        self.seen = obs
+        new = new.lstrip("\n")
+        if action is not None and new.startswith(echo := f"[Player] {action}"):
+            new = new[len(echo):].lstrip("\n")
+        return new

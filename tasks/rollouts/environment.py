@@ -1,0 +1,403 @@
+"""sample.rollout.kind=environment: the model plays episodes against an environment, turn by turn.
+
+    data: {kind: episodes, train_size: 64, eval_size: 32}       # seeded starts; the check is the return
+    sample:
+      rollout: {kind: environment, env: "my_env.py:Maze", max_turns: 8}
+      # or a TextArena game:   rollout: {kind: environment, textarena: GuessTheNumber-v0}
+
+An episode, for every episode of a unit at once:
+
+1. The environment starts (`reset`, from the start's seed and row) and gives the first
+   observation: the user's message (in `template`), chat-templated once.
+2. The model writes one turn (at most `sample.max_tokens`, within the episode's `episode_tokens`);
+   the whole turn is its action. The environment steps on it: the next observation, the step's
+   reward, whether the episode is done.
+3. Not done, the observation becomes the next user turn, appended as token ids (the chat
+   template's turn markers around it), and the model writes again. The episode ends when the
+   environment says done, after `max_turns` model turns, or when its tokens run out.
+4. The environment's optional final reward is asked for; the return is every step's reward and
+   the final one, summed. It is the episode's reward (`data.check.kind: return`).
+
+Token in, token out: the model's segments keep the ids the engine produced, each observation's
+segment the ids inserted after it, so training (models/train_kinds/) trains on exactly what was
+sampled and masks every environment token. The template's turn markers are read once from the
+model's chat template (a template that re-renders earlier turns is refused before any model
+loads: an appended turn would not be what the model reads on the next call).
+
+The environment runs in processes of its own (tasks/environments/): one per episode, forked
+from a host that imported it once, each call bounded by `step_s`. A call that raises, hangs,
+returns NaN or a wrong type, or a process that dies, fails that episode (its record says why,
+with the environment's traceback) and the unit goes on; past `max_failed_frac` of a unit's
+episodes the stage stops with the first failure, its finished units kept. While one half of a
+unit's episodes generates, the other half's environment steps run (`overlap`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ratchet.data.checks.python import source_digest
+from ratchet.data.errors import RatchetError
+from ratchet.data.events import Figure, Shows
+from ratchet.data.records import Completion, Outcome, Prompt, Segment
+from ratchet.data.userfiles import UserFile
+from ratchet.models.sampler import SamplingParams, chat_token_ids
+from ratchet.tasks import environments
+from ratchet.tasks.environments import textarena
+from ratchet.tasks.rollouts import Rollout
+
+SENTINELS = ("Ratchet-user-sentinel", "Ratchet-model-sentinel", "Ratchet-observation-sentinel")
+
+
+class EnvironmentFailedError(RatchetError):
+    """More of a unit's episodes failed in the environment than sample.rollout.max_failed_frac allows."""
+
+
+_PIECES: dict[str, tuple[str, str, str]] = {}  # by chat template
+
+
+def turn_pieces(tokenizer) -> tuple[str, str, str]:
+    """The chat template's text around an observation turn: (what closes a model turn after its
+    text, what opens the user turn, what closes it and opens the model's next). Raises ValueError
+    where the template does not grow a conversation by appending to it."""
+    key = str(getattr(tokenizer, "chat_template", None))
+    if key in _PIECES:
+        return _PIECES[key]
+    user, model, obs = SENTINELS
+
+    def render(messages, gen: bool) -> str:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+
+    one = [{"role": "user", "content": user}, {"role": "assistant", "content": model}]
+    a = render(one, False)
+    b = render([*one, {"role": "user", "content": obs}], True)
+    if model not in a or not b.startswith(a) or b[len(a):].count(obs) != 1:
+        raise ValueError("the model's chat template re-renders earlier turns when a turn is added (a conversation "
+                         "of two turns does not begin with the text of its first), so an episode's appended turns "
+                         "would not be what the model reads; use a model whose template appends turns, or "
+                         "model.prompt_format: plain")
+    closing = a[a.rindex(model) + len(model):]
+    opening, after = b[len(a):].split(obs)
+    _PIECES[key] = (closing, opening, after)
+    return closing, opening, after
+
+
+def observation_ids(tokenizer, model_ids: tuple[int, ...], observation: str) -> tuple[str, tuple[int, ...]]:
+    """An observation as the next user turn, after a model turn that produced `model_ids`: its text
+    (with the template's turn markers) and its ids. A model turn that ended with its end-of-turn
+    token has that token already; one cut short gets the template's whole closing."""
+    closing, opening, after = turn_pieces(tokenizer)
+    eos = tokenizer.eos_token
+    if model_ids and model_ids[-1] == tokenizer.eos_token_id and eos and closing.startswith(eos):
+        closing = closing[len(eos):]
+    text = closing + opening + observation + after
+    return text, tuple(tokenizer.encode(text, add_special_tokens=False))
+
+
+def seed_of(p: Prompt) -> int:
+    """The seed an episode starts from: the row's `seed` column, else one from the prompt's id."""
+    s = p.fields.get("seed")
+    if isinstance(s, int) and not isinstance(s, bool):
+        return s
+    return int(hashlib.sha256(p.id.encode()).hexdigest()[:8], 16)
+
+
+@dataclass
+class _Episode:
+    prompt: Prompt
+    index: int
+    key: int  # its number at the environment's host
+    context: list[int] = field(default_factory=list)
+    prompt_ids: tuple[int, ...] = ()
+    segments: list[Segment] = field(default_factory=list)
+    start: str = ""
+    rewards: list[float] = field(default_factory=list)
+    final: float | None = None
+    used: int = 0  # tokens after the prompt, the model's and the environment's
+    generated: int = 0
+    waiting: str | None = None  # the call in flight
+    ended: str | None = None
+    failure: str | None = None
+
+    def add(self, role: str, text: str, ids: tuple[int, ...]) -> None:
+        self.segments.append(Segment(role=role, text=text, token_ids=tuple(ids)))
+        self.context.extend(ids)
+        self.used += len(ids)
+
+    def fail(self, op: str, why: str) -> None:
+        self.ended, self.failure, self.waiting = "failed", f"{op}: {why}" if not why.startswith(op) else why, None
+
+
+_KEYS = iter(range(1, 1 << 62))  # episode numbers at a host, unique within the process
+
+
+class EnvironmentRollout(Rollout):
+    """The model plays episodes against an environment: the user's class or a TextArena game."""
+
+    multi_turn: ClassVar[bool] = True
+    plays: ClassVar[bool] = True
+    shows: ClassVar[Shows] = Shows(figures=(Figure(
+        "Episodes per round", "episodes.png", "mean return", ("return_mean", "mean return"),
+        ("done_frac", "episodes the environment ended (%)", "ended by the environment (%)")),))
+    kind: Literal["environment"] = "environment"
+    env: Annotated[str | None, UserFile(spec=True, digest="source")] = Field(
+        default=None, description="the environment class: 'path/to/env.py:Env' (a file; relative paths from where "
+        "ratchet runs) or 'package.module:Env' (an installed module); it defines reset(self, seed, **row) -> str and "
+        "step(self, action) -> (observation, reward, done), optionally final_reward(self)")
+    textarena: str | None = Field(default=None, description="a TextArena single-player game instead, e.g. "
+                                  "GuessTheNumber-v0 (needs the textarena package: the envs extra)")
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the environment's "
+                                 "constructor (for a TextArena game, ta.make's)")
+    max_turns: int = Field(default=8, ge=1, le=256, description="model turns per episode")
+    episode_tokens: int = Field(default=512, ge=1, description="tokens one episode may add after its first "
+                                "observation, the model's and the environment's together")
+    template: str = Field(default="{observation}", description="the first user message, with {observation} where "
+                          "the environment's first observation goes (instructions around it, if any)")
+    step_s: float = Field(default=10.0, gt=0, le=3600, description="seconds one call (start, step, final reward) may "
+                          "take; past it the episode's process is ended and the episode fails")
+    obs_chars: int = Field(default=2000, ge=16, le=1 << 20, description="an observation past this many characters is "
+                           "cut (its head and tail kept)")
+    memory_mb: int = Field(default=2048, ge=64, description="address space one episode's process may take (MiB); "
+                           "past it, its allocations fail")
+    max_failed_frac: float = Field(default=0.25, ge=0, le=1, description="share of a unit's episodes that may fail "
+                                   "in the environment (raise, hang, return nonsense) and stay unscored; past it the "
+                                   "stage stops with the first failure")
+    overlap: bool | None = Field(default=None, description="a unit's episodes in two halves that take turns: one "
+                                 "half's environment steps run while the other half generates; false: all "
+                                 "episodes generate together, then all step; unset: overlap where the engine is "
+                                 "on a GPU")
+    source: str | None = Field(default=None, description="sha256 of the environment's file (or of the TextArena "
+                               "version and game), filled in when the config is read: it keys every stage that "
+                               "plays it")
+
+    @field_validator("template")
+    @classmethod
+    def _has_observation(cls, v: str) -> str:
+        if "{observation}" not in v:
+            raise ValueError(f"sample.rollout.template={v[:60]!r} has no {{observation}}; put {{observation}} where "
+                             "the environment's first observation goes")
+        return v
+
+    @model_validator(mode="after")
+    def _one_environment(self) -> EnvironmentRollout:
+        if (self.env is None) == (self.textarena is None):
+            raise ValueError("sample.rollout.kind='environment' needs exactly one of env ('path/to/env.py:Env' or "
+                             "'package.module:Env') and textarena (a game id such as GuessTheNumber-v0)")
+        if self.env is not None:
+            from ratchet.data.checks.scorer import split_spec
+
+            split_spec(self.env)  # raises ValueError with the expected forms
+        if self.source is None:
+            if self.env is not None:
+                self.source = source_digest(self.env)
+            else:
+                self.source = hashlib.sha256(f"textarena=={textarena.version()}:{self.textarena}".encode()).hexdigest()
+        return self
+
+    @property
+    def spec(self) -> str:
+        return self.env if self.env is not None else textarena.SPEC
+
+    @property
+    def env_args(self) -> dict[str, Any]:
+        return dict(self.args) if self.env is not None else {"game": self.textarena, **self.args}
+
+    @property
+    def name(self) -> str:
+        return f"sample.rollout.env={self.env!r}" if self.env is not None else \
+            f"sample.rollout.textarena={self.textarena!r}"
+
+    def wrap(self, prompt: str) -> str:
+        return self.template.replace("{observation}", prompt)
+
+    def budget(self, max_tokens: int) -> int:
+        return self.episode_tokens
+
+    def checks(self, pipeline) -> list[str]:
+        label = pipeline.label
+        if label.consumes != "samples":
+            return [f"sample.rollout.kind='environment' is not used by {label.setting()}: it searches from the "
+                    "prompts with its own rollouts and never reads the sample stage; set label.kind='verifier'"]
+        if pipeline.sample.max_tokens > self.episode_tokens:
+            return [f"sample.max_tokens={pipeline.sample.max_tokens} (one model turn) is more than "
+                    f"sample.rollout.episode_tokens={self.episode_tokens} (the whole episode); raise episode_tokens "
+                    "or lower sample.max_tokens"]
+        return []
+
+    def problems(self, fields: Collection[str] = ()) -> list[str]:
+        """Import the environment in its host process, as a stage will (and a TextArena game: start one
+        episode): an import error, a missing class or method, a signature it cannot be called with."""
+        if self.textarena is not None and (problem := textarena.game_problem(self.textarena)) is not None:
+            return [problem]
+        host = self.host(shared=False, fields=tuple(sorted(fields)))
+        try:
+            host.start()
+            if self.textarena is not None:  # a game that cannot start here (two players, a download) says so now
+                host.send(0, "open", seed=0, row={})
+                reply = host.collect([0])[0]
+                if reply.failure is not None:
+                    return [f"{self.name}: its first episode could not start: {reply.failure.splitlines()[-1]}"]
+        except environments.EnvError as e:
+            return [f"{self.name}: {e}"]
+        finally:
+            host.close()
+        return []
+
+    def model_problems(self, tokenizer) -> list[str]:
+        try:
+            turn_pieces(tokenizer)
+        except ValueError as e:
+            return [f"{self.name}: {e}"]
+        return []
+
+    def host(self, shared: bool = True, fields: tuple[str, ...] = ()) -> environments.EnvHost:
+        kw = dict(step_s=self.step_s, obs_chars=self.obs_chars, memory_mb=self.memory_mb, fields=fields)
+        if not shared:
+            return environments.EnvHost(self.spec, self.env_args, **kw)
+
+        def same_source() -> None:
+            if self.env is not None and (now := source_digest(self.env)) != self.source:
+                raise EnvironmentFailedError(
+                    f"{self.name}: the file changed since this run read its config (sha256 {self.source[:12]} then, "
+                    f"{now[:12]} now); a changed environment is a new run: run the config again")
+
+        try:
+            return environments.shared(self.spec, self.env_args, tag=self.source or "", before_load=same_source, **kw)
+        except environments.EnvError as e:
+            raise EnvironmentFailedError(f"{self.name}: {e}") from None
+
+    # the episodes -----------------------------------------------------------------------------
+    def roll(self, sampler, prompts: list[Prompt], params: SamplingParams,
+             seed: int) -> tuple[list[Completion], dict[str, float]]:
+        tok = sampler.tokenizer
+        turn_pieces(tok)  # a template that cannot append turns stops here, before any episode starts
+        host = self.host(fields=tuple(sorted({k for p in prompts for k in p.fields})))
+        eps = [_Episode(p, i, next(_KEYS)) for p in prompts for i in range(params.n)]
+        for e in eps:
+            host.send(e.key, "open", seed=seed_of(e.prompt),
+                      row={"prompt": e.prompt.prompt, "answer": e.prompt.answer, **e.prompt.fields})
+            e.waiting = "open"
+        half = (len(eps) + 1) // 2 if self.overlapped() else len(eps)
+        cohorts = [c for c in (eps[:half], eps[half:]) if c]
+        waited = 0.0
+        for turn in range(self.max_turns + 1):
+            for c, cohort in enumerate(cohorts):
+                t = time.time()
+                asked = [e for e in cohort if e.waiting]
+                replies = host.collect([e.key for e in asked])
+                waited += time.time() - t
+                for e in asked:
+                    self.read(tok, e, replies[e.key], last=turn == self.max_turns)
+                live = [e for e in cohort if e.ended is None]
+                if turn == self.max_turns or not live:
+                    continue
+                for e in self.generate(sampler, live, params, (seed * 1_000_003 + c * 7_919 + turn * 8_191) % (1 << 61)):
+                    host.send(e.key, "step", action=e.segments[-1].text)
+                    e.waiting = "step"
+        t = time.time()
+        closing = [e for e in eps if e.ended != "failed"]
+        for e in closing:
+            host.send(e.key, "finish")
+        for e, reply in zip(closing, host.collect([e.key for e in closing]).values()):
+            if reply.failure is not None:
+                e.fail("finish", reply.failure)
+            else:
+                e.final = reply.final
+        waited += time.time() - t
+        host.drop([e.key for e in eps])
+        self.settle(eps)
+        return self.rows(eps), self.cost(eps, waited)
+
+    def read(self, tok, e: _Episode, reply: environments.Reply, last: bool) -> None:
+        """A call's answer into its episode: the first observation, or a step's reward and the next observation."""
+        op, e.waiting = e.waiting, None
+        if reply.failure is not None:
+            e.fail(op, reply.failure)
+        elif op == "open":
+            e.start = reply.observation or ""
+            e.context = list(chat_token_ids(tok, [self.wrap(e.start)])[0])
+            e.prompt_ids = tuple(e.context)
+        else:
+            e.rewards.append(reply.reward)
+            if reply.done:
+                e.ended = "done"
+            elif last:
+                e.ended = "max_turns"
+            else:
+                text, ids = observation_ids(tok, e.segments[-1].token_ids, reply.observation or "")
+                if e.used + len(ids) >= self.episode_tokens:  # no room to read it and answer
+                    e.ended = "length"
+                else:
+                    e.add("env", text, ids)
+
+    def generate(self, sampler, live: list[_Episode], params: SamplingParams, seed: int) -> list[_Episode]:
+        """One model turn for each live episode; those whose turn is an action to step on."""
+        rooms: dict[int, list[_Episode]] = {}
+        for e in live:
+            rooms.setdefault(min(params.max_tokens, self.episode_tokens - e.used), []).append(e)
+        acted = []
+        for room, group in sorted(rooms.items()):
+            step = params.model_copy(update={"n": 1, "max_tokens": room})
+            gens = sampler.generate_ids([e.context for e in group], step, seed=(seed + room) % (1 << 62))
+            for e, (g,) in zip(group, gens):
+                e.add("model", g.text, g.token_ids)
+                e.generated += len(g.token_ids)
+                acted.append(e)
+        return acted
+
+    def overlapped(self) -> bool:
+        if self.overlap is not None:
+            return self.overlap
+        import torch
+
+        return torch.cuda.is_available()
+
+    def settle(self, eps: list[_Episode]) -> None:
+        failed = [e for e in eps if e.ended == "failed"]
+        if failed and len(failed) > self.max_failed_frac * len(eps):
+            e = failed[0]
+            raise EnvironmentFailedError(
+                f"{self.name} failed in episode {e.prompt.id!r} #{e.index}: {e.failure}\n({len(failed)} of {len(eps)} "
+                f"episodes of the unit failed; sample.rollout.max_failed_frac={self.max_failed_frac:g}). Fix the "
+                "environment (or raise sample.rollout.step_s / max_failed_frac) and re-run the same command: finished "
+                "units are kept")
+
+    def rows(self, eps: list[_Episode]) -> list[Completion]:
+        out = []
+        for e in eps:
+            ret = None if e.ended == "failed" else sum(e.rewards) + (e.final or 0.0)
+            outcome = Outcome(start=e.start, rewards=tuple(e.rewards), final=e.final, ret=ret, ended=e.ended,
+                              failure=e.failure)
+            out.append(Completion(prompt_id=e.prompt.id, prompt=e.prompt.prompt, answer=e.prompt.answer,
+                                  fields=e.prompt.fields, index=e.index, text="".join(s.text for s in e.segments),
+                                  n_tokens=e.generated, finish_reason=e.ended, prompt_ids=e.prompt_ids,
+                                  segments=tuple(e.segments), outcome=outcome))
+        return out
+
+    def cost(self, eps: list[_Episode], waited: float) -> dict[str, float]:
+        scored = [e for e in eps if e.ended != "failed"]
+        return {"gen_tokens": sum(e.generated for e in eps), "episodes": len(eps),
+                "turns": sum(sum(s.role == "model" for s in e.segments) for e in eps),
+                "env_steps": sum(len(e.rewards) for e in eps), "env_failed": len(eps) - len(scored),
+                "env_done": sum(e.ended == "done" for e in eps),
+                "return_sum": sum(sum(e.rewards) + (e.final or 0.0) for e in scored), "env_wait_s": waited}
+
+    def metrics(self, cost: dict[str, float]) -> dict[str, float]:
+        n = max(cost.get("episodes", 0), 1)
+        scored = max(n - cost.get("env_failed", 0), 1)
+        return {"turns_per_episode": cost.get("turns", 0) / n, "return_mean": cost.get("return_sum", 0.0) / scored,
+                "done_frac": cost.get("env_done", 0) / n, "env_failed_frac": cost.get("env_failed", 0) / n,
+                "env_failed": cost.get("env_failed", 0), "env_steps": cost.get("env_steps", 0),
+                "env_wait_s": cost.get("env_wait_s", 0.0)}
+
+    def summary(self, m: dict[str, float]) -> list[str]:
+        out = [f"{m.get('turns_per_episode', 0):.1f} turns/episode", f"mean return {m.get('return_mean', 0):.3g}",
+               f"{m.get('done_frac', 0):.0%} ended by the environment"]
+        return out + ([f"{m['env_failed']:.0f} episodes failed in the environment"] if m.get("env_failed") else [])
