@@ -223,6 +223,16 @@ class EnvHost:
                 self._kill(e)
 
 
+def version(package: str) -> str | None:
+    """The installed version of a library of environments (textarena, gymnasium), or None."""
+    from importlib.metadata import PackageNotFoundError, version as installed
+
+    try:
+        return installed(package)
+    except PackageNotFoundError:
+        return None
+
+
 _SHARED: dict[tuple, EnvHost] = {}
 
 

@@ -18,24 +18,17 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-SPEC = "ratchet.tasks.environments.textarena:TextArenaEnv"
+from ratchet.tasks import environments
+
+SPEC = "ratchet.tasks.environments.textarena_game:TextArenaEnv"  # imports textarena: the host's, once
 DOWNLOADS = re.compile(r"^\s*(import nltk|from nltk|from textarena\.envs\.utils\.word_lists|from textarena\.utils\.word_lists|import requests)", re.M)
-
-
-def version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version as installed
-
-    try:
-        return installed("textarena")
-    except PackageNotFoundError:
-        return None
 
 
 @lru_cache(maxsize=None)
 def game_problem(game: str) -> str | None:
     """Why `game` cannot be played here (not installed, not a game, needs a download), or None.
     Reads the registry, and the game's module source without importing it."""
-    if version() is None:
+    if environments.version("textarena") is None:
         return ("sample.rollout.textarena needs the textarena package: pip install 'textarena==0.7.4' (or "
                 "`pip install -e .[envs]`)")
     from textarena.envs.registration import ENV_REGISTRY
@@ -53,37 +46,3 @@ def game_problem(game: str) -> str | None:
                 "machine cannot download it at run time; choose a game that needs no download (GuessTheNumber-v0, "
                 "TowerOfHanoi-v0, Mastermind-v0, Minesweeper-v0, FrozenLake-v0, 2048-v0, LightsOut-v0, Countdown-v0)")
     return None
-
-
-class TextArenaEnv:
-    """One TextArena game for one player, played through the environment interface."""
-
-    def __init__(self, game: str, **kwargs):
-        import textarena as ta
-
-        if (problem := game_problem(game)) is not None:
-            raise ValueError(problem)
-        self.env = ta.make(game, **kwargs)
-        self.seen = ""
-
-    def reset(self, seed: int) -> str:
-        self.env.reset(num_players=1, seed=seed)
-        return self._new(None)
-
-    def step(self, action: str):
-        done, _ = self.env.step(action)
-        if done:
-            rewards, info = self.env.close()
-            why = ((info or {}).get(0) or {}).get("reason", "")
-            return str(why), float((rewards or {}).get(0, 0.0)), True
-        return self._new(action), 0.0, False
-
-    def _new(self, action: str | None) -> str:
-        """What the player's observation added since it was last read, the echo of its move left out."""
-        _, obs = self.env.get_observation()
-        new = obs[len(self.seen):] if obs.startswith(self.seen) else obs
-        self.seen = obs
-        new = new.lstrip("\n")
-        if action is not None and new.startswith(echo := f"[Player] {action}"):
-            new = new[len(echo):].lstrip("\n")
-        return new

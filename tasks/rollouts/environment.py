@@ -53,6 +53,7 @@ from ratchet.tasks import environments
 from ratchet.tasks.environments import textarena
 from ratchet.tasks.rollouts import Rollout
 
+GYMNASIUM = "ratchet.tasks.environments.gymnasium_game:GymnasiumEnv"
 SENTINELS = ("Ratchet-user-sentinel", "Ratchet-model-sentinel", "Ratchet-observation-sentinel")
 
 
@@ -153,6 +154,9 @@ class EnvironmentRollout(Rollout):
         "step(self, action) -> (observation, reward, done), optionally final_reward(self)")
     textarena: str | None = Field(default=None, description="a TextArena single-player game instead, e.g. "
                                   "GuessTheNumber-v0 (needs the textarena package: the envs extra)")
+    gymnasium: Literal["FrozenLake-v1", "CliffWalking-v1", "Blackjack-v1"] | None = Field(
+        default=None, description="a gymnasium toy-text game instead, rendered as text (needs the gymnasium "
+        "package: the envs extra)")
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the environment's "
                                  "constructor (for a TextArena game, ta.make's)")
     max_turns: int = Field(default=8, ge=1, le=256, description="model turns per episode")
@@ -187,9 +191,10 @@ class EnvironmentRollout(Rollout):
 
     @model_validator(mode="after")
     def _one_environment(self) -> EnvironmentRollout:
-        if (self.env is None) == (self.textarena is None):
+        if sum(x is not None for x in (self.env, self.textarena, self.gymnasium)) != 1:
             raise ValueError("sample.rollout.kind='environment' needs exactly one of env ('path/to/env.py:Env' or "
-                             "'package.module:Env') and textarena (a game id such as GuessTheNumber-v0)")
+                             "'package.module:Env'), textarena (a game id such as GuessTheNumber-v0) and gymnasium "
+                             "(FrozenLake-v1, CliffWalking-v1 or Blackjack-v1)")
         if self.env is not None:
             from ratchet.data.checks.scorer import split_spec
 
@@ -197,22 +202,25 @@ class EnvironmentRollout(Rollout):
         if self.source is None:
             if self.env is not None:
                 self.source = source_digest(self.env)
-            else:
-                self.source = hashlib.sha256(f"textarena=={textarena.version()}:{self.textarena}".encode()).hexdigest()
+            else:  # the library's version and the game: an upgrade is a new environment
+                package, game = ("textarena", self.textarena) if self.textarena else ("gymnasium", self.gymnasium)
+                self.source = hashlib.sha256(f"{package}=={environments.version(package)}:{game}".encode()).hexdigest()
         return self
 
     @property
     def spec(self) -> str:
-        return self.env if self.env is not None else textarena.SPEC
+        if self.env is not None:
+            return self.env
+        return textarena.SPEC if self.textarena is not None else GYMNASIUM
 
     @property
     def env_args(self) -> dict[str, Any]:
-        return dict(self.args) if self.env is not None else {"game": self.textarena, **self.args}
+        return dict(self.args) if self.env is not None else {"game": self.textarena or self.gymnasium, **self.args}
 
     @property
     def name(self) -> str:
-        return f"sample.rollout.env={self.env!r}" if self.env is not None else \
-            f"sample.rollout.textarena={self.textarena!r}"
+        which = next(f for f in ("env", "textarena", "gymnasium") if getattr(self, f) is not None)
+        return f"sample.rollout.{which}={getattr(self, which)!r}"
 
     def wrap(self, prompt: str) -> str:
         return self.template.replace("{observation}", prompt)
@@ -236,10 +244,13 @@ class EnvironmentRollout(Rollout):
         episode): an import error, a missing class or method, a signature it cannot be called with."""
         if self.textarena is not None and (problem := textarena.game_problem(self.textarena)) is not None:
             return [problem]
+        if self.gymnasium is not None and environments.version("gymnasium") is None:
+            return [f"{self.name} needs the gymnasium package: pip install 'gymnasium==1.4.0' (or `pip install -e "
+                    ".[envs]`)"]
         host = self.host(shared=False, fields=tuple(sorted(fields)))
         try:
             host.start()
-            if self.textarena is not None:  # a game that cannot start here (two players, a download) says so now
+            if self.env is None:  # a game that cannot start here (two players, a download, its args) says so now
                 host.send(0, "open", seed=0, row={})
                 reply = host.collect([0])[0]
                 if reply.failure is not None:

@@ -366,3 +366,25 @@ def test_a_file_of_starts_gives_each_episode_its_rows_columns(tok, tmp_path):
     rows, _, _ = play(tok, ["3"], ro, split.train)
     assert {r.prompt_id: r.outcome.ret for r in rows} == {p.id: float(p.id == "L3") for p in split.train}
     assert all(r.outcome.start == f"{r.prompt}: reach {r.fields['level']}" for r in rows)
+
+
+# gymnasium's toy-text games ----------------------------------------------------------------------------
+
+def test_gymnasium_games_play_in_words(tok):
+    pytest.importorskip("gymnasium")
+    lake = EnvironmentRollout(gymnasium="FrozenLake-v1", args={"is_slippery": False}, max_turns=8)
+    assert lake.problems() == []
+    # the deterministic 4x4 lake: down, down, right, right, down, right reaches G; a turn without a move costs a turn
+    rows, _, _ = play(tok, ["I will go down.", "down", "Right!", "right", "hmm", "down", "RIGHT"], lake, [start(0)])
+    (c,) = rows
+    assert "frozen lake" in c.outcome.start and "\nAFFF\nFHFH" in c.outcome.start
+    envs = [s.text for s in c.segments if s.role == "env"]
+    assert "Answer with one word: left, down, right, up." in envs[4]
+    assert c.outcome.ended == "done" and c.outcome.ret == 1.0 and c.outcome.rewards[-1] == 1.0
+
+    cards = EnvironmentRollout(gymnasium="Blackjack-v1", max_turns=4)
+    rows, _, _ = play(tok, ["stick"], cards, [start(i) for i in range(4)])
+    assert all(r.outcome.ended == "done" and r.outcome.ret in (-1.0, 0.0, 1.0) for r in rows)
+    assert all("Your cards sum to" in r.outcome.start for r in rows)
+    with pytest.raises(ValueError):
+        EnvironmentRollout(gymnasium="Taxi-v3")

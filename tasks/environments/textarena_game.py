@@ -1,0 +1,41 @@
+"""The TextArena adapter class (tasks/environments/textarena.py says how it plays). A module of its
+own because it imports textarena at the top: the environment's host process imports it once and
+every episode's process forks with it loaded (an import per episode took seconds)."""
+
+from __future__ import annotations
+
+import textarena as ta
+
+from ratchet.tasks.environments.textarena import game_problem
+
+
+class TextArenaEnv:
+    """One TextArena game for one player, played through the environment interface."""
+
+    def __init__(self, game: str, **kwargs):
+        if (problem := game_problem(game)) is not None:
+            raise ValueError(problem)
+        self.env = ta.make(game, **kwargs)
+        self.seen = ""
+
+    def reset(self, seed: int) -> str:
+        self.env.reset(num_players=1, seed=seed)
+        return self._new(None)
+
+    def step(self, action: str):
+        done, _ = self.env.step(action)
+        if done:
+            rewards, info = self.env.close()
+            why = ((info or {}).get(0) or {}).get("reason", "")
+            return str(why), float((rewards or {}).get(0, 0.0)), True
+        return self._new(action), 0.0, False
+
+    def _new(self, action: str | None) -> str:
+        """What the player's observation added since it was last read, the echo of its move left out."""
+        _, obs = self.env.get_observation()
+        new = obs[len(self.seen):] if obs.startswith(self.seen) else obs
+        self.seen = obs
+        new = new.lstrip("\n")
+        if action is not None and new.startswith(echo := f"[Player] {action}"):
+            new = new[len(echo):].lstrip("\n")
+        return new
