@@ -29,10 +29,9 @@ GAMES = {
     "Minesweeper-v0-small": ({"textarena": "Minesweeper-v0-small", "max_turns": 10}, 1.0),
     "FrozenLake-v0": ({"textarena": "FrozenLake-v0", "max_turns": 10}, 1.0),
     "LightsOut-v0": ({"textarena": "LightsOut-v0", "max_turns": 10}, 1.0),
-    "Countdown-v0": ({"textarena": "Countdown-v0", "max_turns": 6}, 1.0),
     "FrozenLake-v1": ({"gymnasium": "FrozenLake-v1", "args": {"is_slippery": False}, "max_turns": 12}, 1.0),
     "FrozenLake-v1-slippery": ({"gymnasium": "FrozenLake-v1", "max_turns": 12}, 1.0),
-    "CliffWalking-v1": ({"gymnasium": "CliffWalking-v1", "max_turns": 20}, -20.0),
+    "CliffWalking-v1": ({"gymnasium": "CliffWalking-v1", "max_turns": 20}, -17.0),  # the goal in <= 17 steps
     "Blackjack-v1": ({"gymnasium": "Blackjack-v1", "max_turns": 6}, 1.0),
 }
 
@@ -43,6 +42,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48, help="one model turn")
     ap.add_argument("--episode-tokens", type=int, default=1024)
     ap.add_argument("--games", default=",".join(GAMES))
+    ap.add_argument("--show", action="store_true", help="print each game's first episode")
     ap.add_argument("--compare", default="guess20", help="the game played overlapped and in lockstep ('' for none)")
     a = ap.parse_args()
 
@@ -78,6 +78,12 @@ def main() -> None:
         print(f"{name:<22} {sum(v.correct for v in scored) / max(len(scored), 1):>7.0%} {m['return_mean']:>7.2f} "
               f"{m['turns_per_episode']:>6.1f} {m['env_failed']:>6.0f} {len(rows) / wall:>6.2f} "
               f"{cost['gen_tokens'] / wall:>7.0f} {cost['env_wait_s'] / wall:>8.1%} {wall:>7.1f}", flush=True)
+        if a.show:
+            r = rows[0]
+            print(f"  {r.prompt_id}: {r.outcome.start[-300:]!r}")
+            for seg in r.segments:
+                print(f"  {seg.role:>5}: {seg.text[:200]!r}")
+            print(f"  ended {r.outcome.ended}, return {r.outcome.ret}, failure {(r.outcome.failure or '')[-200:]!r}")
     if a.compare:
         settings, _ = GAMES[a.compare]
         sampled = SamplingParams(n=4, temperature=0.8, top_k=50, max_tokens=a.max_tokens)

@@ -252,7 +252,7 @@ def cmd_check(args) -> int:
     print(f"data: {cfg.data.kind}, {len(split.train)} train prompts "
           f"({sum(p.answer is not None for p in split.train)} with an answer), {len(split.eval)} held out; "
           f"check: {check.kind}" + (f" ({check.function})" if hasattr(check, "function") else ""))
-    print(model_line(cfg, split.train[0].prompt))
+    print(model_line(cfg, cfg.sample.rollout.first_message(split.train[0])))
     for s, stage in cfg.evaluate.stages():
         held = sets[s.name].eval if s.name in sets else split.eval
         src = s.source(cfg.data)
@@ -263,7 +263,8 @@ def cmd_check(args) -> int:
 
 
 def model_line(cfg, prompt: str) -> str:
-    """The model and its prompt format, with what the model reads for one train prompt."""
+    """The model and its prompt format, with what the model reads for one train prompt (its first
+    message: the rollout's template around it, or an environment's first observation)."""
     from ratchet.flows.inputs import policy_tokenizer
     from ratchet.models import prompt_format
 

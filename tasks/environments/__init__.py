@@ -21,8 +21,9 @@ taken too. One object plays one episode.
 How it runs: a host process (`python -c ...`, one per stage process and environment) imports the
 class once, checks it (a missing class, a method that is not there, a signature that cannot take
 what it will be given are reported before any model loads), and then forks one process per
-episode, which makes the object and answers that episode's calls. Every call is bounded in time
-on this side: an episode whose call outlives `step_s` has its process group killed and is
+episode, which makes the object and answers that episode's calls. At most `workers` calls are
+in flight at once (the rest wait their turn, so a unit of hundreds of episodes does not start
+hundreds of calls on a few cores), and every call is bounded in time from when it is sent: an episode whose call outlives `step_s` has its process group killed and is
 reported as timed out; one whose process dies (a crash, `sys.exit`, a memory limit) costs that
 episode alone. A call that raises, or returns a wrong type, NaN or inf, fails its episode with the
 environment's own traceback or what came back. An observation longer than `obs_chars` is cut in
@@ -39,12 +40,13 @@ import select
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 CHILD = "import sys; from ratchet.tasks.environments import host_main; sys.exit(host_main())"
-LINE_LIMIT = 1 << 22  # bytes one message may take; an episode's process that writes more is killed
+LINE_LIMIT = 1 << 24  # bytes one message may take (an observation is cut before it); past it the process is killed
 
 
 class EnvError(Exception):
@@ -67,9 +69,10 @@ class EnvHost:
     one call in flight per episode, each answered or failed within `step_s`."""
 
     def __init__(self, spec: str, args: dict[str, Any], *, step_s: float, obs_chars: int, memory_mb: int,
-                 fields: tuple[str, ...] = (), load_s: float = 120.0,
+                 fields: tuple[str, ...] = (), workers: int = 8, load_s: float = 120.0,
                  before_load: Callable[[], None] | None = None):
-        self.spec, self.args, self.step_s, self.load_s = spec, dict(args), step_s, load_s
+        self.spec, self.args, self.step_s, self.load_s, self.workers = spec, dict(args), step_s, load_s, workers
+        self.queue: deque[tuple[int, str, dict]] = deque()  # calls not yet sent (`workers` are in flight)
         self.obs_chars, self.memory_mb, self.fields = obs_chars, memory_mb, tuple(fields)
         self.before_load = before_load  # runs before every (re)start, which imports the file anew
         self.proc: subprocess.Popen | None = None
@@ -149,8 +152,17 @@ class EnvHost:
 
     # calls -----------------------------------------------------------------------------------
     def send(self, ep: int, op: str, **payload) -> None:
-        """Start a call for episode `ep` (`open` with its seed and row, `step` with an action, or
-        `finish`); its answer is read by `collect`."""
+        """Queue a call for episode `ep` (`open` with its seed and row, `step` with an action, or
+        `finish`); at most `workers` calls are in flight at once, and a call's time bound starts
+        when it is sent. Its answer is read by `collect`."""
+        self.queue.append((ep, op, payload))
+        self._pump()
+
+    def _pump(self) -> None:
+        while self.queue and len(self.pending) < self.workers:
+            self._write(*self.queue.popleft())
+
+    def _write(self, ep: int, op: str, payload: dict) -> None:
         if op != "open" and ep not in self.live:
             self.answered[ep] = Reply(failure="its process was lost with the environment's host process"
                                       if ep in self.lost else "no such episode")
@@ -172,20 +184,21 @@ class EnvHost:
             self.live.add(ep)
 
     def collect(self, eps: list[int]) -> dict[int, Reply]:
-        """The answers to the calls in flight for `eps`: each one's, or its failure (a timeout, a
-        dead process). Answers for other episodes that arrive meanwhile are kept for their turn."""
+        """The answers to the calls queued or in flight for `eps`: each one's, or its failure (a
+        timeout, a dead process). Answers for other episodes that arrive meanwhile are kept for
+        their turn."""
         want = set(eps)
         while not want <= set(self.answered):
-            waiting = [e for e in want - set(self.answered) if e in self.pending]
-            if not waiting:  # never sent (or lost): nothing will come
-                for e in want - set(self.answered):
+            self._pump()
+            queued = {q[0] for q in self.queue}
+            if not [e for e in want - set(self.answered) if e in self.pending or e in queued]:
+                for e in want - set(self.answered):  # never sent (or lost): nothing will come
                     self.answered[e] = Reply(failure="no call was made")
                 break
-            end = min(self.pending[e][1] for e in waiting)
-            msg = self._read(end)
+            msg = self._read(min(d for _, d in self.pending.values()))
             if msg is None:  # a deadline passed: those episodes' processes are ended
                 now = time.monotonic()
-                for e in [e for e in waiting if self.pending[e][1] <= now]:
+                for e in [e for e, (_, d) in self.pending.items() if d <= now]:
                     self._kill(e)
                     self.answered[e] = Reply(failure=f"timed out after {self.step_s:g} s (sample.rollout.step_s)")
                 continue
@@ -237,13 +250,13 @@ _SHARED: dict[tuple, EnvHost] = {}
 
 
 def shared(spec: str, args: dict, *, step_s: float, obs_chars: int, memory_mb: int, fields: tuple[str, ...] = (),
-           tag: str = "", before_load: Callable[[], None] | None = None) -> EnvHost:
+           workers: int = 8, tag: str = "", before_load: Callable[[], None] | None = None) -> EnvHost:
     """This process's host for the environment (and `tag`: its source's digest), started on first
     use and kept for the calls after (a stage's units share it; it ends with the process)."""
-    key = (spec, json.dumps(args, sort_keys=True), step_s, obs_chars, memory_mb, tuple(fields), tag)
+    key = (spec, json.dumps(args, sort_keys=True), step_s, obs_chars, memory_mb, tuple(fields), workers, tag)
     if key not in _SHARED:
         h = EnvHost(spec, args, step_s=step_s, obs_chars=obs_chars, memory_mb=memory_mb, fields=fields,
-                    before_load=before_load)
+                    workers=workers, before_load=before_load)
         h.start()  # raises EnvError, and then nothing is kept
         _SHARED[key] = h
     return _SHARED[key]
@@ -373,10 +386,12 @@ def _episode(cls, cfg: dict, inbox, outbox) -> None:
     from ratchet.data.checks.scorer import _die_with_parent, _user_traceback
 
     _die_with_parent()
-    if cfg["memory_mb"]:
+    if cfg["memory_mb"]:  # on top of what the host's imports already mapped, which it shares
         import resource
 
-        limit = cfg["memory_mb"] << 20
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        limit = mapped + (cfg["memory_mb"] << 20)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     env = None
     for line in inbox:

@@ -4,7 +4,8 @@ Gymnasium's observations are integers and tuples; a language model needs words. 
 gets rules (the first message), a rendering of its state as text after every move, and a
 reading of the model's turn as an action: the last of the game's action words it wrote (`left`,
 `down`, ... or `hit` / `stick`). A turn that names no action is answered with the words to use
-and costs a turn, not the episode. Rewards are gymnasium's own.
+and costs a turn, not the episode (in CliffWalking also a step's -1, so standing still never
+returns more than walking). Rewards are otherwise gymnasium's own.
 
     FrozenLake-v1    walk a 4x4 frozen lake from S to G without falling into a hole (H); the ice
                      is slippery (`args: {is_slippery: false}` for a deterministic lake);
@@ -28,6 +29,7 @@ GAMES = ("FrozenLake-v1", "CliffWalking-v1", "Blackjack-v1")
 
 class _FrozenLake:
     actions = ("left", "down", "right", "up")  # gymnasium's order: 0 left, 1 down, 2 right, 3 up
+    idle = 0.0  # the reward of a turn that names no move
 
     def rules(self, env) -> str:
         rows, cols = env.unwrapped.desc.shape
@@ -46,6 +48,7 @@ class _FrozenLake:
 
 class _CliffWalking:
     actions = ("up", "right", "down", "left")  # 0 up, 1 right, 2 down, 3 left
+    idle = -1.0  # a turn spent is a step's cost: standing still never beats walking
 
     def rules(self, env) -> str:
         return ("You walk on a grid of 4 rows and 12 columns. You are at x, the goal is T, and C is a cliff: a "
@@ -65,6 +68,7 @@ class _CliffWalking:
 
 class _Blackjack:
     actions = ("stick", "hit")  # 0 stick, 1 hit
+    idle = 0.0
 
     def rules(self, env) -> str:
         return ("We are playing blackjack against a dealer. Cards count their value, face cards 10, an ace 1 or "
@@ -98,7 +102,7 @@ class GymnasiumEnv:
     def step(self, action: str):
         said = self.pattern.findall(action)
         if not said:
-            return f"Answer with one word: {', '.join(self.text.actions)}.", 0.0, False
+            return f"Answer with one word: {', '.join(self.text.actions)}.", self.text.idle, False
         move = self.text.actions.index(said[-1].lower())
         obs, reward, terminated, truncated, _ = self.env.step(move)
         return self.text.render(self.env, obs), float(reward), bool(terminated or truncated)

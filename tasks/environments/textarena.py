@@ -44,5 +44,5 @@ def game_problem(game: str) -> str | None:
     if path is not None and path.is_file() and DOWNLOADS.search(path.read_text()):
         return (f"sample.rollout.textarena={game!r} fetches a word list (nltk's corpora) when it starts, and this "
                 "machine cannot download it at run time; choose a game that needs no download (GuessTheNumber-v0, "
-                "TowerOfHanoi-v0, Mastermind-v0, Minesweeper-v0, FrozenLake-v0, 2048-v0, LightsOut-v0, Countdown-v0)")
+                "TowerOfHanoi-v0, Mastermind-v0, Minesweeper-v0, FrozenLake-v0, 2048-v0, LightsOut-v0)")
     return None

@@ -27,7 +27,11 @@ class TextArenaEnv:
         if done:
             rewards, info = self.env.close()
             why = ((info or {}).get(0) or {}).get("reason", "")
-            return str(why), float((rewards or {}).get(0, 0.0)), True
+            reward = (rewards or {}).get(0, 0.0)
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+                raise ValueError(f"TextArena's game ended with a reward that is not a number ({reward!r:.120}); "
+                                 "this game's rewards cannot be read")
+            return str(why), float(reward), True
         return self._new(action), 0.0, False
 
     def _new(self, action: str | None) -> str:

@@ -49,6 +49,10 @@ class Rollout(BaseModel):
         """The user message the engine is given for `prompt`."""
         return prompt
 
+    def first_message(self, prompt: Prompt) -> str:
+        """The first user message an episode of `prompt` gives the model (what `ratchet check` shows)."""
+        return self.wrap(prompt.prompt)
+
     def budget(self, max_tokens: int) -> int:
         """The most tokens one episode adds after its prompt, when each generation may take `max_tokens`."""
         return max_tokens

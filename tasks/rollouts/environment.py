@@ -168,11 +168,14 @@ class EnvironmentRollout(Rollout):
                           "take; past it the episode's process is ended and the episode fails")
     obs_chars: int = Field(default=2000, ge=16, le=1 << 20, description="an observation past this many characters is "
                            "cut (its head and tail kept)")
-    memory_mb: int = Field(default=2048, ge=64, description="address space one episode's process may take (MiB); "
-                           "past it, its allocations fail")
+    memory_mb: int = Field(default=2048, ge=64, description="address space one episode's process may add to what "
+                           "the environment's imports took (MiB); past it, its allocations fail")
     max_failed_frac: float = Field(default=0.25, ge=0, le=1, description="share of a unit's episodes that may fail "
                                    "in the environment (raise, hang, return nonsense) and stay unscored; past it the "
                                    "stage stops with the first failure")
+    workers: int = Field(default=8, ge=1, le=1024, json_schema_extra={"keyed": False}, description="environment "
+                         "calls in flight at once (each episode's in its own process); the others wait their turn, and "
+                         "a call's step_s starts when it is sent")
     overlap: bool | None = Field(default=None, description="a unit's episodes in two halves that take turns: one "
                                  "half's environment steps run while the other half generates; false: all "
                                  "episodes generate together, then all step; unset: overlap where the engine is "
@@ -225,6 +228,20 @@ class EnvironmentRollout(Rollout):
     def wrap(self, prompt: str) -> str:
         return self.template.replace("{observation}", prompt)
 
+    def first_message(self, prompt: Prompt) -> str:
+        """The environment's first observation for `prompt`, in the template: an episode started and
+        ended in a host of its own."""
+        host = self.host(shared=False, fields=tuple(sorted(prompt.fields)))
+        try:
+            host.send(0, "open", seed=seed_of(prompt), row={"prompt": prompt.prompt, "answer": prompt.answer,
+                                                            **prompt.fields})
+            reply = host.collect([0])[0]
+        except environments.EnvError as e:
+            return f"[{self.name}: {e}]"
+        finally:
+            host.close()
+        return self.wrap(reply.observation or "") if reply.failure is None else f"[the episode failed: {reply.failure}]"
+
     def budget(self, max_tokens: int) -> int:
         return self.episode_tokens
 
@@ -269,7 +286,8 @@ class EnvironmentRollout(Rollout):
         return []
 
     def host(self, shared: bool = True, fields: tuple[str, ...] = ()) -> environments.EnvHost:
-        kw = dict(step_s=self.step_s, obs_chars=self.obs_chars, memory_mb=self.memory_mb, fields=fields)
+        kw = dict(step_s=self.step_s, obs_chars=self.obs_chars, memory_mb=self.memory_mb, fields=fields,
+                  workers=self.workers)
         if not shared:
             return environments.EnvHost(self.spec, self.env_args, **kw)
 

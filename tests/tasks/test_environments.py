@@ -363,6 +363,7 @@ def test_a_file_of_starts_gives_each_episode_its_rows_columns(tok, tmp_path):
     ro = EnvironmentRollout(env=f"{tmp_path / 'levels.py'}:Env")
     assert ro.problems(["level"]) == []  # the rows' columns, as the input check passes them
     assert "needs ['level']" in ro.problems()[0]
+    assert ro.first_message(split.train[0]) == f"{split.train[0].prompt}: reach {split.train[0].fields['level']}"
     rows, _, _ = play(tok, ["3"], ro, split.train)
     assert {r.prompt_id: r.outcome.ret for r in rows} == {p.id: float(p.id == "L3") for p in split.train}
     assert all(r.outcome.start == f"{r.prompt}: reach {r.fields['level']}" for r in rows)
