@@ -389,3 +389,19 @@ def test_gymnasium_games_play_in_words(tok):
     assert all("Your cards sum to" in r.outcome.start for r in rows)
     with pytest.raises(ValueError):
         EnvironmentRollout(gymnasium="Taxi-v3")
+
+
+def test_dpo_pairs_only_episodes_that_began_alike(tok):
+    from ratchet.tasks.filters.pairs import PairFilter, build_pairs
+    from ratchet.tasks.labels import labeled_row
+
+    rows, _, _ = play(tok, ["1", "2"], EnvironmentRollout(env=GUESS, args={"high": 4}, max_turns=2), [start(0)], n=2)
+    won, lost = labeled_row(rows[0], reward=1.0), labeled_row(rows[1], reward=0.0)
+    lost = lost.model_copy(update={"text": "another text"})
+    pairs, m = build_pairs([won, lost], PairFilter())
+    (p,) = pairs
+    assert p.prompt_ids == won.prompt_ids and p.chosen_segments == won.segments and p.chosen_outcome == won.outcome
+    # an environment whose start differs between episodes of one seed: their ids share no prompt, so no pair
+    other = lost.model_copy(update={"prompt_ids": lost.prompt_ids[:-1]})
+    pairs, m = build_pairs([won, other], PairFilter())
+    assert pairs == [] and m["dropped_different_start"] == 1.0
