@@ -139,7 +139,14 @@ def followed(report: Report) -> list[tuple[str, str]]:
 
 
 def verdict(a: dict) -> str:
-    """An answer's verdict in words: the check's (right, or wrong and what it read), else its reward."""
+    """An answer's verdict in words: an episode's return and how it ended; the check's (right, or
+    wrong and what it read); else its reward."""
+    if (o := a.get("outcome")) is not None:
+        if o.get("ret") is None:
+            return "the environment failed: " + (o.get("failure") or "").strip().splitlines()[-1][:120]
+        turns = sum(s.get("role") == "model" for s in a.get("segments") or ())
+        won = {True: "success", False: "no success"}.get(a.get("correct"), "episode")
+        return f"{won}: return {o['ret']:.3g} in {turns} turn{'s' if turns != 1 else ''} ({o['ended'].replace('_', ' ')})"
     if a.get("correct") is True:
         return "right"
     if a.get("correct") is False:

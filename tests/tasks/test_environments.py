@@ -405,3 +405,15 @@ def test_dpo_pairs_only_episodes_that_began_alike(tok):
     other = lost.model_copy(update={"prompt_ids": lost.prompt_ids[:-1]})
     pairs, m = build_pairs([won, other], PairFilter())
     assert pairs == [] and m["dropped_different_start"] == 1.0
+
+
+def test_the_report_says_how_an_episode_went():
+    from ratchet.flows.report import verdict
+
+    seg = [{"role": "model"}, {"role": "env"}, {"role": "model"}]
+    won = {"correct": True, "segments": seg, "outcome": {"ret": 1.0, "ended": "done"}}
+    assert verdict(won) == "success: return 1 in 2 turns (done)"
+    lost = {"correct": False, "segments": seg[:1], "outcome": {"ret": -0.5, "ended": "max_turns"}}
+    assert verdict(lost) == "no success: return -0.5 in 1 turn (max turns)"
+    broke = {"correct": None, "outcome": {"ret": None, "ended": "failed", "failure": "step raised:\nKeyError: 'x'"}}
+    assert verdict(broke) == "the environment failed: KeyError: 'x'"
