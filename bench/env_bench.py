@@ -3,7 +3,8 @@
 For each game (TextArena's offline single-player games, gymnasium's toy-text games in words, and
 the guessing game in examples/environments/), the default model plays the held-out seeds of `data.kind: episodes`
 (seeds 64.. as a run with train_size 64 holds them out) greedily, as evaluation does, on vLLM.
-It prints the success rate (return >= the game's success threshold), the mean return, turns per
+It prints the success rate (the environment ended the episode with a return >= the game's
+success threshold), the mean return, turns per
 episode, episodes/s, the model's tokens/s over the whole rollout's wall time, and the share of
 that wall time the engine sat waiting on the environment. `--compare` plays one game sampled
 (n=4), overlapped and in lockstep, side by side.
@@ -23,6 +24,8 @@ GUESS = str(ROOT / "examples/environments/guess.py") + ":Guess"
 GAMES = {
     "guess10": ({"env": GUESS, "args": {"high": 10}, "max_turns": 6}, 0.5),
     "guess20": ({"env": GUESS, "args": {"high": 20}, "max_turns": 8}, 0.5),
+    "guess10-told": ({"env": GUESS, "args": {"high": 10}, "max_turns": 6,
+                      "template": "{observation}\nReply with the number only, for example: 4"}, 0.5),
     "GuessTheNumber-v0": ({"textarena": "GuessTheNumber-v0", "max_turns": 10}, 1.0),
     "TowerOfHanoi-v0": ({"textarena": "TowerOfHanoi-v0", "max_turns": 12}, 1.0),
     "Mastermind-v0": ({"textarena": "Mastermind-v0", "max_turns": 10}, 1.0),
@@ -31,8 +34,10 @@ GAMES = {
     "LightsOut-v0": ({"textarena": "LightsOut-v0", "max_turns": 10}, 1.0),
     "FrozenLake-v1": ({"gymnasium": "FrozenLake-v1", "args": {"is_slippery": False}, "max_turns": 12}, 1.0),
     "FrozenLake-v1-slippery": ({"gymnasium": "FrozenLake-v1", "max_turns": 12}, 1.0),
-    "CliffWalking-v1": ({"gymnasium": "CliffWalking-v1", "max_turns": 20}, -17.0),  # the goal in <= 17 steps
+    "CliffWalking-v1": ({"gymnasium": "CliffWalking-v1", "max_turns": 20}, -17.0),  # the goal, in <= 17 steps
     "Blackjack-v1": ({"gymnasium": "Blackjack-v1", "max_turns": 6}, 1.0),
+    "Blackjack-v1-told": ({"gymnasium": "Blackjack-v1", "max_turns": 6,
+                           "template": "{observation}\nReply with one word only: hit or stick."}, 1.0),
 }
 
 
@@ -73,7 +78,7 @@ def main() -> None:
         settings, success = GAMES[name]
         rows, cost, wall, ro = play(settings, greedy)
         m = ro.metrics(cost)
-        verdicts = ReturnCheck(success=success).check_many([item_of(r) for r in rows])
+        verdicts = ReturnCheck(success=success, needs_done=True).check_many([item_of(r) for r in rows])
         scored = [v for v in verdicts if v.correct is not None]
         print(f"{name:<22} {sum(v.correct for v in scored) / max(len(scored), 1):>7.0%} {m['return_mean']:>7.2f} "
               f"{m['turns_per_episode']:>6.1f} {m['env_failed']:>6.0f} {len(rows) / wall:>6.2f} "

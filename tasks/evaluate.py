@@ -148,7 +148,8 @@ class EvaluateWork(PolicyWork):
                                        seed)
         gen_s = time.time() - t
         verdicts = check_many(self.check, [Item(c.final, c.answer, c.prompt, c.prompt_id, c.fields,
-                                                c.outcome and c.outcome.ret) for c in done])
+                                                c.outcome and c.outcome.ret, c.outcome and c.outcome.ended)
+                                           for c in done])
         rows = [labeled_row(c, reward=float(v.correct) if v.correct is not None else 0.0, extracted=v.extracted,
                             correct=v.correct)
                 for c, v in zip(done, verdicts)]

@@ -54,6 +54,7 @@ class Item:
     id: str = ""  # the row, for messages
     fields: dict[str, Any] = field(default_factory=dict)
     ret: float | None = None  # an environment episode's return (None: no episode, or its environment failed)
+    ended: str | None = None  # how an environment episode ended (done, max_turns, length, failed)
 
 
 class Check(BaseModel):

@@ -29,12 +29,16 @@ class ReturnCheck(Check):
     kind: Literal["return"] = "return"
     success: float = Field(default=1.0, allow_inf_nan=False, description="an episode whose return is at least this "
                            "is a success: what RFT accepts and what the held-out success rate counts")
+    needs_done: bool = Field(default=False, description="a success must also be an episode the environment ended "
+                             "(done), not one its turns or tokens cut short: for games whose return alone does not "
+                             "say the goal was reached (step costs, as in CliffWalking)")
 
     def check(self, response: str, answer: str) -> Verdict:
         return Verdict(None, None)  # a text alone has no return: only check_many's items carry one
 
     def check_many(self, items: list[Item], tally: Tally | None = None) -> list[Verdict]:
-        return [Verdict(None, None) if i.ret is None else Verdict(i.ret >= self.success, f"{i.ret:g}", i.ret)
+        return [Verdict(None, None) if i.ret is None else
+                Verdict(i.ret >= self.success and (i.ended == "done" or not self.needs_done), f"{i.ret:g}", i.ret)
                 for i in items]
 
     def graded(self, response: str, answer: str, partial: float) -> float:

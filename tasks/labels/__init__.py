@@ -122,7 +122,8 @@ class Label(BaseModel):
 def item_of(c: Completion) -> Item:
     """What a check reads of a completion: its final answer (a trajectory's last model turn),
     the reference, the prompt, the row's id, its other columns and an episode's return."""
-    return Item(c.final, c.answer, c.prompt, f"{c.prompt_id}#{c.index}", c.fields, c.outcome and c.outcome.ret)
+    return Item(c.final, c.answer, c.prompt, f"{c.prompt_id}#{c.index}", c.fields, c.outcome and c.outcome.ret,
+                c.outcome and c.outcome.ended)
 
 
 def labeled_row(c: Completion, **label) -> LabeledCompletion:

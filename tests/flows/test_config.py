@@ -11,7 +11,7 @@ CONFIGS = Path(__file__).parents[2] / "flows" / "configs"
 @pytest.mark.parametrize("name, label, train", [
     ("default.yaml", "verifier", "rft"), ("gpu.yaml", "verifier", "rft"), ("consistency_rft.yaml", "consistency", "rft"),
     ("self_reward_dpo.yaml", "judge", "dpo"), ("consistency_dpo.yaml", "consistency", "dpo"),
-    ("guess_number_rft.yaml", "verifier", "rft"),
+    ("guess_number_rft.yaml", "verifier", "rft"), ("guess_env_rft.yaml", "verifier", "rft"),
 ])
 def test_shipped_configs_validate(name, label, train):
     cfg = load_config(CONFIGS / name)

@@ -146,6 +146,11 @@ def test_episodes_of_one_start_begin_alike_and_the_return_is_the_reward(tok):
     verdicts = ReturnCheck(success=0.75).check_many([item_of(r) for r in rows])
     assert [v.score for v in verdicts] == [r.outcome.ret for r in rows]
     assert [v.correct for v in verdicts] == [r.outcome.ret >= 0.75 for r in rows]
+    # cut short, a return can clear the bar without reaching the goal: needs_done asks for both
+    short, _, _ = play(tok, ["0"], EnvironmentRollout(env=GUESS, max_turns=2), [start(0)])
+    assert short[0].outcome.ended == "max_turns" and short[0].outcome.ret == 0.0
+    assert ReturnCheck(success=0.0).check_many([item_of(short[0])])[0].correct is True
+    assert ReturnCheck(success=0.0, needs_done=True).check_many([item_of(short[0])])[0].correct is False
 
 
 def test_a_resumed_environment_stage_redoes_only_its_missing_unit_byte_for_byte(tok, tmp_path):
