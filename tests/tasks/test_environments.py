@@ -422,3 +422,33 @@ def test_the_report_says_how_an_episode_went():
     assert verdict(lost) == "no success: return -0.5 in 1 turn (max turns)"
     broke = {"correct": None, "outcome": {"ret": None, "ended": "failed", "failure": "step raised:\nKeyError: 'x'"}}
     assert verdict(broke) == "the environment failed: KeyError: 'x'"
+
+
+def test_an_edited_environment_is_a_new_run_and_stands_in_the_lineage(tmp_path):
+    from ratchet.data.userfiles import user_files, with_absolute_paths
+    from ratchet.flows.config import config_from_dict
+    from ratchet.flows.runs import run_name_for
+    from ratchet.tasks.evaluate import EvalRun, EvaluateJob, eval_set_id
+
+    env = tmp_path / "env.py"
+    env.write_text(HOSTILE)
+
+    def cfg():
+        return config_from_dict({"data": {"kind": "episodes", "train_size": 4, "eval_size": 2},
+                                 "sample": {"max_tokens": 16, "rollout": {"kind": "environment", "env": f"{env}:Env",
+                                                                          "episode_tokens": 128}}})
+
+    a = cfg()
+    assert user_files(a) == {"sample.rollout.env": env.resolve()}
+    assert with_absolute_paths(a).sample.rollout.source is None  # a deployment takes the digest again each run
+    env.write_text(HOSTILE + "\n# an edit\n")
+    b = cfg()
+    assert a.sample.rollout.source != b.sample.rollout.source
+    assert run_name_for(a, {}) != run_name_for(b, {})
+
+    class Prompts:  # what eval_set_id reads of the held-out prompts' manifest
+        outputs = {"eval.jsonl": type("O", (), {"sha256": "0" * 64})()}
+
+    ids = [eval_set_id(Prompts(), EvaluateJob(evaluate=EvalRun(), sampler=c.sampler, data=c.data, seed=0,
+                                              rollout=c.sample.rollout)) for c in (a, b)]
+    assert ids[0] != ids[1]
