@@ -121,27 +121,9 @@ class Scorer:
         self.proc = None
 
     def _read(self, timeout: float) -> dict | None:
-        """The child's next reply; None past `timeout`; {} when the child is gone. A line that is
-        not JSON is no reply to anything (`{"#": None}`)."""
-        import select
-
-        end = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = end - time.monotonic()
-            if left <= 0:
-                return None
-            ready, _, _ = select.select([self._out], [], [], left)
-            if ready:
-                chunk = os.read(self._out.fileno(), 1 << 16)
-                if not chunk:
-                    return {}
-                self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            return {"#": None}
-        return reply if isinstance(reply, dict) else {"#": None}
+        """The child's next reply; None past `timeout`; {} when the child is gone; a line that is not
+        JSON is no reply to anything (`{"#": None}`)."""
+        return read_message(self._out, self, time.monotonic() + timeout)
 
     # calls -------------------------------------------------------------------------------
     def call(self, kwargs: dict[str, Any]) -> list[Call] | Call:
@@ -182,6 +164,30 @@ class Scorer:
     def _failed(self, kwargs: dict, why: str):
         c = Call(failure=why)
         return [c] * _rows(kwargs) if self.batched else c
+
+
+def read_message(pipe, state, end: float, chunk: int = 1 << 20) -> dict | None:
+    """The next JSON object, one a line, from `pipe` (its partial line kept in `state._buf`): None
+    past the monotonic time `end`; {} when the writer is gone; `{"#": None}` for a line that is not
+    a JSON object (it answers no call). Shared by the scorer's and the environments' children."""
+    import select
+
+    while b"\n" not in state._buf:
+        left = end - time.monotonic()
+        if left <= 0:
+            return None
+        ready, _, _ = select.select([pipe], [], [], left)
+        if ready:
+            got = os.read(pipe.fileno(), chunk)
+            if not got:
+                return {}
+            state._buf += got
+    line, state._buf = state._buf.split(b"\n", 1)
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return {"#": None}
+    return msg if isinstance(msg, dict) else {"#": None}
 
 
 _SHARED: dict[tuple, Scorer] = {}

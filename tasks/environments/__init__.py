@@ -133,22 +133,9 @@ class EnvHost:
 
     def _read(self, end: float) -> dict | None:
         """The host's next message; None past `end`; {} when the host is gone."""
-        while b"\n" not in self._buf:
-            left = end - time.monotonic()
-            if left <= 0:
-                return None
-            ready, _, _ = select.select([self._out], [], [], left)
-            if ready:
-                chunk = os.read(self._out.fileno(), 1 << 20)
-                if not chunk:
-                    return {}
-                self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            return {"#": None}
-        return msg if isinstance(msg, dict) else {"#": None}
+        from ratchet.data.checks.scorer import read_message
+
+        return read_message(self._out, self, end)
 
     # calls -----------------------------------------------------------------------------------
     def send(self, ep: int, op: str, **payload) -> None:

@@ -77,3 +77,36 @@ class Rollout(BaseModel):
     def summary(self, m: dict[str, float]) -> list[str]:
         """Its counters in a few words, for the console."""
         return []
+
+
+def overlapped(overlap: bool | None) -> bool:
+    """Whether a unit's episodes run in two halves that take turns (one half's outside calls while
+    the other half generates): as set, or where unset, where the engine is on a GPU (on a CPU the
+    calls and the engine share the cores, and halves make smaller batches)."""
+    if overlap is not None:
+        return overlap
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def has_placeholder(template: str, name: str, goes: str) -> str:
+    """`template` if it has `{name}`; else a ValueError that says where it goes."""
+    if f"{{{name}}}" not in template:
+        raise ValueError(f"sample.rollout.template={template[:60]!r} has no {{{name}}}; put {{{name}}} where {goes}")
+    return template
+
+
+def episode_checks(pipeline, kind: str, episode_tokens: int) -> list[str]:
+    """What a multi-turn rollout needs of the pipeline: a label that reads the samples, and room
+    for one model turn within an episode."""
+    label = pipeline.label
+    if label.consumes != "samples":
+        return [f"sample.rollout.kind={kind!r} is not used by {label.setting()}: it searches from the prompts with its "
+                "own single-turn rollouts and never reads the sample stage; set sample.rollout.kind=single, or a "
+                "label kind that reads the samples"]
+    if pipeline.sample.max_tokens > episode_tokens:
+        return [f"sample.max_tokens={pipeline.sample.max_tokens} (one model turn) is more than "
+                f"sample.rollout.episode_tokens={episode_tokens} (the whole episode); raise episode_tokens or lower "
+                "sample.max_tokens"]
+    return []

@@ -51,7 +51,7 @@ from ratchet.data.userfiles import UserFile
 from ratchet.models.sampler import SamplingParams, chat_token_ids
 from ratchet.tasks import environments
 from ratchet.tasks.environments import textarena
-from ratchet.tasks.rollouts import Rollout
+from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, overlapped
 
 GYMNASIUM = "ratchet.tasks.environments.gymnasium_game:GymnasiumEnv"
 SENTINELS = ("Ratchet-user-sentinel", "Ratchet-model-sentinel", "Ratchet-observation-sentinel")
@@ -187,10 +187,7 @@ class EnvironmentRollout(Rollout):
     @field_validator("template")
     @classmethod
     def _has_observation(cls, v: str) -> str:
-        if "{observation}" not in v:
-            raise ValueError(f"sample.rollout.template={v[:60]!r} has no {{observation}}; put {{observation}} where "
-                             "the environment's first observation goes")
-        return v
+        return has_placeholder(v, "observation", "the environment's first observation goes")
 
     @model_validator(mode="after")
     def _one_environment(self) -> EnvironmentRollout:
@@ -246,15 +243,7 @@ class EnvironmentRollout(Rollout):
         return self.episode_tokens
 
     def checks(self, pipeline) -> list[str]:
-        label = pipeline.label
-        if label.consumes != "samples":
-            return [f"sample.rollout.kind='environment' is not used by {label.setting()}: it searches from the "
-                    "prompts with its own rollouts and never reads the sample stage; set label.kind='verifier'"]
-        if pipeline.sample.max_tokens > self.episode_tokens:
-            return [f"sample.max_tokens={pipeline.sample.max_tokens} (one model turn) is more than "
-                    f"sample.rollout.episode_tokens={self.episode_tokens} (the whole episode); raise episode_tokens "
-                    "or lower sample.max_tokens"]
-        return []
+        return episode_checks(pipeline, self.kind, self.episode_tokens)
 
     def problems(self, fields: Collection[str] = ()) -> list[str]:
         """Import the environment in its host process, as a stage will (and a TextArena game: start one
@@ -313,7 +302,7 @@ class EnvironmentRollout(Rollout):
             host.send(e.key, "open", seed=seed_of(e.prompt),
                       row={"prompt": e.prompt.prompt, "answer": e.prompt.answer, **e.prompt.fields})
             e.waiting = "open"
-        half = (len(eps) + 1) // 2 if self.overlapped() else len(eps)
+        half = (len(eps) + 1) // 2 if overlapped(self.overlap) else len(eps)
         cohorts = [c for c in (eps[:half], eps[half:]) if c]
         waited = 0.0
         for turn in range(self.max_turns + 1):
@@ -380,13 +369,6 @@ class EnvironmentRollout(Rollout):
                 e.generated += len(g.token_ids)
                 acted.append(e)
         return acted
-
-    def overlapped(self) -> bool:
-        if self.overlap is not None:
-            return self.overlap
-        import torch
-
-        return torch.cuda.is_available()
 
     def settle(self, eps: list[_Episode]) -> None:
         failed = [e for e in eps if e.ended == "failed"]

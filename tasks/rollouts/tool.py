@@ -48,7 +48,7 @@ from ratchet.data.events import Figure, Shows
 from ratchet.data.records import Completion, Prompt, Segment
 from ratchet.data.sandbox import SandboxSettings
 from ratchet.models.sampler import SamplingParams, chat_token_ids
-from ratchet.tasks.rollouts import Rollout
+from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, overlapped
 
 STOP = "\n```\n"  # a fence line: it closes a block (or opens a bare one)
 PYTHON = ("python", "py", "python3")
@@ -122,10 +122,7 @@ class ToolRollout(Rollout, SandboxSettings):
     @field_validator("template")
     @classmethod
     def _has_prompt(cls, v: str) -> str:
-        if "{prompt}" not in v:
-            raise ValueError(f"sample.rollout.template={v[:60]!r} has no {{prompt}}; put {{prompt}} where the task's "
-                             "prompt goes")
-        return v
+        return has_placeholder(v, "prompt", "the task's prompt goes")
 
     def wrap(self, prompt: str) -> str:
         return self.template.replace("{prompt}", prompt)
@@ -134,16 +131,7 @@ class ToolRollout(Rollout, SandboxSettings):
         return self.episode_tokens
 
     def checks(self, pipeline) -> list[str]:
-        label = pipeline.label
-        if label.consumes != "samples":
-            return [f"sample.rollout.kind='tool' is not used by {label.setting()}: it searches from the prompts with "
-                    "its own single-turn rollouts and never reads the sample stage; set sample.rollout.kind=single, "
-                    "or a label kind that reads the samples"]
-        if pipeline.sample.max_tokens > self.episode_tokens:
-            return [f"sample.max_tokens={pipeline.sample.max_tokens} (one model turn) is more than "
-                    f"sample.rollout.episode_tokens={self.episode_tokens} (the whole episode); raise episode_tokens "
-                    "or lower sample.max_tokens"]
-        return []
+        return episode_checks(pipeline, self.kind, self.episode_tokens)
 
     def problems(self, fields: Collection[str] = ()) -> list[str]:
         return self.probe("sample.rollout")
@@ -154,7 +142,7 @@ class ToolRollout(Rollout, SandboxSettings):
         generates, the other half's programs run, so a tool call holds no episode but its own."""
         base = chat_token_ids(sampler.tokenizer, [self.wrap(p.prompt) for p in prompts])
         eps = [_Episode(p, i, list(ids)) for p, ids in zip(prompts, base) for i in range(params.n)]
-        half = (len(eps) + 1) // 2 if self.overlapped() else len(eps)
+        half = (len(eps) + 1) // 2 if overlapped(self.overlap) else len(eps)
         cohorts = [c for c in (eps[:half], eps[half:]) if c]
         pending: list[list[tuple[_Episode, Future]]] = [[] for _ in cohorts]
         waited = 0.0
@@ -181,13 +169,6 @@ class ToolRollout(Rollout, SandboxSettings):
                       "tool_calls": sum(e.calls for e in eps), "tool_errors": sum(e.errors for e in eps),
                       "tool_used": sum(e.calls > 0 for e in eps), "tool_s": sum(e.tool_s for e in eps),
                       "tool_wait_s": waited}
-
-    def overlapped(self) -> bool:
-        if self.overlap is not None:
-            return self.overlap
-        import torch
-
-        return torch.cuda.is_available()
 
     def generate(self, sampler, live: list[_Episode], params: SamplingParams, turn: int,
                  seed: int) -> list[tuple[_Episode, str]]:
