@@ -452,3 +452,14 @@ def test_an_edited_environment_is_a_new_run_and_stands_in_the_lineage(tmp_path):
     ids = [eval_set_id(Prompts(), EvaluateJob(evaluate=EvalRun(), sampler=c.sampler, data=c.data, seed=0,
                                               rollout=c.sample.rollout)) for c in (a, b)]
     assert ids[0] != ids[1]
+
+
+def test_an_installed_module_s_environment_plays_too(tok):
+    pytest.importorskip("gymnasium")
+    ro = EnvironmentRollout(env="ratchet.tasks.environments.gymnasium_game:GymnasiumEnv",
+                            args={"game": "Blackjack-v1"}, max_turns=2)
+    assert ro.problems() == [] and len(ro.source) == 64  # the installed module's file is digested
+    rows, _, _ = play(tok, ["stick"], ro, [start(0)])
+    assert rows[0].outcome.ended == "done" and rows[0].outcome.ret in (-1.0, 0.0, 1.0)
+    with pytest.raises(ValueError, match="no_such_pkg.mod.* cannot be found.*install it"):
+        EnvironmentRollout(env="no_such_pkg.mod:Env")
