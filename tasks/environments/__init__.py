@@ -217,10 +217,15 @@ class EnvHost:
                 pass
 
     def drop(self, eps: list[int]) -> None:
-        """End these episodes' processes (an episode that will take no more calls)."""
-        for e in eps:
-            if e in self.live:
+        """Forget these episodes: their queued calls, calls in flight and unread answers, and end
+        their processes (a unit that finished, or stopped half way)."""
+        gone = set(eps)
+        self.queue = deque(q for q in self.queue if q[0] not in gone)
+        for e in gone:
+            if e in self.live or e in self.pending:
                 self._kill(e)
+            self.answered.pop(e, None)
+        self.lost -= gone
 
 
 def version(package: str) -> str | None:

@@ -298,38 +298,41 @@ class EnvironmentRollout(Rollout):
         turn_pieces(tok)  # a template that cannot append turns stops here, before any episode starts
         host = self.host(fields=tuple(sorted({k for p in prompts for k in p.fields})))
         eps = [_Episode(p, i, next(_KEYS)) for p in prompts for i in range(params.n)]
-        for e in eps:
-            host.send(e.key, "open", seed=seed_of(e.prompt),
-                      row={"prompt": e.prompt.prompt, "answer": e.prompt.answer, **e.prompt.fields})
-            e.waiting = "open"
-        half = (len(eps) + 1) // 2 if overlapped(self.overlap) else len(eps)
-        cohorts = [c for c in (eps[:half], eps[half:]) if c]
-        waited = 0.0
-        for turn in range(self.max_turns + 1):
-            for c, cohort in enumerate(cohorts):
-                t = time.time()
-                asked = [e for e in cohort if e.waiting]
-                replies = host.collect([e.key for e in asked])
-                waited += time.time() - t
-                for e in asked:
-                    self.read(tok, e, replies[e.key], last=turn == self.max_turns)
-                live = [e for e in cohort if e.ended is None]
-                if turn == self.max_turns or not live:
-                    continue
-                for e in self.generate(sampler, live, params, (seed * 1_000_003 + c * 7_919 + turn * 8_191) % (1 << 61)):
-                    host.send(e.key, "step", action=e.segments[-1].text)
-                    e.waiting = "step"
-        t = time.time()
-        closing = [e for e in eps if e.ended != "failed"]
-        for e in closing:
-            host.send(e.key, "finish")
-        for e, reply in zip(closing, host.collect([e.key for e in closing]).values()):
-            if reply.failure is not None:
-                e.fail("finish", reply.failure)
-            else:
-                e.final = reply.final
-        waited += time.time() - t
-        host.drop([e.key for e in eps])
+        try:
+            for e in eps:
+                host.send(e.key, "open", seed=seed_of(e.prompt),
+                          row={"prompt": e.prompt.prompt, "answer": e.prompt.answer, **e.prompt.fields})
+                e.waiting = "open"
+            half = (len(eps) + 1) // 2 if overlapped(self.overlap) else len(eps)
+            cohorts = [c for c in (eps[:half], eps[half:]) if c]
+            waited = 0.0
+            for turn in range(self.max_turns + 1):
+                for c, cohort in enumerate(cohorts):
+                    t = time.time()
+                    asked = [e for e in cohort if e.waiting]
+                    replies = host.collect([e.key for e in asked])
+                    waited += time.time() - t
+                    for e in asked:
+                        self.read(tok, e, replies[e.key], last=turn == self.max_turns)
+                    live = [e for e in cohort if e.ended is None]
+                    if turn == self.max_turns or not live:
+                        continue
+                    turn_seed = (seed * 1_000_003 + c * 7_919 + turn * 8_191) % (1 << 61)
+                    for e in self.generate(sampler, live, params, turn_seed):
+                        host.send(e.key, "step", action=e.segments[-1].text)
+                        e.waiting = "step"
+            t = time.time()
+            closing = [e for e in eps if e.ended != "failed"]
+            for e in closing:
+                host.send(e.key, "finish")
+            for e, reply in zip(closing, host.collect([e.key for e in closing]).values()):
+                if reply.failure is not None:
+                    e.fail("finish", reply.failure)
+                else:
+                    e.final = reply.final
+            waited += time.time() - t
+        finally:  # a unit that stops half way (the engine failed) leaves no episode running
+            host.drop([e.key for e in eps])
         self.settle(eps)
         return self.rows(eps), self.cost(eps, waited)
 

@@ -463,3 +463,28 @@ def test_an_installed_module_s_environment_plays_too(tok):
     assert rows[0].outcome.ended == "done" and rows[0].outcome.ret in (-1.0, 0.0, 1.0)
     with pytest.raises(ValueError, match="no_such_pkg.mod.* cannot be found.*install it"):
         EnvironmentRollout(env="no_such_pkg.mod:Env")
+
+
+def test_a_unit_that_stops_half_way_leaves_no_episode_running(tok):
+    import time
+
+    class Breaks(Scripted):
+        def generate_ids(self, contexts, params, seed):
+            if self.contexts:
+                raise RuntimeError("the engine died")
+            return super().generate_ids(contexts, params, seed)
+
+    ro = EnvironmentRollout(env=GUESS, max_turns=4, workers=2)
+    with pytest.raises(RuntimeError, match="the engine died"):
+        ro.roll(Breaks(tok, ["0"]), [start(i) for i in range(6)], SamplingParams(max_tokens=8), 0)
+    host = ro.host()
+    assert not host.live and not host.pending and not host.queue and not host.answered
+    time.sleep(0.5)
+
+    def parent(proc: Path) -> str | None:
+        try:
+            return (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            return None  # gone meanwhile
+
+    assert [p for p in Path("/proc").glob("[0-9]*") if parent(p) == str(host.proc.pid)] == []
