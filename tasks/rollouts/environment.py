@@ -48,7 +48,7 @@ from ratchet.data.errors import RatchetError
 from ratchet.data.events import Figure, Shows
 from ratchet.data.records import Completion, Outcome, Prompt, Segment
 from ratchet.data.userfiles import UserFile
-from ratchet.models.sampler import SamplingParams, chat_token_ids
+from ratchet.models.sampler import SamplingParams
 from ratchet.tasks import environments
 from ratchet.tasks.environments import textarena
 from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, overlapped
@@ -98,8 +98,27 @@ def observation_ids(tokenizer, model_ids: tuple[int, ...], observation: str) -> 
     eos = tokenizer.eos_token
     if model_ids and model_ids[-1] == tokenizer.eos_token_id and eos and closing.startswith(eos):
         closing = closing[len(eos):]
-    text = closing + opening + observation + after
-    return text, tuple(tokenizer.encode(text, add_special_tokens=False))
+    return closing + opening + observation + after, marked_ids(tokenizer, closing + opening, observation, after)
+
+
+def marked_ids(tokenizer, before: str, text: str, after: str) -> tuple[int, ...]:
+    """The ids of `text` between the template's turn markers `before` and `after`: the markers
+    read as the special tokens they are, the text (the environment's, untrusted) as plain text, so
+    an observation that spells out a turn marker cannot open a turn of its own."""
+    def enc(t: str, **kw) -> list[int]:
+        return tokenizer.encode(t, add_special_tokens=False, **kw) if t else []
+
+    return tuple(enc(before) + enc(text, split_special_tokens=True) + enc(after))
+
+
+def first_ids(tokenizer, message: str) -> tuple[int, ...]:
+    """The templated ids of an episode's first user message, ready for the model's turn; the
+    message (the environment's first observation) read as plain text, as `marked_ids` reads it."""
+    sentinel = SENTINELS[2]
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": sentinel}], tokenize=False,
+                                             add_generation_prompt=True)
+    before, after = rendered.split(sentinel)
+    return marked_ids(tokenizer, before, message, after)
 
 
 def seed_of(p: Prompt) -> int:
@@ -343,7 +362,7 @@ class EnvironmentRollout(Rollout):
             e.fail(op, reply.failure)
         elif op == "open":
             e.start = reply.observation or ""
-            e.context = list(chat_token_ids(tok, [self.wrap(e.start)])[0])
+            e.context = list(first_ids(tok, self.wrap(e.start)))
             e.prompt_ids = tuple(e.context)
         else:
             e.rewards.append(reply.reward)
