@@ -129,6 +129,11 @@ def seed_of(p: Prompt) -> int:
     return int(hashlib.sha256(p.id.encode()).hexdigest()[:8], 16)
 
 
+def row_of(p: Prompt) -> dict:
+    """What an episode's `reset` may take of its start, besides the seed."""
+    return {"prompt": p.prompt, "answer": p.answer, **p.fields}
+
+
 @dataclass
 class _Episode:
     prompt: Prompt
@@ -249,8 +254,7 @@ class EnvironmentRollout(Rollout):
         ended in a host of its own."""
         host = self.host(shared=False, fields=tuple(sorted(prompt.fields)))
         try:
-            host.send(0, "open", seed=seed_of(prompt), row={"prompt": prompt.prompt, "answer": prompt.answer,
-                                                            **prompt.fields})
+            host.send(0, "open", seed=seed_of(prompt), row=row_of(prompt))
             reply = host.collect([0])[0]
         except environments.EnvError as e:
             return f"[{self.name}: {e}]"
@@ -319,8 +323,7 @@ class EnvironmentRollout(Rollout):
         eps = [_Episode(p, i, next(_KEYS)) for p in prompts for i in range(params.n)]
         try:
             for e in eps:
-                host.send(e.key, "open", seed=seed_of(e.prompt),
-                          row={"prompt": e.prompt.prompt, "answer": e.prompt.answer, **e.prompt.fields})
+                host.send(e.key, "open", seed=seed_of(e.prompt), row=row_of(e.prompt))
                 e.waiting = "open"
             half = (len(eps) + 1) // 2 if overlapped(self.overlap) else len(eps)
             cohorts = [c for c in (eps[:half], eps[half:]) if c]
