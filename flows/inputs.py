@@ -243,7 +243,8 @@ def train_budgets(cfg: PipelineConfig) -> dict[str, Budget]:
         out["sampling"] = Budget(ro.wrap, ro.budget(cfg.sample.max_tokens), cfg.sampler.max_model_len,
                                  f"raise sampler.max_model_len or {fix}")
     out.update(cfg.label.budgets(cfg))
-    out["training"] = Budget(ro.wrap if cfg.label.consumes == "samples" else same, 1, cfg.train.max_length,
+    reads = cfg.label.consumes == "samples" or cfg.label.plays_rollout  # what it trains on began as the rollout's
+    out["training"] = Budget(ro.wrap if reads else same, 1, cfg.train.max_length,
                              "raise train.max_length")
     return out
 

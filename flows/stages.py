@@ -181,7 +181,7 @@ def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, source: StageManife
     m, reused = label_mod.label(store, source, cfg.label, cfg.data.pool(), k, policy=label_model or policy,
                                 sampler=cfg.sampler,
                                 seed=round_seed(cfg, k), isolate=cfg.isolate, run=ctx.run_name,
-                                executor=cfg.executor)
+                                executor=cfg.executor, rollout=cfg.sample.rollout, turn_tokens=cfg.sample.max_tokens)
     t = tracker_of(cfg, ctx)
     if logged(t, child, store_of(ctx), m, reused):
         for name in cfg.label.outputs:  # a kind's own files (the search trees), for inspection

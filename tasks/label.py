@@ -6,6 +6,7 @@
                  fixed judge model does (label.model), or a served one (label.endpoint)
     reward_model a sequence-classification reward model scores them (label.model)
     mcts         step-level tree search from the prompts (tasks/mcts.py)
+    turn_mcts    tree search over the turns of environment episodes (tasks/turn_search.py)
 
 A kind says what it consumes (the sample stage's completions, or the prompts) and whether
 it runs a model: the round's policy, or a fixed model of its own (`label.model`: a judge
@@ -35,15 +36,17 @@ from ratchet.tasks.labels.consistency import ConsistencyLabel
 from ratchet.tasks.labels.judge import JudgeLabel
 from ratchet.tasks.labels.mcts import MctsLabel
 from ratchet.tasks.labels.reward_model import RewardModelLabel
+from ratchet.tasks.labels.turn_mcts import TurnMctsLabel
 from ratchet.tasks.labels.verifier import VerifierLabel
 from ratchet.tasks.prepare import train_prompts
+from ratchet.tasks.sample import RolloutConfig
 from ratchet.tasks.stage import StageRequest, run_stage
 from ratchet.tasks.units import ExecutorConfig
 
 # The registration of every label kind: its module's class, one entry each. The config union, the
 # dispatch and every check the flow makes ask these classes.
 KINDS: dict[str, type[Label]] = {k.model_fields["kind"].default: k for k in (
-    VerifierLabel, ConsistencyLabel, JudgeLabel, RewardModelLabel, MctsLabel)}
+    VerifierLabel, ConsistencyLabel, JudgeLabel, RewardModelLabel, MctsLabel, TurnMctsLabel)}
 LabelConfig = Annotated[Union[tuple(KINDS.values())], Field(discriminator="kind")]  # noqa: UP007
 
 
@@ -53,6 +56,10 @@ class LabelJob(BaseModel):
     data: SourceConfig
     sampler: SamplerConfig | None = Field(default=None, description="for kinds that run the policy")
     seed: int = 0
+    rollout: RolloutConfig | None = Field(default=None, description="sample.rollout, for a kind that plays its "
+                                          "episodes itself")
+    turn_tokens: int | None = Field(default=None, description="sample.max_tokens (one model turn), for a kind that "
+                                    "plays episodes itself")
 
     def summary(self, m: dict[str, float]) -> list[str]:
         """The kind's own result, then what any label may add: how the verifier sees the samples,
@@ -84,12 +91,13 @@ def label_body(req: StageRequest[LabelJob], store: ArtifactStore) -> StageManife
 
 def label(store: ArtifactStore, source: StageManifest, cfg: LabelConfig, data_cfg: SourceConfig, round: int,
           policy: StageManifest | None = None, sampler: SamplerConfig | None = None, seed: int = 0,
-          isolate: bool = True, run: str | None = None,
-          executor: ExecutorConfig | None = None) -> tuple[StageManifest, bool]:
+          isolate: bool = True, run: str | None = None, executor: ExecutorConfig | None = None,
+          rollout: RolloutConfig | None = None, turn_tokens: int | None = None) -> tuple[StageManifest, bool]:
     """Label `source`: the sample stage, or the prompts stage for a kind that consumes prompts.
     A kind that runs a model needs it as `policy` (the round's starting model, or the
     label's fixed `label-model` stage), the sampler settings and a seed, and runs in a
-    worker process like sampling."""
+    worker process like sampling; one that plays episodes itself needs the sample stage's
+    `rollout` and `turn_tokens` (they key it)."""
     want = ("sample",) if cfg.consumes == "samples" else ("prompts", "slice")
     if source.stage not in want:
         raise ValueError(f"label.kind={cfg.kind!r} labels the {' or '.join(want)} stage, not {source.stage}")
@@ -102,6 +110,9 @@ def label(store: ArtifactStore, source: StageManifest, cfg: LabelConfig, data_cf
                          config=LabelJob(label=cfg, data=data_cfg), parents=[source], keep_partial=True, run=run)
     if policy is None or sampler is None:
         raise ValueError(f"label.kind={cfg.kind!r} needs the round's policy and the sampler settings")
-    return run_stage(store, stage="label", round=round, body=label_body,
-                     config=LabelJob(label=cfg, data=data_cfg, sampler=sampler, seed=seed), parents=[source, policy],
+    if cfg.plays_rollout and (rollout is None or turn_tokens is None):
+        raise ValueError(f"label.kind={cfg.kind!r} plays episodes: it needs the sample stage's rollout and turn_tokens")
+    job = LabelJob(label=cfg, data=data_cfg, sampler=sampler, seed=seed, rollout=rollout if cfg.plays_rollout else None,
+                   turn_tokens=turn_tokens if cfg.plays_rollout else None)
+    return run_stage(store, stage="label", round=round, body=label_body, config=job, parents=[source, policy],
                      isolate=isolate, keep_partial=True, run=run, executor=executor)

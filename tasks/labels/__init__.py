@@ -13,6 +13,7 @@ a special case for one.
     judge        the policy rates its own completions (Self-Rewarding), or a fixed judge does
     reward_model a sequence-classification reward model scores them
     mcts         step-level tree search from the prompts (MCTS-DPO / ReST-MCTS*)
+    turn_mcts    tree search over the turns of environment episodes (Agent Q)
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Label(BaseModel):
     model_config = ConfigDict(extra="forbid")
     consumes: ClassVar[Literal["samples", "prompts"]] = "samples"  # the parent stage it reads
     uses_policy: ClassVar[bool] = False  # runs a model (the round's policy, or its fixed one): a worker, a seed
+    plays_rollout: ClassVar[bool] = False  # plays the episodes of sample.rollout itself (its job carries the rollout)
     outputs: ClassVar[tuple[str, ...]] = ()  # files it writes beside labels.jsonl (that a filter kind may read)
     shows: ClassVar[Shows] = Shows()  # what the report draws of its metrics
     chats: ClassVar[bool] = False  # its fixed model reads prompts as a chat (a base model: the plain format)

@@ -101,10 +101,10 @@ def episode_checks(pipeline, kind: str, episode_tokens: int) -> list[str]:
     """What a multi-turn rollout needs of the pipeline: a label that reads the samples, and room
     for one model turn within an episode."""
     label = pipeline.label
-    if label.consumes != "samples":
+    if label.consumes != "samples" and not label.plays_rollout:
         return [f"sample.rollout.kind={kind!r} is not used by {label.setting()}: it searches from the prompts with its "
-                "own single-turn rollouts and never reads the sample stage; set sample.rollout.kind=single, or a "
-                "label kind that reads the samples"]
+                "own single-turn rollouts and never reads the sample stage; set sample.rollout.kind=single, a "
+                "label kind that reads the samples, or label.kind='turn_mcts' (a search over an environment's turns)"]
     if pipeline.sample.max_tokens > episode_tokens:
         return [f"sample.max_tokens={pipeline.sample.max_tokens} (one model turn) is more than "
                 f"sample.rollout.episode_tokens={episode_tokens} (the whole episode); raise episode_tokens or lower "

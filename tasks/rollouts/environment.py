@@ -121,6 +121,11 @@ def first_ids(tokenizer, message: str) -> tuple[int, ...]:
     return marked_ids(tokenizer, before, message, after)
 
 
+def _said(observation: str | None, reward: float | None = None, done: bool | None = None) -> str:
+    obs = observation if observation is None or len(observation) <= 80 else observation[:77] + "..."
+    return f"(observation {obs!r}" + ("" if reward is None else f", reward {reward:g}, done {done}") + ")"
+
+
 def seed_of(p: Prompt) -> int:
     """The seed an episode starts from: the row's `seed` column, else one from the prompt's id."""
     s = p.fields.get("seed")
@@ -150,11 +155,17 @@ class _Episode:
     waiting: str | None = None  # the call in flight
     ended: str | None = None
     failure: str | None = None
+    forced: tuple[Segment, ...] = ()  # model turns to replay before the model plays (a tree search's path)
+    expect: tuple[tuple[str | None, float, bool], ...] = ()  # what the replayed steps answered before
+    expect_start: str | None = None  # the first observation a replayed episode gave before
+    turns: int = 0  # model turns taken
+    observations: list[str | None] = field(default_factory=list)  # each step's observation as the environment gave it
 
     def add(self, role: str, text: str, ids: tuple[int, ...]) -> None:
         self.segments.append(Segment(role=role, text=text, token_ids=tuple(ids)))
         self.context.extend(ids)
         self.used += len(ids)
+        self.turns += role == "model"
 
     def fail(self, op: str, why: str) -> None:
         self.ended, self.failure, self.waiting = "failed", f"{op}: {why}" if not why.startswith(op) else why, None
@@ -317,10 +328,17 @@ class EnvironmentRollout(Rollout):
     # the episodes -----------------------------------------------------------------------------
     def roll(self, sampler, prompts: list[Prompt], params: SamplingParams,
              seed: int) -> tuple[list[Completion], dict[str, float]]:
+        eps = [_Episode(p, i, next(_KEYS)) for p in prompts for i in range(params.n)]
+        waited = self.play(sampler, eps, params, seed)
+        self.settle(eps)
+        return self.rows(eps), self.cost(eps, waited)
+
+    def play(self, sampler, eps: list[_Episode], params: SamplingParams, seed: int) -> float:
+        """Play `eps` to their ends, every episode's turns together (an episode with `forced` turns
+        replays those before the model writes); the seconds spent waiting on the environment."""
         tok = sampler.tokenizer
         turn_pieces(tok)  # a template that cannot append turns stops here, before any episode starts
-        host = self.host(fields=tuple(sorted({k for p in prompts for k in p.fields})))
-        eps = [_Episode(p, i, next(_KEYS)) for p in prompts for i in range(params.n)]
+        host = self.host(fields=tuple(sorted({k for e in eps for k in e.prompt.fields})))
         try:
             for e in eps:
                 host.send(e.key, "open", seed=seed_of(e.prompt), row=row_of(e.prompt))
@@ -355,8 +373,28 @@ class EnvironmentRollout(Rollout):
             waited += time.time() - t
         finally:  # a unit that stops half way (the engine failed) leaves no episode running
             host.drop([e.key for e in eps])
-        self.settle(eps)
-        return self.rows(eps), self.cost(eps, waited)
+        return waited
+
+    def replay(self, prompt: Prompt, turns: list[Segment], answers: list[tuple[str | None, float, bool]],
+               start: str | None) -> _Episode:
+        """An episode of `prompt` that replays the model's `turns` before the model plays on; the
+        environment must answer the first len(answers) of them as it did (`answers`), and begin
+        with `start`, or the episode fails as nondeterministic."""
+        return _Episode(prompt, 0, next(_KEYS), forced=tuple(s for s in turns if s.role == "model"),
+                        expect=tuple(answers), expect_start=start)
+
+    def starts(self, prompts: list[Prompt]) -> list[environments.Reply]:
+        """Each start's first observation, its episode opened and dropped: where a tree search over
+        turns begins."""
+        host = self.host(fields=tuple(sorted({k for p in prompts for k in p.fields})))
+        keys = [next(_KEYS) for _ in prompts]
+        try:
+            for k, p in zip(keys, prompts):
+                host.send(k, "open", seed=seed_of(p), row=row_of(p))
+            replies = host.collect(keys)
+        finally:
+            host.drop(keys)
+        return [replies[k] for k in keys]
 
     def read(self, tok, e: _Episode, reply: environments.Reply, last: bool) -> None:
         """A call's answer into its episode: the first observation, or a step's reward and the next observation."""
@@ -364,11 +402,25 @@ class EnvironmentRollout(Rollout):
         if reply.failure is not None:
             e.fail(op, reply.failure)
         elif op == "open":
+            if e.expect_start is not None and reply.observation != e.expect_start:
+                e.fail("replay", f"the environment is not deterministic: reset with the same seed and row began "
+                       f"{_said(reply.observation)}, where it began {_said(e.expect_start)} "
+                       "before. A tree search over turns rebuilds a state by replaying its actions from reset(seed): "
+                       "make reset and step depend on the seed and the actions only")
+                return
             e.start = reply.observation or ""
             e.context = list(first_ids(tok, self.wrap(e.start)))
             e.prompt_ids = tuple(e.context)
         else:
+            if e.turns <= len(e.expect) and (was := e.expect[e.turns - 1]) != (reply.observation, reply.reward,
+                                                                                  reply.done):
+                e.fail("replay", f"the environment is not deterministic: replaying the same seed and the same {e.turns} "
+                       f"action(s) answered {_said(reply.observation, reply.reward, reply.done)}, where it answered "
+                       f"{_said(*was)} before. A tree search over turns rebuilds a state by replaying its actions "
+                       "from reset(seed): make reset and step depend on the seed and the actions only")
+                return
             e.rewards.append(reply.reward)
+            e.observations.append(reply.observation)
             if reply.done:
                 e.ended = "done"
             elif last:
@@ -381,11 +433,18 @@ class EnvironmentRollout(Rollout):
                     e.add("env", text, ids)
 
     def generate(self, sampler, live: list[_Episode], params: SamplingParams, seed: int) -> list[_Episode]:
-        """One model turn for each live episode; those whose turn is an action to step on."""
+        """One model turn for each live episode (an episode replaying a path takes its next turn
+        from there, the ids the model wrote then); those whose turn is an action to step on."""
+        replayed = [e for e in live if e.turns < len(e.forced)]
+        for e in replayed:
+            seg = e.forced[e.turns]
+            e.add("model", seg.text, seg.token_ids)
         rooms: dict[int, list[_Episode]] = {}
+        keys = {e.key for e in replayed}
         for e in live:
-            rooms.setdefault(min(params.max_tokens, self.episode_tokens - e.used), []).append(e)
-        acted = []
+            if e.key not in keys:
+                rooms.setdefault(min(params.max_tokens, self.episode_tokens - e.used), []).append(e)
+        acted = list(replayed)
         for room, group in sorted(rooms.items()):
             step = params.model_copy(update={"n": 1, "max_tokens": room})
             gens = sampler.generate_ids([e.context for e in group], step, seed=(seed + room) % (1 << 62))
