@@ -33,7 +33,7 @@ class _Sparse(BaseModel):
 
 
 SPARSE = ("fields", "prompt_ids", "segments", "chosen_segments", "rejected_segments", "outcome", "chosen_outcome",
-          "rejected_outcome")
+          "rejected_outcome", "attempt")
 
 
 class Segment(BaseModel):
@@ -48,7 +48,7 @@ class Segment(BaseModel):
     token_ids: tuple[int, ...]
 
 
-class Outcome(BaseModel):
+class Outcome(_Sparse):
     """What an environment said of one episode: the reward of each step, the final reward, the
     return (their sum: the episode's reward), how the episode ended, and, where the environment
     failed (raised, hung, answered nonsense), what went wrong; then there is no return."""
@@ -63,6 +63,8 @@ class Outcome(BaseModel):
                                                                     "max_turns or length: its turns or tokens ran "
                                                                     "out; failed: the environment failed")
     failure: str | None = Field(default=None, description="what the environment did wrong, with its traceback")
+    attempt: tuple[Segment, ...] | None = Field(default=None, description="where the row is a reflection: the "
+                                                 "attempt it was given to, whose outcome this is")
 
 
 class _Turns(_Sparse):

@@ -134,7 +134,8 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
     episode = cfg.sample.rollout.budget(cfg.sample.max_tokens)
     if cfg.train.max_length <= episode:
         what = (f"sample.max_tokens={cfg.sample.max_tokens}" if episode == cfg.sample.max_tokens else
-                f"an episode of sample.rollout.episode_tokens={episode}")
+                f"an episode of up to {episode} tokens (sample.rollout.episode_tokens="
+                f"{cfg.sample.rollout.episode_tokens}{'' if episode == cfg.sample.rollout.episode_tokens else ', and what a reflection reads and writes'})")
         problems.append(f"train.max_length={cfg.train.max_length} cannot hold a prompt plus {what}; raise "
                         "train.max_length")
     return problems

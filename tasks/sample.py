@@ -25,13 +25,15 @@ from ratchet.models.sampler import SamplerConfig, SamplingParams
 from ratchet.tasks.prepare import train_prompts
 from ratchet.tasks.rollouts import Rollout
 from ratchet.tasks.rollouts.environment import EnvironmentRollout
+from ratchet.tasks.rollouts.reflection import ReflectionRollout
 from ratchet.tasks.rollouts.single import SingleRollout
 from ratchet.tasks.rollouts.tool import ToolRollout
 from ratchet.tasks.stage import StageRequest, run_stage
 from ratchet.tasks.units import ExecutorConfig, UnitWork, run_units
 
 # The rollout kinds (tasks/rollouts/), one line each: how a prompt becomes a completion or a trajectory
-RolloutConfig = Annotated[SingleRollout | ToolRollout | EnvironmentRollout, Field(discriminator="kind")]
+RolloutConfig = Annotated[SingleRollout | ToolRollout | EnvironmentRollout | ReflectionRollout,
+                          Field(discriminator="kind")]
 ROLLOUTS: dict[str, type[Rollout]] = {c.model_fields["kind"].default: c
                                       for c in typing.get_args(typing.get_args(RolloutConfig)[0])}
 
@@ -59,8 +61,9 @@ class SampleConfig(SparseRollout):
     max_tokens: int = Field(default=48, ge=1, description="completion token limit")
     shard_size: int = Field(default=64, ge=1, description="prompts per shard (the unit of resume)")
     rollout: RolloutConfig = Field(default_factory=SingleRollout, description="how a prompt becomes a completion: "
-                                   "single (one generation), tool (the model runs Python mid-answer) or environment "
-                                   "(episodes against an environment)")
+                                   "single (one generation), tool (the model runs Python mid-answer), environment "
+                                   "(episodes against an environment) or reflection (an environment's episodes, a "
+                                   "reflection after a failed one, and another attempt with it)")
 
     def params(self) -> SamplingParams:
         return SamplingParams(

@@ -9,6 +9,8 @@ episode may take, what it needs of the rest of the config, and how its counters 
     tool    the model runs Python in a sandbox mid-answer, and reads the output (ReTool)
     environment  the model plays episodes against an environment: the user's class, or a
             TextArena game (tasks/environments/)
+    reflection  an environment's episodes; after a failed one the model reflects on it and
+            tries again with its reflection (Retroformer)
 
 A multi-turn kind writes trajectories: each completion keeps its prompt's token ids and its
 turns as segments (data/records.py: Segment), the model's with the ids the engine produced.

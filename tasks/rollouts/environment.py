@@ -54,6 +54,8 @@ from ratchet.tasks.environments import textarena
 from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, overlapped
 
 GYMNASIUM = "ratchet.tasks.environments.gymnasium_game:GymnasiumEnv"
+REPLAY = ("A tree search over turns rebuilds a state by replaying its actions from reset(seed), and a second attempt "
+          "after a reflection starts from the same seed: make reset and step depend on the seed and the actions only")
 SENTINELS = ("Ratchet-user-sentinel", "Ratchet-model-sentinel", "Ratchet-observation-sentinel")
 
 
@@ -158,6 +160,7 @@ class _Episode:
     forced: tuple[Segment, ...] = ()  # model turns to replay before the model plays (a tree search's path)
     expect: tuple[tuple[str | None, float, bool], ...] = ()  # what the replayed steps answered before
     expect_start: str | None = None  # the first observation a replayed episode gave before
+    note: str | None = None  # a reflection on an earlier attempt, given with the first observation
     turns: int = 0  # model turns taken
     observations: list[str | None] = field(default_factory=list)  # each step's observation as the environment gave it
 
@@ -259,6 +262,11 @@ class EnvironmentRollout(Rollout):
 
     def wrap(self, prompt: str) -> str:
         return self.template.replace("{observation}", prompt)
+
+    def opening(self, observation: str, note: str | None) -> str:
+        """An episode's first user message: the first observation in the template (a kind that
+        retries with a note puts the note in too)."""
+        return self.wrap(observation)
 
     def first_message(self, prompt: Prompt) -> str:
         """The environment's first observation for `prompt`, in the template: an episode started and
@@ -404,20 +412,17 @@ class EnvironmentRollout(Rollout):
         elif op == "open":
             if e.expect_start is not None and reply.observation != e.expect_start:
                 e.fail("replay", f"the environment is not deterministic: reset with the same seed and row began "
-                       f"{_said(reply.observation)}, where it began {_said(e.expect_start)} "
-                       "before. A tree search over turns rebuilds a state by replaying its actions from reset(seed): "
-                       "make reset and step depend on the seed and the actions only")
+                       f"{_said(reply.observation)}, where it began {_said(e.expect_start)} before. {REPLAY}")
                 return
             e.start = reply.observation or ""
-            e.context = list(first_ids(tok, self.wrap(e.start)))
+            e.context = list(first_ids(tok, self.opening(e.start, e.note)))
             e.prompt_ids = tuple(e.context)
         else:
             if e.turns <= len(e.expect) and (was := e.expect[e.turns - 1]) != (reply.observation, reply.reward,
                                                                                   reply.done):
                 e.fail("replay", f"the environment is not deterministic: replaying the same seed and the same {e.turns} "
                        f"action(s) answered {_said(reply.observation, reply.reward, reply.done)}, where it answered "
-                       f"{_said(*was)} before. A tree search over turns rebuilds a state by replaying its actions "
-                       "from reset(seed): make reset and step depend on the seed and the actions only")
+                       f"{_said(*was)} before. {REPLAY}")
                 return
             e.rewards.append(reply.reward)
             e.observations.append(reply.observation)

@@ -12,11 +12,12 @@ CONFIGS = Path(__file__).parents[2] / "flows" / "configs"
     ("default.yaml", "verifier", "rft"), ("gpu.yaml", "verifier", "rft"), ("consistency_rft.yaml", "consistency", "rft"),
     ("self_reward_dpo.yaml", "judge", "dpo"), ("consistency_dpo.yaml", "consistency", "dpo"),
     ("guess_number_rft.yaml", "verifier", "rft"), ("guess_env_rft.yaml", "verifier", "rft"),
+    ("guess_env_mcts.yaml", "turn_mcts", "dpo"),
 ])
 def test_shipped_configs_validate(name, label, train):
     cfg = load_config(CONFIGS / name)
     assert cfg.rounds >= 1 and (cfg.label.kind, cfg.train.kind) == (label, train)
-    assert cfg.filter.kind == ("pairs" if train == "dpo" else "rft")
+    assert cfg.filter.kind == ("step_pairs" if "mcts" in label else "pairs" if train == "dpo" else "rft")
 
 
 def test_dpo_implies_pairs_and_mismatches_name_the_fix():

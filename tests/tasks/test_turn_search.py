@@ -266,3 +266,105 @@ def test_the_turn_search_stage_runs_on_a_real_engine_and_feeds_dpo(tiny_model, t
     else:
         with pytest.raises(EmptyStageError, match="step pairs < filter.min_pairs=1"):
             filter_rows(store, lab, pairing, seed=0, round=1)
+
+
+# Reflection (Retroformer) ------------------------------------------------------------------------
+
+class Reflector:
+    """Guesses "1" every turn of a first attempt; asked for a reflection, sample i says "Next time
+    say {i + 1}."; in an attempt given a reflection, says the number it names."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.contexts = tokenizer, []
+
+    def generate_ids(self, contexts, params, seed):
+        import re
+
+        out = []
+        for ctx in contexts:
+            self.contexts.append(list(ctx))
+            text = self.tokenizer.decode(ctx)
+            if text.rstrip().endswith("<|im_start|>assistant") and "did not succeed" in text.split("<|im_start|>user")[-1]:
+                said = [f"Next time say {i + 1}." for i in range(params.n)]
+            else:
+                noted = re.search(r"last attempt: Next time say (\d)", text)
+                said = [noted.group(1) if noted else "1"] * params.n
+            row = []
+            for s in said:
+                ids = self.tokenizer.encode(s, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+                row.append(Generation(s, len(ids), "stop", None, tuple(ids)))
+            out.append(row)
+        return out
+
+
+def reflect(tok, n=4, **kw):
+    from ratchet.models.sampler import SamplingParams
+    from ratchet.tasks.rollouts.reflection import ReflectionRollout
+
+    ro = ReflectionRollout(env=GUESS, args={"high": 4}, max_turns=2, episode_tokens=128, **kw)
+    engine = Reflector(tok)
+    rows, cost = ro.roll(engine, [start(i) for i in range(6)], SamplingParams(n=n, temperature=1.0, max_tokens=8), 3)
+    return ro, rows, cost, engine
+
+
+def test_a_failed_attempt_gets_reflections_and_each_its_own_second_attempt(tok):
+    ro, rows, cost, engine = reflect(tok)
+    secrets = {f"seed-{i}": random.Random(i).randint(1, 4) for i in range(6)}
+    won_first = {p for p, s in secrets.items() if s == 1}
+    assert won_first and len(won_first) < 6  # both kinds of start are here
+    m = ro.metrics(cost)
+    assert m["first_success_frac"] == pytest.approx(len(won_first) / 6) and m["retries"] == 4 * (6 - len(won_first))
+    assert m["retry_success_frac"] == pytest.approx(0.25)  # one reflection of four names the secret
+    for pid, secret in secrets.items():
+        mine = [r for r in rows if r.prompt_id == pid]
+        if pid in won_first:  # a first attempt that succeeded is the start's one row, an episode
+            (r,) = mine
+            assert r.outcome.ret == 1.0 and r.segments[0].text == "1" and r.outcome.attempt is None
+            continue
+        assert [r.text for r in mine] == [f"Next time say {i + 1}." for i in range(4)]
+        assert len({r.prompt_ids for r in mine}) == 1  # the reflections of one start share their prompt
+        asked = tok.decode(mine[0].prompt_ids)
+        assert asked.count("<|im_start|>assistant\n1") == 2 and "did not succeed" in asked  # the failed attempt, then the request
+        assert asked.split("<|im_start|>user")[-1].startswith(f"\n{'Higher.' if secret > 1 else 'Lower.'}\n\n")
+        for i, r in enumerate(mine):  # each reflection's reward is the return of the attempt it was given to
+            assert r.segments == (r.segments[0],) and r.segments[0].role == "model"
+            assert r.outcome.attempt[0].text == str(i + 1)
+            assert (r.outcome.ret >= 1.0) == (i + 1 == secret) and r.outcome.ended in ("done", "max_turns")
+    # the second attempt began anew, the reflection in its first message
+    firsts = [tok.decode(c) for c in engine.contexts if "last attempt: Next time say" in tok.decode(c)]
+    assert firsts and all(c.count("<|im_start|>user") == 1 for c in firsts if c.count("<|im_start|>assistant") == 1)
+
+
+def test_reflection_pairs_train_the_reflection_only(tok, tmp_path):
+    from ratchet.data.records import write_jsonl
+    from ratchet.models.train_kinds import DPOTrainConfig
+    from ratchet.tasks.filters.pairs import PairFilter, build_pairs
+    from ratchet.tasks.labels import labeled_row
+
+    _, rows, _, _ = reflect(tok)
+    labeled = [labeled_row(r, reward=r.outcome.ret) for r in rows]
+    pairs, _ = build_pairs(labeled, PairFilter())
+    assert pairs and all(p.chosen.startswith("Next time say") and p.chosen_reward > p.rejected_reward for p in pairs)
+    write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    for p, row in zip(pairs, DPOTrainConfig().rows_of(tmp_path / "pairs.jsonl")):
+        assert row["prompt_ids"] == list(p.prompt_ids) and row["chosen_ids"] == list(p.chosen_segments[0].token_ids)
+        assert set(row["chosen_mask"]) == {1}
+
+
+def test_a_plain_retry_is_the_baseline_and_reflection_settings_are_checked(tok):
+    from ratchet.data.errors import ConfigError
+    from ratchet.flows.config import config_from_dict
+
+    ro, rows, cost, engine = reflect(tok, reflect=False)
+    assert not any("did not succeed" in tok.decode(c) for c in engine.contexts)  # no reflection was asked for
+    assert all(r.segments[0].text == "1" for r in rows) and ro.metrics(cost)["retry_success_frac"] == 0.0
+    base = {"data": {"kind": "episodes", "train_size": 4, "eval_size": 2, "check": {"kind": "return", "success": 0.5}},
+            "sample": {"max_tokens": 16, "rollout": {"kind": "reflection", "env": GUESS, "success": 0.5,
+                                                     "episode_tokens": 128}}, "train": {"max_length": 512}}
+    cfg = config_from_dict(base)
+    assert cfg.sample.rollout.kind == "reflection"
+    with pytest.raises(ConfigError, match=r"sample.rollout.success=1 differs from data.check.success=0.5"):
+        config_from_dict({**base, "sample": {"max_tokens": 16, "rollout": {"kind": "reflection", "env": GUESS}}})
+    with pytest.raises(ConfigError, match=r"has no \{reflection\}"):
+        config_from_dict({**base, "sample": {"max_tokens": 16, "rollout": {
+            "kind": "reflection", "env": GUESS, "success": 0.5, "retry_template": "{observation}"}}})
