@@ -144,9 +144,11 @@ def verdict(a: dict) -> str:
     if (o := a.get("outcome")) is not None:
         if o.get("ret") is None:
             return "the environment failed: " + (o.get("failure") or "").strip().splitlines()[-1][:120]
-        turns = sum(s.get("role") == "model" for s in a.get("segments") or ())
+        attempt = o.get("attempt")  # a reflection's row: the second attempt it was given to
+        turns = sum(s.get("role") == "model" for s in (attempt or a.get("segments") or ()))
         won = {True: "success", False: "no success"}.get(a.get("correct"), "episode")
-        return f"{won}: return {o['ret']:.3g} in {turns} turn{'s' if turns != 1 else ''} ({o['ended'].replace('_', ' ')})"
+        return (f"{won}{' after a reflection' if attempt else ''}: return {o['ret']:.3g} in {turns} "
+                f"turn{'s' if turns != 1 else ''} ({o['ended'].replace('_', ' ')})")
     if a.get("correct") is True:
         return "right"
     if a.get("correct") is False:

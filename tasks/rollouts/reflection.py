@@ -15,7 +15,9 @@ For every start of a unit:
    `reflect_template`, which asks what went wrong. The model writes `n` reflections on it
    (at most `reflection_tokens` each).
 3. Each reflection is given to a new attempt: the same start (reset with the same seed), its
-   first message `retry_template`, with the first observation and the reflection.
+   first message `retry_template`, with the first observation and the reflection. It is
+   decoded greedily (`retry_temperature`), so the returns of two reflections on one attempt
+   differ by what the reflections said, not by sampling in the attempts.
 
 A reflection's row: the failed attempt and the request as the prompt's token ids, the reflection
 as its one model segment (what RFT and DPO train), and as its outcome the return of the attempt
@@ -60,6 +62,10 @@ class ReflectionRollout(EnvironmentRollout):
     retry_template: str = Field(default=RETRY, description="the second attempt's first message, with {observation} "
                                 "(the first observation) and {reflection}")
     reflection_tokens: int = Field(default=64, ge=1, description="token limit of one reflection")
+    retry_temperature: float | None = Field(default=0.0, ge=0, description="sampling temperature of second attempts: "
+                                            "0 (greedy) makes a second attempt's return depend on its reflection "
+                                            "alone, so two reflections' returns differ by what they said; unset: "
+                                            "as the first attempts (sample.temperature)")
 
     @field_validator("retry_template")
     @classmethod
@@ -103,7 +109,8 @@ class ReflectionRollout(EnvironmentRollout):
         second = [_Episode(e.prompt, i, next(_KEYS), expect_start=e.start, note=None if g is None else g.text.strip())
                   for e, row in zip(failed, notes) for i, g in enumerate(row)]
         if second:
-            waited += self.play(sampler, second, params.model_copy(update={"n": 1}), seed + 1)
+            retry = {"n": 1} if self.retry_temperature is None else {"n": 1, "temperature": self.retry_temperature}
+            waited += self.play(sampler, second, params.model_copy(update=retry), seed + 1)
             self.settle(second)
         rows, after = [], iter(second)
         by_start = {e.key: (ask, row) for e, ask, row in zip(failed, asks, notes)}
@@ -122,7 +129,7 @@ class ReflectionRollout(EnvironmentRollout):
                 outcome = episode.outcome.model_copy(update={"attempt": episode.segments})
                 rows.append(Completion(prompt_id=e.prompt.id, prompt=e.prompt.prompt, answer=e.prompt.answer,
                                        fields=e.prompt.fields, index=a.index, text=g.text, n_tokens=len(g.token_ids),
-                                       finish_reason=a.ended, prompt_ids=prompt_ids,
+                                       finish_reason=g.finish_reason, prompt_ids=prompt_ids,
                                        segments=(Segment(role="model", text=g.text, token_ids=tuple(g.token_ids)),),
                                        outcome=outcome))
         cost = self.cost(first + second, waited)

@@ -420,6 +420,8 @@ def test_the_report_says_how_an_episode_went():
     assert verdict(won) == "success: return 1 in 2 turns (done)"
     lost = {"correct": False, "segments": seg[:1], "outcome": {"ret": -0.5, "ended": "max_turns"}}
     assert verdict(lost) == "no success: return -0.5 in 1 turn (max turns)"
+    noted = {"correct": True, "segments": seg[:1], "outcome": {"ret": 1.0, "ended": "done", "attempt": seg}}
+    assert verdict(noted) == "success after a reflection: return 1 in 2 turns (done)"
     broke = {"correct": None, "outcome": {"ret": None, "ended": "failed", "failure": "step raised:\nKeyError: 'x'"}}
     assert verdict(broke) == "the environment failed: KeyError: 'x'"
 

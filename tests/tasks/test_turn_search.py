@@ -275,7 +275,7 @@ class Reflector:
     say {i + 1}."; in an attempt given a reflection, says the number it names."""
 
     def __init__(self, tokenizer):
-        self.tokenizer, self.contexts = tokenizer, []
+        self.tokenizer, self.contexts, self.temperatures = tokenizer, [], []
 
     def generate_ids(self, contexts, params, seed):
         import re
@@ -283,6 +283,7 @@ class Reflector:
         out = []
         for ctx in contexts:
             self.contexts.append(list(ctx))
+            self.temperatures.append(params.temperature)
             text = self.tokenizer.decode(ctx)
             if text.rstrip().endswith("<|im_start|>assistant") and "did not succeed" in text.split("<|im_start|>user")[-1]:
                 said = [f"Next time say {i + 1}." for i in range(params.n)]
@@ -331,8 +332,10 @@ def test_a_failed_attempt_gets_reflections_and_each_its_own_second_attempt(tok):
             assert r.outcome.attempt[0].text == str(i + 1)
             assert (r.outcome.ret >= 1.0) == (i + 1 == secret) and r.outcome.ended in ("done", "max_turns")
     # the second attempt began anew, the reflection in its first message
-    firsts = [tok.decode(c) for c in engine.contexts if "last attempt: Next time say" in tok.decode(c)]
-    assert firsts and all(c.count("<|im_start|>user") == 1 for c in firsts if c.count("<|im_start|>assistant") == 1)
+    seconds = [(tok.decode(c), t) for c, t in zip(engine.contexts, engine.temperatures)
+               if "last attempt: Next time say" in tok.decode(c)]
+    assert seconds and not any("did not succeed" in c for c, _ in seconds)  # a conversation of its own
+    assert {t for _, t in seconds} == {0.0}  # decoded greedily: a return differs by its reflection alone
 
 
 def test_reflection_pairs_train_the_reflection_only(tok, tmp_path):
