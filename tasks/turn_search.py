@@ -146,7 +146,7 @@ def open_trees(trees: list[TurnTree], rollout: EnvironmentRollout, tokenizer) ->
     fresh = [t for t in trees if t.start is None and t.failure is None]
     for t, reply in zip(fresh, rollout.starts([t.source() for t in fresh]) if fresh else []):
         if reply.failure is not None:
-            t.failure, t.root.final = f"open: {reply.failure}", True
+            t.failure, t.root.final = reply.failure, True
         else:
             t.start = reply.observation or ""
             t.prompt_ids = list(first_ids(tokenizer, rollout.wrap(t.start)))

@@ -371,3 +371,25 @@ def test_a_plain_retry_is_the_baseline_and_reflection_settings_are_checked(tok):
     with pytest.raises(ConfigError, match=r"has no \{reflection\}"):
         config_from_dict({**base, "sample": {"max_tokens": 16, "rollout": {
             "kind": "reflection", "env": GUESS, "success": 0.5, "retry_template": "{observation}"}}})
+
+
+def test_an_environment_that_fails_costs_its_start_or_its_node_in_the_search(tok, tmp_path):
+    from tests.tasks.test_environments import HOSTILE
+
+    env = tmp_path / "hostile.py"
+    env.write_text(HOSTILE)
+    rollout = EnvironmentRollout(env=f"{env}:Env", max_turns=2, episode_tokens=64, step_s=2, max_failed_frac=0.5)
+    rows = [Prompt(id="a", prompt="a", fields={"seed": 1, "mode": "reset raises"}),
+            Prompt(id="b", prompt="b", fields={"seed": 2, "mode": "raises"}),
+            Prompt(id="c", prompt="c", fields={"seed": 3, "mode": "fine"})]
+    trees = [TurnTree(prompt_id=p.id, prompt=p.prompt, answer=None, fields=p.fields) for p in rows]
+    search_turns(trees, Chooser(tok), TurnMctsLabel(simulations=2, k=2), rollout, 8, seed=1, score=returns())
+    a, b, c = trees
+    assert "KeyError: 'no such level'" in a.failure and len(a.nodes) == 1  # nothing to search from a failed start
+    assert b.nodes[1:] and all(x.how == "failed" and "the board is on fire" in x.failure and x.value is None
+                               for x in b.nodes[1:])
+    assert c.nodes[1:] and all(x.value == 1.0 for x in c.nodes[1:])
+    with pytest.raises(EnvironmentFailedError, match="(?s)failed to start episode 'a': open raised.*no such level"):
+        search_turns([TurnTree(prompt_id=p.id, prompt=p.prompt, answer=None, fields=p.fields) for p in rows],
+                     Chooser(tok), TurnMctsLabel(simulations=1, k=2),
+                     rollout.model_copy(update={"max_failed_frac": 0.25}), 8, seed=1, score=returns())
