@@ -164,6 +164,7 @@ def turn_wave(trees: list[TurnTree], sampler, cfg: TurnMctsLabel, rollout: Envir
     new child's episode to its end (batched, replaying its path), score, back up. `score(rows)`
     takes the episodes' completions and returns [(value or None, correct or None)]."""
     from ratchet.models.sampler import SamplingParams
+    from ratchet.tasks.rollouts import turn_of, turn_params
 
     grow = [(t, x) for t in trees if (x := select(t, cfg.selection, cfg.c_explore, past_final=True)) is not None]
     if not grow:
@@ -174,15 +175,16 @@ def turn_wave(trees: list[TurnTree], sampler, cfg: TurnMctsLabel, rollout: Envir
         rooms.setdefault(min(turn_tokens, rollout.episode_tokens - (len(t.context(x)) - len(t.prompt_ids))),
                          []).append((t, x))
     new: list[tuple[TurnTree, Turn]] = []
+    tok = sampler.tokenizer
     for room, group in sorted(rooms.items()):
-        params = SamplingParams(n=cfg.k, max_tokens=room, **common)
+        params = turn_params(tok, SamplingParams(n=cfg.k, max_tokens=room, **common))
         gens = sampler.generate_ids([t.context(x) for t, x in group], params, seed=(seed + room) % (1 << 62))
         for (t, leaf), outs in zip(group, gens):
             merged: dict[tuple[int, ...], list] = {}
             for g in outs:
-                merged.setdefault(tuple(g.token_ids), []).append(g)
-            for ids, same in merged.items():
-                new.append((t, t.add_turn(leaf, same[0].text, list(ids), prior=len(same) / cfg.k,
+                merged.setdefault(turn_of(tok, g), []).append(g)
+            for (text, ids), same in merged.items():
+                new.append((t, t.add_turn(leaf, text, list(ids), prior=len(same) / cfg.k,
                                           spent=sum(len(g.token_ids) for g in same))))
     eps = [rollout.replay(t.source(), t.path_segments(x), [(y.obs, y.reward, y.done) for y in t.path(x)[1:-1]],
                           t.start) for t, x in new]

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ratchet.data.events import Shows
 from ratchet.data.records import Completion, Prompt
+from ratchet.models import prompt_format
 from ratchet.models.sampler import SamplingParams
 
 
@@ -112,3 +113,29 @@ def episode_checks(pipeline, kind: str, episode_tokens: int) -> list[str]:
                 f"sample.rollout.episode_tokens={episode_tokens} (the whole episode); raise episode_tokens or lower "
                 "sample.max_tokens"]
     return []
+
+
+def turn_params(tokenizer, params: SamplingParams) -> SamplingParams:
+    """`params` for one model turn: where the model reads a plain layout (a base model), the
+    turn also stops where the layout's next question would begin (`turn_of` cuts it off)."""
+    end = prompt_format.turn_end(tokenizer)
+    return params.model_copy(update={"stop": (*params.stop, end)}) if end and end not in params.stop else params
+
+
+def turn_of(tokenizer, g) -> tuple[str, tuple[int, ...]]:
+    """A generated turn's text and ids, cut before the plain layout's turn end where it ran into it."""
+    end = prompt_format.turn_end(tokenizer)
+    return before_end(tokenizer, g.token_ids, end) if end and g.stop == end else (g.text, tuple(g.token_ids))
+
+
+def before_end(tokenizer, ids: tuple[int, ...], end: str) -> tuple[str, tuple[int, ...]]:
+    """A turn that ran into the plain layout's turn end ("\nQuestion:", the next question a base
+    model writes itself): the ids before the token where the end begins, and their text. The
+    ids the model goes on to read are these, so the turn is what was trained on and read."""
+    def text(k: int) -> str:
+        return tokenizer.decode(ids[:k], skip_special_tokens=True)
+
+    at, k = text(len(ids)).find(end), len(ids)
+    while k and at >= 0 and len(text(k)) > at:
+        k -= 1
+    return text(k), tuple(ids[:k])

@@ -51,7 +51,7 @@ from ratchet.data.userfiles import UserFile
 from ratchet.models.sampler import SamplingParams
 from ratchet.tasks import environments
 from ratchet.tasks.environments import textarena
-from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, overlapped
+from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, overlapped, turn_of, turn_params
 
 GYMNASIUM = "ratchet.tasks.environments.gymnasium_game:GymnasiumEnv"
 REPLAY = ("A tree search over turns rebuilds a state by replaying its actions from reset(seed), and a second attempt "
@@ -450,11 +450,12 @@ class EnvironmentRollout(Rollout):
             if e.key not in keys:
                 rooms.setdefault(min(params.max_tokens, self.episode_tokens - e.used), []).append(e)
         acted = list(replayed)
+        tok = sampler.tokenizer
         for room, group in sorted(rooms.items()):
-            step = params.model_copy(update={"n": 1, "max_tokens": room})
+            step = turn_params(tok, params.model_copy(update={"n": 1, "max_tokens": room}))
             gens = sampler.generate_ids([e.context for e in group], step, seed=(seed + room) % (1 << 62))
             for e, (g,) in zip(group, gens):
-                e.add("model", g.text, g.token_ids)
+                e.add("model", *turn_of(tok, g))
                 e.generated += len(g.token_ids)
                 acted.append(e)
         return acted

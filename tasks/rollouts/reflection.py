@@ -36,7 +36,7 @@ from pydantic import Field, field_validator
 from ratchet.data.events import Figure, Shows
 from ratchet.data.records import Completion, Prompt, Segment
 from ratchet.models.sampler import SamplingParams
-from ratchet.tasks.rollouts import has_placeholder
+from ratchet.tasks.rollouts import has_placeholder, turn_of, turn_params
 from ratchet.tasks.rollouts.environment import _KEYS, EnvironmentRollout, _Episode, observation_ids
 
 REFLECT = ("That attempt did not succeed. In one or two sentences, say what went wrong and what you will do "
@@ -103,11 +103,11 @@ class ReflectionRollout(EnvironmentRollout):
         notes = [[None] * params.n for _ in failed]
         if failed and self.reflect:
             gens = sampler.generate_ids([list(e.context) + list(ids) for e, (_, ids) in zip(failed, asks)],
-                                        params.model_copy(update={"max_tokens": self.reflection_tokens}),
+                                        turn_params(tok, params.model_copy(update={"max_tokens": self.reflection_tokens})),
                                         seed=(seed * 7 + 1) % (1 << 62))
-            notes = [list(row) for row in gens]
-        second = [_Episode(e.prompt, i, next(_KEYS), expect_start=e.start, note=None if g is None else g.text.strip())
-                  for e, row in zip(failed, notes) for i, g in enumerate(row)]
+            notes = [[turn_of(tok, g) + (g,) for g in row] for row in gens]
+        second = [_Episode(e.prompt, i, next(_KEYS), expect_start=e.start, note=None if n is None else n[0].strip())
+                  for e, row in zip(failed, notes) for i, n in enumerate(row)]
         if second:
             retry = {"n": 1} if self.retry_temperature is None else {"n": 1, "temperature": self.retry_temperature}
             waited += self.play(sampler, second, params.model_copy(update=retry), seed + 1)
@@ -118,22 +118,23 @@ class ReflectionRollout(EnvironmentRollout):
             if e.key not in by_start:
                 rows += self.rows([e])
                 continue
-            (text, ids), row = by_start[e.key]
-            prompt_ids = (*e.context, *ids)
-            for g in row:
+            (_, asked), row = by_start[e.key]
+            prompt_ids = (*e.context, *asked)
+            for note in row:
                 a = next(after)
                 (episode,) = self.rows([a])
-                if g is None:  # a plain retry: the second attempt is the row
+                if note is None:  # a plain retry: the second attempt is the row
                     rows.append(episode)
                     continue
+                text, ids, g = note
                 outcome = episode.outcome.model_copy(update={"attempt": episode.segments})
                 rows.append(Completion(prompt_id=e.prompt.id, prompt=e.prompt.prompt, answer=e.prompt.answer,
-                                       fields=e.prompt.fields, index=a.index, text=g.text, n_tokens=len(g.token_ids),
+                                       fields=e.prompt.fields, index=a.index, text=text, n_tokens=len(g.token_ids),
                                        finish_reason=g.finish_reason, prompt_ids=prompt_ids,
-                                       segments=(Segment(role="model", text=g.text, token_ids=tuple(g.token_ids)),),
+                                       segments=(Segment(role="model", text=text, token_ids=ids),),
                                        outcome=outcome))
         cost = self.cost(first + second, waited)
-        cost["gen_tokens"] += sum(len(g.token_ids) for row in notes for g in row if g is not None)
+        cost["gen_tokens"] += sum(len(n[2].token_ids) for row in notes for n in row if n is not None)
         cost.update(starts=len(first), first_success=len(first) - len(failed) - sum(e.ended == "failed" for e in first),
                     retried=len(failed), retries=len(second),
                     retry_success=sum(a.ended != "failed" and self.ret(a) >= self.success for a in second))

@@ -48,7 +48,7 @@ from ratchet.data.events import Figure, Shows
 from ratchet.data.records import Completion, Prompt, Segment
 from ratchet.data.sandbox import SandboxSettings
 from ratchet.models.sampler import SamplingParams, chat_token_ids
-from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, overlapped
+from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, overlapped, turn_of, turn_params
 
 STOP = "\n```\n"  # a fence line: it closes a block (or opens a bare one)
 PYTHON = ("python", "py", "python3")
@@ -178,10 +178,11 @@ class ToolRollout(Rollout, SandboxSettings):
             rooms.setdefault(min(params.max_tokens, self.episode_tokens - e.used), []).append(e)
         calls: list[tuple[_Episode, str]] = []
         for room, group in sorted(rooms.items()):
-            step = params.model_copy(update={"n": 1, "max_tokens": room, "stop": (STOP,)})
+            step = turn_params(sampler.tokenizer, params.model_copy(update={"n": 1, "max_tokens": room,
+                                                                            "stop": (STOP,)}))
             gens = sampler.generate_ids([e.context for e in group], step, seed=(seed + room) % (1 << 62))
             for e, (g,) in zip(group, gens):
-                e.add("model", g.text, g.token_ids)
+                e.add("model", *turn_of(sampler.tokenizer, g))
                 e.generated += len(g.token_ids)
                 if g.stop != STOP:  # the end of its turn, or of its tokens
                     e.done, e.finish = True, g.finish_reason

@@ -123,6 +123,52 @@ def test_an_episode_records_every_turn_with_the_ids_the_engine_read(tok):
     assert Completion.model_validate_json(c.model_dump_json()) == c
 
 
+class Rambling(Scripted):
+    """A base model: turn k says script[k], then writes the next question itself and never an
+    end-of-sequence token; a stop string ends it as vLLM does (the string kept in text and ids)."""
+
+    def generate_ids(self, contexts, params, seed):
+        out = []
+        for ctx in contexts:
+            self.contexts.append(list(ctx))
+            turn = self.tokenizer.decode(ctx).count("\nAnswer:") - 1
+            said = self.script[min(turn, len(self.script) - 1)] + "\nQuestion: and what comes next?"
+            ids = self.tokenizer.encode(said, add_special_tokens=False)[: params.max_tokens]
+            hit = None
+            for k in range(1, len(ids) + 1):
+                if hit := next((s for s in params.stop if s in self.tokenizer.decode(ids[:k])), None):
+                    ids = ids[:k]
+                    break
+            out.append([Generation(self.tokenizer.decode(ids), len(ids), "stop" if hit else "length", hit,
+                                   tuple(ids))] * params.n)
+        return out
+
+
+def test_a_base_model_s_turn_ends_where_the_plain_layout_would_start_the_next(default_model):
+    """In the plain prompt format a model turn ends where the base model starts the next question
+    itself: the turn is cut before it, text and ids alike, and the next observation follows."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from ratchet.models.prompt_format import plain_template
+
+    plain = AutoTokenizer.from_pretrained(default_model)
+    plain.chat_template = plain_template("Question: {prompt}\nAnswer:")
+    engine = Rambling(plain, ["1", "2", "3", "4"])
+    ro = EnvironmentRollout(env=GUESS, args={"high": 4})
+    (c,), _ = ro.roll(engine, [start(0)], SamplingParams(n=1, temperature=1.0, max_tokens=32), 3)
+    secret = random.Random(0).randint(1, 4)
+    assert [s.text for s in c.segments if s.role == "model"] == ["1", "2", "3", "4"][:secret]
+    assert c.outcome.ended == "done" and c.outcome.rewards[-1] == 1.0
+    for k, ctx in enumerate(engine.contexts):  # what the engine read is the layout's conversation so far
+        assert ctx == [*c.prompt_ids, *(t for s in c.segments[: 2 * k] for t in s.token_ids)]
+        messages = [{"role": "user", "content": c.outcome.start}]
+        for j in range(k):
+            messages += [{"role": "assistant", "content": str(j + 1)}, {"role": "user", "content": "Higher."}]
+        assert plain.decode(ctx) == plain.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 def test_an_episode_is_bounded_by_its_turns_and_its_tokens(tok):
     never = ["0"]  # never the secret
     rows, _, _ = play(tok, never, EnvironmentRollout(env=GUESS, max_turns=3), [start(1)])
