@@ -167,6 +167,13 @@ def test_a_base_model_s_turn_ends_where_the_plain_layout_would_start_the_next(de
         for j in range(k):
             messages += [{"role": "assistant", "content": str(j + 1)}, {"role": "user", "content": "Higher."}]
         assert plain.decode(ctx) == plain.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    # a tool rollout's answer ends there too: no program, so the turn (and the episode) is over
+    from ratchet.tasks.rollouts.tool import ToolRollout
+
+    (t,), _ = ToolRollout().roll(Rambling(plain, ["The answer is 42."]), [start(0)],
+                                 SamplingParams(n=1, temperature=1.0, max_tokens=32), 3)
+    assert [(s.role, s.text) for s in t.segments] == [("model", "The answer is 42.")]
+    assert plain.decode(t.segments[0].token_ids) == "The answer is 42."
 
 
 def test_an_episode_is_bounded_by_its_turns_and_its_tokens(tok):
