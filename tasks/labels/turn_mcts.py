@@ -66,9 +66,10 @@ class TurnMctsLabel(Label):
 
     def checks(self, pipeline) -> list[str]:
         ro = pipeline.sample.rollout
-        if not ro.plays:
+        if ro.kind != "environment":
+            what = "plays its own attempts and reflections" if ro.plays else "plays none"
             return [f"label.kind='turn_mcts' searches over the turns of environment episodes, but sample.rollout.kind="
-                    f"{ro.kind!r} plays none; set sample.rollout: {{kind: environment, ...}} (or label.kind='mcts' "
+                    f"{ro.kind!r} {what}; set sample.rollout: {{kind: environment, ...}} (or label.kind='mcts' "
                     "for a search over the steps of one answer)"]
         if self.max_depth is not None and self.max_depth > ro.max_turns:
             return [f"label.max_depth={self.max_depth} is deeper than an episode's sample.rollout.max_turns="

@@ -208,6 +208,9 @@ def test_what_the_turn_search_needs_is_refused_before_any_model_loads():
     env = {"kind": "environment", "env": GUESS, "max_turns": 3, "episode_tokens": 128}
     with pytest.raises(ConfigError, match="label.kind='turn_mcts' searches over the turns of environment episodes"):
         config_from_dict({**base, "data": {"kind": "addition"}})
+    with pytest.raises(ConfigError, match="sample.rollout.kind='reflection' plays its own attempts and reflections"):
+        config_from_dict({**base, "sample": {"max_tokens": 16, "rollout": {**env, "kind": "reflection"}},
+                          "train": {"max_length": 1024}})
     with pytest.raises(ConfigError, match="label.max_depth=5 is deeper than an episode's sample.rollout.max_turns=3"):
         config_from_dict({**base, "label": {"kind": "turn_mcts", "max_depth": 5},
                           "sample": {"max_tokens": 16, "rollout": env}})
