@@ -170,6 +170,11 @@ class _Episode:
         self.used += len(ids)
         self.turns += role == "model"
 
+    @property
+    def ret(self) -> float:
+        """The return so far: every step's reward and the final reward."""
+        return sum(self.rewards) + (self.final or 0.0)
+
     def fail(self, op: str, why: str) -> None:
         self.ended, self.failure, self.waiting = "failed", f"{op}: {why}" if not why.startswith(op) else why, None
 
@@ -473,7 +478,7 @@ class EnvironmentRollout(Rollout):
     def rows(self, eps: list[_Episode]) -> list[Completion]:
         out = []
         for e in eps:
-            ret = None if e.ended == "failed" else sum(e.rewards) + (e.final or 0.0)
+            ret = None if e.ended == "failed" else e.ret
             outcome = Outcome(start=e.start, rewards=tuple(e.rewards), final=e.final, ret=ret, ended=e.ended,
                               failure=e.failure)
             out.append(Completion(prompt_id=e.prompt.id, prompt=e.prompt.prompt, answer=e.prompt.answer,
@@ -488,7 +493,7 @@ class EnvironmentRollout(Rollout):
                 "turns": sum(sum(s.role == "model" for s in e.segments) for e in eps),
                 "env_steps": sum(len(e.rewards) for e in eps), "env_failed": len(eps) - len(scored),
                 "env_done": sum(e.ended == "done" for e in eps),
-                "return_sum": sum(sum(e.rewards) + (e.final or 0.0) for e in scored), "env_wait_s": waited}
+                "return_sum": sum(e.ret for e in scored), "env_wait_s": waited}
 
     def metrics(self, cost: dict[str, float]) -> dict[str, float]:
         n = max(cost.get("episodes", 0), 1)

@@ -98,7 +98,7 @@ class ReflectionRollout(EnvironmentRollout):
         first = [_Episode(p, 0, next(_KEYS)) for p in prompts]
         waited = self.play(sampler, first, params.model_copy(update={"n": 1}), seed)
         self.settle(first)
-        failed = [e for e in first if e.ended != "failed" and self.ret(e) < self.success]
+        failed = [e for e in first if e.ended != "failed" and e.ret < self.success]
         asks = [self.request(tok, e) for e in failed]
         notes = [[None] * params.n for _ in failed]
         if failed and self.reflect:
@@ -137,12 +137,8 @@ class ReflectionRollout(EnvironmentRollout):
         cost["gen_tokens"] += sum(len(n[2].token_ids) for row in notes for n in row if n is not None)
         cost.update(starts=len(first), first_success=len(first) - len(failed) - sum(e.ended == "failed" for e in first),
                     retried=len(failed), retries=len(second),
-                    retry_success=sum(a.ended != "failed" and self.ret(a) >= self.success for a in second))
+                    retry_success=sum(a.ended != "failed" and a.ret >= self.success for a in second))
         return rows, cost
-
-    @staticmethod
-    def ret(e: _Episode) -> float:
-        return sum(e.rewards) + (e.final or 0.0)
 
     def request(self, tok, e: _Episode) -> tuple[str, tuple[int, ...]]:
         """The user turn that asks for a reflection on a failed attempt: its last observation (the

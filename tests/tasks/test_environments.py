@@ -360,24 +360,32 @@ def test_textarena_games_that_cannot_run_here_are_refused_with_the_reason():
 
 
 @pytest.mark.integration
+def episode_store(tmp_path, tiny_model, train: int, held_out: int):
+    """A store with seeded starts (success: a return of 0.5) and the tiny model as base, for the
+    HF engine: (sampler settings, store, source, prompts stage, base stage)."""
+    from ratchet.data.prompts import EpisodesSource
+    from ratchet.data.store import ArtifactStore
+    from ratchet.tasks import prepare
+
+    store = ArtifactStore(tmp_path)
+    src = EpisodesSource(train_size=train, eval_size=held_out, check={"kind": "return", "success": 0.5})
+    pm, _ = prepare.prompts(store, src, seed=0, sources={})
+    base, _ = prepare.base_model(store, "tiny", tiny_model)
+    return SamplerConfig(backend="hf", dtype="float32"), store, src, pm, base
+
+
 def test_episodes_flow_through_every_stage_on_a_real_engine(tiny_model, tmp_path):
     """The tiny random model (HF generate) plays the guessing game through sample, label (the
     verifier reads the return), the RFT filter and evaluate: the held-out accuracy is the success
     rate on held-out seeds, the mean return and turns per episode beside it."""
-    from ratchet.data.prompts import EpisodesSource
     from ratchet.data.records import LabeledCompletion
-    from ratchet.data.store import ArtifactStore
-    from ratchet.tasks import evaluate, label, prepare, sample
+    from ratchet.tasks import evaluate, label, sample
     from ratchet.tasks.evaluate import EvaluateConfig
     from ratchet.tasks.filters.rft import RFTFilter, accept
     from ratchet.tasks.label import VerifierLabel
     from ratchet.tasks.sample import SampleConfig
 
-    hf = SamplerConfig(backend="hf", dtype="float32")
-    store = ArtifactStore(tmp_path)
-    src = EpisodesSource(train_size=4, eval_size=3, check={"kind": "return", "success": 0.5})
-    pm, _ = prepare.prompts(store, src, seed=0, sources={})
-    base, _ = prepare.base_model(store, "tiny", tiny_model)
+    hf, store, src, pm, base = episode_store(tmp_path, tiny_model, train=4, held_out=3)
     game = EnvironmentRollout(env=GUESS, args={"high": 3}, max_turns=3, episode_tokens=48)
     s, _ = sample.sample(store, base, pm, SampleConfig(n=2, max_tokens=6, shard_size=2, rollout=game), hf, seed=1,
                          round=1, isolate=False)

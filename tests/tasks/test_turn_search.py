@@ -229,18 +229,14 @@ def test_the_turn_search_stage_runs_on_a_real_engine_and_feeds_dpo(tiny_model, t
     """The tiny random model (HF generate) searches the guessing game's turns in the label stage:
     its trees, every episode as a labeled row (the return its reward), turn pairs from the
     step_pairs filter that the DPO trainer reads with the path as the prompt."""
-    from ratchet.data.prompts import EpisodesSource
     from ratchet.data.records import LabeledCompletion, read_jsonl
-    from ratchet.data.store import ArtifactStore
-    from ratchet.tasks import label, prepare
+    from ratchet.tasks import label
     from ratchet.tasks.filter import filter_rows
     from ratchet.tasks.filters.step_pairs import StepPairFilter
 
-    hf = SamplerConfig(backend="hf", dtype="float32")
-    store = ArtifactStore(tmp_path)
-    src = EpisodesSource(train_size=3, eval_size=1, check={"kind": "return", "success": 0.5})
-    pm, _ = prepare.prompts(store, src, seed=0, sources={})
-    base, _ = prepare.base_model(store, "tiny", tiny_model)
+    from tests.tasks.test_environments import episode_store
+
+    hf, store, src, pm, base = episode_store(tmp_path, tiny_model, train=3, held_out=1)
     game = EnvironmentRollout(env=GUESS, args={"high": 3}, max_turns=3, episode_tokens=48)
     cfg = TurnMctsLabel(simulations=3, k=2, temperature=1.5, shard_size=2)
     lab, _ = label.label(store, pm, cfg, src, round=1, policy=base, sampler=hf, seed=1, isolate=False, rollout=game,
