@@ -539,6 +539,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if type(e).__name__ == "ConfigError" else 1
 
 
+def _send_prefect_logs() -> None:
+    """Send the run's last log lines to Prefect while its server still serves. The exit handlers
+    stop the temporary server first (registered last, run first) and then flush Prefect's log
+    handler, which waits its full 5 s for a server that is gone and loses those lines."""
+    if "prefect.logging.handlers" in sys.modules:
+        from prefect.logging.handlers import APILogWorker
+
+        with contextlib.suppress(Exception):
+            APILogWorker.drain_all(timeout=5)
+
+
 def entry() -> None:
     """The `ratchet` command: main, then the process ends without the interpreter's teardown.
     Every exit handler runs and every stream is flushed first; what is skipped is the freeing of
@@ -554,6 +565,7 @@ def entry() -> None:
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
         if not isinstance(e.code, int) and e.code is not None:
             print(e.code, file=sys.stderr)
+    _send_prefect_logs()
     for t in threading.enumerate():  # as the interpreter would: a non-daemon thread is waited for
         if t is not threading.current_thread() and not t.daemon:
             t.join()
