@@ -34,10 +34,10 @@ demo: setup
 	$(BIN)/ratchet run flows/configs/default.yaml
 
 test: setup
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not integration"
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not integration"
 
 bench: setup
 	$(BIN)/python bench/sample_bench.py

@@ -96,20 +96,35 @@ def ray_cluster():
         c.shutdown()
 
 
-# For `pytest -n 2 --dist loadgroup` (pytest-xdist; `make test` runs one test at a time, since on two
-# cores the heavy flow tests then only share them: docs/development.md). A module's tests
-# stay on one worker, so its module-scoped fixtures (a server, a reference run) are made once. The
-# modules that run vLLM on the default model share one worker: two vLLM engines on two cores spin
-# on each other's threads. So do the two Ray modules, which each start a cluster.
-SHARED_WORKER = {
-    "vllm": ("tests/flows/test_pipeline.py", "tests/flows/test_served_round.py", "tests/models/test_warm.py",
-             "tests/models/test_models.py", "tests/tasks/test_judge_attacks.py"),
-    "ray": ("tests/flows/test_ray_round.py", "tests/tasks/test_ray.py"),
-}
+# `make test` runs `pytest -n 2 --dist loadgroup` (pytest-xdist; docs/development.md). The tests that
+# keep both cores busy by themselves (a vLLM engine on the default model, two engine holders, a run on
+# a Ray cluster) are one group, run one at a time on one worker; every other module is a group of its
+# own, which the other worker takes one after another beside them. (xdist hands out the groups with
+# the most tests first, so that group starts at once.) Two such tests at once would only share the
+# cores (two vLLM engines, or torch's threads in two runs, spin on each other's), where the rest, most
+# of it one process at a time or a run on the tiny model, leaves a core idle while processes start
+# and wait. A module's tests stay on one worker, so its module-scoped fixtures (a server, a reference
+# run) are made once.
+BOTH_CORES = ("tests/flows/test_faults.py", "tests/flows/test_pipeline.py", "tests/flows/test_served_round.py",
+              "tests/flows/test_ray_round.py", "tests/models/test_warm.py", "tests/models/test_models.py",
+              "tests/tasks/test_judge_attacks.py")
 
 
-def pytest_collection_modifyitems(config, items):
-    group_of = {m: g for g, modules in SHARED_WORKER.items() for m in modules}
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group_of.get(module, module)))
+def group_of(nodeid: str) -> str:
+    module = nodeid.split("::")[0]
+    return "both-cores" if module in BOTH_CORES else module
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's; a machine without it runs the tests in one process
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` with the groups above. (pytest-xdist's own groups, `xdist_group` marks, are
+    lost under pytest 9, which no longer lets a plugin rename a test's node id.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return Groups(config, log)

@@ -341,7 +341,7 @@ def test_two_processes_never_both_take_over_a_stale_lease_on_a_database_registry
     t = Tracker(TrackingConfig(uri=uri, model_name="shared"), tmp_path / "work", "t")
     ctx = mp.get_context("spawn")  # fresh interpreters: a fork of this threaded process can inherit a held lock
     barrier = ctx.Barrier(3)
-    racers = [ctx.Process(target=_lease_racer, args=(uri, str(tmp_path / f"w{i}"), log, barrier, rounds, 5.0))
+    racers = [ctx.Process(target=_lease_racer, args=(uri, str(tmp_path / f"w{i}"), log, barrier, rounds, 30.0))
               for i in range(2)]
     for p in racers:
         p.start()
