@@ -160,7 +160,6 @@ def _execute(cfg, start_from: str | None = None, verbose: bool = False) -> int:
     split = check_inputs(cfg)  # before anything is written: bad data leaves no workdir behind
     workdir = Path(cfg.workdir).resolve()
     _prepare_env(workdir)
-    prefect_server = _started_meanwhile(_ephemeral_server_dies_with_us())
     failpoints.orchestrator()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     if verbose:
@@ -169,6 +168,7 @@ def _execute(cfg, start_from: str | None = None, verbose: bool = False) -> int:
     else:
         run_log = workdir / "logs" / f"{stamp}-{os.getpid()}.log"
         out, err = redirect_output(run_log)
+    prefect_server = _started_meanwhile(_ephemeral_server_dies_with_us())  # what it says goes to the log
     from ratchet.flows.pipeline import execute, helpers, name_helper_logs
     from ratchet.flows.runs import start
     from ratchet.flows.tracking import redact
