@@ -116,8 +116,7 @@ def test_serve_continues_from_the_champion(tiny_model, tmp_path, prefect_server)
     serve_log = open(tmp_path / "serve.log", "w")
     serve = subprocess.Popen([sys.executable, "-m", "ratchet.flows.cli", "serve", str(CONFIG), *ov, "--cron", CRON],
                              cwd=ROOT, env={**os.environ, "PREFECT_API_URL": url, "PREFECT_RUNNER_POLL_FREQUENCY": "1"},
-                             stdout=serve_log,
-                             stderr=subprocess.STDOUT, start_new_session=True)
+                             stdout=serve_log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         dep = _wait_deployment(url, f"ratchet-continue/{cfg.name}", serve)
         assert [s.schedule.cron for s in dep.schedules] == [CRON] and all(s.active for s in dep.schedules)

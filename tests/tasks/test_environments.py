@@ -359,7 +359,6 @@ def test_textarena_games_that_cannot_run_here_are_refused_with_the_reason():
     assert "could not start" in p
 
 
-@pytest.mark.integration
 def episode_store(tmp_path, tiny_model, train: int, held_out: int):
     """A store with seeded starts (success: a return of 0.5) and the tiny model as base, for the
     HF engine: (sampler settings, store, source, prompts stage, base stage)."""
@@ -374,6 +373,7 @@ def episode_store(tmp_path, tiny_model, train: int, held_out: int):
     return SamplerConfig(backend="hf", dtype="float32"), store, src, pm, base
 
 
+@pytest.mark.integration
 def test_episodes_flow_through_every_stage_on_a_real_engine(tiny_model, tmp_path):
     """The tiny random model (HF generate) plays the guessing game through sample, label (the
     verifier reads the return), the RFT filter and evaluate: the held-out accuracy is the success
