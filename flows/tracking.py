@@ -260,12 +260,69 @@ def _tombstone(lease: str, holder: str) -> str:
     return f"{lease}.gone-{_token(holder)}"
 
 
+def _sqlite_path(uri: str) -> Path | None:
+    """The file of a plain local SQLite store URI (no query string), else None."""
+    if not uri.startswith("sqlite:///") or "?" in uri:
+        return None
+    return Path(uri[len("sqlite:///"):])
+
+
+def _fresh_sqlite_store(db: Path) -> None:
+    """A new local SQLite store starts as a copy of an empty one that MLflow's own migrations
+    built, once per MLflow version and schema revision, in the user cache: creating a store runs
+    MLflow's ~60 schema migrations, 3 s of every new workdir's start on 2 cores, to reach the
+    same tables each time. The copy holds tables only (MLflow adds its default experiment, with
+    this store's artifact root, when it opens it) and appears whole or not at all (a hard link
+    that fails if a store is already there), so runs racing to a new shared store open one
+    store. Where anything of this fails, MLflow creates the store itself, as without it."""
+    if db.exists():
+        return
+    try:
+        import mlflow
+        from mlflow.store.db.utils import _get_latest_schema_revision, _initialize_tables, _verify_schema
+        from mlflow.store.db.utils import create_sqlalchemy_engine_with_retry as engine_for
+
+        from ratchet.models.default_model import default_cache_dir
+
+        cache = default_cache_dir() / "mlflow-schema"
+        template = cache / f"empty-{mlflow.__version__}-{_get_latest_schema_revision()}.db"
+        if not template.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=cache, suffix=".db.tmp")
+            os.close(fd)
+            os.unlink(tmp)  # SQLite creates it
+            engine = engine_for(f"sqlite:///{tmp}")
+            try:
+                _initialize_tables(engine)
+                _verify_schema(engine)
+            finally:
+                engine.dispose()
+            os.replace(tmp, template)
+        db.parent.mkdir(parents=True, exist_ok=True)
+        tmp = db.with_name(f".{db.name}.{uuid.uuid4().hex[:8]}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the mode MLflow's own file gets
+        try:
+            with os.fdopen(fd, "wb") as out, open(template, "rb") as src:
+                import shutil
+
+                shutil.copyfileobj(src, out)
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, db)
+        finally:
+            os.unlink(tmp)
+    except Exception as e:  # noqa: BLE001 - MLflow's own start-up creates the store, as it would anyway
+        logging.getLogger("ratchet").info("no copy of an empty MLflow store for %s (%s: %s); MLflow creates it",
+                                          db, type(e).__name__, e)
+
+
 class Tracker:
     def __init__(self, cfg: TrackingConfig, workdir: Path, name: str):
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         from mlflow.tracking import MlflowClient
 
         self.uri = cfg.uri or f"sqlite:///{workdir / 'mlflow.db'}"
+        if (db := _sqlite_path(self.uri)) is not None:
+            _fresh_sqlite_store(db)
         self.client = RetryingClient(MlflowClient(tracking_uri=self.uri, registry_uri=self.uri))
         # the gate's lease lives in the registry unless a file lock beside a local SQLite store spans every workdir
         self.lease_in_registry = not self.uri.startswith("sqlite:///")

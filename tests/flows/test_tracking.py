@@ -1,5 +1,6 @@
 """The registry never disagrees with the store: retries, locks, the champion gate, redaction."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -384,3 +385,32 @@ def test_two_processes_never_both_take_over_a_stale_lease_on_a_database_registry
     done.set()
     th.join(300)
     assert "shared.gate-lease" not in {m.name for m in t.client.search_registered_models()}
+
+
+def _schema(db: Path) -> tuple[list[str], list]:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(db)) as c:
+        return (sorted(r[0] or "" for r in c.execute("SELECT sql FROM sqlite_master")),
+                list(c.execute("SELECT version_num FROM alembic_version")))
+
+
+def test_a_new_sqlite_store_is_a_copy_of_the_schema_mlflows_migrations_built(tmp_path, monkeypatch):
+    """The first new store builds the cached empty one with MLflow's migrations; the next is a
+    copy of it: the same tables and schema revision as a store MLflow creates itself, its default
+    experiment added by MLflow as in its own, and an existing store untouched."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("RATCHET_CACHE", str(tmp_path / "cache"))
+    first, second = Tracker(TrackingConfig(), tmp_path / "a", "t"), Tracker(TrackingConfig(), tmp_path / "b", "t")
+    [template] = (tmp_path / "cache" / "mlflow-schema").iterdir()
+    own = MlflowClient(f"sqlite:///{tmp_path / 'own.db'}")  # MLflow's migrations, not the copy
+    defaults = [(e.name, e.artifact_location) for e in own.search_experiments()]
+    assert _schema(tmp_path / "b" / "mlflow.db") == _schema(template) == _schema(tmp_path / "own.db")
+    assert [(e.name, e.artifact_location) for e in second.client.search_experiments(filter_string="name = 'Default'")] \
+        == defaults
+    assert first.client.get_experiment_by_name("ratchet-t").experiment_id == "1"
+    assert [p.name for p in (tmp_path / "b").iterdir() if p.name.endswith(".tmp")] == []
+    before = (tmp_path / "a" / "mlflow.db").read_bytes()
+    tracking._fresh_sqlite_store(tmp_path / "a" / "mlflow.db")
+    assert (tmp_path / "a" / "mlflow.db").read_bytes() == before
