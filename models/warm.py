@@ -264,15 +264,17 @@ class _Engines:
             gc.collect()
 
 
-def serve(path: str, preload: str) -> int:
-    """The engine process's main: answer one stage worker at a time until the run ends it."""
+def serve(path: str, preload: str, key: bytes | None = None) -> int:
+    """The engine process's main: answer one stage worker at a time until the run ends it. The
+    key comes on stdin (a process of its own) or as `key` (a child of the run's fork server)."""
     from multiprocessing.connection import Listener
 
     from ratchet.data.lifetime import die_with_parent
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     die_with_parent()
-    key = bytes.fromhex(sys.stdin.readline().strip())
+    if key is None:
+        key = bytes.fromhex(sys.stdin.readline().strip())
     listener = Listener(path, family="AF_UNIX")  # the key is checked by _accept, under a time bound
     # the import is most of a start; done while the run prepares its first stage
     if preload == "vllm":
@@ -363,13 +365,21 @@ def _answer(engines: _Engines, conn) -> bool:
 # the run's side ---------------------------------------------------------------------------------
 
 class WarmEngine:
-    """The engine process of one run, which dies with the run (started from a thread that lives
-    as long as the run: data/lifetime.Spawner) and is restarted if it dies between stages."""
+    """The engine process of one run, which dies with the run and is restarted if it dies between
+    stages. Where the run has a fork server (tasks/forkserver.py), the engine is forked from it
+    once it has imported torch and transformers, which the engine would otherwise import again
+    beside it (5-6 s of CPU on 2 cores, at the busiest moment of a run's start); elsewhere, or
+    if the server does not fork it, it is a process of its own, started from a thread that lives
+    as long as the run (data/lifetime.Spawner)."""
+
+    AFTER = ("torch", "transformers", "peft")  # imported by the fork server before it forks the engine (peft: the
+    # modeling code the engine loads models with)
+    LISTEN_S = 180.0  # how long a worker waits for the engine's socket (the fork server's imports first)
 
     def __init__(self, log_path: Path, preload: str):
         self.log_path, self.preload = Path(log_path), preload
         self.dir = Path(tempfile.mkdtemp(prefix="ratchet-engine-"))  # 0700: the socket is the run's alone
-        self.proc: subprocess.Popen | None = None
+        self.proc: Any = None  # a subprocess.Popen, or a forkserver.Forked
         self.key = b""
         self.lock = threading.Lock()
         self.starts = 0
@@ -379,10 +389,18 @@ class WarmEngine:
     def path(self) -> str:
         return str(self.dir / f"engine-{self.starts}.sock")
 
-    def start(self) -> None:
+    def start(self, forked: bool = True) -> None:
+        """Start the engine process; it listens a moment later (see `_listening`)."""
+        from ratchet.tasks import forkserver
+
         self.starts += 1
         self.key = secrets.token_bytes(32)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        server = forkserver.current() if forked else None
+        self.proc = server and server.spawn(
+            {"engine": {"path": self.path, "preload": self.preload, "key": self.key.hex()}}, self.log_path, self.AFTER)
+        if self.proc is not None:
+            return
         out = open(self.log_path, "ab")
         try:
             self.proc = self.spawner.popen([sys.executable, "-c", SERVE, self.path, self.preload],
@@ -391,19 +409,32 @@ class WarmEngine:
             out.close()
         self.proc.stdin.write(self.key.hex().encode() + b"\n")
         self.proc.stdin.close()
-        deadline = time.time() + 60
+
+    def _listening(self) -> bool:
+        """Wait until the engine listens (a worker must never find no socket); False if its
+        process ended first or it does not in LISTEN_S."""
+        deadline = time.time() + self.LISTEN_S
         while not os.path.exists(self.path) and self.proc.poll() is None and time.time() < deadline:
-            time.sleep(0.02)  # listening takes a fraction of a second; a worker must never find no socket
+            time.sleep(0.02)  # listening takes a fraction of a second once the process runs
+        return os.path.exists(self.path)
 
     def env(self) -> dict[str, str]:
         """The variable a stage worker finds its warm engine by; a dead engine process is replaced
         first (an engine error ends it, and the stage that saw it failed)."""
         with self.lock:
+            refused = None  # why the fork server did not fork it
             if self.proc is None or self.proc.poll() is not None:
-                if self.proc is not None:
+                refused = getattr(self.proc, "refused", None)
+                if self.proc is not None and refused is None:
                     log.warning("the warm engine (pid %s) exited with code %s; starting another", self.proc.pid,
                                 self.proc.returncode)
-                self.start()
+                self.start(forked=refused is None)
+            if not self._listening() and getattr(self.proc, "refused", None) is not None:
+                refused = self.proc.refused
+                self.start(forked=False)
+                self._listening()
+            if refused is not None:
+                log.info("the fork server did not fork the warm engine (%s); it runs on its own", refused)
             return {ENV: f"{self.path}|{self.key.hex()}"}
 
     def rename_log(self, path: Path) -> None:
@@ -446,7 +477,8 @@ def for_run(enabled: bool, log_path: Path, preload: str):
         return
     _CURRENT = w = WarmEngine(log_path, preload)
     try:
-        w.env()  # start it now: its imports overlap with the run's first stages
+        with w.lock:
+            w.start()  # now: its imports overlap with the run's first stages, which wait for it in `env`
         yield w
     finally:
         _CURRENT = None

@@ -88,6 +88,10 @@ def _child(req: dict) -> int:
     os.chdir(req["cwd"])
     if req.get("call"):
         return _call(Path(req["spec"]))
+    if (engine := req.get("engine")) is not None:  # the run's warm engine (models/warm.py), for the run's length
+        from ratchet.models.warm import serve as serve_engine
+
+        return serve_engine(engine["path"], engine["preload"], bytes.fromhex(engine["key"]))
     from ratchet.tasks.stage import worker
 
     return worker(req["spec"])
@@ -160,7 +164,10 @@ def call(target: str, *args):
 
 def serve() -> int:
     """The fork server's main: read requests (one JSON line each) on stdin, fork a worker for
-    each, and write each worker's pid and then its exit code (JSON lines) on stdout."""
+    each, and write each worker's pid and then its exit code (JSON lines) on stdout. A request
+    that names modules in `after` waits until they are imported (a child that will import them
+    anyway gains nothing from an earlier fork); `{"signal": id, "sig": n}` signals that request's
+    child, or drops it while it waits."""
     from ratchet.data.lifetime import die_with_parent
 
     global _REPLIES
@@ -169,7 +176,42 @@ def serve() -> int:
     os.dup2(2, 1)  # what a library prints goes to the log, never into the replies
     started, pending = time.time(), list(PRELOAD)
     children: dict[int, str] = {}
+    deferred: list[dict] = []
     buf = b""
+
+    def fork(req: dict) -> None:
+        if (why := _unsafe()) is not None:
+            out.write(json.dumps({"id": req["id"], "refused": why}) + "\n")
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _child(req)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+            except BaseException:  # noqa: BLE001 - its traceback is in the stage's log
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(code)
+        children[pid] = req["id"]
+        out.write(json.dumps({"id": req["id"], "pid": pid}) + "\n")
+
+    def signal_child(rid: str, sig: int) -> None:
+        for req in [r for r in deferred if r["id"] == rid]:
+            deferred.remove(req)
+            out.write(json.dumps({"id": rid, "exit": -sig}) + "\n")
+        for pid in [p for p, r in children.items() if r == rid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
     while True:
         # Imports go one module at a time between requests: a stage that comes before they are
         # all done is forked at once and imports the rest itself, as a cold worker would.
@@ -180,6 +222,9 @@ def serve() -> int:
                 print(f"fork server: imported {len(PRELOAD)} modules in {time.time() - started:.1f} s",
                       file=sys.stderr, flush=True)
                 out.write(json.dumps({"ready": _threads()}) + "\n")
+        for req in [r for r in deferred if not set(r["after"]) & set(pending)]:
+            deferred.remove(req)
+            fork(req)
         if ready:
             chunk = os.read(0, 65536)
             if not chunk:  # the run closed its end: it is over. Nothing is left to flush or close,
@@ -191,29 +236,12 @@ def serve() -> int:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 req = json.loads(line)
-                if (why := _unsafe()) is not None:
-                    out.write(json.dumps({"id": req["id"], "refused": why}) + "\n")
-                    continue
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    code = 1
-                    try:
-                        code = _child(req)
-                    except SystemExit as e:
-                        code = e.code if isinstance(e.code, int) else 1
-                    except BaseException:  # noqa: BLE001 - its traceback is in the stage's log
-                        import traceback
-
-                        traceback.print_exc()
-                    finally:
-                        with contextlib.suppress(Exception):
-                            sys.stdout.flush()
-                            sys.stderr.flush()
-                        os._exit(code)
-                children[pid] = req["id"]
-                out.write(json.dumps({"id": req["id"], "pid": pid}) + "\n")
+                if "signal" in req:
+                    signal_child(req["signal"], req["sig"])
+                elif set(req.get("after", ())) & set(pending):
+                    deferred.append(req)
+                else:
+                    fork(req)
         while children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -268,7 +296,8 @@ class ForkServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def run(self, spec: Path, stage_log: Path, extra_env: dict[str, str], call: bool = False) -> int | None:
+    def _request(self, log_path: Path, extra_env: dict[str, str], **fields) -> str | None:
+        """Send a request for a child; its id, or None if the server cannot be asked."""
         with self.lock:
             if not self.alive():
                 if self.proc is not None:
@@ -279,13 +308,32 @@ class ForkServer:
             rid = str(self.n)
             with self.cond:
                 self.waiting[rid] = {}
-            req = {"id": rid, "spec": str(spec), "log": str(stage_log), "cwd": os.getcwd(),
-                   "env": {**os.environ, **extra_env}, "call": call}
-            try:
-                self.proc.stdin.write(json.dumps(req).encode() + b"\n")
-                self.proc.stdin.flush()
-            except OSError:
+            req = {"id": rid, "log": str(log_path), "cwd": os.getcwd(), "env": {**os.environ, **extra_env}, **fields}
+            if not self._send(req):
+                with self.cond:
+                    self.waiting.pop(rid, None)
                 return None
+            return rid
+
+    def _send(self, msg: dict) -> bool:
+        try:
+            self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+            self.proc.stdin.flush()
+            return True
+        except (OSError, ValueError):  # the server is gone, or stopped (its input closed)
+            return False
+
+    def spawn(self, fields: dict, log_path: Path, after: tuple[str, ...] = ()) -> Forked | None:
+        """A long-lived child (the run's warm engine: `fields` = {"engine": ...}), forked once
+        the server has imported `after`; returned at once, as a handle. None if the server cannot
+        be asked (the caller starts the process itself)."""
+        rid = self._request(log_path, {}, after=list(after), **fields)
+        return None if rid is None else Forked(self, rid)
+
+    def run(self, spec: Path, stage_log: Path, extra_env: dict[str, str], call: bool = False) -> int | None:
+        rid = self._request(stage_log, extra_env, spec=str(spec), call=call)
+        if rid is None:
+            return None
         with self.cond:
             self.cond.wait_for(lambda: {"exit", "refused", "lost"} & self.waiting[rid].keys())
             msg = self.waiting.pop(rid)
@@ -310,6 +358,61 @@ class ForkServer:
             end(self.proc, ask=lambda p: p.stdin.close())  # its input closed, the server returns
             self.proc = None
         self.spawner.close()
+
+
+class Forked:
+    """A long-lived child of the fork server, with as much of `subprocess.Popen` as the run's
+    helpers use (`pid`, `poll`, `wait`, `terminate`, `kill`). `refused` says why the server did
+    not fork it (its threads, a lost server): the caller then starts the process itself. Signals
+    go through the server, which reaps the child, so a pid is never signalled after its reuse."""
+
+    def __init__(self, server: ForkServer, rid: str):
+        self.server, self.rid = server, rid
+        self.returncode: int | None = None
+        self.refused: str | None = None
+
+    def _msg(self) -> dict:
+        with self.server.cond:
+            return dict(self.server.waiting.get(self.rid, {}))
+
+    @property
+    def pid(self) -> int | None:
+        return self._msg().get("pid")
+
+    def _done(self, m: dict) -> bool:
+        return bool({"exit", "refused", "lost"} & m.keys())
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            m = self._msg()
+            if "refused" in m:
+                self.refused, self.returncode = m["refused"], -1
+            elif "exit" in m:
+                self.returncode = m["exit"]
+            elif "lost" in m:  # the server died, and its children with it
+                self.refused = None if "pid" in m else "the fork server died first"
+                self.returncode = -signal.SIGKILL
+            if self.returncode is not None:
+                with self.server.cond:
+                    self.server.waiting.pop(self.rid, None)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self.server.cond:
+            if not self.server.cond.wait_for(lambda: self.returncode is not None
+                                             or self._done(self.server.waiting.get(self.rid, {})), timeout):
+                raise subprocess.TimeoutExpired(f"fork server child {self.rid}", timeout)
+        return self.poll()
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None and not self.server._send({"signal": self.rid, "sig": int(sig)}):
+            self.returncode = -signal.SIGKILL  # no server: its children died with it
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 _CURRENT: ForkServer | None = None

@@ -2,6 +2,7 @@
 swapped in place, answering exactly as an engine of the stage's own would."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -144,6 +145,81 @@ def test_only_the_local_executor_s_own_engine_is_lent(tiny_model, engine):
         lent = w.open()
     assert isinstance(lent, warm.WarmSampler)
     lent.close()
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _gone(pid: int, within: float = 30.0) -> bool:
+    import os
+    import time
+
+    deadline = time.time() + within
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_in_a_run_with_a_fork_server_the_engine_is_forked_from_it(tiny_model, tmp_path, monkeypatch):
+    """The engine is a child of the run's fork server, forked once the server has imported what
+    it loads models with; it answers as a cold engine, a killed one is forked again, and it ends
+    with the run. A run that ends before the fork drops the request: nothing is left behind."""
+    import os
+    import signal
+
+    from ratchet.tasks import forkserver
+
+    cfg = SamplerConfig(backend="hf", dtype="float32")
+    cold = _cold(tiny_model, cfg, 0)
+    with forkserver.for_run(True, tmp_path / "early.log"):
+        with warm.for_run(True, tmp_path / "early-engine.log", "hf") as w:
+            early = w.proc
+        assert early.returncode == -signal.SIGTERM and (early.pid is None or _gone(early.pid))
+    with forkserver.for_run(True, tmp_path / "forkserver.log") as server, \
+            warm.for_run(True, tmp_path / "engine.log", "hf") as w:
+        assert isinstance(w.proc, forkserver.Forked)
+        borrow(w, monkeypatch)
+        assert _lent(tiny_model, cfg, seed=0) == ("opened", cold)
+        first = w.proc.pid
+        assert _ppid(first) == server.proc.pid
+        os.kill(first, signal.SIGKILL)
+        w.proc.wait(timeout=30)
+        borrow(w, monkeypatch)  # the next stage's worker: the engine is forked again
+        assert _lent(tiny_model, cfg, seed=0) == ("opened", cold)
+        second = w.proc.pid
+        assert second != first and _ppid(second) == server.proc.pid
+    assert _gone(second)
+
+
+def test_an_engine_the_fork_server_does_not_fork_runs_in_a_process_of_its_own(tiny_model, tmp_path, monkeypatch,
+                                                                                caplog):
+    import logging
+    import subprocess
+
+    from ratchet.tasks import forkserver
+
+    class Refused:
+        pid, returncode, refused = None, -1, "2 threads"
+
+        def poll(self):
+            return self.returncode
+
+    class Server:
+        def spawn(self, *args, **kwargs):
+            return Refused()
+
+    monkeypatch.setattr(forkserver, "current", lambda: Server())
+    cfg = SamplerConfig(backend="hf", dtype="float32")
+    with caplog.at_level(logging.INFO, logger="ratchet"), warm.for_run(True, tmp_path / "engine.log", "hf") as w:
+        borrow(w, monkeypatch)
+        assert isinstance(w.proc, subprocess.Popen)
+        assert _lent(tiny_model, cfg, seed=0) == ("opened", _cold(tiny_model, cfg, 0))
+    assert "did not fork the warm engine (2 threads); it runs on its own" in caplog.text
 
 
 @pytest.mark.integration
