@@ -276,6 +276,7 @@ def serve(path: str, preload: str, key: bytes | None = None) -> int:
     if key is None:
         key = bytes.fromhex(sys.stdin.readline().strip())
     listener = Listener(path, family="AF_UNIX")  # the key is checked by _accept, under a time bound
+    print(f"warm engine (pid {os.getpid()}): listening; preloading {preload}", file=sys.stderr, flush=True)
     # the import is most of a start; done while the run prepares its first stage
     if preload == "vllm":
         import vllm  # noqa: F401
@@ -384,6 +385,7 @@ class WarmEngine:
         self.lock = threading.Lock()
         self.starts = 0
         self.spawner = Spawner()
+        self.log_fd: int | None = None  # the engine's log, held open here: its name may change (`rename_log`)
 
     @property
     def path(self) -> str:
@@ -395,18 +397,19 @@ class WarmEngine:
 
         self.starts += 1
         self.key = secrets.token_bytes(32)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.log_fd is None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         server = forkserver.current() if forked else None
-        self.proc = server and server.spawn(
-            {"engine": {"path": self.path, "preload": self.preload, "key": self.key.hex()}}, self.log_path, self.AFTER)
+        # the fork server's child opens the log through this process's descriptor: the file it
+        # names now, whatever its name when the server forks (it may wait for its imports)
+        self.proc = server and server.spawn({"engine": {"path": self.path, "preload": self.preload,
+                                                        "key": self.key.hex()}},
+                                            Path(f"/proc/{os.getpid()}/fd/{self.log_fd}"), self.AFTER)
         if self.proc is not None:
             return
-        out = open(self.log_path, "ab")
-        try:
-            self.proc = self.spawner.popen([sys.executable, "-c", SERVE, self.path, self.preload],
-                                           stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT)
-        finally:
-            out.close()
+        self.proc = self.spawner.popen([sys.executable, "-c", SERVE, self.path, self.preload],
+                                       stdin=subprocess.PIPE, stdout=self.log_fd, stderr=subprocess.STDOUT)
         self.proc.stdin.write(self.key.hex().encode() + b"\n")
         self.proc.stdin.close()
 
@@ -438,7 +441,8 @@ class WarmEngine:
             return {ENV: f"{self.path}|{self.key.hex()}"}
 
     def rename_log(self, path: Path) -> None:
-        """Its log renamed to `path` (kept where it is if `path` exists); a restart opens the new name."""
+        """Its log renamed to `path` (kept where it is if `path` exists); an engine started later
+        writes to the same file, through the descriptor held here."""
         from ratchet.data.lifetime import move_log
 
         with self.lock:
@@ -450,6 +454,9 @@ class WarmEngine:
         with self.lock:
             end(self.proc)
             self.proc = None
+            if self.log_fd is not None:
+                os.close(self.log_fd)
+                self.log_fd = None
         self.spawner.close()
         import shutil
 

@@ -183,6 +183,7 @@ def test_in_a_run_with_a_fork_server_the_engine_is_forked_from_it(tiny_model, tm
     with forkserver.for_run(True, tmp_path / "forkserver.log") as server, \
             warm.for_run(True, tmp_path / "engine.log", "hf") as w:
         assert isinstance(w.proc, forkserver.Forked)
+        w.rename_log(tmp_path / "named.engine.log")  # as a run names it, here before the server forks it
         borrow(w, monkeypatch)
         assert _lent(tiny_model, cfg, seed=0) == ("opened", cold)
         first = w.proc.pid
@@ -194,6 +195,9 @@ def test_in_a_run_with_a_fork_server_the_engine_is_forked_from_it(tiny_model, tm
         second = w.proc.pid
         assert second != first and _ppid(second) == server.proc.pid
     assert _gone(second)
+    said = (tmp_path / "named.engine.log").read_text()
+    assert f"warm engine (pid {first}): listening" in said and f"warm engine (pid {second}): listening" in said
+    assert not (tmp_path / "engine.log").exists()
 
 
 def test_an_engine_the_fork_server_does_not_fork_runs_in_a_process_of_its_own(tiny_model, tmp_path, monkeypatch,
