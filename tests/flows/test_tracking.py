@@ -387,11 +387,14 @@ def test_two_processes_never_both_take_over_a_stale_lease_on_a_database_registry
     assert "shared.gate-lease" not in {m.name for m in t.client.search_registered_models()}
 
 
-def _schema(db: Path) -> tuple[list[str], list]:
+def _schema(db: Path) -> tuple[list[list[str]], list]:
+    """A store's tables, indexes and schema revision. Each statement's lines are sorted: MLflow's
+    migrations write a rebuilt table's constraints in an order that varies between processes."""
     import sqlite3
 
     with contextlib.closing(sqlite3.connect(db)) as c:
-        return (sorted(r[0] or "" for r in c.execute("SELECT sql FROM sqlite_master")),
+        return (sorted(sorted(x.strip().rstrip(",") for x in (r[0] or "").splitlines())
+                       for r in c.execute("SELECT sql FROM sqlite_master")),
                 list(c.execute("SELECT version_num FROM alembic_version")))
 
 
