@@ -151,20 +151,6 @@ def _ppid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def _gone(pid: int, within: float = 30.0) -> bool:
-    import os
-    import time
-
-    deadline = time.time() + within
-    while time.time() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_in_a_run_with_a_fork_server_the_engine_is_forked_from_it(tiny_model, tmp_path, monkeypatch):
     """The engine is a child of the run's fork server, forked once the server has imported what
     it loads models with; it answers as a cold engine, a killed one is forked again, and it ends
@@ -173,13 +159,14 @@ def test_in_a_run_with_a_fork_server_the_engine_is_forked_from_it(tiny_model, tm
     import signal
 
     from ratchet.tasks import forkserver
+    from tests.procs import gone_within
 
     cfg = SamplerConfig(backend="hf", dtype="float32")
     cold = _cold(tiny_model, cfg, 0)
     with forkserver.for_run(True, tmp_path / "early.log"):
         with warm.for_run(True, tmp_path / "early-engine.log", "hf") as w:
             early = w.proc
-        assert early.returncode == -signal.SIGTERM and (early.pid is None or _gone(early.pid))
+        assert early.returncode == -signal.SIGTERM and (early.pid is None or gone_within(early.pid, 30))
     with forkserver.for_run(True, tmp_path / "forkserver.log") as server, \
             warm.for_run(True, tmp_path / "engine.log", "hf") as w:
         assert isinstance(w.proc, forkserver.Forked)
@@ -194,7 +181,7 @@ def test_in_a_run_with_a_fork_server_the_engine_is_forked_from_it(tiny_model, tm
         assert _lent(tiny_model, cfg, seed=0) == ("opened", cold)
         second = w.proc.pid
         assert second != first and _ppid(second) == server.proc.pid
-    assert _gone(second)
+    assert gone_within(second, 30)
     said = (tmp_path / "named.engine.log").read_text()
     assert f"warm engine (pid {first}): listening" in said and f"warm engine (pid {second}): listening" in said
     assert not (tmp_path / "engine.log").exists()
