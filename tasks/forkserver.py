@@ -370,14 +370,19 @@ class Forked:
         self.server, self.rid = server, rid
         self.returncode: int | None = None
         self.refused: str | None = None
+        self._pid: int | None = None
 
     def _msg(self) -> dict:
         with self.server.cond:
-            return dict(self.server.waiting.get(self.rid, {}))
+            m = dict(self.server.waiting.get(self.rid, {}))
+        self._pid = m.get("pid", self._pid)
+        return m
 
     @property
     def pid(self) -> int | None:
-        return self._msg().get("pid")
+        """The child's pid once forked (kept after it exits), else None."""
+        self._msg()
+        return self._pid
 
     def _done(self, m: dict) -> bool:
         return bool({"exit", "refused", "lost"} & m.keys())
@@ -405,7 +410,11 @@ class Forked:
         return self.poll()
 
     def send_signal(self, sig: int) -> None:
-        if self.poll() is None and not self.server._send({"signal": self.rid, "sig": int(sig)}):
+        if self.poll() is not None:
+            return
+        with self.server.lock:  # one writer at a time on the server's input
+            sent = self.server.alive() and self.server._send({"signal": self.rid, "sig": int(sig)})
+        if not sent:
             self.returncode = -signal.SIGKILL  # no server: its children died with it
 
     def terminate(self) -> None:

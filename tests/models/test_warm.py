@@ -176,7 +176,7 @@ def test_in_a_run_with_a_fork_server_the_engine_is_forked_from_it(tiny_model, tm
         first = w.proc.pid
         assert _ppid(first) == server.proc.pid
         os.kill(first, signal.SIGKILL)
-        w.proc.wait(timeout=30)
+        assert w.proc.wait(timeout=30) == -signal.SIGKILL and w.proc.pid == first  # its pid, for the log line
         borrow(w, monkeypatch)  # the next stage's worker: the engine is forked again
         assert _lent(tiny_model, cfg, seed=0) == ("opened", cold)
         second = w.proc.pid
