@@ -32,6 +32,7 @@ import math
 import os
 import random
 import re
+import shutil
 import socket
 import tempfile
 import threading
@@ -288,9 +289,7 @@ def _fresh_sqlite_store(db: Path) -> None:
         template = cache / f"empty-{mlflow.__version__}-{_get_latest_schema_revision()}.db"
         if not template.exists():
             cache.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cache, suffix=".db.tmp")
-            os.close(fd)
-            os.unlink(tmp)  # SQLite creates it
+            tmp = cache / f".{uuid.uuid4().hex[:8]}.db.tmp"  # SQLite creates it
             engine = engine_for(f"sqlite:///{tmp}")
             try:
                 _initialize_tables(engine)
@@ -300,16 +299,12 @@ def _fresh_sqlite_store(db: Path) -> None:
             os.replace(tmp, template)
         db.parent.mkdir(parents=True, exist_ok=True)
         tmp = db.with_name(f".{db.name}.{uuid.uuid4().hex[:8]}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the mode MLflow's own file gets
         try:
-            with os.fdopen(fd, "wb") as out, open(template, "rb") as src:
-                import shutil
-
-                shutil.copyfileobj(src, out)
+            shutil.copyfile(template, tmp)  # the mode MLflow's own file gets (0666 less the umask)
             with contextlib.suppress(FileExistsError):
                 os.link(tmp, db)
         finally:
-            os.unlink(tmp)
+            tmp.unlink(missing_ok=True)
     except Exception as e:  # noqa: BLE001 - MLflow's own start-up creates the store, as it would anyway
         logging.getLogger("ratchet").info("no copy of an empty MLflow store for %s (%s: %s); MLflow creates it",
                                           db, type(e).__name__, e)

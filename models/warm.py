@@ -368,8 +368,8 @@ def _answer(engines: _Engines, conn) -> bool:
 class WarmEngine:
     """The engine process of one run, which dies with the run and is restarted if it dies between
     stages. Where the run has a fork server (tasks/forkserver.py), the engine is forked from it
-    once it has imported torch and transformers, which the engine would otherwise import again
-    beside it (5-6 s of CPU on 2 cores, at the busiest moment of a run's start); elsewhere, or
+    once it has imported torch, transformers and peft, which the engine would otherwise import
+    again beside it (5-6 s of CPU on 2 cores, at the busiest moment of a run's start); elsewhere, or
     if the server does not fork it, it is a process of its own, started from a thread that lives
     as long as the run (data/lifetime.Spawner)."""
 

@@ -252,6 +252,9 @@ def serve() -> int:
             out.write(json.dumps({"id": children.pop(pid), "exit": os.waitstatus_to_exitcode(status)}) + "\n")
 
 
+FINAL = {"exit", "refused", "lost"}  # what ends a request: its child's exit, a refusal, the server's death
+
+
 class ForkServer:
     """The run's fork server, seen from the run: `run(spec, log)` starts a stage's worker from it
     and waits for its exit code; None if the server cannot give one (the caller starts it cold)."""
@@ -335,7 +338,7 @@ class ForkServer:
         if rid is None:
             return None
         with self.cond:
-            self.cond.wait_for(lambda: {"exit", "refused", "lost"} & self.waiting[rid].keys())
+            self.cond.wait_for(lambda: FINAL & self.waiting[rid].keys())
             msg = self.waiting.pop(rid)
         if "refused" in msg:
             log.warning("the fork server refused to fork (%s); the stage's worker starts cold", msg["refused"])
@@ -384,9 +387,6 @@ class Forked:
         self._msg()
         return self._pid
 
-    def _done(self, m: dict) -> bool:
-        return bool({"exit", "refused", "lost"} & m.keys())
-
     def poll(self) -> int | None:
         if self.returncode is None:
             m = self._msg()
@@ -405,7 +405,7 @@ class Forked:
     def wait(self, timeout: float | None = None) -> int:
         with self.server.cond:
             if not self.server.cond.wait_for(lambda: self.returncode is not None
-                                             or self._done(self.server.waiting.get(self.rid, {})), timeout):
+                                             or FINAL & self.server.waiting.get(self.rid, {}).keys(), timeout):
                 raise subprocess.TimeoutExpired(f"fork server child {self.rid}", timeout)
         return self.poll()
 
