@@ -16,13 +16,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ratchet.data.digest import fsync_dir, sha256_json
+from ratchet.data.digest import fsync_dir, sha256_json, sha256_text
 from ratchet.data.errors import ConfigError
 from ratchet.data.prompts import Split
 from ratchet.flows.config import PipelineConfig
 from ratchet.flows.inputs import check_inputs, sources_of
 from ratchet.flows.tracking import Tracker
-from ratchet.tasks.stage import code_version
+from ratchet.tasks.stage import _tree
 
 
 class RunContext(BaseModel):
@@ -41,15 +41,18 @@ class RunContext(BaseModel):
     pool_start: int = 0  # data.prompts_per_round: where in the pool's stream this run's first round draws
 
 
-def code_digest() -> str:
-    """Digest of every module of the installed package: the code a run's results came from."""
-    root = Path(__file__).parents[1]
-    names = []
+def code_digest(root: Path | None = None) -> str:
+    """Digest of every module of the installed package (the folders under `root`, this package by
+    default): the code a run's results came from. Each module counts as its syntax tree, so an edit
+    to a comment, a docstring or the layout leaves the digest as it was."""
+    root = root or Path(__file__).parents[1]
+    parts = []
     for pkg in ("data", "models", "tasks", "flows"):
-        for p in sorted((root / pkg).rglob("*.py")):
-            parts = p.relative_to(root).with_suffix("").parts
-            names.append(".".join(("ratchet", *(parts[:-1] if parts[-1] == "__init__" else parts))))
-    return code_version(*names)
+        for p in (root / pkg).rglob("*.py"):
+            rel = p.relative_to(root).with_suffix("").parts
+            name = ".".join(("ratchet", *(rel[:-1] if rel[-1] == "__init__" else rel)))
+            parts.append(f"{name}\0{_tree(p.read_text(), str(p))}")
+    return sha256_text("\n".join(sorted(parts)))[:16]
 
 
 def git_commit() -> str | None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import importlib.util
 import inspect
 import json
 import logging
@@ -51,78 +50,6 @@ log = logging.getLogger("ratchet")
 WORKER = "import sys; sys.path.pop(0); from ratchet.tasks.stage import worker; sys.exit(worker(sys.argv[1]))"
 ERROR_FILE = "worker-error.json"
 MODEL_STAGES = ("base", "train", "label-model")
-
-
-def _source(name: str) -> tuple[Path, bool]:
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.origin is None:
-        raise RatchetError(f"code_version: module {name} not found")
-    return Path(spec.origin), spec.submodule_search_locations is not None
-
-
-def _imports(name: str) -> set[str]:
-    """The modules of `name`'s own top-level package that it imports anywhere in its source
-    (imports inside functions included: the heavy ones are imported late), and the packages
-    around them."""
-    import ast
-
-    path, is_pkg = _source(name)
-    here = name if is_pkg else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: from the package `level - 1` steps above this one
-                parts = here.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names)  # names that are submodules
-    top, out = name.split(".")[0], set()
-    for m in found:
-        if m.startswith(top + "."):
-            parts = m.split(".")
-            out.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))  # a.b.c runs a and a.b too
-    return {m for m in out if _has_source(m)}
-
-
-def _has_source(name: str) -> bool:
-    """A module with a source file (not a namespace package, not a name imported from a module)."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return False
-    return spec is not None and spec.origin is not None and spec.origin.endswith(".py")
-
-
-def module_closure(*roots: str) -> list[str]:
-    """`roots` and every module of their package that they import, transitively, sorted."""
-    seen: set[str] = set()
-    todo = [".".join(r.split(".")[:i]) for r in roots for i in range(1, r.count(".") + 2)]
-    todo = [m for m in todo if m in roots or _has_source(m)]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        todo.extend(_imports(name) - seen)
-    return sorted(seen)
-
-
-def code_version(*modules: str) -> str:
-    """Digest of the code of `modules` and of every module of the package they import,
-    transitively: a stage's code version is what its body runs, derived, never listed by hand,
-    so an edit to any helper a body reaches changes the stage's key. The code is each module's
-    syntax tree, not its text: a comment, a docstring, a blank line or a reflowed call changes
-    nothing that runs, and reuses every stage."""
-    parts = [name + "\0" + _code_of(_source(name)[0]) for name in module_closure(*modules)]
-    return sha256_text("\n".join(parts))[:16]
-
-
-def _code_of(path: Path) -> str:
-    """A module's syntax tree as text (no comments, docstrings, layout or line numbers)."""
-    return _tree(path.read_text(), str(path))
 
 
 @functools.lru_cache(maxsize=512)

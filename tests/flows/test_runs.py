@@ -115,3 +115,27 @@ def test_a_second_attempt_of_a_live_run_names_the_holder_and_waits_for_it(tmp_pa
         assert _alive(tmp_path, _record().model_copy(update={"host": None})) is True
     finally:
         release_liveness("demo-abc")
+
+
+def test_the_code_digest_follows_what_runs_not_comments_or_layout(tmp_path):
+    from ratchet.flows.runs import code_digest
+
+    for pkg in ("data", "models", "tasks", "flows"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    helper = tmp_path / "tasks" / "helper.py"
+    helper.write_text("def f():\n    return 1\n")
+    before = code_digest(tmp_path)
+    helper.write_text('"""Helper."""\n# what f gives\ndef f():\n    """One."""\n\n    return 1  # one\n')
+    assert code_digest(tmp_path) == before
+    helper.write_text("def f():\n    return 2\n")
+    edited = code_digest(tmp_path)
+    assert edited != before
+    (tmp_path / "flows" / "extra.py").write_text("X = 1\n")
+    assert code_digest(tmp_path) != edited  # a new module is code too
+    helper.rename(tmp_path / "data" / "helper.py")
+    assert code_digest(tmp_path) not in (before, edited)  # and so is where a module lives
+    (tmp_path / "data" / "notes.txt").write_text("not code")
+    moved = code_digest(tmp_path)
+    (tmp_path / "data" / "notes.txt").write_text("still not code")
+    assert code_digest(tmp_path) == moved

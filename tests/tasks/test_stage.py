@@ -5,8 +5,8 @@ from pydantic import BaseModel
 
 from ratchet.data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError
 from ratchet.data.manifest import StageManifest
-from ratchet.data.store import ArtifactStore, stage_key
-from ratchet.tasks.stage import StageRequest, body_code, code_version, module_closure, run_stage
+from ratchet.data.store import ArtifactStore
+from ratchet.tasks.stage import StageRequest, body_code, run_stage
 
 CALLS: list[str] = []
 
@@ -118,51 +118,6 @@ def test_a_body_must_be_importable_and_name_its_job(tmp_path):
 
     with pytest.raises(RatchetError, match=r"StageRequest\[Job\]"):
         run_stage(store, stage="s", round=1, body=untyped, code="c", config=X(), parents=[])
-
-
-def test_code_version_is_what_the_body_imports():
-    # helpers the filter reads records and trees with, and one imported only inside a function
-    # (the sampler asks the trainer whether bf16 is native)
-    assert {"ratchet.data.records", "ratchet.tasks.mcts", "ratchet.tasks.filter"} <= set(module_closure("ratchet.tasks.filter"))
-    assert "ratchet.models.trainer" in module_closure("ratchet.tasks.sample")
-    assert not any(m.startswith("ratchet.flows") for m in module_closure("ratchet.tasks.label"))  # flows are not code of a stage
-    assert code_version("ratchet.tasks.filter", "ratchet.data.records") == code_version("ratchet.tasks.filter")
-
-
-def test_editing_a_helper_a_body_uses_changes_the_stage_key(tmp_path, monkeypatch):
-    """A package whose body imports a helper inside a function, which imports another through a
-    relative import: an edit to the last one re-keys the stage; an edit to a module no body
-    reaches does not."""
-    import importlib
-    import sys
-
-    pkg = tmp_path / "userpkg"
-    (pkg / "sub").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "sub" / "__init__.py").write_text("")
-    (pkg / "body.py").write_text("from ratchet.tasks.stage import StageRequest\n\n\n"
-                                 "def body(req, store):\n    from userpkg.sub import helper\n    return helper.f()\n")
-    (pkg / "sub" / "helper.py").write_text("from . import deep\n\n\ndef f():\n    return deep.g()\n")
-    (pkg / "sub" / "deep.py").write_text("def g():\n    return 1\n")
-    (pkg / "other.py").write_text("X = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    try:
-        assert module_closure("userpkg.body") == ["userpkg", "userpkg.body", "userpkg.sub", "userpkg.sub.deep",
-                                                  "userpkg.sub.helper"]
-        before = code_version("userpkg.body")
-        (pkg / "other.py").write_text("X = 2\n")
-        assert code_version("userpkg.body") == before
-        (pkg / "sub" / "deep.py").write_text('"""Deep."""\n# what g gives\ndef g():\n    """One."""\n\n    return 1  # one\n')
-        assert code_version("userpkg.body") == before  # a comment or a blank line runs nothing new
-        (pkg / "sub" / "deep.py").write_text("def g():\n    return 2\n")
-        after = code_version("userpkg.body")
-        assert after != before
-        key = lambda code: stage_key("s", code, {"x": 0}, [])  # noqa: E731
-        assert key(after) != key(before)
-    finally:
-        for m in [m for m in sys.modules if m.startswith("userpkg")]:
-            del sys.modules[m]
 
 
 def test_a_stage_is_keyed_by_the_definitions_its_body_can_run():
