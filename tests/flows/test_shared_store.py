@@ -21,7 +21,8 @@ SECRET = "s3cret-pw"
 
 @pytest.fixture
 def mlflow_server(tmp_path):
-    """A real `mlflow server` on loopback, stopped after the test."""
+    """A real `mlflow server` on loopback, stopped after the test. Without MLflow's job runners (its
+    GenAI jobs, which Ratchet never submits): six consumer processes that poll all test long."""
     port = free_port()
     root = tmp_path / "mlflow-server"
     root.mkdir()
@@ -29,6 +30,7 @@ def mlflow_server(tmp_path):
         [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "art"),
          "--workers", "1"],
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         cwd=root, stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     for _ in range(240):
