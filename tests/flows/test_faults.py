@@ -8,7 +8,10 @@ of the whole group, a lost machine, are the other tests' failpoints.)
 
 The run is the self-rewarding path on the tiny model (HF backend, worker processes): the
 killed stage has real mid-stage state to lose (sample shards). The killed runs' stage workers
-are forked from the run's fork server; the reference run's start cold.
+are forked from the run's fork server; the reference run's start cold. Only the run killed
+mid-sampling holds two engines (the executor is not part of a stage's key, and one or two
+holders sample the same bytes: tests/tasks/test_units.py); the others sample on one, so the
+resumed sample stage finishes on another executor than the one it was killed on.
 """
 
 import time
@@ -34,17 +37,20 @@ KILLS = [
 ]
 
 
-# two engine holders in the sample, label and evaluate stages; training in two processes
-POOLS = ["executor.engines=2", "executor.threads_per_engine=1", "train.num_processes=2"]
+# training in two processes in every run (their weights are not those of one process to the bit)
+POOLS = ["executor.threads_per_engine=1", "train.num_processes=2"]
+TWO_ENGINES = "executor.engines=2"  # two engine holders in each stage that samples
 
 
 def _run(workdir, tiny_model, api_url, failpoint=None, cold=False):
-    """A run; `cold`: every stage worker a fresh interpreter (no fork server, tasks/forkserver.py)."""
+    """A run; `cold`: every stage worker a fresh interpreter (no fork server, tasks/forkserver.py).
+    A run killed in a stage that holds engines holds two."""
     env = None
     if failpoint:  # the orchestrator's PID alone is killed there; the Prefect server is the run's own
         env = {"RATCHET_FAILPOINTS": failpoint, "RATCHET_FAILPOINTS_KILL": "orchestrator", MARK: "1"}
         api_url = None
-    return ratchet("run", CONFIG, *_overrides(workdir, tiny_model), *POOLS,
+    two = [TWO_ENGINES] if failpoint in KILLS else []
+    return ratchet("run", CONFIG, *_overrides(workdir, tiny_model), *POOLS, *two,
                    *(["executor.warm_workers=false"] if cold else []), api_url=api_url, env=env)
 
 
