@@ -22,7 +22,7 @@ from ratchet.data.prompts import Split
 from ratchet.flows.config import PipelineConfig
 from ratchet.flows.inputs import check_inputs, sources_of
 from ratchet.flows.tracking import Tracker
-from ratchet.tasks.stage import _tree
+from ratchet.tasks.stage import syntax_tree
 
 
 class RunContext(BaseModel):
@@ -51,7 +51,7 @@ def code_digest(root: Path | None = None) -> str:
         for p in (root / pkg).rglob("*.py"):
             rel = p.relative_to(root).with_suffix("").parts
             name = ".".join(("ratchet", *(rel[:-1] if rel[-1] == "__init__" else rel)))
-            parts.append(f"{name}\0{_tree(p.read_text(), str(p))}")
+            parts.append(f"{name}\0{syntax_tree(p.read_text(), str(p))}")
     return sha256_text("\n".join(sorted(parts)))[:16]
 
 

@@ -15,7 +15,7 @@ top-level definitions (functions, classes, assignments) its body reaches:
   job's own values bring the kinds it holds (`instance_classes`), so a stage that checks with
   `regex` is not re-keyed by an edit to the `code` check.
 
-Each definition counts as its syntax tree without docstrings (tasks/stage.py `_tree`): a
+Each definition counts as its syntax tree without docstrings (tasks/stage.py `syntax_tree`): a
 comment or a reflowed line re-keys nothing. Only modules of the body's own top-level package
 are followed, as before: the installed libraries are keyed by what the run records of them.
 """
@@ -204,7 +204,7 @@ def _member(module: str, attr: str) -> tuple[str, str]:
 def reach(roots: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
     """Every definition the roots (module, name) reach, each with its code: (module, name) ->
     its syntax tree as text; (module, INIT) for a module's other top-level statements."""
-    from ratchet.tasks.stage import _tree
+    from ratchet.tasks.stage import syntax_tree
 
     todo = list(roots)
     if not todo:
@@ -236,7 +236,7 @@ def reach(roots: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
             out[(module, name)] = ""
             todo.append(t if t is not None and t != (module, name) else (module, WHOLE))
             continue
-        out[(module, name)] = "\n".join(_tree(ast.unparse(n), f"{module}:{name}") for n in nodes)
+        out[(module, name)] = "\n".join(syntax_tree(ast.unparse(n), f"{module}:{name}") for n in nodes)
         for ref in _refs(m, nodes, top):
             if ref[1] in _module_unions(ref[0]):
                 out.setdefault(ref, "kind union: the job's values bring its kinds")

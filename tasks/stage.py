@@ -53,7 +53,7 @@ MODEL_STAGES = ("base", "train", "label-model")
 
 
 @functools.lru_cache(maxsize=512)
-def _tree(text: str, path: str) -> str:
+def syntax_tree(text: str, path: str) -> str:
     import ast
 
     tree = ast.parse(text, path)

@@ -22,16 +22,15 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def served(default_model, tmp_path_factory):
-    """The default model served by vLLM; yields (a holder of its process, its URL, the log)."""
+    """The default model served by vLLM; yields its URL."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    box = {"proc": start_vllm(default_model, "judge", port, log)}
+    proc = start_vllm(default_model, "judge", port, tmp_path_factory.mktemp("vllm") / "server.log")
     try:
-        wait_healthy(box["proc"], url)
-        yield box, url, log
+        wait_healthy(proc, url)
+        yield url
     finally:
-        stop(box["proc"])
+        stop(proc)
 
 
 def test_a_self_rewarding_round_judged_by_a_served_model(served, tiny_model, tmp_path, prefect_harness):
@@ -39,7 +38,7 @@ def test_a_self_rewarding_round_judged_by_a_served_model(served, tiny_model, tmp
 
     from ratchet.data.manifest import read_manifest
 
-    _, url, _ = served
+    url = served
     with Stub(forward(url)) as stub:
         r = ratchet("run", CONFIG, *overrides(tmp_path, tiny_model), "label.mode=p_yes", "label.top_logprobs=20",
                     f"label.endpoint={{base_url: '{stub.url}', model: judge, max_concurrency: 4}}",
@@ -64,7 +63,7 @@ def test_a_server_gone_mid_stage_is_resumed_without_asking_again(served, tmp_pat
     from ratchet.tasks.label import label
     from tests.tasks.test_served_judge import _samples
 
-    _, url, _ = served
+    url = served
     texts = [f"The answer is {i}." for i in range(40)]
     store = ArtifactStore(tmp_path / "w")
     sample = _samples(store, texts)
@@ -107,7 +106,7 @@ def test_the_attack_corpus_does_not_lift_the_served_judge(served, tmp_path):
     from ratchet.tasks.judge import judge_values, rate
     from tests.tasks.test_judge_attacks import CORPUS, KIND_MEAN, SINGLE, _by_kind
 
-    _, url, _ = served
+    url = served
     cfg = JudgeLabel(mode="p_yes", endpoint=EndpointConfig(base_url=url, model="judge", max_concurrency=4))
     endpoint = Endpoint(cfg.endpoint, tmp_path / "calls.jsonl")
     texts = [(r["prompt"], t) for r in CORPUS for t in (r["clean"], r["attack"], guard(r["prompt"], r["attack"])[0])]
