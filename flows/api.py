@@ -84,9 +84,13 @@ def run(cfg: PipelineConfig, start_from: str | None = None) -> RunResult:
     Prefect: the server PREFECT_API_URL names, else a temporary one started for this process. A
     failed stage raises its error; every finished stage is kept, and calling `run` again with the
     same config resumes from the first unfinished one."""
-    from ratchet.flows.inputs import check_inputs
+    from ratchet.flows.inputs import checked_run
 
-    split = check_inputs(cfg)  # before anything is written
+    with checked_run(cfg) as split:  # before anything is written
+        return _run_checked(cfg, split, start_from)
+
+
+def _run_checked(cfg: PipelineConfig, split, start_from: str | None) -> RunResult:
     workdir = Path(cfg.workdir).resolve()
     from ratchet.flows.cli import _ephemeral_server_dies_with_us, _prepare_env, _started_meanwhile
 

@@ -150,14 +150,19 @@ def _execute(cfg, start_from: str | None = None, verbose: bool = False) -> int:
     """Run the pipeline under the console: stage lines on the terminal, everything else in logs
     (see flows/console.py). Errors found before the run starts are raised to `main`; a run
     that fails prints one block (what failed, why, its log, how to resume) and exits 1."""
+    from ratchet.flows.inputs import checked_run
+
+    with checked_run(cfg) as split:  # before anything is written: bad data leaves no workdir behind
+        return _execute_checked(cfg, split, start_from, verbose)
+
+
+def _execute_checked(cfg, split, start_from: str | None, verbose: bool) -> int:
     import time
     import traceback
 
     from ratchet.data import failpoints
     from ratchet.flows.console import RunConsole, redirect_output
-    from ratchet.flows.inputs import check_inputs
 
-    split = check_inputs(cfg)  # before anything is written: bad data leaves no workdir behind
     workdir = Path(cfg.workdir).resolve()
     _prepare_env(workdir)
     failpoints.orchestrator()

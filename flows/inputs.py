@@ -5,12 +5,15 @@
 Reads the prompt source (every row checked, see data/sources/) and measures each
 prompt with the model's tokenizer against the token budget of every stage that will
 see it, so a prompt too long for the context is named by its file and line instead of
-failing deep inside an engine in round 3. Only the tokenizer is loaded here.
+failing deep inside an engine in round 3. Only the tokenizer is loaded here. `ratchet run` makes
+the checks that read the model (check_model) in a child of its fork server (checked_run).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 from ratchet.data.errors import ConfigError, ProblemReport
@@ -36,19 +39,57 @@ def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
 
 def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Split, dict[str, Split]]:
     """check_inputs, and the held-out sets that bring their own data (evaluate.sets), by name."""
+    split, sets = check_data(cfg)
+    check_model(cfg, split, sets, model_dir)
+    return with_sets(split, sets), sets
+
+
+@contextlib.contextmanager
+def checked_run(cfg: PipelineConfig) -> Iterator[Split]:
+    """check_inputs for `ratchet run`, with the run's fork server (tasks/forkserver.py) started for
+    the run's length: the data here, then the model's checks in a child of the server once it has
+    imported transformers and torch, which the stages import from it anyway (a run's own process
+    imported them for the checks alone: 4-5 s of CPU). Nothing is written before the checks pass:
+    the server's log has no name until the run's helpers give it one. Where the config has no
+    fork server (`isolate`, `executor.warm_workers`), or this process has imported transformers
+    already, the checks are all made here."""
+    import sys
+
+    from ratchet.tasks import forkserver
+
+    split, sets = check_data(cfg)  # a bad row is reported before any model library is imported
+    with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, None):
+        if "transformers" in sys.modules:  # imported here already (a caller of flows/api.py): nothing to save
+            check_model(cfg, split, sets)
+        else:
+            forkserver.call("ratchet.flows.inputs:check_model", cfg, split, sets, after=("torch", "transformers"))
+        yield with_sets(split, sets)
+
+
+def check_data(cfg: PipelineConfig) -> tuple[Split, dict[str, Split]]:
+    """The checks that need no model library: the rows of the task's data and of every held-out
+    set, the label's settings and fixed model (its config.json), the rollouts and the answer
+    checks. Raises ConfigError."""
     split = load_split(cfg.data, cfg.seed, train_answers=needs_train_answers(cfg))
     if cfg.data.prompts_per_round:
         check_draw(cfg.data.prompts_per_round, len(split.train))
     check_label_model(cfg)
     if problems := cfg.label.ready():  # a served judge's key and server, before any model loads
         raise ConfigError(problems, source="label")
-    rollouts = [cfg.sample.rollout] + [s.rollout for s in cfg.evaluate.sets if s.rollout is not None]
     fields = columns(split.train + split.eval)  # a start's other columns, which an environment's reset may take
-    if problems := sorted({p for ro in rollouts for p in ro.problems(fields)}):  # tried as stages use them
+    if problems := sorted({p for ro in _rollouts(cfg) for p in ro.problems(fields)}):  # tried as stages use them
         raise ConfigError(problems)
     if problems := cfg.data.check.problems(columns(split.train + split.eval)):  # loaded once, as a stage will
         raise ConfigError(problems, source="data.check")
-    sets = held_out_sets(cfg, split)
+    return split, held_out_sets(cfg, split)
+
+
+def check_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model_dir: Path | None = None) -> None:
+    """The checks that read the model: its directory, its LoRA targets, its tokenizer and prompt
+    format, and every prompt of `split` and `sets` (check_data's) against the token budget of
+    each stage that reads it. `model_dir` gives the tokenizer (default: the configured model).
+    Imports transformers, and with it torch: `ratchet run` makes these checks in a child of the
+    run's fork server, which imports them for the stages anyway. Raises ConfigError."""
     policy = model_dir if model_dir is not None else resolve_model(cfg.model.path)
     field = f"model.path={cfg.model.path!r}"
     if problems := model_problems(policy, field) or lora_problems(cfg, policy):
@@ -58,7 +99,7 @@ def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Spli
         if problems := prompt_format.problems(tok, cfg.model.prompt_format, "model", policy):
             raise ConfigError(problems, source="model")
         prompt_format.use(tok, cfg.model.prompt_format, cfg.model.plain_layout)
-    if problems := sorted({p for ro in rollouts for p in ro.model_problems(tok)}):  # the template, for episodes
+    if problems := sorted({p for ro in _rollouts(cfg) for p in ro.model_problems(tok)}):  # the template, for episodes
         raise ConfigError(problems, source="model")
     # the model that reads each budget's prompts tokenizes them: a label's fixed model its own way
     fixed = cfg.label.fixed_model()
@@ -77,8 +118,17 @@ def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Spli
                                f"{need} tokens with what {name} adds > {b.limit}",
                                f"shorten or drop these rows, or {b.fix}")
     report.raise_if_any()
+
+
+def with_sets(split: Split, sets: dict[str, Split]) -> Split:
+    """The task's split with every held-out set's file digests added to its own (a run's `sources`)."""
     digests = {f"{_SETS}{name}.{field}": d for name, s in sets.items() for field, d in s.digests.items()}
-    return Split(split.train, split.eval, {**split.digests, **digests}, split.places), sets
+    return Split(split.train, split.eval, {**split.digests, **digests}, split.places)
+
+
+def _rollouts(cfg: PipelineConfig) -> list:
+    """The task's rollout and every held-out set's own."""
+    return [cfg.sample.rollout] + [s.rollout for s in cfg.evaluate.sets if s.rollout is not None]
 
 
 def held_out_sets(cfg: PipelineConfig, split: Split) -> dict[str, Split]:

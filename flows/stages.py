@@ -25,8 +25,7 @@ from ratchet.data.prompts import SourceConfig
 from ratchet.flows.inputs import resolve_model, sources_of
 from ratchet.flows.runs import RunContext
 from ratchet.flows.tracking import Gate, SetScore, Tracker, TrackingError
-from ratchet.models.prompt_format import written_template
-from ratchet.tasks import evaluate as evaluate_mod
+from ratchet.tasks import evaluate as evaluate_mod, forkserver
 from ratchet.tasks import filter as filter_mod
 from ratchet.tasks import label as label_mod
 from ratchet.tasks import prepare, sample as sample_mod, train as train_mod
@@ -128,10 +127,17 @@ def slice_task(cfg: PipelineConfig, ctx: RunContext, k: int, first: int, prompts
     return finished(m, reused)
 
 
+def _written_template(path: Path, fmt: str, layout: str) -> str | None:
+    """prompt_format.written_template in a child of the run's fork server: `auto` reads the model's
+    tokenizer, and transformers imports torch, which the run's own process otherwise never does."""
+    return forkserver.call("ratchet.models.prompt_format:written_template", path, fmt, layout,
+                           after=("torch", "transformers"))
+
+
 @task(name="base-model", cache_policy=NONE, retries=0)
 def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     path = resolve_model(cfg.model.path)
-    template = written_template(path, cfg.model.prompt_format, cfg.model.plain_layout)
+    template = _written_template(path, cfg.model.prompt_format, cfg.model.plain_layout)
     return finished(*prepare.base_model(store_of(ctx), cfg.model.path, path, run=ctx.run_name, template=template))
 
 
@@ -140,7 +146,7 @@ def label_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     """The label's own fixed model (a judge or a reward model, label.model) as a store stage."""
     src = cfg.label.fixed_model()
     path = resolve_model(src)
-    template = written_template(path, "auto", cfg.model.plain_layout) if cfg.label.chats else None
+    template = _written_template(path, "auto", cfg.model.plain_layout) if cfg.label.chats else None
     return finished(*prepare.base_model(store_of(ctx), src, path, run=ctx.run_name, stage="label-model",
                                          field="label.model", template=template))
 

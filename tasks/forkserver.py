@@ -124,11 +124,13 @@ def _call(spec: Path) -> int:
 CALL_READY_S = 120.0  # how long a call waits for the server's imports before it is made here
 
 
-def call(target: str, *args):
+def call(target: str, *args, after: tuple[str, ...] | None = None):
     """`target` ("module:function") called with `args` in a child forked from the run's fork
     server, which has imported what the function needs, so the run's own process does not
     (mlflow's transformers flavor to save the base model for MLflow, matplotlib to draw the
-    report: 4-5 s of round 0 and 3 s of a run's end on 2 cores). Returns the function's value;
+    report: 4-5 s of round 0 and 3 s of a run's end on 2 cores; transformers and torch for the
+    model's checks). The child is forked once the server has imported everything it preloads, or
+    only the modules `after` names (the rest it imports itself if it needs them). Returns the function's value;
     a ConfigError it raises is raised here. Where there is no server, or the call cannot be made there (the
     server is not ready in CALL_READY_S, refuses to fork or dies, the arguments or the value do
     not pickle, the function fails in any other way), it is made here instead, so its outcome is
@@ -141,7 +143,7 @@ def call(target: str, *args):
     from ratchet.tasks.stage import _resolve
 
     server = current()
-    if server is not None and server.wait_ready(CALL_READY_S):
+    if server is not None and (after is not None or server.wait_ready(CALL_READY_S)):
         with tempfile.TemporaryDirectory(prefix="ratchet-call-") as t:
             spec = Path(t) / "call.pkl"
             try:
@@ -149,7 +151,7 @@ def call(target: str, *args):
             except Exception as e:  # noqa: BLE001 - an argument that does not pickle: made here
                 log.info("%s: its arguments do not pickle (%s); calling it in this process", target, e)
             else:
-                code = server.run(spec, Path(t) / "call.log", {}, call=True)
+                code = server.run(spec, Path(t) / "call.log", {}, call=True, after=after or ())
                 if code == 0 and (result := Path(t) / RESULT).exists():
                     kind, value = pickle.loads(result.read_bytes())
                     if kind == "config":
@@ -238,6 +240,8 @@ def serve() -> int:
                 req = json.loads(line)
                 if "signal" in req:
                     signal_child(req["signal"], req["sig"])
+                elif "stderr" in req:
+                    _output_to(req["stderr"])
                 elif set(req.get("after", ())) & set(pending):
                     deferred.append(req)
                 else:
@@ -252,6 +256,20 @@ def serve() -> int:
             out.write(json.dumps({"id": children.pop(pid), "exit": os.waitstatus_to_exitcode(status)}) + "\n")
 
 
+def _output_to(path: str) -> None:
+    """In the server: its output (stdout and stderr) from now on into the file at `path`, after
+    what it wrote so far into the file without a name it started with."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    with contextlib.suppress(OSError):  # a log that is not readable has nothing to carry over
+        if size := os.fstat(2).st_size:
+            os.write(fd, os.pread(2, size, 0))
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 FINAL = {"exit", "refused", "lost"}  # what ends a request: its child's exit, a refusal, the server's death
 
 
@@ -259,8 +277,8 @@ class ForkServer:
     """The run's fork server, seen from the run: `run(spec, log)` starts a stage's worker from it
     and waits for its exit code; None if the server cannot give one (the caller starts it cold)."""
 
-    def __init__(self, log_path: Path):
-        self.log_path = Path(log_path)
+    def __init__(self, log_path: Path | None):
+        self.log_path = None if log_path is None else Path(log_path)
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
         self.waiting: dict[str, dict] = {}
@@ -268,11 +286,18 @@ class ForkServer:
         self.n = 0
         self.ready: int | None = None
         self.spawner = Spawner()
+        self.log_fd: int | None = None  # the log named after the server started (rename_log)
 
     def start(self) -> None:
+        """The server's process. Without a log path yet (a run whose inputs are still being checked,
+        which writes nothing before they pass) its output goes to a file without a name, which it
+        copies into the log once `rename_log` names one."""
+        import tempfile
+
         env = {**os.environ, **QUIET_THREADS}
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as err:
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with (open(self.log_path, "ab") if self.log_path is not None else tempfile.TemporaryFile()) as err:
             self.proc = self.spawner.popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE,
                                            stdout=subprocess.PIPE, stderr=err, env=env)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True, name="ratchet-forkserver").start()
@@ -333,8 +358,9 @@ class ForkServer:
         rid = self._request(log_path, {}, after=list(after), **fields)
         return None if rid is None else Forked(self, rid)
 
-    def run(self, spec: Path, stage_log: Path, extra_env: dict[str, str], call: bool = False) -> int | None:
-        rid = self._request(stage_log, extra_env, spec=str(spec), call=call)
+    def run(self, spec: Path, stage_log: Path, extra_env: dict[str, str], call: bool = False,
+            after: tuple[str, ...] = ()) -> int | None:
+        rid = self._request(stage_log, extra_env, spec=str(spec), call=call, after=list(after))
         if rid is None:
             return None
         with self.cond:
@@ -348,10 +374,18 @@ class ForkServer:
         return msg["exit"]
 
     def rename_log(self, path: Path) -> None:
-        """Its log renamed to `path` (kept where it is if `path` exists); a restart opens the new name."""
+        """Its log renamed to `path` (kept where it is if `path` exists), or, while it has none, made
+        there, with what the server wrote so far; a restart opens the new name."""
         from ratchet.data.lifetime import move_log
 
         with self.lock:
+            if self.log_path is None:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                self.log_path = Path(path)
+                if self.alive():  # held open here, so a rename before the server opens it moves it with it
+                    self.log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                    self._send({"stderr": f"/proc/{os.getpid()}/fd/{self.log_fd}"})
+                return
             self.log_path = move_log(self.log_path, Path(path))
 
     def stop(self) -> None:
@@ -360,6 +394,9 @@ class ForkServer:
         with self.lock:
             end(self.proc, ask=lambda p: p.stdin.close())  # its input closed, the server returns
             self.proc = None
+            if self.log_fd is not None:
+                os.close(self.log_fd)
+                self.log_fd = None
         self.spawner.close()
 
 
@@ -432,11 +469,14 @@ def current() -> ForkServer | None:
 
 
 @contextlib.contextmanager
-def for_run(enabled: bool, log_path: Path):
+def for_run(enabled: bool, log_path: Path | None):
     """The run's fork server while the run lasts (none if not `enabled`); its own output (not
-    its workers') goes to `log_path`."""
+    its workers') goes to `log_path` (None: kept until `rename_log` names a file). A server that
+    is running already is kept, and given `log_path` if it has no log yet."""
     global _CURRENT
     if not enabled or _CURRENT is not None:
+        if _CURRENT is not None and _CURRENT.log_path is None and log_path is not None:
+            _CURRENT.rename_log(log_path)
         yield None
         return
     _CURRENT = f = ForkServer(log_path)

@@ -164,6 +164,51 @@ def test_bad_data_exits_2_with_one_report_and_writes_nothing(tmp_path):
     assert not (tmp_path / "w").exists()  # no workdir, no MLflow store, no run record
 
 
+CHECKED_RUN = """
+import json, sys
+from ratchet.data.errors import ConfigError
+from ratchet.flows.config import load_config
+from ratchet.flows.inputs import checked_run
+from ratchet.tasks import forkserver
+
+out = {}
+with checked_run(load_config(sys.argv[1])) as split:
+    out["prompts"], out["server"] = len(split.train), forkserver.current() is not None
+try:
+    with checked_run(load_config(sys.argv[2])):
+        pass
+except ConfigError as e:
+    out["error"] = str(e)
+out["torch"] = "torch" in sys.modules
+print(json.dumps(out))
+"""
+
+
+def test_a_run_checks_its_model_in_a_child_of_its_fork_server_and_imports_no_torch(tmp_path, tiny_model):
+    """`ratchet run` checks its data itself, and its model (the directory, the tokenizer, every
+    prompt's length) in a child of its fork server, which imports transformers and torch for the
+    stages anyway: the run's own process imports neither. A problem found there is raised here,
+    as ever, and nothing is written."""
+    import yaml
+
+    long = {"prompt": "Add these up: " + " + ".join(["1"] * 300) + "?", "answer": 300}
+    configs = []
+    for name, rows in (("good", GOOD), ("bad", [*GOOD, long])):
+        data = {"kind": "file", "path": _write(tmp_path / f"{name}.jsonl", rows),
+                "eval_path": _write(tmp_path / "eval.jsonl", HELD)}
+        configs.append(tmp_path / f"{name}.yaml")
+        configs[-1].write_text(yaml.safe_dump({"workdir": str(tmp_path / "w"), "model": {"path": str(tiny_model)},
+                                               "data": data}))
+    r = subprocess.run([sys.executable, "-c", CHECKED_RUN, *map(str, configs)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["prompts"] == 6 and out["server"]
+    assert f"{tmp_path / 'bad.jsonl'}: train prompts too long for training (1): line 7:" in out["error"]
+    assert out["torch"] is False
+    assert not (tmp_path / "w").exists()
+
+
 @pytest.mark.integration
 def test_every_kind_of_input_is_in_the_key_of_the_split_and_its_evaluation(tmp_path, tiny_model, monkeypatch):
     """Edit a JSONL file, a separate eval file, a save_to_disk directory and a dataset named by id:

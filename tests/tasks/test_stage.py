@@ -408,3 +408,36 @@ def test_a_call_is_made_in_a_child_of_the_fork_server_or_else_here(fork_server):
         assert forkserver.call("tests.tasks.test_stage:where_called", 1)["pid"] == os.getpid()  # no server
     finally:
         forkserver._CURRENT = server
+
+
+def imported(name):
+    import os
+    import sys
+
+    return {"ppid": os.getppid(), "imported": name in sys.modules}
+
+
+def test_a_server_started_before_its_log_has_a_name_keeps_what_it_said_for_the_log(tmp_path, monkeypatch):
+    """`ratchet run` starts its fork server before its inputs have passed their checks (the model's
+    are made in a child of it), when nothing may be written yet: the server's output goes to a
+    file without a name, carried into the log the run's helpers name later. A call that names the
+    modules it needs (`after`) is forked once they are imported, not after all the server's."""
+    import time
+
+    from ratchet.tasks import forkserver
+
+    monkeypatch.setattr(forkserver, "_CURRENT", None)  # not this module's server: a run's own
+    with forkserver.for_run(True, None) as server:
+        got = forkserver.call("tests.tasks.test_stage:imported", "transformers", after=("torch", "transformers"))
+        assert got == {"ppid": server.proc.pid, "imported": True}
+        assert server.wait_ready(120)  # the server says so on its output, before its log has a name
+        assert list(tmp_path.iterdir()) == []
+        log = tmp_path / "logs" / "run.forkserver.log"
+        with forkserver.for_run(True, log) as again:  # the run's helpers keep the server and name its log
+            assert again is None and forkserver.current() is server
+        deadline = time.time() + 30
+        while "fork server: imported" not in (log.read_text() if log.exists() else "") and time.time() < deadline:
+            time.sleep(0.1)
+        assert "fork server: imported" in log.read_text()
+        server.rename_log(tmp_path / "logs" / "named.log")  # named again once the run has a name: a rename
+        assert not log.exists() and "fork server: imported" in (tmp_path / "logs" / "named.log").read_text()
