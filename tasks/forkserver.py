@@ -169,7 +169,7 @@ def serve() -> int:
     each, and write each worker's pid and then its exit code (JSON lines) on stdout. A request
     that names modules in `after` waits until they are imported (a child that will import them
     anyway gains nothing from an earlier fork); `{"signal": id, "sig": n}` signals that request's
-    child, or drops it while it waits."""
+    child, or drops it while it waits; `{"stderr": path}` sends the server's own output there."""
     from ratchet.data.lifetime import die_with_parent
 
     global _REPLIES
