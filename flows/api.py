@@ -84,8 +84,13 @@ def run(cfg: PipelineConfig, start_from: str | None = None) -> RunResult:
     Prefect: the server PREFECT_API_URL names, else a temporary one started for this process. A
     failed stage raises its error; every finished stage is kept, and calling `run` again with the
     same config resumes from the first unfinished one."""
+    from ratchet.flows.cli import _library_env
     from ratchet.flows.inputs import checked_run
 
+    if "prefect" not in sys.modules:  # as _prepare_env does below, for the fork server started first
+        _library_env()
+    else:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with checked_run(cfg) as split:  # before anything is written
         return _run_checked(cfg, split, start_from)
 

@@ -40,17 +40,24 @@ under the config's workdir:
 """
 
 
-def _prepare_env(workdir: Path | None) -> None:
-    """Point Prefect and MLflow at the workdir before either is imported. Without a
-    workdir (`serve`), the user's Prefect profile decides which server to talk to."""
+def _library_env() -> None:
+    """The libraries' settings for every process of a run (no telemetry, one tokenizer thread),
+    the user's own where set; in the environment before the run's first process starts (its fork
+    server starts before the run's inputs have passed their checks)."""
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _prepare_env(workdir: Path | None) -> None:
+    """Point Prefect and MLflow at the workdir before either is imported. Without a
+    workdir (`serve`), the user's Prefect profile decides which server to talk to."""
+    _library_env()
     if workdir is not None and "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ:
         (workdir / "prefect").mkdir(parents=True, exist_ok=True)  # Prefect does not create parents
         os.environ["PREFECT_HOME"] = str(workdir / "prefect")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _ephemeral_server_dies_with_us():
@@ -152,6 +159,7 @@ def _execute(cfg, start_from: str | None = None, verbose: bool = False) -> int:
     that fails prints one block (what failed, why, its log, how to resume) and exits 1."""
     from ratchet.flows.inputs import checked_run
 
+    _library_env()
     with checked_run(cfg) as split:  # before anything is written: bad data leaves no workdir behind
         return _execute_checked(cfg, split, start_from, verbose)
 
