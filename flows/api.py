@@ -101,8 +101,6 @@ def _run_checked(cfg: PipelineConfig, split, start_from: str | None) -> RunResul
 
     if "prefect" not in sys.modules:  # Prefect reads its settings once, when first imported
         _prepare_env(workdir)
-    else:
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ready = _started_meanwhile(_ephemeral_server_dies_with_us())
     from ratchet.flows.pipeline import execute, helpers, name_helper_logs
     from ratchet.flows.runs import start

@@ -25,6 +25,7 @@ from ratchet.data.prompts import SourceConfig
 from ratchet.flows.inputs import resolve_model, sources_of
 from ratchet.flows.runs import RunContext
 from ratchet.flows.tracking import Gate, SetScore, Tracker, TrackingError
+from ratchet.models.prompt_format import written_template
 from ratchet.tasks import evaluate as evaluate_mod, forkserver
 from ratchet.tasks import filter as filter_mod
 from ratchet.tasks import label as label_mod
@@ -128,8 +129,10 @@ def slice_task(cfg: PipelineConfig, ctx: RunContext, k: int, first: int, prompts
 
 
 def _written_template(path: Path, fmt: str, layout: str) -> str | None:
-    """prompt_format.written_template in a child of the run's fork server: `auto` reads the model's
-    tokenizer, and transformers imports torch, which the run's own process otherwise never does."""
+    """prompt_format.written_template; for `auto`, which reads the model's tokenizer, in a child of
+    the run's fork server: transformers imports torch, which the run's own process otherwise never does."""
+    if fmt != "auto":  # no tokenizer read: nothing to fork for
+        return written_template(path, fmt, layout)
     return forkserver.call("ratchet.models.prompt_format:written_template", path, fmt, layout,
                            after=("torch", "transformers"))
 
