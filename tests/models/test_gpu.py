@@ -1,9 +1,15 @@
 """GPU tier: the same trainer and HF sampler on CUDA. Skipped on machines without a GPU."""
 
 import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
+
+from ratchet.tasks.sample import SampleWork
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -122,3 +128,73 @@ def test_the_warm_vllm_engine_sleeps_between_stages_and_swaps_weights_after_waki
     assert (how1, how2) == ("opened", "swapped weights to")
     assert asleep["asleep"] and asleep["gpu_used"] < 0.25 * held, (asleep, held)
     assert swapped == fresh and swapped != first
+
+
+@dataclass
+class WhereSampled(SampleWork):
+    """Sampling units whose holders each record, once their engine is open, the devices they were
+    started with, what CUDA shows them, and the GPU memory their model takes."""
+
+    seen: str = ""
+
+    def open(self):
+        engine = super().open()
+        where = {"visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "count": torch.cuda.device_count(),
+                 "uuid": str(torch.cuda.get_device_properties(0).uuid), "allocated": torch.cuda.memory_allocated(0)}
+        Path(self.seen, str(os.getpid())).write_text(json.dumps(where))
+        return engine
+
+
+def test_each_engine_holder_samples_on_the_gpus_it_is_given(tiny_model, tmp_path):
+    """Local engine holders on this machine's GPUs (at least two holders): each is started with
+    devices of its own (one GPU each where there are as many as holders, shared in turn where
+    there are fewer), sees only those, opens its model on them, and every unit comes out."""
+    from ratchet.data.records import Prompt
+    from ratchet.models.sampler import SamplerConfig, SamplingParams
+    from ratchet.tasks.units import ExecutorConfig, holder_devices, run_units, visible_gpus
+
+    visible = visible_gpus()
+    uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(len(visible))]
+    cfg = ExecutorConfig(engines=max(2, len(visible)), threads_per_engine=1)
+    prompts = [Prompt(id=f"p{i}", prompt=f"What is {i} + {i}?", answer=str(2 * i)) for i in range(2 * cfg.engines)]
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    work = WhereSampled(model=tiny_model, sampler=SamplerConfig(backend="hf", dtype="bfloat16"), seed=5,
+                        items=prompts, size=1, params=SamplingParams(n=2, temperature=0.8, max_tokens=8),
+                        seen=str(seen))
+    done = run_units(work, tmp_path / "shards", cfg)
+    assert done.holders == cfg.engines and done.shards.missing() == []
+    holders = [json.loads(p.read_text()) for p in seen.iterdir()]
+    assert sorted(h["visible"] for h in holders) == sorted(holder_devices(cfg, visible))
+    for h in holders:
+        mine = h["visible"].split(",")
+        assert h["count"] == len(mine)  # a holder sees its own devices only
+        assert h["uuid"] == uuids[visible.index(mine[0])]  # the physical GPU it was given
+        assert h["allocated"] > 0  # its model is on it
+    assert sorted({json.loads(x)["prompt_id"] for x in done.shards.lines()}) == sorted(p.id for p in prompts)
+
+
+def test_training_processes_past_the_gpus_shown_are_refused_before_the_model_is_read(tiny_model, tmp_path):
+    """torchrun gives training process k GPU k: one process more than this machine's GPUs has no
+    device (on one GPU its second process failed with an exit code alone, seen here); `ratchet
+    check` names the count, the devices and the fix instead."""
+    from ratchet.data.errors import ConfigError
+    from ratchet.flows.config import config_from_dict
+    from ratchet.flows.inputs import check_inputs
+    from ratchet.tasks.units import visible_gpus
+
+    rows, held = tmp_path / "rows.jsonl", tmp_path / "held.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": i + 1}) + "\n" for i in range(4)))
+    held.write_text(json.dumps({"prompt": "What is 9 + 1?", "answer": 10}) + "\n")
+    n = len(visible_gpus())
+    assert n == torch.cuda.device_count() or "CUDA_VISIBLE_DEVICES" in os.environ
+
+    def cfg(processes):
+        return config_from_dict({"workdir": str(tmp_path / "w"), "model": {"path": str(tiny_model)},
+                                 "data": {"kind": "file", "path": str(rows), "eval_path": str(held)},
+                                 "train": {"num_processes": processes}})
+
+    with pytest.raises(ConfigError, match=rf"train.num_processes={n + 1}: training runs one process per GPU, and "
+                                          rf"this machine shows {n} "):
+        check_inputs(cfg(n + 1))
+    assert len(check_inputs(cfg(n)).train) > 0
