@@ -90,6 +90,8 @@ def check_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model
     each stage that reads it. `model_dir` gives the tokenizer (default: the configured model).
     Imports transformers, and with it torch: `ratchet run` makes these checks in a child of the
     run's fork server, which imports them for the stages anyway. Raises ConfigError."""
+    if problems := device_problems(cfg):
+        raise ConfigError(problems, source="executor and train")
     policy = model_dir if model_dir is not None else resolve_model(cfg.model.path)
     field = f"model.path={cfg.model.path!r}"
     if problems := model_problems(policy, field) or lora_problems(cfg, policy):
@@ -118,6 +120,28 @@ def check_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model
                                f"{need} tokens with what {name} adds > {b.limit}",
                                f"shorten or drop these rows, or {b.fix}")
     report.raise_if_any()
+
+
+def device_problems(cfg: PipelineConfig) -> list[str]:
+    """What this machine's GPUs cannot give the run: each local engine holder its own
+    (tasks/units.holder_devices), and each training process one GPU (torchrun gives process k
+    device k, and there is no device k past the last). Nothing on a machine without GPUs."""
+    from ratchet.tasks.units import holder_devices, visible_gpus
+
+    visible = visible_gpus()
+    if not visible:
+        return []
+    problems = []
+    if cfg.executor.kind == "local" and cfg.executor.engines > 1:
+        try:
+            holder_devices(cfg.executor, visible)
+        except ConfigError as e:
+            problems += e.problems
+    if (n := cfg.train.num_processes) > len(visible):
+        problems.append(f"train.num_processes={n}: training runs one process per GPU, and this machine shows "
+                        f"{len(visible)} ({','.join(visible)}); set train.num_processes={len(visible)} or fewer, or "
+                        "make more GPUs visible (CUDA_VISIBLE_DEVICES)")
+    return problems
 
 
 def with_sets(split: Split, sets: dict[str, Split]) -> Split:

@@ -129,7 +129,7 @@ def trainer_args(cls, cfg: OptimSettings, out: Path, seed: int, **extra):
     import torch
 
     prec = resolve_precision(cfg.precision)
-    return cls(
+    args = cls(
         output_dir=str(out / "checkpoints"),
         num_train_epochs=cfg.epochs,
         per_device_train_batch_size=cfg.batch_size,
@@ -152,7 +152,23 @@ def trainer_args(cls, cfg: OptimSettings, out: Path, seed: int, **extra):
         dataloader_num_workers=0,
         disable_tqdm=True,  # a progress bar is noise in a log file; the console shows progress.json
         **extra,
-    ), prec
+    )
+    return one_device(args), prec
+
+
+def one_device(args):
+    """A training process trains on one GPU. Alone on a machine that shows several, HF's Trainer
+    would split each batch over all of them (DataParallel in one process), multiplying the global
+    batch by the count without a word; several GPUs are trained on through `num_processes`, one
+    process each (DDP), where the global batch is batch_size x grad_accum x num_processes."""
+    if args.n_gpu > 1:
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "training in one process on GPU 0 of the %d this machine shows; train.num_processes=%d trains on all "
+            "of them, one process each", args.n_gpu, args.n_gpu)
+        args._n_gpu = 1  # what the Trainer reads for its batch and for DataParallel
+    return args
 
 
 def attention_impl(choice: str) -> str:

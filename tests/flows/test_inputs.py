@@ -146,6 +146,27 @@ def test_a_base_model_is_read_in_the_plain_format_and_every_model_problem_is_nam
         check_inputs(_cfg(tmp_path, GOOD, model={"path": str(broken)}))
 
 
+def test_what_the_machines_gpus_cannot_give_is_refused_before_any_model_is_read(tmp_path, monkeypatch):
+    """Each training process takes one GPU and each local engine holder its own: asking for more
+    than the visible devices (given here as a scheduler gives them) is named with the fix before
+    the model is read (the model path here is no model); without GPUs, processes split the cores."""
+    sections = dict(model={"path": str(tmp_path / "no-model")}, train={"num_processes": 2},
+                    executor={"engines": 3, "gpus_per_engine": 1})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    with pytest.raises(ConfigError) as e:
+        check_inputs(_cfg(tmp_path, GOOD, **sections))
+    assert e.value.problems == [
+        "executor.engines=3 with executor.gpus_per_engine=1 needs 3 GPUs, and this machine shows 1 (5); lower "
+        "executor.engines or gpus_per_engine",
+        "train.num_processes=2: training runs one process per GPU, and this machine shows 1 (5); set "
+        "train.num_processes=1 or fewer, or make more GPUs visible (CUDA_VISIBLE_DEVICES)"]
+    model_only = r"^1 problem\(s\) in config:\n  - model.path=.*is not a local directory"
+    for enough in ("5,6,7", ""):  # the devices suffice, or there are none: on to the model
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", enough)
+        with pytest.raises(ConfigError, match=model_only):
+            check_inputs(_cfg(tmp_path, GOOD, **sections))
+
+
 def test_bad_data_exits_2_with_one_report_and_writes_nothing(tmp_path):
     rows = [*GOOD, '{"prompt": "What is', {"prompt": None, "answer": 1}, {"id": 3, "prompt": "x", "answer": 1},
             {"id": 3, "prompt": "y", "answer": 2}]

@@ -146,3 +146,19 @@ def test_a_kill_of_the_process_that_trains_alone_leaves_no_training_process(tiny
     time.sleep(3)
     after = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
     assert before == after
+
+
+def test_one_process_on_a_machine_of_several_gpus_trains_on_one_at_the_documented_batch(tmp_path):
+    """HF's Trainer in one process splits each batch over every GPU it sees (DataParallel) and so
+    multiplies the global batch by their count; a training process keeps to one GPU. This machine
+    has none: the count HF's arguments found is set as a machine of four would have it."""
+    from trl import SFTConfig
+
+    from ratchet.models.train_kinds.rft import RFTTrainConfig
+    from ratchet.models.trainer import one_device, trainer_args
+
+    args, _ = trainer_args(SFTConfig, RFTTrainConfig(batch_size=3), tmp_path, seed=0)
+    assert args.train_batch_size == 3
+    args._n_gpu = 4
+    assert args.train_batch_size == 12  # what HF's Trainer would take a batch to be over four GPUs
+    assert one_device(args).n_gpu == 1 and args.train_batch_size == 3
