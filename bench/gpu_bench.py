@@ -25,7 +25,9 @@ pip download --no-deps --only-binary=:all: --python-version 3.12 --platform many
 (and the manylinux_2_17/2_28/2_34 tags) -d .whl mlflow-skinny==3.17.2 pydantic==2.14.3 trl==1.16.0
 datasets==5.2.0 and what `pip install --dry-run --report` lists beyond the machine's packages; a
 tokenizer directory (the default model's tokenizer files, 3.4 MB) goes with them, and
-RATCHET_TEST_TOKENIZER points the GPU tests' tiny model at it.
+RATCHET_TEST_TOKENIZER points the GPU tests' tiny model at it. Ratchet itself need not travel
+as a wheel: a folder `ratchet/` of links to the checkout's data, models, tasks and flows, put
+on PYTHONPATH, runs the working tree as installed.
 """
 
 from __future__ import annotations
