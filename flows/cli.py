@@ -257,7 +257,7 @@ def cmd_check(args) -> int:
     held-out set, the answer check (a user's function is loaded in its own process), and every
     prompt against the token budgets. Only the tokenizer is loaded; nothing is written."""
     from ratchet.flows.config import load_config
-    from ratchet.flows.inputs import check_task
+    from ratchet.flows.inputs import check_task, devices_line
 
     cfg = load_config(args.config, args.overrides)
     split, sets = check_task(cfg)
@@ -271,6 +271,7 @@ def cmd_check(args) -> int:
         src = s.source(cfg.data)
         gate = " · the gate's set" if s.name == cfg.evaluate.gate_set else ""
         print(f"held-out set {s.name!r} ({stage}): {len(held)} prompts from {src.kind}, check {src.check.kind}{gate}")
+    print(devices_line(cfg))
     print(f"ok: {args.config} is ready to run")
     return 0
 

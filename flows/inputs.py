@@ -144,6 +144,33 @@ def device_problems(cfg: PipelineConfig) -> list[str]:
     return problems
 
 
+def devices_line(cfg: PipelineConfig) -> str:
+    """What `ratchet check` says of this machine's GPUs and who takes them: the engine holders
+    (local ones each their own), and the training processes, one GPU each, naming the GPUs that
+    training would leave idle and the setting that uses them."""
+    from ratchet.tasks.units import holder_devices, visible_gpus
+
+    visible = visible_gpus()
+    if not visible:
+        return "devices: no GPU visible: sampling and training run on the CPU"
+    def gpus(ids: list[str]) -> str:
+        return f"GPU{'s' if len(ids) > 1 else ''} {','.join(ids)}"
+
+    ex, n = cfg.executor, cfg.train.num_processes
+    if ex.kind != "local":
+        holders = f"{ex.engines} engine holder{'s' if ex.engines > 1 else ''} placed by Ray"
+    elif ex.engines > 1:
+        holders = f"{ex.engines} engine holders, on " + " | ".join(holder_devices(ex, visible))
+    else:
+        tp = cfg.sampler.tensor_parallel_size if cfg.sampler.backend == "vllm" else 1
+        holders = f"sampling on the run's one engine, on {gpus(visible[:tp])}" + (
+            f" (executor.engines={len(visible) // tp} samples on all)" if len(visible) >= 2 * tp else "")
+    idle = len(visible) - n
+    training = f"training in {n} process{'es' if n > 1 else ''} on {gpus(visible[:n])}" + (
+        f" ({idle} idle: train.num_processes={len(visible)} trains on all, one process each)" if idle > 0 else "")
+    return f"devices: {gpus(visible)} visible; {holders}; {training}"
+
+
 def with_sets(split: Split, sets: dict[str, Split]) -> Split:
     """The task's split with every held-out set's file digests added to its own (a run's `sources`)."""
     digests = {f"{_SETS}{name}.{field}": d for name, s in sets.items() for field, d in s.digests.items()}

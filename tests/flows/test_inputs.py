@@ -9,7 +9,7 @@ import pytest
 
 from ratchet.data.errors import ConfigError
 from ratchet.flows.config import config_from_dict
-from ratchet.flows.inputs import check_inputs
+from ratchet.flows.inputs import check_inputs, devices_line
 
 ROOT = Path(__file__).parents[2]
 GOOD = [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(6)]
@@ -124,6 +124,10 @@ def test_a_base_model_is_read_in_the_plain_format_and_every_model_problem_is_nam
             "model.plain_layout='Question: {prompt}\\nAnswer:'; an answer ends at the end-of-sequence token or at "
             "'\\nQuestion:'\n  the model reads: 'Question: What is 0 + 1?\\nAnswer:'"
             ) in out
+    import torch
+
+    on_cpu = "devices: no GPU visible: sampling and training run on the CPU\nok: "
+    assert (on_cpu in out) if not torch.cuda.is_available() else ("\ndevices: GPU" in out)
     cmd_check(SimpleNamespace(config=str(cfg), overrides=["model.plain_layout={prompt} ="]))
     assert "the model reads: 'What is 0 + 1? ='" in capsys.readouterr().out
 
@@ -161,6 +165,14 @@ def test_what_the_machines_gpus_cannot_give_is_refused_before_any_model_is_read(
         "train.num_processes=2: training runs one process per GPU, and this machine shows 1 (5); set "
         "train.num_processes=1 or fewer, or make more GPUs visible (CUDA_VISIBLE_DEVICES)"]
     model_only = r"^1 problem\(s\) in config:\n  - model.path=.*is not a local directory"
+    # what `ratchet check` says of them: who takes which GPU, and the setting that uses idle ones
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert devices_line(_cfg(tmp_path, GOOD, executor={"engines": 2})) == (
+        "devices: GPUs 4,5,6,7 visible; 2 engine holders, on 4,5 | 6,7; training in 1 process on GPU 4 (3 idle: "
+        "train.num_processes=4 trains on all, one process each)")
+    assert devices_line(_cfg(tmp_path, GOOD, train={"num_processes": 4})) == (
+        "devices: GPUs 4,5,6,7 visible; sampling on the run's one engine, on GPU 4 (executor.engines=4 samples on "
+        "all); training in 4 processes on GPUs 4,5,6,7")
     for enough in ("5,6,7", ""):  # the devices suffice, or there are none: on to the model
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", enough)
         with pytest.raises(ConfigError, match=model_only):

@@ -180,7 +180,7 @@ def test_training_processes_past_the_gpus_shown_are_refused_before_the_model_is_
     check` names the count, the devices and the fix instead."""
     from ratchet.data.errors import ConfigError
     from ratchet.flows.config import config_from_dict
-    from ratchet.flows.inputs import check_inputs
+    from ratchet.flows.inputs import check_inputs, devices_line
     from ratchet.tasks.units import visible_gpus
 
     rows, held = tmp_path / "rows.jsonl", tmp_path / "held.jsonl"
@@ -198,3 +198,5 @@ def test_training_processes_past_the_gpus_shown_are_refused_before_the_model_is_
                                           rf"this machine shows {n} "):
         check_inputs(cfg(n + 1))
     assert len(check_inputs(cfg(n)).train) > 0
+    assert devices_line(cfg(n)).endswith(f"; training in {n} process{'es' if n > 1 else ''} on "
+                                         f"GPU{'s' if n > 1 else ''} {','.join(visible_gpus())}")
