@@ -153,6 +153,7 @@ def devices_line(cfg: PipelineConfig) -> str:
     visible = visible_gpus()
     if not visible:
         return "devices: no GPU visible: sampling and training run on the CPU"
+
     def gpus(ids: list[str]) -> str:
         return f"GPU{'s' if len(ids) > 1 else ''} {','.join(ids)}"
 
