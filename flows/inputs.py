@@ -48,7 +48,8 @@ def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Spli
 def checked_run(cfg: PipelineConfig) -> Iterator[Split]:
     """check_inputs for `ratchet run`, with the run's fork server (tasks/forkserver.py) started for
     the run's length: the data here, then the model's checks in a child of the server once it has
-    imported transformers and torch, which the stages import from it anyway (a run's own process
+    imported what they read models with (forkserver.READS_MODELS), which the stages import from it
+    anyway (a run's own process
     imported them for the checks alone: 4-5 s of CPU). Nothing is written before the checks pass:
     the server's log has no name until the run's helpers give it one. Where the config has no
     fork server (`isolate`, `executor.warm_workers`), or this process has imported transformers
@@ -62,7 +63,7 @@ def checked_run(cfg: PipelineConfig) -> Iterator[Split]:
         if "transformers" in sys.modules:  # imported here already (a caller of flows/api.py): nothing to save
             check_model(cfg, split, sets)
         else:
-            forkserver.call("ratchet.flows.inputs:check_model", cfg, split, sets, after=("torch", "transformers"))
+            forkserver.call("ratchet.flows.inputs:check_model", cfg, split, sets, after=forkserver.READS_MODELS)
         yield with_sets(split, sets)
 
 

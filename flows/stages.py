@@ -134,7 +134,7 @@ def _written_template(path: Path, fmt: str, layout: str) -> str | None:
     if fmt != "auto":  # no tokenizer read: nothing to fork for
         return written_template(path, fmt, layout)
     return forkserver.call("ratchet.models.prompt_format:written_template", path, fmt, layout,
-                           after=("torch", "transformers"))
+                           after=forkserver.READS_MODELS)
 
 
 @task(name="base-model", cache_policy=NONE, retries=0)
