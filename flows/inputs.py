@@ -49,11 +49,10 @@ def checked_run(cfg: PipelineConfig) -> Iterator[Split]:
     """check_inputs for `ratchet run`, with the run's fork server (tasks/forkserver.py) started for
     the run's length: the data here, then the model's checks in a child of the server once it has
     imported what they read models with (forkserver.READS_MODELS), which the stages import from it
-    anyway (a run's own process
-    imported them for the checks alone: 4-5 s of CPU). Nothing is written before the checks pass:
-    the server's log has no name until the run's helpers give it one. Where the config has no
-    fork server (`isolate`, `executor.warm_workers`), or this process has imported transformers
-    already, the checks are all made here."""
+    anyway (a run's own process imported them for the checks alone: 4-5 s of CPU). Nothing is
+    written before the checks pass: the server's log has no name until the run's helpers give it
+    one. Where the config has no fork server (`isolate`, `executor.warm_workers`), or this process
+    has imported transformers already, the checks are all made here."""
     import sys
 
     from ratchet.tasks import forkserver

@@ -43,15 +43,15 @@ from ratchet.data.lifetime import Spawner
 log = logging.getLogger("ratchet")
 
 SERVE = "import sys; sys.path.pop(0); from ratchet.tasks.forkserver import serve; sys.exit(serve())"
-# what a stage worker imports before its work; importing it here is what a fork saves
-PRELOAD = ("torch", "transformers", "transformers.models.auto.modeling_auto", "peft", "trl", "datasets", "accelerate", "ratchet.tasks.stage",
-           "ratchet.tasks.sample", "ratchet.tasks.evaluate", "ratchet.tasks.label", "ratchet.tasks.train",
-           "ratchet.models.trainer", "ratchet.models.warm", "mlflow.transformers", "ratchet.models.mlflow_model",
-           "matplotlib.pyplot")  # the last two also for the run's own calls (`call`): the base model, the report
 # what a call that reads a model's config or tokenizer waits for (`call`'s `after`): loading any
 # config imports transformers' auto model classes (its docstrings name them), 2 s of CPU on 2
 # cores, which a child forked before the server had them imported again beside it
 READS_MODELS = ("torch", "transformers", "transformers.models.auto.modeling_auto")
+# what a stage worker imports before its work, those first; importing it here is what a fork saves
+PRELOAD = (*READS_MODELS, "peft", "trl", "datasets", "accelerate", "ratchet.tasks.stage",
+           "ratchet.tasks.sample", "ratchet.tasks.evaluate", "ratchet.tasks.label", "ratchet.tasks.train",
+           "ratchet.models.trainer", "ratchet.models.warm", "mlflow.transformers", "ratchet.models.mlflow_model",
+           "matplotlib.pyplot")  # the last two also for the run's own calls (`call`): the base model, the report
 QUIET_THREADS = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false", "MPLBACKEND": "Agg"}
 
 
