@@ -78,7 +78,7 @@ def check_data(cfg: PipelineConfig) -> tuple[Split, dict[str, Split]]:
         raise ConfigError(problems, source="label")
     fields = columns(split.train + split.eval)  # a start's other columns, which an environment's reset may take
     if problems := sorted({p for ro in _rollouts(cfg) for p in ro.problems(fields)}):  # tried as stages use them
-        raise ConfigError(problems)
+        raise ConfigError(problems, source="sample.rollout" + (" and evaluate.sets" if len(_rollouts(cfg)) > 1 else ""))
     if problems := cfg.data.check.problems(columns(split.train + split.eval)):  # loaded once, as a stage will
         raise ConfigError(problems, source="data.check")
     return split, held_out_sets(cfg, split)

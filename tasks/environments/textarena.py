@@ -21,6 +21,8 @@ from pathlib import Path
 from ratchet.tasks import environments
 
 SPEC = "ratchet.tasks.environments.textarena_game:TextArenaEnv"  # imports textarena: the host's, once
+OFFLINE = ("GuessTheNumber-v0", "TowerOfHanoi-v0", "Mastermind-v0", "Minesweeper-v0", "FrozenLake-v0", "2048-v0",
+           "LightsOut-v0")  # single-player games that start without a download (docs/guides/environments.md)
 DOWNLOADS = re.compile(r"^\s*(import nltk|from nltk|from textarena\.envs\.utils\.word_lists|from textarena\.utils\.word_lists|import requests)", re.M)
 
 
@@ -35,14 +37,26 @@ def game_problem(game: str) -> str | None:
 
     games = {g: e.entry_point for g, e in ENV_REGISTRY.items() if isinstance(getattr(e, "entry_point", None), str)}
     if game not in games:
-        near = sorted(g for g in games if g.split("-")[0].lower() == game.split("-")[0].lower())
-        return (f"sample.rollout.textarena={game!r} is not a TextArena game"
-                + (f"; did you mean {near[:4]}" if near else f" (e.g. {sorted(games)[:6]})"))
+        return f"sample.rollout.textarena={game!r} is not a TextArena game; {_near(game, games)}"
     module = games[game].split(":")[0]
     found = importlib.util.find_spec(module.rsplit(".", 1)[0])
     path = Path(found.origin).parent / (module.rsplit(".", 1)[1] + ".py") if found and found.origin else None
     if path is not None and path.is_file() and DOWNLOADS.search(path.read_text()):
         return (f"sample.rollout.textarena={game!r} fetches a word list (nltk's corpora) when it starts, and this "
-                "machine cannot download it at run time; choose a game that needs no download (GuessTheNumber-v0, "
-                "TowerOfHanoi-v0, Mastermind-v0, Minesweeper-v0, FrozenLake-v0, 2048-v0, LightsOut-v0)")
+                f"machine cannot download it at run time; choose a game that needs no download ({', '.join(OFFLINE)})")
     return None
+
+
+def _near(game: str, games) -> str:
+    """What to write instead of `game`: the registered names of the same game (another case or
+    variant), else the names closest in spelling, else the games that run offline."""
+    import difflib
+
+    base = game.split("-")[0].lower()
+    same = sorted(g for g in games if g.split("-")[0].lower() == base)
+    if not same:
+        by_lower = {g.lower(): g for g in games}
+        same = [by_lower[g] for g in difflib.get_close_matches(game.lower(), list(by_lower), n=4, cutoff=0.7)]
+    if same:
+        return f"did you mean {', '.join(same[:4])}?"
+    return f"single-player games that run offline: {', '.join(OFFLINE)}"

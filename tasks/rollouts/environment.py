@@ -307,7 +307,9 @@ class EnvironmentRollout(Rollout):
                 host.send(0, "open", seed=0, row={})
                 reply = host.collect([0])[0]
                 if reply.failure is not None:
-                    return [f"{self.name}: its first episode could not start: {reply.failure.splitlines()[-1]}"]
+                    hint = (f"; a game for two or more players needs an opponent, which no rollout gives: choose a "
+                            f"single-player game ({', '.join(textarena.OFFLINE)})" if self.textarena else "")
+                    return [f"{self.name}: its first episode could not start: {reply.failure.splitlines()[-1]}{hint}"]
         except environments.EnvError as e:
             return [f"{self.name}: {e}"]
         finally:

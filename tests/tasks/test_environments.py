@@ -313,6 +313,20 @@ def test_a_config_that_scores_returns_needs_episodes():
                                                         {"name": "text", "rollout": {"kind": "single"}}]}})
 
 
+def test_an_environment_that_cannot_load_is_reported_under_the_rollout_it_is_in(tmp_path):
+    from ratchet.data.errors import ConfigError
+    from ratchet.flows.config import config_from_dict
+    from ratchet.flows.inputs import check_data
+
+    (tmp_path / "env.py").write_text("import no_such_module\n")
+    cfg = config_from_dict({"workdir": str(tmp_path), "data": {"kind": "episodes", "train_size": 4, "eval_size": 2},
+                            "sample": {"max_tokens": 16, "rollout": {"kind": "environment", "env": f"{tmp_path}/env.py:Env",
+                                                                     "episode_tokens": 128}}})
+    with pytest.raises(ConfigError, match=r"^1 problem\(s\) in sample.rollout:\n.*importing it failed") as e:
+        check_data(cfg)
+    assert "no_such_module" in str(e.value)
+
+
 @pytest.mark.integration
 def test_rft_on_episodes_trains_the_models_turns_only(tok, tiny_model, tmp_path):
     from ratchet.models.train_kinds import RFTTrainConfig
@@ -353,10 +367,12 @@ def test_textarena_games_that_cannot_run_here_are_refused_with_the_reason():
     pytest.importorskip("textarena")
     (p,) = EnvironmentRollout(textarena="Wordle-v0").problems()
     assert "word list" in p and "GuessTheNumber-v0" in p
-    (p,) = EnvironmentRollout(textarena="GuessTheNumbr-v0").problems()
-    assert "not a TextArena game" in p
+    (p,) = EnvironmentRollout(textarena="GuessTheNumbr-v0").problems()  # a typo: the names it is close to
+    assert "not a TextArena game; did you mean GuessTheNumber-v0" in p
+    (p,) = EnvironmentRollout(textarena="Nothing-v0").problems()  # close to nothing: the games that run here
+    assert "single-player games that run offline: GuessTheNumber-v0" in p
     (p,) = EnvironmentRollout(textarena="TicTacToe-v0").problems()
-    assert "could not start" in p
+    assert "could not start" in p and "needs an opponent" in p and "Mastermind-v0" in p
 
 
 def episode_store(tmp_path, tiny_model, train: int, held_out: int):
