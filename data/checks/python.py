@@ -16,7 +16,9 @@ so RFT accepts, DPO pairs and evaluation's accuracy counts by it, and the mean s
 returned metrics are logged per round. A function written for TRL (`completions` among its
 parameters: keyword lists in, a list out) or verl (`compute_score(data_source, solution_str,
 ground_truth, extra_info)`) is called as those libraries call it (`convention`, found from the
-signature unless named).
+signature unless named); a TRL function written for a conversational dataset gets each completion
+and prompt as a list of chat messages (`messages`, found from its `completions` annotation
+unless named).
 
 It runs in processes of its own (data/checks/scorer.py), `workers` calls at once, every call
 bounded by `timeout_s` (a timeout ends the processes the function started too). A call that
@@ -67,6 +69,10 @@ class PythonCheck(Check):
         "functions: completions, prompts and every column as keyword lists, a list back), verl (verl's "
         "compute_score(data_source, solution_str, ground_truth, extra_info)); auto: from its signature (verl's "
         "names, else a `completions` parameter for trl, else ratchet)"))
+    messages: Literal["auto", True, False] = Field(default="auto", description=(
+        "trl convention: pass each completion and prompt as a list of chat messages ([{'role': 'assistant', "
+        "'content': ...}]), as TRL does for a conversational dataset, instead of text; auto: when the function's "
+        "`completions` annotation says so (TRL's own reward functions: list[list[dict[str, str]]])"))
     timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False, description="a call that runs longer fails "
                              "(its process is ended and a new one takes the next call)")
     max_failed_frac: float = Field(default=0.0, ge=0, le=1, description="share of a batch of rows whose calls may "
@@ -94,7 +100,7 @@ class PythonCheck(Check):
         function or a signature that cannot take a row's fields (`fields`: the rows' other
         columns, passed by name), before any model loads."""
         s = Scorer(self.function, batched=self.batched, timeout_s=self.timeout_s, fields=tuple(sorted(fields)),
-                   convention=self.convention)
+                   convention=self.convention, messages=self.messages)
         try:
             s.start()
         except ScorerError as e:
@@ -145,7 +151,8 @@ class PythonCheck(Check):
         import threading
         from concurrent.futures import ThreadPoolExecutor
 
-        batched = _scorer(self).batched  # with `auto`, what the function's signature asks for
+        cols = tuple(sorted({k for i in items for k in i.fields}))  # what the signature must take by name
+        batched = _scorer(self, 0, cols).batched  # with `auto`, what the function's signature asks for
         if not batched:
             jobs = [([k], {"completion": i.response, "answer": i.answer, "prompt": i.prompt, **i.fields})
                     for k, i in enumerate(items)]
@@ -159,7 +166,7 @@ class PythonCheck(Check):
                     "answer": [i.answer for i in chunk], **fields}))
         out: list[Call | None] = [None] * len(items)
         free: queue.SimpleQueue[Scorer] = queue.SimpleQueue()
-        for s in _scorers(self, min(self.workers, len(jobs))):
+        for s in _scorers(self, min(self.workers, len(jobs)), cols):
             free.put(s)
         lock, spent, failed = threading.Lock(), threading.Event(), [0]
 
@@ -204,12 +211,13 @@ def source_digest(spec: str) -> str:
     return sha256_file(Path(found.origin))
 
 
-def _scorers(cfg: PythonCheck, n: int) -> list[Scorer]:
-    """This process's first `n` scorers for the function (one per call that runs at once)."""
-    return [_scorer(cfg, k) for k in range(n)]
+def _scorers(cfg: PythonCheck, n: int, fields: tuple[str, ...] = ()) -> list[Scorer]:
+    """This process's first `n` scorers for the function (one per call that runs at once), for rows
+    whose other columns are `fields`."""
+    return [_scorer(cfg, k, fields) for k in range(n)]
 
 
-def _scorer(cfg: PythonCheck, k: int = 0) -> Scorer:
+def _scorer(cfg: PythonCheck, k: int = 0, fields: tuple[str, ...] = ()) -> Scorer:
     """This process's scorer number `k` for the function. The file is checked against the digest
     the stage was keyed with each time it is loaded (at start, and when a timeout or a crash
     restarts it): a running process keeps the code it loaded, so that is when a changed file would
@@ -225,6 +233,6 @@ def _scorer(cfg: PythonCheck, k: int = 0) -> Scorer:
 
     try:
         return shared(cfg.function, batched=cfg.batched, timeout_s=cfg.timeout_s, tag=f"{cfg.source or ''}#{k}",
-                      before_load=same_source, convention=cfg.convention)
+                      before_load=same_source, convention=cfg.convention, messages=cfg.messages, fields=fields)
     except ScorerError as e:
         raise CheckFailedError(f"data.check.function={cfg.function!r}: {e}") from None

@@ -14,7 +14,8 @@ Calls are (completion, answer=, prompt=, **fields) for one row, or, batched, lis
 TRL's names (completions, prompts=, answer=, ...) returning a list. Two other conventions
 are taken unchanged, named in config or found from the function's signature (`auto`):
 TRL's reward functions (`completions` among its parameters: every list by keyword, as TRL's
-trainers call them) and verl's `compute_score(data_source, solution_str, ground_truth,
+trainers call them; with `messages`, each completion and prompt as a list of chat messages, as
+TRL passes a conversational dataset) and verl's `compute_score(data_source, solution_str, ground_truth,
 extra_info)` (one row; `data_source` from the row's `data_source` column, else ""; the
 prompt and the other columns in `extra_info`). A function may be `async def`. It returns a float, a bool, None (unscored) or {"score": x, **metrics}; the
 child checks the value and says what is wrong with it, naming what came back.
@@ -69,9 +70,10 @@ class Scorer:
 
     def __init__(self, spec: str, *, batched: bool, timeout_s: float, load_timeout_s: float = 120.0,
                  before_load: Callable[[], None] | None = None, fields: tuple[str, ...] = (),
-                 convention: str = "ratchet"):
+                 convention: str = "ratchet", messages: bool | str = False):
         self.spec, self.batched, self.timeout_s, self.load_timeout_s = spec, batched, timeout_s, load_timeout_s
         self.convention = convention  # ratchet, trl, verl, or auto (found from the signature when loaded)
+        self.messages = messages  # trl: completions and prompts as chat messages; auto: from the annotation
         self.fields = tuple(fields)  # the rows' other columns, which the signature must take by name
         self.before_load = before_load  # runs before every (re)start, which loads the function's file anew
         self.proc: subprocess.Popen | None = None
@@ -85,7 +87,7 @@ class Scorer:
         read_fd, write_fd = os.pipe()
         env = dict(os.environ, RATCHET_SCORER_FD=str(write_fd))
         self.proc = subprocess.Popen([sys.executable, "-c", CHILD, self.spec, "1" if self.batched else "0",
-                                      json.dumps(list(self.fields)), self.convention],
+                                      json.dumps(list(self.fields)), self.convention, json.dumps(self.messages)],
                                      stdin=subprocess.PIPE, stdout=None, stderr=None, pass_fds=(write_fd,),
                                      env=env, start_new_session=True)  # its group: what the function starts
         os.close(write_fd)
@@ -101,6 +103,7 @@ class Scorer:
             raise ScorerError(reply.get("error") or f"{self.spec}: its process answered outside the scorer's protocol")
         if reply.get("convention") in CONVENTIONS:  # what `auto` found: the calls take its shape
             self.convention, self.batched = reply["convention"], bool(reply.get("batched"))
+            self.messages = bool(reply.get("messages"))
         return reply
 
     def close(self) -> None:
@@ -194,12 +197,15 @@ _SHARED: dict[tuple, Scorer] = {}
 
 
 def shared(spec: str, *, batched: bool, timeout_s: float, tag: str = "",
-           before_load: Callable[[], None] | None = None, convention: str = "ratchet") -> Scorer:
+           before_load: Callable[[], None] | None = None, convention: str = "ratchet",
+           messages: bool | str = False, fields: tuple[str, ...] = ()) -> Scorer:
     """This process's scorer for `spec` (and `tag`: what else tells two versions apart), started on
-    first use and kept for the calls after (a stage's units share it; it ends with the process)."""
-    key = (spec, tag, batched, timeout_s, convention)
+    first use and kept for the calls after (a stage's units share it; it ends with the process).
+    `fields`: the rows' other columns, which its signature is checked against when it loads."""
+    key = (spec, tag, batched, timeout_s, convention, messages, fields)
     if key not in _SHARED:
-        s = Scorer(spec, batched=batched, timeout_s=timeout_s, before_load=before_load, convention=convention)
+        s = Scorer(spec, batched=batched, timeout_s=timeout_s, before_load=before_load, convention=convention,
+                   messages=messages, fields=fields)
         s.start()  # raises ScorerError, and then nothing is kept
         _SHARED[key] = s
     return _SHARED[key]
@@ -268,6 +274,38 @@ def found_convention(fn, asked: str) -> str:
     if "completions" in names:
         return "trl"
     return "ratchet"
+
+
+def found_messages(fn, asked: bool | str, convention: str) -> bool:
+    """Whether a TRL function takes its completions and prompts as chat messages: `asked`, or for
+    `auto` what its `completions` annotation says (TRL's own reward functions annotate
+    `list[list[dict[str, str]]]`). Raises ScorerError for messages asked of another convention."""
+    if asked is True and convention != "trl":
+        raise ScorerError(f"data.check.messages: true gives TRL's reward functions chat messages, but "
+                          f"{getattr(fn, '__name__', fn)!r} is called in the {convention} convention; remove messages "
+                          "or set data.check.convention: trl")
+    if asked != "auto" or convention != "trl":
+        return asked is True
+    import inspect
+
+    try:
+        hint = inspect.signature(fn).parameters["completions"].annotation
+    except (TypeError, ValueError, KeyError):
+        return False
+    if hint is inspect.Parameter.empty:
+        return False
+    text = (hint if isinstance(hint, str) else repr(hint)).replace("typing.", "").lower()  # List[List[Dict]] too
+    return re.search(r"list\[\s*list\[\s*dict", text) is not None
+
+
+def as_messages(kwargs: dict) -> dict:
+    """A TRL call's completions and prompts as a conversational dataset gives them: each a list
+    of one message (TRL's `completion[0]["content"]`)."""
+    out = dict(kwargs)
+    out["completions"] = [[{"role": "assistant", "content": c}] for c in kwargs["completions"]]
+    if "prompts" in kwargs:
+        out["prompts"] = [None if p is None else [{"role": "user", "content": p}] for p in kwargs["prompts"]]
+    return out
 
 
 def _signature_problem(fn, batched: bool, fields: list[str] = (), convention: str = "ratchet") -> str | None:
@@ -386,6 +424,7 @@ def child_main() -> int:
     os.dup2(2, 1)  # the function's prints go to the log
     spec, batched, fields = sys.argv[1], sys.argv[2] == "1", json.loads(sys.argv[3])
     asked = sys.argv[4] if len(sys.argv) > 4 else "ratchet"
+    asked_messages = json.loads(sys.argv[5]) if len(sys.argv) > 5 else False
 
     def say(obj) -> None:
         proto.write(json.dumps(obj) + "\n")
@@ -404,7 +443,13 @@ def child_main() -> int:
     if (problem := _signature_problem(fn, batched, fields, convention)) is not None:
         say({"ok": False, "error": f"{spec}: {problem}"})
         return 0
-    say({"ok": True, "async": inspect.iscoroutinefunction(fn), "convention": convention, "batched": batched})
+    try:
+        chat = found_messages(fn, asked_messages, convention)
+    except ScorerError as e:
+        say({"ok": False, "error": f"{spec}: {e}"})
+        return 0
+    say({"ok": True, "async": inspect.iscoroutinefunction(fn), "convention": convention, "batched": batched,
+         "messages": chat})
     me = os.getpid()
     for line in sys.stdin:
         call = json.loads(line)
@@ -412,7 +457,7 @@ def child_main() -> int:
         first = kwargs["completions"] if batched else kwargs["completion"]
         try:
             if convention == "trl":  # every list by keyword, as TRL's trainers call a reward function
-                v = fn(**kwargs)
+                v = fn(**(as_messages(kwargs) if chat else kwargs))
             elif convention == "verl":
                 v = fn(**_verl_kwargs(kwargs))
             else:
@@ -422,7 +467,11 @@ def child_main() -> int:
         except BaseException as e:  # noqa: BLE001 - the user's exception, reported with its row
             if os.getpid() != me:  # a process the function forked, raising out of it: never answers
                 os._exit(1)
-            failure = {"failure": f"raised {type(e).__name__}: {e}\n{_user_traceback(e)}"}
+            hint = ("\n(a TRL reward function written for a conversational dataset reads completion[0]['content']: "
+                    "set data.check.messages: true to pass each completion as a list of chat messages)"
+                    if convention == "trl" and not chat and isinstance(e, (TypeError, KeyError))
+                    and "string indices" in str(e) else "")
+            failure = {"failure": f"raised {type(e).__name__}: {e}\n{_user_traceback(e)}{hint}"}
             say({"#": n, **({"results": [failure] * len(first)} if batched else {"result": failure})})
             continue
         if os.getpid() != me:  # a process the function forked, returning from it: it answers nothing, and

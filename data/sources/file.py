@@ -261,9 +261,11 @@ def _to_prompts(rows: list[tuple[str, Any]], cfg: FileSource, source: str, id_pr
         report.add(source, f"data.prompt_field={cfg.prompt_field!r} is not a column", "columns", str(columns),
                    "set data.prompt_field to the column holding the prompt")
         return []
-    if dicts and need_answers and cfg.answer_field not in columns and not cfg.check.reads_return:
+    named = cfg.answer_field is not None and "answer_field" in cfg.model_fields_set  # a name given: it must be there
+    if dicts and (need_answers or named) and cfg.answer_field not in columns:
         report.add(source, f"data.answer_field={cfg.answer_field!r} is not a column", "columns", str(columns),
-                   "set data.answer_field to the column holding the reference answers")
+                   "set data.answer_field to the column holding the reference answers"
+                   + ("" if need_answers else ", or to null: this check needs none"))
     out = []
     for place, r in dicts:
         text = r.get(cfg.prompt_field)
@@ -338,14 +340,18 @@ def _check_split(cfg: FileSource, train: list[Placed], ev: list[Placed], train_a
         else:
             seen[p.id] = place
     for p, (source, place) in ev:
-        if p.answer is None and not cfg.check.reads_return:  # an episode's return needs no reference
+        if p.answer is None and cfg.check.needs_answer:  # a python check or an episode's return scores without one
             report.add(source, "eval rows without a reference answer", place, f"id {p.id!r}",
-                       f"give every eval row its {cfg.answer_field!r} (held-out accuracy is computed from them)")
+                       f"give every eval row its {cfg.answer_field!r} (held-out accuracy is computed from them)"
+                       if cfg.answer_field else "set data.answer_field to the column holding the reference answers "
+                       f"(data.check.kind={cfg.check.kind!r} compares with them)")
     if train_answers:
         for p, (source, place) in train:
             if p.answer is None:
                 report.add(source, "train rows without a reference answer", place, f"id {p.id!r}",
-                           f"give every row its {cfg.answer_field!r}: the verifier label needs one per prompt "
+                           (f"give every row its {cfg.answer_field!r}" if cfg.answer_field else
+                            "set data.answer_field to the column holding the reference answers")
+                           + ": the verifier label needs one per prompt "
                            "(or use label.kind='consistency' or 'judge', which need none)")
     if not cfg.allow_overlap:
         trained = {prompt_key(p.prompt): place for p, place in train}
@@ -361,14 +367,15 @@ def _file(cfg: FileSource, seed: int, train_answers: bool) -> Split:
     rows, digest = _read(cfg.path, cfg.split, "path", report)
     if digest and not rows:
         report.add(cfg.path, "no rows", "data.path", "the source is empty", "give a file with at least one row")
-    train = _to_prompts(rows, cfg, cfg.path, "row-", train_answers or not cfg.eval_path, report)
+    held_out_answers = cfg.check.needs_answer  # a check that scores without a reference (python, return) needs none
+    train = _to_prompts(rows, cfg, cfg.path, "row-", train_answers or (held_out_answers and not cfg.eval_path), report)
     digests = {"path": digest}
     if cfg.eval_path:
         ev_rows, digests["eval_path"] = _read(cfg.eval_path, cfg.split, "eval_path", report)
         if digests["eval_path"] and not ev_rows:
             report.add(cfg.eval_path, "no rows", "data.eval_path", "the file is empty",
                        "held-out accuracy (and the champion gate) needs at least one answered row")
-        ev = _to_prompts(ev_rows, cfg, cfg.eval_path, "eval-row-", True, report)
+        ev = _to_prompts(ev_rows, cfg, cfg.eval_path, "eval-row-", held_out_answers, report)
     else:
         if train and cfg.eval_size >= len(train):
             report.add(cfg.path, "too few rows to split", "data.eval_size", f"{cfg.eval_size} >= {len(train)} rows",

@@ -249,6 +249,25 @@ def test_train_answers_are_required_only_when_the_label_needs_them(tmp_path):
         load_split(FileSource(path=str(path), eval_path=ev), seed=0, train_answers=True)
 
 
+def test_a_check_that_needs_no_reference_takes_rows_without_answers(tmp_path):
+    """A python check scores without a reference: its rows' answer column may be a column of
+    their own (TRL's `solution`), while a check that compares with answers still needs them."""
+    from ratchet.data.checkers import PythonCheck
+
+    score = tmp_path / "score.py"
+    score.write_text("def score(completion, solution, **kw):\n    return completion == solution\n")
+    rows = [{"problem": f"What is {i} + 1?", "solution": str(i + 1)} for i in range(6)]
+    path = str(_write(tmp_path / "rows.jsonl", rows))
+    check = PythonCheck(function=f"{score}:score")
+    s = load_split(FileSource(path=path, prompt_field="problem", answer_field=None, eval_size=2, check=check), seed=0)
+    assert all(p.answer is None and p.fields == {"solution": str(int(p.prompt.split()[2]) + 1)} for p in s.train + s.eval)
+    with pytest.raises(ConfigError, match=r"data.answer_field='answr' is not a column.*or to null: this check needs"):
+        load_split(FileSource(path=path, prompt_field="problem", answer_field="answr", eval_size=2, check=check), seed=0)
+    with pytest.raises(ConfigError, match=r"eval rows without a reference answer.*set data.answer_field to the column "
+                                          r"holding the reference answers \(data.check.kind='number'"):
+        load_split(FileSource(path=path, prompt_field="problem", answer_field=None, eval_size=2), seed=0)
+
+
 def test_overlap_between_train_and_eval_is_an_error_unless_allowed(tmp_path):
     ev = [{"prompt": "what is 0  + 1?", "answer": 1}]  # the same text once normalised
     problems, _ = _problems(tmp_path, GOOD, eval_rows=ev)

@@ -305,6 +305,14 @@ def test_a_rows_other_columns_reach_the_function_by_name(tmp_path):
                                Item(f"{p.answer} mm", p.answer, p.prompt, p.id, row.fields)])
     assert [x.correct for x in v] == [True, True, False]
     assert len({Prompt(id="a", prompt="b", fields={"x": [1]}), Prompt(id="a", prompt="b", fields={"x": [1]})}) == 1
+    # a column taken as a required parameter: what `ratchet check` accepts, a stage's calls accept
+    g = _file(tmp_path, """
+        def required(completion, answer, prompt, unit, tolerance):
+            return completion.rstrip().endswith(unit)
+    """, "required.py")
+    need = PythonCheck(function=f"{g}:required")
+    assert need.problems(["tolerance", "unit"]) == []
+    assert [x.score for x in check_many(need, [Item(f"{p.answer} cm", p.answer, p.prompt, p.id, p.fields)])] == [1.0]
 
 
 def test_columns_a_call_cannot_take_are_named_with_the_fix(tmp_path):
@@ -491,6 +499,32 @@ def test_reward_functions_written_for_trl_and_verl_are_called_as_those_libraries
     assert "cannot take a row's fields by name" in bad and "compute_score(data_source, solution_str, ground_truth" in bad
     [bad] = PythonCheck(function=f"{g}:verl_shaped").problems()
     assert "compute_score(data_source, solution_str, ground_truth, extra_info=None)" in bad
+
+
+def test_trl_s_own_reward_functions_and_conversational_ones_get_chat_messages(tmp_path):
+    """TRL passes a conversational dataset's completions as lists of messages; its own reward
+    functions (trl.rewards) read `completion[0]["content"]` and say so in their annotation."""
+    pytest.importorskip("math_verify")
+    rows = [Item(r"My answer is \boxed{\frac{1}{3}}", None, "What is 1/3?", "q#0", {"solution": r"\frac{1}{3}"}),
+            Item(r"My answer is \boxed{\frac{1}{2}}", None, "What is 1/3?", "q#1", {"solution": r"\frac{1}{3}"}),
+            Item("<think>\nhm\n</think>\n4", None, "2 + 2?", "r#0", {"solution": "4"})]
+    acc = PythonCheck(function="trl.rewards:accuracy_reward")  # an installed module, found as trl + messages
+    assert acc.problems(["solution"]) == []
+    assert [v.score for v in check_many(acc, rows)] == [1.0, 0.0, 0.0]
+    assert [v.score for v in check_many(PythonCheck(function="trl.rewards:think_format_reward"), rows)] == [0, 0, 1]
+    f = _file(tmp_path, """
+        def chat(completions, prompts, **kwargs):  # no annotation: messages named in config
+            return [float(c[0]["role"] == "assistant" and p[0]["role"] == "user" and "2" in p[0]["content"])
+                    for c, p in zip(completions, prompts)]
+        def verl(data_source, solution_str, ground_truth, extra_info=None):
+            return 1.0
+    """)
+    assert [v.score for v in check_many(PythonCheck(function=f"{f}:chat", messages=True), rows)] == [0, 0, 1]
+    # without it, the function's own error, and what to set
+    with pytest.raises(CheckFailedError, match=r"(?s)string indices.*set data.check.messages: true"):
+        check_many(PythonCheck(function=f"{f}:chat"), rows)
+    [bad] = PythonCheck(function=f"{f}:verl", messages=True).problems()
+    assert "messages: true gives TRL's reward functions chat messages" in bad and "verl convention" in bad
 
 
 def test_verl_gets_the_data_source_column_or_nothing(tmp_path):
