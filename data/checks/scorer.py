@@ -317,7 +317,7 @@ def _signature_problem(fn, batched: bool, fields: list[str] = (), convention: st
     except (TypeError, ValueError):
         return None  # a builtin or C function: its call will tell
     if convention == "verl":
-        probe = ((), {"data_source": "", "solution_str": "", "ground_truth": "", "extra_info": {}})
+        probe = ((), verl_taken(fn, {"data_source": "", "solution_str": "", "ground_truth": "", "extra_info": {}}))
         want = "compute_score(data_source, solution_str, ground_truth, extra_info=None)"
     elif convention == "trl":
         probe = ((), {"completions": [""], "prompts": [""], "answer": [""], **{f: [""] for f in fields}})
@@ -334,6 +334,21 @@ def _signature_problem(fn, batched: bool, fields: list[str] = (), convention: st
         cols = f"; the rows' other columns {sorted(fields)} come by name too" if fields and convention != "verl" else ""
         return f"{fn.__name__}{sig} cannot take a row's fields by name ({e}{cols}); define it as {want}"
     return None
+
+
+def verl_taken(fn, kwargs: dict) -> dict:
+    """Of verl's four arguments, those `fn` names (all, where it takes **kwargs), and always the
+    completion and the reference: a scorer of verl's own modules (`gsm8k.compute_score(solution_str,
+    ground_truth)`) is called as verl's dispatcher calls it, a custom reward function with all four."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params or k in ("solution_str", "ground_truth")}
 
 
 def _verl_kwargs(row: dict) -> dict:
@@ -459,7 +474,7 @@ def child_main() -> int:
             if convention == "trl":  # every list by keyword, as TRL's trainers call a reward function
                 v = fn(**(as_messages(kwargs) if chat else kwargs))
             elif convention == "verl":
-                v = fn(**_verl_kwargs(kwargs))
+                v = fn(**verl_taken(fn, _verl_kwargs(kwargs)))
             else:
                 v = fn(kwargs.pop("completions" if batched else "completion"), **kwargs)
             if inspect.isawaitable(v):

@@ -499,6 +499,12 @@ def test_reward_functions_written_for_trl_and_verl_are_called_as_those_libraries
     assert "cannot take a row's fields by name" in bad and "compute_score(data_source, solution_str, ground_truth" in bad
     [bad] = PythonCheck(function=f"{g}:verl_shaped").problems()
     assert "compute_score(data_source, solution_str, ground_truth, extra_info=None)" in bad
+    # a scorer of verl's own modules takes the completion and the reference alone, as verl's dispatcher calls it
+    h = _file(tmp_path, """
+        def compute_score(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0):
+            return score if solution_str.split()[-1] == ground_truth else format_score
+    """, "gsm8k_like.py")
+    assert [x.score for x in check_many(PythonCheck(function=f"{h}:compute_score"), COLUMNS)] == [1.0, 0.0, 0.0]
 
 
 def test_trl_s_own_reward_functions_and_conversational_ones_get_chat_messages(tmp_path):
