@@ -12,6 +12,10 @@ With RATCHET_FAILPOINTS_KILL=orchestrator, a failpoint instead kills the run's o
 below it must then die by itself (data/lifetime.py), the one that reached the failpoint
 included. A process left standing is a bug the tests look for.
 
+With RATCHET_FAILPOINTS_KILL=interrupt, a failpoint sends SIGINT to the run's process group, as
+a Ctrl-C at the terminal does, and goes on: the run must stop with an interrupt, promptly, and
+leave nothing running.
+
 Points: <stage>:shard (sample and judge, after the first shard is written),
 <stage>:before-manifest (outputs written, manifest not yet), <stage>:after-manifest
 (stage finished, nothing downstream started or logged), train:checkpoint (after the
@@ -26,7 +30,7 @@ import time
 
 ENV = "RATCHET_FAILPOINTS"
 GROUP = "RATCHET_FAILPOINTS_GROUP"  # set for helpers started in a group of their own (torchrun's processes)
-KILL = "RATCHET_FAILPOINTS_KILL"  # "group" (the default) or "orchestrator"
+KILL = "RATCHET_FAILPOINTS_KILL"  # "group" (the default), "orchestrator" or "interrupt"
 ORCHESTRATOR = "RATCHET_ORCHESTRATOR_PID"  # set by `ratchet run` for the processes below it
 
 
@@ -43,6 +47,9 @@ def hit(name: str) -> None:
     """Die here, with the whole process group (the pipeline's, where a helper runs in a group
     of its own), if `name` is armed; or kill the orchestrator alone and wait to die with it."""
     if armed(name):
+        if os.environ.get(KILL) == "interrupt":  # a Ctrl-C: the whole group, this process included
+            os.killpg(int(os.environ.get(GROUP, os.getpgrp())), signal.SIGINT)
+            return
         if os.environ.get(KILL) == "orchestrator" and ORCHESTRATOR in os.environ:
             os.kill(int(os.environ[ORCHESTRATOR]), signal.SIGKILL)
             while True:  # until the orchestrator's death reaches this process

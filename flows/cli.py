@@ -67,7 +67,10 @@ def _ephemeral_server_dies_with_us():
 
     Prefect keeps one such server per port and hands it to every client that asks; the one
     registered here first is the one they get, and it starts the server's process asking for
-    SIGTERM (a clean stop of its database) when this process dies."""
+    SIGTERM (a clean stop of its database) when this process dies. It runs in a session of its
+    own: a Ctrl-C at the terminal reaches the run's process group, and a server stopped by it
+    would leave the interrupted run retrying its last state updates for minutes, then failing
+    with a connection error instead of saying it was interrupted."""
     import subprocess
     import types
     from functools import partial
@@ -84,7 +87,7 @@ def _ephemeral_server_dies_with_us():
         def _run_uvicorn_command(self):
             real = server.subprocess
             server.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": partial(
-                subprocess.Popen, preexec_fn=child_dies_with_parent(signal.SIGTERM))})
+                subprocess.Popen, preexec_fn=child_dies_with_parent(signal.SIGTERM), start_new_session=True)})
             try:
                 return super()._run_uvicorn_command()
             finally:
@@ -210,8 +213,6 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool) -> int:
         except BaseException as e:
             traceback.print_exc()  # into the run's log (the terminal with --verbose)
             resume = f"ratchet resume {ctx.run_name} --workdir {ctx.workdir}" if ctx else "re-run the same command"
-            if isinstance(e, KeyboardInterrupt):
-                resume = f"{resume} (interrupted)"
             console.failure(e, run_log, resume)
             return 130 if isinstance(e, KeyboardInterrupt) else 2 if type(e).__name__ == "ConfigError" else 1
         champ = tracker.champion()

@@ -216,12 +216,14 @@ class RunConsole:
             resume = "run the command again with one of the changes above (e.g. agreement.on_below=train)"
         log = (Path(e.dir) / events.STAGE_LOG) if e and e.dir and (Path(e.dir) / events.STAGE_LOG).exists() else run_log
         full = out_of_space(error, Path(e.dir) if e and e.dir else Path.cwd())  # the orchestrator's own writes
-        lines = [f"ratchet: {what} failed", f"  {type(error).__name__}: {full or error}"]
+        interrupted = isinstance(error, KeyboardInterrupt)
+        lines = [f"ratchet: {what} interrupted (Ctrl-C)" if interrupted else f"ratchet: {what} failed",
+                 *([] if interrupted else [f"  {type(error).__name__}: {full or error}"])]
         if log is not None:
             lines.append(f"  log: {log}")
             # a clear error says all; a crash or an unexpected exception shows how the log ends
             crashed = isinstance(error, StageFailedError) and not error.clear
-            tail = _tail(log, 12) if crashed or not isinstance(error, RatchetError) else []
+            tail = _tail(log, 12) if (crashed or not isinstance(error, RatchetError)) and not interrupted else []
             if tail:
                 lines += ["  its last lines:", *("    " + x for x in tail)]
         lines.append(f"  finished stages are kept; to resume: {resume}")

@@ -1,5 +1,5 @@
-"""Kill the pipeline inside the stages that hold several processes and at a stage boundary, resume
-each time, and end byte-identical to an uninterrupted run.
+"""Kill the pipeline inside the stages that hold several processes, interrupt it at a stage boundary
+as Ctrl-C does, resume each time, and end byte-identical to an uninterrupted run.
 
 The kill is `kill -9` of the orchestrator's PID alone, not its group, as a user or a lost
 session does it: every process below it (the temporary Prefect server, the stage worker, two
@@ -42,12 +42,14 @@ POOLS = ["executor.threads_per_engine=1", "train.num_processes=2"]
 TWO_ENGINES = "executor.engines=2"  # two engine holders in each stage that samples
 
 
-def _run(workdir, tiny_model, api_url, failpoint=None, cold=False):
+def _run(workdir, tiny_model, api_url, failpoint=None, cold=False, how="orchestrator"):
     """A run; `cold`: every stage worker a fresh interpreter (no fork server, tasks/forkserver.py).
-    A run killed in a stage that holds engines holds two."""
+    A run killed in a stage that holds engines holds two. At `failpoint`, the orchestrator's PID
+    alone is killed (`how`="orchestrator") or the run's process group gets a Ctrl-C's SIGINT
+    ("interrupt"); the Prefect server is the run's own temporary one."""
     env = None
-    if failpoint:  # the orchestrator's PID alone is killed there; the Prefect server is the run's own
-        env = {"RATCHET_FAILPOINTS": failpoint, "RATCHET_FAILPOINTS_KILL": "orchestrator", MARK: "1"}
+    if failpoint:
+        env = {"RATCHET_FAILPOINTS": failpoint, "RATCHET_FAILPOINTS_KILL": how, MARK: "1"}
         api_url = None
     two = [TWO_ENGINES] if failpoint in KILLS else []
     return ratchet("run", CONFIG, *_overrides(workdir, tiny_model), *POOLS, *two,
@@ -105,11 +107,20 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
             assert (tmp_path / "ref" / "stages" / name / "stage.log").stat().st_size > 0, name
 
     work = tmp_path / "work"
-    for failpoint in ["evaluate:after-manifest", *KILLS]:  # first: a boundary right after round 0
+    # first: a Ctrl-C at the terminal at a boundary, right after round 0. It reaches the whole process
+    # group: the run stops at once and says so, and its Prefect server (in a session of its own) lives to
+    # record it, rather than dying of the same signal and leaving the run retrying it for minutes
+    for failpoint in ["evaluate:after-manifest", *KILLS]:
         before = _finished(work) if (work / "stages").exists() else {}
         written = _written(work) if (work / "stages").exists() else {}
-        killed = _run(work, tiny_model, api, failpoint)
-        assert killed.returncode == -9, (failpoint, killed.returncode, killed.stderr[-3000:])
+        how = "interrupt" if failpoint.endswith("after-manifest") else "orchestrator"
+        killed = _run(work, tiny_model, api, failpoint, how=how)
+        if how == "interrupt":
+            assert killed.returncode == 130, (failpoint, killed.returncode, killed.stderr[-3000:])
+            assert "interrupted (Ctrl-C)" in killed.stderr and "ConnectError" not in killed.stderr, killed.stderr
+            assert "to resume: ratchet resume " in killed.stderr
+        else:
+            assert killed.returncode == -9, (failpoint, killed.returncode, killed.stderr[-3000:])
         _nothing_left_running(work, failpoint)
         after = _finished(work)
         # nothing finished earlier was recomputed or lost

@@ -2,6 +2,7 @@
 real (HF backend, worker processes) in about a minute."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,14 +22,16 @@ def overrides(workdir, tiny_model) -> list[str]:
 
 def ratchet(*args, api_url: str | None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """`ratchet ARGS` in its own process group, against the Prefect server at api_url (None: the
-    temporary one a run starts by itself)."""
+    temporary one a run starts by itself). Its SIGINT is at the default a terminal gives it (a
+    test worker may ignore SIGINT, and an ignored signal stays ignored across exec)."""
     full = {**os.environ, "PREFECT_API_URL": api_url}
     if api_url is None:
         full.pop("PREFECT_API_URL")
     full.pop("RATCHET_FAILPOINTS", None)
     full.update(env or {})
     return subprocess.run([sys.executable, "-m", "ratchet.flows.cli", *map(str, args)], cwd=ROOT, env=full,
-                          start_new_session=True, capture_output=True, text=True, timeout=timeout)
+                          start_new_session=True, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def free_port() -> int:
