@@ -261,7 +261,7 @@ def _to_prompts(rows: list[tuple[str, Any]], cfg: FileSource, source: str, id_pr
         report.add(source, f"data.prompt_field={cfg.prompt_field!r} is not a column", "columns", str(columns),
                    "set data.prompt_field to the column holding the prompt")
         return []
-    named = cfg.answer_field is not None and "answer_field" in cfg.model_fields_set  # a name given: it must be there
+    named = cfg.answer_field not in (None, "answer")  # a column named other than the default: it must be there
     if dicts and (need_answers or named) and cfg.answer_field not in columns:
         report.add(source, f"data.answer_field={cfg.answer_field!r} is not a column", "columns", str(columns),
                    "set data.answer_field to the column holding the reference answers"

@@ -263,6 +263,10 @@ def test_a_check_that_needs_no_reference_takes_rows_without_answers(tmp_path):
     assert all(p.answer is None and p.fields == {"solution": str(int(p.prompt.split()[2]) + 1)} for p in s.train + s.eval)
     with pytest.raises(ConfigError, match=r"data.answer_field='answr' is not a column.*or to null: this check needs"):
         load_split(FileSource(path=path, prompt_field="problem", answer_field="answr", eval_size=2, check=check), seed=0)
+    # the default name need not be a column, also as a stored config (every field set) reads it on resume
+    default = FileSource(path=path, prompt_field="problem", eval_size=2, check=check)
+    again = FileSource.model_validate(default.model_dump())
+    assert len(load_split(again, seed=0).eval) == 2
     with pytest.raises(ConfigError, match=r"eval rows without a reference answer.*set data.answer_field to the column "
                                           r"holding the reference answers \(data.check.kind='number'"):
         load_split(FileSource(path=path, prompt_field="problem", answer_field=None, eval_size=2), seed=0)
