@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,9 +134,37 @@ SHOWN = 4  # held-out prompts the report follows from round to round
 
 def followed(report: Report) -> list[tuple[str, str]]:
     """(id, prompt) of the first SHOWN prompts of the gate's held-out set, as the earliest round that
-    answered it lists them: the same prompts every round."""
+    answered it lists them: the same prompts every round. An episode's prompt is what the model was
+    first shown: the environment's first observation."""
     first = next((r.answers for r in report.rounds if r.answers), [])
-    return list(dict.fromkeys((a["prompt_id"], a["prompt"]) for a in first))[:SHOWN]
+    return list(dict.fromkeys((a["prompt_id"], (a.get("outcome") or {}).get("start") or a["prompt"])
+                              for a in first))[:SHOWN]
+
+
+MARKER = re.compile(r"<\|[^|<>\s]{1,40}\|>")  # a chat template's special tokens (<|im_start|>, <|eot_id|>, ...)
+ROLE_LINE = re.compile(r"^\s*(?:system|user|assistant|model|human)\s*$", re.M | re.I)  # what follows a marker
+
+
+def transcript(a: dict, n: int = 400) -> str:
+    """An answer as HTML: its text, or an episode's turns one after another, each environment turn
+    as its observation alone (the chat template's markers between the turns dropped) and marked as
+    the environment's. At most `n` characters of text in all; every text escaped."""
+    segments = a.get("segments") or []
+    if not any(s.get("role") == "env" for s in segments):
+        return html.escape(_clip(a["text"], n))
+    out, left = [], n
+    for s in segments:
+        if left <= 0:
+            out.append("…")
+            break
+        text = (s.get("text") or "").strip()
+        if s.get("role") == "env":
+            text = ROLE_LINE.sub("", MARKER.sub("", text)).strip()
+            out.append(f"<span class=\"env\">{html.escape(_clip(text, left))}</span>")
+        else:
+            out.append(html.escape(_clip(text, left)))
+        left -= len(text)
+    return "\n".join(out)
 
 
 def verdict(a: dict) -> str:
@@ -377,7 +406,7 @@ def _answers(report: Report) -> str:
         for r in report.rounds:
             a = next((a for a in r.answers if a["prompt_id"] == pid and a.get("index", 0) == 0), None)
             cells.append("<td></td>" if a is None else
-                         f"<td class=\"answer\"><pre>{html.escape(_clip(a['text'], 400))}</pre>"
+                         f"<td class=\"answer\"><pre>{transcript(a)}</pre>"
                          f"<span class=\"{'right' if a.get('correct') else 'other'}\">{html.escape(verdict(a))}"
                          "</span></td>")
         rows.append(f"<tr><td class=\"prompt\">{html.escape(_clip(prompt, 300))}</td>{''.join(cells)}</tr>")
@@ -407,6 +436,7 @@ figure {{ display: inline-block; margin: .5rem; }} img {{ max-width: 100%; }}
 table.answers td {{ text-align: left; vertical-align: top; max-width: 22rem; }}
 table.answers pre {{ white-space: pre-wrap; margin: 0 0 .2rem; }}
 .right {{ color: #2a7a3a; }} .other {{ color: #a33; }}
+pre .env {{ color: #666; font-style: italic; }} pre .env::before {{ content: "env: "; }}
 </style></head><body>
 <h1>{html.escape(r.run)}</h1>
 <p>{html.escape(report.model)} · {r.state} · {r.rounds_done} of {r.rounds} round(s) {origin} ·

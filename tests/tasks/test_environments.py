@@ -503,6 +503,22 @@ def test_the_report_says_how_an_episode_went():
     assert verdict(broke) == "the environment failed: KeyError: 'x'"
 
 
+
+def test_the_report_shows_an_episode_turn_by_turn_without_the_template_s_markers():
+    from ratchet.flows.report import transcript
+
+    episode = {"text": "ignored", "segments": [
+        {"role": "model", "text": "5 <script>alert(1)</script>"},
+        {"role": "env", "text": "<|im_end|>\n<|im_start|>user\nHigher.<|im_end|>\n<|im_start|>assistant\n"},
+        {"role": "model", "text": "7"}]}
+    assert transcript(episode) == ('5 &lt;script&gt;alert(1)&lt;/script&gt;\n<span class="env">Higher.</span>\n7')
+    plain = {"text": "x", "segments": [{"role": "model", "text": " 3"}, {"role": "env", "text": "Question: Lower.\nAnswer:"}]}
+    assert transcript(plain) == '3\n<span class="env">Question: Lower.\nAnswer:</span>'
+    # a tool episode (no environment turns) and a single answer: the text as it is, escaped and cut
+    assert transcript({"text": "a <b>" + "x" * 500, "segments": [{"role": "model", "text": "a"}]}).startswith("a &lt;b&gt;xx")
+    assert len(transcript({"text": "y" * 900})) == 400
+
+
 def test_an_edited_environment_is_a_new_run_and_stands_in_the_lineage(tmp_path):
     from ratchet.data.userfiles import user_files, with_absolute_paths
     from ratchet.flows.config import config_from_dict
