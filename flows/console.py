@@ -156,7 +156,8 @@ class RunConsole:
             elif e.kind == "failed":
                 self._running = None
                 self._failed = e
-                self.line(f"{name} ✗ failed", "bold red")
+                stopped = (e.error or "").startswith("KeyboardInterrupt")  # a Ctrl-C, not the stage's fault
+                self.line(f"{name} ✗ {'interrupted' if stopped else 'failed'}", "bold red")
             elif e.kind == "note":
                 self.line(f"{name} {e.data['text']}")
             elif e.kind == "report":

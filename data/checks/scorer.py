@@ -15,10 +15,12 @@ TRL's names (completions, prompts=, answer=, ...) returning a list. Two other co
 are taken unchanged, named in config or found from the function's signature (`auto`):
 TRL's reward functions (`completions` among its parameters: every list by keyword, as TRL's
 trainers call them; with `messages`, each completion and prompt as a list of chat messages, as
-TRL passes a conversational dataset) and verl's `compute_score(data_source, solution_str, ground_truth,
-extra_info)` (one row; `data_source` from the row's `data_source` column, else ""; the
-prompt and the other columns in `extra_info`). A function may be `async def`. It returns a float, a bool, None (unscored) or {"score": x, **metrics}; the
-child checks the value and says what is wrong with it, naming what came back.
+TRL passes a conversational dataset) and verl's `compute_score(data_source, solution_str,
+ground_truth, extra_info)` (one row; `data_source` from the row's `data_source` column, else "";
+the prompt and the other columns in `extra_info`; a scorer of verl's own modules gets the
+arguments it names). A function may be `async def`. It returns a float, a bool, None
+(unscored) or {"score": x, **metrics}; the child checks the value and says what is wrong with
+it, naming what came back.
 """
 
 from __future__ import annotations

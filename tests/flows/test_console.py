@@ -106,6 +106,16 @@ def test_a_failed_stage_prints_one_block_with_its_log_and_the_resume_command(tmp
         "ratchet: the run failed", "  EmptyStageError: round 1: 3 pairs < filter.min_pairs=16; lower filter.min_pairs",
         f"  log: {tmp_path / 'run.log'}", "  finished stages are kept; to resume: re-run the same command"]
 
+    console, out, err = _plain()  # a Ctrl-C: said as such, without the log's tail (the stage did nothing wrong)
+    with console:
+        events.emit(events.Event("start", "train", 2, stage))
+        events.emit(events.Event("failed", "train", 2, stage, error="KeyboardInterrupt: "))
+        console.failure(KeyboardInterrupt(), Path("run.log"), "ratchet resume demo-1 --workdir runs")
+    assert "round 2  train    ✗ interrupted" in out.getvalue() and "failed" not in out.getvalue()
+    assert err.getvalue().splitlines() == [
+        "ratchet: round 2 train interrupted (Ctrl-C)", f"  log: {stage / events.STAGE_LOG}",
+        "  finished stages are kept; to resume: ratchet resume demo-1 --workdir runs"]
+
 
 def test_a_listener_that_raises_never_fails_the_run():
     def broken(e):
