@@ -4,14 +4,16 @@
     ratchet lineage RUN_ID --json      # an MLflow round run, as JSON
 
 Each link is a stage directory: its config hash, code version, output digests
-(re-verified against the files on disk) and, for models, the registered version
-and MLflow run. The walk follows manifest parents, so it ends at the prompts and
-the base model.
+(re-verified against the files on disk), the user's files it read with their digests (a data
+file, a scoring function's or an environment's file, as its config keyed them) and, for models,
+the registered version and MLflow run. The walk follows manifest parents, so it ends at the
+prompts and the base model.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +41,38 @@ class Link(BaseModel):
     mlflow_run_id: str | None = None
     metrics: dict[str, float] = {}
     summary: str | None = None  # what the stage holds, where it says (a round's draw of prompts)
+    reads: dict[str, str] = {}  # the user's files its config names, each with the sha256 it was keyed by
+
+
+SPEC = re.compile(r"[^\s:]+:[A-Za-z_]\w*")  # 'path/to/file.py:name' or 'package.module:name'
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def reads(config: Any) -> dict[str, str]:
+    """The user's files a stage's config names, with the digests it was keyed by: a function's or an
+    environment's spec beside its `source` digest (at any depth: a check, a rollout, a held-out
+    set's), and a prompt stage's data files beside their `sources` digests."""
+    out: dict[str, str] = {}
+    if isinstance(config, dict):
+        src = config.get("source")
+        if isinstance(src, str) and SHA256.fullmatch(src):
+            out.update({v: src for k, v in config.items() if k != "source" and isinstance(v, str) and SPEC.fullmatch(v)})
+        files, data = config.get("sources"), config.get("data")
+        if isinstance(files, dict) and isinstance(data, dict):
+            out.update({data[k]: d for k, d in files.items() if isinstance(data.get(k), str) and isinstance(d, str)})
+        for v in config.values():
+            out.update(reads(v))
+    elif isinstance(config, list):
+        for v in config:
+            out.update(reads(v))
+    return out
 
 
 def _link(m: StageManifest, problem: str | None) -> Link:
     return Link(stage=m.stage, round=m.round, key=m.key, dir=m.dir, code_version=m.code_version,
                 config_hash=sha256_json(m.config)[:16], outputs={k: v.sha256 for k, v in m.outputs.items()},
                 parents=[p.key for p in m.parents], verified=problem is None, problem=problem, metrics=m.metrics,
-                summary=(m.info or {}).get("summary"))
+                summary=(m.info or {}).get("summary"), reads=reads(m.config))
 
 
 def walk(store: ArtifactStore, start: StageManifest) -> list[Link]:
@@ -156,6 +183,8 @@ def render_text(links: list[Link]) -> str:
                    + ("verified" if link.verified else f"PROBLEM: {link.problem}"))
         if link.summary:
             out.append(f"    {link.summary}")
+        for name, digest in sorted(link.reads.items()):
+            out.append(f"    reads {name}  sha256 {digest[:16]}")
         for name, digest in sorted(link.outputs.items()):
             if not name.startswith(("model/", "adapter/")) or name.endswith(".safetensors"):
                 out.append(f"    {name}  sha256 {digest[:16]}")

@@ -3,7 +3,7 @@
 import shutil
 
 from ratchet.data.store import ArtifactStore
-from ratchet.flows.lineage import render_mermaid, render_text, walk
+from ratchet.flows.lineage import reads, render_mermaid, render_text, walk
 
 
 def _stage(store, stage, rnd, parents, text):
@@ -47,3 +47,26 @@ def test_tampered_and_missing_links_are_reported(tmp_path):
     assert not links[("base", -1)].verified and "manifest missing" in links[("base", -1)].problem
     assert links[("train", 2)].verified
     assert "2 with problems" in render_text(list(links.values()))
+
+
+def test_each_link_names_the_user_files_its_config_was_keyed_by(tmp_path):
+    """A data file, a scoring function's and an environment's file: each with the digest that keyed
+    the stage, wherever its config holds it (a held-out set's own check included)."""
+    d1, d2, d3, d4 = ("a" * 64, "b" * 64, "c" * 64, "d" * 64)
+    prompts = {"data": {"kind": "file", "path": "/u/rows.jsonl", "eval_path": "/u/held.jsonl",
+                        "check": {"kind": "python", "function": "/u/score.py:score", "source": d3}},
+               "seed": 0, "sources": {"path": d1, "eval_path": d2}}
+    assert reads(prompts) == {"/u/rows.jsonl": d1, "/u/held.jsonl": d2, "/u/score.py:score": d3}
+    sample = {"sample": {"rollout": {"kind": "environment", "env": "pkg.envs:Maze", "args": {"n": 3}, "source": d4}},
+              "sets": [{"name": "x", "check": {"kind": "python", "function": "trl.rewards:accuracy_reward",
+                                               "source": d3}}]}
+    assert reads(sample) == {"pkg.envs:Maze": d4, "trl.rewards:accuracy_reward": d3}
+    assert reads({"label": {"kind": "judge", "source": "not a digest", "model": "x:y"}}) == {}
+
+    store = ArtifactStore(tmp_path)
+    key = "prompts0".ljust(64, "0")
+    (store.prepare("prompts", key) / "out.txt").write_text("p")
+    m = store.finish(stage="prompts", round=0, key=key, code_version="c", config=prompts, parents=[],
+                     outputs={"out.txt": None})
+    text = render_text(walk(store, m))
+    assert f"    reads /u/rows.jsonl  sha256 {d1[:16]}" in text and f"reads /u/score.py:score  sha256 {d3[:16]}" in text
