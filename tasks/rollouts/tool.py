@@ -197,7 +197,9 @@ class ToolRollout(Rollout, SandboxSettings):
         e.calls += 1
         e.errors += failed
         e.tool_s += took
-        ids = tuple(sampler.tokenizer.encode(text, add_special_tokens=False))
+        # what a program prints is the model's text: a special token's spelling in it stays text (as an
+        # environment's observation does), so a program cannot end the turn or open a forged one
+        ids = tuple(sampler.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
         if e.used + len(ids) >= self.episode_tokens:  # no room left to read it and answer
             e.done, e.finish = True, "length"
         else:
