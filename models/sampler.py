@@ -98,8 +98,9 @@ class Sampler(Protocol):
 def chat_token_ids(tokenizer, prompts: list[str], prefix: str | list[str] = "") -> list[list[int]]:
     """Chat-templated token ids of each user prompt, ready for the assistant's turn.
 
-    `prefix` is text the assistant's turn starts with (e.g. "Score: "), so the model's
-    next token continues it: one string for all prompts, or one per prompt.
+    `prefix` is text the assistant's turn starts with (e.g. "Score: ", or the steps a tree
+    search has taken), so the model's next token continues it: one string for all prompts, or
+    one per prompt. It is the model's own text: a special token's spelling in it stays text.
     """
     prefixes = prefix if isinstance(prefix, list) else [prefix] * len(prompts)
     if len(prefixes) != len(prompts):
@@ -114,7 +115,8 @@ def chat_token_ids(tokenizer, prompts: list[str], prefix: str | list[str] = "") 
             if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
                 ids = ids["input_ids"]
             cache[p] = list(ids)
-        out.append(cache[p] + (tokenizer.encode(pre, add_special_tokens=False) if pre else []))
+        out.append(cache[p] + (tokenizer.encode(pre, add_special_tokens=False, split_special_tokens=True)
+                               if pre else []))
     return out
 
 
