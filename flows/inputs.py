@@ -77,8 +77,9 @@ def check_data(cfg: PipelineConfig) -> tuple[Split, dict[str, Split]]:
     if problems := cfg.label.ready():  # a served judge's key and server, before any model loads
         raise ConfigError(problems, source="label")
     fields = columns(split.train + split.eval)  # a start's other columns, which an environment's reset may take
-    if problems := sorted({p for ro in _rollouts(cfg) for p in ro.problems(fields)}):  # tried as stages use them
-        raise ConfigError(problems, source="sample.rollout" + (" and evaluate.sets" if len(_rollouts(cfg)) > 1 else ""))
+    rollouts = _rollouts(cfg)
+    if problems := sorted({p for ro in rollouts for p in ro.problems(fields)}):  # tried as stages use them
+        raise ConfigError(problems, source="sample.rollout" + (" and evaluate.sets" if len(rollouts) > 1 else ""))
     if problems := cfg.data.check.problems(columns(split.train + split.eval)):  # loaded once, as a stage will
         raise ConfigError(problems, source="data.check")
     return split, held_out_sets(cfg, split)

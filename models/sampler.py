@@ -95,12 +95,18 @@ class Sampler(Protocol):
     def close(self) -> None: ...
 
 
+def text_ids(tokenizer, text: str) -> list[int]:
+    """The ids of text a model, a program or an environment wrote: a special token's spelling in it
+    (`<|im_end|>`) stays text, so it cannot end a turn or open one in the ids a model reads."""
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True) if text else []
+
+
 def chat_token_ids(tokenizer, prompts: list[str], prefix: str | list[str] = "") -> list[list[int]]:
     """Chat-templated token ids of each user prompt, ready for the assistant's turn.
 
     `prefix` is text the assistant's turn starts with (e.g. "Score: ", or the steps a tree
     search has taken), so the model's next token continues it: one string for all prompts, or
-    one per prompt. It is the model's own text: a special token's spelling in it stays text.
+    one per prompt. It is the model's own text: read with `text_ids`.
     """
     prefixes = prefix if isinstance(prefix, list) else [prefix] * len(prompts)
     if len(prefixes) != len(prompts):
@@ -115,8 +121,7 @@ def chat_token_ids(tokenizer, prompts: list[str], prefix: str | list[str] = "") 
             if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
                 ids = ids["input_ids"]
             cache[p] = list(ids)
-        out.append(cache[p] + (tokenizer.encode(pre, add_special_tokens=False, split_special_tokens=True)
-                               if pre else []))
+        out.append(cache[p] + text_ids(tokenizer, pre))
     return out
 
 

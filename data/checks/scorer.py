@@ -319,7 +319,8 @@ def _signature_problem(fn, batched: bool, fields: list[str] = (), convention: st
     except (TypeError, ValueError):
         return None  # a builtin or C function: its call will tell
     if convention == "verl":
-        probe = ((), verl_taken(fn, {"data_source": "", "solution_str": "", "ground_truth": "", "extra_info": {}}))
+        row = {"data_source": "", "solution_str": "", "ground_truth": "", "extra_info": {}}
+        probe = ((), {k: x for k, x in row.items() if k in verl_names(fn)})
         want = "compute_score(data_source, solution_str, ground_truth, extra_info=None)"
     elif convention == "trl":
         probe = ((), {"completions": [""], "prompts": [""], "answer": [""], **{f: [""] for f in fields}})
@@ -338,19 +339,20 @@ def _signature_problem(fn, batched: bool, fields: list[str] = (), convention: st
     return None
 
 
-def verl_taken(fn, kwargs: dict) -> dict:
-    """Of verl's four arguments, those `fn` names (all, where it takes **kwargs), and always the
-    completion and the reference: a scorer of verl's own modules (`gsm8k.compute_score(solution_str,
-    ground_truth)`) is called as verl's dispatcher calls it, a custom reward function with all four."""
+def verl_names(fn) -> tuple[str, ...]:
+    """Of verl's four arguments, those `fn` is called with: the ones it names (all, where it takes
+    **kwargs), and always the completion and the reference. A scorer of verl's own modules
+    (`gsm8k.compute_score(solution_str, ground_truth)`) is called as verl's dispatcher calls it, a
+    custom reward function with all four."""
     import inspect
 
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return kwargs
+        return VERL
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return kwargs
-    return {k: v for k, v in kwargs.items() if k in params or k in ("solution_str", "ground_truth")}
+        return VERL
+    return tuple(k for k in VERL if k in params or k in ("solution_str", "ground_truth"))
 
 
 def _verl_kwargs(row: dict) -> dict:
@@ -467,6 +469,7 @@ def child_main() -> int:
         return 0
     say({"ok": True, "async": inspect.iscoroutinefunction(fn), "convention": convention, "batched": batched,
          "messages": chat})
+    verl = verl_names(fn) if convention == "verl" else VERL
     me = os.getpid()
     for line in sys.stdin:
         call = json.loads(line)
@@ -476,7 +479,7 @@ def child_main() -> int:
             if convention == "trl":  # every list by keyword, as TRL's trainers call a reward function
                 v = fn(**(as_messages(kwargs) if chat else kwargs))
             elif convention == "verl":
-                v = fn(**verl_taken(fn, _verl_kwargs(kwargs)))
+                v = fn(**{k: x for k, x in _verl_kwargs(kwargs).items() if k in verl})
             else:
                 v = fn(kwargs.pop("completions" if batched else "completion"), **kwargs)
             if inspect.isawaitable(v):
@@ -486,8 +489,8 @@ def child_main() -> int:
                 os._exit(1)
             hint = ("\n(a TRL reward function written for a conversational dataset reads completion[0]['content']: "
                     "set data.check.messages: true to pass each completion as a list of chat messages)"
-                    if convention == "trl" and not chat and isinstance(e, (TypeError, KeyError))
-                    and "string indices" in str(e) else "")
+                    if convention == "trl" and not chat and isinstance(e, TypeError) and "string indices" in str(e)
+                    else "")
             failure = {"failure": f"raised {type(e).__name__}: {e}\n{_user_traceback(e)}{hint}"}
             say({"#": n, **({"results": [failure] * len(first)} if batched else {"result": failure})})
             continue

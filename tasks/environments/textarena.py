@@ -23,6 +23,8 @@ from ratchet.tasks import environments
 SPEC = "ratchet.tasks.environments.textarena_game:TextArenaEnv"  # imports textarena: the host's, once
 OFFLINE = ("GuessTheNumber-v0", "TowerOfHanoi-v0", "Mastermind-v0", "Minesweeper-v0", "FrozenLake-v0", "2048-v0",
            "LightsOut-v0")  # single-player games that start without a download (docs/guides/environments.md)
+NO_START = (f"; a game for two or more players needs an opponent, which no rollout gives: choose a single-player "
+            f"game ({', '.join(OFFLINE)})")  # said of a game whose first episode cannot start
 DOWNLOADS = re.compile(r"^\s*(import nltk|from nltk|from textarena\.envs\.utils\.word_lists|from textarena\.utils\.word_lists|import requests)", re.M)
 
 

@@ -48,7 +48,7 @@ from ratchet.data.errors import RatchetError
 from ratchet.data.events import Figure, Shows
 from ratchet.data.records import Completion, Outcome, Prompt, Segment
 from ratchet.data.userfiles import UserFile
-from ratchet.models.sampler import SamplingParams
+from ratchet.models.sampler import SamplingParams, text_ids
 from ratchet.tasks import environments
 from ratchet.tasks.environments import textarena
 from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, overlapped, turn_of, turn_params
@@ -107,10 +107,10 @@ def marked_ids(tokenizer, before: str, text: str, after: str) -> tuple[int, ...]
     """The ids of `text` between the template's turn markers `before` and `after`: the markers
     read as the special tokens they are, the text (the environment's, untrusted) as plain text, so
     an observation that spells out a turn marker cannot open a turn of its own."""
-    def enc(t: str, **kw) -> list[int]:
-        return tokenizer.encode(t, add_special_tokens=False, **kw) if t else []
+    def marker(t: str) -> list[int]:
+        return tokenizer.encode(t, add_special_tokens=False) if t else []
 
-    return tuple(enc(before) + enc(text, split_special_tokens=True) + enc(after))
+    return tuple(marker(before) + text_ids(tokenizer, text) + marker(after))
 
 
 def first_ids(tokenizer, message: str) -> tuple[int, ...]:
@@ -307,8 +307,7 @@ class EnvironmentRollout(Rollout):
                 host.send(0, "open", seed=0, row={})
                 reply = host.collect([0])[0]
                 if reply.failure is not None:
-                    hint = (f"; a game for two or more players needs an opponent, which no rollout gives: choose a "
-                            f"single-player game ({', '.join(textarena.OFFLINE)})" if self.textarena else "")
+                    hint = textarena.NO_START if self.textarena else ""
                     return [f"{self.name}: its first episode could not start: {reply.failure.splitlines()[-1]}{hint}"]
         except environments.EnvError as e:
             return [f"{self.name}: {e}"]

@@ -47,7 +47,7 @@ from pydantic import Field, field_validator
 from ratchet.data.events import Figure, Shows
 from ratchet.data.records import Completion, Prompt, Segment
 from ratchet.data.sandbox import SandboxSettings
-from ratchet.models.sampler import SamplingParams, chat_token_ids
+from ratchet.models.sampler import SamplingParams, chat_token_ids, text_ids
 from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, overlapped, turn_of, turn_params
 
 STOP = "\n```\n"  # a fence line: it closes a block (or opens a bare one)
@@ -197,9 +197,7 @@ class ToolRollout(Rollout, SandboxSettings):
         e.calls += 1
         e.errors += failed
         e.tool_s += took
-        # what a program prints is the model's text: a special token's spelling in it stays text (as an
-        # environment's observation does), so a program cannot end the turn or open a forged one
-        ids = tuple(sampler.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        ids = tuple(text_ids(sampler.tokenizer, text))  # the model's program printed it: it cannot forge a turn
         if e.used + len(ids) >= self.episode_tokens:  # no room left to read it and answer
             e.done, e.finish = True, "length"
         else:
