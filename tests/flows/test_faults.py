@@ -1,17 +1,19 @@
-"""Kill the pipeline inside the stages that hold several processes, interrupt it at a stage boundary
-as Ctrl-C does, resume each time, and end byte-identical to an uninterrupted run.
+"""Kill the pipeline mid-sampling, interrupt it as Ctrl-C does at a stage boundary and mid-training,
+resume each time, and end byte-identical to an uninterrupted run.
 
 The kill is `kill -9` of the orchestrator's PID alone, not its group, as a user or a lost
 session does it: every process below it (the temporary Prefect server, the stage worker, two
-engine holders) must die by itself, and none may write into the workdir afterwards. (The kills
-of the whole group, a lost machine, are the other tests' failpoints.)
+engine holders) must die by itself, and none may write into the workdir afterwards. The
+interrupts are a SIGINT to the run's process group, as a terminal sends it. (The kills of the
+whole group, a lost machine, are the other tests' failpoints.)
 
 The run is the self-rewarding path on the tiny model (HF backend, worker processes): the
-killed stage has real mid-stage state to lose (sample shards). The killed runs' stage workers
-are forked from the run's fork server; the reference run's start cold. Only the run killed
-mid-sampling holds two engines (the executor is not part of a stage's key, and one or two
-holders sample the same bytes: tests/tasks/test_units.py); the others sample on one, so the
-resumed sample stage finishes on another executor than the one it was killed on.
+killed stages have real mid-stage state to lose (sample shards, a trainer checkpoint). The
+killed runs' stage workers are forked from the run's fork server; the reference run's start
+cold. Only the run killed mid-sampling holds two engines (the executor is not part of a
+stage's key, and one or two holders sample the same bytes: tests/tasks/test_units.py); the
+others sample on one, so the resumed sample stage finishes on another executor than the one it
+was killed on.
 """
 
 import time
@@ -23,35 +25,36 @@ from tests.flows.tiny import CONFIG, overrides as _overrides, ratchet
 
 pytestmark = pytest.mark.integration
 
-# in stage order (round 0's evaluation has finished in the reference-shaped first run below): a kill
-# in a stage that holds several processes, at the point that leaves it the most to lose and to
-# clean up: two engine holders mid-sampling. A stage directory without a manifest is resumed by the
-# same code whichever stage and point cut it, so the label, evaluation and training kills this test
-# also made added no path for their cost on a 2-core AVX2 machine (one run each). Each is made
-# elsewhere: the label stage mid-unit on a Ray cluster (test_ray_round), a served judge mid-stage
-# (test_served_round), training in two processes at its checkpoint, by its group and by the PID
-# of the process that trains alone (test_train_processes), and a whole run mid-training, resumed
-# byte for byte (test_pipeline).
-KILLS = [
-    "sample:shard",  # one shard written, the other holder still sampling
+# in stage order, each with how it stops the run: a Ctrl-C at a boundary (right after round 0's
+# evaluation wrote its manifest), a kill in a stage that holds several processes at the point that
+# leaves it the most to lose and to clean up (two engine holders mid-sampling), and a Ctrl-C once
+# training has saved its first checkpoint, which the resumed run trains on from. A stage directory
+# without a manifest is resumed by the same code whichever stage and point cut it, so the label and
+# evaluation kills this test also made added no path for their cost on a 2-core AVX2 machine (one
+# run each). They are made elsewhere: the label stage mid-unit on a Ray cluster (test_ray_round), a
+# served judge mid-stage (test_served_round), training in two processes at its checkpoint, by its
+# group and by the PID of the process that trains alone (test_train_processes).
+STOPS = [
+    ("evaluate:after-manifest", "interrupt"),
+    ("sample:shard", "orchestrator"),  # one shard written, the other holder still sampling
+    ("train:checkpoint", "interrupt"),
 ]
 
 
-# training in two processes in every run (their weights are not those of one process to the bit)
-POOLS = ["executor.threads_per_engine=1", "train.num_processes=2"]
-TWO_ENGINES = "executor.engines=2"  # two engine holders in each stage that samples
+POOLS = ["executor.threads_per_engine=1"]
+TWO_ENGINES = "executor.engines=2"  # two engine holders in the stage killed mid-sampling
 
 
 def _run(workdir, tiny_model, api_url, failpoint=None, cold=False, how="orchestrator"):
     """A run; `cold`: every stage worker a fresh interpreter (no fork server, tasks/forkserver.py).
-    A run killed in a stage that holds engines holds two. At `failpoint`, the orchestrator's PID
+    The run killed mid-sampling holds two engines. At `failpoint`, the orchestrator's PID
     alone is killed (`how`="orchestrator") or the run's process group gets a Ctrl-C's SIGINT
     ("interrupt"); the Prefect server is the run's own temporary one."""
     env = None
     if failpoint:
         env = {"RATCHET_FAILPOINTS": failpoint, "RATCHET_FAILPOINTS_KILL": how, MARK: "1"}
         api_url = None
-    two = [TWO_ENGINES] if failpoint in KILLS else []
+    two = [TWO_ENGINES] if failpoint == "sample:shard" else []
     return ratchet("run", CONFIG, *_overrides(workdir, tiny_model), *POOLS, *two,
                    *(["executor.warm_workers=false"] if cold else []), api_url=api_url, env=env)
 
@@ -107,13 +110,12 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
             assert (tmp_path / "ref" / "stages" / name / "stage.log").stat().st_size > 0, name
 
     work = tmp_path / "work"
-    # first: a Ctrl-C at the terminal at a boundary, right after round 0. It reaches the whole process
-    # group: the run stops at once and says so, and its Prefect server (in a session of its own) lives to
-    # record it, rather than dying of the same signal and leaving the run retrying it for minutes
-    for failpoint in ["evaluate:after-manifest", *KILLS]:
+    # a Ctrl-C reaches the whole process group: the run stops at once and says so, and its Prefect
+    # server (in a session of its own) lives to record it, rather than dying of the same signal and
+    # leaving the run retrying it for minutes
+    for failpoint, how in STOPS:
         before = _finished(work) if (work / "stages").exists() else {}
         written = _written(work) if (work / "stages").exists() else {}
-        how = "interrupt" if failpoint.endswith("after-manifest") else "orchestrator"
         killed = _run(work, tiny_model, api, failpoint, how=how)
         if how == "interrupt":
             assert killed.returncode == 130, (failpoint, killed.returncode, killed.stderr[-3000:])
@@ -129,7 +131,7 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
         unfinished = [d.name.split("-")[0] for d in (work / "stages").iterdir() if d.name not in after]
         if failpoint.endswith("after-manifest"):  # a boundary: the stage finished, nothing after it started
             assert unfinished == [] and any(n.startswith(stage) for n in set(after) - set(before)), failpoint
-        else:  # the killed stage left its directory without a manifest
+        else:  # the stopped stage left its directory without a manifest
             assert unfinished == [stage], (failpoint, unfinished)
 
     written = _written(work)
@@ -145,6 +147,8 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
     # and the resumed stages report what the uninterrupted ones did
     ref_sample = next(m for m in reference.values() if (m.stage, m.round) == ("sample", 1))
     assert sample.metrics["gen_tokens"] == ref_sample.metrics["gen_tokens"]
+    train = by_stage[("train", 1)]
+    assert train.metrics["resumed"] == 1.0 and train.metrics["resumed_from_step"] == 2
     left = [f"{n}/{s}" for n in done for s in ("shards", "checkpoints") if (work / "stages" / n / s).exists()]
     assert left == []  # scratch goes once the manifest is durable
 

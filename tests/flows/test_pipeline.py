@@ -29,8 +29,7 @@ def helpers(tmp_path_factory, default_model):
     holds them for all its stages (a run keeps helpers that are running already): the server's
     imports and the engine's start are paid once, not once per run. A later run's engine is lent
     or has its weights swapped in place, which tests/models/test_warm.py compares byte for byte
-    with fresh engines; the killed run's resume below starts its own and must match the
-    reference's evaluations byte for byte."""
+    with fresh engines."""
     from ratchet.models import warm
     from ratchet.tasks import forkserver
 
@@ -145,77 +144,6 @@ def _lineage(workdir, version):
     return subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "lineage", str(CONFIGS / "default.yaml"), version,
                            f"workdir={workdir}", "--json"], capture_output=True, text=True,
                           cwd=Path(__file__).parents[2])
-
-
-def test_sigkill_during_training_then_rerun_recomputes_nothing_finished(reference, tmp_path):
-    """Kill the whole pipeline (CLI, Prefect server, fork server, warm engine, stage worker) once
-    training has checkpointed; the same command then finishes the run from that checkpoint. The
-    sampling stages and round 0's evaluation are the reference run's, copied in: the run finds them
-    by key (the filter is made again: the lineage test above corrupts the reference's on purpose). The resumed run's
-    warm engine is a new one, opened on the resumed model, and must answer byte for byte as the
-    reference's did (a warm engine against fresh ones: tests/models/test_warm.py)."""
-    import os
-    import shutil
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from ratchet.data.manifest import read_manifest
-
-    ref_dir, _, _, _, ref_results = reference
-    for d in (ref_dir / "stages").iterdir():
-        m = read_manifest(d)
-        if m is not None and (m.stage in ("prompts", "base", "sample", "label") or (m.stage, m.round) == ("evaluate", 0)):
-            shutil.copytree(d, tmp_path / "stages" / d.name)
-    cmd = [sys.executable, "-m", "ratchet.flows.cli", "run", str(CONFIGS / "default.yaml"), f"workdir={tmp_path}", *SMALL]
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
-    env.pop("PREFECT_API_URL", None)
-    proc = subprocess.Popen(cmd, cwd=Path(__file__).parents[2], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 400
-    while time.time() < deadline and proc.poll() is None:
-        if list((tmp_path / "stages").glob("train-*/checkpoints/checkpoint-2/trainer_state.json")):
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None, "the run ended before training checkpointed"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    (train_dir,) = (tmp_path / "stages").glob("train-*")
-    assert read_manifest(train_dir) is None  # killed before it finished
-    before = {d.name: read_manifest(d).created_at for d in (tmp_path / "stages").iterdir() if read_manifest(d)}
-    assert sorted(n.split("-")[0] for n in before) == ["base", "evaluate", "filter", "label", "prompts", "sample"]
-
-    again = subprocess.run(cmd, cwd=Path(__file__).parents[2], env=env, capture_output=True, text=True)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stderr == ""  # the run's own temporary Prefect server says it started in the log, not here
-    after = {d.name: read_manifest(d) for d in (tmp_path / "stages").iterdir()}
-    assert all(after[n].created_at == t for n, t in before.items())  # nothing finished was recomputed
-    train = after[train_dir.name]
-    assert train.metrics["resumed"] == 1.0
-
-    # the interrupted run ends where the uninterrupted one did, byte for byte
-    ref_train = ref_results[1].policy
-    assert train.key == ref_train.key
-    assert train.outputs["model/model.safetensors"].sha256 == ref_train.outputs["model/model.safetensors"].sha256
-    evaluated = {m.round: m for m in after.values() if m is not None and m.stage == "evaluate"}
-    ref_evaluated = {m.round: m for d in (ref_dir / "stages").iterdir()
-                     if (m := read_manifest(d)) is not None and m.stage == "evaluate"}
-    assert sorted(evaluated) == [0, 1]
-    for k in (0, 1):
-        assert evaluated[k].key == ref_evaluated[k].key
-        assert evaluated[k].outputs["eval.jsonl"].sha256 == ref_evaluated[k].outputs["eval.jsonl"].sha256, k
-    assert "warm engine (pid" in (tmp_path / evaluated[1].dir / "stage.log").read_text()
-
-    # one parent and one child per round in MLflow, all finished
-    from ratchet.flows.tracking import Tracker
-
-    cfg = load_config(CONFIGS / "default.yaml", [f"workdir={tmp_path}", *SMALL])
-    t = Tracker(cfg.tracking, tmp_path, cfg.name)
-    runs = t.client.search_runs([t.experiment_id])
-    children = sorted(r.info.run_name for r in runs if "mlflow.parentRunId" in r.data.tags)
-    assert len(runs) == 3 and children == ["round-0", "round-1"]
-    assert all(r.info.status == "FINISHED" for r in runs)
 
 
 def test_self_reward_dpo_round_stops_at_its_agreement_gate_then_trains_anyway(tmp_path, prefect_harness,
