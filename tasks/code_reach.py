@@ -26,12 +26,17 @@ import ast
 import functools
 import importlib.machinery
 import importlib.util
+import json
+import os
 import sys
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel
+
+from ratchet.data.digest import sha256_text
 
 WHOLE = "*"  # a whole module: every definition in it
 INIT = "<module>"  # its top-level statements that define nothing
@@ -48,11 +53,28 @@ class _Module:
     unions: set[str] = field(default_factory=set)  # names that are kind unions
 
 
+class _Read:
+    """What one `reach` read: each module name it looked up, with what it found (its file and
+    whether it is a package, or None), and the digest of each file's text it parsed. Those are
+    all its inputs: an answer is still right while each lookup finds the same and each text is
+    the same (`_still`)."""
+
+    def __init__(self) -> None:
+        self.specs: dict[str, list | None] = {}
+        self.texts: dict[str, str] = {}
+
+
+_local = threading.local()  # .reading: the `_Read` of the answer this thread's `digest` is working out
+
+
 def _spec(name: str) -> tuple[Path, bool] | None:
     """(source file, is a package) of a module with a source file, else None."""
     found = _find(name)
-    return None if found is None or found.origin is None or not found.origin.endswith(".py") else \
+    out = None if found is None or found.origin is None or not found.origin.endswith(".py") else \
         (Path(found.origin), found.submodule_search_locations is not None)
+    if (read := getattr(_local, "reading", None)) is not None:
+        read.specs[name] = None if out is None else [str(out[0]), out[1]]
+    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,7 +129,10 @@ def _module(name: str) -> _Module | None:
     if found is None:
         return None
     path, is_pkg = found
-    return _parse(name, path, is_pkg, path.read_text())
+    text = path.read_text()
+    if (read := getattr(_local, "reading", None)) is not None:
+        read.texts[str(path)] = sha256_text(text)
+    return _parse(name, path, is_pkg, text)
 
 
 @functools.lru_cache(maxsize=256)
@@ -243,6 +268,75 @@ def reach(roots: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
                 continue
             todo.append(ref)
     return out
+
+
+def digest(roots: list[tuple[str, str]]) -> str:
+    """The code version of what `roots` reach: a digest of every definition's syntax tree.
+
+    Working it out parses every module reached (seconds, at every start of a run). The answer is
+    kept in the user's cache with everything it read (`_Read`), and taken again only while every
+    module name it looked up finds the same file (or still none) and every file it parsed holds
+    the same text: an edit anywhere the roots reach, or a new module where a name was looked up,
+    works it out again. The key is the roots alone, so each keeps its latest answer."""
+    key = sha256_text(repr(sorted(roots)))
+    kept = kept_answer(key)
+    if kept is not None and _still(kept):
+        return kept["digest"]
+    _local.reading = read = _Read()
+    try:
+        found = reach(roots)
+    finally:
+        _local.reading = None
+    out = sha256_text("\n".join(f"{m}:{n}\0{code}" for (m, n), code in sorted(found.items())))[:16]
+    keep_answer(key, {"digest": out, "specs": read.specs, "texts": read.texts})
+    return out
+
+
+def _still(kept: dict) -> bool:
+    """Whether every lookup a kept answer made finds the same, and every text it read is unchanged."""
+    try:
+        for name, was in kept["specs"].items():
+            now = _spec(name)
+            if (None if now is None else [str(now[0]), now[1]]) != was:
+                return False
+        return all(sha256_text(Path(path).read_text()) == text for path, text in kept["texts"].items())
+    except (OSError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _memo_file() -> Path:
+    from ratchet.models.default_model import default_cache_dir
+
+    return default_cache_dir() / "code-versions.json"
+
+
+def kept_answer(key: str) -> dict | None:
+    """An answer kept in the user's cache under `key`, or None: the caller checks it still holds."""
+    found = _kept().get(key)
+    return found if isinstance(found, dict) else None
+
+
+def _kept() -> dict:
+    try:
+        out = json.loads(_memo_file().read_text())
+        return out if isinstance(out, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def keep_answer(key: str, entry: dict) -> None:
+    """Add an answer to the kept ones (best effort: a cache that cannot be written is worked
+    around, and two processes writing at once lose at most each other's newest answer)."""
+    path = _memo_file()
+    try:
+        kept = _kept()
+        kept[key] = entry
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(kept))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _module_unions(module: str) -> set[str]:

@@ -36,7 +36,6 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from ratchet.data import events
-from ratchet.data.digest import sha256_text
 from ratchet.data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError, out_of_space
 from ratchet.data.lifetime import die_with_parent
 from ratchet.data.manifest import StageManifest
@@ -94,10 +93,9 @@ def body_code(body: Body, *extra: str, config: BaseModel | None = None) -> str:
     """The code version of a stage body: the definitions it can run (tasks/code_reach.py), from
     the body, the classes of its job's values (`config`: the kinds it holds) and `extra` modules
     it reaches through a registry rather than an import."""
-    from ratchet.tasks.code_reach import reach, roots_of
+    from ratchet.tasks.code_reach import digest, roots_of
 
-    found = reach(roots_of(body, config, extra))
-    return sha256_text("\n".join(f"{m}:{n}\0{code}" for (m, n), code in sorted(found.items())))[:16]
+    return digest(roots_of(body, config, extra))
 
 
 Job = TypeVar("Job", bound=BaseModel)

@@ -201,6 +201,50 @@ def test_editing_code_a_body_cannot_run_keeps_its_key(tmp_path, monkeypatch):
         code_reach._find.cache_clear()
 
 
+def test_a_kept_code_version_is_worked_out_again_when_anything_it_read_changes(tmp_path, monkeypatch):
+    """A stage's code version is kept in the user's cache between processes (tasks/code_reach.py
+    `digest`); it is taken again only while every file it parsed is unchanged and every module
+    name it looked up finds the same: here a new module where `sub.f` named a function."""
+    import importlib
+    import sys
+
+    from ratchet.tasks import code_reach
+
+    monkeypatch.setenv("RATCHET_CACHE", str(tmp_path / "cache"))
+    pkg = tmp_path / "keptpkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("def f():\n    return 1\n")
+    (pkg / "body.py").write_text("def body(req, store):\n    from keptpkg import sub\n    return sub.f()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+
+    def version():
+        code_reach._find.cache_clear()  # as in a new process
+        return body_code(importlib.import_module("keptpkg.body").body)
+
+    def fresh():
+        code_reach._find.cache_clear()
+        found = code_reach.reach([("keptpkg.body", "body")])
+        return code_reach.sha256_text("\n".join(f"{m}:{n}\0{c}" for (m, n), c in sorted(found.items())))[:16]
+
+    try:
+        first = version()
+        assert (tmp_path / "cache" / "code-versions.json").exists() and version() == first == fresh()
+        (pkg / "sub" / "__init__.py").write_text("def f():\n    return 2\n")
+        edited = version()
+        assert edited != first and edited == fresh()
+        (pkg / "sub" / "f.py").write_text("def g():\n    return 3\n")  # `sub.f` is now this module
+        importlib.invalidate_caches()
+        assert version() == fresh() != edited
+        (tmp_path / "cache" / "code-versions.json").write_text("{not json")  # a broken cache is worked around
+        assert version() == fresh()
+    finally:
+        for m in [m for m in sys.modules if m.startswith("keptpkg")]:
+            del sys.modules[m]
+        code_reach._find.cache_clear()
+
+
 def slow_body(req: StageRequest[X], store):
     import time
 
