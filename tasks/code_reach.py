@@ -320,22 +320,22 @@ def _kept() -> dict:
     try:
         out = json.loads(_memo_file().read_text())
         return out if isinstance(out, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: no home directory to find the cache in
         return {}
 
 
 def keep_answer(key: str, entry: dict) -> None:
     """Add an answer to the kept ones (best effort: a cache that cannot be written is worked
     around, and two processes writing at once lose at most each other's newest answer)."""
-    path = _memo_file()
     try:
+        path = _memo_file()
         kept = _kept()
         kept[key] = entry
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
         tmp.write_text(json.dumps(kept))
         os.replace(tmp, path)
-    except OSError:
+    except (OSError, RuntimeError):
         pass
 
 
