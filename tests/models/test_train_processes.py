@@ -7,6 +7,7 @@ another order; that order alone moves the weights by some amount d (measured in 
 test as one-process B vs one-process b x 2), and two processes must be within 2 d of it.
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -23,25 +24,37 @@ PAIRS = [{"prompt": f"What is {a} + 2?", "chosen": f"{a + 2}", "rejected": f"{a 
 COMMON = dict(epochs=2, learning_rate=5e-3, logging_steps=1, checkpoint_steps=2, precision="fp32")
 
 
-@pytest.fixture(autouse=True)
-def _loopback(monkeypatch):
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # the processes talk over loopback only
+@contextlib.contextmanager
+def _one_thread():
+    """Every training process on one thread, in this process and in the two: the same kernels
+    split the same sums whatever set the thread count before (a vLLM engine in this worker sets
+    OMP_NUM_THREADS, which the two processes would inherit). The processes talk over loopback only."""
+    import torch
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")
+        mp.setenv("GLOO_SOCKET_IFNAME", "lo")
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
 
 
 @pytest.fixture
-def one_thread(monkeypatch):
-    """Every training process on one thread, in this process and in the two: the same kernels
-    split the same sums whatever set the thread count before (a vLLM engine in this worker sets
-    OMP_NUM_THREADS, which the two processes would inherit)."""
-    import torch
-
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+def one_thread():
+    with _one_thread():
         yield
-    finally:
-        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def two_rft(tiny_model, tmp_path_factory):
+    """RFT in two processes at batch 2 each, uninterrupted: the run the tests below compare with,
+    made once. Returns its result and its directory."""
+    out = tmp_path_factory.mktemp("two-rft") / "out"
+    with _one_thread():
+        return _train("rft", tiny_model, out, batch_size=2, num_processes=2), out
 
 
 def _train(kind, model, out, **kw):
@@ -68,84 +81,65 @@ def _losses(out) -> list[float]:
 
 
 @pytest.mark.parametrize("kind", ["rft", "dpo"])
-def test_two_processes_train_what_one_does_at_the_same_global_batch(kind, tiny_model, tmp_path, one_thread):
+def test_two_processes_train_what_one_does_at_the_same_global_batch(kind, tiny_model, tmp_path, one_thread, request):
     one = _train(kind, tiny_model, tmp_path / "one", batch_size=4)
     accum = _train(kind, tiny_model, tmp_path / "accum", batch_size=2, grad_accum=2)
-    two = _train(kind, tiny_model, tmp_path / "two", batch_size=2, num_processes=2)
+    if kind == "rft":
+        two, two_dir = request.getfixturevalue("two_rft")
+    else:
+        two, two_dir = _train(kind, tiny_model, tmp_path / "two", batch_size=2, num_processes=2), tmp_path / "two"
     assert one["processes"] == accum["processes"] == 1 and two["processes"] == 2
     assert one["steps"] == accum["steps"] == two["steps"] == 4  # 8 rows, global batch 4, 2 epochs
-    w1, wa, w2 = _weights(tmp_path / "one"), _weights(tmp_path / "accum"), _weights(tmp_path / "two")
+    w1, wa, w2 = _weights(tmp_path / "one"), _weights(tmp_path / "accum"), _weights(two_dir)
     from safetensors.torch import load_file
 
     assert _diff(w1, load_file(str(tiny_model / "model.safetensors"))) > 1e-3  # training moved the weights
     assert _diff(w2, wa) <= 1e-6
     assert _diff(w2, w1) <= max(2 * _diff(wa, w1), 1e-6)
     # the train log has today's shape, its losses on the same scale as one process's
-    assert len(_losses(tmp_path / "two")) == len(_losses(tmp_path / "one")) == 4
-    assert _losses(tmp_path / "two") == pytest.approx(_losses(tmp_path / "accum"), abs=1e-5)
-    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert len(_losses(two_dir)) == len(_losses(tmp_path / "one")) == 4
+    assert _losses(two_dir) == pytest.approx(_losses(tmp_path / "accum"), abs=1e-5)
+    assert sorted(p.name for p in two_dir.iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
 
 
-def test_training_killed_in_two_processes_resumes_from_their_checkpoint(tiny_model, tmp_path, one_thread):
-    full = _train("rft", tiny_model, tmp_path / "full", batch_size=2, num_processes=2)
+MARK = "RATCHET_TEST_KILLED_TRAINING"  # every process below the killed one carries it
+
+
+def test_a_kill_of_the_process_that_trains_alone_stops_all_and_resumes_to_the_same_weights(tiny_model, tmp_path,
+                                                                                           one_thread, two_rft):
+    """kill -9 of the process that started two-process training (a stage worker; its orchestrator
+    has the same fate), its PID alone and not its group, right after training saved its first
+    checkpoint: torchrun and both training processes die with it, nothing writes into the stage
+    directory afterwards, and training resumed there from that checkpoint ends on the
+    uninterrupted run's weights and log."""
+    from tests.procs import carrying, gone_within
+
+    full, full_dir = two_rft
     out = tmp_path / "killed"
     script = (f"import sys; sys.path.insert(0, {os.getcwd()!r}); from pathlib import Path; "
+              "from ratchet.data import failpoints; failpoints.orchestrator(); "
               "from tests.models.test_train_processes import _train; "
               f"_train('rft', Path({str(tiny_model)!r}), Path({str(out)!r}), batch_size=2, num_processes=2)")
-    env = {**os.environ, "RATCHET_FAILPOINTS": "train:checkpoint"}
-    t = time.time()
-    proc = subprocess.run([sys.executable, "-c", script], env=env, start_new_session=True, capture_output=True,
-                          timeout=300)
-    assert proc.returncode == -9, proc.stderr[-2000:]  # every process of the group died at the first checkpoint
-    assert (out / "checkpoints" / "checkpoint-2" / "trainer_state.json").exists() and not (out / "model").exists()
-    assert time.time() - t < 300
-
-    resumed = _train("rft", tiny_model, out, batch_size=2, num_processes=2)
-    assert resumed["resumed"] == 1 and resumed["resumed_from_step"] == 2 and resumed["steps"] == full["steps"] == 4
-    assert _diff(_weights(out), _weights(tmp_path / "full")) <= 1e-6
-    assert (out / "train_log.jsonl").read_bytes() == (tmp_path / "full" / "train_log.jsonl").read_bytes()
-
-
-def _processes_naming(text: str) -> list[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                if text.encode() in open(f"/proc/{d}/cmdline", "rb").read():
-                    out.append(int(d))
-            except OSError:
-                pass
-    return out
-
-
-def test_a_kill_of_the_process_that_trains_alone_leaves_no_training_process(tiny_model, tmp_path):
-    """kill -9 of the process that started two-process training (a stage worker; its orchestrator
-    has the same fate), its PID alone and not its group: torchrun and both training processes die
-    with it, and nothing writes into the stage directory afterwards."""
-    from tests.procs import gone_within
-
-    out = tmp_path / "killed"
-    script = (f"import sys; sys.path.insert(0, {os.getcwd()!r}); from pathlib import Path; "
-              "from tests.models.test_train_processes import _train; "
-              f"_train('rft', Path({str(tiny_model)!r}), Path({str(out)!r}), batch_size=2, num_processes=2, "
-              "epochs=400)")
-    parent = subprocess.Popen([sys.executable, "-c", script], env=os.environ)
-    spec = str(out / "train-processes.json")
-    deadline = time.time() + 240
-    while len(pids := _processes_naming(spec)) < 3 and time.time() < deadline:  # torchrun and its two trainers
-        assert parent.poll() is None, "the training run ended before it was killed"
-        time.sleep(0.5)
-    assert len(pids) >= 3, "the training processes never started"
-    while not (out / "progress.json").exists() and time.time() < deadline:  # they are training
-        time.sleep(0.5)
-    os.kill(parent.pid, 9)
-    parent.wait()
-    assert all(gone_within(p, 30) for p in pids), "a training process outlived the process that started it"
+    env = {**os.environ, "RATCHET_FAILPOINTS": "train:checkpoint", "RATCHET_FAILPOINTS_KILL": "orchestrator", MARK: "1"}
+    started = set()
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while parent.poll() is None and time.time() < deadline:  # the processes below it, as they start
+        started |= set(carrying(f"{MARK}=1")) - {parent.pid}
+        time.sleep(0.2)
+    assert parent.wait(timeout=1) == -9, parent.stderr.read()[-2000:]  # killed at the checkpoint, by its PID
+    assert len(started) >= 3, started  # torchrun and its two trainers ran
+    assert all(gone_within(p, 30) for p in started), "a training process outlived the process that started it"
     time.sleep(1)
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
     time.sleep(3)
-    after = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
-    assert before == after
+    assert before == {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    assert (out / "checkpoints" / "checkpoint-2" / "trainer_state.json").exists() and not (out / "model").exists()
+
+    resumed = _train("rft", tiny_model, out, batch_size=2, num_processes=2)
+    assert resumed["resumed"] == 1 and resumed["resumed_from_step"] == 2 and resumed["steps"] == full["steps"] == 4
+    assert _diff(_weights(out), _weights(full_dir)) <= 1e-6
+    assert (out / "train_log.jsonl").read_bytes() == (full_dir / "train_log.jsonl").read_bytes()
 
 
 def test_one_process_on_a_machine_of_several_gpus_trains_on_one_at_the_documented_batch(tmp_path):
