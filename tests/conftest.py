@@ -79,6 +79,19 @@ def prefect_harness():
         yield
 
 
+@pytest.fixture(scope="session")
+def tiny_reference(tiny_model, tmp_path_factory, prefect_harness):
+    """One uninterrupted self-rewarding run on the tiny model (tests/flows/tiny.py reference_run),
+    which the fault test and the Ray round both compare their runs with: its workdir and its
+    completed `ratchet run`. (Both are in the both-cores group, so one test process makes it.)"""
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.flows.tiny import reference_run
+
+    workdir = tmp_path_factory.mktemp("tiny-reference") / "work"
+    return workdir, reference_run(workdir, tiny_model, PREFECT_API_URL.value())
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A real two-node Ray cluster on loopback (Ray's own multi-node test cluster: a head and a

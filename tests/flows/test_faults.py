@@ -10,10 +10,10 @@ whole group, a lost machine, are the other tests' failpoints.)
 The run is the self-rewarding path on the tiny model (HF backend, worker processes): the
 killed stages have real mid-stage state to lose (sample shards, a trainer checkpoint). The
 killed runs' stage workers are forked from the run's fork server; the reference run's start
-cold. Only the run killed mid-sampling holds two engines (the executor is not part of a
-stage's key, and one or two holders sample the same bytes: tests/tasks/test_units.py); the
-others sample on one, so the resumed sample stage finishes on another executor than the one it
-was killed on.
+cold (tests/conftest.py tiny_reference, which the Ray round compares with too). Only the run
+killed mid-sampling holds two engines (the executor is not part of a stage's key, and one or
+two holders sample the same bytes: tests/tasks/test_units.py); the others sample on one, so the
+resumed sample stage finishes on another executor than the one it was killed on.
 """
 
 import time
@@ -21,7 +21,7 @@ import time
 import pytest
 
 from ratchet.data.manifest import read_manifest
-from tests.flows.tiny import CONFIG, overrides as _overrides, ratchet
+from tests.flows.tiny import CONFIG, ONE_THREAD, overrides as _overrides, ratchet
 
 pytestmark = pytest.mark.integration
 
@@ -32,8 +32,8 @@ pytestmark = pytest.mark.integration
 # without a manifest is resumed by the same code whichever stage and point cut it, so the label and
 # evaluation kills this test also made added no path for their cost on a 2-core AVX2 machine (one
 # run each). They are made elsewhere: the label stage mid-unit on a Ray cluster (test_ray_round), a
-# served judge mid-stage (test_served_round), training in two processes at its checkpoint, by its
-# group and by the PID of the process that trains alone (test_train_processes).
+# served judge mid-stage (test_served_round), training in two processes at its checkpoint, by the PID
+# of the process that trains alone (test_train_processes).
 STOPS = [
     ("evaluate:after-manifest", "interrupt"),
     ("sample:shard", "orchestrator"),  # one shard written, the other holder still sampling
@@ -41,13 +41,12 @@ STOPS = [
 ]
 
 
-POOLS = ["executor.threads_per_engine=1"]
 TWO_ENGINES = "executor.engines=2"  # two engine holders in the stage killed mid-sampling
 
 
-def _run(workdir, tiny_model, api_url, failpoint=None, cold=False, how="orchestrator"):
-    """A run; `cold`: every stage worker a fresh interpreter (no fork server, tasks/forkserver.py).
-    The run killed mid-sampling holds two engines. At `failpoint`, the orchestrator's PID
+def _run(workdir, tiny_model, api_url, failpoint=None, how="orchestrator"):
+    """A run, its stage workers forked from its fork server (tasks/forkserver.py); the one killed
+    mid-sampling holds two engines. At `failpoint`, the orchestrator's PID
     alone is killed (`how`="orchestrator") or the run's process group gets a Ctrl-C's SIGINT
     ("interrupt"); the Prefect server is the run's own temporary one."""
     env = None
@@ -55,8 +54,7 @@ def _run(workdir, tiny_model, api_url, failpoint=None, cold=False, how="orchestr
         env = {"RATCHET_FAILPOINTS": failpoint, "RATCHET_FAILPOINTS_KILL": how, MARK: "1"}
         api_url = None
     two = [TWO_ENGINES] if failpoint == "sample:shard" else []
-    return ratchet("run", CONFIG, *_overrides(workdir, tiny_model), *POOLS, *two,
-                   *(["executor.warm_workers=false"] if cold else []), api_url=api_url, env=env)
+    return ratchet("run", CONFIG, *_overrides(workdir, tiny_model), *ONE_THREAD, *two, api_url=api_url, env=env)
 
 
 MARK = "RATCHET_TEST_KILLED_RUN"  # every process below a killed run carries it
@@ -91,23 +89,23 @@ def _written(workdir) -> dict[str, tuple[int, int]]:
     return out
 
 
-def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path, prefect_harness):
+def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path, prefect_harness, tiny_reference):
     from prefect.settings import PREFECT_API_URL
 
     api = PREFECT_API_URL.value()
-    ref = _run(tmp_path / "ref", tiny_model, api, cold=True)  # the killed runs' workers are forked: warm
+    ref_dir, ref = tiny_reference  # uninterrupted, its workers started cold; the killed runs' are forked
     assert ref.returncode == 0, ref.stderr[-3000:]
-    reference = _finished(tmp_path / "ref")
+    reference = _finished(ref_dir)
     # what a person sees: a line per stage and round, the table; every library's output is in the logs
     lines = ref.stdout.splitlines()
     assert ref.stderr == "" and len(lines) < 40 and max(map(len, lines)) < 200, ref.stdout + ref.stderr
     assert sum(" ✓ " in x for x in lines) == 8 and any("round 1  train    ✓" in x and "steps · loss" in x for x in lines)
-    (report,) = (tmp_path / "ref" / "reports").iterdir()  # every run ends with its report
+    (report,) = (ref_dir / "reports").iterdir()  # every run ends with its report
     assert {p.name for p in report.iterdir()} >= {"index.html", "accuracy.png", "rewards.png", "wall_time.png"}
     assert f"report   {report / 'index.html'}" in ref.stdout
     for name, m in reference.items():
         if m.stage in ("sample", "label", "train", "evaluate"):  # the stages that run in a worker
-            assert (tmp_path / "ref" / "stages" / name / "stage.log").stat().st_size > 0, name
+            assert (ref_dir / "stages" / name / "stage.log").stat().st_size > 0, name
 
     work = tmp_path / "work"
     # a Ctrl-C reaches the whole process group: the run stops at once and says so, and its Prefect
@@ -161,7 +159,7 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
     from ratchet.flows.config import load_config
     from ratchet.flows.tracking import Tracker
 
-    cfg = load_config(CONFIG, [*_overrides(work, tiny_model), *POOLS])
+    cfg = load_config(CONFIG, [*_overrides(work, tiny_model), *ONE_THREAD])
     t = Tracker(cfg.tracking, work, cfg.name)
     runs = t.client.search_runs([t.experiment_id])
     assert sorted(r.info.run_name for r in runs if "mlflow.parentRunId" in r.data.tags) == ["round-0", "round-1"]
@@ -209,7 +207,7 @@ def _champion_and_round_model_load_through_mlflow_and_export(work, t, exported, 
 
     assert t.champion() == "1"  # the tiny model learns nothing: the base stays champion, version 2 is round 1's
     e = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "export", str(CONFIG), "2", str(exported),
-                        *_overrides(work, tiny_model), *POOLS], cwd=ROOT, capture_output=True, text=True)
+                        *_overrides(work, tiny_model), *ONE_THREAD], cwd=ROOT, capture_output=True, text=True)
     assert e.returncode == 0, e.stderr[-2000:]
     assert "## Lineage" in (exported / "README.md").read_text() and (exported / "model.safetensors").exists()
     r = subprocess.run([sys.executable, "-c", LOAD, t.uri, t.model_name, str(exported)], capture_output=True,

@@ -6,7 +6,7 @@ only the missing units."""
 import pytest
 
 from ratchet.data.manifest import read_manifest
-from tests.flows.tiny import CONFIG, overrides, ratchet
+from tests.flows.tiny import CONFIG, ONE_THREAD, overrides, ratchet
 
 pytestmark = pytest.mark.integration
 
@@ -18,23 +18,21 @@ def _finished(workdir):
 
 
 def test_a_round_on_two_ray_nodes_equals_local_and_survives_its_driver(tiny_model, tmp_path, prefect_harness,
-                                                                       ray_cluster):
+                                                                       ray_cluster, tiny_reference):
     from prefect.settings import PREFECT_API_URL
 
     api = PREFECT_API_URL.value()
-    # the Ray holders below have one CPU each; evaluation in two units, so it too can spread
-    one_thread = ["executor.threads_per_engine=1", "evaluate.shard_size=2"]
-    local = ratchet("run", CONFIG, *overrides(tmp_path / "local", tiny_model), *one_thread, api_url=api)
+    local_dir, local = tiny_reference  # the same run on the local executor
     assert local.returncode == 0, local.stderr[-3000:]
 
-    on_ray = [*overrides(tmp_path / "ray", tiny_model), *one_thread, "executor.kind=ray", "executor.engines=2",
+    on_ray = [*overrides(tmp_path / "ray", tiny_model), *ONE_THREAD, "executor.kind=ray", "executor.engines=2",
               f"executor.address={ray_cluster}"]
     killed = ratchet("run", CONFIG, *on_ray, api_url=api, env={"RATCHET_FAILPOINTS": "label:shard"})
     assert killed.returncode == -9, killed.stderr[-3000:]  # the driver died after the judge's first unit
     resumed = ratchet("run", CONFIG, *on_ray, api_url=api)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
-    ref, done = _finished(tmp_path / "local"), _finished(tmp_path / "ray")
+    ref, done = _finished(local_dir), _finished(tmp_path / "ray")
     assert sorted(done) == sorted(ref)  # same stage keys: the executor is in none of them
     for name, m in ref.items():
         assert {k: f.sha256 for k, f in done[name].outputs.items()} == {k: f.sha256 for k, f in m.outputs.items()}

@@ -20,6 +20,19 @@ def overrides(workdir, tiny_model) -> list[str]:
             "agreement.min=null"]  # a random model's labels agree with nothing; these runs test the machinery
 
 
+# one thread per engine holder (a Ray node of the tests' cluster has one CPU), evaluation in two
+# units so that it too can spread over two holders; the runs compared with `reference_run` use these
+ONE_THREAD = ["executor.threads_per_engine=1", "evaluate.shard_size=2"]
+
+
+def reference_run(workdir, tiny_model, api_url) -> subprocess.CompletedProcess:
+    """The uninterrupted run the fault and Ray tests compare with (tests/conftest.py makes it once
+    for a test process): every stage worker a fresh interpreter (no fork server, whose forked
+    workers the runs compared with use), against the Prefect server at api_url."""
+    return ratchet("run", CONFIG, *overrides(workdir, tiny_model), *ONE_THREAD, "executor.warm_workers=false",
+                   api_url=api_url)
+
+
 def ratchet(*args, api_url: str | None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """`ratchet ARGS` in its own process group, against the Prefect server at api_url (None: the
     temporary one a run starts by itself). Its SIGINT is at the default a terminal gives it (a
