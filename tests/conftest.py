@@ -12,6 +12,13 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Two test workers keep both cores busy, so a process's OpenMP threads (torch's, vLLM's) are
+# often descheduled; by default the others spin at each barrier meanwhile, on the core the one
+# they wait for needs. Passive threads sleep there: with one busy process beside it, LoRA
+# training of the default model took 7.6 s for 5 steps instead of 24-29 s, and vLLM sampled 225
+# tok/s instead of 116 (on an idle machine they cost 4.2 -> 6.6 s and 339 -> 287 tok/s, which is
+# why a run does not set it; docs/troubleshooting.md). Set before any process starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.pop("PREFECT_API_URL", None)
 # Stage workers never import from the directory they start in; tests that hand a worker a
 # body defined in a test module put the repository on the path explicitly.
