@@ -121,13 +121,16 @@ def test_a_kill_of_the_process_that_trains_alone_stops_all_and_resumes_to_the_sa
               "from tests.models.test_train_processes import _train; "
               f"_train('rft', Path({str(tiny_model)!r}), Path({str(out)!r}), batch_size=2, num_processes=2)")
     env = {**os.environ, "RATCHET_FAILPOINTS": "train:checkpoint", "RATCHET_FAILPOINTS_KILL": "orchestrator", MARK: "1"}
-    started = set()
-    parent = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True)
+    started, log = set(), tmp_path / "killed.log"  # a file, not a pipe nobody reads until the end
+    with open(log, "w") as err:
+        parent = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=err)
     deadline = time.time() + 300
     while parent.poll() is None and time.time() < deadline:  # the processes below it, as they start
         started |= set(carrying(f"{MARK}=1")) - {parent.pid}
         time.sleep(0.2)
-    assert parent.wait(timeout=1) == -9, parent.stderr.read()[-2000:]  # killed at the checkpoint, by its PID
+    if parent.poll() is None:
+        parent.kill()
+    assert parent.wait() == -9 and time.time() < deadline, log.read_text()[-2000:]  # killed at the checkpoint
     assert len(started) >= 3, started  # torchrun and its two trainers ran
     assert all(gone_within(p, 30) for p in started), "a training process outlived the process that started it"
     time.sleep(1)
