@@ -398,11 +398,20 @@ class Tracker:
                     raise
             try:
                 held = self.client.get_registered_model(name)
-                since = float(held.tags.get("ratchet.since", "0"))
-                holder = held.tags.get("ratchet.holder") or f"unknown-{since}"
             except MlflowException:  # released between the two calls: try again at once
                 continue
-            if time.time() - since > LEASE_STALE_S:
+            # A lease is created with its tags in one transaction, but a store reads a model's row
+            # and its tags in two queries: a lease moved in between reads with no tags (or with
+            # the next lease's). A lease without its holder is such a torn read, never stale:
+            # taking it over would move whichever lease holds the name now, a live one.
+            holder, since = held.tags.get("ratchet.holder"), held.tags.get("ratchet.since")
+            try:
+                since = float(since) if holder else None
+            except (TypeError, ValueError):
+                since = None
+            if since is None:
+                holder, since = holder or "a run that left no holder tag", held.creation_timestamp / 1000
+            elif time.time() - since > LEASE_STALE_S:
                 if self._move_lease(name, holder):
                     log.warning("took over the champion gate's lease %s, held by %s since %.0f s ago", name, holder,
                                 time.time() - since)

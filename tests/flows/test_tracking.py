@@ -308,6 +308,19 @@ def test_the_gates_lease_is_held_by_one_tracker_at_a_time_whatever_its_workdir(t
     with t.registry_lease():
         assert t.client.get_registered_model("shared.gate-lease").tags["ratchet.holder"] != "gone:1"
     assert "shared.gate-lease" not in {m.name for m in t.client.search_registered_models()}
+    # a store reads a model's row and its tags in two queries: a lease moved between them reads
+    # with no tags. That torn read is never a stale lease: the live one that holds the name now stays
+    t.client.create_registered_model("shared.gate-lease", tags={"ratchet.holder": "live:1",
+                                                               "ratchet.since": str(_time.time())})
+    from mlflow.entities.model_registry import RegisteredModel
+
+    read = t.client.get_registered_model
+    monkeypatch.setattr(t.client, "get_registered_model", lambda n: RegisteredModel(
+        n, creation_timestamp=read(n).creation_timestamp))  # the row, then no tags under its name
+    with pytest.raises(TrackingError, match="held by a run that left no holder tag"):
+        with t.registry_lease(wait_s=0.5):
+            pass
+    assert read("shared.gate-lease").tags["ratchet.holder"] == "live:1"
 
 
 def _lease_racer(uri: str, work: str, log: str, barrier, rounds: int, stale_s: float) -> None:
