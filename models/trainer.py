@@ -93,7 +93,9 @@ class OptimSettings(BaseModel):
 
     def summary(self, m: dict[str, float]) -> list[str]:
         """A finished training's result in a few words, for the console."""
-        out = [f"{m.get('steps', 0):,.0f} steps", f"loss {m.get('first_loss', 0):.3f} -> {m.get('last_loss', 0):.3f}"]
+        first, last = f"{m.get('first_loss', 0):.3f}", f"{m.get('last_loss', 0):.3f}"
+        # one logged loss (a run of fewer than two logging_steps) reads as what it is, not "x -> x"
+        out = [f"{m.get('steps', 0):,.0f} steps", f"loss {first}" if first == last else f"loss {first} -> {last}"]
         return out + ([f"{m.get('steps', 0) / m['train_s']:.2f} steps/s"] if m.get("train_s") else [])
 
 

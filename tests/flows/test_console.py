@@ -58,6 +58,15 @@ def test_without_a_terminal_every_event_is_one_plain_line(tmp_path):
                         "round 2  -> version 3 · held-out accuracy 50.0% (+8.0 points) · not promoted"]
 
 
+def test_a_training_that_logged_one_loss_shows_it_once():
+    """Fewer steps than two logging_steps log one loss: "loss 0.786", not "0.786 -> 0.786", which
+    would read as a loss that did not move."""
+    job = TrainJob(train=RFTTrainConfig(), seed=0)
+    one = {"steps": 2, "first_loss": 0.7863, "last_loss": 0.7863, "train_s": 8.7}
+    assert events.summary_of(job, one) == "2 steps · loss 0.786 · 0.23 steps/s"
+    assert events.summary_of(job, {**one, "last_loss": 0.7}) == "2 steps · loss 0.786 -> 0.700 · 0.23 steps/s"
+
+
 def test_progress_files_give_the_running_stage_its_rate(tmp_path):
     p = events.Progress(tmp_path, 4, "unit", done=1, counters={"gen_tokens": 100.0, "gen_s": 1.0},
                         rate=SampleWork.rate)  # the counters the stage's work says its rate is read from
