@@ -108,6 +108,7 @@ def check_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model
     fixed = cfg.label.fixed_model()
     readers = {"policy": tok, "label": label_tokenizer(cfg, resolve_model(fixed)) if fixed else tok}
     report = ProblemReport()
+    rows = "" if cfg.data.kind == "episodes" else "shorten or drop these rows, or "  # seeds: no text to shorten
     reads = [("train", split.train, train_budgets(cfg), split.places),
              ("eval", split.eval, eval_budgets(cfg), split.places)]
     reads += [(f"evaluate set {name!r}", s.eval, eval_budgets(cfg), s.places) for name, s in sets.items()]
@@ -119,7 +120,7 @@ def check_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model
                     source, place = places.get(p.id, ("data", f"id {p.id!r}"))
                     report.add(source, f"{what} prompts too long for {name}", place,
                                f"{need} tokens with what {name} adds > {b.limit}",
-                               f"shorten or drop these rows, or {b.fix}")
+                               rows + b.fix)
     report.raise_if_any()
 
 
@@ -353,11 +354,15 @@ def train_budgets(cfg: PipelineConfig) -> dict[str, Budget]:
 
 
 def eval_budgets(cfg: PipelineConfig) -> dict[str, Budget]:
-    ro = cfg.sample.rollout  # a set with a rollout of its own is checked against the widest of the two
-    rollouts = [ro] + [s.rollout for s in cfg.evaluate.sets if s.rollout is not None]
-    widest = max(rollouts, key=lambda r: r.budget(cfg.evaluate.max_tokens))
-    return {"evaluation": Budget(widest.wrap, widest.budget(cfg.evaluate.max_tokens), cfg.sampler.max_model_len,
-                                 "raise sampler.max_model_len or lower evaluate.max_tokens")}
+    # a set with a rollout of its own is checked against the widest of the two
+    rollouts = [("sample.rollout", cfg.sample.rollout)] + [
+        (f"evaluate.sets[{i}].rollout", s.rollout) for i, s in enumerate(cfg.evaluate.sets) if s.rollout is not None]
+    field, widest = max(rollouts, key=lambda r: r[1].budget(cfg.evaluate.max_tokens))
+    budget = widest.budget(cfg.evaluate.max_tokens)
+    # an episode's tokens are its rollout's to bound, not evaluate.max_tokens (one turn's)
+    fix = "lower evaluate.max_tokens" if budget == cfg.evaluate.max_tokens else f"lower {field}.episode_tokens"
+    return {"evaluation": Budget(widest.wrap, budget, cfg.sampler.max_model_len,
+                                 f"raise sampler.max_model_len or {fix}")}
 
 
 def _tokenizer(model_dir: Path, field: str):

@@ -300,3 +300,26 @@ def test_every_kind_of_input_is_in_the_key_of_the_split_and_its_evaluation(tmp_p
         second = split_and_eval(src)
         assert second[0] != first[0] and second[1] != first[1], src.path
         assert second[2] is False and second[3] != first[3], src.path  # a fresh evaluation of the new split
+
+
+def test_episodes_too_long_for_the_context_name_the_rollouts_budget(tmp_path, default_model):
+    """Episodes start from seeds, with no text to shorten: the fix is the budget of the rollout
+    that overruns, for evaluation too (an episode's tokens are not evaluate.max_tokens)."""
+    guess = str(ROOT / "examples" / "environments" / "guess.py") + ":Guess"
+    game = {"kind": "environment", "env": guess, "max_turns": 4}
+    cfg = config_from_dict({"workdir": str(tmp_path / "w"), "data": {"kind": "episodes", "train_size": 2, "eval_size": 1},
+                            "sample": {"max_tokens": 16, "rollout": {**game, "episode_tokens": 768}},
+                            "train": {"max_length": 1024}})
+    with pytest.raises(ConfigError) as e:
+        check_inputs(cfg, default_model)
+    assert len(e.value.problems) == 2 and all(p.endswith(
+        "> 512. Fix: raise sampler.max_model_len or lower sample.rollout.episode_tokens") for p in e.value.problems)
+    # an eval set's own rollout that overruns, where the run's fits, is the one named
+    cfg = config_from_dict({"workdir": str(tmp_path / "w"), "data": {"kind": "episodes", "train_size": 2, "eval_size": 1},
+                            "sample": {"max_tokens": 16, "rollout": {**game, "episode_tokens": 128}},
+                            "evaluate": {"sets": [{"name": "heldout"},
+                                                  {"name": "long", "rollout": {**game, "episode_tokens": 768}}]}})
+    with pytest.raises(ConfigError) as e:
+        check_inputs(cfg, default_model)
+    assert e.value.problems and all("evaluation" in p and p.endswith(
+        "Fix: raise sampler.max_model_len or lower evaluate.sets[1].rollout.episode_tokens") for p in e.value.problems)
