@@ -40,6 +40,18 @@ class TextArenaEnv:
         new = obs[len(self.seen):] if obs.startswith(self.seen) else obs
         self.seen = obs
         new = new.lstrip("\n")
-        if action is not None and new.startswith(echo := f"[Player] {action}"):
-            new = new[len(echo):].lstrip("\n")
+        for echo in _echoes(action):
+            if new.startswith(echo):
+                new = new[len(echo):].lstrip("\n")
+                break
         return new
+
+
+def _echoes(action: str | None) -> list[str]:
+    """How the game's log can echo `action`, longest first: TextArena's action wrapper puts a move
+    with no bracket in brackets (Mastermind's, GuessTheNumber's), and the log drops the player's
+    role tag from it; a game without that wrapper echoes it as it came."""
+    if action is None:
+        return []
+    said = [f"[{action}]", action] if "[" not in action and "]" not in action else [action]
+    return [f"[Player] {a.replace('[Player]', '')}" for a in said] + [f"[Player] {a}" for a in said if "[Player]" in a]

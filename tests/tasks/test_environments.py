@@ -353,12 +353,14 @@ def test_a_textarena_game_plays_through_the_adapter(tok):
     pytest.importorskip("textarena")
     ro = EnvironmentRollout(textarena="GuessTheNumber-v0", max_turns=6, episode_tokens=1024)
     assert ro.problems() == []
-    guesses = ["[10]", "[5]", "[15]", "[3]", "[18]", "[7]"]
+    # a move with no bracket is echoed in brackets, and one with the player's tag echoed without it
+    guesses = ["[10]", "five", "[5] [Player] me", "[15]", "[3]", "[18]"]
     rows, cost, _ = play(tok, guesses, ro, [start(3)])
     (c,) = rows
     assert "Guess The Number" in c.outcome.start and c.outcome.failure is None
     envs = [s.text for s in c.segments if s.role == "env"]
-    assert envs and all("[Player]" not in t for t in envs)  # its echo of the move is left out
+    assert envs and all("[Player]" not in t and "five" not in t and " me" not in t for t in envs), envs  # no echo
+    assert "invalid move" in envs[1]
     assert any("higher" in t or "lower" in t for t in envs)
     assert c.outcome.ended in ("done", "max_turns") and c.outcome.ret is not None
 
