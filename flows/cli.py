@@ -265,7 +265,8 @@ def cmd_check(args) -> int:
     check = cfg.data.check
     print(f"data: {cfg.data.kind}, {len(split.train)} train prompts "
           f"({sum(p.answer is not None for p in split.train)} with an answer), {len(split.eval)} held out; "
-          f"check: {check.kind}" + (f" ({check.function})" if hasattr(check, "function") else ""))
+          f"check: {check.kind}" + (f" ({check.function})" if hasattr(check, "function") else "")
+          + (f", {how}" if (how := getattr(check, "called_as", lambda: None)()) else ""))
     print(model_line(cfg, cfg.sample.rollout.first_message(split.train[0])))
     for s, stage in cfg.evaluate.stages():
         held = sets[s.name].eval if s.name in sets else split.eval

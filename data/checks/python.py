@@ -37,7 +37,7 @@ import importlib.util
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from ratchet.data.checks.base import Check, Item, Tally, Verdict
 from ratchet.data.checks.scorer import Call, Scorer, ScorerError, is_file_spec, shared, split_spec
@@ -83,6 +83,8 @@ class PythonCheck(Check):
     source: str | None = Field(default=None, description="sha256 of the function's file, filled in when the config "
                                "is read; a stage that finds the file changed since stops instead of mixing versions")
 
+    _called_as: str | None = PrivateAttr(default=None)  # how problems() found the function is called
+
     @field_validator("function")
     @classmethod
     def _spec(cls, v: str) -> str:
@@ -107,7 +109,17 @@ class PythonCheck(Check):
             return [f"data.check.function={self.function!r}: {e}"]
         finally:
             s.close()
+        shape = {"ratchet": "with a row's fields by name" + (", a list of rows a call" if s.batched else ""),
+                 "trl": "as TRL calls a reward function, with keyword lists" + (
+                     ", each completion a list of chat messages" if s.messages else ""),
+                 "verl": "as verl calls compute_score"}[s.convention]
+        why = ": from its signature" if self.convention == "auto" else ""
+        self._called_as = f"called {shape} (data.check.convention={self.convention}{why})"
         return []
+
+    def called_as(self) -> str | None:
+        """How the function is called, once problems() has loaded it: what `ratchet check` shows."""
+        return self._called_as
 
     def check(self, response: str, answer: str) -> Verdict:
         return self.check_many([Item(response, answer)])[0]

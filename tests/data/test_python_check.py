@@ -477,11 +477,16 @@ def test_reward_functions_written_for_trl_and_verl_are_called_as_those_libraries
         seen = []
     """)
     trl = PythonCheck(function=f"{f}:accuracy_reward", batch_size=2)
-    assert trl.problems(["data_source", "unit"]) == []
+    assert trl.called_as() is None and trl.problems(["data_source", "unit"]) == []
+    # what `ratchet check` shows of it, once loaded: how it is called, and why
+    assert trl.called_as() == ("called as TRL calls a reward function, with keyword lists "
+                               "(data.check.convention=auto: from its signature)")
     assert [v.score for v in check_many(trl, COLUMNS)] == [1.0, 0.0, 0.0]
     assert [v.score for v in check_many(PythonCheck(function=f"{f}:accuracy_reward", convention="trl"), COLUMNS)] \
         == [1.0, 0.0, 0.0]
     verl = PythonCheck(function=f"{f}:compute_score")
+    assert verl.problems() == [] and verl.called_as() == ("called as verl calls compute_score "
+                                                          "(data.check.convention=auto: from its signature)")
     v = check_many(verl, COLUMNS)
     assert [x.score for x in v] == [1.0, 0.1, 0.1] and v[1].metrics == {"said": 2.0}
     assert [x.score for x in check_many(PythonCheck(function=f"{f}:compute_score", convention="verl"), COLUMNS)] \
@@ -494,6 +499,9 @@ def test_reward_functions_written_for_trl_and_verl_are_called_as_those_libraries
             return 1.0
     """, "mine.py")
     assert [x.score for x in check_many(PythonCheck(function=f"{g}:score"), COLUMNS)] == [1.0, 0.0, 0.0]
+    mine = PythonCheck(function=f"{g}:score", convention="ratchet", batched=True)
+    assert mine.problems() == [] and mine.called_as() == ("called with a row's fields by name, a list of rows a call "
+                                                          "(data.check.convention=ratchet)")
     # a convention the function cannot take is said before anything runs, with the signature wanted
     [bad] = PythonCheck(function=f"{g}:score", convention="verl").problems()
     assert "cannot take a row's fields by name" in bad and "compute_score(data_source, solution_str, ground_truth" in bad
@@ -516,6 +524,8 @@ def test_trl_s_own_reward_functions_and_conversational_ones_get_chat_messages(tm
             Item("<think>\nhm\n</think>\n4", None, "2 + 2?", "r#0", {"solution": "4"})]
     acc = PythonCheck(function="trl.rewards:accuracy_reward")  # an installed module, found as trl + messages
     assert acc.problems(["solution"]) == []
+    assert acc.called_as() == ("called as TRL calls a reward function, with keyword lists, each completion a list "
+                               "of chat messages (data.check.convention=auto: from its signature)")
     assert [v.score for v in check_many(acc, rows)] == [1.0, 0.0, 0.0]
     assert [v.score for v in check_many(PythonCheck(function="trl.rewards:think_format_reward"), rows)] == [0, 0, 1]
     f = _file(tmp_path, """
