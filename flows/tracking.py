@@ -410,7 +410,8 @@ class Tracker:
             except (TypeError, ValueError):
                 since = None
             if since is None:
-                holder, since = holder or "a run that left no holder tag", held.creation_timestamp / 1000
+                created = held.creation_timestamp  # for the message alone: the row's, read apart from its tags
+                holder, since = holder or "a run that left no holder tag", created / 1000 if created else time.time()
             elif time.time() - since > LEASE_STALE_S:
                 if self._move_lease(name, holder):
                     log.warning("took over the champion gate's lease %s, held by %s since %.0f s ago", name, holder,
