@@ -1,5 +1,5 @@
 """The most a hostile program takes from the machine in the code check's sandbox, with the
-default limits (data/sandbox.py), with the run's cgroup and without one, side by side.
+default limits (data/procs/sandbox.py), with the run's cgroup and without one, side by side.
 
 Each attack runs once in each setting while this script samples the machine's memory in use
 (MemTotal - MemAvailable, every 20 ms) and counts the run's processes; it prints the peak
@@ -14,8 +14,8 @@ import argparse
 import threading
 import time
 
-from ratchet.data import sandbox
-from ratchet.data.sandbox import Limits, RunGroup, run
+from ratchet.data.procs import sandbox
+from ratchet.data.procs.sandbox import Limits, RunGroup, run
 
 ATTACKS = {
     "every process fills its address space": (

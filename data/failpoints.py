@@ -9,7 +9,7 @@ failpoint costs one environment lookup.
 
 With RATCHET_FAILPOINTS_KILL=orchestrator, a failpoint instead kills the run's orchestrator
 (the `ratchet` process) by its PID alone, as `kill -9 PID` does, and waits: every process
-below it must then die by itself (data/lifetime.py), the one that reached the failpoint
+below it must then die by itself (data/procs/lifetime.py), the one that reached the failpoint
 included. A process left standing is a bug the tests look for.
 
 With RATCHET_FAILPOINTS_KILL=interrupt, a failpoint sends SIGINT to the run's process group, as

@@ -18,6 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ratchet.data.digest import sha256_json
+
 
 def count(items: int, size: int) -> int:
     return (items + size - 1) // size
@@ -73,3 +75,8 @@ def _atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(path)
+
+
+def unit_seed(seed: int, unit: int) -> int:
+    """A unit's seed: a function of the stage seed and the unit's index, nothing else."""
+    return int(sha256_json([seed, unit])[:8], 16)

@@ -62,7 +62,7 @@ def _prepare_env(workdir: Path | None) -> None:
 
 def _ephemeral_server_dies_with_us():
     """The temporary Prefect server a run starts when no PREFECT_API_URL is set (a process of
-    its own) dies with this process, as every process below a run does (data/lifetime.py):
+    its own) dies with this process, as every process below a run does (data/procs/lifetime.py):
     Prefect stops it only at a clean exit, so a `kill -9` of the run would leave it serving.
 
     Prefect keeps one such server per port and hands it to every client that asks; the one
@@ -73,7 +73,6 @@ def _ephemeral_server_dies_with_us():
     with a connection error instead of saying it was interrupted."""
     import subprocess
     import types
-    from functools import partial
 
     from prefect.settings import PREFECT_API_URL
 
@@ -81,13 +80,13 @@ def _ephemeral_server_dies_with_us():
         return None
     from prefect.server.api import server
 
-    from ratchet.data.lifetime import child_dies_with_parent
+    from ratchet.data.procs.spawn import program_starter
 
     class DiesWithUs(server.SubprocessASGIServer):
         def _run_uvicorn_command(self):
             real = server.subprocess
-            server.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": partial(
-                subprocess.Popen, preexec_fn=child_dies_with_parent(signal.SIGTERM), start_new_session=True)})
+            server.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": program_starter(
+                signal.SIGTERM, session=True)})
             try:
                 return super()._run_uvicorn_command()
             finally:

@@ -21,6 +21,7 @@ from ratchet.data.prompts import Split, check_draw, prompt_key, load_split
 from ratchet.flows.config import PipelineConfig
 from ratchet.models import prompt_format
 from ratchet.tasks.labels import Budget
+from ratchet.data.procs.entry import entry
 
 
 def needs_train_answers(cfg: PipelineConfig) -> bool:
@@ -46,24 +47,36 @@ def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Spli
 
 @contextlib.contextmanager
 def checked_run(cfg: PipelineConfig) -> Iterator[Split]:
-    """check_inputs for `ratchet run`, with the run's fork server (tasks/forkserver.py) started for
-    the run's length: the data here, then the model's checks in a child of the server once it has
-    imported what they read models with (forkserver.READS_MODELS), which the stages import from it
+    """check_inputs for `ratchet run`, with the run's fork server (data/procs/forkserver.py) started
+    for the run's length: the data here, then the model's checks in a child of the server once it
+    has imported what they read models with (tasks/stage.READS_MODELS), which the stages import from it
     anyway (a run's own process imported them for the checks alone: 4-5 s of CPU). Nothing is
     written before the checks pass: the server's log has no name until the run's helpers give it
     one. Where the config has no fork server (`isolate`, `executor.warm_workers`), or this process
     has imported transformers already, the checks are all made here."""
     import sys
 
-    from ratchet.tasks import forkserver
+    from ratchet.data.procs import forkserver
+    from ratchet.tasks.stage import READS_MODELS
 
     split, sets = check_data(cfg)  # a bad row is reported before any model library is imported
-    with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, None):
+    with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, None, run_preload()):
         if "transformers" in sys.modules:  # imported here already (a caller of flows/api.py): nothing to save
             check_model(cfg, split, sets)
         else:
-            forkserver.call("ratchet.flows.inputs:check_model", cfg, split, sets, after=forkserver.READS_MODELS)
+            forkserver.call(check_model, cfg, split, sets, after=READS_MODELS)
         yield with_sets(split, sets)
+
+
+def run_preload() -> tuple[str, ...]:
+    """What the run's fork server imports before its children are forked, in order: the libraries
+    a stage's worker imports (tasks/stage.py), the modules of the stages it runs, and what the
+    run's own calls need (its base model saved for MLflow, the report's figures)."""
+    from ratchet.models import mlflow_model, trainer, warm
+    from ratchet.tasks import evaluate, label, sample, stage, train
+
+    stages = (stage, sample, evaluate, label, train, trainer, warm, mlflow_model)
+    return (*stage.WORKER_LIBRARIES, *(m.__name__ for m in stages), "mlflow.transformers", "matplotlib.pyplot")
 
 
 def check_data(cfg: PipelineConfig) -> tuple[Split, dict[str, Split]]:
@@ -85,6 +98,7 @@ def check_data(cfg: PipelineConfig) -> tuple[Split, dict[str, Split]]:
     return split, held_out_sets(cfg, split)
 
 
+@entry
 def check_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model_dir: Path | None = None) -> None:
     """The checks that read the model: its directory, its LoRA targets, its tokenizer and prompt
     format, and every prompt of `split` and `sets` (check_data's) against the token budget of
@@ -129,7 +143,7 @@ def device_problems(cfg: PipelineConfig) -> list[str]:
     """What this machine's GPUs cannot give the run: each local engine holder its own
     (tasks/units.holder_devices), and each training process one GPU (torchrun gives process k
     device k, and there is no device k past the last). Nothing on a machine without GPUs."""
-    from ratchet.tasks.units import holder_devices, visible_gpus
+    from ratchet.data.procs.executors import holder_devices, visible_gpus
 
     visible = visible_gpus()
     if not visible:
@@ -151,7 +165,7 @@ def devices_line(cfg: PipelineConfig) -> str:
     """What `ratchet check` says of this machine's GPUs and who takes them: the engine holders
     (local ones each their own), and the training processes, one GPU each, naming the GPUs that
     training would leave idle and the setting that uses them."""
-    from ratchet.tasks.units import holder_devices, visible_gpus
+    from ratchet.data.procs.executors import holder_devices, visible_gpus
 
     visible = visible_gpus()
     if not visible:

@@ -23,6 +23,7 @@ from prefect import flow
 from ratchet.data import events
 from ratchet.data.manifest import StageManifest
 from ratchet.flows.config import PipelineConfig
+from ratchet.flows.inputs import run_preload
 from ratchet.flows.runs import RunContext, set_state, start
 from ratchet.flows.stages import (EvalTarget, RoundResult, agreement_task, base_task, eval_targets_task,
                                   evaluate_task, filter_task, label_model_task, label_task, lineage_task, prompts_task,
@@ -30,7 +31,7 @@ from ratchet.flows.stages import (EvalTarget, RoundResult, agreement_task, base_
                                   train_task, unwrap)
 from ratchet.flows.tracking import Tracker, verdict
 from ratchet.models import warm
-from ratchet.tasks import forkserver
+from ratchet.data.procs import forkserver
 from ratchet.tasks.evaluate import EvaluateConfig
 
 
@@ -134,11 +135,12 @@ def warm_engine_wanted(cfg: PipelineConfig) -> bool:
 @contextlib.contextmanager
 def helpers(cfg: PipelineConfig, logs: Path, name: str):
     """The run's helper processes while the run lasts, each where the config wants one: the fork
-    server its stage workers start from (tasks/forkserver.py) and its warm engine
+    server its stage workers start from (data/procs/forkserver.py) and its warm engine
     (models/warm.py), with their own output in logs/NAME.forkserver.log and logs/NAME.engine.log.
     Helpers already running (`ratchet run` starts them before the run's records, so that their
     imports overlap with the run's start) are kept."""
-    with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, logs / f"{name}.forkserver.log"), \
+    with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, logs / f"{name}.forkserver.log",
+                            run_preload()), \
             warm.for_run(warm_engine_wanted(cfg), logs / f"{name}.engine.log", cfg.sampler.backend):
         yield
 

@@ -31,6 +31,7 @@ from ratchet.data.events import Shows
 from ratchet.data.store import ArtifactStore
 from ratchet.flows.runs import RunSummary, list_runs
 from ratchet.flows.tracking import Tracker
+from ratchet.data.procs.entry import entry
 
 STAGES = ("sample", "label", "filter", "train", "evaluate")
 COLORS = {"sample": "#4C72B0", "label": "#DD8452", "filter": "#937860", "train": "#C44E52", "evaluate": "#55A868"}
@@ -227,6 +228,7 @@ def training_rows(m: dict[str, float], shown: list[tuple[str, Shows]]) -> tuple[
     return None
 
 
+@entry
 def draw(report: Report, out: Path) -> dict[str, Path]:
     """Write the report's figures into `out` as PNG files; returns title -> path."""
     out.mkdir(parents=True, exist_ok=True)
@@ -461,9 +463,9 @@ def build(workdir: Path, tracker: Tracker, run: str | None = None, log: bool = T
     if state is not None:
         report.run = report.run.model_copy(update={"state": state})
     out = workdir / "reports" / report.run.run
-    from ratchet.tasks import forkserver
+    from ratchet.data.procs import forkserver
 
-    report.figures = forkserver.call("ratchet.flows.report:draw", report, out)  # where matplotlib is imported already
+    report.figures = forkserver.call(draw, report, out)  # where matplotlib is imported already
     write_html(report, out)
     if log:
         from ratchet.flows.runs import load_record

@@ -22,7 +22,7 @@ from ratchet.data.prompts import Split
 from ratchet.flows.config import PipelineConfig
 from ratchet.flows.inputs import check_inputs, sources_of
 from ratchet.flows.tracking import Tracker
-from ratchet.tasks.stage import syntax_tree
+from ratchet.tasks.code_reach import syntax_tree
 
 
 class RunContext(BaseModel):
@@ -68,8 +68,10 @@ def code_digest(root: Path | None = None) -> str:
 def git_commit() -> str | None:
     import subprocess
 
+    from ratchet.data.procs.spawn import run_program
+
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parents[1], capture_output=True,
+        out = run_program(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parents[1], capture_output=True,
                              text=True, timeout=5)
         return out.stdout.strip() or None if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):

@@ -26,11 +26,13 @@ from ratchet.flows.inputs import resolve_model, sources_of
 from ratchet.flows.runs import RunContext
 from ratchet.flows.tracking import Gate, SetScore, Tracker, TrackingError
 from ratchet.models.prompt_format import written_template
-from ratchet.tasks import evaluate as evaluate_mod, forkserver
+from ratchet.data.procs import forkserver
+from ratchet.tasks import evaluate as evaluate_mod
 from ratchet.tasks import filter as filter_mod
 from ratchet.tasks import label as label_mod
 from ratchet.tasks import prepare, sample as sample_mod, train as train_mod
 from ratchet.tasks.sample import RolloutConfig
+from ratchet.tasks.stage import READS_MODELS
 
 
 class RoundResult(BaseModel):
@@ -133,8 +135,7 @@ def _written_template(path: Path, fmt: str, layout: str) -> str | None:
     the run's fork server: transformers imports torch, which the run's own process otherwise never does."""
     if fmt != "auto":  # no tokenizer read: nothing to fork for
         return written_template(path, fmt, layout)
-    return forkserver.call("ratchet.models.prompt_format:written_template", path, fmt, layout,
-                           after=forkserver.READS_MODELS)
+    return forkserver.call(written_template, path, fmt, layout, after=READS_MODELS)
 
 
 @task(name="base-model", cache_policy=NONE, retries=0)

@@ -641,13 +641,14 @@ class Tracker:
         (a LoRA adapter against its local base), or, for the base model and full fine-tunes,
         the weights saved as one (models/mlflow_model.py)."""
         from ratchet.models.mlflow_model import FOLDER
-        from ratchet.tasks import forkserver
+        from ratchet.data.procs import forkserver
+        from ratchet.models.mlflow_model import save_full
 
         if (d / FOLDER / "MLmodel").exists():
             self.client.log_artifacts(run_id, str(d / FOLDER), artifact_path="model")
         elif (d / "model" / "config.json").exists():
             with tempfile.TemporaryDirectory() as t:  # saved where torch and transformers are imported already
-                saved = forkserver.call("ratchet.models.mlflow_model:save_full", d / "model", Path(t) / "m")
+                saved = forkserver.call(save_full, d / "model", Path(t) / "m")
                 self.client.log_artifacts(run_id, str(saved), artifact_path="model")
 
     def record_accuracy(self, version: str, eval_set: str, accuracy: float) -> None:

@@ -18,6 +18,7 @@ import logging
 import shutil
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from ratchet.data.procs.entry import entry
 
 FOLDER = "mlflow-model"
 TASK = "text-generation"
@@ -52,6 +53,7 @@ def save_adapter(peft_model, tokenizer, base_dir: Path, out: Path) -> Path:
     return path
 
 
+@entry
 def save_full(model_dir: Path, path: Path) -> Path:
     """A full model directory as MLflow's transformers flavor (its weights copied in)."""
     import mlflow.transformers

@@ -22,6 +22,7 @@ import json
 import re
 from pathlib import Path
 from typing import Literal
+from ratchet.data.procs.entry import entry
 
 PromptFormat = Literal["auto", "chat", "plain"]
 TEMPLATE_FILE = "chat_template.jinja"
@@ -90,6 +91,7 @@ def example(tokenizer, prompt: str) -> str:
                                          tokenize=False)
 
 
+@entry
 def written_template(model_dir: Path, fmt: PromptFormat, layout: str) -> str | None:
     """The template the base stage writes into its copy of the model: the plain one where `fmt`
     resolves to plain, else None (the model's own chat template stands)."""

@@ -25,6 +25,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ratchet.data.procs.entry import entry
 
 # transformers' schedules that run with no arguments of their own and no evaluation loop (the others need
 # lr_scheduler_kwargs, or an eval metric, which a round's training has not); tests/models builds each
@@ -396,7 +397,6 @@ def train(model_dir: Path, rows: list[dict], cfg: OptimSettings, out: Path, seed
     if cfg.num_processes == 1:
         return cfg.fit(model_dir, rows, out, seed)
     import os
-    import subprocess
     import sys
 
     from ratchet.data import failpoints
@@ -413,12 +413,13 @@ def train(model_dir: Path, rows: list[dict], cfg: OptimSettings, out: Path, seed
     env.setdefault(failpoints.GROUP, str(os.getpgrp()))  # torchrun starts its processes in groups of their own
     import signal
 
-    from ratchet.data.lifetime import child_dies_with_parent
+    from ratchet.data.procs.lifetime import child_dies_with_parent
+
+    from ratchet.data.procs.spawn import launch
 
     # torchrun stops its training processes when it gets SIGTERM; each of them also dies with torchrun
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-                           "-m", "ratchet.models.trainer", str(spec)], env=env,
-                          preexec_fn=child_dies_with_parent(signal.SIGTERM))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "--no-python"]
+    proc = launch(torchrun, train_process, str(spec), env=env, preexec_fn=child_dies_with_parent(signal.SIGTERM))
     if proc.returncode != 0 or not result.exists():
         raise StageFailedError(f"training in {n} processes (torchrun) failed with exit code {proc.returncode}; "
                                f"its checkpoints are kept in {out / 'checkpoints'}, re-run the same command to resume")
@@ -428,9 +429,10 @@ def train(model_dir: Path, rows: list[dict], cfg: OptimSettings, out: Path, seed
     return metrics
 
 
-def _process_main(spec_path: str) -> None:
+@entry
+def train_process(spec_path: str) -> None:
     """One training process under torchrun: the trainer, then (main process) the metrics file."""
-    from ratchet.data.lifetime import die_with_parent
+    from ratchet.data.procs.lifetime import die_with_parent
     from ratchet.models.train_kinds import config_class
 
     die_with_parent()  # torchrun killed (its worker, its orchestrator), no process trains on into the stage
@@ -441,8 +443,3 @@ def _process_main(spec_path: str) -> None:
     if metrics:
         (Path(spec["out"]) / "train-metrics.json").write_text(json.dumps(metrics))
 
-
-if __name__ == "__main__":
-    import sys
-
-    _process_main(sys.argv[1])

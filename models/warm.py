@@ -29,7 +29,7 @@ engine (`executor.kind=local`, `engines=1`, `executor.warm_engine`, the default)
 Stage isolation is kept: each stage still runs in a fresh worker process; only the engine
 outlives it. An error inside the engine ends the engine process after its report (its state
 is unknown), and the next stage that needs it gets a new one. The engine process dies with
-the run (data/lifetime.py); nothing it holds is written to the store.
+the run (data/procs/lifetime.py); nothing it holds is written to the store.
 
 The worker takes the address from RATCHET_ENGINE (removed from its environment at start, so
 no process the worker starts, an engine holder of a pool or a Ray actor, can borrow it).
@@ -53,13 +53,13 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.data.errors import StageFailedError
-from ratchet.data.lifetime import Spawner
+from ratchet.data.procs import forkserver, spawn
+from ratchet.data.procs.entry import entry
+from ratchet.data.procs.lifetime import Spawner
 
 log = logging.getLogger("ratchet")
 
 ENV = "RATCHET_ENGINE"  # "<socket path>|<authkey hex>", for the stage worker alone
-SERVE = ("import sys; sys.path.pop(0); from ratchet.models.warm import serve; "
-         "sys.exit(serve(sys.argv[1], sys.argv[2]))")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
 
 
@@ -78,51 +78,28 @@ def shape_of(model_dir: Path, sampler_json: str) -> str:
 
 # the worker's side ---------------------------------------------------------------------------
 
-_ADDRESS: tuple[str, bytes] | None = None  # this worker process's warm engine, taken from ENV
-_LENT: dict[str, Any] = {}  # set while a local executor opens its engine (see `lend`)
-
-
-def take_address() -> None:
-    """In a stage worker, first thing: remember the run's warm engine and drop it from the
-    environment, so it is this process's alone."""
-    global _ADDRESS
-    value = os.environ.pop(ENV, "")
-    if value:
-        path, _, key = value.partition("|")
-        _ADDRESS = (path, bytes.fromhex(key))
-
-
-@contextlib.contextmanager
-def lend(threads: int | None):
-    """While opening the units' engine in this process (the local executor with one engine):
-    a sampler may be the run's warm engine, run with `threads` CPU threads (None: all)."""
-    _LENT["threads"] = threads
-    try:
-        yield
-    finally:
-        _LENT.clear()
-
-
-def lent() -> bool:
-    return _ADDRESS is not None and bool(_LENT)
+def take_address() -> str | None:
+    """In a stage worker, first thing: the run's warm engine's address, dropped from the
+    environment, so it is this process's alone (no process it starts can borrow it)."""
+    return os.environ.pop(ENV, "") or None
 
 
 class WarmSampler:
     """The run's warm engine, seen from a stage worker: the `Sampler` interface over a socket."""
 
-    def __init__(self, model_dir: Path, cfg, seed: int):
+    def __init__(self, model_dir: Path, cfg, seed: int, address: str, threads: int | None = None):
         from multiprocessing.connection import Client
 
-        assert _ADDRESS is not None
         self.model_dir, self.cfg, self.broken = Path(model_dir), cfg, False
-        path, key = _ADDRESS
+        path, _, hexkey = address.partition("|")
+        key = bytes.fromhex(hexkey)
         try:
             self.conn = Client(path, family="AF_UNIX", authkey=key)
         except OSError as e:
             raise StageFailedError(f"the run's warm engine at {path} cannot be reached ({e}); re-run the same "
                                    "command to resume, or set executor.warm_engine=false") from e
         self.opened = self._call("open", {"model": str(self.model_dir), "sampler": cfg.model_dump_json(),
-                                          "seed": seed, "threads": _LENT.get("threads")})
+                                          "seed": seed, "threads": threads})
         log.info("warm engine (pid %s): %s %s in %.2f s", self.opened["pid"], self.opened["how"], self.model_dir,
                  self.opened["load_s"])
 
@@ -267,17 +244,17 @@ class _Engines:
             gc.collect()
 
 
-def serve(path: str, preload: str, key: bytes | None = None) -> int:
+@entry
+def serve(path: str, preload: str, key: str | None = None) -> int:
     """The engine process's main: answer one stage worker at a time until the run ends it. The
-    key comes on stdin (a process of its own) or as `key` (a child of the run's fork server)."""
+    key (hex) comes on stdin (a process of its own) or as `key` (a child of the run's fork server)."""
     from multiprocessing.connection import Listener
 
-    from ratchet.data.lifetime import die_with_parent
+    from ratchet.data.procs.lifetime import die_with_parent
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     die_with_parent()
-    if key is None:
-        key = bytes.fromhex(sys.stdin.readline().strip())
+    key = bytes.fromhex(key if key is not None else sys.stdin.readline().strip())
     listener = Listener(path, family="AF_UNIX")  # the key is checked by _accept, under a time bound
     print(f"warm engine (pid {os.getpid()}): listening; preloading {preload}", file=sys.stderr, flush=True)
     # the import is most of a start; done while the run prepares its first stage
@@ -370,11 +347,11 @@ def _answer(engines: _Engines, conn) -> bool:
 
 class WarmEngine:
     """The engine process of one run, which dies with the run and is restarted if it dies between
-    stages. Where the run has a fork server (tasks/forkserver.py), the engine is forked from it
+    stages. Where the run has a fork server (data/procs/forkserver.py), the engine is forked from it
     once it has imported torch, transformers and peft, which the engine would otherwise import
     again beside it (5-6 s of CPU on 2 cores, at the busiest moment of a run's start); elsewhere, or
     if the server does not fork it, it is a process of its own, started from a thread that lives
-    as long as the run (data/lifetime.Spawner)."""
+    as long as the run (data/procs/lifetime.Spawner)."""
 
     AFTER = ("torch", "transformers", "peft")  # imported by the fork server before it forks the engine (peft: the
     # modeling code the engine loads models with)
@@ -396,8 +373,6 @@ class WarmEngine:
 
     def start(self, forked: bool = True) -> None:
         """Start the engine process; it listens a moment later (see `_listening`)."""
-        from ratchet.tasks import forkserver
-
         self.starts += 1
         self.key = secrets.token_bytes(32)
         if self.log_fd is None:
@@ -406,13 +381,12 @@ class WarmEngine:
         server = forkserver.current() if forked else None
         # the fork server's child opens the log through this process's descriptor: the file it
         # names now, whatever its name when the server forks (it may wait for its imports)
-        self.proc = server and server.spawn({"engine": {"path": self.path, "preload": self.preload,
-                                                        "key": self.key.hex()}},
+        self.proc = server and server.spawn(serve, [self.path, self.preload, self.key.hex()],
                                             Path(f"/proc/{os.getpid()}/fd/{self.log_fd}"), self.AFTER)
         if self.proc is not None:
             return
-        self.proc = self.spawner.popen([sys.executable, "-c", SERVE, self.path, self.preload],
-                                       stdin=subprocess.PIPE, stdout=self.log_fd, stderr=subprocess.STDOUT)
+        self.proc = spawn.start(serve, self.path, self.preload, popen=self.spawner.popen, stdin=subprocess.PIPE,
+                                stdout=self.log_fd, stderr=subprocess.STDOUT).proc
         self.proc.stdin.write(self.key.hex().encode() + b"\n")
         self.proc.stdin.close()
 
@@ -446,13 +420,13 @@ class WarmEngine:
     def rename_log(self, path: Path) -> None:
         """Its log renamed to `path` (kept where it is if `path` exists); an engine started later
         writes to the same file, through the descriptor held here."""
-        from ratchet.data.lifetime import move_log
+        from ratchet.data.procs.lifetime import move_log
 
         with self.lock:
             self.log_path = move_log(self.log_path, Path(path))
 
     def stop(self) -> None:
-        from ratchet.data.lifetime import end
+        from ratchet.data.procs.lifetime import end
 
         with self.lock:
             end(self.proc)

@@ -15,7 +15,7 @@ top-level definitions (functions, classes, assignments) its body reaches:
   job's own values bring the kinds it holds (`instance_classes`), so a stage that checks with
   `regex` is not re-keyed by an edit to the `code` check.
 
-Each definition counts as its syntax tree without docstrings (tasks/stage.py `syntax_tree`): a
+Each definition counts as its syntax tree without docstrings (`syntax_tree`): a
 comment or a reflowed line re-keys nothing. Only modules of the body's own top-level package
 are followed, as before: the installed libraries are keyed by what the run records of them.
 """
@@ -37,6 +37,20 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from ratchet.data.digest import sha256_text
+
+@functools.lru_cache(maxsize=512)
+def syntax_tree(text: str, path: str) -> str:
+    import ast
+
+    tree = ast.parse(text, path)
+    for node in ast.walk(tree):  # docstrings: no stage reads them (the config reference does, outside stages)
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
 
 WHOLE = "*"  # a whole module: every definition in it
 INIT = "<module>"  # its top-level statements that define nothing
@@ -229,8 +243,6 @@ def _member(module: str, attr: str) -> tuple[str, str]:
 def reach(roots: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
     """Every definition the roots (module, name) reach, each with its code: (module, name) ->
     its syntax tree as text; (module, INIT) for a module's other top-level statements."""
-    from ratchet.tasks.stage import syntax_tree
-
     todo = list(roots)
     if not todo:
         return {}

@@ -93,12 +93,13 @@ class PolicyWork(UnitWork):
     items: list
     size: int
 
-    def open(self):
+    def open(self, lent=None):
         from ratchet.models import warm
         from ratchet.models.sampler import open_sampler
 
-        if warm.lent():  # the run's engine, its weights swapped to this policy's if need be
-            return warm.WarmSampler(self.model, self.sampler, seed=self.seed)
+        if lent is not None:  # the run's engine, its weights swapped to this policy's if need be
+            return warm.WarmSampler(self.model, self.sampler, seed=self.seed, address=lent.address,
+                                    threads=lent.threads)
         return open_sampler(self.model, self.sampler, seed=self.seed)
 
 
@@ -130,7 +131,7 @@ def sample_body(req: StageRequest[SampleJob], store: ArtifactStore) -> StageMani
     prompts = train_prompts(req, store)
     d = store.stage_dir(req.stage, req.key)
     done = run_units(SampleWork(items=prompts, size=cfg.shard_size, params=cfg.params(), rollout=cfg.rollout,
-                                **policy_of(req, store)), d / "shards", req.executor)
+                                **policy_of(req, store)), d / "shards", req.executor, req.engine)
     rows = [Completion.model_validate_json(x) for x in done.shards.lines()]
     n = write_jsonl(d / "samples.jsonl", rows)
     m = done.cost

@@ -8,23 +8,25 @@ from JSON through the same annotation). The body writes files into
 ``store.stage_dir(req.stage, req.key)`` and ends with ``req.finish(store, ...)``, which
 writes the manifest last.
 
-Heavy stages run in a process of their own (``worker(REQUEST.json)``), so all memory a
-stage took (optimizer state, activations) is returned to the OS before the next stage
-starts: a child forked from the run's fork server, which imported the heavy libraries once
-(tasks/forkserver.py), or a fresh interpreter (WORKER) without one. A sampling stage's
-engine is the run's warm engine where it has one (models/warm.py).
+Heavy stages run in a process of their own (the entry ``worker(REQUEST.json)``), so all
+memory a stage took (optimizer state, activations) is returned to the OS before the next
+stage starts: a child forked from the run's fork server, which imported the heavy libraries
+once (data/procs/forkserver.py), or a fresh interpreter without one (data/procs/spawn.py). A
+sampling stage's engine is the run's warm engine where it has one (models/warm.py).
+
+The worker reports through files in the stage's directory: its manifest when it finished, or
+its error report (ERROR_FILE). A worker forked from the fork server is the server's child, not
+this process's, so it holds no channel to the process that waits for it; and a stage's result
+is its manifest on disk in any case.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import importlib
 import inspect
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -37,32 +39,23 @@ from pydantic import BaseModel, ConfigDict
 
 from ratchet.data import events
 from ratchet.data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError, out_of_space
-from ratchet.data.lifetime import die_with_parent
 from ratchet.data.manifest import StageManifest
+from ratchet.data.procs import forkserver, spawn
+from ratchet.data.procs.entry import EntryError, entry, load_target, target_of
+from ratchet.data.procs.lifetime import die_with_parent
 from ratchet.data.store import ArtifactStore, stage_key
 from ratchet.tasks.units import ExecutorConfig
 
 log = logging.getLogger("ratchet")
-# The worker's entry point. `python -c` puts the current directory first on sys.path; it is
-# dropped before anything is imported, so a `data.py` or a second checkout in the directory
-# the user runs from can never stand in for the installed code.
-WORKER = "import sys; sys.path.pop(0); from ratchet.tasks.stage import worker; sys.exit(worker(sys.argv[1]))"
+# what a call that reads a model's config or tokenizer waits for (a fork-server call's `after`):
+# loading any config imports transformers' auto model classes (its docstrings name them), 2 s of
+# CPU on 2 cores, which a child forked before the server had them imported again beside it
+READS_MODELS = ("torch", "transformers", "transformers.models.auto.modeling_auto")
+# the libraries a stage worker imports before its work, those first; importing them in the run's
+# fork server is what a fork saves
+WORKER_LIBRARIES = (*READS_MODELS, "peft", "trl", "datasets", "accelerate")
 ERROR_FILE = "worker-error.json"
 MODEL_STAGES = ("base", "train", "label-model")
-
-
-@functools.lru_cache(maxsize=512)
-def syntax_tree(text: str, path: str) -> str:
-    import ast
-
-    tree = ast.parse(text, path)
-    for node in ast.walk(tree):  # docstrings: no stage reads them (the config reference does, outside stages)
-        body = getattr(node, "body", None)
-        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree)
 
 
 def keyed(config: BaseModel) -> dict:
@@ -114,6 +107,7 @@ class StageRequest(BaseModel, Generic[Job]):
     parents: list[StageManifest]
     started: float = 0.0
     executor: ExecutorConfig | None = None  # where fan-out units run; not part of the key
+    engine: str | None = None  # the run's warm engine lent to this stage's worker (models/warm.py); not keyed
 
 
     def parent(self, stage: str) -> StageManifest:
@@ -149,10 +143,11 @@ Body = Callable[[Any, ArtifactStore], StageManifest]
 
 def body_name(body: Body) -> str:
     """`module:function`, how a worker process finds the body again."""
-    name = f"{body.__module__}:{body.__qualname__}"
-    if "<" in body.__qualname__ or _resolve(name) is not body:
-        raise RatchetError(f"stage body {name} must be a module-level function so a worker process can import it")
-    return name
+    try:
+        return target_of(body)
+    except EntryError:
+        raise RatchetError(f"stage body {body.__module__}:{body.__qualname__} must be a module-level function so a "
+                           "worker process can import it") from None
 
 
 def request_type(body: Body) -> type[StageRequest]:
@@ -228,26 +223,20 @@ def _reused(store: ArtifactStore, m: StageManifest, config: BaseModel) -> StageM
     return m
 
 
-def _resolve(body: str):
-    mod, _, fn = body.partition(":")
-    return getattr(importlib.import_module(mod), fn)
-
-
 def _run_in_worker(store: ArtifactStore, d: Path, body: str, req: StageRequest) -> StageManifest:
     spec = d / "worker-request.json"
     spec.write_text(json.dumps({"body": body, "store": str(store.root), "request": req.model_dump(mode="json")}))
     (d / ERROR_FILE).unlink(missing_ok=True)
     stage_log = d / events.STAGE_LOG
     from ratchet.models import warm
-    from ratchet.tasks import forkserver
 
     env = warm.worker_env()
     returncode = None
     if (server := forkserver.current()) is not None:  # a warm worker, forked from the run's fork server
-        with _following(stage_log):
-            returncode = server.run(spec, stage_log, env)
+        with spawn.following(stage_log, verbose()):
+            returncode = server.run(worker, [str(spec)], stage_log, env)
     if returncode is None:
-        returncode = _run_logged([sys.executable, "-c", WORKER, str(spec)], stage_log, env)
+        returncode = spawn.run_logged(worker, [str(spec)], stage_log, env, follow=verbose())
     if returncode == 0:
         m = store.find(req.stage, req.key, verify=False)
         if m is None:
@@ -290,74 +279,17 @@ def verbose() -> bool:
     return os.environ.get("RATCHET_VERBOSE", "") not in ("", "0")
 
 
-@contextlib.contextmanager
-def _following(path: Path):
-    """With RATCHET_VERBOSE, copy what is appended to `path` to this process's stdout meanwhile."""
-    import threading
-
-    if not verbose():
-        yield
-        return
-    stop = threading.Event()
-
-    def copy(start: int) -> None:
-        with open(path, "rb") as f:
-            f.seek(start)
-            while True:
-                line = f.readline()
-                if line:
-                    sys.stdout.buffer.write(line)
-                    sys.stdout.flush()
-                elif stop.is_set():
-                    return
-                else:
-                    time.sleep(0.1)
-
-    path.touch()
-    t = threading.Thread(target=copy, args=(path.stat().st_size,), daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        t.join(timeout=5)
-
-
-def _run_logged(cmd: list[str], stage_log: Path, extra_env: dict[str, str] | None = None) -> int:
-    """Run a worker with its output (the engine's, the trainer's, every library's) appended to
-    the stage's log; with RATCHET_VERBOSE also copied to this process's stdout as it comes."""
-    import threading
-
-    env = {**os.environ, **(extra_env or {})}
-    with open(stage_log, "ab") as f:
-        if not verbose():
-            return subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-        def copy() -> None:
-            for line in iter(proc.stdout.readline, b""):
-                f.write(line)
-                f.flush()
-                sys.stdout.buffer.write(line)
-                sys.stdout.flush()
-
-        t = threading.Thread(target=copy, daemon=True)
-        t.start()
-        code = proc.wait()
-        t.join(timeout=5)  # a holder the worker started may keep the pipe open; never wait on it
-        return code
-
-
+@entry
 def worker(spec_path: str) -> int:
     """A worker process's main: run one stage body from its request file."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    die_with_parent()  # a killed orchestrator takes its worker along (data/lifetime.py)
+    die_with_parent()  # a killed orchestrator takes its worker along (data/procs/lifetime.py)
     from ratchet.models import warm
 
-    warm.take_address()  # the run's warm engine, if it has one: this process's alone
+    engine = warm.take_address()  # the run's warm engine, if it has one: this process's alone
     spec = json.loads(Path(spec_path).read_text())
-    body = _resolve(spec["body"])
-    req = request_type(body).model_validate(spec["request"])
+    body = load_target(spec["body"])
+    req = request_type(body).model_validate({**spec["request"], "engine": engine})
     store = ArtifactStore(Path(spec["store"]))
     try:
         body(req, store)

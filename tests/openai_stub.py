@@ -116,7 +116,7 @@ def start_vllm(model_dir, name: str, port: int, log_path):
     import subprocess
     import sys
 
-    from ratchet.data.lifetime import child_dies_with_parent
+    from ratchet.data.procs.lifetime import child_dies_with_parent
 
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
            "TORCHDYNAMO_DISABLE": "1", "VLLM_NO_USAGE_STATS": "1",

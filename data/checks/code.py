@@ -15,7 +15,7 @@ where it has none. The tests are the row's answer, in one of two forms:
   spaces and blank lines aside.
 
 `reward: pass` gives 1 when every test passes, else 0; `fraction` the share that passed. A
-verdict is right when all pass. Every run is in a sandbox of its own (data/sandbox.py:
+verdict is right when all pass. Every run is in a sandbox of its own (data/procs/sandbox.py:
 bubblewrap, no network, a read-only system, a private /tmp, no inherited environment, CPU,
 memory, process, file-size, output and wall-time limits, death with its parent), up to
 `workers` at once. A program that breaks a limit, crashes, or prints past the output limit
@@ -51,7 +51,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from ratchet.data.checks.base import Check, Item, Tally, Verdict
-from ratchet.data.sandbox import Ran, SandboxSettings, run_pair
+from ratchet.data.procs.sandbox import Ran, SandboxSettings, run_pair
 
 FENCE = "```"
 

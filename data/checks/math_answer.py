@@ -18,7 +18,6 @@ from pydantic import Field
 from ratchet.data.checks.base import Check, Item, Verdict
 from ratchet.data.checks.scorer import shared
 
-SPEC = "ratchet.data.checks.math_answer:verify_answer"
 LONGEST = 8192  # characters of a response read (its end, where the final answer is)
 
 
@@ -37,7 +36,7 @@ class MathCheck(Check):
         return self.check_many([Item(response, answer)])[0]
 
     def check_many(self, items: list[Item], tally=None) -> list[Verdict]:
-        scorer = shared(SPEC, batched=False, timeout_s=2 * self.timeout_s + 10)
+        scorer = shared(verify_answer, batched=False, timeout_s=2 * self.timeout_s + 10)
         out = []
         for i in items:
             if i.answer is None:

@@ -1,14 +1,20 @@
 """Scoring code run outside the stage's process: a user's function, or a library whose time
 bounds need a process's main thread (math-verify's signal alarms).
 
-A `Scorer` starts one child process (`python -c ...`), which imports the function once and
-then answers one call at a time over a pipe (JSON lines on a descriptor of their own, so
-what the function prints goes to the stage's log, not into the protocol). Every call is
-bounded in time by this side: a call that outlives `timeout_s` has its child killed, with its
-process group (what the function started), is reported as timed out, and the next call starts
-a new child. A child that dies (a crash, `sys.exit`, the out-of-memory killer) costs only the
-call it was making. Each call and its answer carry a number, and a process the function forked
-that returns from it exits there: no answer ever goes to a call it was not for.
+A `Scorer` is a host (data/procs/host.py `CallHost`): one child process, the entry
+`scorer_host`, which imports the function once and then answers one call at a time over its
+channel (data/procs/channel.py), so what the function prints goes to the stage's log, not into
+the protocol. Every call is bounded in time by this side: a call that outlives `timeout_s` has
+its child killed, with its process group (what the function started), is reported as timed
+out, and the next call starts a new child. A child that dies (a crash, `sys.exit`, the
+out-of-memory killer) costs only the call it was making. Each call and its answer carry a
+number, and a process the function forked that returns from it exits there: no answer ever
+goes to a call it was not for.
+
+The function is named by a user's file ('path/to/rewards.py:score', keyed by its digest), an
+installed module outside Ratchet ('package.module:score'), or, for Ratchet's own scorers, the
+function object itself (`target`): a stage that scores with it then reaches its code, and its
+key changes with it (tasks/code_reach.py).
 
 Calls are (completion, answer=, prompt=, **fields) for one row, or, batched, lists under
 TRL's names (completions, prompts=, answer=, ...) returning a list. Two other conventions
@@ -29,17 +35,15 @@ import atexit
 import json
 import os
 import re
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The child: its protocol is the descriptor that was stdout; stdout itself then goes to stderr,
-# so the function's own prints land in the log.
-CHILD = "import sys; from ratchet.data.checks.scorer import child_main; sys.exit(child_main())"
+from ratchet.data.procs.channel import Channel, user_traceback
+from ratchet.data.procs.entry import entry, target_of
+from ratchet.data.procs.host import CallHost, HostError, serve_calls
 
 
 @dataclass(frozen=True)
@@ -67,146 +71,90 @@ def is_file_spec(where: str) -> bool:
     return where.endswith(".py") or os.sep in where or "/" in where
 
 
-class Scorer:
-    """A child process that runs `spec` (see the module docstring); one call at a time."""
+def spec_of(target: str | Callable) -> str:
+    """A scoring function as its host loads it: a user's 'file.py:name' or 'module:name' as given,
+    or one of Ratchet's functions by the object (its name found from it)."""
+    if callable(target):
+        return target_of(target)
+    if target.startswith("ratchet."):
+        raise ScorerError(f"{target}: name Ratchet's own scoring functions by the object, not by a string (a stage "
+                          "that runs it must reach its code to be keyed by it)")
+    return target
 
-    def __init__(self, spec: str, *, batched: bool, timeout_s: float, load_timeout_s: float = 120.0,
+
+class Scorer:
+    """A child process that runs `target` (see the module docstring); one call at a time."""
+
+    def __init__(self, target: str | Callable, *, batched: bool, timeout_s: float, load_timeout_s: float = 120.0,
                  before_load: Callable[[], None] | None = None, fields: tuple[str, ...] = (),
                  convention: str = "ratchet", messages: bool | str = False):
-        self.spec, self.batched, self.timeout_s, self.load_timeout_s = spec, batched, timeout_s, load_timeout_s
+        self.spec, self.batched, self.timeout_s, self.load_timeout_s = spec_of(target), batched, timeout_s, load_timeout_s
         self.convention = convention  # ratchet, trl, verl, or auto (found from the signature when loaded)
         self.messages = messages  # trl: completions and prompts as chat messages; auto: from the annotation
         self.fields = tuple(fields)  # the rows' other columns, which the signature must take by name
-        self.before_load = before_load  # runs before every (re)start, which loads the function's file anew
-        self.proc: subprocess.Popen | None = None
-        self.calls = self.timeouts = self.restarts = 0
+        self.host = CallHost(scorer_host, [self.spec, self.batched, list(self.fields), self.convention, self.messages],
+                             load_s=load_timeout_s, before_start=before_load)
 
-    # the child's life ------------------------------------------------------------------------
+    @property
+    def proc(self):
+        return self.host.proc
+
+    @property
+    def calls(self) -> int:
+        return self.host.calls
+
+    @property
+    def timeouts(self) -> int:
+        return self.host.timeouts
+
+    @property
+    def restarts(self) -> int:
+        return self.host.restarts
+
     def start(self) -> dict[str, Any]:
         """Start the child and load the function; returns what it found (its signature)."""
-        if self.before_load is not None:
-            self.before_load()
-        read_fd, write_fd = os.pipe()
-        env = dict(os.environ, RATCHET_SCORER_FD=str(write_fd))
-        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, self.spec, "1" if self.batched else "0",
-                                      json.dumps(list(self.fields)), self.convention, json.dumps(self.messages)],
-                                     stdin=subprocess.PIPE, stdout=None, stderr=None, pass_fds=(write_fd,),
-                                     env=env, start_new_session=True)  # its group: what the function starts
-        os.close(write_fd)
-        self._out, self._buf = os.fdopen(read_fd, "rb", buffering=0), b""
-        reply = self._read(self.load_timeout_s)
-        if not reply:
-            code = self._wait()
-            self.close()
-            raise ScorerError(f"{self.spec}: its process exited while loading it (exit code {code})" if reply == {}
-                              else f"{self.spec}: loading it took over {self.load_timeout_s:.0f} s")
-        if not reply.get("ok"):
-            self.close()
-            raise ScorerError(reply.get("error") or f"{self.spec}: its process answered outside the scorer's protocol")
+        try:
+            reply = self.host.start()
+        except HostError as e:
+            raise ScorerError(str(e) if e.said else f"{self.spec}: {e}") from None
         if reply.get("convention") in CONVENTIONS:  # what `auto` found: the calls take its shape
             self.convention, self.batched = reply["convention"], bool(reply.get("batched"))
             self.messages = bool(reply.get("messages"))
         return reply
 
     def close(self) -> None:
-        if self.proc is not None:
-            import signal
+        self.host.close()
 
-            try:  # the child's whole group: a process the function started ends with it
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self.proc.wait()
-            for f in (self.proc.stdin, getattr(self, "_out", None)):
-                if f is not None:
-                    try:
-                        f.close()
-                    except OSError:
-                        pass
-        self.proc = None
-
-    def _read(self, timeout: float) -> dict | None:
-        """The child's next reply; None past `timeout`; {} when the child is gone; a line that is not
-        JSON is no reply to anything (`{"#": None}`)."""
-        return read_message(self._out, self, time.monotonic() + timeout)
-
-    # calls -------------------------------------------------------------------------------
     def call(self, kwargs: dict[str, Any]) -> list[Call] | Call:
         """One call: a Call, or (batched) one Call per row; a timeout or a dead child is a failure
         of this call alone, and the next call starts a new child."""
-        if self.proc is None or self.proc.poll() is not None:
-            if self.proc is not None:
-                self.restarts += 1
-            self.start()
-        self.calls += 1
         try:
-            self.proc.stdin.write((json.dumps({"#": self.calls, "kwargs": kwargs}) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            code = self._wait()
-            self.close()
-            return self._failed(kwargs, f"its process died before the call (exit code {code})")
-        end = time.monotonic() + self.timeout_s
-        while (reply := self._read(end - time.monotonic())) and reply.get("#") != self.calls:
-            pass  # not this call's answer: never taken for it
-        if reply == {}:
-            code = self._wait()
-            self.close()
-            return self._failed(kwargs, f"its process died during the call (exit code {code})")
-        if reply is None:
-            self.close()
-            self.timeouts += 1
+            how, reply = self.host.call({"kwargs": kwargs}, self.timeout_s)
+        except HostError as e:
+            raise ScorerError(str(e) if e.said else f"{self.spec}: {e}") from None
+        if how == "died":
+            return self._failed(kwargs, f"its process died during the call (exit code {reply})")
+        if how == "timeout":
             return self._failed(kwargs, f"timed out after {self.timeout_s:g} s (check.timeout_s)")
         return [Call(**r) for r in reply["results"]] if self.batched else Call(**reply["result"])
-
-    def _wait(self):
-        """The exit code of a child that closed its end (it may take a moment to be reaped)."""
-        try:
-            return self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return None
 
     def _failed(self, kwargs: dict, why: str):
         c = Call(failure=why)
         return [c] * _rows(kwargs) if self.batched else c
 
 
-def read_message(pipe, state, end: float, chunk: int = 1 << 20) -> dict | None:
-    """The next JSON object, one a line, from `pipe` (its partial line kept in `state._buf`): None
-    past the monotonic time `end`; {} when the writer is gone; `{"#": None}` for a line that is not
-    a JSON object (it answers no call). Shared by the scorer's and the environments' children."""
-    import select
-
-    while b"\n" not in state._buf:
-        left = end - time.monotonic()
-        if left <= 0:
-            return None
-        ready, _, _ = select.select([pipe], [], [], left)
-        if ready:
-            got = os.read(pipe.fileno(), chunk)
-            if not got:
-                return {}
-            state._buf += got
-    line, state._buf = state._buf.split(b"\n", 1)
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        return {"#": None}
-    return msg if isinstance(msg, dict) else {"#": None}
-
-
 _SHARED: dict[tuple, Scorer] = {}
 
 
-def shared(spec: str, *, batched: bool, timeout_s: float, tag: str = "",
+def shared(target: str | Callable, *, batched: bool, timeout_s: float, tag: str = "",
            before_load: Callable[[], None] | None = None, convention: str = "ratchet",
            messages: bool | str = False, fields: tuple[str, ...] = ()) -> Scorer:
-    """This process's scorer for `spec` (and `tag`: what else tells two versions apart), started on
+    """This process's scorer for `target` (and `tag`: what else tells two versions apart), started on
     first use and kept for the calls after (a stage's units share it; it ends with the process).
     `fields`: the rows' other columns, which its signature is checked against when it loads."""
-    key = (spec, tag, batched, timeout_s, convention, messages, fields)
+    key = (spec_of(target), tag, batched, timeout_s, convention, messages, fields)
     if key not in _SHARED:
-        s = Scorer(spec, batched=batched, timeout_s=timeout_s, before_load=before_load, convention=convention,
+        s = Scorer(target, batched=batched, timeout_s=timeout_s, before_load=before_load, convention=convention,
                    messages=messages, fields=fields)
         s.start()  # raises ScorerError, and then nothing is kept
         _SHARED[key] = s
@@ -242,6 +190,8 @@ def _load(spec: str):
         sys.path.insert(0, str(path.parent))  # its own helpers beside it import as they would for the user
         mod_spec.loader.exec_module(module)
     else:
+        if os.getcwd() not in sys.path:  # an installed module, or one in the directory ratchet runs from
+            sys.path.insert(0, os.getcwd())
         module = importlib.import_module(where)
     fn = getattr(module, name, None)
     if fn is None:
@@ -409,102 +359,71 @@ def _value(v) -> dict:
 
 def _user_traceback(exc: BaseException) -> str:
     """The traceback from the user's function down, without this module's frames."""
-    import traceback
-
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+    return user_traceback(exc, skip=(__file__,))
 
 
-def _die_with_parent() -> None:
-    """End this process when the one that started it dies, so a killed stage never leaves a scoring
-    call running. A watchdog thread, not PR_SET_PDEATHSIG: that signal follows the *thread* that
-    started the child, and the stage that started a shared scorer may have finished."""
-    import threading
-
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.2)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
-
-
-def child_main() -> int:
+@entry
+def scorer_host(channel: Channel, spec: str, batched: bool, fields: list[str], asked: str = "ratchet",
+                asked_messages: bool | str = False) -> int:
+    """A scorer's child (see the module docstring): load the function, say what was found, then
+    answer calls until the stage's side closes the channel."""
     import asyncio
     import inspect
 
-    _die_with_parent()
-    proto = os.fdopen(int(os.environ.pop("RATCHET_SCORER_FD")), "w")
-    os.dup2(2, 1)  # the function's prints go to the log
-    spec, batched, fields = sys.argv[1], sys.argv[2] == "1", json.loads(sys.argv[3])
-    asked = sys.argv[4] if len(sys.argv) > 4 else "ratchet"
-    asked_messages = json.loads(sys.argv[5]) if len(sys.argv) > 5 else False
-
-    def say(obj) -> None:
-        proto.write(json.dumps(obj) + "\n")
-        proto.flush()
+    def hello(**obj) -> int:
+        channel.send(obj)
+        return 0
 
     try:
         fn = _load(spec)
     except ScorerError as e:
-        say({"ok": False, "error": str(e)})
-        return 0
+        return hello(ok=False, error=str(e))
     except BaseException as e:  # noqa: BLE001 - the user's module failed to import: its traceback
-        say({"ok": False, "error": f"{spec}: importing it failed:\n{_user_traceback(e)}"})
-        return 0
+        return hello(ok=False, error=f"{spec}: importing it failed:\n{_user_traceback(e)}")
     convention = found_convention(fn, asked)
     batched = convention == "trl" or (convention == "ratchet" and batched)
     if (problem := _signature_problem(fn, batched, fields, convention)) is not None:
-        say({"ok": False, "error": f"{spec}: {problem}"})
-        return 0
+        return hello(ok=False, error=f"{spec}: {problem}")
     try:
         chat = found_messages(fn, asked_messages, convention)
     except ScorerError as e:
-        say({"ok": False, "error": f"{spec}: {e}"})
-        return 0
-    say({"ok": True, "async": inspect.iscoroutinefunction(fn), "convention": convention, "batched": batched,
-         "messages": chat})
+        return hello(ok=False, error=f"{spec}: {e}")
+    channel.send({"ok": True, "async": inspect.iscoroutinefunction(fn), "convention": convention,
+                  "batched": batched, "messages": chat})
     verl = verl_names(fn) if convention == "verl" else VERL
-    me = os.getpid()
-    for line in sys.stdin:
-        call = json.loads(line)
-        n, kwargs = call["#"], call["kwargs"]
-        first = kwargs["completions"] if batched else kwargs["completion"]
-        try:
-            if convention == "trl":  # every list by keyword, as TRL's trainers call a reward function
-                v = fn(**(as_messages(kwargs) if chat else kwargs))
-            elif convention == "verl":
-                v = fn(**{k: x for k, x in _verl_kwargs(kwargs).items() if k in verl})
-            else:
-                v = fn(kwargs.pop("completions" if batched else "completion"), **kwargs)
-            if inspect.isawaitable(v):
-                v = asyncio.run(_await(v))
-        except BaseException as e:  # noqa: BLE001 - the user's exception, reported with its row
-            if os.getpid() != me:  # a process the function forked, raising out of it: never answers
-                os._exit(1)
-            hint = ("\n(a TRL reward function written for a conversational dataset reads completion[0]['content']: "
-                    "set data.check.messages: true to pass each completion as a list of chat messages)"
-                    if convention == "trl" and not chat and isinstance(e, TypeError) and "string indices" in str(e)
-                    else "")
-            failure = {"failure": f"raised {type(e).__name__}: {e}\n{_user_traceback(e)}{hint}"}
-            say({"#": n, **({"results": [failure] * len(first)} if batched else {"result": failure})})
-            continue
-        if os.getpid() != me:  # a process the function forked, returning from it: it answers nothing, and
-            os._exit(0)  # reads no call (its parent answers this one, and scores go to the rows they are for)
-        if not batched:
-            say({"#": n, "result": _value(v)})
-        elif not isinstance(v, (list, tuple)) or len(v) != len(first):
-            what = f"{type(v).__name__} of {len(v)}" if isinstance(v, (list, tuple)) else type(v).__name__
-            failure = f"returned a {what} for {len(first)} rows; a batched function returns one value per row"
-            say({"#": n, "results": [{"failure": failure}] * len(first)})
+
+    def first(kwargs: dict) -> list:
+        return kwargs["completions"] if batched else kwargs["completion"]
+
+    def handle(call: dict) -> dict:
+        kwargs = dict(call["kwargs"])
+        n = len(first(kwargs)) if batched else 1
+        if convention == "trl":  # every list by keyword, as TRL's trainers call a reward function
+            v = fn(**(as_messages(kwargs) if chat else kwargs))
+        elif convention == "verl":
+            v = fn(**{k: x for k, x in _verl_kwargs(kwargs).items() if k in verl})
         else:
-            say({"#": n, "results": [_value(x) for x in v]})
-    return 0
+            v = fn(kwargs.pop("completions" if batched else "completion"), **kwargs)
+        if inspect.isawaitable(v):
+            v = asyncio.run(_await(v))
+        if not batched:
+            return {"result": _value(v)}
+        if not isinstance(v, (list, tuple)) or len(v) != n:
+            what = f"{type(v).__name__} of {len(v)}" if isinstance(v, (list, tuple)) else type(v).__name__
+            failure = f"returned a {what} for {n} rows; a batched function returns one value per row"
+            return {"results": [{"failure": failure}] * n}
+        return {"results": [_value(x) for x in v]}
+
+    def failed(call: dict, e: BaseException) -> dict:
+        hint = ("\n(a TRL reward function written for a conversational dataset reads completion[0]['content']: "
+                "set data.check.messages: true to pass each completion as a list of chat messages)"
+                if convention == "trl" and not chat and isinstance(e, TypeError) and "string indices" in str(e)
+                else "")
+        failure = {"failure": f"raised {type(e).__name__}: {e}\n{_user_traceback(e)}{hint}"}
+        kwargs = call["kwargs"]
+        return {"results": [failure] * len(kwargs.get("completions") or [])} if batched else {"result": failure}
+
+    return serve_calls(channel, handle, failed)
 
 
 async def _await(v):

@@ -29,7 +29,6 @@ from ratchet.data.errors import ConfigError
 from ratchet.data.records import Prompt
 from ratchet.data.sources.base import PoolSource, Split
 
-SPEC = "ratchet.data.sources.reasoning_gym:score_entry"
 Extract = Literal["auto", "tag", "last_number", "answer_line", "last_line", "whole"]
 OVERDRAW = 20  # problems drawn at most per one needed, to find distinct ones
 
@@ -64,7 +63,7 @@ class ReasoningGymCheck(Check):
                            f"cannot check a response without one (answer {answer!r})"])
 
     def check_many(self, items: list[Item], tally=None) -> list[Verdict]:
-        scorer = shared(SPEC, batched=False, timeout_s=self.timeout_s)
+        scorer = shared(score_entry, batched=False, timeout_s=self.timeout_s)
         out = []
         for i in items:
             index = entry_index(i.id)

@@ -10,6 +10,7 @@ The interface an environment class implements (learning from TRL's `environment_
         def step(self, action: str) -> tuple[str | None, float, bool]: ...   # observation, reward, done
         def final_reward(self) -> float | None: ...     # optional: added to the return at the end
         def close(self) -> None: ...                    # optional
+        imports = ("some_library",)                     # optional: imported once by the host
 
 `reset` gets, by name, whichever of these it names: `seed` (the start's seed: its `seed` column,
 else one derived from the prompt's id), `prompt`, `answer` and the row's other columns (a
@@ -18,10 +19,11 @@ observation (None or "" where the episode is done), the step's reward (a finite 
 0) and whether the episode is done; a 4-tuple with an info dict, or a dict with those keys, is
 taken too. One object plays one episode.
 
-How it runs: a host process (`python -c ...`, one per stage process and environment) imports the
-class once, checks it (a missing class, a method that is not there, a signature that cannot take
-what it will be given are reported before any model loads), and then forks one process per
-episode, which makes the object and answers that episode's calls. At most `workers` calls are
+How it runs: a host (data/procs/host.py `SessionHost`: the entry `env_host`, one per stage
+process and environment) imports the class once, checks it (a missing class, a method that is
+not there, a signature that cannot take what it will be given are reported before any model
+loads), and then forks one process per episode, which makes the object and answers that
+episode's calls. At most `workers` calls are
 in flight at once (the rest wait their turn, so a unit of hundreds of episodes does not start
 hundreds of calls on a few cores), and every call is bounded in time from when it is sent: an episode whose call outlives `step_s` has its process group killed and is
 reported as timed out; one whose process dies (a crash, `sys.exit`, a memory limit) costs that
@@ -34,19 +36,16 @@ Every message carries its episode and call numbers: an answer is never taken for
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import os
-import select
-import subprocess
-import sys
-import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-CHILD = "import sys; from ratchet.tasks.environments import host_main; sys.exit(host_main())"
-LINE_LIMIT = 1 << 24  # bytes one message may take (an observation is cut before it); past it the process is killed
+from ratchet.data.procs.channel import Channel, user_traceback
+from ratchet.data.procs.entry import entry, target_of
+from ratchet.data.procs.host import HostError, SessionHost, serve_session, serve_sessions
 
 
 class EnvError(Exception):
@@ -64,168 +63,38 @@ class Reply:
     failure: str | None = None
 
 
-class EnvHost:
+def spec_of(target: str | type) -> str:
+    """An environment as its host imports it: a user's 'file.py:Class' or 'module:Class' as given, or
+    one of Ratchet's adapters by the class itself (so a stage that plays it reaches its code)."""
+    return target_of(target) if isinstance(target, type) else target
+
+
+class EnvHost(SessionHost):
     """The host process for one environment class (see the module docstring): episodes by number,
     one call in flight per episode, each answered or failed within `step_s`."""
 
-    def __init__(self, spec: str, args: dict[str, Any], *, step_s: float, obs_chars: int, memory_mb: int,
+    def __init__(self, target: str | type, args: dict[str, Any], *, step_s: float, obs_chars: int, memory_mb: int,
                  fields: tuple[str, ...] = (), workers: int = 8, load_s: float = 120.0,
                  before_load: Callable[[], None] | None = None):
-        self.spec, self.args, self.step_s, self.load_s, self.workers = spec, dict(args), step_s, load_s, workers
-        self.queue: deque[tuple[int, str, dict]] = deque()  # calls not yet sent (`workers` are in flight)
+        self.spec, self.env_args, self.step_s = spec_of(target), dict(args), step_s
         self.obs_chars, self.memory_mb, self.fields = obs_chars, memory_mb, tuple(fields)
-        self.before_load = before_load  # runs before every (re)start, which imports the file anew
-        self.proc: subprocess.Popen | None = None
-        self.info: dict[str, Any] = {}
-        self.calls = 0
-        self.pending: dict[int, tuple[int, float]] = {}  # episode -> (call number, deadline)
-        self.answered: dict[int, Reply] = {}  # answers read while waiting for others
-        self.lost: set[int] = set()  # episodes whose process went with a host that died
-        self.live: set[int] = set()  # episodes opened on the current host
+        cfg = {"spec": self.spec, "args": self.env_args, "obs_chars": obs_chars, "memory_mb": memory_mb,
+               "fields": list(self.fields)}
+        super().__init__(env_host, [cfg], call_s=step_s, workers=workers, load_s=load_s, before_start=before_load,
+                         what="the environment's host process", timeout_hint=" (sample.rollout.step_s)")
 
-    # the host's life -------------------------------------------------------------------------
     def start(self) -> dict[str, Any]:
-        if self.before_load is not None:
-            self.before_load()
-        read_fd, write_fd = os.pipe()
-        env = dict(os.environ, RATCHET_ENV_FD=str(write_fd))
-        cfg = json.dumps({"spec": self.spec, "args": self.args, "obs_chars": self.obs_chars,
-                          "memory_mb": self.memory_mb, "fields": list(self.fields)})
-        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, cfg], stdin=subprocess.PIPE, pass_fds=(write_fd,),
-                                     env=env, start_new_session=True)
-        os.close(write_fd)
-        self._out, self._buf = os.fdopen(read_fd, "rb", buffering=0), b""
-        reply = self._read(time.monotonic() + self.load_s)
-        if not reply or not reply.get("ok"):
-            code = self._wait() if reply == {} else None
-            self.close()
-            if reply is None:
-                raise EnvError(f"{self.spec}: importing it took over {self.load_s:.0f} s")
-            raise EnvError(reply.get("error") if reply else f"{self.spec}: its process exited while importing it "
-                           f"(exit code {code})")
-        self.info = reply
-        return reply
-
-    def close(self) -> None:
-        if self.proc is not None:
-            import signal
-
-            try:  # the host's group; each episode's process has a group of its own and dies with the host
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self.proc.wait()
-            for f in (self.proc.stdin, getattr(self, "_out", None)):
-                try:
-                    f is not None and f.close()
-                except OSError:
-                    pass
-        self.proc = None
-        self.lost |= self.live | set(self.pending)
-        self.live.clear()
-        self.pending.clear()
-
-    def _wait(self):
         try:
-            return self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def _read(self, end: float) -> dict | None:
-        """The host's next message; None past `end`; {} when the host is gone."""
-        from ratchet.data.checks.scorer import read_message
-
-        return read_message(self._out, self, end)
-
-    # calls -----------------------------------------------------------------------------------
-    def send(self, ep: int, op: str, **payload) -> None:
-        """Queue a call for episode `ep` (`open` with its seed and row, `step` with an action, or
-        `finish`); at most `workers` calls are in flight at once, and a call's time bound starts
-        when it is sent. Its answer is read by `collect`."""
-        self.queue.append((ep, op, payload))
-        self._pump()
-
-    def _pump(self) -> None:
-        while self.queue and len(self.pending) < self.workers:
-            self._write(*self.queue.popleft())
-
-    def _write(self, ep: int, op: str, payload: dict) -> None:
-        if op != "open" and ep not in self.live:
-            self.answered[ep] = Reply(failure="its process was lost with the environment's host process"
-                                      if ep in self.lost else "no such episode")
-            return
-        if self.proc is None or self.proc.poll() is not None:
-            if self.proc is not None:
-                self.close()
-            self.start()
-        self.calls += 1
-        try:
-            self.proc.stdin.write((json.dumps({"#": self.calls, "ep": ep, "op": op, **payload}) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            self.close()
-            self.answered[ep] = Reply(failure="the environment's host process died")
-            return
-        self.pending[ep] = (self.calls, time.monotonic() + self.step_s)
-        if op == "open":
-            self.live.add(ep)
+            return super().start()
+        except HostError as e:
+            raise EnvError(str(e) if e.said else f"{self.spec}: {e}") from None
 
     def collect(self, eps: list[int]) -> dict[int, Reply]:
         """The answers to the calls queued or in flight for `eps`: each one's, or its failure (a
         timeout, a dead process). Answers for other episodes that arrive meanwhile are kept for
         their turn."""
-        want = set(eps)
-        while not want <= set(self.answered):
-            self._pump()
-            queued = {q[0] for q in self.queue}
-            if not [e for e in want - set(self.answered) if e in self.pending or e in queued]:
-                for e in want - set(self.answered):  # never sent (or lost): nothing will come
-                    self.answered[e] = Reply(failure="no call was made")
-                break
-            msg = self._read(min(d for _, d in self.pending.values()))
-            if msg is None:  # a deadline passed: those episodes' processes are ended
-                now = time.monotonic()
-                for e in [e for e, (_, d) in self.pending.items() if d <= now]:
-                    self._kill(e)
-                    self.answered[e] = Reply(failure=f"timed out after {self.step_s:g} s (sample.rollout.step_s)")
-                continue
-            if msg == {}:
-                code = self._wait()
-                lost = set(self.pending)
-                self.close()
-                for e in lost:
-                    self.answered[e] = Reply(failure=f"the environment's host process died (exit code {code})")
-                continue
-            e = msg.get("ep")
-            if e not in self.pending or msg.get("#") != self.pending[e][0]:
-                continue  # not the answer to a call in flight: never taken for one
-            del self.pending[e]
-            reply = Reply(**{k: msg[k] for k in ("observation", "reward", "done", "final", "failure") if k in msg})
-            if reply.failure is not None or msg.get("closed"):
-                self.live.discard(e)
-            self.answered[e] = reply
-        return {e: self.answered.pop(e) for e in eps}
-
-    def _kill(self, ep: int) -> None:
-        self.pending.pop(ep, None)
-        self.live.discard(ep)
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                self.proc.stdin.write((json.dumps({"#": 0, "ep": ep, "op": "kill"}) + "\n").encode())
-                self.proc.stdin.flush()
-            except (BrokenPipeError, OSError):
-                pass
-
-    def drop(self, eps: list[int]) -> None:
-        """Forget these episodes: their queued calls, calls in flight and unread answers, and end
-        their processes (a unit that finished, or stopped half way)."""
-        gone = set(eps)
-        self.queue = deque(q for q in self.queue if q[0] not in gone)
-        for e in gone:
-            if e in self.live or e in self.pending:
-                self._kill(e)
-            self.answered.pop(e, None)
-        self.lost -= gone
+        return {e: Reply(**{k: m[k] for k in ("observation", "reward", "done", "final", "failure") if k in m})
+                for e, m in super().collect(eps).items()}
 
 
 def version(package: str) -> str | None:
@@ -241,13 +110,13 @@ def version(package: str) -> str | None:
 _SHARED: dict[tuple, EnvHost] = {}
 
 
-def shared(spec: str, args: dict, *, step_s: float, obs_chars: int, memory_mb: int, fields: tuple[str, ...] = (),
+def shared(target: str | type, args: dict, *, step_s: float, obs_chars: int, memory_mb: int, fields: tuple[str, ...] = (),
            workers: int = 8, tag: str = "", before_load: Callable[[], None] | None = None) -> EnvHost:
     """This process's host for the environment (and `tag`: its source's digest), started on first
     use and kept for the calls after (a stage's units share it; it ends with the process)."""
-    key = (spec, json.dumps(args, sort_keys=True), step_s, obs_chars, memory_mb, tuple(fields), workers, tag)
+    key = (spec_of(target), json.dumps(args, sort_keys=True), step_s, obs_chars, memory_mb, tuple(fields), workers, tag)
     if key not in _SHARED:
-        h = EnvHost(spec, args, step_s=step_s, obs_chars=obs_chars, memory_mb=memory_mb, fields=fields,
+        h = EnvHost(target, args, step_s=step_s, obs_chars=obs_chars, memory_mb=memory_mb, fields=fields,
                     workers=workers, before_load=before_load)
         h.start()  # raises EnvError, and then nothing is kept
         _SHARED[key] = h
@@ -371,13 +240,10 @@ def _step_value(out, limit: int) -> dict:
             "reward": _number(reward, "step's reward") or 0.0, "done": bool(done)}
 
 
-def _episode(cls, cfg: dict, inbox, outbox) -> None:
+def _episode(cls, cfg: dict, calls: Channel, answers: Channel) -> None:
     """One episode's process: the object, and the answers to its calls, until finish or EOF."""
     import traceback
 
-    from ratchet.data.checks.scorer import _die_with_parent, _user_traceback
-
-    _die_with_parent()
     if cfg["memory_mb"]:  # on top of what the host's imports already mapped, which it shares
         import resource
 
@@ -385,19 +251,19 @@ def _episode(cls, cfg: dict, inbox, outbox) -> None:
             mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         limit = mapped + (cfg["memory_mb"] << 20)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    env = None
-    for line in inbox:
-        req = json.loads(line)
-        out: dict[str, Any] = {"#": req["#"], "ep": req["ep"]}
-        op = req["op"]
+    state: dict[str, Any] = {}
+
+    def handle(req: dict) -> dict:
+        op, out = req["op"], {}
         try:
             if op == "open":
-                env = cls(**cfg["args"])
+                env = state["env"] = cls(**cfg["args"])
                 out["observation"] = _observation(env.reset(**reset_kwargs(cls, req["seed"], req["row"])),
                                                   cfg["obs_chars"], "reset's observation") or ""
             elif op == "step":
-                out.update(_step_value(env.step(req["action"]), cfg["obs_chars"]))
+                out.update(_step_value(state["env"].step(req["action"]), cfg["obs_chars"]))
             elif op == "finish":
+                env = state.get("env")
                 final = getattr(env, "final_reward", None)
                 out["final"] = _number(final(), "final_reward") if callable(final) else None
                 if callable(getattr(env, "close", None)):
@@ -405,145 +271,39 @@ def _episode(cls, cfg: dict, inbox, outbox) -> None:
                 out["closed"] = True
         except ValueError as e:
             if traceback.extract_tb(e.__traceback__)[-1].filename == __file__:  # a wrong value, said plainly
-                out = {**out, "failure": f"{op}: {e}"}
-            else:
-                out = {**out, "failure": f"{op} raised:\n{_user_traceback(e)}"}
+                return {"failure": f"{op}: {e}"}
+            return {"failure": f"{op} raised:\n{_user_traceback(e)}"}
         except BaseException as e:  # noqa: BLE001 - the environment's own failure, with its traceback
-            out = {**out, "failure": f"{op} raised:\n{_user_traceback(e)}"}
-        outbox.write(json.dumps(out) + "\n")
-        outbox.flush()
-        if "failure" in out or out.get("closed"):
-            break
+            return {"failure": f"{op} raised:\n{_user_traceback(e)}"}
+        return out
+
+    serve_session(calls, answers, handle)
 
 
-def host_main() -> int:
-    import signal
+def _user_traceback(exc: BaseException) -> str:
+    """The environment's own frames: the host's and this module's left out."""
+    from ratchet.data.checks import scorer
 
-    from ratchet.data.checks.scorer import _die_with_parent, _user_traceback
+    return user_traceback(exc, skip=(__file__, scorer.__file__))
 
-    _die_with_parent()
-    proto = os.fdopen(int(os.environ.pop("RATCHET_ENV_FD")), "w")
-    os.dup2(2, 1)  # the environment's prints go to the log
-    cfg = json.loads(sys.argv[1])
 
-    def say(obj) -> None:
-        proto.write(json.dumps(obj) + "\n")
-        proto.flush()
+@entry
+def env_host(channel: Channel, cfg: dict) -> int:
+    """An environment's host (see the module docstring): import the class once, check it, say so,
+    then fork a process per episode."""
+    def hello(**obj) -> int:
+        channel.send(obj)
+        return 0
 
     try:
         cls = _load(cfg["spec"])
+        for name in getattr(cls, "imports", ()):  # libraries every episode's process forks with, loaded once
+            importlib.import_module(name)
     except EnvError as e:
-        say({"ok": False, "error": str(e)})
-        return 0
+        return hello(ok=False, error=str(e))
     except BaseException as e:  # noqa: BLE001 - the module failed to import: its traceback
-        say({"ok": False, "error": f"{cfg['spec']}: importing it failed:\n{_user_traceback(e)}"})
-        return 0
+        return hello(ok=False, error=f"{cfg['spec']}: importing it failed:\n{_user_traceback(e)}")
     if (problem := interface_problem(cls, cfg["args"], cfg["fields"])) is not None:
-        say({"ok": False, "error": f"{cfg['spec']}: {problem}"})
-        return 0
-    say({"ok": True, "final": callable(getattr(cls, "final_reward", None))})
-
-    @dataclass
-    class Child:
-        pid: int
-        to: Any  # its request pipe
-        fd: int  # its answer pipe
-        buf: bytes = b""
-        said: int = field(default=0)
-
-    children: dict[int, Child] = {}
-    stdin = sys.stdin.buffer.fileno()
-    inbuf = b""
-
-    def end(ep: int, failure: str | None = None, call: int = 0) -> None:
-        c = children.pop(ep, None)
-        if c is None:
-            return
-        try:
-            os.killpg(c.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for f in (c.to,):
-            try:
-                f.close()
-            except OSError:
-                pass
-        os.close(c.fd)
-        _, status = os.waitpid(c.pid, 0)
-        if failure is not None:
-            code = os.waitstatus_to_exitcode(status)
-            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-            say({"#": call, "ep": ep, "failure": failure.format(how=how)})
-
-    inflight: dict[int, int] = {}  # episode -> the call it answers next
-    while True:
-        ready, _, _ = select.select([stdin] + [c.fd for c in children.values()], [], [])
-        if stdin in ready:
-            chunk = os.read(stdin, 1 << 20)
-            if not chunk:
-                for ep in list(children):
-                    end(ep)
-                return 0
-            inbuf += chunk
-            while b"\n" in inbuf:
-                line, inbuf = inbuf.split(b"\n", 1)
-                req = json.loads(line)
-                ep, op = req["ep"], req["op"]
-                if op == "kill":
-                    end(ep)
-                    inflight.pop(ep, None)
-                    continue
-                if op == "open":
-                    r1, w1 = os.pipe()
-                    r2, w2 = os.pipe()
-                    pid = os.fork()
-                    if pid == 0:  # the episode's process
-                        try:
-                            os.setpgid(0, 0)  # its group: what the environment starts ends with it
-                            os.close(w1)
-                            os.close(r2)
-                            os.close(proto.fileno())
-                            for c in children.values():
-                                os.close(c.fd)
-                                os.close(c.to.fileno())
-                            null = os.open(os.devnull, os.O_RDONLY)
-                            os.dup2(null, 0)
-                            _episode(cls, cfg, os.fdopen(r1, "r"), os.fdopen(w2, "w"))
-                        finally:
-                            os._exit(0)
-                    os.close(r1)
-                    os.close(w2)
-                    children[ep] = Child(pid, os.fdopen(w1, "w"), r2)
-                c = children.get(ep)
-                if c is None:
-                    say({"#": req["#"], "ep": ep, "failure": "its process is gone"})
-                    continue
-                inflight[ep] = req["#"]
-                try:
-                    c.to.write(line.decode() + "\n")
-                    c.to.flush()
-                except (BrokenPipeError, OSError):
-                    end(ep, "its process died ({how})", req["#"])
-        for ep, c in list(children.items()):
-            if c.fd not in ready:
-                continue
-            chunk = os.read(c.fd, 1 << 20)
-            if not chunk:
-                end(ep, "its process died ({how})", inflight.pop(ep, 0))
-                continue
-            c.buf += chunk
-            while b"\n" in c.buf:
-                line, c.buf = c.buf.split(b"\n", 1)
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    end(ep, "it wrote outside the protocol ({how})", inflight.pop(ep, 0))
-                    break
-                proto.write(line.decode("utf-8", "replace") + "\n")
-                proto.flush()
-                if "failure" in msg or msg.get("closed"):
-                    inflight.pop(ep, None)
-                    end(ep)
-                    break
-            if ep in children and len(c.buf) > LINE_LIMIT:
-                end(ep, f"it answered past {LINE_LIMIT >> 20} MiB in one message ({{how}})", inflight.pop(ep, 0))
+        return hello(ok=False, error=f"{cfg['spec']}: {problem}")
+    channel.send({"ok": True, "final": callable(getattr(cls, "final_reward", None))})
+    return serve_sessions(channel, lambda calls, answers: _episode(cls, cfg, calls, answers))

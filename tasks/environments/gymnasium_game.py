@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import re
 
-import gymnasium as gym
 
 GAMES = ("FrozenLake-v1", "CliffWalking-v1", "Blackjack-v1")
 
@@ -87,7 +86,11 @@ TEXT = {"FrozenLake-v1": _FrozenLake(), "CliffWalking-v1": _CliffWalking(), "Bla
 class GymnasiumEnv:
     """One gymnasium toy-text game, played in words through the environment interface."""
 
+    imports = ("gymnasium",)  # by its host, once (tasks/environments/__init__.py)
+
     def __init__(self, game: str, **kwargs):
+        import gymnasium as gym
+
         if game not in TEXT:
             raise ValueError(f"sample.rollout.gymnasium={game!r} has no text rendering here; choose one of {GAMES}")
         self.text = TEXT[game]

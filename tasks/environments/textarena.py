@@ -20,7 +20,6 @@ from pathlib import Path
 
 from ratchet.tasks import environments
 
-SPEC = "ratchet.tasks.environments.textarena_game:TextArenaEnv"  # imports textarena: the host's, once
 OFFLINE = ("GuessTheNumber-v0", "TowerOfHanoi-v0", "Mastermind-v0", "Minesweeper-v0", "FrozenLake-v0", "2048-v0",
            "LightsOut-v0")  # single-player games that start without a download (docs/guides/environments.md)
 NO_START = (f"; a game for two or more players needs an opponent, which no rollout gives: choose a single-player "

@@ -1,10 +1,9 @@
-"""The TextArena adapter class (tasks/environments/textarena.py says how it plays). A module of its
-own because it imports textarena at the top: the environment's host process imports it once and
-every episode's process forks with it loaded (an import per episode took seconds)."""
+"""The TextArena adapter class (tasks/environments/textarena.py says how it plays). It names
+textarena in `imports`: the environment's host process imports it once and every episode's
+process forks with it loaded (an import per episode took seconds), while the stage that names the
+class (and so is keyed by its code) does not import it."""
 
 from __future__ import annotations
-
-import textarena as ta
 
 from ratchet.tasks.environments.textarena import game_problem
 
@@ -12,7 +11,11 @@ from ratchet.tasks.environments.textarena import game_problem
 class TextArenaEnv:
     """One TextArena game for one player, played through the environment interface."""
 
+    imports = ("textarena",)
+
     def __init__(self, game: str, **kwargs):
+        import textarena as ta
+
         if (problem := game_problem(game)) is not None:
             raise ValueError(problem)
         self.env = ta.make(game, **kwargs)

@@ -147,8 +147,8 @@ class JudgeWork(PolicyWork):
     cfg: JudgeLabel
     check: object  # the data source's answer check (the verifier's verdict is kept beside the reward)
 
-    def open(self):
-        sampler = super().open()
+    def open(self, lent=None):
+        sampler = super().open(lent)
         if self.sampler.backend == "vllm":  # every judge prompt must fit the engine's context
             from ratchet.tasks.judge import check_fits
 
@@ -195,7 +195,7 @@ def run_served(req, store, rows: list[Completion], check_cfg, cfg: JudgeLabel) -
 def run_local(req, store, rows: list[Completion], check_cfg, cfg: JudgeLabel) -> Labeled:
     """Score rows with the policy (or the fixed judge model) as judge, unit by unit (resumable)."""
     done = run_units(JudgeWork(items=rows, size=cfg.shard_size, cfg=cfg, check=check_cfg, **policy_of(req, store)),
-                     store.stage_dir(req.stage, req.key) / "shards", req.executor)
+                     store.stage_dir(req.stage, req.key) / "shards", req.executor, req.engine)
     out = [LabeledCompletion.model_validate_json(x) for x in done.shards.lines()]
     cost = done.cost
     metrics = {

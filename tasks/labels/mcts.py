@@ -179,7 +179,7 @@ def search_all(req, store, prompts: list[Prompt], check_cfg, cfg: MctsLabel) -> 
                            "or label.value='judge'"])
     d = store.stage_dir(req.stage, req.key)
     done = run_units(MctsWork(items=prompts, size=cfg.shard_size, cfg=cfg, check=check_cfg, **policy_of(req, store)),
-                     d / "shards", req.executor)
+                     d / "shards", req.executor, req.engine)
     trees = [Tree.from_json(json.loads(line)) for line in done.shards.lines()]
     (d / "trees.jsonl").write_text("".join(json.dumps(tr.to_json(), sort_keys=True) + "\n" for tr in trees))
     cost = done.cost

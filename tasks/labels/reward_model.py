@@ -75,7 +75,7 @@ class RewardWork(UnitWork):
     items: list
     size: int
 
-    def open(self):
+    def open(self, lent=None):
         from ratchet.models.reward_model import RewardScorer
 
         return RewardScorer(self.model, resolve_dtype(self.cfg.dtype), self.cfg.batch_size, self.cfg.max_length)
@@ -107,7 +107,7 @@ def score_all(req, store, rows: list[Completion], check_cfg, cfg: RewardModelLab
 
     done = run_units(RewardWork(items=rows, size=cfg.shard_size, model=model_dir(store, req.parent_model), cfg=cfg,
                                 check=check_cfg, seed=req.seed), store.stage_dir(req.stage, req.key) / "shards",
-                     req.executor)
+                     req.executor, req.engine)
     out = penalise([LabeledCompletion.model_validate_json(x) for x in done.shards.lines()], cfg.guard.on_suspect)
     cost = done.cost
     metrics = {"rm_s": cost.get("score_s", 0.0), "rm_load_s": done.load_s, "rm_shards_reused": float(done.reused),

@@ -117,7 +117,7 @@ def search_all(req, store, prompts: list[Prompt], check_cfg, cfg: TurnMctsLabel)
     job = req.config
     d = store.stage_dir(req.stage, req.key)
     done = run_units(TurnMctsWork(items=prompts, size=cfg.shard_size, cfg=cfg, check=check_cfg, rollout=job.rollout,
-                                  turn_tokens=job.turn_tokens, **policy_of(req, store)), d / "shards", req.executor)
+                                  turn_tokens=job.turn_tokens, **policy_of(req, store)), d / "shards", req.executor, req.engine)
     trees = [TurnTree.from_json(json.loads(line)) for line in done.shards.lines()]
     (d / "trees.jsonl").write_text("".join(json.dumps(tr.to_json(), sort_keys=True) + "\n" for tr in trees))
     rows = []

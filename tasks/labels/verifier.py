@@ -44,7 +44,7 @@ class VerifyWork(UnitWork):
     size: int
     seed: int = 0
 
-    def open(self):
+    def open(self, lent=None):
         return None  # no engine: a check that runs code elsewhere starts its own process
 
     def close(self, engine) -> None:
@@ -65,6 +65,6 @@ def verify(req, store, rows: list[Completion], check_cfg, shard_size: int) -> tu
              f"(first: {missing[0]!r}); set data.answer_field to the answer column"]
         )
     done = run_units(VerifyWork(check=check_cfg, items=rows, size=shard_size),
-                     store.stage_dir(req.stage, req.key) / "shards", req.executor)
+                     store.stage_dir(req.stage, req.key) / "shards", req.executor, req.engine)
     return [LabeledCompletion.model_validate_json(x) for x in done.shards.lines()], score_metrics(done.cost)
 

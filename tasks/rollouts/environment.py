@@ -51,9 +51,10 @@ from ratchet.data.userfiles import UserFile
 from ratchet.models.sampler import SamplingParams, text_ids
 from ratchet.tasks import environments
 from ratchet.tasks.environments import textarena
+from ratchet.tasks.environments.gymnasium_game import GymnasiumEnv
+from ratchet.tasks.environments.textarena_game import TextArenaEnv
 from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, overlapped, turn_of, turn_params
 
-GYMNASIUM = "ratchet.tasks.environments.gymnasium_game:GymnasiumEnv"
 REPLAY = ("A tree search over turns rebuilds a state by replaying its actions from reset(seed), and a second attempt "
           "after a reflection starts from the same seed: make reset and step depend on the seed and the actions only")
 SENTINELS = ("Ratchet-user-sentinel", "Ratchet-model-sentinel", "Ratchet-observation-sentinel")
@@ -251,10 +252,12 @@ class EnvironmentRollout(Rollout):
         return self
 
     @property
-    def spec(self) -> str:
+    def spec(self) -> str | type:
+        """What the host loads: the user's 'file.py:Class', or the adapter class itself (a stage that
+        plays it reaches its code: tasks/code_reach.py)."""
         if self.env is not None:
             return self.env
-        return textarena.SPEC if self.textarena is not None else GYMNASIUM
+        return TextArenaEnv if self.textarena is not None else GymnasiumEnv
 
     @property
     def env_args(self) -> dict[str, Any]:

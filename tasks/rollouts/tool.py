@@ -8,7 +8,7 @@ The loop, for every episode of a unit at once:
 1. The model writes. Generation stops at a closing fence (a line of three backticks, a stop
    string), at the end of its turn, or at the episode's token budget.
 2. Stopped at a fence that closes a ```python block, the block runs in the sandbox
-   (data/sandbox.py, the code check's settings and limits: `sandbox`, `cpu_s`, `wall_s`, ...).
+   (data/procs/sandbox.py, the code check's settings and limits: `sandbox`, `cpu_s`, `wall_s`, ...).
    What it printed, cut to `output_chars`, goes into the episode as a tool segment, an
    ```output block, and the model writes on. A program that fails, times out or prints past
    the limit gives a tool segment that says so; the episode goes on. A fence that closes any
@@ -46,7 +46,7 @@ from pydantic import Field, field_validator
 
 from ratchet.data.events import Figure, Shows
 from ratchet.data.records import Completion, Prompt, Segment
-from ratchet.data.sandbox import SandboxSettings
+from ratchet.data.procs.sandbox import SandboxSettings
 from ratchet.models.sampler import SamplingParams, chat_token_ids, text_ids
 from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, overlapped, turn_of, turn_params
 

@@ -176,7 +176,7 @@ def test_an_unsandboxed_check_runs_and_says_so(capsys):
 
 
 def test_a_sandbox_that_cannot_start_is_reported_before_any_model_loads(monkeypatch):
-    import ratchet.data.sandbox as sandbox
+    import ratchet.data.procs.sandbox as sandbox
 
     assert CodeCheck(**FAST).problems() == []
     (p,) = CodeCheck(interpreter="no-such-python", **FAST).problems()
@@ -219,7 +219,7 @@ def test_the_built_in_code_task_is_solvable_and_not_passed_by_nothing():
 def test_a_program_that_answers_line_by_line_reads_a_megabyte_without_blocking():
     """Its input is written while its output is read: with all of it written first, a line-echo
     program fills its output pipe and both sides wait forever (here: until the wall time)."""
-    from ratchet.data.sandbox import Limits, run
+    from ratchet.data.procs.sandbox import Limits, run
 
     echo = "import sys\nfor line in sys.stdin:\n    sys.stdout.write(line)\n    sys.stdout.flush()"
     given = "".join(f"line {i:07d} of a long input\n" for i in range(32_000))  # ~1 MiB
@@ -235,7 +235,7 @@ def test_a_program_that_answers_line_by_line_reads_a_megabyte_without_blocking()
 
 def test_a_run_can_write_only_its_capped_tmp_and_shm():
     """/ and /dev are read-only; /tmp holds twice file_mb, /dev/shm file_mb; each file at most file_mb."""
-    from ratchet.data.sandbox import Limits, run
+    from ratchet.data.procs.sandbox import Limits, run
 
     fill = ("import os\nfor d in ('/', '/dev', '/dev/shm', '/tmp', '/box'):\n    n = 0\n    try:\n"
             "        for i in range(16):\n            with open(os.path.join(d, f'f{i}'), 'wb') as f:\n"
@@ -249,8 +249,8 @@ def test_a_run_can_write_only_its_capped_tmp_and_shm():
 def test_the_run_s_processes_share_one_memory_bound_where_a_cgroup_can_be_made(monkeypatch, adopting):
     """Four processes of 150 MiB each, under memory_mb=256: each is within its own address-space
     limit, so without the run's cgroup all four finish; in it, they cannot all hold their memory."""
-    from ratchet.data import sandbox
-    from ratchet.data.sandbox import Limits, RunGroup, run
+    from ratchet.data.procs import sandbox
+    from ratchet.data.procs.sandbox import Limits, RunGroup, run
 
     limits = Limits(memory_mb=256, processes=16, wall_s=30, cpu_s=20)
     group = RunGroup.make(limits)

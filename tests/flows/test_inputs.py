@@ -211,7 +211,7 @@ import json, sys
 from ratchet.data.errors import ConfigError
 from ratchet.flows.config import load_config
 from ratchet.flows.inputs import checked_run
-from ratchet.tasks import forkserver
+from ratchet.data.procs import forkserver
 
 out = {}
 with checked_run(load_config(sys.argv[1])) as split:

@@ -30,11 +30,12 @@ def helpers(tmp_path_factory, default_model):
     imports and the engine's start are paid once, not once per run. A later run's engine is lent
     or has its weights swapped in place, which tests/models/test_warm.py compares byte for byte
     with fresh engines."""
+    from ratchet.data.procs import forkserver
+    from ratchet.flows.inputs import run_preload
     from ratchet.models import warm
-    from ratchet.tasks import forkserver
 
     logs = tmp_path_factory.mktemp("helpers")
-    with forkserver.for_run(True, logs / "forkserver.log"), warm.for_run(True, logs / "engine.log", "vllm"):
+    with forkserver.for_run(True, logs / "forkserver.log", run_preload()), warm.for_run(True, logs / "engine.log", "vllm"):
         yield
 
 

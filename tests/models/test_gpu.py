@@ -59,17 +59,15 @@ def test_the_warm_engine_holds_no_gpu_memory_between_stages(tiny_model, tmp_path
     from ratchet.models.sampler import SamplerConfig, SamplingParams
 
     cfg = SamplerConfig(backend="hf", dtype="bfloat16")
-    monkeypatch.setattr(warm, "_ADDRESS", None)  # restored after the test: no engine
     with warm.for_run(True, tmp_path / "engine.log", "hf") as w:
         monkeypatch.setenv(warm.ENV, w.env()[warm.ENV])
-        warm.take_address()
-        with warm.lend(None):
-            s = warm.WarmSampler(tiny_model, cfg, seed=0)
+        address = warm.take_address()
+        s = warm.WarmSampler(tiny_model, cfg, seed=0, address=address)
         assert s.generate(["What is 2 + 3?"], SamplingParams(max_tokens=4), seed=0)[0][0].n_tokens > 0
         assert s._call("stats")["gpu_allocated"] > 0  # the model is on the GPU while the stage holds it
         s.close()
-        path, key = warm._ADDRESS
-        with Client(path, family="AF_UNIX", authkey=key) as c:
+        path, _, key = address.partition("|")
+        with Client(path, family="AF_UNIX", authkey=bytes.fromhex(key)) as c:
             c.send(("stats",))
             _, stats = c.recv()
         assert stats["gpu_allocated"] == 0 and stats["model"] is None
@@ -98,25 +96,25 @@ def test_the_warm_vllm_engine_sleeps_between_stages_and_swaps_weights_after_waki
     save_file({k: (v.float() * 1.5).to(v.dtype).contiguous() for k, v in load_file(weights).items()}, weights,
               metadata={"format": "pt"})
 
+    held_at = {}
+
     def stats():
-        path, key = warm._ADDRESS
-        with Client(path, family="AF_UNIX", authkey=key) as c:
+        path, _, key = held_at["address"].partition("|")
+        with Client(path, family="AF_UNIX", authkey=bytes.fromhex(key)) as c:
             c.send(("stats",))
             return c.recv()[1]
 
     def lent(model):
-        with warm.lend(None):
-            s = warm.WarmSampler(model, cfg, seed=0)
+        s = warm.WarmSampler(model, cfg, seed=0, address=held_at["address"])
         held = stats()["gpu_used"]
         texts = [[g.text for g in row] for row in s.generate(prompts, greedy, seed=0)]
         how = s.opened["how"]
         s.close()
         return how, texts, held
 
-    monkeypatch.setattr(warm, "_ADDRESS", None)
     with warm.for_run(True, tmp_path / "engine.log", "vllm") as w:
         monkeypatch.setenv(warm.ENV, w.env()[warm.ENV])
-        warm.take_address()
+        held_at["address"] = warm.take_address()
         how1, first, held = lent(tiny_model)
         asleep = stats()
         how2, swapped, _ = lent(other)
@@ -137,7 +135,7 @@ class WhereSampled(SampleWork):
 
     seen: str = ""
 
-    def open(self):
+    def open(self, lent=None):
         engine = super().open()
         where = {"visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "count": torch.cuda.device_count(),
                  "uuid": str(torch.cuda.get_device_properties(0).uuid), "allocated": torch.cuda.memory_allocated(0)}
@@ -151,7 +149,8 @@ def test_each_engine_holder_samples_on_the_gpus_it_is_given(tiny_model, tmp_path
     there are fewer), sees only those, opens its model on them, and every unit comes out."""
     from ratchet.data.records import Prompt
     from ratchet.models.sampler import SamplerConfig, SamplingParams
-    from ratchet.tasks.units import ExecutorConfig, holder_devices, run_units, visible_gpus
+    from ratchet.data.procs.executors import holder_devices, visible_gpus
+    from ratchet.tasks.units import ExecutorConfig, run_units
 
     visible = visible_gpus()
     uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(len(visible))]
@@ -181,7 +180,7 @@ def test_training_processes_past_the_gpus_shown_are_refused_before_the_model_is_
     from ratchet.data.errors import ConfigError
     from ratchet.flows.config import config_from_dict
     from ratchet.flows.inputs import check_inputs, devices_line
-    from ratchet.tasks.units import visible_gpus
+    from ratchet.data.procs.executors import visible_gpus
 
     rows, held = tmp_path / "rows.jsonl", tmp_path / "held.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": i + 1}) + "\n" for i in range(4)))

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from ratchet.models import warm
+from ratchet.tasks.stage import WORKER_LIBRARIES
 from ratchet.models.sampler import SamplerConfig, SamplingParams, open_sampler
 
 PROMPTS = [f"What is {a} + {b}?" for a in range(6) for b in range(3)]
@@ -39,10 +40,9 @@ def _cold(model, cfg, seed, params=SAMPLED, call_seed=7):
         s.close()
 
 
-def _lent(model, cfg, seed, params=SAMPLED, call_seed=7):
-    """What a stage worker's units get from the warm engine: (how it was opened, the texts)."""
-    with warm.lend(None):
-        s = warm.WarmSampler(model, cfg, seed=seed)
+def _lent(model, cfg, seed, address, params=SAMPLED, call_seed=7):
+    """What a stage worker's units get from the warm engine at `address`: (how it was opened, the texts)."""
+    s = warm.WarmSampler(model, cfg, seed=seed, address=address)
     try:
         return s.opened["how"], _texts(s.generate(PROMPTS, params, seed=call_seed))
     finally:
@@ -53,16 +53,15 @@ def _lent(model, cfg, seed, params=SAMPLED, call_seed=7):
 def engine(tmp_path, monkeypatch):
     """The run's warm engine, and this process as the stage worker that borrows it."""
     with warm.for_run(True, tmp_path / "engine.log", "hf") as w:
-        borrow(w, monkeypatch)
+        w.borrowed = borrow(w, monkeypatch)
         assert warm.ENV not in __import__("os").environ  # the worker's alone: no process it starts inherits it
         yield w
 
 
-def borrow(w, monkeypatch):
-    """This process as a stage worker of the run that holds `w`; undone after the test."""
-    monkeypatch.setattr(warm, "_ADDRESS", None)  # first, so the test's end restores "no engine"
+def borrow(w, monkeypatch) -> str:
+    """This process as a stage worker of the run that holds `w`: the address it takes."""
     monkeypatch.setenv(warm.ENV, w.env()[warm.ENV])
-    warm.take_address()
+    return warm.take_address()
 
 
 def test_the_warm_engine_keeps_swaps_and_reopens_and_answers_as_a_cold_engine(tiny_model, tmp_path, engine):
@@ -71,18 +70,17 @@ def test_the_warm_engine_keeps_swaps_and_reopens_and_answers_as_a_cold_engine(ti
     base_cold, other_cold = _cold(tiny_model, cfg, 0), _cold(other, cfg, 0)
     assert base_cold != other_cold  # the two weights answer differently, so a stale engine would show
 
-    assert _lent(tiny_model, cfg, seed=0) == ("opened", base_cold)
-    assert _lent(tiny_model, cfg, seed=5) == ("kept", base_cold)  # the engine's seed is not the call's
-    assert _lent(other, cfg, seed=0) == ("swapped weights to", other_cold)
-    assert _lent(tiny_model, cfg, seed=0) == ("swapped weights to", base_cold)
+    assert _lent(tiny_model, cfg, seed=0, address=engine.borrowed) == ("opened", base_cold)
+    assert _lent(tiny_model, cfg, seed=5, address=engine.borrowed) == ("kept", base_cold)  # the engine's seed is not the call's
+    assert _lent(other, cfg, seed=0, address=engine.borrowed) == ("swapped weights to", other_cold)
+    assert _lent(tiny_model, cfg, seed=0, address=engine.borrowed) == ("swapped weights to", base_cold)
     wider = cfg.model_copy(update={"hf_batch_size": 4})  # another shape: another engine
-    assert _lent(tiny_model, wider, seed=0) == ("opened", _cold(tiny_model, wider, 0))
+    assert _lent(tiny_model, wider, seed=0, address=engine.borrowed) == ("opened", _cold(tiny_model, wider, 0))
 
 
 def test_an_error_in_the_engine_fails_the_stage_and_the_next_stage_gets_a_new_engine(tiny_model, engine):
     cfg = SamplerConfig(backend="hf", dtype="float32")
-    with warm.lend(None):
-        s = warm.WarmSampler(tiny_model, cfg, seed=0)
+    s = warm.WarmSampler(tiny_model, cfg, seed=0, address=engine.borrowed)
     first = s.opened["pid"]
     with pytest.raises(RuntimeError, match="in the run's warm engine: ValueError: 1 prefixes for 18 prompts"):
         s.generate(PROMPTS, SAMPLED, seed=1, prefixes=["x"])
@@ -91,9 +89,7 @@ def test_an_error_in_the_engine_fails_the_stage_and_the_next_stage_gets_a_new_en
     import os
 
     os.environ.update(engine.env())  # what the run hands the next stage's worker: a new engine
-    warm.take_address()  # (the fixture's undo still restores "no engine" after the test)
-    with warm.lend(None):
-        again = warm.WarmSampler(tiny_model, cfg, seed=0)
+    again = warm.WarmSampler(tiny_model, cfg, seed=0, address=warm.take_address())
     assert again.opened["pid"] != first and again.opened["how"] == "opened"
     again.close()
 
@@ -105,8 +101,7 @@ def test_callers_that_fail_the_handshake_cost_the_engine_nothing(tiny_model, eng
     from multiprocessing.connection import AuthenticationError, Client
 
     cfg = SamplerConfig(backend="hf", dtype="float32")
-    with warm.lend(None):
-        s = warm.WarmSampler(tiny_model, cfg, seed=0)
+    s = warm.WarmSampler(tiny_model, cfg, seed=0, address=engine.borrowed)
     pid, before = s.opened["pid"], _texts(s.generate(PROMPTS[:2], SAMPLED, seed=1))
     s.close()
     path = engine.env()[warm.ENV].split("|")[0]
@@ -118,8 +113,7 @@ def test_callers_that_fail_the_handshake_cost_the_engine_nothing(tiny_model, eng
     silent = socket.socket(socket.AF_UNIX)  # connected, and never answers the challenge
     silent.connect(path)
     try:
-        with warm.lend(None):
-            again = warm.WarmSampler(tiny_model, cfg, seed=0)  # waits out the silent caller's bound
+        again = warm.WarmSampler(tiny_model, cfg, seed=0, address=engine.borrowed)  # waits out the silent caller's bound
         assert again.opened["pid"] == pid and engine.proc.poll() is None
         assert _texts(again.generate(PROMPTS[:2], SAMPLED, seed=1)) == before
         again.close()
@@ -129,6 +123,7 @@ def test_callers_that_fail_the_handshake_cost_the_engine_nothing(tiny_model, eng
 
 
 def test_only_the_local_executor_s_own_engine_is_lent(tiny_model, engine):
+    from ratchet.data.procs.executors import Lent
     from ratchet.tasks.sample import PolicyWork
 
     cfg = SamplerConfig(backend="hf", dtype="float32")
@@ -138,11 +133,10 @@ def test_only_the_local_executor_s_own_engine_is_lent(tiny_model, engine):
             return [], {}
 
     w = Work(model=tiny_model, sampler=cfg, seed=0, items=[], size=1)
-    own = w.open()  # outside a local executor's lend (a pool's holder, a Ray actor): an engine of its own
+    own = w.open()  # not lent (a pool's holder, a Ray actor): an engine of its own
     assert not isinstance(own, warm.WarmSampler)
     own.close()
-    with warm.lend(2):
-        lent = w.open()
+    lent = w.open(Lent(engine.borrowed, 2))
     assert isinstance(lent, warm.WarmSampler)
     lent.close()
 
@@ -158,27 +152,26 @@ def test_in_a_run_with_a_fork_server_the_engine_is_forked_from_it(tiny_model, tm
     import os
     import signal
 
-    from ratchet.tasks import forkserver
+    from ratchet.data.procs import forkserver
     from tests.procs import gone_within
 
     cfg = SamplerConfig(backend="hf", dtype="float32")
     cold = _cold(tiny_model, cfg, 0)
-    with forkserver.for_run(True, tmp_path / "early.log"):
+    with forkserver.for_run(True, tmp_path / "early.log", WORKER_LIBRARIES):
         with warm.for_run(True, tmp_path / "early-engine.log", "hf") as w:
             early = w.proc
         assert early.returncode == -signal.SIGTERM and (early.pid is None or gone_within(early.pid, 30))
-    with forkserver.for_run(True, tmp_path / "forkserver.log") as server, \
+    with forkserver.for_run(True, tmp_path / "forkserver.log", WORKER_LIBRARIES) as server, \
             warm.for_run(True, tmp_path / "engine.log", "hf") as w:
         assert isinstance(w.proc, forkserver.Forked)
         w.rename_log(tmp_path / "named.engine.log")  # as a run names it, here before the server forks it
-        borrow(w, monkeypatch)
-        assert _lent(tiny_model, cfg, seed=0) == ("opened", cold)
+        assert _lent(tiny_model, cfg, seed=0, address=borrow(w, monkeypatch)) == ("opened", cold)
         first = w.proc.pid
         assert _ppid(first) == server.proc.pid
         os.kill(first, signal.SIGKILL)
         assert w.proc.wait(timeout=30) == -signal.SIGKILL and w.proc.pid == first  # its pid, for the log line
-        borrow(w, monkeypatch)  # the next stage's worker: the engine is forked again
-        assert _lent(tiny_model, cfg, seed=0) == ("opened", cold)
+        # the next stage's worker: the engine is forked again
+        assert _lent(tiny_model, cfg, seed=0, address=borrow(w, monkeypatch)) == ("opened", cold)
         second = w.proc.pid
         assert second != first and _ppid(second) == server.proc.pid
     assert gone_within(second, 30)
@@ -192,7 +185,7 @@ def test_an_engine_the_fork_server_does_not_fork_runs_in_a_process_of_its_own(ti
     import logging
     import subprocess
 
-    from ratchet.tasks import forkserver
+    from ratchet.data.procs import forkserver
 
     class Refused:
         pid, returncode, refused = None, -1, "2 threads"
@@ -207,9 +200,9 @@ def test_an_engine_the_fork_server_does_not_fork_runs_in_a_process_of_its_own(ti
     monkeypatch.setattr(forkserver, "current", lambda: Server())
     cfg = SamplerConfig(backend="hf", dtype="float32")
     with caplog.at_level(logging.INFO, logger="ratchet"), warm.for_run(True, tmp_path / "engine.log", "hf") as w:
-        borrow(w, monkeypatch)
+        address = borrow(w, monkeypatch)
         assert isinstance(w.proc, subprocess.Popen)
-        assert _lent(tiny_model, cfg, seed=0) == ("opened", _cold(tiny_model, cfg, 0))
+        assert _lent(tiny_model, cfg, seed=0, address=address) == ("opened", _cold(tiny_model, cfg, 0))
     assert "did not fork the warm engine (2 threads); it runs on its own" in caplog.text
 
 
@@ -221,11 +214,11 @@ def test_vllm_weights_swapped_in_place_answer_byte_for_byte_as_a_fresh_engine(de
     other = _other_weights(default_model, tmp_path / "other")
     greedy = SamplingParams(n=1, temperature=0.0, max_tokens=16)
     with warm.for_run(True, tmp_path / "engine.log", "vllm") as w:
-        borrow(w, monkeypatch)
-        first = _lent(default_model, cfg, seed=0, params=greedy)
-        swapped = _lent(other, cfg, seed=3)
-        kept = _lent(other, cfg, seed=0)
-        other_greedy = _lent(other, cfg, seed=0, params=greedy)  # answers as a fresh engine: just shown
+        address = borrow(w, monkeypatch)
+        first = _lent(default_model, cfg, seed=0, address=address, params=greedy)
+        swapped = _lent(other, cfg, seed=3, address=address)
+        kept = _lent(other, cfg, seed=0, address=address)
+        other_greedy = _lent(other, cfg, seed=0, address=address, params=greedy)  # answers as a fresh engine: just shown
     cold = _cold(other, cfg, 9)
     assert first[0] == "opened" and swapped[0] == "swapped weights to" and kept[0] == "kept"
     assert swapped[1] == cold and kept[1] == cold

@@ -61,7 +61,7 @@ def _verify(tmp_path, comps, check, shard_size=3):
     """The verifier label's units, in a stage directory of their own."""
     from types import SimpleNamespace
 
-    req = SimpleNamespace(stage="label", key="v" * 64, executor=None)
+    req = SimpleNamespace(stage="label", key="v" * 64, executor=None, engine=None)
     return verify(req, ArtifactStore(tmp_path), comps, check, shard_size)
 
 

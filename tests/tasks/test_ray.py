@@ -42,7 +42,7 @@ class Raises(Arithmetic):
 
 @dataclass
 class WontOpen(Arithmetic):
-    def open(self):
+    def open(self, lent=None):
         raise FileNotFoundError("no model at /nowhere")
 
 

@@ -34,7 +34,7 @@ class Given(SampleWork):
 
     engine: object = None
 
-    def open(self):
+    def open(self, lent=None):
         return self.engine
 
     def close(self, engine):

@@ -6,6 +6,7 @@ from pydantic import BaseModel
 from ratchet.data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore
+from ratchet.data.procs.entry import entry
 from ratchet.tasks.stage import StageRequest, body_code, run_stage
 
 CALLS: list[str] = []
@@ -309,14 +310,15 @@ def test_worker_dies_with_its_orchestrator(tmp_path):
     assert gone_within(worker, 5), "the worker outlived its killed orchestrator"
 
 
-# warm workers: the run's fork server (tasks/forkserver.py) -------------------------------------
+# warm workers: the run's fork server (data/procs/forkserver.py) -------------------------------------
 
 @pytest.fixture(scope="module")
 def fork_server(tmp_path_factory):
     """One fork server for this module's tests, as `ratchet run` holds one for a run."""
-    from ratchet.tasks import forkserver
+    from ratchet.data.procs import forkserver
+    from ratchet.tasks.stage import WORKER_LIBRARIES
 
-    with forkserver.for_run(True, tmp_path_factory.mktemp("fork") / "forkserver.log") as server:
+    with forkserver.for_run(True, tmp_path_factory.mktemp("fork") / "forkserver.log", WORKER_LIBRARIES) as server:
         yield server
 
 
@@ -400,7 +402,7 @@ def test_forked_workers_fail_and_die_as_cold_ones_do_and_a_dead_server_is_replac
 def test_the_fork_server_refuses_to_fork_beside_a_thread():
     import threading
 
-    from ratchet.tasks.forkserver import _unsafe
+    from ratchet.data.procs.forkserver import _unsafe
 
     assert _unsafe() is None or "threads" in _unsafe()  # pytest may hold threads of its own
     stop = threading.Event()
@@ -413,16 +415,19 @@ def test_the_fork_server_refuses_to_fork_beside_a_thread():
         t.join()
 
 
+@entry
 def where_called(x):
     import os
 
     return {"pid": os.getpid(), "x": x}
 
 
+@entry
 def refuses(field):
     raise ConfigError([f"{field}: no such model"], source="model")
 
 
+@entry
 def dies_unless_in(pid):
     import os
 
@@ -437,23 +442,26 @@ def test_a_call_is_made_in_a_child_of_the_fork_server_or_else_here(fork_server):
     makes the call in this process, so its outcome is a direct call's."""
     import os
 
-    from ratchet.tasks import forkserver
+    from ratchet.data.procs import forkserver
 
     assert fork_server.wait_ready(120)
-    got = forkserver.call("tests.tasks.test_stage:where_called", [1, "a"])
+    got = forkserver.call(where_called, [1, "a"])
     assert got["x"] == [1, "a"] and got["pid"] not in (os.getpid(), fork_server.proc.pid)
     with pytest.raises(ConfigError, match="model.path: no such model") as e:  # the caller's own error, as raised
-        forkserver.call("tests.tasks.test_stage:refuses", "model.path")
+        forkserver.call(refuses, "model.path")
     assert e.value.problems == ["model.path: no such model"] and e.value.source == "model"
-    assert forkserver.call("tests.tasks.test_stage:dies_unless_in", os.getpid()) == "made here"  # the child died
-    assert forkserver.call("tests.tasks.test_stage:where_called", lambda: 0)["pid"] == os.getpid()  # no pickle
+    assert forkserver.call(dies_unless_in, os.getpid()) == "made here"  # the child died
+    assert forkserver.call(where_called, lambda: 0)["pid"] == os.getpid()  # no pickle
+    with pytest.raises(TypeError, match="not a declared entry"):  # a forked child runs an entry, nothing else
+        forkserver.call(imported.main, "os")
     forkserver._CURRENT, server = None, forkserver._CURRENT
     try:
-        assert forkserver.call("tests.tasks.test_stage:where_called", 1)["pid"] == os.getpid()  # no server
+        assert forkserver.call(where_called, 1)["pid"] == os.getpid()  # no server
     finally:
         forkserver._CURRENT = server
 
 
+@entry
 def imported(name):
     import os
     import sys
@@ -468,11 +476,12 @@ def test_a_server_started_before_its_log_has_a_name_keeps_what_it_said_for_the_l
     modules it needs (`after`) is forked once they are imported, not after all the server's."""
     import time
 
-    from ratchet.tasks import forkserver
+    from ratchet.data.procs import forkserver
+    from ratchet.tasks.stage import WORKER_LIBRARIES
 
     monkeypatch.setattr(forkserver, "_CURRENT", None)  # not this module's server: a run's own
-    with forkserver.for_run(True, None) as server:
-        got = forkserver.call("tests.tasks.test_stage:imported", "transformers", after=("torch", "transformers"))
+    with forkserver.for_run(True, None, WORKER_LIBRARIES) as server:
+        got = forkserver.call(imported, "transformers", after=("torch", "transformers"))
         assert got == {"ppid": server.proc.pid, "imported": True}
         assert server.wait_ready(120)  # the server says so on its output, before its log has a name
         assert list(tmp_path.iterdir()) == []

@@ -178,7 +178,7 @@ def test_a_resumed_search_redoes_only_its_missing_unit_byte_for_byte(tok, tmp_pa
     class Given(TurnMctsWork):
         engine: object = None
 
-        def open(self):
+        def open(self, lent=None):
             return self.engine
 
         def close(self, engine):

@@ -38,7 +38,7 @@ class Arithmetic(UnitWork):
     die_at: int = -1
     marker: str = ""
 
-    def open(self):
+    def open(self, lent=None):
         return Counter()
 
     def run(self, engine, chunk, seed):
@@ -108,7 +108,7 @@ class Devices(Arithmetic):
 
     seen: str = ""
 
-    def open(self):
+    def open(self, lent=None):
         Path(self.seen, str(os.getpid())).write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
         return Counter()
 
@@ -117,7 +117,7 @@ def test_each_local_holder_is_started_on_gpus_of_its_own(tmp_path, monkeypatch):
     """On a machine with GPUs every holder gets its own (this machine has none: the visible devices
     are given through CUDA_VISIBLE_DEVICES, as a scheduler gives them); on one without, none is set."""
     from ratchet.data.errors import ConfigError
-    from ratchet.tasks.units import holder_devices, visible_gpus
+    from ratchet.data.procs.executors import holder_devices, visible_gpus
 
     def started(engines, visible, **kw):
         seen = tmp_path / f"seen-{engines}-{visible}-{sorted(kw.items())}"

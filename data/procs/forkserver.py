@@ -1,12 +1,18 @@
-"""Warm stage workers: a fork server that has imported the heavy libraries once per run.
+"""Warm children: a fork server that has imported the heavy libraries once per run.
 
 A stage worker used to be a fresh interpreter that imported torch, transformers, TRL and
 PEFT before its first line of work: about 4-5 s on 2 cores, paid by every train stage (and
 by every sampling stage that loaded vLLM in its own process). Here `ratchet run` starts one
-process per run (the fork server) that imports them, then forks a child per stage. The child
-is the stage worker (`tasks/stage.worker`), as before: a process of its own, which exits when
-its stage ends, so a stage's memory is returned and a stage's failure or kill leaves the next
-stage a clean process.
+process per run (the fork server, the entry `fork_server`) that imports what its creator names
+(`preload`), then forks a child per request, which runs the entry the request names
+(entry.py): a stage's worker, the run's warm engine, or a call (`call`). A stage's worker is a
+process of its own, which exits when its stage ends, so a stage's memory is returned and a
+stage's failure or kill leaves the next stage a clean process.
+
+Requests and answers are JSON lines on the server's channel (channel.py). A child's outcome
+reaches whoever waits for it as its exit code and what it wrote in files (a stage's manifest or
+its error report, a call's result): the child is the server's, not the waiter's, so it holds no
+channel to the waiter.
 
 Correct across a fork:
 - threads: only the forking thread survives a fork, and a lock another thread held stays
@@ -17,7 +23,7 @@ Correct across a fork:
 - environment and directory: the child takes the run's environment and working directory
   as they are when the stage starts, not as they were when the server started;
 - lifetime: the server dies with the run (started from a thread that lives as long as the
-  run: data/lifetime.Spawner), each child with the server; a server that died is replaced at
+  run: data/procs/lifetime.Spawner), each child with the server; a server that died is replaced at
   the next stage.
 
 Measured on 2 cores (bench/round_bench.py): a stage's worker starts in about 0.1 s from the
@@ -26,6 +32,7 @@ server against 4-5 s cold for a train stage.
 
 from __future__ import annotations
 
+import contextlib
 import contextlib
 import json
 import logging
@@ -38,20 +45,13 @@ import threading
 import time
 from pathlib import Path
 
-from ratchet.data.lifetime import Spawner
+from ratchet.data.procs import spawn
+from ratchet.data.procs.channel import Channel
+from ratchet.data.procs.entry import Entry, entry, resolve
+from ratchet.data.procs.lifetime import Spawner
 
 log = logging.getLogger("ratchet")
 
-SERVE = "import sys; sys.path.pop(0); from ratchet.tasks.forkserver import serve; sys.exit(serve())"
-# what a call that reads a model's config or tokenizer waits for (`call`'s `after`): loading any
-# config imports transformers' auto model classes (its docstrings name them), 2 s of CPU on 2
-# cores, which a child forked before the server had them imported again beside it
-READS_MODELS = ("torch", "transformers", "transformers.models.auto.modeling_auto")
-# what a stage worker imports before its work, those first; importing it here is what a fork saves
-PRELOAD = (*READS_MODELS, "peft", "trl", "datasets", "accelerate", "ratchet.tasks.stage",
-           "ratchet.tasks.sample", "ratchet.tasks.evaluate", "ratchet.tasks.label", "ratchet.tasks.train",
-           "ratchet.models.trainer", "ratchet.models.warm", "mlflow.transformers", "ratchet.models.mlflow_model",
-           "matplotlib.pyplot")  # the last two also for the run's own calls (`call`): the base model, the report
 QUIET_THREADS = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false", "MPLBACKEND": "Agg"}
 
 
@@ -69,15 +69,11 @@ def _unsafe() -> str | None:
     return None
 
 
-_REPLIES = None  # the server's reply pipe, which a child must not hold
-
-
-def _child(req: dict) -> int:
-    """In the forked child: become the stage's worker."""
-    from ratchet.data.lifetime import die_with_parent
+def _child(req: dict, channel: Channel) -> int:
+    """In the forked child: run the entry the request names, with its output in the request's log."""
+    from ratchet.data.procs.lifetime import die_with_parent
 
     die_with_parent()  # the server killed, its children die with it
-    _REPLIES.close()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -87,75 +83,70 @@ def _child(req: dict) -> int:
     os.dup2(fd, 2)
     os.close(fd)
     os.close(null)
+    os.close(channel.write_fd)  # the server's answers are the server's alone (its requests: stdin, replaced above)
     os.environ.clear()
     os.environ.update(req["env"])
     os.chdir(req["cwd"])
-    if req.get("call"):
-        return _call(Path(req["spec"]))
-    if (engine := req.get("engine")) is not None:  # the run's warm engine (models/warm.py), for the run's length
-        from ratchet.models.warm import serve as serve_engine
-
-        return serve_engine(engine["path"], engine["preload"], bytes.fromhex(engine["key"]))
-    from ratchet.tasks.stage import worker
-
-    return worker(req["spec"])
+    code = resolve(req["entry"]).main(*req["args"])
+    return code if isinstance(code, int) else 0
 
 
 RESULT = "result.pkl"
 
 
-def _call(spec: Path) -> int:
-    """In the forked child: make the call `call` asked for; its value, or the ConfigError it
-    raised, is pickled beside the request. Any other error ends the child (its traceback in the
-    call's log) and the caller makes the call itself."""
+@entry
+def call_in_child(spec: str) -> int:
+    """In a forked child: make the call `call` asked for; its value, or the ConfigError it raised,
+    is pickled beside the request. Any other error ends the child (its traceback in the call's
+    log) and the caller makes the call itself."""
     import pickle
 
     from ratchet.data.errors import ConfigError
 
-    from ratchet.tasks.stage import _resolve
-
-    target, args = pickle.loads(spec.read_bytes())
+    path = Path(spec)
+    target, args = pickle.loads(path.read_bytes())
     try:
-        out = ("value", _resolve(target)(*args))
+        out = ("value", resolve(target).main(*args))
     except ConfigError as e:
         out = ("config", (e.problems, e.source))
-    tmp = spec.with_name(RESULT + ".tmp")
+    tmp = path.with_name(RESULT + ".tmp")
     tmp.write_bytes(pickle.dumps(out))
-    tmp.rename(spec.with_name(RESULT))
+    tmp.rename(path.with_name(RESULT))
     return 0
 
 
 CALL_READY_S = 120.0  # how long a call waits for the server's imports before it is made here
 
 
-def call(target: str, *args, after: tuple[str, ...] | None = None):
-    """`target` ("module:function") called with `args` in a child forked from the run's fork
-    server, which has imported what the function needs, so the run's own process does not
-    (mlflow's transformers flavor to save the base model for MLflow, matplotlib to draw the
-    report: 4-5 s of round 0 and 3 s of a run's end on 2 cores; transformers and torch for the
-    model's checks). The child is forked once the server has imported everything it preloads, or
-    only the modules `after` names (the rest it imports itself if it needs them). Returns the function's value;
-    a ConfigError it raises is raised here. Where there is no server, or the call cannot be made there (the
-    server is not ready in CALL_READY_S, refuses to fork or dies, the arguments or the value do
-    not pickle, the function fails in any other way), it is made here instead, so its outcome is
-    a direct call's. For functions whose outcome depends only on their arguments and the files
-    they read, which may run twice (a check, a figure, a model saved to a fresh directory)."""
+def call(target: Entry, *args, after: tuple[str, ...] | None = None):
+    """`target(*args)` in a child forked from the run's fork server, which has imported
+    what the function needs, so the run's own process does not (mlflow's transformers flavor to
+    save the base model for MLflow, matplotlib to draw the report: 4-5 s of round 0 and 3 s of a
+    run's end on 2 cores; transformers and torch for the model's checks). The child is forked
+    once the server has imported everything it preloads, or only the modules `after` names (the
+    rest it imports itself if it needs them). Returns the function's value; a ConfigError it
+    raises is raised here. Where there is no server, or the call cannot be made there (the server
+    is not ready in CALL_READY_S, refuses to fork or dies, the arguments or the value do not
+    pickle, the function fails in any other way), it is made here instead, so its outcome is a
+    direct call's. For functions whose outcome depends only on their arguments and the files they
+    read, which may run twice (a check, a figure, a model saved to a fresh directory)."""
     import pickle
     import tempfile
 
     from ratchet.data.errors import ConfigError
-    from ratchet.tasks.stage import _resolve
 
+    if not isinstance(target, Entry):
+        raise TypeError(f"{target!r} is not a declared entry (@entry): a forked child runs nothing else")
     server = current()
     if server is not None and (after is not None or server.wait_ready(CALL_READY_S)):
         with tempfile.TemporaryDirectory(prefix="ratchet-call-") as t:
             spec = Path(t) / "call.pkl"
             try:
-                spec.write_bytes(pickle.dumps((target, args)))
+                spec.write_bytes(pickle.dumps((target.name, args)))
             except Exception as e:  # noqa: BLE001 - an argument that does not pickle: made here
-                log.info("%s: its arguments do not pickle (%s); calling it in this process", target, e)
+                log.info("%s: its arguments do not pickle (%s); calling it in this process", target.name, e)
             else:
-                code = server.run(spec, Path(t) / "call.log", {}, call=True, after=after or ())
+                code = server.run(call_in_child, [str(spec)], Path(t) / "call.log", {}, after=after or ())
                 if code == 0 and (result := Path(t) / RESULT).exists():
                     kind, value = pickle.loads(result.read_bytes())
                     if kind == "config":
@@ -163,31 +154,28 @@ def call(target: str, *args, after: tuple[str, ...] | None = None):
                     return value
                 said = Path(t) / "call.log"
                 log.warning("%s did not finish in a child of the fork server (exit code %s); calling it in this "
-                            "process. Its output there:\n%s", target, code,
+                            "process. Its output there:\n%s", target.name, code,
                             said.read_text(errors="replace")[-2000:] if said.exists() else "")
-    return _resolve(target)(*args)
+    return target.main(*args)
 
 
-def serve() -> int:
-    """The fork server's main: read requests (one JSON line each) on stdin, fork a worker for
-    each, and write each worker's pid and then its exit code (JSON lines) on stdout. A request
-    that names modules in `after` waits until they are imported (a child that will import them
-    anyway gains nothing from an earlier fork); `{"signal": id, "sig": n}` signals that request's
-    child, or drops it while it waits; `{"stderr": path}` sends the server's own output there."""
-    from ratchet.data.lifetime import die_with_parent
+@entry
+def fork_server(channel: Channel, preload: list[str]) -> int:
+    """The fork server's main: read requests on its channel, fork a child for each, and answer
+    with each child's pid and then its exit code. A request that names modules in `after` waits
+    until they are imported (a child that will import them anyway gains nothing from an earlier
+    fork); `{"signal": id, "sig": n}` signals that request's child, or drops it while it waits;
+    `{"stderr": path}` sends the server's own output there."""
+    from ratchet.data.procs.lifetime import die_with_parent
 
-    global _REPLIES
     die_with_parent()
-    _REPLIES = out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # what a library prints goes to the log, never into the replies
-    started, pending = time.time(), list(PRELOAD)
+    started, pending = time.time(), list(preload)
     children: dict[int, str] = {}
     deferred: list[dict] = []
-    buf = b""
 
     def fork(req: dict) -> None:
         if (why := _unsafe()) is not None:
-            out.write(json.dumps({"id": req["id"], "refused": why}) + "\n")
+            channel.send({"id": req["id"], "refused": why})
             return
         sys.stdout.flush()
         sys.stderr.flush()
@@ -195,10 +183,10 @@ def serve() -> int:
         if pid == 0:
             code = 1
             try:
-                code = _child(req)
+                code = _child(req, channel)
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else 1
-            except BaseException:  # noqa: BLE001 - its traceback is in the stage's log
+            except BaseException:  # noqa: BLE001 - its traceback is in the request's log
                 import traceback
 
                 traceback.print_exc()
@@ -208,48 +196,46 @@ def serve() -> int:
                     sys.stderr.flush()
                 os._exit(code)
         children[pid] = req["id"]
-        out.write(json.dumps({"id": req["id"], "pid": pid}) + "\n")
+        channel.send({"id": req["id"], "pid": pid})
 
     def signal_child(rid: str, sig: int) -> None:
         for req in [r for r in deferred if r["id"] == rid]:
             deferred.remove(req)
-            out.write(json.dumps({"id": rid, "exit": -sig}) + "\n")
+            channel.send({"id": rid, "exit": -sig})
         for pid in [p for p, r in children.items() if r == rid]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
     while True:
-        # Imports go one module at a time between requests: a stage that comes before they are
+        # Imports go one module at a time between requests: a request that comes before they are
         # all done is forked at once and imports the rest itself, as a cold worker would.
-        ready, _, _ = select.select([0], [], [], 0 if pending else 0.2)
-        if not ready and pending:
-            __import__(pending.pop(0))
-            if not pending:
-                print(f"fork server: imported {len(PRELOAD)} modules in {time.time() - started:.1f} s",
-                      file=sys.stderr, flush=True)
-                out.write(json.dumps({"ready": _threads()}) + "\n")
+        if not channel.pending():
+            ready, _, _ = select.select([channel.read_fd], [], [], 0 if pending else 0.2)
+            if not ready and pending:
+                __import__(pending.pop(0))
+                if not pending:
+                    print(f"fork server: imported {len(preload)} modules in {time.time() - started:.1f} s",
+                          file=sys.stderr, flush=True)
+                    channel.send({"ready": _threads()})
         for req in [r for r in deferred if not set(r["after"]) & set(pending)]:
             deferred.remove(req)
             fork(req)
-        if ready:
-            chunk = os.read(0, 65536)
-            if not chunk:  # the run closed its end: it is over. Nothing is left to flush or close,
-                # and the interpreter's own teardown with torch and the rest loaded took up to 8 s
-                # on 2 busy cores, which the run's exit waited for (0.2 s without it)
+        while (req := channel.recv(time.monotonic())) is not None:
+            if req == {}:  # the run closed its end: it is over. Nothing is left to flush or close, and the
+                # interpreter's own teardown with torch and the rest loaded took up to 8 s on 2 busy
+                # cores, which the run's exit waited for (0.2 s without it)
                 sys.stderr.flush()
                 os._exit(0)
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                req = json.loads(line)
-                if "signal" in req:
-                    signal_child(req["signal"], req["sig"])
-                elif "stderr" in req:
-                    _output_to(req["stderr"])
-                elif set(req.get("after", ())) & set(pending):
-                    deferred.append(req)
-                else:
-                    fork(req)
+            if "signal" in req:
+                signal_child(req["signal"], req["sig"])
+            elif "stderr" in req:
+                _output_to(req["stderr"])
+            elif "id" not in req:
+                continue
+            elif set(req.get("after", ())) & set(pending):
+                deferred.append(req)
+            else:
+                fork(req)
         while children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -257,7 +243,7 @@ def serve() -> int:
                 break
             if pid == 0:
                 break
-            out.write(json.dumps({"id": children.pop(pid), "exit": os.waitstatus_to_exitcode(status)}) + "\n")
+            channel.send({"id": children.pop(pid), "exit": os.waitstatus_to_exitcode(status)})
 
 
 def _output_to(path: str) -> None:
@@ -278,12 +264,14 @@ FINAL = {"exit", "refused", "lost"}  # what ends a request: its child's exit, a 
 
 
 class ForkServer:
-    """The run's fork server, seen from the run: `run(spec, log)` starts a stage's worker from it
-    and waits for its exit code; None if the server cannot give one (the caller starts it cold)."""
+    """The run's fork server, seen from the run: `run(entry, args, log)` forks a child running
+    the entry and waits for its exit code; None if the server cannot give one (the caller starts
+    the process cold). `preload`: what it imports before it is ready, in order."""
 
-    def __init__(self, log_path: Path | None):
+    def __init__(self, log_path: Path | None, preload: tuple[str, ...] = ()):
         self.log_path = None if log_path is None else Path(log_path)
-        self.proc: subprocess.Popen | None = None
+        self.preload = tuple(preload)
+        self.child: spawn.Child | None = None
         self.lock = threading.Lock()
         self.waiting: dict[str, dict] = {}
         self.cond = threading.Condition()
@@ -291,6 +279,10 @@ class ForkServer:
         self.ready: int | None = None
         self.spawner = Spawner()
         self.log_fd: int | None = None  # the log named after the server started (rename_log)
+
+    @property
+    def proc(self):
+        return None if self.child is None else self.child.proc
 
     def start(self) -> None:
         """The server's process. Without a log path yet (a run whose inputs are still being checked,
@@ -302,19 +294,20 @@ class ForkServer:
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with (open(self.log_path, "ab") if self.log_path is not None else tempfile.TemporaryFile()) as err:
-            self.proc = self.spawner.popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE,
-                                           stdout=subprocess.PIPE, stderr=err, env=env)
-        threading.Thread(target=self._read, args=(self.proc,), daemon=True, name="ratchet-forkserver").start()
+            self.child = spawn.start(fork_server, list(self.preload), channel=True, env=env, stderr=err,
+                                     popen=self.spawner.popen)
+        threading.Thread(target=self._read, args=(self.child.channel,), daemon=True,
+                         name="ratchet-forkserver").start()
 
-    def _read(self, proc: subprocess.Popen) -> None:
-        for line in proc.stdout:
-            msg = json.loads(line)
+    def _read(self, channel: Channel) -> None:
+        while (msg := channel.recv()) != {}:
             with self.cond:
                 if "id" in msg:
                     self.waiting.setdefault(msg["id"], {}).update(msg)
-                else:  # the server's threads once its imports were done (1: it may fork)
+                elif "ready" in msg:  # the server's threads once its imports were done (1: it may fork)
                     self.ready = msg["ready"]
                 self.cond.notify_all()
+        channel.close()
         with self.cond:  # the server is gone: nobody waiting will hear more from it
             for m in self.waiting.values():
                 m.setdefault("lost", True)
@@ -326,21 +319,25 @@ class ForkServer:
             return self.cond.wait_for(lambda: self.ready is not None, timeout)
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.child is not None and self.child.poll() is None
 
-    def _request(self, log_path: Path, extra_env: dict[str, str], **fields) -> str | None:
+    def _request(self, target: Entry, args: list, log_path: Path, extra_env: dict[str, str],
+                 after: tuple[str, ...]) -> str | None:
         """Send a request for a child; its id, or None if the server cannot be asked."""
+        if not isinstance(target, Entry):
+            raise TypeError(f"{target!r} is not a declared entry (@entry): a forked child runs nothing else")
         with self.lock:
             if not self.alive():
-                if self.proc is not None:
-                    log.warning("the fork server (pid %s) exited with code %s; starting another", self.proc.pid,
-                                self.proc.returncode)
+                if self.child is not None:
+                    log.warning("the fork server (pid %s) exited with code %s; starting another", self.child.pid,
+                                self.child.returncode)
                 self.start()
             self.n += 1
             rid = str(self.n)
             with self.cond:
                 self.waiting[rid] = {}
-            req = {"id": rid, "log": str(log_path), "cwd": os.getcwd(), "env": {**os.environ, **extra_env}, **fields}
+            req = {"id": rid, "log": str(log_path), "cwd": os.getcwd(), "env": {**os.environ, **extra_env},
+                   "entry": target.name, "args": list(args), "after": list(after)}
             if not self._send(req):
                 with self.cond:
                     self.waiting.pop(rid, None)
@@ -348,30 +345,27 @@ class ForkServer:
             return rid
 
     def _send(self, msg: dict) -> bool:
-        try:
-            self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
-            self.proc.stdin.flush()
-            return True
-        except (OSError, ValueError):  # the server is gone, or stopped (its input closed)
-            return False
+        return self.child is not None and self.child.channel.send(msg)
 
-    def spawn(self, fields: dict, log_path: Path, after: tuple[str, ...] = ()) -> Forked | None:
-        """A long-lived child (the run's warm engine: `fields` = {"engine": ...}), forked once
-        the server has imported `after`; returned at once, as a handle. None if the server cannot
-        be asked (the caller starts the process itself)."""
-        rid = self._request(log_path, {}, after=list(after), **fields)
+    def spawn(self, target: Entry, args: list, log_path: Path, after: tuple[str, ...] = ()) -> Forked | None:
+        """A long-lived child running `target(*args)` (the run's warm engine), forked once the
+        server has imported `after`; returned at once, as a handle. None if the server cannot be
+        asked (the caller starts the process itself)."""
+        rid = self._request(target, args, log_path, {}, after)
         return None if rid is None else Forked(self, rid)
 
-    def run(self, spec: Path, stage_log: Path, extra_env: dict[str, str], call: bool = False,
+    def run(self, target: Entry, args: list, log_path: Path, extra_env: dict[str, str],
             after: tuple[str, ...] = ()) -> int | None:
-        rid = self._request(stage_log, extra_env, spec=str(spec), call=call, after=list(after))
+        """Fork a child running `target(*args)`, its output appended to `log_path`, and wait for
+        its exit code; None where the server did not fork it (the caller starts it itself)."""
+        rid = self._request(target, args, log_path, extra_env, after)
         if rid is None:
             return None
         with self.cond:
             self.cond.wait_for(lambda: FINAL & self.waiting[rid].keys())
             msg = self.waiting.pop(rid)
         if "refused" in msg:
-            log.warning("the fork server refused to fork (%s); the stage's worker starts cold", msg["refused"])
+            log.warning("the fork server refused to fork (%s); the child starts cold", msg["refused"])
             return None
         if "exit" not in msg:  # the server died: its children died with it
             return -signal.SIGKILL if "pid" in msg else None
@@ -380,7 +374,7 @@ class ForkServer:
     def rename_log(self, path: Path) -> None:
         """Its log renamed to `path` (kept where it is if `path` exists), or, while it has none, made
         there, with what the server wrote so far; a restart opens the new name."""
-        from ratchet.data.lifetime import move_log
+        from ratchet.data.procs.lifetime import move_log
 
         with self.lock:
             if self.log_path is None:
@@ -393,11 +387,12 @@ class ForkServer:
             self.log_path = move_log(self.log_path, Path(path))
 
     def stop(self) -> None:
-        from ratchet.data.lifetime import end
+        from ratchet.data.procs.lifetime import end
 
         with self.lock:
-            end(self.proc, ask=lambda p: p.stdin.close())  # its input closed, the server returns
-            self.proc = None
+            if self.child is not None:  # its input closed, the server returns (and the reader closes its end)
+                end(self.child.proc, ask=lambda p: p.stdin.close())
+            self.child = None
             if self.log_fd is not None:
                 os.close(self.log_fd)
                 self.log_fd = None
@@ -473,7 +468,7 @@ def current() -> ForkServer | None:
 
 
 @contextlib.contextmanager
-def for_run(enabled: bool, log_path: Path | None):
+def for_run(enabled: bool, log_path: Path | None, preload: tuple[str, ...] = ()):
     """The run's fork server while the run lasts (none if not `enabled`); its own output (not
     its workers') goes to `log_path` (None: kept until `rename_log` names a file). A server that
     is running already is kept, and given `log_path` if it has no log yet."""
@@ -483,7 +478,7 @@ def for_run(enabled: bool, log_path: Path | None):
             _CURRENT.rename_log(log_path)
         yield None
         return
-    _CURRENT = f = ForkServer(log_path)
+    _CURRENT = f = ForkServer(log_path, preload)
     try:
         f.start()  # its imports overlap with the run's first stages
         yield f

@@ -40,6 +40,24 @@ def child_dies_with_parent(sig: int = signal.SIGKILL):
     return lambda: die_with_parent(sig, prctl)
 
 
+def watch_parent() -> None:
+    """End this process when the one that started it dies, so a killed stage never leaves a call
+    running. A watchdog thread, not PR_SET_PDEATHSIG: that signal follows the *thread* that
+    started the child, and the thread that started a shared host may have finished."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.2)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
 def end(proc, ask=None, wait_s: float = 30.0) -> None:
     """Stop a helper process the run started: `ask(proc)` (default: SIGTERM) lets it end cleanly;
     one still running `wait_s` later is killed."""
@@ -67,10 +85,11 @@ class Spawner:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-spawner")
 
     def popen(self, cmd: list[str], **kwargs):
-        """`subprocess.Popen(cmd, **kwargs)` from the spawner's thread; the child dies with this process."""
+        """`subprocess.Popen(cmd, **kwargs)` from the spawner's thread (spawn.start makes the child
+        die with it: `lifetime="parent"`)."""
         import subprocess
 
-        return self._pool.submit(subprocess.Popen, cmd, preexec_fn=child_dies_with_parent(), **kwargs).result()
+        return self._pool.submit(subprocess.Popen, cmd, **kwargs).result()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

@@ -33,6 +33,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ratchet.data.procs.spawn import start_program
+
 NOBODY = 65534
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -298,7 +300,7 @@ def _start(cmd: list[str], kw: dict, group: RunGroup | None, **pipes) -> subproc
     """Start a run: in the child, before its program, it joins the run's cgroup (as root, where
     this runs as root), then becomes nobody, then asks to die with its parent (a change of user
     clears that request, so it comes last)."""
-    from ratchet.data.lifetime import _prctl, die_with_parent
+    from ratchet.data.procs.lifetime import _prctl, die_with_parent
 
     kw = dict(kw)
     as_nobody = kw.pop("as_nobody", False)
@@ -314,7 +316,7 @@ def _start(cmd: list[str], kw: dict, group: RunGroup | None, **pipes) -> subproc
         die_with_parent(signal.SIGKILL, prctl)
 
     try:
-        return subprocess.Popen(cmd, start_new_session=True, preexec_fn=child, **pipes, **kw)
+        return start_program(cmd, start_new_session=True, preexec_fn=child, **pipes, **kw)
     except (OSError, subprocess.SubprocessError) as e:
         raise SandboxError(f"{cmd[0]} could not start: {e}") from None
 
