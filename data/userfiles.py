@@ -42,7 +42,7 @@ class UserFile:
         if not value or value in self.keep:
             return None
         if self.spec:
-            from ratchet.data.checks.scorer import is_file_spec
+            from ratchet.data.procs.entry import is_file_spec
 
             where, sep, _ = value.rpartition(":")
             if not sep or not is_file_spec(where):
@@ -115,3 +115,81 @@ def config_fields(model: BaseModel, at: str = ""):
             for i, v in enumerate(value):
                 if isinstance(v, BaseModel):
                     yield from config_fields(v, f"{here}[{i}]")
+
+
+def source_digest(spec: str) -> str:
+    """The digest that keys a user's code ('path/to/file.py:name', or an installed module's
+    'package.module:name'): its file's bytes, with those of the user's own modules it imports from
+    its folder (`helpers`). Raises ValueError for a file or module that is not there."""
+    from ratchet.data.procs.entry import is_file_spec, split_spec
+    from ratchet.data.digest import sha256_file, sha256_text
+
+    where, _ = split_spec(spec)
+    if is_file_spec(where):
+        path = Path(where).expanduser()
+        if not path.is_file():
+            raise ValueError(f"no file {str(path)!r} (from {Path.cwd()}); give the path of a .py file, relative to "
+                             "where ratchet runs or absolute, then ':function'")
+    else:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(where)
+        except (ImportError, ValueError) as e:
+            raise ValueError(f"module {where!r} cannot be found ({type(e).__name__}: {e}); install it, or give a file "
+                             "path 'path/to/file.py:function'") from None
+        if found is None or found.origin is None or not Path(found.origin).is_file():
+            raise ValueError(f"no installed module {where!r}; install it, or give a file path "
+                             "'path/to/file.py:function'")
+        path = Path(found.origin)
+    found_helpers = helpers(path)
+    if not found_helpers:
+        return sha256_file(path)
+    parts = [f"{p.relative_to(path.parent)}\0{sha256_file(p)}" for p in [path, *found_helpers]]
+    return sha256_text("\n".join(parts))
+
+
+def helpers(path: Path) -> list[Path]:
+    """The user's own modules `path` imports from its folder, and theirs, transitively, sorted: a
+    module `name` imported (`import name`, `from name import x`, `from name.sub import y`) that is a
+    file `name.py` or a package `name/` in that folder (the loader puts the folder first on the
+    import path, so those are what it imports). It stops there: a module found elsewhere (an
+    installed library), an import made at run time (importlib, __import__), and the data files the
+    code reads are not keyed by it."""
+    import ast
+
+    root = path.parent.resolve()
+    seen: set[Path] = set()
+    todo = [path.resolve()]
+    while todo:
+        p = todo.pop()
+        try:
+            tree = ast.parse(p.read_text(), str(p))
+        except (OSError, SyntaxError, ValueError):
+            continue  # its import will say what is wrong with it
+        for n in ast.walk(tree):
+            names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
+                [n.module] + [f"{n.module}.{a.name}" for a in n.names] if isinstance(n, ast.ImportFrom) \
+                and n.module and not n.level else []
+            for name in names:
+                for found in _local_module(root, name):
+                    if found not in seen:
+                        seen.add(found)
+                        todo.append(found)
+    return sorted(seen - {path.resolve()})
+
+
+def _local_module(root: Path, name: str) -> list[Path]:
+    """The files of `root` that importing `name` (dotted) runs: each package's __init__.py on the
+    way, and the module itself."""
+    out, here = [], root
+    for part in name.split("."):
+        if (here / part).is_dir() and (here / part / "__init__.py").is_file():
+            here = here / part
+            out.append(here / "__init__.py")
+        elif (here / f"{part}.py").is_file():
+            out.append(here / f"{part}.py")
+            break
+        else:
+            break
+    return out

@@ -184,6 +184,7 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool) -> int:
         run_log = workdir / "logs" / f"{stamp}-{os.getpid()}.log"
         out, err = redirect_output(run_log)
     prefect_server = _started_meanwhile(_ephemeral_server_dies_with_us())  # what it says goes to the log
+    from ratchet.flows.inputs import dtype_line
     from ratchet.flows.pipeline import execute, helpers, name_helper_logs
     from ratchet.flows.runs import start
     from ratchet.flows.tracking import redact
@@ -204,6 +205,7 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool) -> int:
                 f"ratchet run {ctx.run_name}: {cfg.rounds} round(s) {origin}",
                 f"  workdir  {ctx.workdir}",
                 f"  MLflow   {redact(tracker.uri)} (parent run {ctx.parent_run_id})",
+                f"  dtype    {dtype_line(cfg).removeprefix('dtype: ')}",
                 f"  log      {run_log} (each stage's own: stage.log in its directory)" if run_log else
                 "  verbose: every library's output follows",
             ])
@@ -257,7 +259,7 @@ def cmd_check(args) -> int:
     held-out set, the answer check (a user's function is loaded in its own process), and every
     prompt against the token budgets. Only the tokenizer is loaded; nothing is written."""
     from ratchet.flows.config import load_config
-    from ratchet.flows.inputs import check_task, devices_line
+    from ratchet.flows.inputs import check_task, devices_line, dtype_line
 
     cfg = load_config(args.config, args.overrides)
     split, sets = check_task(cfg)
@@ -273,6 +275,7 @@ def cmd_check(args) -> int:
         gate = " · the gate's set" if s.name == cfg.evaluate.gate_set else ""
         print(f"held-out set {s.name!r} ({stage}): {len(held)} prompts from {src.kind}, check {src.check.kind}{gate}")
     print(devices_line(cfg))
+    print(dtype_line(cfg))
     print(f"ok: {args.config} is ready to run")
     return 0
 

@@ -161,6 +161,19 @@ def device_problems(cfg: PipelineConfig) -> list[str]:
     return problems
 
 
+def dtype_line(cfg: PipelineConfig) -> str:
+    """What `auto` dtype and precision resolve to on this machine, and why (models/dtype.py); the
+    settings given explicitly, as given."""
+    from ratchet.models import dtype
+
+    sampling, training = cfg.sampler.dtype, cfg.train.precision
+    if "auto" not in (sampling, training):
+        return f"dtype: sampling {sampling}, training {training} (as set)"
+    choice = dtype.auto()
+    said = f"sampling {dtype.resolve_dtype(sampling)}, training {dtype.resolve_precision(training)}"
+    return f"dtype: {said} ({choice.dtype} for auto: {choice.why})"
+
+
 def devices_line(cfg: PipelineConfig) -> str:
     """What `ratchet check` says of this machine's GPUs and who takes them: the engine holders
     (local ones each their own), and the training processes, one GPU each, naming the GPUs that

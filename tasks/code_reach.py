@@ -17,7 +17,13 @@ top-level definitions (functions, classes, assignments) its body reaches:
 
 Each definition counts as its syntax tree without docstrings (`syntax_tree`): a
 comment or a reflowed line re-keys nothing. Only modules of the body's own top-level package
-are followed, as before: the installed libraries are keyed by what the run records of them.
+are followed. A library a reached definition imports (math-verify, reasoning-gym, textarena,
+gymnasium, torch, vLLM, TRL, ...) counts as its installed distribution's name and version: an
+upgrade re-keys the stages whose code imports it, and no other. Its own dependencies do not
+count (a library pins or names what it runs with).
+
+A child process's code is reached the same way: its entry (data/procs/entry.py) and what it is
+handed (a function, an adapter class) are objects the stage's code names, never strings.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ def syntax_tree(text: str, path: str) -> str:
 
 WHOLE = "*"  # a whole module: every definition in it
 INIT = "<module>"  # its top-level statements that define nothing
+LIBRARY = "<library>"  # (LIBRARY, top-level import name): an installed library a definition imports
 
 
 @dataclass
@@ -76,6 +83,7 @@ class _Read:
     def __init__(self) -> None:
         self.specs: dict[str, list | None] = {}
         self.texts: dict[str, str] = {}
+        self.libraries: dict[str, str] = {}  # import name -> "distribution==version" (or "" for none)
 
 
 _local = threading.local()  # .reading: the `_Read` of the answer this thread's `digest` is working out
@@ -199,7 +207,7 @@ def _target(mod: _Module, name: str, local: dict[str, tuple[str, str | None]]) -
 
 def _refs(mod: _Module, nodes: list[ast.AST], top: str) -> set[tuple[str, str]]:
     """The definitions `nodes` load, resolved; attribute chains on modules (`prepare.model_dir`)
-    to the definition they end at."""
+    to the definition they end at; a name of another top-level package as (LIBRARY, its name)."""
     local: dict[str, tuple[str, str | None]] = {}
     for node in nodes:
         for n in ast.walk(node):
@@ -219,6 +227,9 @@ def _refs(mod: _Module, nodes: list[ast.AST], top: str) -> set[tuple[str, str]]:
                     continue
                 chained.add(id(base))
                 t = _target(mod, base.id, local)
+                if t is not None and t[0].split(".")[0] != top:  # a library: its version, not its code
+                    out.add((LIBRARY, t[0].split(".")[0]))
+                    continue
                 for attr in reversed(chain):
                     if t is None or t[1] != WHOLE:
                         break
@@ -226,8 +237,13 @@ def _refs(mod: _Module, nodes: list[ast.AST], top: str) -> set[tuple[str, str]]:
                 if t is not None:
                     out.add(t)
             elif isinstance(n, ast.Name) and id(n) not in chained and (t := _target(mod, n.id, local)) is not None:
-                out.add(t)
-    return {t for t in out if t[0].split(".")[0] == top}
+                out.add(t if t[0].split(".")[0] == top else (LIBRARY, t[0].split(".")[0]))
+    return {t for t in out if t[0].split(".")[0] == top or (t[0] == LIBRARY and _is_library(t[1]))}
+
+
+def _is_library(name: str) -> bool:
+    """An import name that is not the standard library's (nor a relative, empty or private name)."""
+    return bool(name) and not name.startswith("_") and name not in sys.stdlib_module_names
 
 
 def _member(module: str, attr: str) -> tuple[str, str]:
@@ -250,6 +266,9 @@ def reach(roots: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
     out: dict[tuple[str, str], str] = {}
     while todo:
         module, name = todo.pop()
+        if module == LIBRARY:
+            out[(module, name)] = ""
+            continue
         if (module, name) in out or module.split(".")[0] != top:
             continue
         m = _module(module)
@@ -275,7 +294,7 @@ def reach(roots: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
             continue
         out[(module, name)] = "\n".join(syntax_tree(ast.unparse(n), f"{module}:{name}") for n in nodes)
         for ref in _refs(m, nodes, top):
-            if ref[1] in _module_unions(ref[0]):
+            if ref[0] != LIBRARY and ref[1] in _module_unions(ref[0]):
                 out.setdefault(ref, "kind union: the job's values bring its kinds")
                 continue
             todo.append(ref)
@@ -299,9 +318,32 @@ def digest(roots: list[tuple[str, str]]) -> str:
         found = reach(roots)
     finally:
         _local.reading = None
+    read.libraries = {n: installed(n) for (m, n) in found if m == LIBRARY}
+    found = {k: (read.libraries[k[1]] if k[0] == LIBRARY else code) for k, code in found.items()}
     out = sha256_text("\n".join(f"{m}:{n}\0{code}" for (m, n), code in sorted(found.items())))[:16]
-    keep_answer(key, {"digest": out, "specs": read.specs, "texts": read.texts})
+    keep_answer(key, {"digest": out, "specs": read.specs, "texts": read.texts, "libraries": read.libraries})
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def _distributions() -> dict[str, list[str]]:
+    from importlib.metadata import packages_distributions
+
+    return packages_distributions()
+
+
+def installed(name: str) -> str:
+    """The distribution(s) and version(s) that provide the import name `name`, as keyed: e.g.
+    "math-verify==0.9.0"; "" where none is installed (a module of no distribution)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for dist in sorted(set(_distributions().get(name, ()))):
+        try:
+            out.append(f"{dist}=={version(dist)}")
+        except PackageNotFoundError:
+            pass
+    return ",".join(out)
 
 
 def _still(kept: dict) -> bool:
@@ -311,6 +353,8 @@ def _still(kept: dict) -> bool:
             now = _spec(name)
             if (None if now is None else [str(now[0]), now[1]]) != was:
                 return False
+        if any(installed(n) != v for n, v in kept.get("libraries", {}).items()):
+            return False
         return all(sha256_text(Path(path).read_text()) == text for path, text in kept["texts"].items())
     except (OSError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
         return False
@@ -378,9 +422,9 @@ def instance_classes(value) -> set[type]:
     return out
 
 
-def roots_of(body, config: BaseModel | None, extra: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-    """The body, the classes of its job's values, and `extra` modules whole."""
+def roots_of(body, config: BaseModel | None) -> list[tuple[str, str]]:
+    """The body and the classes of its job's values."""
     roots = [(body.__module__, body.__qualname__.split(".")[0])]
     if config is not None:
         roots += sorted((c.__module__, c.__qualname__.split(".")[0]) for c in instance_classes(config))
-    return roots + [(m, WHOLE) for m in extra]
+    return roots

@@ -82,13 +82,41 @@ def keyed(config: BaseModel) -> dict:
     return drop(config, config.model_dump(mode="json"))
 
 
-def body_code(body: Body, *extra: str, config: BaseModel | None = None) -> str:
+def resolved(config: BaseModel) -> BaseModel:
+    """The job with each setting that resolves on the machine (`auto` dtype and precision, fields
+    marked `json_schema_extra={"resolves": ...}`) replaced by what it resolves to here: the key,
+    the worker and the manifest all see the dtype that runs, so two machines that resolve `auto`
+    differently never share a key."""
+    from ratchet.models import dtype
+
+    how = {"dtype": dtype.resolve_dtype, "precision": dtype.resolve_precision}
+
+    def walk(v):
+        if isinstance(v, BaseModel):
+            update = {}
+            for name, f in type(v).model_fields.items():
+                value = getattr(v, name, None)
+                extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+                if extra.get("resolves") in how and value == "auto":
+                    update[name] = how[extra["resolves"]]("auto")
+                elif (new := walk(value)) is not value:
+                    update[name] = new
+            return v.model_copy(update=update) if update else v
+        if isinstance(v, list) and any(isinstance(x, BaseModel) for x in v):
+            new = [walk(x) for x in v]
+            return v if all(a is b for a, b in zip(new, v)) else new
+        return v
+
+    return walk(config)
+
+
+def body_code(body: Body, config: BaseModel | None = None) -> str:
     """The code version of a stage body: the definitions it can run (tasks/code_reach.py), from
-    the body, the classes of its job's values (`config`: the kinds it holds) and `extra` modules
-    it reaches through a registry rather than an import."""
+    the body and the classes of its job's values (`config`: the kinds it holds), in its own
+    process and in the children it starts, and the versions of the libraries they import."""
     from ratchet.tasks.code_reach import digest, roots_of
 
-    return digest(roots_of(body, config, extra))
+    return digest(roots_of(body, config))
 
 
 Job = TypeVar("Job", bound=BaseModel)
@@ -183,6 +211,7 @@ def run_stage(
 
     request = request_type(body)  # a body that cannot run is an error before anything is written
     name = body_name(body) if isolate else None
+    config = resolved(config)
     code = code or body_code(body, config=config)
     key = stage_key(stage, code, keyed(config), parents)
     found = store.find(stage, key)

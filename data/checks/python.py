@@ -33,7 +33,6 @@ and reuses the samples.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
@@ -41,9 +40,8 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from ratchet.data.checks.base import Check, Item, Tally, Verdict
 from ratchet.data.checks.scorer import Call, Scorer, ScorerError, is_file_spec, shared, split_spec
-from ratchet.data.digest import sha256_file
 from ratchet.data.errors import RatchetError
-from ratchet.data.userfiles import UserFile
+from ratchet.data.userfiles import UserFile, source_digest  # noqa: F401 - the digest that keys a user's file
 
 
 class CheckFailedError(RatchetError):
@@ -202,25 +200,6 @@ class PythonCheck(Check):
         with ThreadPoolExecutor(max_workers=min(self.workers, len(jobs))) as pool:
             list(pool.map(run, jobs))
         return out
-
-
-def source_digest(spec: str) -> str:
-    """sha256 of the file that defines the function: the user's file, or the installed module's."""
-    where, _ = split_spec(spec)
-    if is_file_spec(where):
-        path = Path(where).expanduser()
-        if not path.is_file():
-            raise ValueError(f"no file {str(path)!r} (from {Path.cwd()}); give the path of a .py file, relative to "
-                             "where ratchet runs or absolute, then ':function'")
-        return sha256_file(path)
-    try:
-        found = importlib.util.find_spec(where)
-    except (ImportError, ValueError) as e:
-        raise ValueError(f"module {where!r} cannot be found ({type(e).__name__}: {e}); install it, or give a file "
-                         "path 'path/to/file.py:function'") from None
-    if found is None or found.origin is None or not Path(found.origin).is_file():
-        raise ValueError(f"no installed module {where!r}; install it, or give a file path 'path/to/file.py:function'")
-    return sha256_file(Path(found.origin))
 
 
 def _scorers(cfg: PythonCheck, n: int, fields: tuple[str, ...] = ()) -> list[Scorer]:

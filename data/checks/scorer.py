@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.data.procs.channel import Channel, user_traceback
-from ratchet.data.procs.entry import entry, target_of
+from ratchet.data.procs.entry import LoadError, entry, is_file_spec, load_spec, split_spec, target_of  # noqa: F401
 from ratchet.data.procs.host import CallHost, HostError, serve_calls
 
 
@@ -57,18 +57,6 @@ class Call:
 
 class ScorerError(Exception):
     """The function cannot be used at all (not importable, not callable, wrong signature)."""
-
-
-def split_spec(spec: str) -> tuple[str, str]:
-    """'path/to/file.py:score' or 'package.module:score' -> (module or file, function name)."""
-    where, sep, name = spec.rpartition(":")
-    if not sep or not where or not name.isidentifier():
-        raise ValueError(f"{spec!r} is not 'path/to/file.py:function' or 'package.module:function'")
-    return where, name
-
-
-def is_file_spec(where: str) -> bool:
-    return where.endswith(".py") or os.sep in where or "/" in where
 
 
 def spec_of(target: str | Callable) -> str:
@@ -175,30 +163,12 @@ def _rows(kwargs: dict) -> int:
 # the child's side ---------------------------------------------------------------------------
 
 def _load(spec: str):
-    import importlib
-    import importlib.util
-
-    where, name = split_spec(spec)
-    if is_file_spec(where):
-        path = Path(where).expanduser().resolve()
-        if not path.is_file():
-            raise ScorerError(f"{spec}: no file {path}")
-        mod_name = f"ratchet_user_{path.stem}"
-        mod_spec = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[mod_name] = module
-        sys.path.insert(0, str(path.parent))  # its own helpers beside it import as they would for the user
-        mod_spec.loader.exec_module(module)
-    else:
-        if os.getcwd() not in sys.path:  # an installed module, or one in the directory ratchet runs from
-            sys.path.insert(0, os.getcwd())
-        module = importlib.import_module(where)
-    fn = getattr(module, name, None)
-    if fn is None:
-        found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise ScorerError(f"{spec}: {where} defines no {name!r} (its functions: {found or 'none'})")
+    try:
+        fn = load_spec(spec, "functions")
+    except LoadError as e:
+        raise ScorerError(str(e)) from None
     if not callable(fn):
-        raise ScorerError(f"{spec}: {name!r} is a {type(fn).__name__}, not a function")
+        raise ScorerError(f"{spec}: {split_spec(spec)[1]!r} is a {type(fn).__name__}, not a function")
     return fn
 
 

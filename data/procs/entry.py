@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -97,3 +98,51 @@ def takes_channel(e: Entry) -> bool:
     """Whether the entry's main takes the channel to its parent as its first argument."""
     params = list(inspect.signature(e.main).parameters)
     return bool(params) and params[0] == "channel"
+
+
+class LoadError(Exception):
+    """A user's code named by a spec cannot be loaded (no such file, module or name)."""
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """'path/to/file.py:score' or 'package.module:score' -> (module or file, name)."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name.isidentifier():
+        raise ValueError(f"{spec!r} is not 'path/to/file.py:function' or 'package.module:function'")
+    return where, name
+
+
+def is_file_spec(where: str) -> bool:
+    return where.endswith(".py") or "/" in where or (os.sep in where)
+
+
+def load_spec(spec: str, listing: str = "names"):
+    """What a host loads for the user: the name `spec` gives, from a file ('path/to/file.py:name',
+    imported as a module of its own, its folder first on the import path so the helpers beside it
+    import as they would for the user) or an installed module ('package.module:name', also from
+    the directory ratchet runs from). LoadError, naming the module's `listing`, where it is not
+    there; the user's own exception where importing it fails."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    where, name = split_spec(spec)
+    if is_file_spec(where):
+        path = Path(where).expanduser().resolve()
+        if not path.is_file():
+            raise LoadError(f"{spec}: no file {path}")
+        mod_name = f"ratchet_user_{path.stem}"
+        mod_spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[mod_name] = module
+        sys.path.insert(0, str(path.parent))
+        mod_spec.loader.exec_module(module)
+    else:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        module = importlib.import_module(where)
+    found = getattr(module, name, None)
+    if found is None:
+        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise LoadError(f"{spec}: {where} defines no {name!r} (its {listing}: {names or 'none'})")
+    return found

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ratchet.data.procs.channel import Channel, user_traceback
-from ratchet.data.procs.entry import entry, target_of
+from ratchet.data.procs.entry import LoadError, entry, load_spec, target_of
 from ratchet.data.procs.host import HostError, SessionHost, serve_session, serve_sessions
 
 
@@ -133,12 +133,10 @@ def close_all() -> None:
 # the host's side -----------------------------------------------------------------------------
 
 def _load(spec: str):
-    from ratchet.data.checks.scorer import ScorerError, _load as load_attr
-
     try:
-        return load_attr(spec)
-    except ScorerError as e:
-        raise EnvError(str(e).replace("functions", "names")) from None
+        return load_spec(spec, "names")
+    except LoadError as e:
+        raise EnvError(str(e)) from None
 
 
 def interface_problem(cls, args: dict, fields: list[str]) -> str | None:
@@ -282,9 +280,7 @@ def _episode(cls, cfg: dict, calls: Channel, answers: Channel) -> None:
 
 def _user_traceback(exc: BaseException) -> str:
     """The environment's own frames: the host's and this module's left out."""
-    from ratchet.data.checks import scorer
-
-    return user_traceback(exc, skip=(__file__, scorer.__file__))
+    return user_traceback(exc, skip=(__file__,))
 
 
 @entry

@@ -38,8 +38,9 @@ class RewardModelLabel(Label):
     batch_size: int = Field(default=16, ge=1, description="completions per forward pass")
     max_length: int = Field(default=1024, ge=16, description="tokens of prompt + response read (the start is cut "
                             "first)")
-    dtype: Literal["auto", "bfloat16", "float32"] = Field(default="auto", description="auto: bfloat16 where the "
-                                                          "hardware computes it natively, else float32")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto", json_schema_extra={"resolves": "dtype"}, description="auto: as sampler.dtype (bfloat16 where "
+        "the hardware runs it natively, float16 on an older GPU, else float32); keyed by what it resolves to")
     shard_size: int = Field(default=256, ge=1, description="completions scored per unit (the unit of resume)")
     guard: GuardConfig = Field(default_factory=GuardConfig, description="what happens to a response that speaks to "
                                "its grader (scores, verdicts, instructions, fences, roles in its text)")

@@ -43,7 +43,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ratchet.data.checks.python import source_digest
+from ratchet.data.userfiles import source_digest
 from ratchet.data.errors import RatchetError
 from ratchet.data.events import Figure, Shows
 from ratchet.data.records import Completion, Outcome, Prompt, Segment
@@ -240,7 +240,7 @@ class EnvironmentRollout(Rollout):
                              "'package.module:Env'), textarena (a game id such as GuessTheNumber-v0) and gymnasium "
                              "(FrozenLake-v1, CliffWalking-v1 or Blackjack-v1)")
         if self.env is not None:
-            from ratchet.data.checks.scorer import split_spec
+            from ratchet.data.procs.entry import split_spec
 
             split_spec(self.env)  # raises ValueError with the expected forms
         if self.source is None:

@@ -135,7 +135,7 @@ def test_a_base_model_is_read_in_the_plain_format_and_every_model_problem_is_nam
             ) in out
     import torch
 
-    on_cpu = "devices: no GPU visible: sampling and training run on the CPU\nok: "
+    on_cpu = "devices: no GPU visible: sampling and training run on the CPU\ndtype: "
     assert (on_cpu in out) if not torch.cuda.is_available() else ("\ndevices: GPU" in out)
     cmd_check(SimpleNamespace(config=str(cfg), overrides=["model.plain_layout={prompt} =", *hf]))
     assert "the model reads: 'What is 0 + 1? ='" in capsys.readouterr().out
