@@ -13,8 +13,11 @@ field anywhere in the pipeline config (inside lists and unions too), so
 - `user_files` lists them by dotted field (absolute), for a caller that must name every one.
 
 What a user file's content changes is keyed where it is read: data files by the digests the
-prompt stages key on (and the run's name), a function's file by its config's `source` digest,
-model directories by the weights' digests of the `base` and `label-model` stages.
+prompt stages key on, a function's or an environment's file by its config's `source` digest
+(`source_digest`: the file with the modules it imports from its folder), model directories by
+the weights' digests of the `base` and `label-model` stages. No digest names the run
+(`without_digests`): a user who fixes a file continues the same run, whose stages that read the
+file run again.
 """
 
 from __future__ import annotations
@@ -98,6 +101,26 @@ def with_absolute_paths(model: BaseModel) -> BaseModel:
     return model.model_copy(update=update) if update else model
 
 
+def without_digests(model: BaseModel) -> BaseModel:
+    """`model` with every content digest a user-file field keeps beside it (`digest=`) cleared, at
+    any depth: validated again, each is taken from the file as it is now (a resumed run after the
+    user fixed a file), and without them the config names a run by its paths alone."""
+    update: dict[str, Any] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        m = marker(type(model), name)
+        if m is not None and m.digest is not None and getattr(model, m.digest, None) is not None:
+            update[m.digest] = None
+        elif isinstance(value, BaseModel):
+            if (new := without_digests(value)) is not value:
+                update[name] = new
+        elif isinstance(value, list) and any(isinstance(v, BaseModel) for v in value):
+            new_list = [without_digests(v) if isinstance(v, BaseModel) else v for v in value]
+            if any(a is not b for a, b in zip(new_list, value)):
+                update[name] = new_list
+    return model.model_copy(update=update) if update else model
+
+
 def annotated_fields(model: type[BaseModel]) -> dict[str, UserFile]:
     """The fields of a config class that are user files."""
     return {n: m for n in model.model_fields if (m := marker(model, n)) is not None}
@@ -142,6 +165,7 @@ def source_digest(spec: str) -> str:
             raise ValueError(f"no installed module {where!r}; install it, or give a file path "
                              "'path/to/file.py:function'")
         path = Path(found.origin)
+    path = path.resolve()
     found_helpers = helpers(path)
     if not found_helpers:
         return sha256_file(path)

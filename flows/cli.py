@@ -144,18 +144,30 @@ def cmd_run(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    """Continue a pipeline run by name with the exact config it was started with."""
-    from ratchet.flows.config import PipelineConfig
+    """Continue a pipeline run by name with the config it was started with, each file it reads
+    (a reward function, an environment, a data file) taken as it is now: a file fixed after a
+    failure is what the resumed run uses, and the stages that read it run again."""
     from ratchet.flows.runs import load_record
 
     record = load_record(Path(args.workdir).resolve(), args.run)
-    cfg = PipelineConfig.model_validate(record.config)
-    if Path(cfg.workdir).resolve() != Path(args.workdir).resolve():
-        cfg = cfg.model_copy(update={"workdir": str(Path(args.workdir).resolve())})
-    return _execute(cfg, record.ctx.start_version, verbose=args.verbose)
+    return _execute(resumed_config(record, Path(args.workdir)), record.ctx.start_version, verbose=args.verbose,
+                    run_name=record.ctx.run_name)
 
 
-def _execute(cfg, start_from: str | None = None, verbose: bool = False) -> int:
+def resumed_config(record, workdir: Path):
+    """A recorded run's config as its resume runs it: in `workdir`, each file it reads digested
+    again as it is now (the stored digests are what the last attempt read)."""
+    from ratchet.data.userfiles import without_digests
+    from ratchet.flows.config import PipelineConfig
+
+    stored = PipelineConfig.model_validate(record.config)
+    cfg = PipelineConfig.model_validate(without_digests(stored).model_dump(mode="json"))
+    if Path(cfg.workdir).resolve() != workdir.resolve():
+        cfg = cfg.model_copy(update={"workdir": str(workdir.resolve())})
+    return cfg
+
+
+def _execute(cfg, start_from: str | None = None, verbose: bool = False, run_name: str | None = None) -> int:
     """Run the pipeline under the console: stage lines on the terminal, everything else in logs
     (see flows/console.py). Errors found before the run starts are raised to `main`; a run
     that fails prints one block (what failed, why, its log, how to resume) and exits 1."""
@@ -163,10 +175,10 @@ def _execute(cfg, start_from: str | None = None, verbose: bool = False) -> int:
 
     _library_env()
     with checked_run(cfg) as split:  # before anything is written: bad data leaves no workdir behind
-        return _execute_checked(cfg, split, start_from, verbose)
+        return _execute_checked(cfg, split, start_from, verbose, run_name)
 
 
-def _execute_checked(cfg, split, start_from: str | None, verbose: bool) -> int:
+def _execute_checked(cfg, split, start_from: str | None, verbose: bool, run_name: str | None = None) -> int:
     import time
     import traceback
 
@@ -193,7 +205,7 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool) -> int:
     with RunConsole.for_streams(out, err, plain=verbose) as console, \
             helpers(cfg, workdir / "logs", f"{stamp}-{os.getpid()}"):  # their imports overlap with the start
         try:
-            ctx, tracker = start(cfg, start_from, split, say=console.line)
+            ctx, tracker = start(cfg, start_from, split, say=console.line, run_name=run_name)
             name_helper_logs(workdir / "logs", f"{ctx.run_name}.{stamp}")  # named after the run, now that it has one
             if run_log is not None:
                 named = run_log.with_name(f"{ctx.run_name}.{stamp}.log")

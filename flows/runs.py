@@ -1,7 +1,8 @@
 """Run identity: which pipeline run a command is, where its record lives, how it ended.
 
-A pipeline run is its config and its data (run_name_for): the same command on the same
-files is the same run, so running it again continues it. Its record
+A pipeline run is its config (run_name_for): the same command is the same run, so running it
+again continues it, also after the user fixed a file it reads. The files' contents key the
+stages that read them, not the run. Its record
 (`<workdir>/runs/<run>.json`) holds the context every stage task gets and the exact
 resolved config, so `ratchet resume RUN` needs nothing else.
 """
@@ -92,11 +93,15 @@ class RunRecord(BaseModel):
     pid: int | None = None  # process is gone was interrupted (killed, or its machine lost)
 
 
-def run_name_for(cfg: PipelineConfig, sources: dict[str, str]) -> str:
-    """A pipeline run is its config and its data: the same command on the same files names the
-    same run, so it continues it; an edited data file starts a new one."""
-    same = cfg.model_dump(mode="json", exclude={"executor"})  # where units run changes no result
-    return f"{cfg.name}-{sha256_json([same, sources])[:10]}"
+def run_name_for(cfg: PipelineConfig) -> str:
+    """A pipeline run is its config, with the paths of the files it reads but not their contents:
+    the same command names the same run, so it continues it, also after the user fixed a reward
+    function, an environment or a data file. Each file's digest keys the stages that read it
+    (they run again) and stands in the lineage, not in the run's name."""
+    from ratchet.data.userfiles import without_digests
+
+    same = without_digests(cfg).model_dump(mode="json", exclude={"executor"})  # where units run changes no result
+    return f"{cfg.name}-{sha256_json(same)[:10]}"
 
 
 def load_record(workdir: Path, run_name: str) -> RunRecord:
@@ -154,21 +159,22 @@ def start_version(tracker: Tracker, start_from: str | None) -> str | None:
     return str(start_from)
 
 
-def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | None = None, say=None
-          ) -> tuple[RunContext, Tracker]:
+def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | None = None, say=None,
+          run_name: str | None = None) -> tuple[RunContext, Tracker]:
     """The run's context: continue the MLflow parent run of an earlier attempt of the same
     config and data (and the same starting model version) in this workdir, or create one.
     Finished stages are reused either way. The data is checked first (`split`, if the caller
     already checked it): a problem stops the run before anything is written. While another
     attempt of the same run is alive in the workdir, this one waits, saying so (`say`, a line;
-    standard error by default)."""
+    standard error by default). `run_name`: the run `ratchet resume` names (its record's), which
+    keeps its name whatever a newer Ratchet would name its config."""
     if split is None:
         split = check_inputs(cfg)
     workdir = Path(cfg.workdir).resolve()
     (workdir / "runs").mkdir(parents=True, exist_ok=True)
     tracker = Tracker(cfg.tracking, workdir, cfg.name)
     version = start_version(tracker, start_from)
-    run_name = run_name_for(cfg, split.digests) + (f"-from-v{version}" if version else "")
+    run_name = run_name or run_name_for(cfg) + (f"-from-v{version}" if version else "")
     resolved = cfg.model_dump(mode="json")
     code, commit = code_digest(), git_commit()
     tags = {"ratchet.run": run_name, "ratchet.code_version": code, "ratchet.config_hash": sha256_json(resolved)[:16]}

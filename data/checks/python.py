@@ -217,10 +217,11 @@ def _scorer(cfg: PythonCheck, k: int = 0, fields: tuple[str, ...] = ()) -> Score
     def same_source() -> None:
         now = source_digest(cfg.function)
         if now != cfg.source:
-            raise CheckFailedError(f"data.check.function={cfg.function!r}: the file changed since this run read "
-                                   f"its config (sha256 {cfg.source[:12]} then, {now[:12]} now); a changed check is "
-                                   "a new run: run the config again (`ratchet run`), which keeps what the old file "
-                                   "decided")
+            raise CheckFailedError(f"data.check.function={cfg.function!r}: the file (or a module it imports from "
+                                   f"its folder) changed while this run used it (sha256 {cfg.source[:12]} then, "
+                                   f"{now[:12]} now); the stage stops rather than score with two versions. Run the "
+                                   "same command again: it continues with the file as it is now, and the stages "
+                                   "that read it run again")
 
     try:
         return shared(cfg.function, batched=cfg.batched, timeout_s=cfg.timeout_s, tag=f"{cfg.source or ''}#{k}",

@@ -60,14 +60,10 @@ class ScorerError(Exception):
 
 
 def spec_of(target: str | Callable) -> str:
-    """A scoring function as its host loads it: a user's 'file.py:name' or 'module:name' as given,
-    or one of Ratchet's functions by the object (its name found from it)."""
-    if callable(target):
-        return target_of(target)
-    if target.startswith("ratchet."):
-        raise ScorerError(f"{target}: name Ratchet's own scoring functions by the object, not by a string (a stage "
-                          "that runs it must reach its code to be keyed by it)")
-    return target
+    """A scoring function as its host loads it: a user's 'file.py:name' or 'module:name' as given
+    (keyed by its file's digest), or one of Ratchet's functions by the object (its name found from
+    it; a stage that runs it reaches its code)."""
+    return target_of(target) if callable(target) else target
 
 
 class Scorer:

@@ -334,8 +334,10 @@ class EnvironmentRollout(Rollout):
         def same_source() -> None:
             if self.env is not None and (now := source_digest(self.env)) != self.source:
                 raise EnvironmentFailedError(
-                    f"{self.name}: the file changed since this run read its config (sha256 {self.source[:12]} then, "
-                    f"{now[:12]} now); a changed environment is a new run: run the config again")
+                    f"{self.name}: the file (or a module it imports from its folder) changed while this run used it "
+                    f"(sha256 {self.source[:12]} then, {now[:12]} now); the stage stops rather than play two "
+                    "versions. Run the same command again: it continues with the file as it is now, and the stages "
+                    "that play it run again")
 
         try:
             return environments.shared(self.spec, self.env_args, tag=self.source or "", before_load=same_source, **kw)

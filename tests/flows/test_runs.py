@@ -139,3 +139,45 @@ def test_the_code_digest_follows_what_runs_not_comments_or_layout(tmp_path):
     moved = code_digest(tmp_path)
     (tmp_path / "data" / "notes.txt").write_text("still not code")
     assert code_digest(tmp_path) == moved
+
+
+def test_a_fixed_file_continues_the_same_run_and_a_resume_reads_it_as_it_is_now(tmp_path, monkeypatch):
+    """Decided for each file a run reads (docs/guides/resume-lineage.md): a reward function's file,
+    an environment's file with a module beside it, a data file. An edit names no new run; the
+    stages that read the file are keyed by its new digest; `ratchet resume` digests each file again
+    instead of failing on the digest its last attempt recorded."""
+    from ratchet.flows.cli import resumed_config
+    from ratchet.flows.config import config_from_dict
+    from ratchet.flows.runs import run_name_for
+    from ratchet.tasks.stage import keyed
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rewards.py").write_text("def score(completion, **fields):\n    return 1.0\n")
+    (tmp_path / "env.py").write_text("from helper import obs\n\n\nclass Env:\n    def reset(self, seed):\n"
+                                     "        return obs()\n\n    def step(self, action):\n"
+                                     "        return None, 1.0, True\n")
+    (tmp_path / "helper.py").write_text("def obs():\n    return 'start'\n")
+    (tmp_path / "rows.jsonl").write_text("".join(f'{{"id": "q{i}", "prompt": "p{i}", "answer": "{i}"}}\n'
+                                                 for i in range(8)))
+
+    def cfg(**over):
+        return config_from_dict({"data": {"kind": "file", "path": "rows.jsonl", "eval_size": 2,
+                                          "check": {"kind": "python", "function": "rewards.py:score"}},
+                                 "sample": {"max_tokens": 16, "rollout": {"kind": "environment", "env": "env.py:Env",
+                                                                          "episode_tokens": 64}}, **over})
+
+    a = cfg()
+    (tmp_path / "rewards.py").write_text("def score(completion, **fields):\n    return 0.5\n")  # a fix
+    (tmp_path / "helper.py").write_text("def obs():\n    return 'begin'\n")  # the environment's helper
+    (tmp_path / "rows.jsonl").write_text((tmp_path / "rows.jsonl").read_text() + '{"id": "q9", "prompt": "p9"}\n')
+    b = cfg()
+    assert run_name_for(a) == run_name_for(b) != run_name_for(cfg(rounds=5))  # the config names it, not the files
+    assert a.data.check.source != b.data.check.source and a.sample.rollout.source != b.sample.rollout.source
+    assert keyed(a.data) != keyed(b.data) and keyed(a.sample) != keyed(b.sample)  # what reads them is re-keyed
+
+    record = RunRecord(ctx=RunContext(run_name=run_name_for(a), workdir=str(tmp_path), parent_run_id="p",
+                                      code_version="c", config_hash="h"), config=a.model_dump(mode="json"))
+    resumed = resumed_config(record, tmp_path)
+    assert resumed.data.check.source == b.data.check.source  # the file as it is now, not as recorded
+    assert resumed.sample.rollout.source == b.sample.rollout.source
+    assert resumed.model_dump(exclude={"workdir"}) == b.model_dump(exclude={"workdir"})  # nothing else changed

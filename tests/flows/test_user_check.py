@@ -1,7 +1,8 @@
 """A user's reward file as the check of a round, through the CLI on the tiny model: its scores
-label and evaluate; an edit re-runs what reads the file and reuses the samples; a function
-that raises stops the run naming the row with the user's traceback, and once fixed the same
-command resumes without sampling again."""
+label and evaluate; a function that raises stops the run naming the row with the user's
+traceback; once fixed, the command the failure printed continues the same run (its name, its
+MLflow parent), re-runs what reads the file and reuses the samples, and the lineage says which
+version of the file each stage read."""
 
 import textwrap
 
@@ -75,13 +76,28 @@ def test_a_reward_file_scores_a_round_and_its_edits_rerun_only_what_reads_it(tin
     assert f'File "{rewards}", line 7, in rule' in out, out[-3000:]
     assert {s for s, *_ in _stages(work).values()} == {s for s, *_ in one.values()}  # nothing new finished
 
-    # fixed: the same command re-runs label and what follows from it, and reuses the samples
+    # fixed: the command the failure printed continues the same run, re-runs label and what follows
+    # from it, and reuses the samples
+    import json
+    import re
+
+    name = re.search(r"ratchet run (\S+):", first.stdout).group(1)
+    printed = re.search(r"to resume: ratchet resume (\S+) --workdir (\S+)", out)
+    assert printed and printed.group(1) == name, out[-3000:]  # an edited file names no new run
+    parent = json.loads((work / "runs" / f"{name}.json").read_text())["ctx"]["parent_run_id"]
     rewards.write_text(textwrap.dedent(FIXED))
-    fixed = ratchet("run", *_args(work, tiny_model, rewards), api_url=api)
+    fixed = ratchet("resume", printed.group(1), "--workdir", printed.group(2), api_url=api)
     assert fixed.returncode == 0, fixed.stdout[-3000:] + fixed.stderr[-3000:]
+    assert f"ratchet run {name}:" in fixed.stdout
+    record = json.loads((work / "runs" / f"{name}.json").read_text())
+    assert record["ctx"]["parent_run_id"] == parent and record["state"] == "finished"
     two = _stages(work)
     again = {n for n in one if two[n][2:4] == one[n][2:4]}
     new = {two[n][0] for n in two if n not in one}
     assert {one[n][0] for n in again} >= {"sample", "base"} and "sample" not in new
     assert {"label", "evaluate"} <= new
-    assert "run default-" in fixed.stdout and fixed.stdout.split("run ")[1][:18] != first.stdout.split("run ")[1][:18]
+    # the lineage: each label stage names the version of the file it read
+    from ratchet.data.digest import sha256_file
+
+    read = {m.config["data"]["check"]["source"] for s, *_, m in two.values() if s == "label"}
+    assert sha256_file(rewards) in read and label.config["data"]["check"]["source"] in read and len(read) == 2

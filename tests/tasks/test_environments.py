@@ -521,7 +521,9 @@ def test_the_report_shows_an_episode_turn_by_turn_without_the_template_s_markers
     assert len(transcript({"text": "y" * 900})) == 400
 
 
-def test_an_edited_environment_is_a_new_run_and_stands_in_the_lineage(tmp_path):
+def test_an_edited_environment_keys_what_plays_it_and_the_eval_set_not_the_run(tmp_path):
+    """An edited environment is the same run (a user who fixes it continues the run), whose stages
+    that play it have another key, and another eval set: accuracies on the two are never compared."""
     from ratchet.data.userfiles import user_files, with_absolute_paths
     from ratchet.flows.config import config_from_dict
     from ratchet.flows.runs import run_name_for
@@ -541,7 +543,7 @@ def test_an_edited_environment_is_a_new_run_and_stands_in_the_lineage(tmp_path):
     env.write_text(HOSTILE + "\n# an edit\n")
     b = cfg()
     assert a.sample.rollout.source != b.sample.rollout.source
-    assert run_name_for(a, {}) != run_name_for(b, {})
+    assert run_name_for(a) == run_name_for(b)
 
     class Prompts:  # what eval_set_id reads of the held-out prompts' manifest
         outputs = {"eval.jsonl": type("O", (), {"sha256": "0" * 64})()}
