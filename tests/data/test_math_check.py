@@ -50,7 +50,7 @@ def test_off_the_main_thread_it_still_bounds_and_answers():
     th.start()
     th.join(60)
     assert [v.correct for v in out["verdicts"]] == [False, True]
-    assert out["s"] < 12  # math-verify's own 1 s bounds, twice, and the process round trips
+    assert _host_timeouts() == 0  # math-verify's own bound answered; the host never had to kill the call
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -58,6 +58,13 @@ def test_off_the_main_thread_it_still_bounds_and_answers():
     ["$", "\\frac{", "}", "{", "^", "\\boxed{", "(", ")", "[", "]", "1", "x", "=", "\\sqrt", "\\\\", " ", "9" * 50,
      "\\left(", "\\right)", "e^{", ",", "\\{", "\\}", "\\infty"]), max_size=80).map("".join)))
 def test_any_text_gets_a_verdict_in_bounded_time(response):
-    t = time.monotonic()
     v = check(MathCheck(timeout_s=1), response, "1")
-    assert isinstance(v.correct, bool) and time.monotonic() - t < 12
+    assert isinstance(v.correct, bool) and _host_timeouts() == 0  # math-verify's own bound, never the host's kill
+
+
+def _host_timeouts() -> int:
+    """Calls the scorer hosts of this process had to end at their own bound (a call math-verify's
+    alarms did not stop in time)."""
+    from ratchet.data.checks import scorer
+
+    return sum(s.timeouts for s in scorer._SHARED.values())

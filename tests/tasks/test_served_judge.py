@@ -310,29 +310,53 @@ def test_prompts_past_the_servers_context_stop_the_stage_before_any_call_where_i
         assert len(server.requests) == 4 and m.metrics["judge_scored_frac"] == 1.0
 
 
-def test_an_interrupt_stops_the_calls_at_once_whatever_the_retries(tmp_path):
-    """Ctrl-C while the calls wait out a dead server's retries: the stage ends with the
-    interrupt within a second or two, not when the retries run out."""
+def test_an_interrupt_stops_the_calls_at_once_whatever_the_retries(tmp_path, monkeypatch):
+    """Ctrl-C while the calls wait out a dead server's retries: the stage ends with the interrupt,
+    each call's backoff cut short by the stop (a minute's backoff is never waited out)."""
     import signal
     import threading
     import time
 
+    from ratchet.models import endpoint
+
+    waits: list[bool] = []  # for each backoff wait of the endpoint's calls: whether the stop ended it
+
+    class Stop(threading.Event):
+        def wait(self, timeout=None):
+            stopped = super().wait(timeout)
+            if timeout:
+                waits.append(stopped)
+            return stopped
+
+    real_init = endpoint.Endpoint.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self._stopped = Stop()
+
+    monkeypatch.setattr(endpoint.Endpoint, "__init__", init)
     store = ArtifactStore(tmp_path / "w")
     sample = _samples(store, TEXTS[:4])
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's (a test worker ignores it)
     try:
         with Stub(lambda body: Failure(503)) as server:
-            threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-            t = time.monotonic()
+            def interrupt() -> None:  # once the calls have been refused and wait to be retried
+                deadline = time.monotonic() + 60
+                while not server.requests and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(0.5)
+                os.kill(os.getpid(), signal.SIGINT)
+
+            threading.Thread(target=interrupt, daemon=True).start()
             with pytest.raises(KeyboardInterrupt):
-                _label(store, sample, _judge(server.url, k=1, endpoint={"retries": 20, "backoff_s": 4.0}))
-            took = time.monotonic() - t
+                _label(store, sample, _judge(server.url, k=1, endpoint={"retries": 20, "backoff_s": 60.0}))
             asked = len(server.requests)
             time.sleep(1.5)
             assert len(server.requests) == asked  # nothing asked after it
     finally:
         signal.signal(signal.SIGINT, before)
-    assert took < 4.0, took
+    # each call's backoff (up to a minute) ended because the stop was set, not because it ran out
+    assert waits and all(stopped for stopped in waits), waits
 
 
 def test_a_rows_tests_that_do_not_parse_leave_it_unscored():
