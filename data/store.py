@@ -13,6 +13,7 @@ import contextlib
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,29 @@ class ArtifactStore:
         d.mkdir(parents=True, exist_ok=True)
         return d
 
+    @contextlib.contextmanager
+    def claim(self, stage: str, key: str, *, keep_partial: bool = False, run: str | None = None):
+        """The work of one stage key, in one call: a `Claim` whose `found` is the finished stage
+        (verified; scratch a kill left in it removed), or, under the key's exclusive lock for the
+        block, whose `dir` is ready to compute it in (an unfinished one wiped unless it resumes,
+        `keep_partial`; recorded as `run`'s, so `ratchet gc` knows a run would resume it). Two
+        pipelines that reach the same key at once compute it once: the second waits for the lock,
+        then finds it finished (`by_another`)."""
+        found = self.find(stage, key)
+        if found is not None:
+            self.drop_scratch(found)
+            yield Claim(found=found)
+            return
+        with self.lock(stage, key):
+            found = self.find(stage, key)
+            if found is not None:
+                yield Claim(found=found, by_another=True)
+                return
+            d = self.prepare(stage, key, keep_partial=keep_partial)
+            if run is not None:
+                self.add_owner(d, run)
+            yield Claim(dir=d)
+
     OWNERS = "runs.json"
     SCRATCH = ("shards", "checkpoints")  # what stages resume from; dead weight once the manifest is written
 
@@ -193,6 +217,15 @@ class ArtifactStore:
         for name in scratch:
             shutil.rmtree(d / name, ignore_errors=True)
         return m
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What `ArtifactStore.claim` gives: a finished stage, or a directory to compute one in."""
+
+    found: StageManifest | None = None
+    dir: Path | None = None
+    by_another: bool = False  # finished by another run while this one waited for the key's lock
 
 
 def round_s(x: float) -> float:

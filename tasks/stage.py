@@ -214,19 +214,12 @@ def run_stage(
     config = resolved(config)
     code = code or body_code(body, config=config)
     key = stage_key(stage, code, keyed(config), parents)
-    found = store.find(stage, key)
-    if found is not None:
-        log.info("%s (round %d): finished earlier at %s, reused", stage, round, found.dir)
-        store.drop_scratch(found)
-        return _reused(store, found, config), True
-    with store.lock(stage, key):
-        found = store.find(stage, key)
-        if found is not None:
-            log.info("%s (round %d): finished by another run at %s, reused", stage, round, found.dir)
-            return _reused(store, found, config), True
-        d = store.prepare(stage, key, keep_partial=keep_partial)
-        if run is not None:
-            store.add_owner(d, run)
+    with store.claim(stage, key, keep_partial=keep_partial, run=run) as claim:
+        if claim.found is not None:
+            log.info("%s (round %d): finished %s at %s, reused", stage, round,
+                     "by another run" if claim.by_another else "earlier", claim.found.dir)
+            return _reused(store, claim.found, config), True
+        d = claim.dir
         req = request(stage=stage, round=round, key=key, code_version=code, config=config, parents=parents,
                       started=time.time(), executor=executor)
         events.emit(events.Event("start", stage, round, d))

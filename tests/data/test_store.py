@@ -163,3 +163,26 @@ def test_a_link_in_a_stage_directory_is_never_followed_out_of_it(tmp_path):
     (store.dir_of(m) / "out.txt").symlink_to(outside)
     with pytest.raises(ArtifactError, match="leads outside its stage directory"):
         store.path(store.find("filter", "k" * 64), "out.txt")
+
+
+def test_a_claim_gives_the_finished_stage_or_a_directory_to_compute_it_in(tmp_path):
+    """One call for what run_stage used to ask in seven: found and verified, or prepared (an
+    unfinished one wiped unless it resumes, the run recorded as its owner) under the key's lock."""
+    store = ArtifactStore(tmp_path)
+    key = "c" * 64
+    with store.claim("s", key, run="run-a") as c:
+        assert c.found is None and c.dir == store.stage_dir("s", key) and store.owners(c.dir) == ["run-a"]
+        (c.dir / "shards").mkdir()
+        (c.dir / "shards" / "00000.jsonl").write_text("{}\n")
+    with store.claim("s", key, keep_partial=True, run="run-b") as c:  # resumed: its units are kept
+        assert (c.dir / "shards" / "00000.jsonl").exists() and store.owners(c.dir) == ["run-a", "run-b"]
+        (c.dir / "out.txt").write_text("done")
+        store.finish(stage="s", round=1, key=key, code_version="c", config={}, parents=[], outputs={"out.txt": None})
+        assert (c.dir / "shards").is_dir()  # not named as scratch to finish: as a kill before its clean-up leaves it
+    with store.claim("s", key) as c:
+        assert c.found is not None and c.dir is None and not c.by_another
+        assert not (store.dir_of(c.found) / "shards").exists()  # dropped once found
+    (store.stage_dir("s", key) / "out.txt").write_text("changed")
+    with pytest.raises(TamperedArtifactError):
+        with store.claim("s", key):
+            pass
