@@ -27,7 +27,7 @@ from ratchet.flows.inputs import run_preload
 from ratchet.flows.runs import RunContext, set_state, start
 from ratchet.flows.stages import (EvalTarget, RoundResult, agreement_task, base_task, eval_targets_task,
                                   evaluate_task, filter_task, label_model_task, label_task, lineage_task, prompts_task,
-                                  register_task, report_task, sample_task, slice_task, start_model_task, tracker_of,
+                                  register_task, report_task, sample_task, slice_task, start_model_task, Session,
                                   train_task, unwrap)
 from ratchet.flows.tracking import Tracker, verdict
 from ratchet.models import warm
@@ -72,7 +72,7 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
                label_model: StageManifest | None = None) -> RoundResult:
     """Round k (this run's first round is first + 1); `targets`: the held-out sets; `label_model`:
     the label's fixed model, if any."""
-    child = tracker_of(cfg, ctx).child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
+    child = Session(cfg, ctx).tracker.child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
     try:
         done, train = [], prompts
         if cfg.data.prompts_per_round:  # this round's own draw from the pool
@@ -89,7 +89,7 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
         return register_task(cfg, ctx, k, candidate, evaluations, targets, parent_version, child,
                              [*done, train_set, candidate, *evaluations], note)
     except BaseException:
-        tracker_of(cfg, ctx).end(child, "FAILED")
+        Session(cfg, ctx).tracker.end(child, "FAILED")
         raise
 
 
@@ -98,12 +98,12 @@ def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, target
                k: int = 0) -> RoundResult:
     """The starting model's held-out accuracy: the bar the next round must clear. k is the
     starting model's generation: 0 for the base model, the round that trained it otherwise."""
-    child = tracker_of(cfg, ctx).child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
+    child = Session(cfg, ctx).tracker.child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
     try:
         evaluations = evaluate_all(cfg, ctx, k, base, targets, child)
         return register_task(cfg, ctx, k, base, evaluations, targets, None, child, evaluations)
     except BaseException:
-        tracker_of(cfg, ctx).end(child, "FAILED")
+        Session(cfg, ctx).tracker.end(child, "FAILED")
         raise
 
 

@@ -9,6 +9,7 @@ Completed state named "Cached".
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from prefect import task
@@ -63,22 +64,29 @@ class EvalTarget(BaseModel):
     rollout: RolloutConfig  # the set's own, or the samples' (sample.rollout)
 
 
-def store_of(ctx: RunContext) -> ArtifactStore:
-    return ArtifactStore(Path(ctx.workdir))
+class Session:
+    """What one task works with, opened once: the run's config and context, its store and its
+    tracker (made when first used)."""
 
+    def __init__(self, cfg: PipelineConfig, ctx: RunContext):
+        self.cfg, self.ctx = cfg, ctx
 
-def tracker_of(cfg: PipelineConfig, ctx: RunContext) -> Tracker:
-    return Tracker(cfg.tracking, Path(ctx.workdir), cfg.name)
+    @functools.cached_property
+    def store(self) -> ArtifactStore:
+        return ArtifactStore(Path(self.ctx.workdir))
 
+    @functools.cached_property
+    def tracker(self) -> Tracker:
+        return Tracker(self.cfg.tracking, Path(self.ctx.workdir), self.cfg.name)
 
-def logged(t: Tracker, child: str, store: ArtifactStore, m: StageManifest, reused: bool) -> bool:
-    """Log a stage's metrics on the round's run (once), and its worker's log as `logs/<stage>.log`."""
-    if not t.log_stage(child, m, reused):
-        return False
-    log = store.dir_of(m) / events.STAGE_LOG
-    if log.exists():
-        t.log_file(child, log, f"logs/{m.stage}.log")
-    return True
+    def logged(self, child: str, m: StageManifest, reused: bool) -> bool:
+        """Log a stage's metrics on the round's run (once), and its worker's log as `logs/<stage>.log`."""
+        if not self.tracker.log_stage(child, m, reused):
+            return False
+        log = self.store.dir_of(m) / events.STAGE_LOG
+        if log.exists():
+            self.tracker.log_file(child, log, f"logs/{m.stage}.log")
+        return True
 
 
 def round_seed(cfg: PipelineConfig, k: int) -> int:
@@ -107,11 +115,12 @@ def unwrap(x):
 
 @task(name="prompts", cache_policy=NONE, retries=0)
 def prompts_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
-    m, reused = prepare.prompts(store_of(ctx), cfg.data.pool(), cfg.seed, sources_of(ctx.sources), run=ctx.run_name)
-    t = tracker_of(cfg, ctx)
+    ses = Session(cfg, ctx)
+    m, reused = prepare.prompts(ses.store, cfg.data.pool(), cfg.seed, sources_of(ctx.sources), run=ctx.run_name)
+    t = ses.tracker
     if t.log_stage(ctx.parent_run_id, m, reused):
-        t.log_dataset(ctx.parent_run_id, store_of(ctx), m, "train.jsonl", "train-prompts")
-        t.log_dataset(ctx.parent_run_id, store_of(ctx), m, "eval.jsonl", "eval-prompts")
+        t.log_dataset(ctx.parent_run_id, ses.store, m, "train.jsonl", "train-prompts")
+        t.log_dataset(ctx.parent_run_id, ses.store, m, "eval.jsonl", "eval-prompts")
     return finished(m, reused)
 
 
@@ -120,12 +129,13 @@ def slice_task(cfg: PipelineConfig, ctx: RunContext, k: int, first: int, prompts
                child: str) -> StageManifest:
     """Round k's train prompts: the next data.prompts_per_round of the pool's stream (this run
     starts at ctx.pool_start; its first round is first + 1)."""
+    ses = Session(cfg, ctx)
     count = cfg.data.prompts_per_round
-    m, reused = prepare.round_prompts(store_of(ctx), prompts, ctx.pool_start + (k - first - 1) * count, count,
+    m, reused = prepare.round_prompts(ses.store, prompts, ctx.pool_start + (k - first - 1) * count, count,
                                       cfg.seed, k, run=ctx.run_name)
-    t = tracker_of(cfg, ctx)
+    t = ses.tracker
     if t.log_stage(child, m, reused):
-        t.log_dataset(child, store_of(ctx), m, "train.jsonl", "round-prompts")
+        t.log_dataset(child, ses.store, m, "train.jsonl", "round-prompts")
         t.client.set_tag(child, "ratchet.prompts", m.info["summary"])
     return finished(m, reused)
 
@@ -140,25 +150,28 @@ def _written_template(path: Path, fmt: str, layout: str) -> str | None:
 
 @task(name="base-model", cache_policy=NONE, retries=0)
 def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
+    ses = Session(cfg, ctx)
     path = resolve_model(cfg.model.path)
     template = _written_template(path, cfg.model.prompt_format, cfg.model.plain_layout)
-    return finished(*prepare.base_model(store_of(ctx), cfg.model.path, path, run=ctx.run_name, template=template))
+    return finished(*prepare.base_model(ses.store, cfg.model.path, path, run=ctx.run_name, template=template))
 
 
 @task(name="label-model", cache_policy=NONE, retries=0)
 def label_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     """The label's own fixed model (a judge or a reward model, label.model) as a store stage."""
+    ses = Session(cfg, ctx)
     src = cfg.label.fixed_model()
     path = resolve_model(src)
     template = _written_template(path, "auto", cfg.model.plain_layout) if cfg.label.chats else None
-    return finished(*prepare.base_model(store_of(ctx), src, path, run=ctx.run_name, stage="label-model",
+    return finished(*prepare.base_model(ses.store, src, path, run=ctx.run_name, stage="label-model",
                                          field="label.model", template=template))
 
 
 @task(name="start-model", cache_policy=NONE, retries=0)
 def start_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     """The registered model version this run continues from, its stage re-verified."""
-    m = start_manifest(store_of(ctx), tracker_of(cfg, ctx), ctx.start_version)
+    ses = Session(cfg, ctx)
+    m = start_manifest(ses.store, ses.tracker, ctx.start_version)
     return finished(m, True)
 
 
@@ -174,11 +187,12 @@ def start_manifest(store: ArtifactStore, tracker: Tracker, version: str) -> Stag
 @task(name="sample", cache_policy=NONE, retries=0)
 def sample_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
                 child: str) -> StageManifest:
-    m, reused = sample_mod.sample(store_of(ctx), policy, prompts, cfg.sample, cfg.sampler, round_seed(cfg, k), k,
+    ses = Session(cfg, ctx)
+    m, reused = sample_mod.sample(ses.store, policy, prompts, cfg.sample, cfg.sampler, round_seed(cfg, k), k,
                                   isolate=cfg.isolate, run=ctx.run_name, executor=cfg.executor)
-    t = tracker_of(cfg, ctx)
-    if logged(t, child, store_of(ctx), m, reused):
-        t.log_dataset(child, store_of(ctx), m, "samples.jsonl", "samples")
+    t = ses.tracker
+    if ses.logged(child, m, reused):
+        t.log_dataset(child, ses.store, m, "samples.jsonl", "samples")
     return finished(m, reused)
 
 
@@ -187,13 +201,14 @@ def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, source: StageManife
                child: str, label_model: StageManifest | None = None) -> StageManifest:
     """Label the round's samples, or search from its prompts (a kind that consumes prompts);
     with the label's fixed model (`label_model`) where it has one, else the policy."""
-    store = store_of(ctx)
+    ses = Session(cfg, ctx)
+    store = ses.store
     m, reused = label_mod.label(store, source, cfg.label, cfg.data.pool(), k, policy=label_model or policy,
                                 sampler=cfg.sampler,
                                 seed=round_seed(cfg, k), isolate=cfg.isolate, run=ctx.run_name,
                                 executor=cfg.executor, rollout=cfg.sample.rollout, turn_tokens=cfg.sample.max_tokens)
-    t = tracker_of(cfg, ctx)
-    if logged(t, child, store_of(ctx), m, reused):
+    t = ses.tracker
+    if ses.logged(child, m, reused):
         for name in cfg.label.outputs:  # a kind's own files (the search trees), for inspection
             if name in m.outputs:
                 t.client.log_artifact(child, str(store.path(m, name)), artifact_path="label")
@@ -202,10 +217,11 @@ def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, source: StageManife
 
 @task(name="filter", cache_policy=NONE, retries=0)
 def filter_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageManifest, child: str) -> StageManifest:
-    m, reused = filter_mod.filter_rows(store_of(ctx), labels, cfg.filter, round_seed(cfg, k), k, run=ctx.run_name)
-    t = tracker_of(cfg, ctx)
-    if logged(t, child, store_of(ctx), m, reused):
-        t.log_dataset(child, store_of(ctx), m, "train_set.jsonl", "training")
+    ses = Session(cfg, ctx)
+    m, reused = filter_mod.filter_rows(ses.store, labels, cfg.filter, round_seed(cfg, k), k, run=ctx.run_name)
+    t = ses.tracker
+    if ses.logged(child, m, reused):
+        t.log_dataset(child, ses.store, m, "train_set.jsonl", "training")
     return finished(m, reused)
 
 
@@ -216,7 +232,7 @@ def agreement_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageMa
     the round, or returns its note, which goes on the round's MLflow run and to the console."""
     from ratchet.tasks import agreement
 
-    t = tracker_of(cfg, ctx)
+    t = Session(cfg, ctx).tracker
     try:
         verdict = agreement.check(cfg.agreement, label_name(cfg), k, labels.metrics, train_set.metrics)
     except agreement.LabelDisagreesError as e:
@@ -239,11 +255,12 @@ def label_name(cfg: PipelineConfig) -> str:
 @task(name="train", cache_policy=NONE, retries=0)
 def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, train_set: StageManifest,
                child: str) -> StageManifest:
-    store = store_of(ctx)
+    ses = Session(cfg, ctx)
+    store = ses.store
     m, reused = train_mod.train(store, policy, train_set, cfg.train, round_seed(cfg, k), k, isolate=cfg.isolate,
                                 run=ctx.run_name)
-    t = tracker_of(cfg, ctx)
-    if logged(t, child, store_of(ctx), m, reused):
+    t = ses.tracker
+    if ses.logged(child, m, reused):
         t.log_train_curve(child, store, m)
     return finished(m, reused)
 
@@ -252,7 +269,8 @@ def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
 def eval_targets_task(cfg: PipelineConfig, ctx: RunContext, prompts: StageManifest) -> list[EvalTarget]:
     """Every held-out set of evaluate.sets: the task's own split (`prompts`), or a set's own
     prompts stage (`prompts.<name>`), logged on the parent run beside the task's."""
-    store, t, out = store_of(ctx), tracker_of(cfg, ctx), []
+    ses = Session(cfg, ctx)
+    store, t, out = ses.store, ses.tracker, []
     for s, stage in cfg.evaluate.stages():
         held, source = prompts, s.source(cfg.data)
         if s.data is not None:
@@ -268,17 +286,18 @@ def eval_targets_task(cfg: PipelineConfig, ctx: RunContext, prompts: StageManife
 @task(name="evaluate", cache_policy=NONE, retries=0, task_run_name="{target.stage}-r{k}")
 def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, target: EvalTarget,
                   child: str) -> StageManifest:
-    m, reused = evaluate_on(cfg, ctx, policy, target, k)
-    t = tracker_of(cfg, ctx)
-    if logged(t, child, store_of(ctx), m, reused):
+    ses = Session(cfg, ctx)
+    m, reused = evaluate_on(ses, policy, target, k)
+    t = ses.tracker
+    if ses.logged(child, m, reused):
         prefix = "eval." if target.stage == "evaluate" else f"eval.{target.name}."
         t.log_metrics(ctx.parent_run_id, {"accuracy": m.metrics["accuracy"]}, prefix=prefix, step=k)
     return finished(m, reused)
 
 
-def evaluate_on(cfg: PipelineConfig, ctx: RunContext, policy: StageManifest, target: EvalTarget,
-                k: int) -> tuple[StageManifest, bool]:
-    return evaluate_mod.evaluate(store_of(ctx), policy, target.prompts, cfg.evaluate, cfg.sampler, target.source,
+def evaluate_on(ses: Session, policy: StageManifest, target: EvalTarget, k: int) -> tuple[StageManifest, bool]:
+    cfg, ctx = ses.cfg, ses.ctx
+    return evaluate_mod.evaluate(ses.store, policy, target.prompts, cfg.evaluate, cfg.sampler, target.source,
                                  cfg.seed, k, isolate=cfg.isolate, run=ctx.run_name, executor=cfg.executor,
                                  stage=target.stage, rollout=target.rollout)
 
@@ -290,7 +309,8 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     """Register the round's model, record its accuracy on every held-out set (`evaluations`, one
     per target), and put it to the champion gate; the round table reports the decision the
     registry holds."""
-    store, t = store_of(ctx), tracker_of(cfg, ctx)
+    ses = Session(cfg, ctx)
+    store, t = ses.store, ses.tracker
     scores = [SetScore(name=x.name, eval_set=m.info["eval_set"], accuracy=m.metrics["accuracy"])
               for x, m in zip(targets, evaluations, strict=True)]
     gated = next(s for s in scores if s.name == cfg.evaluate.gate_set)
@@ -313,7 +333,7 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     version = t.register(child, store, policy, tags)
     for s in scores:
         t.record_accuracy(version, s.eval_set, s.accuracy)
-    gate = champion_gate(cfg, ctx, t, store, version, scores, targets)
+    gate = champion_gate(ses, version, scores, targets)
     per_set = {f"accuracy.{s.name}": s.accuracy for s in scores} if len(scores) > 1 else {}
     if per_set:  # the report reads which of round.accuracy.<set> is the gate's
         t.client.set_tag(child, "ratchet.gate_set", gated.name)
@@ -331,13 +351,12 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
                        stage_wall_s=walls, agreement=agreement)
 
 
-def champion_gate(cfg: PipelineConfig, ctx: RunContext, t: Tracker, store: ArtifactStore, version: str,
-                  scores: list[SetScore], targets: list[EvalTarget]) -> Gate:
+def champion_gate(ses: Session, version: str, scores: list[SetScore], targets: list[EvalTarget]) -> Gate:
     """The registry's promotion decision for `version`. A champion never evaluated on a set the
     gate reads (another split, another scoring) is evaluated there first, each as a stage."""
     from prefect import get_run_logger
 
-    e = cfg.evaluate
+    e, t, store = ses.cfg.evaluate, ses.tracker, ses.store
     for _ in range(5):  # the champion can move while it is being evaluated
         gate = t.promote_if_better(version, scores, e.gate_set, e.min_improvement, e.max_drop)
         if gate.needs_eval is None:
@@ -351,7 +370,7 @@ def champion_gate(cfg: PipelineConfig, ctx: RunContext, t: Tracker, store: Artif
         for target in (x for x in targets if x.name in gate.needs_sets):
             get_run_logger().info("re-evaluating champion version %s on held-out set %s before comparing",
                                   gate.needs_eval, target.name)
-            m, _ = evaluate_on(cfg, ctx, champ, target, champ.round)
+            m, _ = evaluate_on(ses, champ, target, champ.round)
             t.record_accuracy(gate.needs_eval, m.info["eval_set"], m.metrics["accuracy"])
     raise TrackingError(f"the champion of {t.model_name} moved five times while version {version} was being "
                         "compared with it; re-run the same command to decide")
@@ -360,6 +379,7 @@ def champion_gate(cfg: PipelineConfig, ctx: RunContext, t: Tracker, store: Artif
 @task(name="lineage", cache_policy=NONE, retries=0)
 def lineage_task(cfg: PipelineConfig, ctx: RunContext, final: RoundResult) -> bool:
     """Write the final model's verified lineage to MLflow and as a Prefect artifact; True if all verified."""
+    ses = Session(cfg, ctx)
     import json
     import re
 
@@ -367,7 +387,7 @@ def lineage_task(cfg: PipelineConfig, ctx: RunContext, final: RoundResult) -> bo
 
     from ratchet.flows.lineage import annotate, as_json, render_mermaid, render_text, walk
 
-    store, t = store_of(ctx), tracker_of(cfg, ctx)
+    store, t = ses.store, ses.tracker
     links = walk(store, final.policy)
     annotate(links, t)
     text, mermaid = render_text(links), render_mermaid(links)
@@ -386,6 +406,7 @@ def report_task(cfg: PipelineConfig, ctx: RunContext) -> str | None:
     """The run's report (flows/report.py): PNGs and one HTML page under workdir/reports/RUN, on
     the MLflow parent run under `report/`, and its round table as a Prefect artifact. A report
     that cannot be drawn is a warning, not a failed run: every model is registered by now."""
+    ses = Session(cfg, ctx)
     import re
 
     from prefect import get_run_logger
@@ -394,7 +415,7 @@ def report_task(cfg: PipelineConfig, ctx: RunContext) -> str | None:
     from ratchet.flows.report import build, markdown
 
     try:
-        report = build(Path(ctx.workdir), tracker_of(cfg, ctx), ctx.run_name, state="finished")
+        report = build(Path(ctx.workdir), ses.tracker, ctx.run_name, state="finished")
     except Exception as e:  # noqa: BLE001 - reported, and the run's results stand
         get_run_logger().warning("the run's report could not be written: %s: %s", type(e).__name__, e)
         return None
