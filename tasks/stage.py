@@ -22,7 +22,6 @@ is its manifest on disk in any case.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 import logging

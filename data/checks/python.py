@@ -26,20 +26,20 @@ raises, outlives its bound, or returns NaN, inf or a wrong type is a failure; up
 `max_failed_frac` of a batch of rows may fail (and stay unscored). The budget is read as calls
 finish: once it is spent no other call starts, and the stage stops with the first failure's
 row and the function's own traceback. The digest of the function's
-file is part of this config (`source`), so it keys every stage that scores with it, names the
-run and the eval set, and stands in the lineage: an edited file re-runs label and evaluate
-and reuses the samples.
+file (with the modules it imports from its folder) is part of this config (`source`), so it
+keys every stage that scores with it and the eval set, and stands in the lineage; it does not
+name the run: an edited or fixed file continues the same run, re-runs label and evaluate and
+reuses the samples.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from ratchet.data.checks.base import Check, Item, Tally, Verdict
-from ratchet.data.checks.scorer import Call, Scorer, ScorerError, is_file_spec, shared, split_spec
+from ratchet.data.checks.scorer import Call, Scorer, ScorerError, shared, split_spec
 from ratchet.data.errors import RatchetError
 from ratchet.data.userfiles import UserFile, source_digest  # noqa: F401 - the digest that keys a user's file
 
@@ -78,8 +78,10 @@ class PythonCheck(Check):
                                    "stage stops with the first failure")
     workers: int = Field(default=1, ge=1, le=64, json_schema_extra={"keyed": False}, description="calls run at "
                          "once, each in a process of its own (the function is loaded in each)")
-    source: str | None = Field(default=None, description="sha256 of the function's file, filled in when the config "
-                               "is read; a stage that finds the file changed since stops instead of mixing versions")
+    source: str | None = Field(default=None, description="sha256 of the function's file and the modules it imports "
+                               "from its folder, filled in when the config is read: it keys every stage that scores "
+                               "with it (not the run's name); a stage that finds the file changed meanwhile stops "
+                               "instead of mixing versions")
 
     _called_as: str | None = PrivateAttr(default=None)  # how problems() found the function is called
 

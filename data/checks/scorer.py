@@ -32,13 +32,9 @@ it, naming what came back.
 from __future__ import annotations
 
 import atexit
-import json
-import os
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ratchet.data.procs.channel import Channel, user_traceback

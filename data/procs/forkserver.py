@@ -33,8 +33,6 @@ server against 4-5 s cold for a train stage.
 from __future__ import annotations
 
 import contextlib
-import contextlib
-import json
 import logging
 import os
 import select

@@ -16,7 +16,6 @@ process, ends that process there: only the host answers, and only the calls it w
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
@@ -372,7 +371,3 @@ def serve_session(calls: Channel, answers: Channel, handle: Callable[[dict], dic
         answers.send(out)
         if "failure" in out or out.get("closed"):
             return
-
-
-def json_arg(obj: Any) -> str:
-    return json.dumps(obj)

@@ -224,9 +224,9 @@ class EnvironmentRollout(Rollout):
                                  "half's environment steps run while the other half generates; false: all "
                                  "episodes generate together, then all step; unset: overlap where the engine is "
                                  "on a GPU")
-    source: str | None = Field(default=None, description="sha256 of the environment's file (or of the TextArena "
-                               "version and game), filled in when the config is read: it keys every stage that "
-                               "plays it")
+    source: str | None = Field(default=None, description="sha256 of the environment's file and the modules it "
+                               "imports from its folder (or of the TextArena or gymnasium version and game), filled in "
+                               "when the config is read: it keys every stage that plays it, not the run's name")
 
     @field_validator("template")
     @classmethod

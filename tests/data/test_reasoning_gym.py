@@ -1,7 +1,6 @@
 """data.kind=reasoning_gym: seeded, disjoint problems from a reasoning-gym generator, scored by
 the dataset's own score_answer on the answer read from the response."""
 
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
