@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -138,6 +139,29 @@ class ArtifactStore:
             if run is not None:
                 self.add_owner(d, run)
             yield Claim(dir=d)
+
+    def keep_code(self, opened: dict[str, Any]) -> Path:
+        """Keep what a stage's code version covers (`code_reach.opened`: its definitions, each with
+        its module, name and digest, and its libraries) as `code/<digest>.json`, once per digest."""
+        path = self.root / "code" / f"{opened['digest']}.json"
+        if not path.exists():
+            path.parent.mkdir(exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(opened, indent=1, sort_keys=True))
+            tmp.replace(path)
+        return path
+
+    def code(self, digest: str) -> dict[str, Any]:
+        """What the code version `digest` covers, as `keep_code` kept it; ArtifactError if it is not here."""
+        import re
+
+        if not re.fullmatch(r"[0-9a-f]{16}", digest or ""):
+            raise ArtifactError(f"{digest!r} is not a code version (16 hex digits, as `ratchet lineage` prints them)")
+        path = self.root / "code" / f"{digest}.json"
+        if not path.is_file():
+            raise ArtifactError(f"code version {digest} is not kept in {self.root / 'code'}: no stage of this "
+                                "workdir ran with it (versions kept since this Ratchet: older stages have none)")
+        return json.loads(path.read_text())
 
     OWNERS = "runs.json"
     SCRATCH = ("shards", "checkpoints")  # what stages resume from; dead weight once the manifest is written

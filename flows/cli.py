@@ -321,11 +321,22 @@ def cmd_lineage(args) -> int:
     from ratchet.flows.lineage import annotate, as_json, render_text, resolve, walk
     from ratchet.flows.tracking import Tracker
 
+    if args.target is not None and "=" in args.target:  # no target given: the first override took its place
+        args.overrides, args.target = [args.target, *args.overrides], None
     cfg = load_config(args.config, args.overrides)
     workdir = Path(cfg.workdir).resolve()
     if not (workdir / "stages").is_dir():
         raise RatchetError(f"no artifact store at {workdir}/stages; run the pipeline first or set workdir=...")
     store = ArtifactStore(workdir)
+    if args.code is not None:  # a code version, opened
+        from ratchet.flows.lineage import render_code
+
+        opened = store.code(args.code)
+        print(json.dumps(opened, indent=2) if args.json else render_code(opened))
+        return 0
+    if args.target is None:
+        raise RatchetError("ratchet lineage needs a TARGET (a model version, 'champion', a round's run id or a stage "
+                           "dir) or --code DIGEST")
     tracker = Tracker(cfg.tracking, workdir, cfg.name)
     links = walk(store, resolve(args.target, store, tracker))
     annotate(links, tracker)
@@ -437,11 +448,11 @@ def cmd_model(args) -> int:
     return 0
 
 
-def _workdir_args(s: argparse.ArgumentParser, target: str | None = None) -> None:
+def _workdir_args(s: argparse.ArgumentParser, target: str | None = None, optional: bool = False) -> None:
     """CONFIG [TARGET] [key=value ...] [--json]: a command that reads what runs left in a workdir."""
     s.add_argument("config", help="the run's YAML config (gives workdir, tracking URI and model name)")
     if target:
-        s.add_argument("target", help=target)
+        s.add_argument("target", help=target, **({"nargs": "?"} if optional else {}))
     s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
     s.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -488,7 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Walk a model's manifests back to the base model and prompts, re-verifying "
                        "every digest. Exits 1 if any link was changed after it finished.")
     _workdir_args(s, target="model version number, models:/NAME/N, 'champion', a round's MLflow run id, or a "
-                  "stage dir")
+                  "stage dir", optional=True)
+    s.add_argument("--code", metavar="DIGEST", default=None, help="open a stage's code version (the `code` a link "
+                   "prints): every definition it covers, with its module and digest, and the libraries' versions")
     s.set_defaults(fn=cmd_lineage)
     s = sub.add_parser("runs", help="list the pipeline runs in a workdir, their state and how to resume them",
                        description="The pipeline runs recorded in the config's workdir: finished, failed, "

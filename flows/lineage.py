@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.data.digest import sha256_json
 from ratchet.data.errors import ArtifactError, RatchetError, TamperedArtifactError
@@ -26,22 +26,49 @@ from ratchet.data.store import ArtifactStore
 
 
 class Link(BaseModel):
+    """One stage of a model's lineage, as `ratchet lineage --json` prints it (a list of these, the
+    model's own stage first)."""
+
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")  # as the manifest writes metrics
-    stage: str
-    round: int
-    key: str
-    dir: str
-    code_version: str
-    config_hash: str
-    outputs: dict[str, str]
-    parents: list[str]
-    verified: bool
-    problem: str | None = None
-    model_version: str | None = None
-    mlflow_run_id: str | None = None
-    metrics: dict[str, float] = {}
-    summary: str | None = None  # what the stage holds, where it says (a round's draw of prompts)
-    reads: dict[str, str] = {}  # the user's files its config names, each with the sha256 it was keyed by
+    stage: str = Field(description="the stage's name: prompts, base, sample, label, filter, train, evaluate, ...")
+    round: int = Field(description="the round it belongs to (0: the prompts, the base model); -1 for a parent whose "
+                       "manifest is missing")
+    key: str = Field(description="its cache key (sha256): stage, code version, config and parents' contents")
+    dir: str = Field(description="its directory, relative to the workdir")
+    code_version: str = Field(description="the digest of every definition it can run, in its own process and its "
+                              "children, and of the libraries they import; `ratchet lineage CONFIG --code DIGEST` "
+                              "opens it")
+    config_hash: str = Field(description="sha256 of its resolved config slice (16 hex digits)")
+    outputs: dict[str, str] = Field(description="each output file, relative to `dir`, with its sha256")
+    parents: list[str] = Field(description="the keys of the stages it read")
+    verified: bool = Field(description="its files match its manifest, and its outputs are the ones its child read")
+    problem: str | None = Field(default=None, description="what failed verification, and the fix")
+    model_version: str | None = Field(default=None, description="the registered model version it made (base and "
+                                      "train stages)")
+    mlflow_run_id: str | None = Field(default=None, description="the MLflow run that logged that version")
+    metrics: dict[str, float] = Field(default={}, description="the stage's metrics, as its manifest holds them")
+    summary: str | None = Field(default=None, description="what the stage holds, where it says (a round's draw of "
+                                "prompts)")
+    reads: dict[str, str] = Field(default={}, description="the user's files its config names (data, a scoring "
+                                  "function's, an environment's), each with the sha256 it was keyed by")
+    source: dict[str, Any] = Field(default={}, description="what ran it: `commit` (the git commit of the checkout, "
+                                   "null for an installed package), `dirty` (the package's files differed from it) "
+                                   "and `version` (the package's); empty for a stage made before it was recorded")
+
+
+def schema_markdown() -> str:
+    """docs/reference/lineage-json.md: the fields of `ratchet lineage --json`'s links."""
+    rows = ["# `ratchet lineage --json`", "",
+            "A JSON list of links, the model's own stage first, then its parents depth-first, round by round. "
+            "Generated from the `Link` model (flows/lineage.py); its JSON Schema is "
+            "`Link.model_json_schema()`.", "", "| field | type | what it holds |", "|---|---|---|"]
+    for name, f in Link.model_fields.items():
+        kind = str(f.annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
+        rows.append(f"| `{name}` | `{kind}` | {f.description} |")
+    rows += ["", "`ratchet lineage CONFIG --code DIGEST --json` prints one object: `digest`, `definitions` "
+             "(`[module, name, digest of its syntax tree]` for each definition the code version covers) and "
+             "`libraries` (import name: `distribution==version`)."]
+    return "\n".join(rows) + "\n"
 
 
 SPEC = re.compile(r"[^\s:]+:[A-Za-z_]\w*")  # 'path/to/file.py:name' or 'package.module:name'
@@ -72,7 +99,8 @@ def _link(m: StageManifest, problem: str | None) -> Link:
     return Link(stage=m.stage, round=m.round, key=m.key, dir=m.dir, code_version=m.code_version,
                 config_hash=sha256_json(m.config)[:16], outputs={k: v.sha256 for k, v in m.outputs.items()},
                 parents=[p.key for p in m.parents], verified=problem is None, problem=problem, metrics=m.metrics,
-                summary=(m.info or {}).get("summary"), reads=reads(m.config))
+                summary=(m.info or {}).get("summary"), reads=reads(m.config),
+                source=(m.info or {}).get("code") or {})
 
 
 def walk(store: ArtifactStore, start: StageManifest) -> list[Link]:
@@ -179,7 +207,7 @@ def render_text(links: list[Link]) -> str:
         if link.model_version:
             head += f"  model version {link.model_version} (run {link.mlflow_run_id})"
         out.append(head)
-        out.append(f"    config {link.config_hash}  code {link.code_version}  "
+        out.append(f"    config {link.config_hash}  code {link.code_version}{source_text(link.source)}  "
                    + ("verified" if link.verified else f"PROBLEM: {link.problem}"))
         if link.summary:
             out.append(f"    {link.summary}")
@@ -190,6 +218,29 @@ def render_text(links: list[Link]) -> str:
                 out.append(f"    {name}  sha256 {digest[:16]}")
     bad = [x for x in links if not x.verified]
     out.append(f"{len(links)} links, {'all verified' if not bad else f'{len(bad)} with problems'}")
+    return "\n".join(out)
+
+
+def source_text(source: dict[str, Any]) -> str:
+    """' (commit 1a2b3c4 dirty, ratchet 0.1.0)': what ran a stage, as its manifest recorded it."""
+    if not source:
+        return " (no source recorded)"
+    commit = source.get("commit")
+    where = f"commit {commit[:12]}{' dirty' if source.get('dirty') else ''}" if commit else "no git checkout"
+    return f" ({where}, ratchet {source.get('version') or '?'})"
+
+
+def render_code(opened: dict[str, Any]) -> str:
+    """What a code version covers (`ratchet lineage --code DIGEST`): every definition, by module,
+    with its digest, then the libraries and their versions."""
+    out = [f"code {opened['digest']}: {len(opened['definitions'])} definitions, {len(opened['libraries'])} libraries"]
+    module = None
+    for mod, name, digest in opened["definitions"]:
+        if mod != module:
+            out.append(mod)
+            module = mod
+        out.append(f"    {name:<40} {digest}")
+    out += ["libraries"] + [f"    {n:<40} {v or 'not installed'}" for n, v in sorted(opened["libraries"].items())]
     return "\n".join(out)
 
 

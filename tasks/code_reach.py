@@ -302,7 +302,14 @@ def reach(roots: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
 
 
 def digest(roots: list[tuple[str, str]]) -> str:
-    """The code version of what `roots` reach: a digest of every definition's syntax tree.
+    """The code version of what `roots` reach (see `opened`)."""
+    return opened(roots)["digest"]
+
+
+def opened(roots: list[tuple[str, str]]) -> dict:
+    """The code version of what `roots` reach, opened: {"digest": a digest of every definition's
+    syntax tree and every library's version, "definitions": [[module, name, the digest of its
+    syntax tree], ...], "libraries": {import name: "distribution==version"}}.
 
     Working it out parses every module reached (seconds, at every start of a run). The answer is
     kept in the user's cache with everything it read (`_Read`), and taken again only while every
@@ -311,8 +318,8 @@ def digest(roots: list[tuple[str, str]]) -> str:
     works it out again. The key is the roots alone, so each keeps its latest answer."""
     key = sha256_text(repr(sorted(roots)))
     kept = kept_answer(key)
-    if kept is not None and _still(kept):
-        return kept["digest"]
+    if kept is not None and "definitions" in kept and _still(kept):
+        return {k: kept[k] for k in ("digest", "definitions", "libraries")}
     _local.reading = read = _Read()
     try:
         found = reach(roots)
@@ -321,8 +328,37 @@ def digest(roots: list[tuple[str, str]]) -> str:
     read.libraries = {n: installed(n) for (m, n) in found if m == LIBRARY}
     found = {k: (read.libraries[k[1]] if k[0] == LIBRARY else code) for k, code in found.items()}
     out = sha256_text("\n".join(f"{m}:{n}\0{code}" for (m, n), code in sorted(found.items())))[:16]
-    keep_answer(key, {"digest": out, "specs": read.specs, "texts": read.texts, "libraries": read.libraries})
-    return out
+    definitions = [[m, n, sha256_text(code)[:16]] for (m, n), code in sorted(found.items()) if m != LIBRARY]
+    keep_answer(key, {"digest": out, "specs": read.specs, "texts": read.texts, "libraries": read.libraries,
+                      "definitions": definitions})
+    return {"digest": out, "definitions": definitions, "libraries": read.libraries}
+
+
+@functools.lru_cache(maxsize=1)
+def source() -> dict:
+    """Where this process's Ratchet came from, for the manifests of the stages it runs: the git
+    commit of the checkout it runs from (None for an installed wheel), whether the package's files
+    differ from that commit (`dirty`), and the installed package's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ratchet.data.procs.spawn import run_program
+
+    root = Path(__file__).resolve().parents[1]
+    commit, dirty = None, None
+    try:
+        head = run_program(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if head.returncode == 0 and head.stdout.strip():
+            commit = head.stdout.strip()
+            status = run_program(["git", "status", "--porcelain", "--", "data", "models", "tasks", "flows"],
+                                 cwd=root, capture_output=True, text=True, timeout=10)
+            dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+    except (OSError, ValueError):
+        pass
+    try:
+        ver = version("ratchet")
+    except PackageNotFoundError:
+        ver = None
+    return {"commit": commit, "dirty": dirty, "version": ver}
 
 
 @functools.lru_cache(maxsize=1)

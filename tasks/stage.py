@@ -133,6 +133,7 @@ class StageRequest(BaseModel, Generic[Job]):
     config: Job
     parents: list[StageManifest]
     started: float = 0.0
+    source: dict[str, Any] | None = None  # the commit, tree state and version that ran it (code_reach.source)
     executor: ExecutorConfig | None = None  # where fan-out units run; not part of the key
     engine: str | None = None  # the run's warm engine lent to this stage's worker (models/warm.py); not keyed
 
@@ -159,6 +160,8 @@ class StageRequest(BaseModel, Generic[Job]):
                info: dict[str, Any] | None = None, parents: list[StageManifest] | None = None,
                scratch: tuple[str, ...] = ()) -> StageManifest:
         """Digest the outputs and write this stage's manifest (store.finish), last."""
+        if self.source is not None:
+            info = {**(info or {}), "code": self.source}
         return store.finish(stage=self.stage, round=self.round, key=self.key, code_version=self.code_version,
                             config=self.config.model_dump(mode="json"),
                             parents=self.parents if parents is None else parents, outputs=outputs, metrics=metrics,
@@ -211,7 +214,13 @@ def run_stage(
     request = request_type(body)  # a body that cannot run is an error before anything is written
     name = body_name(body) if isolate else None
     config = resolved(config)
-    code = code or body_code(body, config=config)
+    source = None
+    if code is None:  # worked out from the body; what it covers is kept in the store, once per digest
+        from ratchet.tasks import code_reach
+
+        found = code_reach.opened(code_reach.roots_of(body, config))
+        code, source = found["digest"], code_reach.source()
+        store.keep_code(found)
     key = stage_key(stage, code, keyed(config), parents)
     with store.claim(stage, key, keep_partial=keep_partial, run=run) as claim:
         if claim.found is not None:
@@ -220,7 +229,7 @@ def run_stage(
             return _reused(store, claim.found, config), True
         d = claim.dir
         req = request(stage=stage, round=round, key=key, code_version=code, config=config, parents=parents,
-                      started=time.time(), executor=executor)
+                      started=time.time(), source=source, executor=executor)
         events.emit(events.Event("start", stage, round, d))
         try:
             try:

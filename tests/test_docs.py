@@ -22,6 +22,16 @@ def test_the_committed_config_reference_is_what_the_models_generate():
         f"`ratchet config --reference > {reference.DOC}` and commit it")
 
 
+def test_the_committed_lineage_schema_is_what_the_link_model_generates():
+    from ratchet.flows.lineage import Link, schema_markdown
+
+    doc = ROOT / "docs" / "reference" / "lineage-json.md"
+    assert doc.read_text() == schema_markdown(), (
+        f"{doc} differs from flows/lineage.py's Link; regenerate it with `python -c \"from ratchet.flows.lineage "
+        f"import schema_markdown; print(schema_markdown(), end='')\" > {doc.relative_to(ROOT)}`")
+    assert all(f.description for f in Link.model_fields.values())
+
+
 def test_every_config_field_is_in_the_reference_with_a_description():
     """Every field of every section and kind, the kinds' own variants included, has an entry
     that says what it does."""

@@ -2,8 +2,11 @@
 
 import shutil
 
+from pydantic import BaseModel
+
 from ratchet.data.store import ArtifactStore
 from ratchet.flows.lineage import reads, render_mermaid, render_text, walk
+from ratchet.tasks.stage import StageRequest
 
 
 def _stage(store, stage, rnd, parents, text):
@@ -70,3 +73,50 @@ def test_each_link_names_the_user_files_its_config_was_keyed_by(tmp_path):
                      outputs={"out.txt": None})
     text = render_text(walk(store, m))
     assert f"    reads /u/rows.jsonl  sha256 {d1[:16]}" in text and f"reads /u/score.py:score  sha256 {d3[:16]}" in text
+
+
+class Job(BaseModel):
+    x: int = 0
+
+
+def code_body(req: StageRequest[Job], store):
+    (store.stage_dir(req.stage, req.key) / "out.txt").write_text(str(req.config.x))
+    return req.finish(store, outputs={"out.txt": None})
+
+
+def test_a_link_names_the_commit_that_ran_it_and_its_code_version_opens(tmp_path, monkeypatch):
+    """Each stage's manifest records the git commit (and whether the package's files differed from it)
+    and the package version that ran it; its code version is kept in the store, once per digest,
+    as every definition it covers, which `ratchet lineage --code DIGEST` prints."""
+    from types import SimpleNamespace
+
+    from ratchet.flows.cli import cmd_lineage
+    from ratchet.flows.lineage import render_code
+    from ratchet.tasks import code_reach
+    from ratchet.tasks.stage import run_stage
+
+    monkeypatch.setattr(code_reach, "source", lambda: {"commit": "1a2b3c4d5e6f7a8b9c0d", "dirty": True,
+                                                       "version": "0.1.0"})
+    store = ArtifactStore(tmp_path / "runs")
+    m, _ = run_stage(store, stage="s", round=1, body=code_body, config=Job(x=1), parents=[])
+    assert m.info["code"] == {"commit": "1a2b3c4d5e6f7a8b9c0d", "dirty": True, "version": "0.1.0"}
+    [link] = walk(store, m)
+    assert f"code {m.code_version} (commit 1a2b3c4d5e6f dirty, ratchet 0.1.0)  verified" in render_text([link])
+    opened = store.code(m.code_version)
+    assert opened["digest"] == m.code_version
+    names = {(mod, name) for mod, name, _ in opened["definitions"]}
+    assert ("tests.flows.test_lineage", "code_body") in names and ("tests.flows.test_lineage", "Job") in names
+    assert "pydantic" in opened["libraries"]  # Job is a pydantic model: its version is in the key
+    text = render_code(opened)
+    assert text.startswith(f"code {m.code_version}: ") and "    code_body" in text
+    monkeypatch.chdir(tmp_path)
+    args = SimpleNamespace(config=None, target="workdir=runs", overrides=[], code=m.code_version, json=False)
+    assert cmd_lineage(args) == 0  # the override in the target's place is read as an override
+    import pytest
+
+    from ratchet.data.errors import ArtifactError
+
+    with pytest.raises(ArtifactError, match="is not kept"):
+        store.code("0" * 16)
+    with pytest.raises(ArtifactError, match="is not a code version"):
+        store.code("../../etc")
