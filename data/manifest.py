@@ -74,6 +74,9 @@ class StageManifest(BaseModel):
     outputs: dict[OutputName, FileRef] = Field(default_factory=dict, description="relative path -> digest")
     metrics: dict[str, float] = Field(default_factory=dict)
     info: dict[str, Any] = Field(default_factory=dict, description="non-numeric facts (backend, paths)")
+    ran_by: dict[str, Any] | None = Field(default=None, description="what ran it: the git commit of the checkout "
+                                          "(commit, None for an installed package), whether the package's files "
+                                          "differed from it (dirty), and the package's version (version)")
     created_at: str = ""
     wall_s: float = 0.0
 

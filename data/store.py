@@ -201,6 +201,7 @@ class ArtifactStore:
         info: dict[str, Any] | None = None,
         started: float | None = None,
         scratch: tuple[str, ...] = (),
+        ran_by: dict[str, Any] | None = None,
     ) -> StageManifest:
         """Digest the named outputs (relative path -> row count or None) and write the manifest.
 
@@ -231,6 +232,7 @@ class ArtifactStore:
             outputs=refs,
             metrics=metrics or {},
             info=info or {},
+            ran_by=ran_by,
             created_at=now_iso(),
             wall_s=round_s(time.time() - started) if started else 0.0,
         )

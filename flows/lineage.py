@@ -100,7 +100,7 @@ def _link(m: StageManifest, problem: str | None) -> Link:
                 config_hash=sha256_json(m.config)[:16], outputs={k: v.sha256 for k, v in m.outputs.items()},
                 parents=[p.key for p in m.parents], verified=problem is None, problem=problem, metrics=m.metrics,
                 summary=(m.info or {}).get("summary"), reads=reads(m.config),
-                source=(m.info or {}).get("code") or {})
+                source=m.ran_by or {})
 
 
 def walk(store: ArtifactStore, start: StageManifest) -> list[Link]:

@@ -160,12 +160,10 @@ class StageRequest(BaseModel, Generic[Job]):
                info: dict[str, Any] | None = None, parents: list[StageManifest] | None = None,
                scratch: tuple[str, ...] = ()) -> StageManifest:
         """Digest the outputs and write this stage's manifest (store.finish), last."""
-        if self.source is not None:
-            info = {**(info or {}), "code": self.source}
         return store.finish(stage=self.stage, round=self.round, key=self.key, code_version=self.code_version,
                             config=self.config.model_dump(mode="json"),
                             parents=self.parents if parents is None else parents, outputs=outputs, metrics=metrics,
-                            info=info, started=self.started, scratch=scratch)
+                            info=info, started=self.started, scratch=scratch, ran_by=self.source)
 
 
 Body = Callable[[Any, ArtifactStore], StageManifest]
