@@ -279,7 +279,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> PipelineC
             raise ConfigError([f"{p} is not UTF-8 text: byte {raw[e.start:e.start + 1]!r} on line {line}; save it "
                                "as UTF-8"], source=source) from None
         try:
-            data = yaml.safe_load(text) or {}
+            data = load_yaml(text, str(p)) or {}
+        except DuplicateKeys as e:
+            raise ConfigError(e.problems, source=source) from None
         except yaml.YAMLError as e:
             raise ConfigError([f"{p} is not valid YAML: {e}"], source=source) from None
         except RecursionError:
@@ -291,6 +293,39 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> PipelineC
         if not isinstance(data, dict):
             raise ConfigError([f"{p} must hold a mapping of sections, got {type(data).__name__}"], source=source)
     return config_from_dict(data, overrides, source)
+
+
+class DuplicateKeys(Exception):
+    """A YAML mapping that gives a key more than once (YAML itself lets the last one win, silently)."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def load_yaml(text: str, name: str):
+    """`yaml.safe_load`, refusing a mapping that gives a key twice: every such key, with both lines."""
+    problems: list[str] = []
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: YAML's own error says so below
+                    continue
+                if first != key_node.start_mark.line + 1:
+                    problems.append(f"{name}: key {key!r} is given twice (lines {first} and "
+                                    f"{key_node.start_mark.line + 1}); YAML would keep the last one silently. "
+                                    "Keep one of them")
+            return super().construct_mapping(node, deep=deep)
+
+    data = yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
+    if problems:
+        raise DuplicateKeys(problems)
+    return data
 
 
 def config_from_dict(data: dict, overrides: list[str] = (), source: str = "defaults") -> PipelineConfig:

@@ -91,7 +91,8 @@ def check_data(cfg: PipelineConfig) -> tuple[Split, dict[str, Split]]:
         raise ConfigError(problems, source="label")
     fields = columns(split.train + split.eval)  # a start's other columns, which an environment's reset may take
     rollouts = _rollouts(cfg)
-    if problems := sorted({p for ro in rollouts for p in ro.problems(fields)}):  # tried as stages use them
+    first = split.train[0] if split.train else None  # the first start a stage gives an environment
+    if problems := sorted({p for ro in rollouts for p in ro.problems(fields, first)}):  # tried as stages use them
         raise ConfigError(problems, source="sample.rollout" + (" and evaluate.sets" if len(rollouts) > 1 else ""))
     if problems := cfg.data.check.problems(columns(split.train + split.eval)):  # loaded once, as a stage will
         raise ConfigError(problems, source="data.check")

@@ -26,7 +26,10 @@ words (s c o r e) match as the plain words; a finding that needed that is also f
 `obfuscation`. Score words of other languages (评分, Bewertung, puntuación, оценка, ...)
 and numeric superlatives ("a perfect 10") are scores too. A word that the prompt itself
 uses ("score" in "What was the final score?") is not held against the response, unless
-the response hides it: an obfuscated finding is never excused.
+the response hides it: an obfuscated finding is never excused. Nor is a score claim: a
+score word, a colon (or `=`) and a number on the judge's scale ("Score: 5" on a 1-5 judge),
+whatever the prompt says; a number off the scale ("Final score: 24" for a game's result) is
+excused where the prompt asks for a score.
 
 neutralize() removes the sentence around each finding (a fence or role finding: the
 rest of its line) and scans again until nothing is found, so a response made of a
@@ -300,8 +303,30 @@ def _words(text: str) -> set[str]:
     return {_stem(w) for w in re.findall(r"[^\W\d]+", view(text)[0].casefold())}
 
 
-def scan(response: str, prompt: str = "") -> list[Finding]:
-    """Every place in `response` that speaks to its judge, in order."""
+_CLAIM = re.compile(rf"[:=]\s*[*_`\"'(\[]*\s*(?P<num>{_NUM})\s*(?:/\s*\d+)?\s*[*_`\"')\].!]*\s*$", re.I)
+_WORD_NUMBERS = {w: float(i) for i, w in enumerate(("zero", "one", "two", "three", "four", "five", "six", "seven",
+                                                    "eight", "nine", "ten"))}
+
+
+def _claims(m: re.Match, scale: tuple[float, float]) -> bool:
+    """Whether a score finding is a claim of a score on the judge's scale: its word, then a colon
+    (or `=`) and a number within `scale`, the number ending the match."""
+    c = _CLAIM.search(m.group())
+    if c is None:
+        return False
+    num = c.group("num").casefold()
+    value = _WORD_NUMBERS.get(num)
+    if value is None:
+        try:
+            value = float(num)
+        except ValueError:
+            return False
+    return scale[0] <= value <= scale[1]
+
+
+def scan(response: str, prompt: str = "", scale: tuple[float, float] = (0.0, 10.0)) -> list[Finding]:
+    """Every place in `response` that speaks to its judge, in order. `scale`: the judge's (a score
+    claimed on it is never excused by the prompt's own words)."""
     v, origin = view(response)
     if not v:
         return []
@@ -337,7 +362,8 @@ def scan(response: str, prompt: str = "") -> list[Finding]:
             if not strict and kw is not None and not obf:  # a word hidden from plain reading is never excused
                 words = {_stem(w) for w in re.findall(r"[^\W\d]+", kw.casefold()) if len(w) > 3 or w == kw.casefold()}
                 said = words & excused or (not kw.isascii() and kw.casefold() in prompt_view)  # unspaced scripts
-                if (said and not m.group().lstrip().startswith("<")) or (kw.casefold() in tags):
+                claim = kind == "score" and _claims(m, scale)  # "Score: 5": never excused
+                if not claim and ((said and not m.group().lstrip().startswith("<")) or (kw.casefold() in tags)):
                     continue
             add(kind, m, to_line_end, obf)
     if len([x for x in v.splitlines() if x.strip()]) > 1:
@@ -410,12 +436,14 @@ def neutralize(response: str, findings: list[Finding]) -> str:
     return re.sub(r"\n{3,}", "\n\n", text).strip()
 
 
-def guard(prompt: str, response: str, rounds: int = 4) -> tuple[str, list[str]]:
-    """(what the judge reads, the kinds found). A clean response comes back unchanged."""
+def guard(prompt: str, response: str, rounds: int = 4, scale: tuple[float, float] = (0.0, 10.0)
+          ) -> tuple[str, list[str]]:
+    """(what the judge reads, the kinds found). A clean response comes back unchanged. `scale`: the
+    judge's (a 1-5 rubric's, a 0-10 one's): a score claimed on it is flagged whatever the prompt says."""
     kinds: list[str] = []
     text = response
     for _ in range(rounds):  # removing one finding can expose another ("…? Yes" becomes a verdict line)
-        found = scan(text, prompt)
+        found = scan(text, prompt, scale)
         if not found:
             break
         for f in found:

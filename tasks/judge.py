@@ -317,8 +317,8 @@ def judge_batch(sampler, cfg: JudgeLabel, items: list[tuple[str, str]], seed: in
     the scale without a judge call (guard.on_suspect='lowest'), or is judged on its text
     with the flagged sentences removed ('judge').
     """
-    lo, _ = cfg.scale
-    guarded = [(p, *guard(p, r)) for p, r in items]
+    lo, hi = cfg.scale
+    guarded = [(p, *guard(p, r, scale=(lo, hi))) for p, r in items]
     penalised = [bool(flags) and cfg.guard.on_suspect == "lowest" for _, _, flags in guarded]
     judged = iter(rate(sampler, cfg, [(p, seen) for (p, seen, _), pen in zip(guarded, penalised) if not pen], seed))
     return [((lo, [], flags) if pen else (*next(judged), flags)) for (_, _, flags), pen in zip(guarded, penalised)]

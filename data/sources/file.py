@@ -87,12 +87,29 @@ def _read(path: str, split: str, field_name: str, report: ProblemReport) -> tupl
             return [], ""
         files = sorted(f for f in p.rglob("*") if f.is_file())
         return rows, sha256_json({f.relative_to(p).as_posix(): sha256_file(f) for f in files})
+    if p.exists():  # a named pipe, a device, a socket: it has no end, or cannot be read twice
+        report.add(path, "not a regular file", field_name, f"is {_kind_of(p)}",
+                   f"set data.{field_name} to a regular file (or a directory a dataset was saved to): rows are read "
+                   "twice, once to check them and once to use them, and their bytes are digested")
+        return [], ""
     if p.suffix.lower() in FILE_TYPES or "/" in path and Path(path).parent.exists():
         report.add(path, "file not found", field_name, "does not exist",
                    f"set data.{field_name} to an existing file (relative paths start from where ratchet runs)")
         return [], ""
     rows = _dataset(path, split, report, local=False)
     return ([], "") if rows is None else (rows, sha256_json([r for _, r in rows]))
+
+
+def _kind_of(p: Path) -> str:
+    """What a path that exists is, when it is neither a regular file nor a directory."""
+    import stat
+
+    mode = p.stat().st_mode
+    for test, what in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a regular file"
 
 
 def _jsonl(p: Path, path: str, report: ProblemReport) -> list[tuple[str, Any]]:

@@ -60,9 +60,10 @@ class Rollout(BaseModel):
         """The most tokens one episode adds after its prompt, when each generation may take `max_tokens`."""
         return max_tokens
 
-    def problems(self, fields: Collection[str] = ()) -> list[str]:
+    def problems(self, fields: Collection[str] = (), first: Prompt | None = None) -> list[str]:
         """Problems found by trying what it runs (a sandbox, an environment), before any model loads;
-        `fields`: the other columns the prompt rows carry."""
+        `fields`: the other columns the prompt rows carry; `first`: the first start a stage will
+        give it (an environment plays its first episode's opening on it)."""
         return []
 
     def model_problems(self, tokenizer) -> list[str]:

@@ -295,9 +295,11 @@ class EnvironmentRollout(Rollout):
     def checks(self, pipeline) -> list[str]:
         return episode_checks(pipeline, self.kind, self.episode_tokens)
 
-    def problems(self, fields: Collection[str] = ()) -> list[str]:
-        """Import the environment in its host process, as a stage will (and a TextArena game: start one
-        episode): an import error, a missing class or method, a signature it cannot be called with."""
+    def problems(self, fields: Collection[str] = (), first: Prompt | None = None) -> list[str]:
+        """Import the environment in its host process, as a stage will, and start its first episode
+        (on `first`, the first start a stage will give it; a game of a library's: on seed 0): an
+        import error, a missing class or method, a signature it cannot be called with, a `reset`
+        that raises or returns what is not an observation."""
         if self.textarena is not None and (problem := textarena.game_problem(self.textarena)) is not None:
             return [problem]
         if self.gymnasium is not None and environments.version("gymnasium") is None:
@@ -306,12 +308,16 @@ class EnvironmentRollout(Rollout):
         host = self.host(shared=False, fields=tuple(sorted(fields)))
         try:
             host.start()
-            if self.env is None:  # a game that cannot start here (two players, a download, its args) says so now
-                host.send(0, "open", seed=0, row={})
+            if self.env is None or first is not None:  # an episode that cannot start here says so now
+                seed, row = (seed_of(first), row_of(first)) if first is not None and self.env is not None else (0, {})
+                host.send(0, "open", seed=seed, row=row)
                 reply = host.collect([0])[0]
                 if reply.failure is not None:
                     hint = textarena.NO_START if self.textarena else ""
-                    return [f"{self.name}: its first episode could not start: {reply.failure.splitlines()[-1]}{hint}"]
+                    said = reply.failure.strip().splitlines()
+                    what = said[-1] if self.env is None else reply.failure.strip()
+                    where = f" (start {first.id!r})" if first is not None and self.env is not None else ""
+                    return [f"{self.name}: its first episode could not start{where}: {what}{hint}"]
         except environments.EnvError as e:
             return [f"{self.name}: {e}"]
         finally:

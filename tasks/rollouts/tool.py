@@ -133,7 +133,7 @@ class ToolRollout(Rollout, SandboxSettings):
     def checks(self, pipeline) -> list[str]:
         return episode_checks(pipeline, self.kind, self.episode_tokens)
 
-    def problems(self, fields: Collection[str] = ()) -> list[str]:
+    def problems(self, fields: Collection[str] = (), first: Prompt | None = None) -> list[str]:
         return self.probe("sample.rollout")
 
     def roll(self, sampler, prompts: list[Prompt], params: SamplingParams,

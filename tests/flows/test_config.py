@@ -81,6 +81,21 @@ def test_missing_or_malformed_file(tmp_path):
         load_config(tmp_path / "bad.yaml")
 
 
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    """YAML keeps the last of two equal keys without a word; a config that gives `rounds` twice (or a
+    nested key twice) is refused, naming each key and both its lines."""
+    (tmp_path / "twice.yaml").write_text("name: twice\nrounds: 1\nsample:\n  n: 4\n  n: 8\nrounds: 2\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "twice.yaml")
+    assert sorted(e.value.problems) == [
+        f"{tmp_path / 'twice.yaml'}: key 'n' is given twice (lines 4 and 5); YAML would keep the last one silently. "
+        "Keep one of them",
+        f"{tmp_path / 'twice.yaml'}: key 'rounds' is given twice (lines 2 and 6); YAML would keep the last one "
+        "silently. Keep one of them"]
+    (tmp_path / "once.yaml").write_text("name: once\nrounds: 2\nsample:\n  max_tokens: 4\nevaluate:\n  max_tokens: 2\n")
+    assert load_config(tmp_path / "once.yaml").rounds == 2  # the same key in two sections is no repeat
+
+
 def test_executor_settings_are_checked_before_anything_runs():
     cfg = load_config(CONFIGS / "default.yaml", ["executor.kind=ray", "executor.address=10.0.0.5:6379",
                                                  "executor.engines=8", "executor.gpus_per_engine=1"])

@@ -27,6 +27,51 @@ def _cfg(tmp_path, rows, eval_rows=HELD, data_check=None, **sections):
     return config_from_dict({"workdir": str(tmp_path / "w"), "data": data, **sections})
 
 
+def test_a_data_path_that_is_no_regular_file_is_named_as_what_it_is(tmp_path):
+    """A named pipe or a device as data.path is no missing file: it is named as what it is, with the fix."""
+    import os
+
+    fifo = tmp_path / "rows.jsonl"
+    os.mkfifo(fifo)
+    for path, what in ((str(fifo), "is a named pipe (FIFO)"), ("/dev/zero", "is a character device")):
+        cfg = config_from_dict({"workdir": str(tmp_path / "w"), "data": {"kind": "file", "path": path,
+                                                                          "eval_path": _write(tmp_path / "e.jsonl", HELD)}})
+        with pytest.raises(ConfigError) as e:
+            check_inputs(cfg)
+        text = "\n".join(e.value.problems)
+        assert "not a regular file" in text and what in text and "does not exist" not in text, text
+        assert "set data.path to a regular file" in text
+
+
+RESET_NUMBER = """
+class Env:
+    def reset(self, seed, **row):
+        return 42
+
+    def step(self, action):
+        return "done", 1.0, True
+"""
+
+
+def test_an_environment_whose_first_episode_fails_fails_the_check(tmp_path):
+    """Its reset returns a number: the check plays the first start's opening, as a stage will, and
+    refuses the run with the environment's own words, before any model loads."""
+    env = tmp_path / "env.py"
+    env.write_text(RESET_NUMBER)
+    cfg = config_from_dict({"workdir": str(tmp_path / "w"), "data": {"kind": "episodes", "train_size": 2,
+                                                                      "eval_size": 1},
+                            "sample": {"max_tokens": 16, "rollout": {"kind": "environment", "env": f"{env}:Env",
+                                                                     "episode_tokens": 64}}})
+    with pytest.raises(ConfigError) as e:
+        check_inputs(cfg)
+    [problem] = e.value.problems
+    assert "its first episode could not start (start " in problem
+    assert "reset's observation is int 42" in problem and "return the observation as text" in problem
+    env.write_text(RESET_NUMBER.replace("return 42", "return 'start'"))
+    check_inputs(config_from_dict(cfg.model_dump(mode="json") | {"sample": {
+        "max_tokens": 16, "rollout": {"kind": "environment", "env": f"{env}:Env", "episode_tokens": 64}}}))
+
+
 def test_prompts_too_long_for_a_stage_are_named_with_the_budget(tmp_path, default_model):
     long = {"prompt": "Add these up: " + " + ".join(["1"] * 300) + "?", "answer": 300}
     cfg = _cfg(tmp_path, [*GOOD, long], [*HELD, long | {"prompt": long["prompt"] + " Now."}],
