@@ -104,3 +104,8 @@ class StageFailedError(RatchetError):
     def __init__(self, message: str, clear: bool = False):
         super().__init__(message)
         self.clear = clear
+
+
+class Terminated(KeyboardInterrupt):
+    """The run was asked to stop by SIGTERM (systemd, `docker stop`, Kubernetes, a Prefect cancel):
+    an interrupt like Ctrl-C, which the same command resumes."""

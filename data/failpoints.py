@@ -14,7 +14,8 @@ included. A process left standing is a bug the tests look for.
 
 With RATCHET_FAILPOINTS_KILL=interrupt, a failpoint sends SIGINT to the run's process group, as
 a Ctrl-C at the terminal does, and goes on: the run must stop with an interrupt, promptly, and
-leave nothing running.
+leave nothing running. With RATCHET_FAILPOINTS_KILL=terminate, it sends SIGTERM to the run's
+orchestrator alone, as systemd, `docker stop` or Kubernetes do: the same, exit code 143.
 
 Points: <stage>:shard (sample and judge, after the first shard is written),
 <stage>:before-manifest (outputs written, manifest not yet), <stage>:after-manifest
@@ -30,7 +31,7 @@ import time
 
 ENV = "RATCHET_FAILPOINTS"
 GROUP = "RATCHET_FAILPOINTS_GROUP"  # set for helpers started in a group of their own (torchrun's processes)
-KILL = "RATCHET_FAILPOINTS_KILL"  # "group" (the default), "orchestrator" or "interrupt"
+KILL = "RATCHET_FAILPOINTS_KILL"  # "group" (the default), "orchestrator", "interrupt" or "terminate"
 ORCHESTRATOR = "RATCHET_ORCHESTRATOR_PID"  # set by `ratchet run` for the processes below it
 
 
@@ -49,6 +50,9 @@ def hit(name: str) -> None:
     if armed(name):
         if os.environ.get(KILL) == "interrupt":  # a Ctrl-C: the whole group, this process included
             os.killpg(int(os.environ.get(GROUP, os.getpgrp())), signal.SIGINT)
+            return
+        if os.environ.get(KILL) == "terminate" and ORCHESTRATOR in os.environ:  # systemd's, docker stop's SIGTERM
+            os.kill(int(os.environ[ORCHESTRATOR]), signal.SIGTERM)
             return
         if os.environ.get(KILL) == "orchestrator" and ORCHESTRATOR in os.environ:
             os.kill(int(os.environ[ORCHESTRATOR]), signal.SIGKILL)

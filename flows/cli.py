@@ -178,6 +178,22 @@ def _execute(cfg, start_from: str | None = None, verbose: bool = False, run_name
         return _execute_checked(cfg, split, start_from, verbose, run_name)
 
 
+def _sigterm_interrupts() -> None:
+    """SIGTERM (systemd, `docker stop`, Kubernetes, a Prefect cancel) stops a run as Ctrl-C does: the
+    console says interrupted, the record says interrupted, nothing is left running, exit 143, and
+    the same command resumes."""
+    import signal
+    import threading
+
+    from ratchet.data.errors import Terminated
+
+    def stop(signum, frame):
+        raise Terminated()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)
+
+
 def _execute_checked(cfg, split, start_from: str | None, verbose: bool, run_name: str | None = None) -> int:
     import time
     import traceback
@@ -188,6 +204,7 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool, run_name
     workdir = Path(cfg.workdir).resolve()
     _prepare_env(workdir)
     failpoints.orchestrator()
+    _sigterm_interrupts()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     if verbose:
         os.environ["RATCHET_VERBOSE"] = "1"
@@ -227,7 +244,9 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool, run_name
             traceback.print_exc()  # into the run's log (the terminal with --verbose)
             resume = f"ratchet resume {ctx.run_name} --workdir {ctx.workdir}" if ctx else "re-run the same command"
             console.failure(e, run_log, resume)
-            return 130 if isinstance(e, KeyboardInterrupt) else 2 if type(e).__name__ == "ConfigError" else 1
+            if isinstance(e, KeyboardInterrupt):
+                return 143 if type(e).__name__ == "Terminated" else 130  # 128 + the signal, as a shell reports it
+            return 2 if type(e).__name__ == "ConfigError" else 1
         champ = tracker.champion()
         console.text("\n" + _summary(results, champ))
         if champ:

@@ -156,7 +156,7 @@ class RunConsole:
             elif e.kind == "failed":
                 self._running = None
                 self._failed = e
-                stopped = (e.error or "").startswith("KeyboardInterrupt")  # a Ctrl-C, not the stage's fault
+                stopped = (e.error or "").startswith(("KeyboardInterrupt", "Terminated"))  # not the stage's fault
                 self.line(f"{name} ✗ {'interrupted' if stopped else 'failed'}", "bold red")
             elif e.kind == "note":
                 self.line(f"{name} {e.data['text']}")
@@ -218,7 +218,8 @@ class RunConsole:
         log = (Path(e.dir) / events.STAGE_LOG) if e and e.dir and (Path(e.dir) / events.STAGE_LOG).exists() else run_log
         full = out_of_space(error, Path(e.dir) if e and e.dir else Path.cwd())  # the orchestrator's own writes
         interrupted = isinstance(error, KeyboardInterrupt)
-        lines = [f"ratchet: {what} interrupted (Ctrl-C)" if interrupted else f"ratchet: {what} failed",
+        how = "SIGTERM" if type(error).__name__ == "Terminated" else "Ctrl-C"
+        lines = [f"ratchet: {what} interrupted ({how})" if interrupted else f"ratchet: {what} failed",
                  *([] if interrupted else [f"  {type(error).__name__}: {full or error}"])]
         if log is not None:
             lines.append(f"  log: {log}")

@@ -163,9 +163,9 @@ def execute(cfg: PipelineConfig, start_from: str | None = None,
     try:
         with helpers(cfg, Path(ctx.workdir) / "logs", ctx.run_name):
             results = self_improve(cfg, ctx)
-    except BaseException:
-        tracker.end(ctx.parent_run_id, "FAILED")
-        set_state(ctx, tracker, "failed")
+    except BaseException as e:
+        tracker.end(ctx.parent_run_id, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        set_state(ctx, tracker, "interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
         raise
     tracker.end(ctx.parent_run_id)
     set_state(ctx, tracker, "finished")

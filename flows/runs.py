@@ -88,7 +88,7 @@ class RunRecord(BaseModel):
     model_config = ConfigDict(extra="allow")
     ctx: RunContext
     config: dict
-    state: Literal["running", "finished", "failed"] = "running"
+    state: Literal["running", "finished", "failed", "interrupted"] = "running"
     host: str | None = None  # where the last attempt ran, and its process: a "running" record whose
     pid: int | None = None  # process is gone was interrupted (killed, or its machine lost)
 

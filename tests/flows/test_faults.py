@@ -1,10 +1,11 @@
-"""Kill the pipeline mid-sampling, interrupt it as Ctrl-C does at a stage boundary and mid-training,
-resume each time, and end byte-identical to an uninterrupted run.
+"""Kill the pipeline mid-sampling, stop it as systemd does at a stage boundary (SIGTERM) and as Ctrl-C
+does mid-training, resume each time, and end byte-identical to an uninterrupted run.
 
 The kill is `kill -9` of the orchestrator's PID alone, not its group, as a user or a lost
 session does it: every process below it (the temporary Prefect server, the stage worker, two
 engine holders) must die by itself, and none may write into the workdir afterwards. The
-interrupts are a SIGINT to the run's process group, as a terminal sends it. (The kills of the
+interrupts are a SIGTERM to the orchestrator alone, as systemd, `docker stop` and Kubernetes send
+it, and a SIGINT to the run's process group, as a terminal sends it. (The kills of the
 whole group, a lost machine, are the other tests' failpoints.)
 
 The run is the self-rewarding path on the tiny model (HF backend, worker processes): the
@@ -16,6 +17,7 @@ two holders sample the same bytes: tests/tasks/test_units.py); the others sample
 resumed sample stage finishes on another executor than the one it was killed on.
 """
 
+import json
 import time
 
 import pytest
@@ -35,7 +37,7 @@ pytestmark = pytest.mark.integration
 # served judge mid-stage (test_served_round), training in two processes at its checkpoint, by the PID
 # of the process that trains alone (test_train_processes).
 STOPS = [
-    ("evaluate:after-manifest", "interrupt"),
+    ("evaluate:after-manifest", "terminate"),  # SIGTERM to the orchestrator, as systemd or docker stop sends it
     ("sample:shard", "orchestrator"),  # one shard written, the other holder still sampling
     ("train:checkpoint", "interrupt"),
 ]
@@ -115,10 +117,13 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
         before = _finished(work) if (work / "stages").exists() else {}
         written = _written(work) if (work / "stages").exists() else {}
         killed = _run(work, tiny_model, api, failpoint, how=how)
-        if how == "interrupt":
-            assert killed.returncode == 130, (failpoint, killed.returncode, killed.stderr[-3000:])
-            assert "interrupted (Ctrl-C)" in killed.stderr and "ConnectError" not in killed.stderr, killed.stderr
+        if how in ("interrupt", "terminate"):
+            code, said = (130, "interrupted (Ctrl-C)") if how == "interrupt" else (143, "interrupted (SIGTERM)")
+            assert killed.returncode == code, (failpoint, killed.returncode, killed.stderr[-3000:])
+            assert said in killed.stderr and "ConnectError" not in killed.stderr, killed.stderr
             assert "to resume: ratchet resume " in killed.stderr
+            [record] = (work / "runs").glob("*.json")
+            assert json.loads(record.read_text())["state"] == "interrupted"  # `ratchet runs` says so
         else:
             assert killed.returncode == -9, (failpoint, killed.returncode, killed.stderr[-3000:])
         _nothing_left_running(work, failpoint)
