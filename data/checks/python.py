@@ -39,7 +39,8 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from ratchet.data.checks.base import Check, Item, Tally, Verdict
-from ratchet.data.checks.scorer import Call, Scorer, ScorerError, shared, split_spec
+from ratchet.data.checks.scorer import Call, Scorer, ScorerError, shared
+from ratchet.data.procs.entry import split_spec
 from ratchet.data.errors import RatchetError
 from ratchet.data.userfiles import UserFile, source_digest  # noqa: F401 - the digest that keys a user's file
 

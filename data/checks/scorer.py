@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratchet.data.procs.channel import Channel, user_traceback
-from ratchet.data.procs.entry import LoadError, entry, is_file_spec, load_spec, split_spec, target_of  # noqa: F401
+from ratchet.data.procs.entry import LoadError, entry, load_spec, split_spec, target_of
 from ratchet.data.procs.host import CallHost, HostError, serve_calls
 
 

@@ -26,7 +26,6 @@ import traceback
 from pathlib import Path
 
 FD = "RATCHET_CHANNEL_FD"  # in the child: the descriptor its answers go to
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds data/, models/, tasks/, flows/
 ENGINE_ROOM = Path(__file__).resolve().parent
 
 
