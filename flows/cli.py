@@ -5,7 +5,7 @@
     ratchet config --explain label.mode                      one config field: type, default, allowed values
     ratchet serve flows/configs/default.yaml --cron "0 3 * * *"  schedule continuation from the champion
     ratchet runs flows/configs/default.yaml                  list the runs in the workdir, how to resume them
-    ratchet report flows/configs/default.yaml [RUN]          a run's rounds as PNG figures and an HTML page
+    ratchet report flows/configs/default.yaml [--run RUN]    a run's rounds as PNG figures and an HTML page
     ratchet export flows/configs/default.yaml champion DIR   the champion as a plain Hugging Face model dir
     ratchet gc flows/configs/default.yaml                    remove unfinished stage dirs
     ratchet model                                            convert/find the default model
@@ -30,7 +30,7 @@ EPILOG = """examples:
   ratchet config --explain train.adapter              what a config field takes, and its default
   ratchet lineage flows/configs/default.yaml 4         the chain behind model version 4, verified
 
-Re-running the same command (or `ratchet resume RUN`) reuses every finished stage
+Re-running the same command (or `ratchet resume CONFIG`) reuses every finished stage
 (found by content key, its files re-verified) and continues from the first
 unfinished one, in the same MLflow parent and round runs.
 
@@ -144,27 +144,27 @@ def cmd_run(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    """Continue a pipeline run by name with the config it was started with, each file it reads
-    (a reward function, an environment, a data file) taken as it is now: a file fixed after a
-    failure is what the resumed run uses, and the stages that read it run again."""
-    from ratchet.flows.runs import load_record
+    """Continue a pipeline run with the config it was started with, each file it reads (a reward
+    function, an environment, a data file) taken as it is now: a file fixed after a failure is
+    what the resumed run uses, and the stages that read it run again."""
+    from ratchet.flows.runs import choose_run, load_record, resumed_config
 
-    record = load_record(Path(args.workdir).resolve(), args.run)
-    return _execute(resumed_config(record, Path(args.workdir)), record.ctx.start_version, verbose=args.verbose,
+    config, (run,), overrides = _words(args, "resume", ["RUN"], required=0)
+    if config is None and overrides:
+        raise RatchetError(f"ratchet resume continues a run with its own recorded config; {overrides[0]} would change "
+                           "it. Name the CONFIG with the overrides the run was started with, or start a new run: "
+                           "ratchet run CONFIG key=value")
+    chosen = choose_run(config, overrides, args.workdir, args.run or run, own=True)
+    record = load_record(chosen.workdir, chosen.run)
+    print(f"resuming {chosen.line()}")
+    return _execute(resumed_config(record, chosen.workdir), record.ctx.start_version, verbose=args.verbose,
                     run_name=record.ctx.run_name)
 
 
 def resumed_config(record, workdir: Path):
-    """A recorded run's config as its resume runs it: in `workdir`, each file it reads digested
-    again as it is now (the stored digests are what the last attempt read)."""
-    from ratchet.data.userfiles import without_digests
-    from ratchet.flows.config import PipelineConfig
+    from ratchet.flows.runs import resumed_config as resumed
 
-    stored = PipelineConfig.model_validate(record.config)
-    cfg = PipelineConfig.model_validate(without_digests(stored).model_dump(mode="json"))
-    if Path(cfg.workdir).resolve() != workdir.resolve():
-        cfg = cfg.model_copy(update={"workdir": str(workdir.resolve())})
-    return cfg
+    return resumed(record, workdir)
 
 
 def _execute(cfg, start_from: str | None = None, verbose: bool = False, run_name: str | None = None) -> int:
@@ -230,8 +230,10 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool, run_name
                 run_log = named
             origin = f"continuing from {tracker.model_name} version {ctx.start_version}" if ctx.start_version \
                 else "from the base model"
+            planned = _plan_line(cfg, ctx, tracker)
             console.header([
                 f"ratchet run {ctx.run_name}: {cfg.rounds} round(s) {origin}",
+                f"  {planned}",
                 f"  workdir  {ctx.workdir}",
                 f"  MLflow   {redact(tracker.uri)} (parent run {ctx.parent_run_id})",
                 f"  dtype    {dtype_line(cfg).removeprefix('dtype: ')}",
@@ -242,7 +244,7 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool, run_name
             _, results, _ = execute(cfg, ctx=ctx)
         except BaseException as e:
             traceback.print_exc()  # into the run's log (the terminal with --verbose)
-            resume = f"ratchet resume {ctx.run_name} --workdir {ctx.workdir}" if ctx else "re-run the same command"
+            resume = f"ratchet resume --run {ctx.run_name} --workdir {ctx.workdir}" if ctx else "re-run the same command"
             console.failure(e, run_log, resume)
             if isinstance(e, KeyboardInterrupt):
                 return 143 if type(e).__name__ == "Terminated" else 130  # 128 + the signal, as a shell reports it
@@ -254,6 +256,17 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool, run_name
             on = f"held-out accuracy {acc:.3f}" if acc is not None else "not evaluated on this eval set"
             console.text(f"champion: {tracker.model_name} version {champ} ({on})")
     return 0
+
+
+def _plan_line(cfg, ctx, tracker) -> str:
+    """The plan's one line (flows/plan.py) for the run about to start: what it will reuse and run."""
+    from ratchet.data.store import ArtifactStore
+    from ratchet.flows.lineage import version_manifest
+    from ratchet.flows.plan import plan
+
+    start = version_manifest(ArtifactStore(Path(ctx.workdir)), tracker, ctx.start_version) if ctx.start_version \
+        else None
+    return plan(cfg, run=ctx.run_name, start=start, pool_start=ctx.pool_start, sources=ctx.sources).summary()
 
 
 def cmd_config(args) -> int:
@@ -331,21 +344,76 @@ def model_line(cfg, prompt: str) -> str:
             f"  the model reads: {prompt_format.example(tok, prompt)!r}")
 
 
+def _is_override(word: str) -> bool:
+    import re
+
+    return re.fullmatch(r"[A-Za-z_][\w.]*=.*", word, re.S) is not None
+
+
+def _words(args, command: str, names: list[str], required: int) -> tuple[str | None, list, list[str]]:
+    """A run command's words, `[CONFIG] [ARG ...] [key=value ...]`: the config (a YAML file, or
+    None), this command's own arguments by position (`names`; None where left out) and the
+    overrides."""
+    words = list(args.overrides)
+    config = words.pop(0) if words and not _is_override(words[0]) and (
+        words[0].endswith((".yaml", ".yml")) or Path(words[0]).is_file()) else None
+    rest = [w for w in words if not _is_override(w)]
+    overrides = [w for w in words if _is_override(w)]
+    usage = " ".join(names)
+    if len(rest) > len(names):
+        raise RatchetError(f"ratchet {command} takes [CONFIG] {usage or 'no argument'} then key=value overrides; "
+                           f"{rest[len(names)]!r} is none of these (a config is a .yaml file)")
+    if len(rest) < required:
+        raise RatchetError(f"ratchet {command} needs {' '.join(names[:required])}: ratchet {command} [CONFIG] {usage} "
+                           "[key=value ...] [--workdir W] [--run RUN]")
+    return config, rest + [None] * (len(names) - len(rest)), overrides
+
+
+def _chosen(args, command: str, names: list[str], required: int = 0, need: bool = True, own: bool = False):
+    """The run a command reads, chosen as every run command chooses it, and the line that says so
+    (on standard error under --json, where standard output is the document)."""
+    from ratchet.flows.runs import choose_run
+
+    config, targets, overrides = _words(args, command, names, required)
+    chosen = choose_run(config, overrides, args.workdir, args.run, need=need, own=own)
+    print(f"reading {chosen.line()}", file=sys.stderr if getattr(args, "json", False) else sys.stdout)
+    return chosen, targets
+
+
+def _made_by(tracker, version: str, run: str | None) -> str:
+    """Which run and round made a registered version (its `ratchet.run` and `ratchet.round` tags),
+    refused when --run named another run."""
+    tags = tracker.version(version).tags
+    made = tags.get("ratchet.run")
+    if run is not None and made is not None and made != run:
+        raise RatchetError(f"{tracker.model_name} version {version} was made by run {made}, not {run}; leave out "
+                           "--run (a version names its run) or name that run's version")
+    where = f"run {made}, round {tags.get('ratchet.round', '?')}" if made else "a run that left no ratchet.run tag"
+    return f"{tracker.model_name} version {version}: made by {where}"
+
+
+def _run_versions(chosen, tracker) -> list[str]:
+    from ratchet.flows.runs import list_runs
+
+    for r in list_runs(chosen.workdir, tracker):
+        if r.run == chosen.run:
+            return [e.version for e in r.entries]
+    return []
+
+
 def cmd_lineage(args) -> int:
     """Print the chain behind a model version or round run; exit 1 if any link fails its check."""
     import json
 
     from ratchet.data.store import ArtifactStore
-    from ratchet.flows.config import load_config
     from ratchet.flows.lineage import annotate, as_json, render_text, resolve, walk
     from ratchet.flows.tracking import Tracker
 
-    if args.target is not None and "=" in args.target:  # no target given: the first override took its place
-        args.overrides, args.target = [args.target, *args.overrides], None
-    cfg = load_config(args.config, args.overrides)
-    workdir = Path(cfg.workdir).resolve()
+    _, (target,), _ = _words(args, "lineage", ["VERSION"], required=0)
+    chosen, _ = _chosen(args, "lineage", ["VERSION"], need=target is None and args.code is None)
+    cfg, workdir = chosen.cfg, chosen.workdir
     if not (workdir / "stages").is_dir():
-        raise RatchetError(f"no artifact store at {workdir}/stages; run the pipeline first or set workdir=...")
+        raise RatchetError(f"no artifact store at {workdir}/stages; run the pipeline first or pass --workdir W")
     store = ArtifactStore(workdir)
     if args.code is not None:  # a code version, opened
         from ratchet.flows.lineage import render_code
@@ -353,11 +421,17 @@ def cmd_lineage(args) -> int:
         opened = store.code(args.code)
         print(json.dumps(opened, indent=2) if args.json else render_code(opened))
         return 0
-    if args.target is None:
-        raise RatchetError("ratchet lineage needs a TARGET (a model version, 'champion', a round's run id or a stage "
-                           "dir) or --code DIGEST")
     tracker = Tracker(cfg.tracking, workdir, cfg.name)
-    links = walk(store, resolve(args.target, store, tracker))
+    if target is None:  # the chosen run's newest version
+        versions = _run_versions(chosen, tracker)
+        if not versions:
+            raise RatchetError(f"run {chosen.run} has registered no model version yet; name a VERSION, 'champion', a "
+                               "round's MLflow run id or a stage dir")
+        target = versions[-1]
+    version = tracker.champion() if target == "champion" else target.rsplit("/", 1)[-1]
+    if version is not None and version.isdigit():
+        print(_made_by(tracker, version, args.run), file=sys.stderr if args.json else sys.stdout)
+    links = walk(store, resolve(target, store, tracker))
     annotate(links, tracker)
     print(json.dumps(as_json(links), indent=2) if args.json else render_text(links))
     return 0 if all(x.verified for x in links) else 1
@@ -368,16 +442,19 @@ def cmd_runs(args) -> int:
     import json
     import time
 
-    from ratchet.flows.config import load_config
     from ratchet.flows.runs import list_runs
     from ratchet.flows.tracking import Tracker, redact
 
-    cfg = load_config(args.config, args.overrides)
-    workdir = Path(cfg.workdir).resolve()
+    chosen, _ = _chosen(args, "runs", [], need=False)
+    workdir = chosen.workdir
     if not (workdir / "runs").is_dir():
-        raise RatchetError(f"no pipeline runs recorded in {workdir}/runs; run the pipeline first or set workdir=...")
-    tracker = Tracker(cfg.tracking, workdir, cfg.name)
+        raise RatchetError(f"no pipeline runs recorded in {workdir}/runs; run the pipeline first or pass --workdir W")
+    tracker = Tracker(chosen.cfg.tracking, workdir, chosen.cfg.name)
     runs, champ = list_runs(workdir, tracker), tracker.champion()
+    if args.run is not None:
+        runs = [r for r in runs if r.run == args.run]
+        if not runs:
+            raise RatchetError(f"no pipeline run {args.run!r} in {workdir}/runs; `ratchet runs` without --run lists them")
     if args.json:
         print(json.dumps({"workdir": str(workdir), "model": tracker.model_name, "champion": champ,
                           "runs": [r.model_dump() for r in runs]}, indent=2))
@@ -400,14 +477,12 @@ def cmd_runs(args) -> int:
 
 def cmd_report(args) -> int:
     """Draw a run's rounds: PNGs and one self-contained HTML page, also logged to its MLflow run."""
-    from ratchet.flows.config import load_config
     from ratchet.flows.report import build
     from ratchet.flows.tracking import Tracker
 
-    run = args.rest[0] if args.rest and "=" not in args.rest[0] else None
-    cfg = load_config(args.config, args.rest[1:] if run else args.rest)
-    workdir = Path(cfg.workdir).resolve()
-    report = build(workdir, Tracker(cfg.tracking, workdir, cfg.name), run, log=not args.no_log)
+    chosen, _ = _chosen(args, "report", []) if args.run else _positional_run(args, "report")
+    cfg, workdir = chosen.cfg, chosen.workdir
+    report = build(workdir, Tracker(cfg.tracking, workdir, cfg.name), chosen.run, log=not args.no_log)
     print(f"{report.run.run}: {len(report.rounds)} round(s), {len(report.figures)} figure(s)")
     for title, path in report.figures.items():
         print(f"  {path}  {title}")
@@ -415,22 +490,55 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _positional_run(args, command: str):
+    """`ratchet report CONFIG RUN` and `ratchet resume RUN --workdir W`, as older logs and docs
+    print them: a bare RUN is --run."""
+    _, (run,), _ = _words(args, command, ["RUN"], required=0)
+    if run is not None:
+        args.run = run
+        args.overrides = [w for w in args.overrides if w != run]
+    return _chosen(args, command, [])[0], (run,)
+
+
 def cmd_export(args) -> int:
     """Write a registered version as a plain Hugging Face model directory with a lineage card."""
     from ratchet.data.store import ArtifactStore
-    from ratchet.flows.config import load_config
     from ratchet.flows.lineage import export
     from ratchet.flows.tracking import Tracker
 
-    cfg = load_config(args.config, args.overrides)
-    workdir = Path(cfg.workdir).resolve()
+    chosen, (target, out_dir) = _chosen(args, "export", ["VERSION", "DIR"], required=2, need=False)
+    cfg, workdir = chosen.cfg, chosen.workdir
     tracker = Tracker(cfg.tracking, workdir, cfg.name)
-    version = tracker.champion() if args.version == "champion" else args.version.rsplit("/", 1)[-1]
+    version = tracker.champion() if target == "champion" else target.rsplit("/", 1)[-1]
     if version is None:
         raise RatchetError(f"{tracker.model_name} has no champion yet; name a version (see `ratchet runs`)")
-    out = export(ArtifactStore(workdir), tracker, version, Path(args.dir))
+    print(_made_by(tracker, version, args.run))
+    out = export(ArtifactStore(workdir), tracker, version, Path(out_dir))
     print(f"{tracker.model_name} version {version} -> {out} (transformers: AutoModelForCausalLM.from_pretrained("
           f"{str(out)!r}); vLLM: LLM(model={str(out)!r}))")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    """What a run would do, before it starts: each stage reused, stale (and why), to run, or waiting."""
+    import json
+
+    from ratchet.flows.plan import plan, start_of
+    from ratchet.flows.runs import choose_run, read_record, run_name_for
+
+    config, _, overrides = _words(args, "plan", [], required=0)
+    chosen = choose_run(config, overrides, args.workdir, args.run, need=config is None)
+    run = chosen.run or run_name_for(chosen.cfg)
+    record = chosen.workdir / "runs" / f"{run}.json"
+    ctx = read_record(record).ctx if record.is_file() else None
+    start = start_of(chosen.cfg, chosen.workdir, ctx.start_version) if ctx and ctx.start_version else None
+    if chosen.run is not None:
+        line = chosen.line()
+    else:
+        line = f"run {run} (the run {config} names{'' if ctx else '; not run yet'}) · workdir {chosen.workdir}"
+    print(f"reading {line}", file=sys.stderr if args.json else sys.stdout)
+    made = plan(chosen.cfg, run=run, start=start, pool_start=ctx.pool_start if ctx else None)
+    print(json.dumps(made.as_json(), indent=2) if args.json else made.render())
     return 0
 
 
@@ -447,11 +555,13 @@ def cmd_serve(args) -> int:
 
 def cmd_gc(args) -> int:
     """Remove what interrupted stages left behind that no recorded run will resume."""
-    from ratchet.flows.config import load_config
     from ratchet.flows.schedule import collect_garbage
 
-    cfg = load_config(args.config, args.overrides)
-    items = collect_garbage(Path(cfg.workdir).resolve(), dry_run=args.dry_run, everything=args.all)
+    if args.run is not None:
+        raise RatchetError("ratchet gc looks at every run of a workdir at once (a stage may be shared by several); "
+                           "leave out --run. `ratchet gc CONFIG --dry-run` lists which run keeps what")
+    chosen, _ = _chosen(args, "gc", [], need=False)
+    items = collect_garbage(chosen.workdir, dry_run=args.dry_run, everything=args.all)
     verb = "would remove" if args.dry_run else "removed"
     for x in items:
         print(f"{verb if x.remove else 'kept':>12} {x.path}  ({x.bytes / 2**20:.1f} MiB): {x.why}")
@@ -467,13 +577,25 @@ def cmd_model(args) -> int:
     return 0
 
 
-def _workdir_args(s: argparse.ArgumentParser, target: str | None = None, optional: bool = False) -> None:
-    """CONFIG [TARGET] [key=value ...] [--json]: a command that reads what runs left in a workdir."""
-    s.add_argument("config", help="the run's YAML config (gives workdir, tracking URI and model name)")
-    if target:
-        s.add_argument("target", help=target, **({"nargs": "?"} if optional else {}))
-    s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
+RUN_USAGE = "ratchet {command} [CONFIG] {args}[key=value ...] [--workdir W] [--run RUN]"
+RUN_NAMING = ("Every command that reads a run (resume, report, runs, lineage, export, gc, plan) names it the same "
+              "way: the workdir is --workdir W, else the CONFIG's workdir after its overrides, else ./runs; the run "
+              "is --run RUN, else the run CONFIG names (the one `ratchet run CONFIG` continues), else the newest "
+              "recorded under the config's name, or with no CONFIG the newest in the workdir, whose recorded "
+              "config is then read. The first line says which run was read.")
+
+
+def _run_args(s: argparse.ArgumentParser, words: str, json: bool = False) -> None:
+    """[CONFIG] [ARG ...] [key=value ...] [--workdir W] [--run RUN]: a command that reads a run."""
+    s.add_argument("overrides", nargs="*", metavar="WORD", help="the run's YAML config (optional), this command's "
+                   f"own arguments ({words}), then dotted overrides as given to `run`")
+    s.add_argument("--workdir", default=None, metavar="W", help="the workdir the run is in (default: the config's; "
+                   "with no config, ./runs)")
+    s.add_argument("--run", default=None, metavar="RUN", help="the run's name, as `ratchet runs` lists it (default: "
+                   "the run the config names, else the newest)")
+    if json:
+        s.add_argument("--json", action="store_true", help="machine-readable output (which run was read goes to "
+                       "standard error)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -507,47 +629,60 @@ def build_parser() -> argparse.ArgumentParser:
                            "config reference: type, default, allowed values, what it does (e.g. label.mode)")
             s.add_argument("--reference", action="store_true", help="print the whole config reference as "
                            "Markdown (docs/reference/config.md is this output)")
-    s = sub.add_parser("resume", help="continue a pipeline run by name (see WORKDIR/runs/)",
+    s = sub.add_parser("resume", help="continue a pipeline run (the one CONFIG names, or --run RUN)",
+                       usage=RUN_USAGE.format(command="resume", args=""),
                        description="Continue a pipeline run with the config it was started with: finished "
-                       "stages are reused, the same MLflow parent and round runs continue.")
-    s.add_argument("run", help="run name, e.g. default-1a2b3c4d5e (a file in WORKDIR/runs/)")
-    s.add_argument("--workdir", default="runs", help="the run's workdir (default: runs)")
+                       "stages are reused, the same MLflow parent and round runs continue. " + RUN_NAMING)
+    _run_args(s, "resume: also RUN, as older logs print it (ratchet resume RUN --workdir W)")
     s.add_argument("--verbose", action="store_true", help="also stream every library's output to the terminal")
     s.set_defaults(fn=cmd_resume)
     s = sub.add_parser("lineage", help="print and verify the chain that produced a model version",
+                       usage=RUN_USAGE.format(command="lineage", args="[VERSION] ") + " [--json] [--code DIGEST]",
                        description="Walk a model's manifests back to the base model and prompts, re-verifying "
-                       "every digest. Exits 1 if any link was changed after it finished.")
-    _workdir_args(s, target="model version number, models:/NAME/N, 'champion', a round's MLflow run id, or a "
-                  "stage dir", optional=True)
+                       "every digest. Exits 1 if any link was changed after it finished. VERSION: a model version "
+                       "number, models:/NAME/N, 'champion', a round's MLflow run id, or a stage dir; left out, the "
+                       "run's newest version. A version names the run that made it (its ratchet.run tag), which "
+                       "the first line says. " + RUN_NAMING)
+    _run_args(s, "lineage: VERSION", json=True)
     s.add_argument("--code", metavar="DIGEST", default=None, help="open a stage's code version (the `code` a link "
                    "prints): every definition it covers, with its module and digest, and the libraries' versions")
     s.set_defaults(fn=cmd_lineage)
     s = sub.add_parser("runs", help="list the pipeline runs in a workdir, their state and how to resume them",
-                       description="The pipeline runs recorded in the config's workdir: finished, failed, "
+                       usage=RUN_USAGE.format(command="runs", args="") + " [--json]",
+                       description="The pipeline runs recorded in the workdir: finished, failed, "
                        "interrupted (killed or lost) or running; rounds done; each round's registered version and "
-                       "held-out accuracy; the champion; and the command that resumes an unfinished run.")
-    _workdir_args(s)
+                       "held-out accuracy; the champion; and the command that resumes an unfinished run. --run "
+                       "lists one. " + RUN_NAMING)
+    _run_args(s, "runs: none", json=True)
     s.set_defaults(fn=cmd_runs)
     s = sub.add_parser("report", help="draw a run's rounds as PNG figures and one HTML page",
+                       usage=RUN_USAGE.format(command="report", args="") + " [--no-log]",
                        description="Held-out accuracy by round (promoted rounds marked), label rewards, training "
                        "rows or pairs, label-vs-verifier agreement, tree-search figures where used, wall time per "
                        "stage and throughput: PNG files and one self-contained HTML page in "
                        "WORKDIR/reports/RUN/, logged to the run's MLflow parent run under report/. Every run "
-                       "writes its own at the end; this draws one again, or an older run's.")
-    s.add_argument("config", help="the run's YAML config (gives workdir, tracking URI and model name)")
-    s.add_argument("rest", nargs="*", metavar="[RUN] key=value", help="the run's name (see `ratchet runs`; "
-                   "default: the newest), then dotted overrides as given to `run`")
+                       "writes its own at the end; this draws one again, or an older run's. " + RUN_NAMING)
+    _run_args(s, "report: also RUN, as `ratchet report CONFIG RUN` was written before --run")
     s.add_argument("--no-log", action="store_true", help="write the files only, log nothing to MLflow")
     s.set_defaults(fn=cmd_report)
     s = sub.add_parser("export", help="write a registered version as a plain Hugging Face model directory",
+                       usage=RUN_USAGE.format(command="export", args="VERSION DIR "),
                        description="Copy a registered version's merged weights and tokenizer, re-verified against "
                        "their digests, into DIR with a model card (README.md) naming its lineage: a directory "
-                       "transformers' from_pretrained and vLLM load as is.")
-    s.add_argument("config", help="the run's YAML config (gives workdir, tracking URI and model name)")
-    s.add_argument("version", help="a version number, models:/NAME/N, or 'champion'")
-    s.add_argument("dir", help="where to write the model (must not exist, or be empty)")
-    s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
+                       "transformers' from_pretrained and vLLM load as is. VERSION: a version number, "
+                       "models:/NAME/N, or 'champion'; it names the run that made it. DIR must not exist, or be "
+                       "empty. " + RUN_NAMING)
+    _run_args(s, "export: VERSION DIR")
     s.set_defaults(fn=cmd_export)
+    s = sub.add_parser("plan", help="say, before a run, which stages it would reuse, re-run or run, and why",
+                       usage=RUN_USAGE.format(command="plan", args="") + " [--json]",
+                       description="For every stage of every round: reused (a finished stage with its key is in "
+                       "the store), stale (this run finished it under another key: the config fields, files, code "
+                       "definitions or parents that differ are named), to run, or waits (on a stage before it that "
+                       "will run, or on a gate's decision). It loads no model and writes nothing in the workdir or "
+                       "in MLflow. `ratchet run` prints its last line before it starts. " + RUN_NAMING)
+    _run_args(s, "plan: none", json=True)
+    s.set_defaults(fn=cmd_plan)
     s = sub.add_parser("serve", help="deploy on a cron schedule to a Prefect server; each run continues from "
                        "the champion", description="Create a Prefect deployment of the pipeline with a cron "
                        "schedule. Each scheduled run adds `rounds` rounds on top of the MLflow `champion` model "
@@ -566,12 +701,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what each scheduled run starts from: 'champion' (default), 'base' or a version number")
     s.set_defaults(fn=cmd_serve)
     s = sub.add_parser("gc", help="remove unfinished stage dirs that no recorded run will resume",
+                       usage=RUN_USAGE.format(command="gc", args="") + " [--dry-run] [--all]",
                        description="Delete stage directories without a manifest that no recorded pipeline run "
                        "can resume (every run that started them finished, or has no record), and scratch a "
                        "kill left in finished stages. A directory a live process holds is never touched, nor "
-                       "is any finished output. --dry-run lists each with the reason.")
-    s.add_argument("config", help="the run's YAML config (gives the workdir)")
-    s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as given to `run`")
+                       "is any finished output. --dry-run lists each with the reason. It reads every run of the "
+                       "workdir, so it takes no --run. " + RUN_NAMING)
+    _run_args(s, "gc: none")
     s.add_argument("--dry-run", action="store_true", help="list what would be removed and why, remove nothing")
     s.add_argument("--all", action="store_true", help="also remove unfinished stages a recorded run could still "
                    "resume (never one a live process holds)")

@@ -1,7 +1,8 @@
 """Lineage: the chain that produced a model, walked over manifests and checked.
 
-    ratchet lineage 4                  # model version 4 of the workdir's registered model
-    ratchet lineage RUN_ID --json      # an MLflow round run, as JSON
+    ratchet lineage CONFIG 4               # model version 4 of the workdir's registered model
+    ratchet lineage CONFIG RUN_ID --json   # an MLflow round run, as JSON
+    ratchet lineage --workdir W            # the newest run's newest version, its config read from its record
 
 Each link is a stage directory: its config hash, code version, output digests
 (re-verified against the files on disk), the user's files it read with their digests (a data

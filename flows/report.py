@@ -1,7 +1,7 @@
 """`ratchet report`: a pipeline run's rounds as pictures, PNG files and one self-contained HTML page.
 
-    ratchet report flows/configs/default.yaml            the newest run in the workdir
-    ratchet report flows/configs/default.yaml RUN        a run by name (see `ratchet runs`)
+    ratchet report flows/configs/default.yaml            the run the config names (else the newest of its name)
+    ratchet report flows/configs/default.yaml --run RUN  a run by name (see `ratchet runs`)
 
 The figures come from what the run recorded: each round's MLflow child run (its stage
 metrics and its decision) and the label stage's rows in the artifact store (the reward

@@ -365,7 +365,94 @@ def list_runs(workdir: Path, tracker: Tracker) -> list[RunSummary]:
         done = len([e for e in entries if e.round > first])
         rounds = int(rec.config.get("rounds", 0))
         resume = None if state in ("finished", "running") else \
-            f"ratchet resume {rec.ctx.run_name} --workdir {workdir}"
+            f"ratchet resume --run {rec.ctx.run_name} --workdir {workdir}"
         out.append(RunSummary(run=rec.ctx.run_name, state=state, rounds_done=done, rounds=rounds,
                               start_version=rec.ctx.start_version, started=started, entries=entries, resume=resume))
     return sorted(out, key=lambda r: (r.started or 0, r.run))
+
+
+def resumed_config(record: RunRecord, workdir: Path, overrides: list[str] = ()) -> PipelineConfig:
+    """A recorded run's config as its resume runs it: in `workdir`, each file it reads digested
+    again as it is now (the stored digests are what the last attempt read), `overrides` on top."""
+    from ratchet.data.userfiles import without_digests
+    from ratchet.flows.config import config_from_dict
+
+    stored = PipelineConfig.model_validate(record.config)
+    data = without_digests(stored).model_dump(mode="json")
+    if Path(data["workdir"]).resolve() != workdir.resolve():
+        data["workdir"] = str(workdir.resolve())
+    return config_from_dict(data, list(overrides), f"run {record.ctx.run_name}'s record")
+
+
+class Chosen(BaseModel):
+    """The run a command reads (`ratchet resume`, `report`, `runs`, `lineage`, `export`, `gc`,
+    `plan`), found the same way for each, and how it was found, which the command says."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    cfg: PipelineConfig
+    workdir: Path
+    run: str | None  # None: a command about the whole workdir, in which no run was named
+    how: str  # e.g. "named by --run", "the run flows/configs/default.yaml names"
+
+    def line(self) -> str:
+        if self.run is None:
+            return f"every run in {self.how}"
+        return f"run {self.run} ({self.how}) · workdir {self.workdir}"
+
+
+def _newest(workdir: Path, prefix: str = "") -> str | None:
+    """The run whose record changed last (each attempt and each end rewrites it)."""
+    found = [p for p in (workdir / "runs").glob(f"{prefix}*.json")] if (workdir / "runs").is_dir() else []
+    return max(found, key=lambda p: (p.stat().st_mtime, p.stem)).stem if found else None
+
+
+def choose_run(config: str | None, overrides: list[str] = (), workdir: str | None = None, run: str | None = None,
+               *, need: bool = True, own: bool = False) -> Chosen:
+    """One way to name a run, for every command that reads one.
+
+    - The workdir: `--workdir`, else the config's `workdir` (after its overrides), else `runs`.
+    - The run: `--run RUN`; else the run the config names (the one `ratchet run CONFIG` continues,
+      also one started `--from` a version); else, unless `own`, the newest run recorded under
+      the config's name; with no config, the newest run in the workdir.
+    - The config: CONFIG with its overrides; with no CONFIG, the run's own recorded config.
+    `need`: a run must be found (else None is allowed: a command about the whole workdir)."""
+    if config is not None:
+        from ratchet.flows.config import load_config
+
+        cfg = load_config(config, list(overrides))
+        if workdir is not None:
+            cfg = cfg.model_copy(update={"workdir": str(Path(workdir).resolve())})
+        where = Path(cfg.workdir).resolve()
+        if run is not None:
+            load_record(where, run)  # one that is not there is named, with the runs that are
+            return Chosen(cfg=cfg, workdir=where, run=run, how="named by --run")
+        if not need:
+            return Chosen(cfg=cfg, workdir=where, run=None, how=f"{where / 'runs'}")
+        named = run_name_for(cfg)
+        if (where / "runs" / f"{named}.json").exists():
+            return Chosen(cfg=cfg, workdir=where, run=named, how=f"the run {config} names")
+        if (started := _newest(where, f"{named}-from-v")) is not None:
+            return Chosen(cfg=cfg, workdir=where, run=started, how=f"the run {config} names, started from a version")
+        if not own and (newest := _newest(where, f"{cfg.name}-")) is not None:
+            return Chosen(cfg=cfg, workdir=where, run=newest,
+                          how=f"the newest named {cfg.name}; {config} as given names {named}, which has not run here")
+        raise ConfigError([f"no run of {config} is recorded in {where / 'runs'} (it would be {named}); "
+                           f"`ratchet run {config}` starts it, `ratchet runs {config}` lists the runs there, "
+                           "`--run RUN` names one"])
+    where = Path(workdir or "runs").resolve()
+    how = "named by --run"
+    if run is None:
+        run, how = _newest(where), f"the newest in {where / 'runs'}"
+        if run is None and not need:  # e.g. gc or a code version of a store no recorded run used
+            from ratchet.flows.config import config_from_dict
+
+            cfg = config_from_dict({"workdir": str(where)}, list(overrides), "--workdir")
+            return Chosen(cfg=cfg, workdir=where, run=None, how=f"{where / 'runs'}: none is recorded")
+        if run is None:
+            raise ConfigError([f"no pipeline run is recorded in {where / 'runs'}, so there is no config to read; "
+                               "name the run's CONFIG, or its workdir with --workdir W"])
+        if not need:  # about every run: the newest one's config gives the tracking store and model name
+            cfg = resumed_config(load_record(where, run), where, overrides)
+            return Chosen(cfg=cfg, workdir=where, run=None, how=f"{where / 'runs'}, with run {run}'s config")
+    record = load_record(where, run)
+    return Chosen(cfg=resumed_config(record, where, overrides), workdir=where, run=run, how=how)

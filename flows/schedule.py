@@ -190,7 +190,7 @@ def _verdict(owners: list[str], records: dict, unreadable: dict[str, str], workd
         o = resumable[0]
         if everything:
             return True, f"run {o} ({records[o].state}) could resume it; removed because of --all"
-        return False, f"run {o} ({records[o].state}) resumes it: ratchet resume {o} --workdir {workdir}"
+        return False, f"run {o} ({records[o].state}) resumes it: ratchet resume --run {o} --workdir {workdir}"
     if not owners:
         return True, "unfinished, and no recorded run started it"
     gone = [o for o in owners if o not in records]

@@ -82,13 +82,16 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def default_model_dir(cache_dir: Path | None = None) -> Path:
-    """The converted default model directory, converting on first use."""
+def default_model_dir(cache_dir: Path | None = None, convert: bool = True) -> Path | None:
+    """The converted default model directory, converting on first use (`convert=False`: None
+    where it is not converted yet)."""
     gguf = find_gguf()
     digest = sha256_file(gguf)
     out = (cache_dir or default_cache_dir()) / f"smollm2-135m-instruct-{digest[:12]}"
     if (out / DONE).exists():
         return out
+    if not convert:
+        return None
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"converting {gguf.name} -> {out} (once)", file=sys.stderr, flush=True)
     return convert_gguf(gguf, out)

@@ -212,6 +212,8 @@ def run_stage(
     request = request_type(body)  # a body that cannot run is an error before anything is written
     name = body_name(body) if isolate else None
     config = resolved(config)
+    if store.planner is not None:  # `ratchet plan`: keyed and looked up, never run
+        return store.planner.stage(stage, round, body, config, keyed(config), code, parents)
     source = None
     if code is None:  # worked out from the body; what it covers is kept in the store, once per digest
         from ratchet.tasks import code_reach

@@ -157,6 +157,32 @@ def call(target: Entry, *args, after: tuple[str, ...] | None = None):
     return target.main(*args)
 
 
+def call_apart(target: Entry, *args):
+    """`target(*args)` in a fresh child process, never in this one: for a caller that must not
+    import what the function imports (`ratchet plan` reads a tokenizer without importing torch).
+    Returns its value; a ConfigError it raises is raised here; any other failure is a RatchetError
+    with the child's last output."""
+    import pickle
+    import tempfile
+
+    from ratchet.data.errors import ConfigError, RatchetError
+    from ratchet.data.procs import spawn
+
+    if not isinstance(target, Entry):
+        raise TypeError(f"{target!r} is not a declared entry (@entry): a child runs nothing else")
+    with tempfile.TemporaryDirectory(prefix="ratchet-call-") as t:
+        spec, said = Path(t) / "call.pkl", Path(t) / "call.log"
+        spec.write_bytes(pickle.dumps((target.name, args)))
+        code = spawn.run_logged(call_in_child, [str(spec)], said)
+        if code == 0 and (result := Path(t) / RESULT).exists():
+            kind, value = pickle.loads(result.read_bytes())
+            if kind == "config":
+                raise ConfigError(*value)
+            return value
+        raise RatchetError(f"{target.name} failed in its own process (exit code {code}): "
+                           f"{said.read_text(errors='replace')[-2000:] if said.exists() else 'no output'}")
+
+
 @entry
 def fork_server(channel: Channel, preload: list[str]) -> int:
     """The fork server's main: read requests on its channel, fork a child for each, and answer

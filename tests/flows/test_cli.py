@@ -62,7 +62,7 @@ def test_gc_removes_only_what_no_recorded_run_will_resume(tmp_path):
                  for line in r.stdout.splitlines() if "MiB):" in line}
         assert "run done started it and finished without it" in lines["train-bbbb"]
         assert "run gone started it and has no record left" in lines["filter-eeee"]
-        assert lines["sample-dddd"].lstrip().startswith("kept") and "ratchet resume killed" in lines["sample-dddd"]
+        assert lines["sample-dddd"].lstrip().startswith("kept") and "ratchet resume --run killed" in lines["sample-dddd"]
         assert "a live run is writing it" in lines["label-cccc"]
         assert "scratch a finished stage no longer needs" in lines["shards"]
         assert r.stdout.splitlines()[-1] == "would remove 3 item(s), 0.0 MiB; kept 2"
@@ -170,6 +170,6 @@ def test_runs_lists_each_run_with_its_state_rounds_and_how_to_resume(tmp_path):
         [("1", 0.42, True), ("2", 0.8, True), ("3", 0.7, False)]
     assert runs["a-finished"]["resume"] is None and runs["d-live"]["resume"] is None
     for n in ("b-failed", "c-killed"):
-        assert runs[n]["resume"] == f"ratchet resume {n} --workdir {tmp_path}"
-        assert f"resume: ratchet resume {n} --workdir {tmp_path}" in text.stdout
+        assert runs[n]["resume"] == f"ratchet resume --run {n} --workdir {tmp_path}"
+        assert f"resume: ratchet resume --run {n} --workdir {tmp_path}" in text.stdout
     assert "v2* 80.0% (champion)" in text.stdout and os.path.basename(str(tmp_path)) in text.stdout

@@ -88,9 +88,8 @@ def test_a_link_names_the_commit_that_ran_it_and_its_code_version_opens(tmp_path
     """Each stage's manifest records the git commit (and whether the package's files differed from it)
     and the package version that ran it; its code version is kept in the store, once per digest,
     as every definition it covers, which `ratchet lineage --code DIGEST` prints."""
-    from types import SimpleNamespace
 
-    from ratchet.flows.cli import cmd_lineage
+    from ratchet.flows.cli import main
     from ratchet.flows.lineage import render_code
     from ratchet.tasks import code_reach
     from ratchet.tasks.stage import run_stage
@@ -110,8 +109,8 @@ def test_a_link_names_the_commit_that_ran_it_and_its_code_version_opens(tmp_path
     text = render_code(opened)
     assert text.startswith(f"code {m.code_version}: ") and "    code_body" in text
     monkeypatch.chdir(tmp_path)
-    args = SimpleNamespace(config=None, target="workdir=runs", overrides=[], code=m.code_version, json=False)
-    assert cmd_lineage(args) == 0  # the override in the target's place is read as an override
+    assert main(["lineage", "--workdir", "runs", "--code", m.code_version]) == 0  # no run recorded: the store's
+    assert main(["lineage", "flows/configs/default.yaml", "workdir=runs", "--code", m.code_version]) == 2  # no such file here
     import pytest
 
     from ratchet.data.errors import ArtifactError

@@ -89,10 +89,11 @@ def test_tree_search_runs_get_their_figure_and_the_cli_names_the_files(tmp_path)
                         f"workdir={tmp_path}", "--no-log"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "demo-1: 4 round(s), 7 figure(s)" in r.stdout and "mcts.png  Tree search per round" in r.stdout
+    assert r.stdout.startswith(f"reading run demo-1 (named by --run) · workdir {tmp_path}")  # `report CONFIG RUN`
     assert (tmp_path / "reports" / "demo-1" / "mcts.png").read_bytes().startswith(PNG)
-    bad = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "report", "flows/configs/default.yaml", "nope",
-                          f"workdir={tmp_path}"], cwd=ROOT, capture_output=True, text=True)
-    assert bad.returncode == 1 and "no pipeline run 'nope'" in bad.stderr and "demo-1" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "report", "--workdir", str(tmp_path),
+                          "--run", "nope"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "no pipeline run 'nope'" in bad.stderr and "demo-1" in bad.stderr
 
 
 def test_the_report_follows_a_few_held_out_prompts_through_every_round(tmp_path):

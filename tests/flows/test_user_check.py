@@ -82,11 +82,22 @@ def test_a_reward_file_scores_a_round_and_its_edits_rerun_only_what_reads_it(tin
     import re
 
     name = re.search(r"ratchet run (\S+):", first.stdout).group(1)
-    printed = re.search(r"to resume: ratchet resume (\S+) --workdir (\S+)", out)
+    printed = re.search(r"to resume: ratchet resume --run (\S+) --workdir (\S+)", out)
     assert printed and printed.group(1) == name, out[-3000:]  # an edited file names no new run
     parent = json.loads((work / "runs" / f"{name}.json").read_text())["ctx"]["parent_run_id"]
     rewards.write_text(textwrap.dedent(FIXED))
-    fixed = ratchet("resume", printed.group(1), "--workdir", printed.group(2), api_url=api)
+    # before it resumes, `ratchet plan` says what it will reuse and what the fix re-runs, and why
+    planned = ratchet("plan", *_args(work, tiny_model, rewards), "--json", api_url=api)
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    steps = {(x["stage"], x["round"]): x for x in json.loads(planned.stdout)["stages"]}
+    assert steps[("base", 0)]["state"] == "reused"
+    for k in ("prompts", 0), ("label", 1), ("evaluate", 0):  # the check's file keys the stages that read it
+        if steps[k]["state"] != "waits":
+            assert steps[k]["state"] == "stale" and steps[k]["why"] == \
+                f"file {rewards}:score (data.check.function) changed", steps[k]
+    assert steps[("prompts", 0)]["state"] == "stale"
+    assert steps[("sample", 1)]["state"] == "waits" and steps[("sample", 1)]["why"].startswith("on prompts (round 0)")
+    fixed = ratchet("resume", "--run", printed.group(1), "--workdir", printed.group(2), api_url=api)
     assert fixed.returncode == 0, fixed.stdout[-3000:] + fixed.stderr[-3000:]
     assert f"ratchet run {name}:" in fixed.stdout
     record = json.loads((work / "runs" / f"{name}.json").read_text())
@@ -95,6 +106,10 @@ def test_a_reward_file_scores_a_round_and_its_edits_rerun_only_what_reads_it(tin
     again = {n for n in one if two[n][2:4] == one[n][2:4]}
     new = {two[n][0] for n in two if n not in one}
     assert {one[n][0] for n in again} >= {"sample", "base"} and "sample" not in new
+    # the plan and the run keyed every stage alike: what it said would be reused was, and what it said
+    # was stale ran again (a stage that waited on one is reused where that one's output came out the same)
+    assert {k for k, x in steps.items() if x["state"] == "reused"} <= {(one[n][0], one[n][1]) for n in again}
+    assert {k for k, x in steps.items() if x["state"] == "stale"} <= {(two[n][0], two[n][1]) for n in two if n not in one}
     assert {"label", "evaluate"} <= new
     # the lineage: each label stage names the version of the file it read
     from ratchet.data.digest import sha256_file
