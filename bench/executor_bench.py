@@ -57,9 +57,10 @@ def one(kind: str, engines: int, threads: int, a) -> dict:
     from ratchet.models.default_model import default_model_dir
     from ratchet.models.sampler import SamplerConfig, SamplingParams
     from ratchet.tasks.sample import SampleWork
+    from ratchet.data.kinds import member
     from ratchet.tasks.units import ExecutorConfig, run_units
 
-    ex = ExecutorConfig(kind=kind, engines=engines, threads_per_engine=threads)
+    ex = member(ExecutorConfig, kind, "executor.kind")(engines=engines, threads_per_engine=threads)
     with tempfile.TemporaryDirectory() as tmp:
         if a.trivial:  # 1 unit, then N (after a first run that pays the imports): the difference is N-1 units
             if kind == "ray":

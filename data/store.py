@@ -82,11 +82,15 @@ class ArtifactStore:
         return m
 
     def verify(self, m: StageManifest) -> None:
-        """Raise TamperedArtifactError naming every file whose digest changed."""
+        """Raise TamperedArtifactError naming every file whose digest changed. A file `drop` removed
+        (and the stage can make again) is not missing; one that is there must match."""
         d = self.dir_of(m)
+        dropped = set(self.dropped(m).get("outputs", []))
         bad = []
         for name, ref in m.outputs.items():
             p = d / name
+            if not p.is_file() and name in dropped:
+                continue
             if not p.is_file():
                 bad.append(f"{name}: missing")
             elif p.stat().st_size != ref.bytes or sha256_file(p) != ref.sha256:
@@ -179,6 +183,46 @@ class ArtifactStore:
         for p in gone:
             shutil.rmtree(p, ignore_errors=True)
         return gone
+
+    DROPPED = "dropped.json"  # beside a manifest: outputs removed to save disk, which the stage can make again
+
+    def dropped(self, m: StageManifest) -> dict[str, Any]:
+        """What `drop` removed from a finished stage ({"outputs": [...], "bytes": n, "why": ...}), or {}."""
+        p = self.dir_of(m) / self.DROPPED
+        return json.loads(p.read_text()) if p.is_file() else {}
+
+    def drop(self, m: StageManifest, names: list[str], why: str) -> int:
+        """Remove outputs of a finished stage that it can make again (a train stage's merged weights,
+        from its adapter and its parent model), recording them first in `dropped.json` beside the
+        manifest, which stays as it was: the manifest still names each file's digest, and whatever
+        makes one again is checked against it. Returns the bytes freed."""
+        d = self.dir_of(m)
+        names = sorted(set(names) | set(self.dropped(m).get("outputs", [])))
+        missing = [n for n in names if n not in m.outputs]
+        if missing:
+            raise ArtifactError(f"{d}: {missing} are not outputs of its manifest; nothing dropped")
+        total = sum(m.outputs[n].bytes for n in names)
+        tmp = d / (self.DROPPED + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps({"outputs": names, "bytes": total, "why": why}, indent=1))
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(d / self.DROPPED)
+        fsync_dir(d)
+        freed = 0
+        for n in names:
+            p = d / n
+            if p.is_file():
+                freed += p.stat().st_size
+                p.unlink()
+        return freed
+
+    def restored(self, m: StageManifest) -> None:
+        """The dropped outputs were made again and verified: the stage is whole."""
+        self.verify(m)
+        if any(not (self.dir_of(m) / n).is_file() for n in self.dropped(m).get("outputs", [])):
+            raise ArtifactError(f"{self.dir_of(m)}: a dropped output was not made again")
+        (self.dir_of(m) / self.DROPPED).unlink(missing_ok=True)
 
     def add_owner(self, d: Path, run: str) -> None:
         """Record that pipeline run `run` started (or resumed) the unfinished stage in `d`."""

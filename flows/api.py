@@ -56,7 +56,7 @@ class RunResult:
         if version is None:
             raise ValueError("no version: the run registered none (result.champion is None before any round)")
         store = ArtifactStore(self.workdir)
-        return model_dir(store, version_manifest(store, self._tracker, str(version)))
+        return model_dir(store, version_manifest(store, self._tracker, str(version)), remake_here=False)
 
 
 def load(config: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:

@@ -562,6 +562,12 @@ def cmd_gc(args) -> int:
                            "leave out --run. `ratchet gc CONFIG --dry-run` lists which run keeps what")
     chosen, _ = _chosen(args, "gc", [], need=False)
     items = collect_garbage(chosen.workdir, dry_run=args.dry_run, everything=args.all)
+    if args.models:
+        from ratchet.flows.schedule import drop_models
+        from ratchet.flows.tracking import Tracker
+
+        tracker = Tracker(chosen.cfg.tracking, chosen.workdir, chosen.cfg.name)
+        items += drop_models(chosen.workdir, tracker, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     for x in items:
         print(f"{verb if x.remove else 'kept':>12} {x.path}  ({x.bytes / 2**20:.1f} MiB): {x.why}")
@@ -701,7 +707,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what each scheduled run starts from: 'champion' (default), 'base' or a version number")
     s.set_defaults(fn=cmd_serve)
     s = sub.add_parser("gc", help="remove unfinished stage dirs that no recorded run will resume",
-                       usage=RUN_USAGE.format(command="gc", args="") + " [--dry-run] [--all]",
+                       usage=RUN_USAGE.format(command="gc", args="") + " [--dry-run] [--all] [--models]",
                        description="Delete stage directories without a manifest that no recorded pipeline run "
                        "can resume (every run that started them finished, or has no record), and scratch a "
                        "kill left in finished stages. A directory a live process holds is never touched, nor "
@@ -711,6 +717,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true", help="list what would be removed and why, remove nothing")
     s.add_argument("--all", action="store_true", help="also remove unfinished stages a recorded run could still "
                    "resume (never one a live process holds)")
+    s.add_argument("--models", action="store_true", help="also drop the merged weights of every registered version "
+                   "but the champion, each run's newest and the models those were trained from; each keeps its "
+                   "adapter and is made again, byte for byte, when a run or `ratchet export` needs it")
     s.set_defaults(fn=cmd_gc)
     s = sub.add_parser("model", help="convert (once) and print the default model directory")
     s.set_defaults(fn=cmd_model)

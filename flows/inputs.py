@@ -485,8 +485,17 @@ def resolve_model(src: str) -> Path:
         return p
     from huggingface_hub import snapshot_download
 
+    repo, revision = hub_id(src)
     try:
-        return Path(snapshot_download(src))
+        return Path(snapshot_download(repo, revision=revision))
     except Exception as e:  # offline, unknown repo, auth: all mean the same thing to the user
         raise ConfigError([f"model.path={src!r} is not a local directory and could not be fetched from a hub "
-                           f"({type(e).__name__}); give a local Hugging Face model directory, or 'default'"]) from e
+                           f"({type(e).__name__}); give a local Hugging Face model directory, or 'default' (a gated "
+                           "model needs HF_TOKEN in the environment)"]) from e
+
+
+def hub_id(src: str) -> tuple[str, str | None]:
+    """A hub model as a config names it: 'org/name', or 'org/name@REVISION' pinned to a commit (or a
+    tag or branch), so a later run reads the same weights."""
+    repo, sep, revision = src.partition("@")
+    return repo, (revision or None) if sep else None

@@ -55,6 +55,9 @@ class Link(BaseModel):
     source: dict[str, Any] = Field(default={}, description="what ran it: `commit` (the git commit of the checkout, "
                                    "null for an installed package), `dirty` (the package's files differed from it) "
                                    "and `version` (the package's); empty for a stage made before it was recorded")
+    dropped: list[str] = Field(default=[], description="outputs `ratchet gc --models` removed to save disk (a train "
+                               "stage's merged weights), which the stage makes again from its adapter and its parent "
+                               "when a run or `ratchet export` needs them; still named with their sha256 in `outputs`")
 
 
 def schema_markdown() -> str:
@@ -96,12 +99,12 @@ def reads(config: Any) -> dict[str, str]:
     return out
 
 
-def _link(m: StageManifest, problem: str | None) -> Link:
+def _link(m: StageManifest, problem: str | None, dropped: list[str] = ()) -> Link:
     return Link(stage=m.stage, round=m.round, key=m.key, dir=m.dir, code_version=m.code_version,
                 config_hash=sha256_json(m.config)[:16], outputs={k: v.sha256 for k, v in m.outputs.items()},
                 parents=[p.key for p in m.parents], verified=problem is None, problem=problem, metrics=m.metrics,
                 summary=(m.info or {}).get("summary"), reads=reads(m.config),
-                source=m.ran_by or {})
+                source=m.ran_by or {}, dropped=sorted(dropped))
 
 
 def walk(store: ArtifactStore, start: StageManifest) -> list[Link]:
@@ -128,7 +131,8 @@ def walk(store: ArtifactStore, start: StageManifest) -> list[Link]:
             problem = str(e)
         if problem is None and expected is not None and m.content != expected:
             problem = f"its outputs are not the ones {consumer} consumed"
-        links.append(_link(m, problem))
+        links.append(_link(m, problem, [x for x in store.dropped(m).get("outputs", [])
+                                        if not (store.dir_of(m) / x).is_file()]))
         model_last = sorted(m.parents, key=lambda p: p.stage in ("base", "train"))
         for p in reversed(model_last):  # the stack pops the last pushed first
             parent = read_manifest(store.root / p.dir)
@@ -210,6 +214,9 @@ def render_text(links: list[Link]) -> str:
         out.append(head)
         out.append(f"    config {link.config_hash}  code {link.code_version}{source_text(link.source)}  "
                    + ("verified" if link.verified else f"PROBLEM: {link.problem}"))
+        if link.dropped:
+            out.append(f"    merged weights dropped, re-makeable ({len(link.dropped)} file(s): made again from "
+                       "adapter/ and its parent model when needed, checked against these digests)")
         if link.summary:
             out.append(f"    {link.summary}")
         for name, digest in sorted(link.reads.items()):
@@ -272,6 +279,9 @@ def export(store: ArtifactStore, tracker, version: str, out: Path) -> Path:
     if out.exists() and any(out.iterdir()):
         raise RatchetError(f"{out} exists and is not empty; give a new directory to export into")
     m = version_manifest(store, tracker, version)
+    from ratchet.tasks.prepare import model_dir
+
+    model_dir(store, m, remake_here=False)  # dropped weights made again (in a child: this process has no torch)
     store.verify(m)
     links = walk(store, m)
     annotate(links, tracker)

@@ -28,6 +28,7 @@ from ratchet.flows.runs import RunContext, set_state, start
 from ratchet.flows.stages import (EvalTarget, RoundResult, agreement_task, base_task, eval_targets_task,
                                   evaluate_task, filter_task, label_model_task, label_task, lineage_task, prompts_task,
                                   register_task, report_task, sample_task, slice_task, start_model_task, Session,
+                                  drop_task,
                                   train_task, unwrap)
 from ratchet.flows.tracking import Tracker, verdict
 from ratchet.models import warm
@@ -86,8 +87,11 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
         note = agreement_task(cfg, ctx, k, labels, train_set, child)  # may stop the round before training
         candidate = unwrap(train_task(cfg, ctx, k, policy, train_set, child))
         evaluations = evaluate_all(cfg, ctx, k, candidate, targets, child)
-        return register_task(cfg, ctx, k, candidate, evaluations, targets, parent_version, child,
-                             [*done, train_set, candidate, *evaluations], note)
+        result = register_task(cfg, ctx, k, candidate, evaluations, targets, parent_version, child,
+                               [*done, train_set, candidate, *evaluations], note)
+        if cfg.drop_models:
+            drop_task(cfg, ctx, k)
+        return result
     except BaseException:
         Session(cfg, ctx).tracker.end(child, "FAILED")
         raise

@@ -206,7 +206,10 @@ def _model_dir(src: str) -> Path | None:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(src, local_files_only=True))
+        from ratchet.flows.inputs import hub_id
+
+        repo, revision = hub_id(src)
+        return Path(snapshot_download(repo, revision=revision, local_files_only=True))
     except Exception:  # noqa: BLE001 - not in the cache: the run fetches it
         return None
 

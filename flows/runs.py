@@ -100,7 +100,8 @@ def run_name_for(cfg: PipelineConfig) -> str:
     (they run again) and stands in the lineage, not in the run's name."""
     from ratchet.data.userfiles import without_digests
 
-    same = without_digests(cfg).model_dump(mode="json", exclude={"executor"})  # where units run changes no result
+    # where units run and which weights are kept on disk change no result
+    same = without_digests(cfg).model_dump(mode="json", exclude={"executor", "drop_models"})
     return f"{cfg.name}-{sha256_json(same)[:10]}"
 
 

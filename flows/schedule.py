@@ -135,6 +135,64 @@ class Leftover:
     why: str
 
 
+def drop_models(workdir: Path, tracker, dry_run: bool = False) -> list[Leftover]:
+    """The merged weights `ratchet gc --models` drops: those of every registered version but the
+    champion and each run's newest, and but the models those were trained from (the registered
+    version loads its LoRA adapter against that base). A dropped stage keeps its adapter and its
+    manifest; `dropped.json` beside it says what went, and whatever needs the weights again (a
+    resumed run, `ratchet export`) makes them again from the adapter and the parent, checked
+    against the manifest's digests. Only LoRA train stages are dropped: a base model or a full
+    fine-tune has nothing to make them from. Stages no version names are left alone."""
+    import fnmatch
+
+    from ratchet.data.manifest import read_manifest
+    from ratchet.data.store import ArtifactStore
+    from ratchet.models.trainer import WEIGHTS
+    from ratchet.tasks.stage import MODEL_STAGES
+
+    store = ArtifactStore(workdir)
+    versions = tracker.client.search_model_versions(f"name='{tracker.model_name}'")
+    champion = tracker.champion()
+    newest: dict[str, tuple[int, str]] = {}
+    for mv in versions:
+        run, k = mv.tags.get("ratchet.run"), mv.tags.get("ratchet.round", "")
+        if run and k.isdigit() and (run not in newest or int(k) > newest[run][0]):
+            newest[run] = (int(k), str(mv.version))
+    keep: dict[str, str] = {}  # stage dir -> why it keeps its weights
+    by_version = {str(mv.version): mv.tags.get("ratchet.stage_dir") for mv in versions}
+    for version, why in [(champion, "the champion"), *((v, f"run {r}'s newest round ({k})")
+                                                         for r, (k, v) in sorted(newest.items()))]:
+        if version is None or not by_version.get(version):
+            continue
+        keep.setdefault(by_version[version], f"version {version}: {why}")
+        m = read_manifest(store.root / by_version[version])
+        for p in (m.parents if m is not None else []):
+            if p.stage in MODEL_STAGES:
+                keep.setdefault(p.dir, f"the model version {version} was trained from (its adapter loads against it)")
+    out = []
+    for mv in sorted(versions, key=lambda v: int(v.version)):
+        rel = mv.tags.get("ratchet.stage_dir")
+        m = read_manifest(store.root / rel) if rel else None
+        if m is None or m.stage != "train" or not (store.dir_of(m) / "adapter").is_dir():
+            continue
+        weights = [k for k in m.outputs if k.startswith("model/") and
+                   any(fnmatch.fnmatch(k.removeprefix("model/"), w) for w in WEIGHTS)]
+        here = [k for k in weights if store.path(m, k).is_file()]
+        if rel in keep:
+            out.append(Leftover(store.dir_of(m) / "model", sum(store.path(m, k).stat().st_size for k in here), False,
+                                f"merged weights of {keep[rel]}"))
+            continue
+        if not here:
+            continue
+        size = sum(store.path(m, k).stat().st_size for k in here)
+        why = (f"merged weights of version {mv.version} (round {mv.tags.get('ratchet.round', '?')}, run "
+               f"{mv.tags.get('ratchet.run', '?')}): dropped, re-makeable from adapter/ and its parent")
+        if not dry_run:
+            store.drop(m, weights, why)
+        out.append(Leftover(store.dir_of(m) / "model", size, True, why))
+    return out
+
+
 def collect_garbage(workdir: Path, dry_run: bool = False, everything: bool = False) -> list[Leftover]:
     """What killed or failed stages left in the store, each with what gc does to it and why.
 

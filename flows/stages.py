@@ -376,6 +376,20 @@ def champion_gate(ses: Session, version: str, scores: list[SetScore], targets: l
                         "compared with it; re-run the same command to decide")
 
 
+@task(name="drop-models", cache_policy=NONE, retries=0)
+def drop_task(cfg: PipelineConfig, ctx: RunContext, k: int) -> int:
+    """`drop_models`: after round k is registered, drop the merged weights `ratchet gc --models`
+    would (flows/schedule.py drop_models); returns the bytes freed, also on the console."""
+    from ratchet.flows.schedule import drop_models
+
+    ses = Session(cfg, ctx)
+    freed = sum(x.bytes for x in drop_models(Path(ctx.workdir), ses.tracker) if x.remove)
+    if freed:
+        events.emit(events.Event("note", round=k, stage="drop", data={
+            "text": f"{freed / 2**20:,.0f} MiB of merged weights dropped (drop_models), re-makeable from their adapters"}))
+    return freed
+
+
 @task(name="lineage", cache_policy=NONE, retries=0)
 def lineage_task(cfg: PipelineConfig, ctx: RunContext, final: RoundResult) -> bool:
     """Write the final model's verified lineage to MLflow and as a Prefect artifact; True if all verified."""

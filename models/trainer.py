@@ -207,13 +207,8 @@ def save_merged(trainer, tok, base_dir: Path, out: Path, adapter: str) -> None:
     A LoRA adapter is merged into a fresh fp32 copy of the base, never into a bf16 one:
     bf16 keeps ~3 significant digits, which would round small LoRA deltas away.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
     model = trainer.model
     if adapter == "lora":
-        from peft import PeftModel
-
         import os
 
         model.save_pretrained(out / "adapter")
@@ -230,8 +225,7 @@ def save_merged(trainer, tok, base_dir: Path, out: Path, adapter: str) -> None:
         if isinstance(c.get("target_modules"), list):
             c["target_modules"] = sorted(c["target_modules"])
         conf.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
-        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-        model = PeftModel.from_pretrained(base, out / "adapter")
+        model = adapted(base_dir, out / "adapter")
         from ratchet.models.mlflow_model import save_adapter
 
         save_adapter(model, tok, base_dir, out)  # what the registered version loads from (before the merge)
@@ -242,6 +236,39 @@ def save_merged(trainer, tok, base_dir: Path, out: Path, adapter: str) -> None:
     tok.save_pretrained(tmp)
     shutil.rmtree(out / "model", ignore_errors=True)
     tmp.replace(out / "model")
+
+
+def adapted(base_dir: Path, adapter: Path):
+    """A LoRA adapter on a fresh fp32 copy of its base, as training merges it (save_merged) and as a
+    dropped model is made again (remake): the same two steps give the same weights."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    return PeftModel.from_pretrained(base, adapter)
+
+
+WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")  # of a model directory
+
+
+@entry
+def remake(base_dir: str, stage_dir: str) -> list[str]:
+    """A LoRA train stage's merged weights made again, as training made them, from its adapter and
+    the model it trained from (`base_dir`), into stage_dir/model; returns the files written. The
+    caller checks them against the stage's manifest (ArtifactStore.restored)."""
+    d = Path(stage_dir)
+    model = adapted(Path(base_dir), d / "adapter").merge_and_unload()
+    tmp = d / "model.remake"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    written = []
+    for pattern in WEIGHTS:
+        for f in sorted(tmp.glob(pattern)):
+            f.replace(d / "model" / f.name)
+            written.append(f"model/{f.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return written
 
 
 def write_log(trainer, out: Path, started: float, n_tokens: int, save_s: float = 0.0) -> dict[str, float]:

@@ -20,7 +20,7 @@ self-reward is informative for this model.
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,14 +40,15 @@ from ratchet.tasks.labels.turn_mcts import TurnMctsLabel
 from ratchet.tasks.labels.verifier import VerifierLabel
 from ratchet.tasks.prepare import train_prompts
 from ratchet.tasks.sample import RolloutConfig
+from ratchet.data.kinds import members
 from ratchet.tasks.stage import StageRequest, run_stage
 from ratchet.tasks.units import ExecutorConfig
 
-# The registration of every label kind: its module's class, one entry each. The config union, the
+# The registration of every label kind (data/kinds.py): its module's class, one member each. The
 # dispatch and every check the flow makes ask these classes.
-KINDS: dict[str, type[Label]] = {k.model_fields["kind"].default: k for k in (
-    VerifierLabel, ConsistencyLabel, JudgeLabel, RewardModelLabel, MctsLabel, TurnMctsLabel)}
-LabelConfig = Annotated[Union[tuple(KINDS.values())], Field(discriminator="kind")]  # noqa: UP007
+LabelConfig = Annotated[VerifierLabel | ConsistencyLabel | JudgeLabel | RewardModelLabel | MctsLabel | TurnMctsLabel,
+                        Field(discriminator="kind")]
+KINDS: dict[str, type[Label]] = members(LabelConfig)
 
 
 class LabelJob(BaseModel):

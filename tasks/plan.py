@@ -112,7 +112,9 @@ class Planner:
         key = stage_key(stage, opened["digest"], keyed, parents)
         found = self.store.find(stage, key, verify=False)
         if found is not None:
-            self.steps.append(Step(stage, round, "reused", f"finished in {found.dir}", key, found.dir))
+            note = "; its merged weights are dropped, made again when a stage reads them" if \
+                self.store.dropped(found) else ""
+            self.steps.append(Step(stage, round, "reused", f"finished in {found.dir}{note}", key, found.dir))
             return found, True
         mine, theirs = self._earlier(stage, round)
         if not mine and not theirs:

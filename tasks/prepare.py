@@ -169,6 +169,45 @@ def base_model(store: ArtifactStore, source: str, model_dir: Path, run: str | No
                      parents=[], run=run)
 
 
-def model_dir(store: ArtifactStore, m: StageManifest) -> Path:
-    """The model directory a base or train stage produced."""
+def model_dir(store: ArtifactStore, m: StageManifest, remake_here: bool = True) -> Path:
+    """The model directory a base or train stage produced; its merged weights made again first
+    where `ratchet gc --models` dropped them (see `remade`)."""
+    if store.dropped(m):
+        remade(store, m, here=remake_here)
     return store.dir_of(m) / "model"
+
+
+def remade(store: ArtifactStore, m: StageManifest, here: bool = True) -> None:
+    """Make a train stage's dropped merged weights again from its adapter and the model it trained
+    from (itself made again first where dropped), under the stage's lock, and check every file
+    against the manifest's digests: the stage is whole again, byte for byte, or this raises.
+    `here`: merge in this process (a stage worker, which has torch); else in a child of its own."""
+    from ratchet.data.errors import ArtifactError
+    from ratchet.data.manifest import read_manifest
+    from ratchet.models.trainer import remake
+    from ratchet.tasks.stage import MODEL_STAGES
+
+    parent = next((p for p in m.parents if p.stage in MODEL_STAGES), None)
+    if m.stage != "train" or parent is None or not (store.dir_of(m) / "adapter").is_dir():
+        raise ArtifactError(f"{store.dir_of(m)}: its dropped outputs {store.dropped(m)['outputs']} cannot be made "
+                            "again (only a LoRA train stage's merged weights can)")
+    base = read_manifest(store.root / parent.dir)
+    if base is None:
+        raise ArtifactError(f"{store.dir_of(m)} was trained from {store.root / parent.dir}, which is gone: its "
+                            "dropped weights cannot be made again")
+    base_dir = model_dir(store, base, here)
+    with store.lock(m.stage, m.key):
+        if not store.dropped(m):  # another process made them meanwhile
+            return
+        if here:
+            remake.main(str(base_dir), str(store.dir_of(m)))
+        else:
+            from ratchet.data.procs import forkserver
+
+            forkserver.call_apart(remake, str(base_dir), str(store.dir_of(m)))
+        try:
+            store.restored(m)
+        except ArtifactError as e:
+            raise ArtifactError(f"{store.dir_of(m)}: its merged weights were made again but differ from what "
+                                f"training wrote ({e}); this machine's merge is not the one that made them. "
+                                "Run the stage again: delete the stage directory and re-run the command") from e

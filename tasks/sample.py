@@ -10,7 +10,6 @@ the missing units and gets the same text it would have.
 from __future__ import annotations
 
 import time
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -28,14 +27,14 @@ from ratchet.tasks.rollouts.environment import EnvironmentRollout
 from ratchet.tasks.rollouts.reflection import ReflectionRollout
 from ratchet.tasks.rollouts.single import SingleRollout
 from ratchet.tasks.rollouts.tool import ToolRollout
+from ratchet.data.kinds import members
 from ratchet.tasks.stage import StageRequest, run_stage
 from ratchet.tasks.units import ExecutorConfig, UnitWork, run_units
 
 # The rollout kinds (tasks/rollouts/), one line each: how a prompt becomes a completion or a trajectory
 RolloutConfig = Annotated[SingleRollout | ToolRollout | EnvironmentRollout | ReflectionRollout,
                           Field(discriminator="kind")]
-ROLLOUTS: dict[str, type[Rollout]] = {c.model_fields["kind"].default: c
-                                      for c in typing.get_args(typing.get_args(RolloutConfig)[0])}
+ROLLOUTS: dict[str, type[Rollout]] = members(RolloutConfig)
 
 
 class SparseRollout(BaseModel):

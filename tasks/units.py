@@ -25,7 +25,7 @@ import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -35,12 +35,12 @@ Item = TypeVar("Item")
 log = logging.getLogger("ratchet")
 
 
-class ExecutorConfig(BaseModel):
-    """Where a stage's units run. Outputs do not depend on it, so it is not part of any key."""
+class Executor(BaseModel):
+    """Where a stage's units run: what every executor kind shares. Outputs do not depend on it, so it
+    is not part of any key. The kinds (`executor.kind`) form a family (data/kinds.py): local and ray."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    kind: Literal["local", "ray"] = Field(default="local", description="local: engine holders on this machine; "
-                                          "ray: engine holders placed on a Ray cluster's nodes")
+    kind: str
     engines: int = Field(default=1, ge=1, description="engine holders; above 1 each is a process with its own "
                          "engine, taking units as they free up (e.g. one per GPU, or one per few CPU cores)")
     threads_per_engine: int | None = Field(default=None, ge=1, description="CPU threads of each holder, and on "
@@ -54,31 +54,77 @@ class ExecutorConfig(BaseModel):
                               "lent to every stage that samples, its weights swapped in place between stages "
                               "instead of a new engine per stage; on a GPU it sleeps while training runs "
                               "(models/warm.py). Off: each stage opens and closes its own engine")
-    address: str | None = Field(default=None, description="ray: the cluster to join, as `ray start --head` "
-                                "prints it (host:port, or 'auto'); unset: a Ray instance on this machine for "
-                                "the stage")
     gpus_per_engine: float = Field(default=0.0, ge=0, description="GPUs of each holder. ray: what it reserves "
                                    "(the sampler's tensor_parallel_size on a GPU cluster); local: that many of this "
                                    "machine's visible GPUs, its own (CUDA_VISIBLE_DEVICES), or with 0 the visible "
                                    "GPUs split evenly, at least one each")
-    accelerator_type: str | None = Field(default=None, description="ray: place holders only on nodes with this "
-                                         "accelerator (Ray's names, e.g. H100, A100-80G)")
+
+    @abstractmethod
+    def open(self, engine: str | None = None):
+        """The executor (data/procs/executors.py) that runs a stage's units; `engine`: the run's warm
+        engine, lent to the units where they run in the stage's own process."""
+
+
+RAY_ONLY = ("address", "accelerator_type")
+
+
+class LocalExecutorConfig(Executor):
+    """Units on this machine: in the stage's own process (one engine), or on a pool of engine
+    holders, each a process with its own engine (engines above 1)."""
+
+    kind: Literal["local"] = Field(default="local", description="local: engine holders on this machine; "
+                                   "ray: engine holders placed on a Ray cluster's nodes")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_ray_settings(cls, data: Any) -> Any:
+        ray_only = [f for f in RAY_ONLY if isinstance(data, dict) and data.get(f) is not None]
+        if ray_only:
+            verb = "applies" if len(ray_only) == 1 else "apply"
+            raise ValueError(f"{', '.join('executor.' + f for f in ray_only)} only {verb} to executor.kind=ray "
+                             f"(kind is 'local'); set executor.kind=ray or remove them")
+        return data
 
     @model_validator(mode="after")
-    def _ray_settings_need_ray(self) -> "ExecutorConfig":
-        ray_only = [f for f in ("address", "accelerator_type") if getattr(self, f) is not None]
-        if self.kind == "local" and self.gpus_per_engine != int(self.gpus_per_engine):
+    def _whole_gpus(self) -> "LocalExecutorConfig":
+        if self.gpus_per_engine != int(self.gpus_per_engine):
             raise ValueError(f"executor.gpus_per_engine={self.gpus_per_engine:g}: on this machine (kind local) each "
                              "holder gets whole GPUs of its own; give a whole number (fractions share a GPU on "
                              "executor.kind=ray)")
-        if self.kind != "ray" and ray_only:
-            verb = "applies" if len(ray_only) == 1 else "apply"
-            raise ValueError(f"{', '.join('executor.' + f for f in ray_only)} only {verb} to executor.kind=ray "
-                             f"(kind is {self.kind!r}); set executor.kind=ray or remove them")
-        if self.kind == "ray" and importlib.util.find_spec("ray") is None:
+        return self
+
+    def open(self, engine: str | None = None):
+        from ratchet.data.procs.executors import LocalExecutor as InProcess, PoolExecutor
+
+        return InProcess(self.threads_per_engine, engine) if self.engines == 1 else PoolExecutor(self)
+
+
+class RayExecutorConfig(Executor):
+    """Units on a Ray cluster: one engine holder per `gpus_per_engine` GPUs (or CPUs), placed on its
+    nodes."""
+
+    kind: Literal["ray"] = "ray"
+    address: str | None = Field(default=None, description="the cluster to join, as `ray start --head` "
+                                "prints it (host:port, or 'auto'); unset: a Ray instance on this machine for "
+                                "the stage")
+    accelerator_type: str | None = Field(default=None, description="place holders only on nodes with this "
+                                         "accelerator (Ray's names, e.g. H100, A100-80G)")
+
+    @model_validator(mode="after")
+    def _ray_is_here(self) -> "RayExecutorConfig":
+        if importlib.util.find_spec("ray") is None:
             raise ValueError("executor.kind=ray needs Ray on this machine and every node: "
                              "pip install 'ratchet[ray]' (or executor.kind=local)")
         return self
+
+    def open(self, engine: str | None = None):
+        from ratchet.data.procs.executors import RayExecutor as OnRay
+
+        return OnRay(self)
+
+
+# The registration of every executor kind (data/kinds.py): one member each.
+ExecutorConfig = Annotated[LocalExecutorConfig | RayExecutorConfig, Field(discriminator="kind")]
 
 
 class UnitWork(ABC, Generic[Item]):
@@ -137,9 +183,8 @@ def run_units(work: UnitWork, folder: Path, executor: ExecutorConfig | None = No
               engine: str | None = None) -> UnitsDone:
     """Run every unit of `work` not yet in `folder`; engines are opened only if one is missing.
     `engine`: the run's warm engine, where the stage's worker was lent it (StageRequest.engine)."""
-    from ratchet.data.procs.executors import executor_for
 
     shards = Shards(folder, work.n)
     missing = shards.missing()
-    load_s = executor_for(executor, engine).run(work, shards, missing) if missing else 0.0
+    load_s = (executor or LocalExecutorConfig()).open(engine).run(work, shards, missing) if missing else 0.0
     return UnitsDone(shards=shards, reused=work.n - len(missing), load_s=load_s)

@@ -397,13 +397,3 @@ class RayExecutor:
             if joined:
                 ray.shutdown()
         return load_s
-
-
-def executor_for(cfg, engine: str | None = None):
-    """The executor `cfg` (an ExecutorConfig, or None: local, one engine) asks for; `engine`: the
-    run's warm engine, lent to a stage's units where they run in its own process."""
-    if cfg is not None and cfg.kind == "ray":
-        return RayExecutor(cfg)
-    if cfg is None or cfg.engines == 1:
-        return LocalExecutor(cfg.threads_per_engine if cfg else None, engine)
-    return PoolExecutor(cfg)

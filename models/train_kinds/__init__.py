@@ -8,11 +8,11 @@
 
 from __future__ import annotations
 
-import typing
 from typing import Annotated
 
 from pydantic import Field
 
+from ratchet.data.kinds import member
 from ratchet.models.train_kinds.dpo import DPOTrainConfig
 from ratchet.models.train_kinds.rft import RFTTrainConfig
 
@@ -21,9 +21,4 @@ TrainConfig = Annotated[RFTTrainConfig | DPOTrainConfig, Field(discriminator="ki
 
 def config_class(kind: str) -> type:
     """The config model of the train kind named `kind`."""
-    members = typing.get_args(typing.get_args(TrainConfig)[0])
-    for cls in members:
-        if cls.model_fields["kind"].default == kind:
-            return cls
-    raise ValueError(f"train.kind={kind!r} is not a known kind; use one of "
-                     f"{[c.model_fields['kind'].default for c in members]}")
+    return member(TrainConfig, kind, "train.kind")

@@ -377,3 +377,15 @@ def test_episodes_too_long_for_the_context_name_the_rollouts_budget(tmp_path, de
         check_inputs(cfg, default_model)
     assert e.value.problems and all("evaluation" in p and p.endswith(
         "Fix: raise sampler.max_model_len or lower evaluate.sets[1].rollout.episode_tokens") for p in e.value.problems)
+
+
+def test_a_hub_model_is_fetched_at_the_revision_it_is_pinned_to(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    from ratchet.flows.inputs import resolve_model
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo, revision=None: asked.append((repo, revision)) or str(tmp_path))
+    assert resolve_model("org/model@0a1b2c") == tmp_path and resolve_model("org/model") == tmp_path
+    assert asked == [("org/model", "0a1b2c"), ("org/model", None)]

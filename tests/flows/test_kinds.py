@@ -135,3 +135,33 @@ def test_each_stage_words_its_result_as_its_kind_does():
     # a summary that fails is left out, never raised: a display bug never fails a run
     assert summary_of(FilterJob(filter=PairFilter(), seed=0), {"pairs": "many"}) == ""
     assert summary_of(object(), {}) == ""
+
+
+def test_every_family_registers_its_kinds_one_way():
+    """A family is one `Annotated[A | B, Field(discriminator="kind")]` in its module, read back by
+    data/kinds.py; no module makes a table of kinds any other way."""
+    import re
+    import typing
+
+    from ratchet.data.checkers import CheckConfig
+    from ratchet.data.kinds import members
+    from ratchet.data.prompts import SourceConfig
+    from ratchet.models.train_kinds import TrainConfig
+    from ratchet.tasks.filter import FilterConfig
+    from ratchet.tasks.label import LabelConfig
+    from ratchet.tasks.sample import RolloutConfig
+    from ratchet.tasks.units import ExecutorConfig
+
+    families = {"check": CheckConfig, "source": SourceConfig, "rollout": RolloutConfig, "label": LabelConfig,
+                "filter": FilterConfig, "train": TrainConfig, "executor": ExecutorConfig}
+    for name, family in families.items():
+        assert typing.get_origin(family) is typing.Annotated, name
+        assert typing.get_args(family)[1].discriminator == "kind", name
+        assert len(members(family)) >= 2, name
+    assert set(members(ExecutorConfig)) == {"local", "ray"}
+    package = Path(__file__).parents[2]
+    readers = [f"{p.relative_to(package)}:{text[:m.start()].count(chr(10)) + 1}"
+               for top in ("data", "tasks", "models", "flows") for p in sorted((package / top).rglob("*.py"))
+               if p.name != "kinds.py" for text in [p.read_text()]
+               for m in re.finditer(r'model_fields\["kind"\]', text)]
+    assert readers == [], "read a family's kinds with data/kinds.py (members, kind_of): " + ", ".join(readers)

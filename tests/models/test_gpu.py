@@ -150,11 +150,11 @@ def test_each_engine_holder_samples_on_the_gpus_it_is_given(tiny_model, tmp_path
     from ratchet.data.records import Prompt
     from ratchet.models.sampler import SamplerConfig, SamplingParams
     from ratchet.data.procs.executors import holder_devices, visible_gpus
-    from ratchet.tasks.units import ExecutorConfig, run_units
+    from ratchet.tasks.units import LocalExecutorConfig, run_units
 
     visible = visible_gpus()
     uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(len(visible))]
-    cfg = ExecutorConfig(engines=max(2, len(visible)), threads_per_engine=1)
+    cfg = LocalExecutorConfig(engines=max(2, len(visible)), threads_per_engine=1)
     prompts = [Prompt(id=f"p{i}", prompt=f"What is {i} + {i}?", answer=str(2 * i)) for i in range(2 * cfg.engines)]
     seen = tmp_path / "seen"
     seen.mkdir()

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from ratchet.data.errors import StageFailedError
-from ratchet.tasks.units import ExecutorConfig, run_units, unit_seed
+from ratchet.tasks.units import RayExecutorConfig, run_units, unit_seed
 from tests.tasks.test_units import PROMPTS, Arithmetic, _bytes
 
 pytestmark = pytest.mark.integration
 
 
-def _ray(address, **kw) -> ExecutorConfig:
-    return ExecutorConfig(kind="ray", address=address, engines=2, threads_per_engine=1, **kw)
+def _ray(address, **kw) -> RayExecutorConfig:
+    return RayExecutorConfig(address=address, engines=2, threads_per_engine=1, **kw)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from ratchet.data.errors import StageFailedError
 from ratchet.data.records import Prompt
 from ratchet.models.sampler import SamplerConfig, SamplingParams
 from ratchet.tasks.sample import SampleWork
-from ratchet.tasks.units import ExecutorConfig, UnitWork, run_units, unit_seed
+from ratchet.tasks.units import LocalExecutorConfig, UnitWork, run_units, unit_seed
 
 PROMPTS = [Prompt(id=f"p{i}", prompt=f"What is {i} + {i}?", answer=str(2 * i)) for i in range(6)]
 
@@ -57,7 +57,7 @@ def _bytes(folder: Path, n: int) -> list[bytes]:
 
 def test_a_dead_holder_loses_only_its_unit(tmp_path):
     work = Arithmetic(items=list(range(20)), size=2, seed=3, marker=str(tmp_path / "died"), die_at=4)
-    done = run_units(work, tmp_path / "pool", ExecutorConfig(engines=2, threads_per_engine=1))
+    done = run_units(work, tmp_path / "pool", LocalExecutorConfig(engines=2, threads_per_engine=1))
     assert (tmp_path / "died").exists()  # a holder did die mid-stage
     assert done.shards.missing() == [] and done.cost["n"] == 20  # every unit once, none lost, none twice
     rows = [json.loads(x) for x in done.shards.lines()]
@@ -72,7 +72,7 @@ def test_a_dead_holder_loses_only_its_unit(tmp_path):
 def test_holders_that_keep_dying_fail_the_stage_and_keep_finished_units(tmp_path):
     work = Arithmetic(items=list(range(8)), size=2, seed=0, die_at=1)
     with pytest.raises(StageFailedError, match=r"1 unit\(s\) unfinished after 1 restart.*re-run the same command"):
-        run_units(work, tmp_path / "s", ExecutorConfig(engines=2, threads_per_engine=1, restarts=1))
+        run_units(work, tmp_path / "s", LocalExecutorConfig(engines=2, threads_per_engine=1, restarts=1))
     left = sorted(p.name for p in (tmp_path / "s").glob("*.jsonl"))
     assert left == ["00000.jsonl", "00002.jsonl", "00003.jsonl"]  # the others' work is kept for a resume
 
@@ -95,7 +95,7 @@ def test_one_or_two_holders_sample_the_same_bytes(tiny_model, tmp_path):
         one = run_units(work(), tmp_path / "one")
     finally:
         torch.set_num_threads(threads)
-    two = run_units(work(), tmp_path / "two", ExecutorConfig(engines=2, threads_per_engine=1))
+    two = run_units(work(), tmp_path / "two", LocalExecutorConfig(engines=2, threads_per_engine=1))
     assert one.holders == 1 and two.holders == 2
     assert _bytes(tmp_path / "one", 6) == _bytes(tmp_path / "two", 6)
     texts = {r for x in _bytes(tmp_path / "one", 6) for r in x.decode().splitlines()}
@@ -127,11 +127,11 @@ def test_each_local_holder_is_started_on_gpus_of_its_own(tmp_path, monkeypatch):
         else:
             monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
         run_units(Devices(items=list(range(2 * engines)), size=2, seed=0, seen=str(seen)), seen / "shards",
-                  ExecutorConfig(engines=engines, threads_per_engine=1, **kw))
+                  LocalExecutorConfig(engines=engines, threads_per_engine=1, **kw))
         return sorted(p.read_text() for p in seen.iterdir() if p.name.isdigit())  # one per holder (its pid)
 
     assert started(2, "0,1,2,3") == ["0,1", "2,3"]  # the holders' own environments: an even share each
-    share = lambda visible, **kw: holder_devices(ExecutorConfig(**kw), visible)  # noqa: E731
+    share = lambda visible, **kw: holder_devices(LocalExecutorConfig(**kw), visible)  # noqa: E731
     assert share(["4", "5", "6", "7"], engines=2, gpus_per_engine=1) == ["4", "5"]
     assert share(["0", "1"], engines=3) == ["0", "1", "0"]  # more holders than GPUs: shared in turn
     assert share([], engines=2) == [None, None]  # no GPU here: nothing is set
@@ -139,6 +139,6 @@ def test_each_local_holder_is_started_on_gpus_of_its_own(tmp_path, monkeypatch):
     assert visible_gpus() == []
     with pytest.raises(ConfigError, match=r"executor.engines=3 with executor.gpus_per_engine=2 needs 6 GPUs, and "
                                           r"this machine shows 4 \(0,1,2,3\)"):
-        holder_devices(ExecutorConfig(engines=3, gpus_per_engine=2), ["0", "1", "2", "3"])
+        holder_devices(LocalExecutorConfig(engines=3, gpus_per_engine=2), ["0", "1", "2", "3"])
     with pytest.raises(ValueError, match="give a whole number"):
-        ExecutorConfig(engines=2, gpus_per_engine=0.5)
+        LocalExecutorConfig(engines=2, gpus_per_engine=0.5)

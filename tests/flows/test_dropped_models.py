@@ -1,0 +1,125 @@
+"""Merged weights a round can make again are dropped to save disk (`ratchet gc --models`) and made
+again, byte for byte, where they are needed: the policy that picks what to drop, with no model;
+and on the tiny model, a run continuing from a dropped version, an export of one, and the lineage
+of a chain that holds one."""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ratchet.data.digest import sha256_file
+from ratchet.data.manifest import read_manifest
+from ratchet.data.store import ArtifactStore
+from tests.flows.tiny import ROOT, ratchet
+
+
+def _train_stage(store, name, parent=None, lora=True):
+    """A finished train stage written by hand: merged weights, a config, an adapter."""
+    key = name * 64
+    d = store.stage_dir("train", key)
+    (d / "model").mkdir(parents=True)
+    (d / "model" / "model.safetensors").write_bytes(b"w" * 4096)
+    (d / "model" / "config.json").write_text("{}")
+    outputs = {"model/model.safetensors": None, "model/config.json": None}
+    if lora:
+        (d / "adapter").mkdir()
+        (d / "adapter" / "adapter_model.safetensors").write_bytes(b"a" * 64)
+        outputs["adapter/adapter_model.safetensors"] = None
+    return store.finish(stage="train", round=1, key=key, code_version="c", config={},
+                        parents=[parent] if parent is not None else [], outputs=outputs)
+
+
+def test_gc_keeps_the_champion_each_runs_newest_and_their_bases_and_drops_the_rest(tmp_path):
+    from ratchet.flows.lineage import walk
+    from ratchet.flows.schedule import drop_models
+
+    store = ArtifactStore(tmp_path)
+    v1 = _train_stage(store, "1")
+    v2 = _train_stage(store, "2", v1)
+    v3 = _train_stage(store, "3", v2)
+    v4 = _train_stage(store, "4", v3)
+    full = _train_stage(store, "5", v1, lora=False)  # a full fine-tune: nothing to make it again from
+    tags = {"1": (v1, "a", 1), "2": (v2, "a", 2), "3": (v3, "a", 3), "4": (v4, "a", 4), "5": (full, "b", 1)}
+    versions = [SimpleNamespace(version=v, tags={"ratchet.stage_dir": m.dir, "ratchet.run": run, "ratchet.round": str(k)})
+                for v, (m, run, k) in tags.items()]
+    tracker = SimpleNamespace(model_name="m", champion=lambda: "1",
+                              client=SimpleNamespace(search_model_versions=lambda _: versions))
+    before = _tree(tmp_path)
+    planned = drop_models(tmp_path, tracker, dry_run=True)
+    assert _tree(tmp_path) == before  # a dry run drops nothing
+    said = {p.path.parent.name[-1]: (p.remove, p.why) for p in planned}
+    assert said["1"] == (False, "merged weights of version 1: the champion")
+    assert said["4"] == (False, "merged weights of version 4: run a's newest round (4)")
+    assert said["3"][0] is False and "version 4 was trained from" in said["3"][1]
+    assert said["2"][0] is True and "dropped, re-makeable" in said["2"][1] and "5" not in said
+    assert [p.bytes for p in planned if p.remove] == [4096]
+
+    drop_models(tmp_path, tracker)
+    assert not (store.dir_of(v2) / "model" / "model.safetensors").exists()
+    assert (store.dir_of(v2) / "model" / "config.json").exists() and (store.dir_of(v2) / "adapter").is_dir()
+    assert store.dropped(v2)["outputs"] == ["model/model.safetensors"]
+    assert read_manifest(store.dir_of(v2)) == v2  # the manifest is as training wrote it
+    store.verify(v2)  # dropped is not missing
+    assert store.find("train", v2.key) == v2
+    links = walk(store, v4)
+    assert all(x.verified for x in links)
+    assert [x.dropped for x in links if x.key == v2.key] == [["model/model.safetensors"]]
+    (store.dir_of(v2) / "model" / "model.safetensors").write_bytes(b"not it")  # made again wrong: refused
+    with pytest.raises(Exception, match="sha256 differs"):
+        store.restored(v2)
+
+
+def _tree(root: Path) -> dict:
+    return {str(p): p.stat().st_size for p in root.rglob("*")}
+
+
+def _args(workdir, tiny_model):
+    """The default config on the tiny model, with a reward a random model's answers earn (a long one)."""
+    rewards = workdir.parent / "rewards.py"
+    rewards.write_text("def score(completion, **fields):\n    return float(len(completion) > 3)\n")
+    return [ROOT / "flows" / "configs" / "default.yaml", f"workdir={workdir}", f"model.path={tiny_model}",
+            "sampler.backend=hf", "sampler.dtype=float32", "data.a_max=6", "data.b_max=4", "data.eval_size=4",
+            "sample.n=3", "sample.max_tokens=6", "sample.shard_size=6", "filter.min_rows=1", "train.epochs=1",
+            "train.batch_size=4", "evaluate.max_tokens=6",
+            f"data.check={{kind: python, function: '{rewards}:score', threshold: 1.0}}"]
+
+
+@pytest.mark.integration
+def test_a_dropped_version_is_made_again_byte_for_byte(tiny_model, tmp_path, prefect_harness):
+    """Three rounds with drop_models: version 2's weights go once version 4 is registered (version 1,
+    the base model, stays the champion: nothing beats it by more than 1). A run continuing from
+    version 2 makes them again in its stage worker, `ratchet export` in a child of its own, and both
+    are the bytes training wrote; the lineage meanwhile verifies and says what is dropped."""
+    from prefect.settings import PREFECT_API_URL
+
+    api, work = PREFECT_API_URL.value(), tmp_path / "runs"
+    first = ratchet("run", *_args(work, tiny_model), "rounds=3", "drop_models=true", "evaluate.min_improvement=1",
+                    api_url=api)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "of merged weights dropped (drop_models)" in first.stdout
+    store = ArtifactStore(work)
+    trained = {m.round: m for m in (read_manifest(d) for d in (work / "stages").glob("train-*"))}
+    v2, weights = trained[1], store.dir_of(trained[1]) / "model" / "model.safetensors"
+    digest = v2.outputs["model/model.safetensors"].sha256
+    assert store.dropped(v2)["outputs"] == ["model/model.safetensors"] and not weights.exists()
+    assert [r for r, m in sorted(trained.items()) if store.dropped(m)] == [1]  # 3 is version 4's base, 4 the newest
+    listed = ratchet("gc", *_args(work, tiny_model), "--models", "--dry-run", api_url=api)
+    assert listed.returncode == 0 and "would remove 0 item(s)" in listed.stdout, listed.stdout + listed.stderr
+
+    lineage = ratchet("lineage", *_args(work, tiny_model), "4", api_url=api)
+    assert lineage.returncode == 0, lineage.stdout[-3000:] + lineage.stderr[-3000:]
+    assert "merged weights dropped, re-makeable" in lineage.stdout and "all verified" in lineage.stdout
+
+    # round 2 again from version 2, sampled otherwise: its sample stage reads version 2's weights
+    again = ratchet("run", *_args(work, tiny_model), "rounds=1", "sample.temperature=0.9", "--from", "2", api_url=api)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert sha256_file(weights) == digest and not store.dropped(v2)  # made again by the stage that read it
+
+    store.drop(v2, ["model/model.safetensors"], "test")
+    out = tmp_path / "export"
+    exported = ratchet("export", *_args(work, tiny_model), "2", out, api_url=api)
+    assert exported.returncode == 0, exported.stdout[-3000:] + exported.stderr[-3000:]
+    assert sha256_file(out / "model.safetensors") == digest == sha256_file(weights)
+    assert json.loads((store.dir_of(v2) / "model" / "config.json").read_text())  # the rest never went
