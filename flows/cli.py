@@ -161,12 +161,6 @@ def cmd_resume(args) -> int:
                     run_name=record.ctx.run_name)
 
 
-def resumed_config(record, workdir: Path):
-    from ratchet.flows.runs import resumed_config as resumed
-
-    return resumed(record, workdir)
-
-
 def _execute(cfg, start_from: str | None = None, verbose: bool = False, run_name: str | None = None) -> int:
     """Run the pipeline under the console: stage lines on the terminal, everything else in logs
     (see flows/console.py). Errors found before the run starts are raised to `main`; a run
@@ -591,6 +585,17 @@ RUN_NAMING = ("Every command that reads a run (resume, report, runs, lineage, ex
               "config is then read. The first line says which run was read.")
 
 
+def _run_command(sub, name: str, fn, help: str, description: str, *, args: str = "", tail: str = "",
+                 words: str = "none", json: bool = False) -> argparse.ArgumentParser:
+    """A command that reads a run: `ratchet NAME [CONFIG] ARGS [key=value ...] [--workdir W] [--run RUN]
+    TAIL`, its description ending in how every such command names its run."""
+    s = sub.add_parser(name, help=help, usage=RUN_USAGE.format(command=name, args=args) + tail,
+                       description=f"{description} {RUN_NAMING}")
+    _run_args(s, f"{name}: {words}", json)
+    s.set_defaults(fn=fn)
+    return s
+
+
 def _run_args(s: argparse.ArgumentParser, words: str, json: bool = False) -> None:
     """[CONFIG] [ARG ...] [key=value ...] [--workdir W] [--run RUN]: a command that reads a run."""
     s.add_argument("overrides", nargs="*", metavar="WORD", help="the run's YAML config (optional), this command's "
@@ -635,60 +640,43 @@ def build_parser() -> argparse.ArgumentParser:
                            "config reference: type, default, allowed values, what it does (e.g. label.mode)")
             s.add_argument("--reference", action="store_true", help="print the whole config reference as "
                            "Markdown (docs/reference/config.md is this output)")
-    s = sub.add_parser("resume", help="continue a pipeline run (the one CONFIG names, or --run RUN)",
-                       usage=RUN_USAGE.format(command="resume", args=""),
-                       description="Continue a pipeline run with the config it was started with: finished "
-                       "stages are reused, the same MLflow parent and round runs continue. " + RUN_NAMING)
-    _run_args(s, "resume: also RUN, as older logs print it (ratchet resume RUN --workdir W)")
+    s = _run_command(sub, "resume", cmd_resume, "continue a pipeline run (the one CONFIG names, or --run RUN)",
+                     "Continue a pipeline run with the config it was started with: finished stages are reused, the "
+                     "same MLflow parent and round runs continue.",
+                     words="also RUN, as older logs print it (ratchet resume RUN --workdir W)")
     s.add_argument("--verbose", action="store_true", help="also stream every library's output to the terminal")
-    s.set_defaults(fn=cmd_resume)
-    s = sub.add_parser("lineage", help="print and verify the chain that produced a model version",
-                       usage=RUN_USAGE.format(command="lineage", args="[VERSION] ") + " [--json] [--code DIGEST]",
-                       description="Walk a model's manifests back to the base model and prompts, re-verifying "
-                       "every digest. Exits 1 if any link was changed after it finished. VERSION: a model version "
-                       "number, models:/NAME/N, 'champion', a round's MLflow run id, or a stage dir; left out, the "
-                       "run's newest version. A version names the run that made it (its ratchet.run tag), which "
-                       "the first line says. " + RUN_NAMING)
-    _run_args(s, "lineage: VERSION", json=True)
+    s = _run_command(sub, "lineage", cmd_lineage, "print and verify the chain that produced a model version",
+                     "Walk a model's manifests back to the base model and prompts, re-verifying every digest. Exits "
+                     "1 if any link was changed after it finished. VERSION: a model version number, models:/NAME/N, "
+                     "'champion', a round's MLflow run id, or a stage dir; left out, the run's newest version. A "
+                     "version names the run that made it (its ratchet.run tag), which the first line says.",
+                     args="[VERSION] ", tail=" [--json] [--code DIGEST]", words="VERSION", json=True)
     s.add_argument("--code", metavar="DIGEST", default=None, help="open a stage's code version (the `code` a link "
                    "prints): every definition it covers, with its module and digest, and the libraries' versions")
-    s.set_defaults(fn=cmd_lineage)
-    s = sub.add_parser("runs", help="list the pipeline runs in a workdir, their state and how to resume them",
-                       usage=RUN_USAGE.format(command="runs", args="") + " [--json]",
-                       description="The pipeline runs recorded in the workdir: finished, failed, "
-                       "interrupted (killed or lost) or running; rounds done; each round's registered version and "
-                       "held-out accuracy; the champion; and the command that resumes an unfinished run. --run "
-                       "lists one. " + RUN_NAMING)
-    _run_args(s, "runs: none", json=True)
-    s.set_defaults(fn=cmd_runs)
-    s = sub.add_parser("report", help="draw a run's rounds as PNG figures and one HTML page",
-                       usage=RUN_USAGE.format(command="report", args="") + " [--no-log]",
-                       description="Held-out accuracy by round (promoted rounds marked), label rewards, training "
-                       "rows or pairs, label-vs-verifier agreement, tree-search figures where used, wall time per "
-                       "stage and throughput: PNG files and one self-contained HTML page in "
-                       "WORKDIR/reports/RUN/, logged to the run's MLflow parent run under report/. Every run "
-                       "writes its own at the end; this draws one again, or an older run's. " + RUN_NAMING)
-    _run_args(s, "report: also RUN, as `ratchet report CONFIG RUN` was written before --run")
+    _run_command(sub, "runs", cmd_runs, "list the pipeline runs in a workdir, their state and how to resume them",
+                 "The pipeline runs recorded in the workdir: finished, failed, interrupted (killed or lost) or "
+                 "running; rounds done; each round's registered version and held-out accuracy; the champion; and "
+                 "the command that resumes an unfinished run. --run lists one.", tail=" [--json]", json=True)
+    s = _run_command(sub, "report", cmd_report, "draw a run's rounds as PNG figures and one HTML page",
+                     "Held-out accuracy by round (promoted rounds marked), label rewards, training rows or pairs, "
+                     "label-vs-verifier agreement, tree-search figures where used, wall time per stage and "
+                     "throughput: PNG files and one self-contained HTML page in WORKDIR/reports/RUN/, logged to the "
+                     "run's MLflow parent run under report/. Every run writes its own at the end; this draws one "
+                     "again, or an older run's.", tail=" [--no-log]",
+                     words="also RUN, as `ratchet report CONFIG RUN` was written before --run")
     s.add_argument("--no-log", action="store_true", help="write the files only, log nothing to MLflow")
-    s.set_defaults(fn=cmd_report)
-    s = sub.add_parser("export", help="write a registered version as a plain Hugging Face model directory",
-                       usage=RUN_USAGE.format(command="export", args="VERSION DIR "),
-                       description="Copy a registered version's merged weights and tokenizer, re-verified against "
-                       "their digests, into DIR with a model card (README.md) naming its lineage: a directory "
-                       "transformers' from_pretrained and vLLM load as is. VERSION: a version number, "
-                       "models:/NAME/N, or 'champion'; it names the run that made it. DIR must not exist, or be "
-                       "empty. " + RUN_NAMING)
-    _run_args(s, "export: VERSION DIR")
-    s.set_defaults(fn=cmd_export)
-    s = sub.add_parser("plan", help="say, before a run, which stages it would reuse, re-run or run, and why",
-                       usage=RUN_USAGE.format(command="plan", args="") + " [--json]",
-                       description="For every stage of every round: reused (a finished stage with its key is in "
-                       "the store), stale (this run finished it under another key: the config fields, files, code "
-                       "definitions or parents that differ are named), to run, or waits (on a stage before it that "
-                       "will run, or on a gate's decision). It loads no model and writes nothing in the workdir or "
-                       "in MLflow. `ratchet run` prints its last line before it starts. " + RUN_NAMING)
-    _run_args(s, "plan: none", json=True)
-    s.set_defaults(fn=cmd_plan)
+    _run_command(sub, "export", cmd_export, "write a registered version as a plain Hugging Face model directory",
+                 "Copy a registered version's merged weights and tokenizer, re-verified against their digests, "
+                 "into DIR with a model card (README.md) naming its lineage: a directory transformers' "
+                 "from_pretrained and vLLM load as is. VERSION: a version number, models:/NAME/N, or 'champion'; "
+                 "it names the run that made it. DIR must not exist, or be empty.", args="VERSION DIR ",
+                 words="VERSION DIR")
+    _run_command(sub, "plan", cmd_plan, "say, before a run, which stages it would reuse, re-run or run, and why",
+                 "For every stage of every round: reused (a finished stage with its key is in the store), stale "
+                 "(this run finished it under another key: the config fields, files, code definitions or parents "
+                 "that differ are named), to run, or waits (on a stage before it that will run, or on a gate's "
+                 "decision). It loads no model and writes nothing in the workdir or in MLflow. `ratchet run` "
+                 "prints its last line before it starts.", tail=" [--json]", json=True)
     s = sub.add_parser("serve", help="deploy on a cron schedule to a Prefect server; each run continues from "
                        "the champion", description="Create a Prefect deployment of the pipeline with a cron "
                        "schedule. Each scheduled run adds `rounds` rounds on top of the MLflow `champion` model "
@@ -706,21 +694,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--from", dest="start_from", default="champion", metavar="START",
                    help="what each scheduled run starts from: 'champion' (default), 'base' or a version number")
     s.set_defaults(fn=cmd_serve)
-    s = sub.add_parser("gc", help="remove unfinished stage dirs that no recorded run will resume",
-                       usage=RUN_USAGE.format(command="gc", args="") + " [--dry-run] [--all] [--models]",
-                       description="Delete stage directories without a manifest that no recorded pipeline run "
-                       "can resume (every run that started them finished, or has no record), and scratch a "
-                       "kill left in finished stages. A directory a live process holds is never touched, nor "
-                       "is any finished output. --dry-run lists each with the reason. It reads every run of the "
-                       "workdir, so it takes no --run. " + RUN_NAMING)
-    _run_args(s, "gc: none")
+    s = _run_command(sub, "gc", cmd_gc, "remove unfinished stage dirs that no recorded run will resume",
+                     "Delete stage directories without a manifest that no recorded pipeline run can resume (every "
+                     "run that started them finished, or has no record), and scratch a kill left in finished "
+                     "stages. A directory a live process holds is never touched, nor is any finished output. "
+                     "--dry-run lists each with the reason. It reads every run of the workdir, so it takes no --run.",
+                     tail=" [--dry-run] [--all] [--models]")
     s.add_argument("--dry-run", action="store_true", help="list what would be removed and why, remove nothing")
     s.add_argument("--all", action="store_true", help="also remove unfinished stages a recorded run could still "
                    "resume (never one a live process holds)")
     s.add_argument("--models", action="store_true", help="also drop the merged weights of every registered version "
                    "but the champion, each run's newest and the models those were trained from; each keeps its "
                    "adapter and is made again, byte for byte, when a run or `ratchet export` needs it")
-    s.set_defaults(fn=cmd_gc)
     s = sub.add_parser("model", help="convert (once) and print the default model directory")
     s.set_defaults(fn=cmd_model)
     return p

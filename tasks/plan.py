@@ -134,8 +134,8 @@ class Planner:
         stages = self.store.root / "stages"
         mine, theirs = [], []
         for d in stages.glob(f"{stage}-*") if stages.is_dir() else []:
-            if d.name[len(stage) + 1:].count("-") or not (d / MANIFEST).is_file():
-                continue  # another stage whose name starts the same, or unfinished
+            if not (d / MANIFEST).is_file():
+                continue  # unfinished (another stage whose name starts the same is told apart by its manifest)
             owners = self.store.owners(d)
             ours = self.run in owners
             if not ours and not any(o.startswith(f"{self.experiment}-") for o in owners):

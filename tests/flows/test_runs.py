@@ -146,7 +146,7 @@ def test_a_fixed_file_continues_the_same_run_and_a_resume_reads_it_as_it_is_now(
     an environment's file with a module beside it, a data file. An edit names no new run; the
     stages that read the file are keyed by its new digest; `ratchet resume` digests each file again
     instead of failing on the digest its last attempt recorded."""
-    from ratchet.flows.cli import resumed_config
+    from ratchet.flows.runs import resumed_config
     from ratchet.flows.config import config_from_dict
     from ratchet.flows.runs import run_name_for
     from ratchet.tasks.stage import keyed
