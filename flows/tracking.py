@@ -394,6 +394,8 @@ class Tracker:
                                                     description="held while a Ratchet run decides the champion")
                 break
             except MlflowException as e:
+                if e.error_code == "RESOURCE_DOES_NOT_EXIST":  # the store found the name taken, then gone when it
+                    continue  # read it back for its message (released or moved between): try again at once
                 if e.error_code != "RESOURCE_ALREADY_EXISTS":
                     raise
             try:

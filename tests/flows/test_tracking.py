@@ -430,3 +430,26 @@ def test_a_new_sqlite_store_is_a_copy_of_the_schema_mlflows_migrations_built(tmp
     before = (tmp_path / "a" / "mlflow.db").read_bytes()
     tracking._fresh_sqlite_store(tmp_path / "a" / "mlflow.db")
     assert (tmp_path / "a" / "mlflow.db").read_bytes() == before
+
+
+def test_a_lease_gone_while_the_store_reads_it_back_is_tried_again(tmp_path, monkeypatch):
+    """A store that finds the lease's name taken reads the model back for its message; a lease
+    released or moved in between makes that read 'does not exist' (MLflow's SQL store, seen in a
+    two-process race). The gate tries again, as for a lease released before it looked."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
+
+    t = Tracker(TrackingConfig(uri=f"sqlite:///{tmp_path / 'server.db'}", model_name="shared"), tmp_path / "w", "t")
+    t.lease_in_registry = True
+    real, calls = t.client.create_registered_model, []
+
+    def create(name, **kw):
+        calls.append(name)
+        if len(calls) == 1:
+            raise MlflowException(f"Registered Model with name={name} not found", error_code=RESOURCE_DOES_NOT_EXIST)
+        return real(name, **kw)
+
+    monkeypatch.setattr(t.client, "create_registered_model", create)
+    with t.registry_lease(wait_s=5):
+        assert {m.name for m in t.client.search_registered_models()} == {"shared.gate-lease"}
+    assert calls == ["shared.gate-lease"] * 2
