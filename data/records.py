@@ -33,10 +33,10 @@ class _Sparse(BaseModel):
 
 
 SPARSE = ("fields", "prompt_ids", "segments", "chosen_segments", "rejected_segments", "outcome", "chosen_outcome",
-          "rejected_outcome", "attempt")
+          "rejected_outcome", "attempt", "logprobs")
 
 
-class Segment(BaseModel):
+class Segment(_Sparse):
     """One turn of a trajectory: who wrote it (the model, a tool, an environment), its text, and
     the token ids it took in the episode's context. A model segment's ids are the ones the engine
     produced; any other segment's are the ones inserted after it, that the model then read.
@@ -46,6 +46,8 @@ class Segment(BaseModel):
     role: Literal["model", "tool", "env"]
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None = Field(default=None, description="a model segment's tokens' log-probabilities "
+                                               "as the engine sampled them, where online RL asked for them")
 
 
 class Outcome(_Sparse):

@@ -49,6 +49,8 @@ class SamplingParams(BaseModel):
     max_tokens: int = Field(default=64, ge=1)
     stop: tuple[str, ...] = Field(default=(), description="end a completion after the first of these strings; "
                                   "the string is kept in the text")
+    logprobs: bool = Field(default=False, description="return each sampled token's log-probability under the "
+                           "distribution it was drawn from (after temperature): what online RL corrects with")
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Generation:
     finish_reason: str | None  # "stop" (end of sequence or a stop string) or "length"
     stop: str | None = None  # the stop string that ended it, if one did
     token_ids: tuple[int, ...] = ()  # the ids the engine produced, the end-of-sequence token included
+    logprobs: tuple[float, ...] = ()  # with SamplingParams.logprobs: one per token id, as it was sampled
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, str | None]:
@@ -143,6 +146,7 @@ class VLLMSampler:
     """vLLM in-process. On CPU the engine runs in this process: deterministic and no spawn."""
 
     def __init__(self, model_dir: Path, cfg: SamplerConfig, seed: int, sleep_mode: bool = False):
+        """`sleep_mode` (on a GPU): an engine that can give its memory back (models/warm.py)."""
         cpu = _on_cpu()
         if cpu:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -160,6 +164,9 @@ class VLLMSampler:
             max_model_len=cfg.max_model_len,
             enforce_eager=cfg.enforce_eager,
             seed=seed,
+            # a sampled token's log-probability as it was drawn (after temperature): what an online
+            # trainer compares with its own; the judge's next-token scores are greedy, where both agree
+            logprobs_mode="processed_logprobs",
         )
         if cfg.block_size is not None:
             kwargs["block_size"] = cfg.block_size
@@ -194,6 +201,7 @@ class VLLMSampler:
             max_tokens=params.max_tokens,
             stop=list(params.stop) or None,
             include_stop_str_in_output=True,
+            logprobs=0 if params.logprobs else None,  # 0: the sampled token's own, no others
         )
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(i)) for i in contexts], sp, use_tqdm=False)
         result = []
@@ -201,7 +209,8 @@ class VLLMSampler:
             row = []
             for c in o.outputs:
                 text, hit = cut_at_stop(c.text, params.stop)
-                row.append(Generation(text, len(c.token_ids), c.finish_reason, hit, tuple(c.token_ids)))
+                lps = tuple(float(lp[t].logprob) for lp, t in zip(c.logprobs, c.token_ids)) if params.logprobs else ()
+                row.append(Generation(text, len(c.token_ids), c.finish_reason, hit, tuple(c.token_ids), lps))
             result.append(row)
         return result
 
@@ -227,6 +236,14 @@ class VLLMSampler:
         """Load another model's weights of the same shape into this engine, in place (the run's
         warm engine, models/warm.py); it then answers as an engine opened on `model_dir` would."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
+        if _on_cpu():
+            self.llm.apply_model(_repack_kept_weights)
+        self.llm.reset_prefix_cache()
+
+    def load_state(self, weights) -> None:
+        """Load weights given as (name, tensor) pairs in the model's own checkpoint names (an online
+        trainer's policy, from memory: nothing written to disk) into this engine, in place."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         if _on_cpu():
             self.llm.apply_model(_repack_kept_weights)
         self.llm.reset_prefix_cache()
@@ -288,15 +305,22 @@ class HFSampler:
                 gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
             if params.stop:
                 gen_kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
+            if params.logprobs:  # the scores after temperature (and any truncation): what was sampled from
+                gen_kwargs.update(output_scores=True, return_dict_in_generate=True)
             with torch.inference_mode():
                 out = self.model.generate(
                     input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device), **gen_kwargs
                 )
-            new = out[:, width:].tolist()
+            seqs = out.sequences if params.logprobs else out
+            new = seqs[:, width:].tolist()
+            lps = _sampled_logprobs(out.scores, seqs[:, width:]) if params.logprobs else None
             for i in range(len(batch)):
                 row = []
-                for seq in new[i * params.n : (i + 1) * params.n]:
-                    row.append(_decode_hf(tok, seq, params.stop))
+                for j, seq in enumerate(new[i * params.n : (i + 1) * params.n]):
+                    g = _decode_hf(tok, seq, params.stop)
+                    if lps is not None:
+                        g = replace(g, logprobs=tuple(lps[i * params.n + j][: len(g.token_ids)]))
+                    row.append(g)
                 results.append(row)
         return results
 
@@ -327,8 +351,33 @@ class HFSampler:
                 result.append(dict(zip(i, v)))
         return result
 
+    def load_state(self, weights) -> None:
+        """Copy weights given as (name, tensor) pairs into this engine's model, in place; every
+        parameter must be among them (a tied head is its embeddings)."""
+        import torch
+
+        params = dict(self.model.named_parameters())
+        seen = set()
+        with torch.no_grad():
+            for name, t in weights:
+                if name in params:
+                    params[name].copy_(t)
+                    seen.add(name)
+        if missing := sorted(set(params) - seen):
+            raise ValueError(f"load_state was given no weights for {len(missing)} parameter(s), first {missing[0]!r}")
+
     def close(self) -> None:
         del self.model
+
+
+def _sampled_logprobs(scores, new_ids) -> list[list[float]]:
+    """Each generated token's log-probability under the scores it was sampled from (HF's processed
+    scores: after temperature), one list per sequence."""
+    import torch
+
+    steps = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in scores], dim=1)  # (seqs, steps, vocab)
+    ids = new_ids[:, : steps.shape[1]].to(steps.device)
+    return steps.gather(-1, ids.unsqueeze(-1)).squeeze(-1).tolist()
 
 
 def _decode_hf(tok, seq: list[int], stops: tuple[str, ...] = ()) -> Generation:

@@ -39,6 +39,8 @@ class Rollout(BaseModel):
     multi_turn: ClassVar[bool] = False  # writes trajectories (segments and token ids), not plain completions
     plays: ClassVar[bool] = False  # its episodes carry an environment's return (what data.check.kind=return scores)
     shows: ClassVar[Shows] = Shows()  # what the report draws of its counters
+    # why an online trainer (train.kind=grpo) cannot train on its rows, after "sample.rollout.kind=K"; None: it can
+    offline: ClassVar[str | None] = None
     kind: str
 
     @abstractmethod
@@ -127,6 +129,12 @@ def turn_of(tokenizer, g) -> tuple[str, tuple[int, ...]]:
     """A generated turn's text and ids, cut before the plain layout's turn end where it ran into it."""
     end = prompt_format.turn_end(tokenizer)
     return before_end(tokenizer, g.token_ids, end) if end and g.stop == end else (g.text, tuple(g.token_ids))
+
+
+def model_turn(tokenizer, g) -> tuple[str, tuple[int, ...], tuple[float, ...] | None]:
+    """`turn_of`, and the kept ids' log-probabilities where the engine returned them (online RL)."""
+    text, ids = turn_of(tokenizer, g)
+    return text, ids, (tuple(g.logprobs[: len(ids)]) if g.logprobs else None)
 
 
 def before_end(tokenizer, ids: tuple[int, ...], end: str) -> tuple[str, tuple[int, ...]]:

@@ -53,7 +53,7 @@ from ratchet.tasks import environments
 from ratchet.tasks.environments import textarena
 from ratchet.tasks.environments.gymnasium_game import GymnasiumEnv
 from ratchet.tasks.environments.textarena_game import TextArenaEnv
-from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, overlapped, turn_of, turn_params
+from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, model_turn, overlapped, turn_params
 
 REPLAY = ("A tree search over turns rebuilds a state by replaying its actions from reset(seed), and a second attempt "
           "after a reflection starts from the same seed: make reset and step depend on the seed and the actions only")
@@ -165,8 +165,8 @@ class _Episode:
     turns: int = 0  # model turns taken
     observations: list[str | None] = field(default_factory=list)  # each step's observation as the environment gave it
 
-    def add(self, role: str, text: str, ids: tuple[int, ...]) -> None:
-        self.segments.append(Segment(role=role, text=text, token_ids=tuple(ids)))
+    def add(self, role: str, text: str, ids: tuple[int, ...], logprobs: tuple[float, ...] | None = None) -> None:
+        self.segments.append(Segment(role=role, text=text, token_ids=tuple(ids), logprobs=logprobs))
         self.context.extend(ids)
         self.used += len(ids)
         self.turns += role == "model"
@@ -472,7 +472,7 @@ class EnvironmentRollout(Rollout):
             step = turn_params(tok, params.model_copy(update={"n": 1, "max_tokens": room}))
             gens = sampler.generate_ids([e.context for e in group], step, seed=(seed + room) % (1 << 62))
             for e, (g,) in zip(group, gens):
-                e.add("model", *turn_of(tok, g))
+                e.add("model", *model_turn(tok, g))
                 e.generated += len(g.token_ids)
                 acted.append(e)
         return acted

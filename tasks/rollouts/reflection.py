@@ -53,6 +53,8 @@ class ReflectionRollout(EnvironmentRollout):
         "Reflections per round", "reflections.png", "success (%)", ("first_success_frac", "first attempts (%)"),
         ("retry_success_frac", "attempts after a reflection (%)", "second attempts that succeeded (%)")),))
     kind: Literal["reflection"] = "reflection"
+    offline: ClassVar[str | None] = ("trains on a reflection and the attempt after it, written across two episodes; "
+                                     "an online step scores one episode")
     success: float = Field(default=1.0, allow_inf_nan=False, description="a first attempt whose return is below this "
                            "gets reflections and second attempts (set it to data.check.success)")
     reflect: bool = Field(default=True, description="false: the second attempt gets no reflection (a plain retry, "

@@ -48,7 +48,7 @@ from ratchet.data.events import Figure, Shows
 from ratchet.data.records import Completion, Prompt, Segment
 from ratchet.data.procs.sandbox import SandboxSettings
 from ratchet.models.sampler import SamplingParams, chat_token_ids, text_ids
-from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, overlapped, turn_of, turn_params
+from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, model_turn, overlapped, turn_params
 
 STOP = "\n```\n"  # a fence line: it closes a block (or opens a bare one)
 PYTHON = ("python", "py", "python3")
@@ -70,14 +70,16 @@ class _Episode:
     finish: str | None = None
     done: bool = False
 
-    def add(self, role: str, text: str, ids: tuple[int, ...]) -> None:
+    def add(self, role: str, text: str, ids: tuple[int, ...], logprobs: tuple[float, ...] | None = None) -> None:
         """Append a segment; the model's text right after the model's (a generation that went on
         past a fence that was not a program's end) joins its segment."""
         last = self.segments[-1] if self.segments else None
         if last is not None and last.role == role == "model":
-            self.segments[-1] = Segment(role=role, text=last.text + text, token_ids=last.token_ids + tuple(ids))
+            lps = (last.logprobs or ()) + logprobs if logprobs is not None else None
+            self.segments[-1] = Segment(role=role, text=last.text + text, token_ids=last.token_ids + tuple(ids),
+                                        logprobs=lps)
         else:
-            self.segments.append(Segment(role=role, text=text, token_ids=tuple(ids)))
+            self.segments.append(Segment(role=role, text=text, token_ids=tuple(ids), logprobs=logprobs))
         self.context.extend(ids)
         self.used += len(ids)
 
@@ -182,7 +184,7 @@ class ToolRollout(Rollout, SandboxSettings):
                                                                             "stop": (STOP,)}))
             gens = sampler.generate_ids([e.context for e in group], step, seed=(seed + room) % (1 << 62))
             for e, (g,) in zip(group, gens):
-                e.add("model", *turn_of(sampler.tokenizer, g))
+                e.add("model", *model_turn(sampler.tokenizer, g))
                 e.generated += len(g.token_ids)
                 if g.stop != STOP:  # the end of its turn, or of its tokens
                     e.done, e.finish = True, g.finish_reason
