@@ -120,7 +120,9 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
     problems += cfg.filter.reward_checks(lo, hi, label.setting())
     problems += label.checks(cfg)
     filters, trains = kinds_of("filter"), kinds_of("train")
-    if cfg.filter.builds != cfg.train.consumes:
+    if cfg.train.online:
+        problems += _online_checks(cfg)
+    elif cfg.filter.builds != cfg.train.consumes:
         fix_filter = next(k for k, c in filters.items() if c.builds == cfg.train.consumes)
         fix_train = next(k for k, c in trains.items() if c.consumes == cfg.filter.builds)
         problems.append(f"train.kind={cfg.train.kind!r} needs {ROWS[cfg.train.consumes]}, but filter.kind="
@@ -139,13 +141,38 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
                         "answers themselves, so there is no agreement to check; remove agreement.min (it gates labels "
                         "such as the judge, a majority vote or a reward model)")
     episode = cfg.sample.rollout.budget(cfg.sample.max_tokens)
-    if cfg.train.max_length <= episode:
+    if cfg.train.max_length <= episode and not cfg.train.online:
         what = (f"sample.max_tokens={cfg.sample.max_tokens}" if episode == cfg.sample.max_tokens else
                 f"an episode of up to {episode} tokens (sample.rollout.episode_tokens="
                 f"{cfg.sample.rollout.episode_tokens}{'' if episode == cfg.sample.rollout.episode_tokens else ', and what a reflection reads and writes'})")
         problems.append(f"train.max_length={cfg.train.max_length} cannot hold a prompt plus {what}; raise "
                         "train.max_length")
     return problems
+
+
+def _online_checks(cfg: PipelineConfig) -> list[str]:
+    """What an online train kind (train.kind=grpo) needs of the rest of the config: a reward it can
+    compute inside its steps, groups, and the engine's distribution as the trainer reads it."""
+    t = cfg.train
+    out = t.problems(cfg.sample.n)
+    if cfg.label.online is not None:
+        out.append(f"{cfg.label.setting()} cannot be the reward of train.kind={t.kind!r}: it {cfg.label.online}; use "
+                   "label.kind='verifier', which scores each completion with data.check (any check kind, your own "
+                   "reward function, or an environment's return)")
+    if cfg.sample.top_k or cfg.sample.top_p < 1:
+        out.append(f"sample.top_k={cfg.sample.top_k}, sample.top_p={cfg.sample.top_p}: train.kind={t.kind!r} trains on "
+                   "the engine's log-probabilities over the whole vocabulary, and a truncated distribution is not that "
+                   "one; set sample.top_k: 0 and sample.top_p: 1.0 (temperature alone shapes what it samples)")
+    if cfg.sample.temperature == 0:
+        out.append(f"sample.temperature=0: train.kind={t.kind!r} needs different completions in a group to compare; "
+                   "set sample.temperature above 0 (1.0 is usual)")
+    if (why := cfg.sample.rollout.offline) is not None:
+        out.append(f"sample.rollout.kind={cfg.sample.rollout.kind!r} {why}; use single, tool or environment with "
+                   f"train.kind={t.kind!r}")
+    if cfg.agreement.min is not None:
+        out.append(f"agreement.min={cfg.agreement.min}: the agreement gate reads a label stage, and train.kind="
+                   f"{t.kind!r} has none; remove agreement.min")
+    return out
 
 
 def _return_checks(cfg: PipelineConfig) -> list[str]:
@@ -180,8 +207,8 @@ def _default_kinds(data: dict) -> dict[str, str]:
     given = {s: data[s].get("kind") for s in ("filter", "train") if isinstance(data.get(s), dict)}
     filters, trains = kinds_of("filter"), kinds_of("train")
     if given.get("train") in trains and given.get("filter") is None:
-        rows = trains[given["train"]].consumes
-        out["filter"] = next(k for k, c in filters.items() if c.builds == rows)
+        rows = trains[given["train"]].consumes  # an online kind reads the prompts: the default filter, unused
+        out["filter"] = next((k for k, c in filters.items() if c.builds == rows), out["filter"])
     elif given.get("filter") in filters and given.get("train") is None:
         rows = filters[given["filter"]].builds
         out["train"] = next(k for k, c in trains.items() if c.consumes == rows)

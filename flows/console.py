@@ -63,8 +63,14 @@ def rate_of(p: dict[str, Any]) -> str:
     if p.get("unit") == "step":
         done = p.get("done", 0) - p.get("done_at_start", 0)
         dt = max(p.get("at", 0) - p.get("started", 0), 1e-9)
-        loss = f" · loss {now['loss']:.3f}" if "loss" in now else ""
-        return f"{done / dt:.2f} steps/s{loss}"
+        loss = f" · loss {now['loss']:.3f}" if "loss" in now and "reward" not in now else ""
+        online = ""
+        if "reward" in now:  # an online trainer's step (models/trainer.py LIVE)
+            online = f" · reward {now['reward']:.2f}"
+            online += f" · {1 - now['zero_std']:.0%} of groups taught" if "zero_std" in now else ""
+            online += "".join(f" · {k.replace('_', ' ')} {now[k]:.3g}"
+                              for k in ("kl", "entropy", "logp_gap") if k in now)
+        return f"{done / dt:.2f} steps/s{loss}{online}"
     return ""
 
 

@@ -28,7 +28,7 @@ from ratchet.flows.runs import RunContext, set_state, start
 from ratchet.flows.stages import (EvalTarget, RoundResult, agreement_task, base_task, eval_targets_task,
                                   evaluate_task, filter_task, label_model_task, label_task, lineage_task, prompts_task,
                                   register_task, report_task, sample_task, slice_task, start_model_task, Session,
-                                  drop_task,
+                                  drop_task, online_train_task,
                                   train_task, unwrap)
 from ratchet.flows.tracking import Tracker, verdict
 from ratchet.models import warm
@@ -78,6 +78,14 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
         done, train = [], prompts
         if cfg.data.prompts_per_round:  # this round's own draw from the pool
             done.append(train := unwrap(slice_task(cfg, ctx, k, first, prompts, child)))
+        if cfg.train.online:  # it samples, scores and trains in its own stage: prompts -> train -> evaluate
+            candidate = unwrap(online_train_task(cfg, ctx, k, policy, train, child))
+            evaluations = evaluate_all(cfg, ctx, k, candidate, targets, child)
+            result = register_task(cfg, ctx, k, candidate, evaluations, targets, parent_version, child,
+                                   [*done, candidate, *evaluations])
+            if cfg.drop_models:
+                drop_task(cfg, ctx, k)
+            return result
         if cfg.label.consumes == "prompts":  # e.g. a tree search: it samples its own rollouts
             done.append(labels := unwrap(label_task(cfg, ctx, k, train, policy, child, label_model)))
         else:

@@ -127,6 +127,11 @@ def _walk(cfg: PipelineConfig, planner: Planner, store: ArtifactStore, data_sour
         if cfg.data.prompts_per_round:
             count = cfg.data.prompts_per_round
             train, _ = prepare.round_prompts(store, prompts, pool_start + (k - first - 1) * count, count, cfg.seed, k)
+        if cfg.train.online:  # it samples and scores inside its own stage
+            candidate, _ = train_mod.train_online(store, policy, train, cfg.train, cfg.sample, cfg.sampler, cfg.label,
+                                                  cfg.data.check, seed, k, isolate=cfg.isolate)
+            results.append(_evaluate(cfg, store, candidate, targets, k))
+            continue
         common = dict(sampler=cfg.sampler, seed=seed, isolate=cfg.isolate, executor=cfg.executor,
                       rollout=cfg.sample.rollout, turn_tokens=cfg.sample.max_tokens)
         if cfg.label.consumes == "prompts":
@@ -149,6 +154,8 @@ def _walk(cfg: PipelineConfig, planner: Planner, store: ArtifactStore, data_sour
 
 def _round_stages(cfg: PipelineConfig) -> list[str]:
     stages = ["slice"] if cfg.data.prompts_per_round else []
+    if cfg.train.online:
+        return stages + ["train"] + [stage for _, stage in cfg.evaluate.stages()]
     stages += ["label"] if cfg.label.consumes == "prompts" else ["sample", "label"]
     return stages + ["filter", "train"] + [stage for _, stage in cfg.evaluate.stages()]
 

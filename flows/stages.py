@@ -265,6 +265,21 @@ def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
     return finished(m, reused)
 
 
+@task(name="train", cache_policy=NONE, retries=0)
+def online_train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
+                      child: str) -> StageManifest:
+    """An online train kind's stage (train.kind=grpo): it samples the round's prompts on the run's
+    engine, scores them with the label kind and trains, in one stage."""
+    ses = Session(cfg, ctx)
+    store = ses.store
+    m, reused = train_mod.train_online(store, policy, prompts, cfg.train, cfg.sample, cfg.sampler, cfg.label,
+                                       cfg.data.check, round_seed(cfg, k), k, isolate=cfg.isolate, run=ctx.run_name)
+    t = ses.tracker
+    if ses.logged(child, m, reused):
+        t.log_train_curve(child, store, m)
+    return finished(m, reused)
+
+
 @task(name="held-out-sets", cache_policy=NONE, retries=0)
 def eval_targets_task(cfg: PipelineConfig, ctx: RunContext, prompts: StageManifest) -> list[EvalTarget]:
     """Every held-out set of evaluate.sets: the task's own split (`prompts`), or a set's own

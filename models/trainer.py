@@ -78,6 +78,7 @@ class OptimSettings(BaseModel):
 
 
     consumes: ClassVar[str]  # the rows it trains on, as a filter kind builds them (tasks/filters/ ROWS)
+    online: ClassVar[bool] = False  # samples its own rows from the round's prompts (no sample, label or filter stage)
     kind: str
 
     @abstractmethod
@@ -121,10 +122,13 @@ def last_checkpoint(ckpt_dir: Path) -> Path | None:
 
 
 def trainer_args(cls, cfg: OptimSettings, out: Path, seed: int, **extra):
+    """`cls` (a TRL config) from the kind's settings; `extra` adds to them or overrides them."""
+    import dataclasses
+
     import torch
 
     prec = resolve_precision(cfg.precision)
-    args = cls(
+    kwargs = dict(
         output_dir=str(out / "checkpoints"),
         num_train_epochs=cfg.epochs,
         per_device_train_batch_size=cfg.batch_size,
@@ -132,7 +136,6 @@ def trainer_args(cls, cfg: OptimSettings, out: Path, seed: int, **extra):
         learning_rate=cfg.learning_rate,
         lr_scheduler_type=cfg.lr_scheduler,
         warmup_steps=cfg.warmup_ratio,  # transformers 5: a float < 1 is a ratio of total steps
-        max_length=cfg.max_length,
         bf16=prec == "bf16",
         fp16=prec == "fp16",
         use_cpu=not torch.cuda.is_available(),
@@ -146,8 +149,10 @@ def trainer_args(cls, cfg: OptimSettings, out: Path, seed: int, **extra):
         data_seed=seed,
         dataloader_num_workers=0,
         disable_tqdm=True,  # a progress bar is noise in a log file; the console shows progress.json
-        **extra,
     )
+    if "max_length" in {f.name for f in dataclasses.fields(cls)}:  # GRPO's lengths are its rollouts'
+        kwargs["max_length"] = cfg.max_length
+    args = cls(**{**kwargs, **extra})
     return one_device(args), prec
 
 
@@ -271,14 +276,18 @@ def remake(base_dir: str, stage_dir: str) -> list[str]:
     return written
 
 
+# logged values that depend on the attempt, not the training: TRL's running token counter (it restarts
+# from zero when training resumes from a checkpoint) and its per-step wall time
+CLOCKED = ("num_tokens", "step_time")
+
+
 def write_log(trainer, out: Path, started: float, n_tokens: int, save_s: float = 0.0) -> dict[str, float]:
     """Loss curve to out/train_log.jsonl; summary metrics returned.
 
     The log is a function of the training alone, so a resumed run writes the same bytes as
-    an uninterrupted one: keys sorted, and TRL's running token counter (`num_tokens`, which
-    restarts from zero when training resumes from a checkpoint) left out.
+    an uninterrupted one: keys sorted, and what depends on the attempt left out (CLOCKED).
     """
-    hist = [{k: v for k, v in h.items() if k != "num_tokens"} for h in trainer.state.log_history if "loss" in h]
+    hist = [{k: v for k, v in h.items() if k not in CLOCKED} for h in trainer.state.log_history if "loss" in h]
     with open(out / "train_log.jsonl", "w") as f:
         for h in hist:
             f.write(json.dumps(h, sort_keys=True) + "\n")
@@ -367,6 +376,12 @@ def token_rows(rows: list, fields: list[str]) -> bool:
     return any(turns)
 
 
+# what the console's live line shows of a trainer's logs (flows/console.py rate_of): the loss, and an
+# online trainer's reward, share of groups whose rewards differ, KL, entropy and log-probability gap
+LIVE = {"loss": "loss", "reward": "reward", "frac_reward_zero_std": "zero_std", "kl": "kl", "entropy": "entropy",
+        "sampling/sampling_logp_difference/mean": "logp_gap"}
+
+
 def run_training(trainer, out: Path) -> int | None:
     """Train, resuming from out/checkpoints when an earlier attempt left one; the step it
     resumed from, or None."""
@@ -378,18 +393,17 @@ def run_training(trainer, out: Path) -> int | None:
         """Steps done of the run's total, and the last logged loss, in out/progress.json."""
 
         def __init__(self):
-            self.progress, self.loss = None, None
+            self.progress, self.last = None, {}
 
         def on_step_end(self, args, state, control, **kwargs):
             if not state.is_world_process_zero:
                 return
             if self.progress is None:  # the first step of this attempt (a resumed run starts late)
                 self.progress = events.Progress(out, state.max_steps, "step", state.global_step - 1)
-            self.progress.update(state.global_step, {"loss": self.loss} if self.loss is not None else {})
+            self.progress.update(state.global_step, self.last)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                self.loss = float(logs["loss"])
+            self.last.update({name: float(logs[key]) for key, name in LIVE.items() if key in (logs or {})})
 
     trainer.add_callback(_Progress())
     if failpoints.armed("train:checkpoint"):
@@ -410,9 +424,13 @@ def run_training(trainer, out: Path) -> int | None:
     return int(ck.name.split("-")[1]) if ck else None
 
 
-def train(model_dir: Path, rows: list[dict], cfg: OptimSettings, out: Path, seed: int) -> dict[str, float]:
+def train(model_dir: Path, rows: list[dict], cfg: OptimSettings, out: Path, seed: int,
+          online=None) -> dict[str, float]:
     """The kind's trainer, in this process or, with cfg.num_processes > 1, in that many
-    processes under torchrun (on this machine, rendezvous on localhost)."""
+    processes under torchrun (on this machine, rendezvous on localhost). `online`: what an online
+    kind samples and scores with (models/train_kinds/grpo.py: Online), which trains in one process."""
+    if online is not None:
+        return cfg.fit(model_dir, rows, out, seed, online=online)
     if cfg.num_processes == 1:
         return cfg.fit(model_dir, rows, out, seed)
     import os

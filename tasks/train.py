@@ -1,7 +1,10 @@
 """train: the accepted set -> the next round's policy (a full model directory).
 
 The train kind (models/train_kinds/: rft, dpo) reads the filter's rows and trains on them;
-this stage names none.
+this stage names none. An online kind (grpo) trains from the round's prompts instead: it
+samples on the run's engine through the run's rollout (sample.rollout), and the label kind
+scores what it sampled (label.kind=verifier: data.check). Both are handed to it from here
+(`Online`), so models/ never imports the rollouts or the checks above it.
 
 LoRA through PEFT by default, merged into full weights. The stage checkpoints
 inside (train.checkpoint_steps); a resumed stage continues from its last checkpoint.
@@ -11,9 +14,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from ratchet.data.checkers import CheckConfig
 from ratchet.data.manifest import StageManifest
+from ratchet.data.records import Prompt
 from ratchet.data.store import ArtifactStore
 from ratchet.models.train_kinds import RFTTrainConfig, TrainConfig  # noqa: F401 - the default kind, from here
+from ratchet.models.sampler import SamplerConfig
+from ratchet.tasks.label import LabelConfig
+from ratchet.tasks.sample import SampleConfig
 from ratchet.tasks.stage import StageRequest, run_stage
 
 
@@ -44,8 +52,67 @@ def train_body(req: StageRequest[TrainJob], store: ArtifactStore) -> StageManife
                       scratch=("checkpoints",))
 
 
+class OnlineJob(TrainJob):
+    """An online kind's job: what it trains with, and the sampling, rollout, reward and check it
+    samples and scores its steps with (all keyed: a change to any of them is another stage)."""
+
+    sample: SampleConfig
+    sampler: SamplerConfig
+    label: LabelConfig
+    check: CheckConfig  # data.check
+
+
+def online_of(job: OnlineJob, seed: int):
+    """What an online kind samples and scores with (models/train_kinds/grpo.py: Online): the run's
+    engine, its rollout with each token's log-probability, and the label kind's score."""
+    import time
+
+    from ratchet.models.sampler import open_sampler
+    from ratchet.models.train_kinds.grpo import Online
+
+    params = job.sample.params().model_copy(update={"logprobs": True})
+
+    def roll(engine, batch: list[dict], step_seed: int) -> tuple[list, dict[str, float]]:
+        t = time.time()
+        rows, _ = job.sample.rollout.roll(engine, [Prompt.model_validate(p) for p in batch], params, step_seed)
+        scoring = time.time()
+        scored = job.label.score(rows, job.check)
+        return scored, {"gen_s": scoring - t, "score_s": time.time() - scoring}
+
+    return Online(open_engine=lambda path: open_sampler(path, job.sampler, seed=seed), roll=roll,
+                  group=job.sample.n, max_completion=job.sample.rollout.budget(job.sample.max_tokens))
+
+
+def online_body(req: StageRequest[OnlineJob], store: ArtifactStore) -> StageManifest:
+    from ratchet.models.trainer import train
+    from ratchet.tasks.prepare import model_dir, train_prompts
+
+    job = req.config
+    d = store.stage_dir(req.stage, req.key)
+    base = model_dir(store, req.parent_model)
+    prompts = train_prompts(req, store)
+    metrics = train(base, [p.model_dump(mode="json") for p in prompts], job.train, d, req.seed,
+                    online=online_of(job, req.seed))
+    outputs = {p.relative_to(d).as_posix(): None for p in sorted(d.rglob("*"))
+               if p.is_file() and p.parts[len(d.parts)] in ("model", "adapter", "rollouts")}
+    outputs["train_log.jsonl"] = None
+    return req.finish(store, outputs=outputs, metrics=metrics,
+                      info={"adapter": job.train.adapter, "objective": job.train.kind,
+                            **job.train.info(req.parent_model.dir)},
+                      scratch=("checkpoints",))
+
+
 def train(store: ArtifactStore, policy: StageManifest, train_set: StageManifest, cfg: TrainConfig,
           seed: int, round: int, isolate: bool = True, run: str | None = None) -> tuple[StageManifest, bool]:
     return run_stage(store, stage="train", round=round, body=train_body,
                      config=TrainJob(train=cfg, seed=seed), parents=[policy, train_set], isolate=isolate,
                      keep_partial=True, run=run)
+
+
+def train_online(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: TrainConfig,
+                 sample: SampleConfig, sampler: SamplerConfig, label: LabelConfig, check, seed: int, round: int,
+                 isolate: bool = True, run: str | None = None) -> tuple[StageManifest, bool]:
+    """An online kind's train stage: its parents are the policy and the round's prompts."""
+    return run_stage(store, stage="train", round=round, body=online_body,
+                     config=OnlineJob(train=cfg, seed=seed, sample=sample, sampler=sampler, label=label, check=check),
+                     parents=[policy, prompts], isolate=isolate, keep_partial=True, run=run)

@@ -4,6 +4,8 @@
 
     rft  supervised fine-tuning on accepted samples (RFT / ReST-EM / STaR)
     dpo  DPO on preference pairs
+    grpo online RL from the round's prompts: groups sampled on the run's engine, scored by the
+         run's reward, group-relative advantages (GRPO, RLOO), TRL's GRPOTrainer
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from pydantic import Field
 
 from ratchet.data.kinds import member
 from ratchet.models.train_kinds.dpo import DPOTrainConfig
+from ratchet.models.train_kinds.grpo import GRPOTrainConfig
 from ratchet.models.train_kinds.rft import RFTTrainConfig
 
-TrainConfig = Annotated[RFTTrainConfig | DPOTrainConfig, Field(discriminator="kind")]
+TrainConfig = Annotated[RFTTrainConfig | DPOTrainConfig | GRPOTrainConfig, Field(discriminator="kind")]
 
 
 def config_class(kind: str) -> type:

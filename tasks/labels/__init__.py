@@ -71,11 +71,18 @@ class Label(BaseModel):
     shows: ClassVar[Shows] = Shows()  # what the report draws of its metrics
     chats: ClassVar[bool] = False  # its fixed model reads prompts as a chat (a base model: the plain format)
     generates: ClassVar[bool] = False  # its fixed model generates on the run's sampler (sampler.backend)
+    # why it cannot be an online trainer's reward (train.kind=grpo), said after "label.kind=K"; None: it can (`score`)
+    online: ClassVar[str | None] = "labels a finished sample stage, and an online trainer has none"
     kind: str
 
     @abstractmethod
     def run(self, req, store, items: list, check_cfg) -> Labeled:
         """Label `items` (completions, or prompts for a kind that consumes prompts)."""
+
+    def score(self, rows: list[Completion], check_cfg) -> list[LabeledCompletion]:
+        """Label one online training step's completions, in this process (train.kind=grpo); a kind
+        that cannot says why in `online`, and the config is refused before this is reached."""
+        raise NotImplementedError(f"label.kind={self.kind!r} {self.online}")
 
     def reward_range(self) -> tuple[float, float]:
         return (0.0, 1.0)

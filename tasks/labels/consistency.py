@@ -10,7 +10,7 @@ informative for this model.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -23,6 +23,9 @@ class ConsistencyLabel(Label):
     """Reward = agreement with the majority answer of the prompt's own samples (label-free)."""
 
     kind: Literal["consistency"] = "consistency"
+    online: ClassVar[str | None] = (  # why it cannot be train.kind=grpo's reward
+        "scores a completion by its group's majority vote, the very group GRPO compares it with: the "
+        'advantage would reward agreeing with the group, not being right')
     min_agreement: float = Field(
         default=0.5, gt=0, le=1,
         description="share of a prompt's samples the majority answer needs; below it the prompt stays unlabeled",

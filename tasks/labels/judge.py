@@ -39,6 +39,9 @@ class JudgeLabel(Label):
     chats: ClassVar[bool] = True
     generates: ClassVar[bool] = True
     kind: Literal["judge"] = "judge"
+    online: ClassVar[str | None] = (  # why it cannot be train.kind=grpo's reward
+        'has the policy (or a judge model) grade each completion with a generation of its own; a reward '
+        'that moves with the policy it trains is the reward hacking GRPO invites')
     model: Annotated[str, UserFile(keep=("default",))] | None = Field(
         default=None, description="a fixed judge: a local Hugging Face model directory ('default' for the embedded "
         "model), run with the sampler settings; unset: the round's policy judges its own samples (Self-Rewarding)")

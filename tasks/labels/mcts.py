@@ -33,6 +33,8 @@ class MctsLabel(Label):
         "Tree search per round", "mcts.png", "generated tokens per prompt", ("mcts_tokens_per_prompt", "tokens per prompt"),
         ("mcts_solved_frac", "solved (%)", "prompts solved by the search (%)")),))
     kind: Literal["mcts"] = "mcts"
+    online: ClassVar[str | None] = (  # why it cannot be train.kind=grpo's reward
+        "searches from the prompts with rollouts of its own and labels steps, not a completion's reward")
     simulations: int = Field(default=6, ge=1, description="simulation waves per prompt (each selects and expands "
                              "one leaf that can grow)")
     k: int = Field(default=4, ge=2, description="candidate next steps sampled per expansion")

@@ -33,6 +33,8 @@ class RewardModelLabel(Label):
 
     uses_policy: ClassVar[bool] = True  # its own fixed model, in a worker
     kind: Literal["reward_model"] = "reward_model"
+    online: ClassVar[str | None] = (  # why it cannot be train.kind=grpo's reward
+        'runs a reward model in units of a finished sample stage; inside a GRPO step it is not built yet')
     model: UserPath = Field(description="a local Hugging Face directory of a *ForSequenceClassification reward model "
                        "(1 label: the reward is its logit; 2 labels: the probability of label 1)")
     batch_size: int = Field(default=16, ge=1, description="completions per forward pass")

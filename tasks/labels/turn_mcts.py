@@ -39,6 +39,9 @@ class TurnMctsLabel(Label):
         "Tree search per round", "mcts.png", "generated tokens per start", ("mcts_tokens_per_prompt", "tokens per start"),
         ("mcts_solved_frac", "solved (%)", "starts the search solved (%)")),))
     kind: Literal["turn_mcts"] = "turn_mcts"
+    online: ClassVar[str | None] = (  # why it cannot be train.kind=grpo's reward
+        "searches an environment's turns with rollouts of its own and labels steps, not a completion's "
+        'reward')
     simulations: int = Field(default=6, ge=1, description="simulation waves per start (each selects and expands one "
                              "leaf that can grow)")
     k: int = Field(default=3, ge=2, description="candidate next turns sampled per expansion")

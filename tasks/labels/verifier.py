@@ -10,7 +10,7 @@ pays twice for rows it already scored.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -25,10 +25,14 @@ class VerifierLabel(Label):
     """Reward = the data source's answer check (data.check)."""
 
     kind: Literal["verifier"] = "verifier"
+    online: ClassVar[str | None] = None  # the answer check scores an online step's completions (score)
     shard_size: int = Field(default=256, ge=1, description="completions checked per unit (the unit of resume)")
 
     def run(self, req, store, rows: list[Completion], check_cfg) -> Labeled:
         return Labeled(*verify(req, store, rows, check_cfg, self.shard_size))
+
+    def score(self, rows: list[Completion], check_cfg) -> list[LabeledCompletion]:
+        return checked(check_cfg, rows)[0]
 
     def needs_reference(self) -> bool:
         return True
@@ -51,10 +55,14 @@ class VerifyWork(UnitWork):
         pass
 
     def run(self, engine, chunk: list[Completion], seed: int):
-        verdicts = check_many(self.check, [item_of(c) for c in chunk])
-        rows = [labeled_row(c, reward=v.reward, extracted=v.extracted, correct=v.correct)
-                for c, v in zip(chunk, verdicts)]
-        return rows, score_sums(verdicts)
+        return checked(self.check, chunk)
+
+
+def checked(check_cfg, rows: list[Completion]) -> tuple[list[LabeledCompletion], dict[str, float]]:
+    """`rows` through the answer check, in one batch: the labeled rows and the batch's counters."""
+    verdicts = check_many(check_cfg, [item_of(c) for c in rows])
+    return ([labeled_row(c, reward=v.reward, extracted=v.extracted, correct=v.correct) for c, v in zip(rows, verdicts)],
+            score_sums(verdicts))
 
 
 def verify(req, store, rows: list[Completion], check_cfg, shard_size: int) -> tuple[list[LabeledCompletion], dict]:

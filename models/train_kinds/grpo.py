@@ -1,0 +1,402 @@
+"""train.kind=grpo: online RL inside a round's train stage, with TRL's GRPOTrainer.
+
+Each step the policy samples `sample.n` completions (a group) for each of `batch_size` prompts
+on Ratchet's own engine (models/sampler.py), through the run's rollout kind; the run's reward
+scores them; advantages are relative to the group (GRPO; RLOO's leave-one-out with
+`leave_one_out`); the policy steps. The rollout and the reward live above this layer (tasks/):
+they are handed in as `Online`. What this module owns:
+
+- the engine, in this process, sampling with each token's log-probability. Before each step's
+  generation the policy's current weights are loaded into it from memory (a LoRA adapter merged
+  for the copy, then unmerged): no model is written to disk between steps.
+- each step's rollouts, stored as a unit (rollouts/NNNNN.jsonl, seeded by the stage seed and the
+  step) before the step trains on them. A resumed stage continues from the trainer's last
+  checkpoint and reads the steps it already sampled instead of sampling them again.
+- TRL's trainer, driven through its `rollout_func`: it computes the advantages, the loss
+  (`loss_type`), the KL to the round's starting model (`beta`) and the importance-sampling
+  correction from the engine's log-probabilities (its vLLM path, which this engine stands in for).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from ratchet.models.trainer import (OptimSettings, load_policy, resolve_precision, run_training, save_merged,
+                                    trainer_args, turn_ids, write_log)
+
+# every loss_type TRL 1.16's GRPOTrainer accepts
+LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
+
+
+class GRPOTrainConfig(OptimSettings):
+    """Online RL: the policy samples groups for the round's prompts, the run's reward scores them,
+    and it steps on group-relative advantages (TRL's GRPOTrainer)."""
+
+    consumes: ClassVar[str] = "prompts"  # it samples its own rows from the round's prompts: no filter stage
+    online: ClassVar[bool] = True
+    kind: Literal["grpo"] = "grpo"
+    steps: int = Field(default=20, ge=1, description="optimizer steps; each samples sample.n completions (a group) "
+                       "for each of batch_size prompts, scores them and steps")
+    batch_size: int = Field(default=4, ge=1, description="prompts per step (each brings a group of sample.n "
+                            "completions)")
+    learning_rate: float = Field(default=1e-4, gt=0, description="peak learning rate")
+    micro_batch: int = Field(default=8, ge=1, description="completions per forward and backward pass: a step's "
+                             "batch_size x sample.n completions go through in micro-batches of the largest count "
+                             "that divides them and is at most this (measured on the default model, 32 "
+                             "completions a step: micro-batches of 8 took 23 s a step and 7 GB, one of 32 took "
+                             "33 s and 14 GB)")
+    loss_type: LossType = Field(default="dapo", description="TRL's GRPO loss: grpo, dr_grpo, dapo (TRL's default), "
+                                "bnpo, cispo, sapo, luspo or vespo")
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        default="group", description="divide advantages by the group's reward std (group: GRPO), the batch's "
+        "(batch), or not at all (none: Dr. GRPO)")
+    leave_one_out: bool = Field(default=False, description="RLOO: each completion's baseline is the mean of the "
+                                "other completions of its group (scale_rewards must be none)")
+    beta: float = Field(default=0.0, ge=0, description="KL penalty to the round's starting model (0: off, as in TRL)")
+    epsilon: float = Field(default=0.2, gt=0, description="clip range of the policy ratio (lower side; and upper "
+                           "unless epsilon_high)")
+    epsilon_high: float | None = Field(default=None, gt=0, description="upper clip range (DAPO's clip-higher)")
+    importance_sampling: Literal["auto", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask",
+                                 "off"] = Field(
+        default="auto", description="correction for the gap between the engine's and the trainer's "
+        "log-probabilities (TRL's vllm_importance_sampling_mode); auto: sequence_mask (TRL's default), "
+        "token_truncate for vespo; off: none")
+    importance_sampling_cap: float = Field(default=3.0, gt=1, description="the ratio above which a token or "
+                                           "sequence is truncated or masked")
+    mask_truncated: bool = Field(default=False, description="leave completions that ran out of tokens out of the "
+                                 "loss (DAPO)")
+    drop_equal: bool = Field(default=True, description="leave a group whose rewards are all equal (it has no "
+                             "advantage) out of the loss, so a token-level loss is not diluted by it; counted")
+    resample: int = Field(default=0, ge=0, description="DAPO's dynamic sampling: up to this many more draws a step "
+                          "replace groups whose rewards are all equal with groups of other prompts of the round")
+
+    def fit(self, model_dir: Path, rows: list[dict], out: Path, seed: int,
+            online: Online | None = None) -> dict[str, float]:
+        if online is None:
+            raise TypeError("train.kind=grpo trains online: it needs the run's rollout and reward (Online)")
+        return train_grpo(model_dir, rows, self, out, seed, online)
+
+    def rows_of(self, train_set: Path) -> list[dict]:
+        from ratchet.data.records import Prompt, read_jsonl
+
+        return [p.model_dump(mode="json") for p in read_jsonl(train_set, Prompt)]
+
+    def info(self, start_model: str) -> dict[str, str]:
+        return {"loss_type": self.loss_type, "advantage": "rloo" if self.leave_one_out else self.scale_rewards}
+
+    def summary(self, m: dict[str, float]) -> list[str]:
+        out = [f"{m.get('steps', 0):,.0f} steps", f"reward {m.get('first_reward', 0):.2f} -> "
+               f"{m.get('last_reward', 0):.2f}"]
+        out += [f"{m['first_draw_taught_frac']:.0%} of groups taught"] if "first_draw_taught_frac" in m else []
+        out += [f"{m['groups_replaced']:,.0f} of {m['groups_equal']:,.0f} replaced by resampling"] \
+            if m.get("groups_drawn") else []
+        out += [f"{m['groups_dropped']:,.0f} dropped"] if m.get("groups_dropped") else []
+        return out + ([f"{m.get('steps', 0) / m['train_s']:.2f} steps/s"] if m.get("train_s") else [])
+
+    def problems(self, group: int) -> list[str]:
+        """What cannot work with groups of `group` completions, each with its fix."""
+        out = []
+        if group < 2:
+            out.append(f"sample.n={group}: train.kind=grpo compares the completions of a group, and a group of one "
+                       "has no advantage; set sample.n to 2 or more (8 is usual)")
+        if self.leave_one_out and self.scale_rewards != "none":
+            out.append(f"train.leave_one_out=true with train.scale_rewards={self.scale_rewards!r}: RLOO's advantage is "
+                       "the reward less the others' mean, unscaled; set train.scale_rewards: none")
+        if self.num_processes > 1:
+            out.append(f"train.num_processes={self.num_processes}: train.kind=grpo trains in one process (its engine "
+                       "samples beside the trainer); set train.num_processes: 1")
+        if "epochs" in self.model_fields_set:
+            out.append("train.epochs does not apply to train.kind=grpo, which runs train.steps steps; remove "
+                       "train.epochs")
+        if "grad_accum" in self.model_fields_set:
+            out.append("train.grad_accum does not apply to train.kind=grpo: a step is its batch_size x sample.n "
+                       "completions, taken in micro-batches of train.micro_batch; remove train.grad_accum")
+        return out
+
+    def trl_settings(self) -> dict[str, Any]:
+        """This config as GRPOConfig's arguments."""
+        mode = self.importance_sampling
+        if mode == "auto":
+            mode = "token_truncate" if self.loss_type == "vespo" else "sequence_mask"
+        return dict(loss_type=self.loss_type, scale_rewards=self.scale_rewards, beta=self.beta, epsilon=self.epsilon,
+                    epsilon_high=self.epsilon_high, mask_truncated_completions=self.mask_truncated,
+                    importance_sampling_level="sequence" if self.loss_type == "luspo" else "token",
+                    vllm_importance_sampling_correction=mode != "off",
+                    vllm_importance_sampling_mode=mode if mode != "off" else "sequence_mask",
+                    vllm_importance_sampling_clip_max=self.importance_sampling_cap)
+
+
+@dataclass
+class Online:
+    """What the train stage hands an online kind from above this layer.
+
+    open_engine(model_dir): an engine (models/sampler.py) on those weights.
+    roll(engine, prompts, seed): `group` scored completions of each prompt, in order (prompt by
+        prompt, index by index), as LabeledCompletion rows that keep their prompt's ids and their
+        segments (the model's with the engine's log-probabilities); `reward` None where the reward
+        could not be computed (that completion then teaches nothing); and the seconds it spent
+        generating (`gen_s`) and scoring (`score_s`).
+    """
+
+    open_engine: Callable[[Path], Any]
+    roll: Callable[[Any, list[dict], int], tuple[list, dict[str, float]]]
+    group: int
+    max_completion: int  # the most tokens one completion (an episode, for a multi-turn rollout) takes
+
+
+def step_seed(seed: int, step: int, draw: int = 0) -> int:
+    """The seed of one step's generation (a draw above 0: a draw that replaces groups that teach
+    nothing): the stage seed, the step and the draw, whoever runs it and whenever."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{step}:{draw}".encode()).digest()[:7], "big")
+
+
+def advantages(rewards: list[float], group: int, scale: str = "group", leave_one_out: bool = False) -> list[float]:
+    """Group-relative advantages as the trainer computes them (TRL's GRPOTrainer, sum_then_normalize
+    with one reward): the reward less its group's mean, divided by the group's std (`group`,
+    unbiased, +1e-4) or the batch's (`batch`), or not (`none`); RLOO's leave-one-out is the
+    unscaled one times group/(group-1), which is the reward less the mean of the others."""
+    import statistics
+
+    out = []
+    std_batch = statistics.stdev(rewards) if len(rewards) > 1 else 0.0
+    for g in range(0, len(rewards), group):
+        rs = rewards[g: g + group]
+        mean = sum(rs) / len(rs)
+        std = statistics.stdev(rs) if scale == "group" else std_batch
+        w = group / (group - 1) if leave_one_out else 1.0
+        out += [w * (r - mean) / (std + 1e-4) if scale != "none" else w * (r - mean) for r in rs]
+    return out
+
+
+@contextlib.contextmanager
+def merged_weights(model):
+    """The policy's weights as (name, tensor) pairs in the base model's checkpoint names: a LoRA
+    adapter merged into them while the pairs are read, unmerged after."""
+    from peft import PeftModel
+
+    if not isinstance(model, PeftModel):
+        yield list(model.state_dict().items())
+        return
+    model.merge_adapter()
+    try:
+        yield [(k.removeprefix("base_model.model.").replace(".base_layer", ""), v)
+               for k, v in model.state_dict().items() if "lora_" not in k]
+    finally:
+        model.unmerge_adapter()
+
+
+class EngineSync:
+    """What TRL's GRPOTrainer calls `vllm_generation`, for Ratchet's engine: before a step's
+    generation it loads the policy's weights into the engine, from memory."""
+
+    def __init__(self, trainer, engine):
+        self.trainer, self.engine, self.syncs, self.sync_s = trainer, engine, 0, 0.0
+
+    def sync_weights(self) -> None:
+        t = time.time()
+        with merged_weights(self.trainer.accelerator.unwrap_model(self.trainer.model)) as weights:
+            self.engine.load_state(weights)
+        self.syncs += 1
+        self.sync_s += time.time() - t
+
+
+def episode(row) -> tuple[list[int], list[int], list[int], list[float]]:
+    """A stored completion as the trainer reads it: prompt ids, completion ids, the loss mask (1 on
+    the model's tokens, 0 on a tool's or environment's) and each completion token's sampling
+    log-probability (NaN where there is none: another writer's token, or none returned)."""
+    ids, mask = turn_ids(row.segments)
+    lps: list[float] = []
+    for s in row.segments:
+        lp = s.logprobs if s.role == "model" and s.logprobs and len(s.logprobs) == len(s.token_ids) else None
+        lps += list(lp) if lp is not None else [math.nan] * len(s.token_ids)
+    return list(row.prompt_ids), ids, mask, lps
+
+
+class Rollouts:
+    """Each step's scored rollouts: read from rollouts/NNNNN.jsonl where a step was sampled before,
+    else sampled on the engine and written there (atomically) before the step trains on them, with
+    what became of its groups in rollouts/NNNNN.json.
+
+    A group whose rewards are all equal has no advantage. With `resample`, up to that many more
+    draws replace such groups with groups of other prompts of the round (DAPO's dynamic sampling),
+    each draw seeded by the step and the draw; a group that still teaches nothing is left out of
+    the loss with `drop_equal` (its tokens masked, so a token-level loss is not diluted by it)."""
+
+    def __init__(self, out: Path, online: Online, prompts: list[dict], seed: int, resample: int = 0,
+                 drop_equal: bool = True):
+        self.dir, self.online, self.seed = out / "rollouts", online, seed
+        self.resample, self.drop_equal = resample, drop_equal
+        self.prompts = {p["id"]: p for p in prompts}
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.engine = None
+        self.reused = 0
+        self.cost = {"gen_s": 0.0, "score_s": 0.0, "store_s": 0.0}
+        self.gen_tokens = 0
+        self.groups: dict[str, float] = {"groups": 0.0, "groups_equal": 0.0, "groups_drawn": 0.0,
+                                         "groups_replaced": 0.0, "groups_dropped": 0.0}
+
+    def step(self, step: int, prompt_ids: list[str]) -> tuple[list, list[bool]]:
+        """The step's rows, and for each row whether the loss reads it."""
+        from ratchet.data.records import LabeledCompletion, read_jsonl, write_jsonl
+
+        f, counts_file = self.dir / f"{step:05d}.jsonl", self.dir / f"{step:05d}.json"
+        if f.exists() and counts_file.exists():
+            self.reused += 1
+            rows, counts = read_jsonl(f, LabeledCompletion), json.loads(counts_file.read_text())
+        else:
+            rows, counts = self._sample(step, prompt_ids)
+            t = time.time()
+            write_jsonl(f, rows)
+            counts_file.write_text(json.dumps(counts, sort_keys=True) + "\n")
+            self.cost["store_s"] += time.time() - t
+        for k in self.groups:
+            self.groups[k] += counts.get(k, 0)
+        g = self.online.group
+        groups = [rows[i:i + g] for i in range(0, len(rows), g)]
+        read = [not (self.drop_equal and not teaches(grp)) for grp in groups for _ in grp]
+        return rows, read
+
+    def _roll(self, prompt_ids: list[str], seed: int) -> list:
+        rows, cost = self.online.roll(self.engine, [self.prompts[i] for i in prompt_ids], seed)
+        for k in ("gen_s", "score_s"):
+            self.cost[k] += cost.get(k, 0.0)
+        self.gen_tokens += sum(len(s.token_ids) for r in rows for s in r.segments if s.role == "model")
+        return rows
+
+    def _sample(self, step: int, prompt_ids: list[str]) -> tuple[list, dict[str, float]]:
+        import random
+
+        g = self.online.group
+        rows = self._roll(prompt_ids, step_seed(self.seed, step))
+        groups = [rows[i:i + g] for i in range(0, len(rows), g)]
+        equal = [i for i, grp in enumerate(groups) if not teaches(grp)]
+        counts = {"groups": len(groups), "groups_equal": len(equal), "groups_drawn": 0, "groups_replaced": 0}
+        tried = set(prompt_ids)
+        for draw in range(1, self.resample + 1):
+            if not equal:
+                break
+            pool = sorted(set(self.prompts) - tried)
+            random.Random(step_seed(self.seed, step, draw)).shuffle(pool)
+            fresh = pool[:len(equal)]
+            if not fresh:
+                break
+            tried.update(fresh)
+            new = self._roll(fresh, step_seed(self.seed, step, draw))
+            counts["groups_drawn"] += len(fresh)
+            for grp in (new[i:i + g] for i in range(0, len(new), g)):
+                if teaches(grp) and equal:
+                    groups[equal.pop(0)] = grp
+                    counts["groups_replaced"] += 1
+        counts["groups_dropped"] = len(equal) if self.drop_equal else 0
+        return [r for grp in groups for r in grp], counts
+
+
+def teaches(group: list) -> bool:
+    """Whether a group's rewards differ (a reward that could not be computed counts as none)."""
+    return len({r.reward for r in group if r.reward is not None}) > 1
+
+
+def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: Path, seed: int, online: Online):
+    """TRL's GRPOTrainer over the round's prompts, sampling on Ratchet's engine: (trainer, tokenizer,
+    precision, rollouts)."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    g = online.group
+    total = cfg.batch_size * g
+    micro = max(d for d in range(1, min(cfg.micro_batch, total) + 1) if total % d == 0)
+    prec = resolve_precision(cfg.precision)
+    model, tok, peft_config = load_policy(model_dir, cfg, prec)
+    # one optimizer step per generation: a step's batch_size x n completions, in micro-batches
+    per_device = cfg.model_copy(update={"batch_size": micro, "grad_accum": total // micro})
+    args, prec = trainer_args(GRPOConfig, per_device, out, seed, max_steps=cfg.steps, num_generations=g,
+                              steps_per_generation=total // micro, max_completion_length=online.max_completion,
+                              num_iterations=1, shuffle_dataset=True, log_completions=False,
+                              reward_weights=[g / (g - 1)] if cfg.leave_one_out else None, **cfg.trl_settings())
+    rollouts = Rollouts(out, online, prompts, seed, cfg.resample, cfg.drop_equal)
+
+    def rollout_func(batch: list[str], trainer) -> dict[str, list]:
+        rows, read = rollouts.step(trainer.state.global_step, batch[::g])  # the prompts come repeated, a group each
+        eps = [episode(r) for r in rows]
+        return {"prompt_ids": [e[0] for e in eps], "completion_ids": [e[1] for e in eps],
+                "env_mask": [e[2] if keep else [0] * len(e[2]) for e, keep in zip(eps, read)],
+                "logprobs": [e[3] for e in eps], "reward": [r.reward for r in rows]}
+
+    def reward(prompts, completions, reward, **_) -> list[float | None]:
+        return reward  # scored in the rollout, and stored with it
+
+    class Trainer(GRPOTrainer):
+        """GRPOTrainer whose generations come from Ratchet's engine, weights synced from memory; the
+        engine's log-probabilities go to its importance-sampling correction (its vLLM path)."""
+
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.use_vllm = True
+            self.vllm_mode = "ratchet"
+            self.vllm_generation = EngineSync(self, rollouts.engine)
+            self._last_loaded_step = 0  # the engine starts with the weights the policy starts from
+
+        def _get_train_sampler(self, dataset=None):
+            """TRL's sampler draws each epoch's order from one generator, so a run resumed in a later
+            epoch would draw the first epoch's order again: here each epoch's order is seeded by the
+            seed and the epoch (the Trainer sets the epoch before it iterates, resumed or not)."""
+            sampler = super()._get_train_sampler(dataset)
+            if getattr(sampler, "generator", None) is not None:
+                sampler.set_epoch = lambda epoch: sampler.generator.manual_seed(step_seed(seed, -1 - int(epoch)))
+            return sampler
+
+    rollouts.engine = online.open_engine(model_dir)
+    trainer = Trainer(model=model, reward_funcs=[reward], args=args, processing_class=tok, peft_config=peft_config,
+                      train_dataset=Dataset.from_list([{"prompt": p["id"]} for p in prompts]),
+                      rollout_func=rollout_func)
+    return trainer, tok, prec, rollouts
+
+
+def train_grpo(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: Path, seed: int,
+               online: Online) -> dict[str, float]:
+    """GRPO on the round's prompts; writes out/model; returns metrics. Resumes from
+    out/checkpoints and the stored rollouts when an earlier attempt left them."""
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL's experimental API; pinned here
+    started = time.time()
+    trainer, tok, prec, rollouts = grpo_trainer(model_dir, prompts, cfg, out, seed, online)
+    resumed = run_training(trainer, out)
+    sync = trainer.vllm_generation
+    rollouts.engine.close()  # its memory back before the merge loads another copy of the weights
+    saving = time.time()
+    save_merged(trainer, tok, model_dir, out, cfg.adapter)
+    metrics = write_log(trainer, out, started, rollouts.gen_tokens, save_s=time.time() - saving)
+    hist = [h for h in trainer.state.log_history if "reward" in h]
+    metrics.update(bf16=float(prec == "bf16"), resumed=float(resumed is not None),
+                   resumed_from_step=float(resumed or 0), processes=1.0, prompts=float(len(prompts)),
+                   **rollouts.cost, **rollouts.groups, gen_tokens=float(rollouts.gen_tokens), syncs=float(sync.syncs),
+                   sync_s=sync.sync_s, steps_reused=float(rollouts.reused),
+                   tokens_per_s=rollouts.gen_tokens / metrics["train_s"] if metrics["train_s"] else 0.0,
+                   gen_tokens_per_s=rollouts.gen_tokens / rollouts.cost["gen_s"] if rollouts.cost["gen_s"] else 0.0)
+    # the optimizer's share: the steps' time less what the step spent outside it (generating, scoring,
+    # storing the rollouts, syncing the engine)
+    metrics["optimizer_s"] = metrics["steps_s"] - sum(rollouts.cost.values()) - sync.sync_s
+    if hist:
+        metrics.update(first_reward=float(hist[0]["reward"]), last_reward=float(hist[-1]["reward"]))
+        for key, name in (("frac_reward_zero_std", "zero_std_frac"), ("kl", "kl"), ("entropy", "entropy"),
+                          ("sampling/sampling_logp_difference/mean", "logp_gap_mean"),
+                          ("sampling/sampling_logp_difference/max", "logp_gap_max")):
+            vals = [h[key] for h in hist if key in h]
+            if vals:
+                metrics[f"{name}"] = float(sum(vals) / len(vals))
+    if rollouts.groups["groups"]:
+        g = rollouts.groups
+        metrics["kept_group_frac"] = 1.0 - g["groups_dropped"] / g["groups"]  # of the groups it trained on
+        metrics["first_draw_taught_frac"] = 1.0 - g["groups_equal"] / g["groups"]
+    return metrics

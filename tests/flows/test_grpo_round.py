@@ -1,0 +1,79 @@
+"""A GRPO round: what the config refuses before any model loads, and a round on the tiny model
+(prompts -> train -> evaluate) that is kept, keyed, planned and traced like any other."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ratchet.data.errors import ConfigError
+from ratchet.flows.config import load_config
+from tests.flows.tiny import ratchet
+
+CONFIG = Path(__file__).parents[2] / "flows" / "configs" / "grpo.yaml"
+
+
+def refused(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIG, list(overrides))
+    return str(e.value)
+
+
+def test_the_shipped_config_loads_with_no_filter_to_match():
+    cfg = load_config(CONFIG)
+    assert cfg.train.kind == "grpo" and cfg.train.online and cfg.sample.n == 8
+    assert load_config(None, ["train.kind=grpo", "sample.top_k=0"]).train.kind == "grpo"  # default filter, unused
+
+
+@pytest.mark.parametrize("kind,why", [("judge", "grade each completion"), ("consistency", "majority vote"),
+                                      ("mcts", "searches from the prompts"), ("turn_mcts", "searches an environment"),
+                                      ("reward_model", "not built yet")])
+def test_a_label_that_cannot_be_a_reward_is_refused_by_name(kind, why):
+    extra = {"judge": ["label.mode=p_yes"], "reward_model": ["label.model=/nonexistent"]}.get(kind, [])
+    text = refused(f"label.kind={kind}", *extra)
+    assert f"label.kind={kind!r}" in text and "cannot be the reward of train.kind='grpo'" in text and why in text
+    assert "use label.kind='verifier'" in text
+
+
+def test_what_cannot_work_is_refused_with_its_fix():
+    assert "set sample.n to 2 or more" in refused("sample.n=1")
+    assert "set sample.top_k: 0" in refused("sample.top_k=50")
+    assert "set sample.top_k: 0" in refused("sample.top_p=0.9")
+    assert "set sample.temperature above 0" in refused("sample.temperature=0")
+    assert "set train.num_processes: 1" in refused("train.num_processes=2")
+    assert "remove train.epochs" in refused("train.epochs=2")
+    assert "set train.scale_rewards: none" in refused("train.leave_one_out=true")
+
+
+def _args(work: Path, model: Path) -> list[str]:
+    return [CONFIG, f"workdir={work}", f"model.path={model}", "rounds=1", "sampler.backend=hf", "sampler.dtype=float32",
+            "data.a_max=6", "data.b_max=4", "data.train_size=12", "data.eval_size=4", "sample.n=3",
+            "sample.max_tokens=6", "train.steps=3", "train.batch_size=2", "train.checkpoint_steps=2",
+            "evaluate.max_tokens=6"]
+
+
+@pytest.mark.integration
+def test_a_grpo_round_runs_is_reused_and_traces_to_its_rollouts(tiny_model, tmp_path, prefect_harness):
+    from prefect.settings import PREFECT_API_URL
+
+    api, work = PREFECT_API_URL.value(), tmp_path / "runs"
+    first = ratchet("run", *_args(work, tiny_model), api_url=api)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    stages = sorted(p.name.split("-")[0] for p in (work / "stages").iterdir() if (p / "manifest.json").exists())
+    assert stages == ["base", "evaluate", "evaluate", "prompts", "train"]  # no sample, label or filter stage
+    train = next((work / "stages").glob("train-*"))
+    m = json.loads((train / "manifest.json").read_text())
+    assert [p["stage"] for p in m["parents"]] == ["base", "prompts"] and m["info"]["objective"] == "grpo"
+    assert sorted(p.name for p in (train / "rollouts").glob("*.jsonl")) == ["00000.jsonl", "00001.jsonl",
+                                                                             "00002.jsonl"]
+    assert "3 steps" in first.stdout and "of groups taught" in first.stdout
+
+    plan = ratchet("plan", *_args(work, tiny_model), "train.loss_type=grpo", api_url=api)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert "config train.loss_type: 'dapo' -> 'grpo'" in plan.stdout, plan.stdout
+
+    lineage = ratchet("lineage", *_args(work, tiny_model), "2", api_url=api)
+    assert lineage.returncode == 0 and "all verified" in lineage.stdout, lineage.stdout + lineage.stderr
+    assert "rollouts/00002.jsonl" in lineage.stdout
