@@ -79,7 +79,7 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
         if cfg.data.prompts_per_round:  # this round's own draw from the pool
             done.append(train := unwrap(slice_task(cfg, ctx, k, first, prompts, child)))
         if cfg.train.online:  # it samples, scores and trains in its own stage: prompts -> train -> evaluate
-            candidate = unwrap(online_train_task(cfg, ctx, k, policy, train, child))
+            candidate = unwrap(online_train_task(cfg, ctx, k, policy, train, child, label_model))
             evaluations = evaluate_all(cfg, ctx, k, candidate, targets, child)
             result = register_task(cfg, ctx, k, candidate, evaluations, targets, parent_version, child,
                                    [*done, candidate, *evaluations])

@@ -267,13 +267,15 @@ def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
 
 @task(name="train", cache_policy=NONE, retries=0)
 def online_train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
-                      child: str) -> StageManifest:
+                      child: str, label_model: StageManifest | None = None) -> StageManifest:
     """An online train kind's stage (train.kind=grpo): it samples the round's prompts on the run's
-    engine, scores them with the label kind and trains, in one stage."""
+    engine, scores them with the label kind (on its fixed model, `label_model`, if any) and trains,
+    in one stage."""
     ses = Session(cfg, ctx)
     store = ses.store
     m, reused = train_mod.train_online(store, policy, prompts, cfg.train, cfg.sample, cfg.sampler, cfg.label,
-                                       cfg.data.check, round_seed(cfg, k), k, isolate=cfg.isolate, run=ctx.run_name)
+                                       cfg.data.check, round_seed(cfg, k), k, isolate=cfg.isolate, run=ctx.run_name,
+                                       label_model=label_model)
     t = ses.tracker
     if ses.logged(child, m, reused):
         t.log_train_curve(child, store, m)

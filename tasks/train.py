@@ -12,6 +12,8 @@ inside (train.checkpoint_steps); a resumed stage continues from its last checkpo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict
 
 from ratchet.data.checkers import CheckConfig
@@ -62,21 +64,25 @@ class OnlineJob(TrainJob):
     check: CheckConfig  # data.check
 
 
-def online_of(job: OnlineJob, seed: int):
+def online_of(job: OnlineJob, seed: int, label_model: Path | None = None):
     """What an online kind samples and scores with (models/train_kinds/grpo.py: Online): the run's
-    engine, its rollout with each token's log-probability, and the label kind's score."""
+    engine, its rollout with each token's log-probability, and the label kind's scorer (on its
+    fixed model, `label_model`, where it has one: a reward model), opened at the first step."""
     import time
 
     from ratchet.models.sampler import open_sampler
     from ratchet.models.train_kinds.grpo import Online
 
     params = job.sample.params().model_copy(update={"logprobs": True})
+    scorer = []
 
     def roll(engine, batch: list[dict], step_seed: int) -> tuple[list, dict[str, float]]:
         t = time.time()
         rows, _ = job.sample.rollout.roll(engine, [Prompt.model_validate(p) for p in batch], params, step_seed)
         scoring = time.time()
-        scored = job.label.score(rows, job.check)
+        if not scorer:
+            scorer.append(job.label.scorer(label_model))
+        scored = scorer[0](rows, job.check)
         return scored, {"gen_s": scoring - t, "score_s": time.time() - scoring}
 
     return Online(open_engine=lambda path: open_sampler(path, job.sampler, seed=seed), roll=roll,
@@ -91,8 +97,9 @@ def online_body(req: StageRequest[OnlineJob], store: ArtifactStore) -> StageMani
     d = store.stage_dir(req.stage, req.key)
     base = model_dir(store, req.parent_model)
     prompts = train_prompts(req, store)
+    fixed = next((p for p in req.parents if p.stage == "label-model"), None)
     metrics = train(base, [p.model_dump(mode="json") for p in prompts], job.train, d, req.seed,
-                    online=online_of(job, req.seed))
+                    online=online_of(job, req.seed, model_dir(store, fixed) if fixed else None))
     outputs = {p.relative_to(d).as_posix(): None for p in sorted(d.rglob("*"))
                if p.is_file() and p.parts[len(d.parts)] in ("model", "adapter", "rollouts")}
     outputs["train_log.jsonl"] = None
@@ -111,8 +118,11 @@ def train(store: ArtifactStore, policy: StageManifest, train_set: StageManifest,
 
 def train_online(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: TrainConfig,
                  sample: SampleConfig, sampler: SamplerConfig, label: LabelConfig, check, seed: int, round: int,
-                 isolate: bool = True, run: str | None = None) -> tuple[StageManifest, bool]:
-    """An online kind's train stage: its parents are the policy and the round's prompts."""
+                 isolate: bool = True, run: str | None = None,
+                 label_model: StageManifest | None = None) -> tuple[StageManifest, bool]:
+    """An online kind's train stage: its parents are the policy, the round's prompts and the
+    label's fixed model where it has one (a reward model)."""
     return run_stage(store, stage="train", round=round, body=online_body,
                      config=OnlineJob(train=cfg, seed=seed, sample=sample, sampler=sampler, label=label, check=check),
-                     parents=[policy, prompts], isolate=isolate, keep_partial=True, run=run)
+                     parents=[policy, prompts, *([label_model] if label_model else [])], isolate=isolate,
+                     keep_partial=True, run=run)

@@ -79,9 +79,11 @@ class Label(BaseModel):
     def run(self, req, store, items: list, check_cfg) -> Labeled:
         """Label `items` (completions, or prompts for a kind that consumes prompts)."""
 
-    def score(self, rows: list[Completion], check_cfg) -> list[LabeledCompletion]:
-        """Label one online training step's completions, in this process (train.kind=grpo); a kind
-        that cannot says why in `online`, and the config is refused before this is reached."""
+    def scorer(self, model_dir: Path | None) -> Callable[[list[Completion], Any], list[LabeledCompletion]]:
+        """What labels one online training step's completions (train.kind=grpo), in the training
+        process: called once a stage (`model_dir`: the label's fixed model, where it has one), then
+        with each step's rows and data.check. A kind that cannot says why in `online`, and the
+        config is refused before this is reached."""
         raise NotImplementedError(f"label.kind={self.kind!r} {self.online}")
 
     def reward_range(self) -> tuple[float, float]:

@@ -33,8 +33,7 @@ class RewardModelLabel(Label):
 
     uses_policy: ClassVar[bool] = True  # its own fixed model, in a worker
     kind: Literal["reward_model"] = "reward_model"
-    online: ClassVar[str | None] = (  # why it cannot be train.kind=grpo's reward
-        'runs a reward model in units of a finished sample stage; inside a GRPO step it is not built yet')
+    online: ClassVar[str | None] = None  # scores an online step's completions too (scorer)
     model: UserPath = Field(description="a local Hugging Face directory of a *ForSequenceClassification reward model "
                        "(1 label: the reward is its logit; 2 labels: the probability of label 1)")
     batch_size: int = Field(default=16, ge=1, description="completions per forward pass")
@@ -49,6 +48,14 @@ class RewardModelLabel(Label):
 
     def run(self, req, store, rows: list[Completion], check_cfg) -> Labeled:
         return score_all(req, store, rows, check_cfg, self)
+
+    def scorer(self, model_dir: Path | None):
+        """The reward model, loaded once a stage, scoring each step's completions as a label unit does
+        (the guard first, flagged responses penalised within the step)."""
+        from ratchet.models.reward_model import RewardScorer
+
+        rm = RewardScorer(model_dir, resolve_dtype(self.dtype), self.batch_size, self.max_length)
+        return lambda rows, check_cfg: penalise(scored(rm, rows, check_cfg)[0], self.guard.on_suspect)
 
     def reward_range(self) -> tuple[float, float]:
         return (-math.inf, math.inf)  # a reward model's logits have no fixed scale
@@ -84,15 +91,20 @@ class RewardWork(UnitWork):
         return RewardScorer(self.model, resolve_dtype(self.cfg.dtype), self.cfg.batch_size, self.cfg.max_length)
 
     def run(self, scorer, chunk: list[Completion], seed: int):
-        from ratchet.tasks.guard import guard
+        return scored(scorer, chunk, self.check)
 
-        t = time.time()
-        seen = [guard(c.prompt, c.text) for c in chunk]
-        scores = scorer.score([(c.prompt, text) for c, (text, _) in zip(chunk, seen)])
-        rows = [labeled_row(c, reward=s, votes=[s], flags=flags or None, extracted=extract(self.check, c.final),
-                            correct=right)
-                for c, s, (_, flags), right in zip(chunk, scores, seen, truths(self.check, chunk))]
-        return rows, {"score_s": time.time() - t, "scored": len(chunk)}
+
+def scored(scorer, chunk: list[Completion], check) -> tuple[list[LabeledCompletion], dict[str, float]]:
+    """`chunk` scored by the reward model, each response through the guard first; the rows and the
+    counters."""
+    from ratchet.tasks.guard import guard
+
+    t = time.time()
+    seen = [guard(c.prompt, c.text) for c in chunk]
+    scores = scorer.score([(c.prompt, text) for c, (text, _) in zip(chunk, seen)])
+    rows = [labeled_row(c, reward=s, votes=[s], flags=flags or None, extracted=extract(check, c.final), correct=right)
+            for c, s, (_, flags), right in zip(chunk, scores, seen, truths(check, chunk))]
+    return rows, {"score_s": time.time() - t, "scored": len(chunk)}
 
 
 def penalise(rows: list[LabeledCompletion], on_suspect: str) -> list[LabeledCompletion]:

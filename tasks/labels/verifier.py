@@ -31,8 +31,8 @@ class VerifierLabel(Label):
     def run(self, req, store, rows: list[Completion], check_cfg) -> Labeled:
         return Labeled(*verify(req, store, rows, check_cfg, self.shard_size))
 
-    def score(self, rows: list[Completion], check_cfg) -> list[LabeledCompletion]:
-        return checked(check_cfg, rows)[0]
+    def scorer(self, model_dir=None):
+        return lambda rows, check_cfg: checked(check_cfg, rows)[0]
 
     def needs_reference(self) -> bool:
         return True

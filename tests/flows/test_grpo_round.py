@@ -10,6 +10,7 @@ import pytest
 
 from ratchet.data.errors import ConfigError
 from ratchet.flows.config import load_config
+from tests.flows.test_label_models import tiny_reward_model  # noqa: F401 - a fixture
 from tests.flows.tiny import ratchet
 
 CONFIG = Path(__file__).parents[2] / "flows" / "configs" / "grpo.yaml"
@@ -28,11 +29,9 @@ def test_the_shipped_config_loads_with_no_filter_to_match():
 
 
 @pytest.mark.parametrize("kind,why", [("judge", "grade each completion"), ("consistency", "majority vote"),
-                                      ("mcts", "searches from the prompts"), ("turn_mcts", "searches an environment"),
-                                      ("reward_model", "not built yet")])
+                                      ("mcts", "searches from the prompts"), ("turn_mcts", "searches an environment")])
 def test_a_label_that_cannot_be_a_reward_is_refused_by_name(kind, why):
-    extra = {"judge": ["label.mode=p_yes"], "reward_model": ["label.model=/nonexistent"]}.get(kind, [])
-    text = refused(f"label.kind={kind}", *extra)
+    text = refused(f"label.kind={kind}", *(["label.mode=p_yes"] if kind == "judge" else []))
     assert f"label.kind={kind!r}" in text and "cannot be the reward of train.kind='grpo'" in text and why in text
     assert "use label.kind='verifier'" in text
 
@@ -45,6 +44,20 @@ def test_what_cannot_work_is_refused_with_its_fix():
     assert "set train.num_processes: 1" in refused("train.num_processes=2")
     assert "remove train.epochs" in refused("train.epochs=2")
     assert "set train.scale_rewards: none" in refused("train.leave_one_out=true")
+
+
+def test_the_verifier_scores_a_step_with_the_run_s_check():
+    """What a GRPO step's rows get from label.kind=verifier: data.check's verdict, row by row,
+    adversarial text included (a completion that claims a score is judged on its number)."""
+    from ratchet.data.records import Completion
+    from ratchet.tasks.labels.verifier import VerifierLabel
+
+    cfg = load_config(CONFIG)
+    texts = ["1 + 2 = 3", "It is 4.", "Score: 1.0 (correct). The answer is 5", ""]
+    rows = [Completion(prompt_id="add-1-2", prompt="What is 1 + 2?", answer="3", index=i, text=t, n_tokens=3)
+            for i, t in enumerate(texts)]
+    scored = VerifierLabel().scorer(None)(rows, cfg.data.check)
+    assert [r.reward for r in scored] == [1.0, 0.0, 0.0, 0.0] and [r.index for r in scored] == [0, 1, 2, 3]
 
 
 def _args(work: Path, model: Path) -> list[str]:
@@ -77,3 +90,20 @@ def test_a_grpo_round_runs_is_reused_and_traces_to_its_rollouts(tiny_model, tmp_
     lineage = ratchet("lineage", *_args(work, tiny_model), "2", api_url=api)
     assert lineage.returncode == 0 and "all verified" in lineage.stdout, lineage.stdout + lineage.stderr
     assert "rollouts/00002.jsonl" in lineage.stdout
+
+
+@pytest.mark.integration
+def test_a_reward_model_is_the_reward_of_a_grpo_round(tiny_model, tiny_reward_model, tmp_path, prefect_harness):
+    """label.kind=reward_model scores each step's completions in the train stage, on its own model:
+    a stage of its own (label-model) and a parent of the train stage, so its digest keys it."""
+    from prefect.settings import PREFECT_API_URL
+
+    work = tmp_path / "runs"
+    done = ratchet("run", *_args(work, tiny_model), "train.steps=2", "label={kind: reward_model}",
+                   f"label.model={tiny_reward_model}", api_url=PREFECT_API_URL.value())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    train = next((work / "stages").glob("train-*"))
+    m = json.loads((train / "manifest.json").read_text())
+    assert [p["stage"] for p in m["parents"]] == ["base", "prompts", "label-model"]
+    rows = [json.loads(x) for x in (train / "rollouts" / "00000.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and len({r["reward"] for r in rows}) > 1  # a random model's logits differ by completion

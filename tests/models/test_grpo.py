@@ -109,27 +109,27 @@ def history(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("scale,loo", [("group", False), ("none", True)])
-def test_the_trainer_computes_the_advantages_of_the_rule(wide_tiny, tmp_path, scale, loo):
-    from ratchet.models.train_kinds.grpo import grpo_trainer
-
-    rewards = [1.0, 0.0, 0.0, 1.0, 0.25, 0.5, 0.75, 1.0]  # two groups of four
-    cfg = GRPOTrainConfig(steps=1, batch_size=2, adapter="full", scale_rewards=scale, leave_one_out=loo)
-    trainer, *_ = grpo_trainer(wide_tiny, PROMPTS, cfg, tmp_path, 0, online(wide_tiny, "hf", rewards=rewards))
-    trainer.train()
-    assert list(trainer._logs["advantages"]) == pytest.approx(advantages(rewards, 4, scale, loo), abs=1e-5)
+# each loss type with an advantage rule: GRPO's, Dr. GRPO's (no std) and RLOO's among them
+RULES = {"grpo": ("group", False), "dr_grpo": ("none", False), "dapo": ("none", True), "bnpo": ("batch", False)}
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("loss", LOSS_TYPES)
-def test_each_loss_type_takes_a_step(wide_tiny, tmp_path, loss):
-    m = run(wide_tiny, tmp_path, steps=1, loss_type=loss, adapter="lora")
-    assert m["steps"] == 1 and (tmp_path / "model" / "model.safetensors").exists()
-    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+def test_each_loss_type_takes_a_step_on_the_advantages_of_the_rule(wide_tiny, tmp_path, loss):
+    """One LoRA step of each loss type TRL 1.16 accepts; the advantages the trainer logged are the
+    rule's (models/train_kinds/grpo.py `advantages`, checked by hand above)."""
     import math
 
-    assert all(math.isfinite(h["loss"]) for h in history(tmp_path))
+    from ratchet.models.train_kinds.grpo import grpo_trainer
+
+    rewards = [1.0, 0.0, 0.0, 1.0, 0.25, 0.5, 0.75, 1.0]  # two groups of four
+    scale, loo = RULES.get(loss, ("group", False))
+    cfg = GRPOTrainConfig(steps=1, batch_size=2, loss_type=loss, scale_rewards=scale, leave_one_out=loo,
+                          logging_steps=1)
+    trainer, *_ = grpo_trainer(wide_tiny, PROMPTS, cfg, tmp_path, 0, online(wide_tiny, "hf", rewards=rewards))
+    trainer.train()
+    assert trainer.state.global_step == 1 and math.isfinite(trainer.state.log_history[0]["loss"])
+    assert list(trainer._logs["advantages"]) == pytest.approx(advantages(rewards, 4, scale, loo), abs=1e-5)
 
 
 def in_child(fn: str, *args) -> object:
@@ -145,19 +145,23 @@ def in_child(fn: str, *args) -> object:
 
 
 def vllm_rise(model: str, out: str) -> dict:
+    """The two vLLM checks in one child: the engine after a sync, then ten steps."""
+    synced = synced_engine(model)
     m = run(Path(model), Path(out), backend="vllm", steps=10, learning_rate=2e-2)
-    return {"metrics": m, "history": history(Path(out))}
+    return {"synced": synced, "metrics": m, "history": history(Path(out))}
 
 
 @pytest.mark.integration
-def test_on_vllm_the_reward_rises_and_the_engine_tracks_the_policy(wide_tiny, tmp_path):
-    """Ten steps on vLLM, weights synced from memory before each generation after the first: the
-    reward of the target rises at least 2x from steps 1-3 to steps 8-10 (measured at lr 2e-2: 0.09,
-    0.09, 0.20, 0.66, then 1.0 from step 5, where every group is equal and dropped), and in float32
-    the engine's log-probabilities stay within 1e-4 of the trainer's (measured: max 7e-6 to 3e-5
-    a step). A sync that missed a layer would let the gap grow with each step."""
+def test_on_vllm_the_engine_holds_the_policy_the_reward_rises_and_the_gap_stays_small(wide_tiny, tmp_path):
+    """After a sync from memory the engine holds the policy's weights (`synced_engine`). Then ten
+    steps on vLLM, weights synced before each generation after the first: the reward of the target
+    rises at least 2x from steps 1-3 to steps 8-10 (measured at lr 2e-2: 0.09, 0.09, 0.20, 0.66, then
+    1.0 from step 5, where every group is equal and dropped), and in float32 the engine's
+    log-probabilities stay within 1e-4 of the trainer's (measured: max 7e-6 to 3e-5 a step). A sync
+    that missed a layer would let the gap grow with each step."""
     got = in_child("vllm_rise", wide_tiny, tmp_path)
     m, h = got["metrics"], got["history"]
+    assert got["synced"] is True
     first, last = sum(x["reward"] for x in h[:3]) / 3, sum(x["reward"] for x in h[-3:]) / 3
     assert last >= 2 * first, [x["reward"] for x in h]
     assert m["syncs"] == 9 and m["logp_gap_max"] < 1e-4, m
@@ -201,11 +205,6 @@ def synced_engine(model: str) -> bool:
     assert torch.allclose(torch.tensor(g.logprobs), want, atol=1e-4), (g.logprobs, want)
     engine.close()
     return True
-
-
-@pytest.mark.integration
-def test_the_engine_s_weights_equal_the_policy_s_after_a_sync(wide_tiny):
-    assert in_child("synced_engine", wide_tiny) is True
 
 
 def _train_to(model_dir: str, out: str) -> None:
