@@ -419,19 +419,21 @@ def _ids(tok, text: str) -> list[int]:
 
 def train_budgets(cfg: PipelineConfig) -> dict[str, Budget]:
     """The stages that read a train prompt, each with its budget: sampling (where the label reads the
-    sample stage's completions), what the label kind runs itself, and training."""
+    sample stage's completions, or an online train kind samples its steps: a prompt plus an episode
+    of max_tokens a turn must fit the engine), what the label kind runs itself, and training (an
+    online kind trains on what it sampled, which the sampling budget bounds)."""
     same = lambda p: p  # noqa: E731
     out = {}
     ro = cfg.sample.rollout
-    if cfg.label.consumes == "samples":
+    if cfg.label.consumes == "samples" or cfg.train.online:
         fix = "lower sample.max_tokens" if ro.budget(cfg.sample.max_tokens) == cfg.sample.max_tokens else \
             "lower sample.rollout.episode_tokens"
         out["sampling"] = Budget(ro.wrap, ro.budget(cfg.sample.max_tokens), cfg.sampler.max_model_len,
                                  f"raise sampler.max_model_len or {fix}")
     out.update(cfg.label.budgets(cfg))
     reads = cfg.label.consumes == "samples" or cfg.label.plays_rollout  # what it trains on began as the rollout's
-    out["training"] = Budget(ro.wrap if reads else same, 1, cfg.train.max_length,
-                             "raise train.max_length")
+    if not cfg.train.online:
+        out["training"] = Budget(ro.wrap if reads else same, 1, cfg.train.max_length, "raise train.max_length")
     return out
 
 

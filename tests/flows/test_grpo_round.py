@@ -36,6 +36,16 @@ def test_a_label_that_cannot_be_a_reward_is_refused_by_name(kind, why):
     assert "use label.kind='verifier'" in text
 
 
+def test_a_prompt_and_an_episode_must_fit_the_engine_and_train_max_length_does_not_apply():
+    """The budgets `ratchet check` measures every train prompt against (flows/inputs.py): GRPO samples
+    a prompt plus an episode of max_tokens a turn on the engine; it trains on what it sampled."""
+    from ratchet.flows.inputs import train_budgets
+
+    budgets = train_budgets(load_config(CONFIG, ["sample.rollout={kind: tool, max_turns: 3, episode_tokens: 200}"]))
+    assert budgets["sampling"].extra == 200 and budgets["sampling"].limit == 512 and "training" not in budgets
+    assert "raise sampler.max_model_len or lower sample.rollout.episode_tokens" == budgets["sampling"].fix
+
+
 def test_what_cannot_work_is_refused_with_its_fix():
     assert "set sample.n to 2 or more" in refused("sample.n=1")
     assert "set sample.top_k: 0" in refused("sample.top_k=50")
