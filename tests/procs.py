@@ -5,6 +5,19 @@ import signal
 import time
 
 
+def killed_at(script: str, marker, seconds: float = 180) -> None:
+    """Run `python -c script` and SIGKILL it once the file `marker` exists (or after `seconds`)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + seconds
+    while time.time() < deadline and not marker.exists():
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def gone_within(pid: int, seconds: float) -> bool:
     """Whether process `pid` is gone within `seconds`; one still there is killed, so no test leaves
     it running."""

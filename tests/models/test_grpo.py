@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from ratchet.models.train_kinds.grpo import GRPOTrainConfig, advantages
+from tests.procs import killed_at
 
 LOSS_TYPES = ["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
 
@@ -222,12 +221,7 @@ def test_a_killed_stage_resumes_to_the_same_bytes(wide_tiny, tmp_path):
     out = tmp_path / "killed"
     script = (f"import sys; sys.path.insert(0, {os.getcwd()!r}); "
               f"from tests.models.test_grpo import _train_to; _train_to({str(wide_tiny)!r}, {str(out)!r})")
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 180
-    while time.time() < deadline and not (out / "checkpoints" / "checkpoint-4" / "trainer_state.json").exists():
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    killed_at(script, out / "checkpoints" / "checkpoint-4" / "trainer_state.json")
     assert not (out / "model").exists(), "the run finished before it could be killed"
     sampled = sorted(p.name for p in (out / "rollouts").iterdir())
 

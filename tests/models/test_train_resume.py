@@ -1,12 +1,10 @@
 """Training killed mid-run resumes from its last checkpoint, data position included."""
 
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
+
+from tests.procs import killed_at
 
 pytestmark = pytest.mark.integration
 
@@ -29,12 +27,7 @@ def test_killed_training_resumes_to_the_same_weights(tiny_model, tmp_path):
     out = tmp_path / "killed"
     script = (f"import sys; sys.path.insert(0, {os.getcwd()!r}); from pathlib import Path; "
               f"from tests.models.test_train_resume import _train; _train(Path({str(tiny_model)!r}), Path({str(out)!r}))")
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (out / "checkpoints" / "checkpoint-4" / "trainer_state.json").exists():
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    killed_at(script, out / "checkpoints" / "checkpoint-4" / "trainer_state.json", seconds=120)
     assert not (out / "model").exists(), "the run finished before it could be killed"
 
     resumed = _train(tiny_model, out)
