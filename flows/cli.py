@@ -312,6 +312,13 @@ def cmd_check(args) -> int:
         src = s.source(cfg.data)
         gate = " · the gate's set" if s.name == cfg.evaluate.gate_set else ""
         print(f"held-out set {s.name!r} ({stage}): {len(held)} prompts from {src.kind}, check {src.check.kind}{gate}")
+    if cfg.cold_start is not None:
+        from ratchet.data.demonstrations import read
+
+        demos, _, _ = read(cfg.cold_start.demonstrations)  # checked above: every row, answer, tool call and episode
+        print(f"cold start: {len(demos)} demonstrations from {cfg.cold_start.demonstrations} "
+              f"({sum(len(d.turns) > 1 for d in demos)} of several turns), each answer accepted by data.check; "
+              f"the base model fine-tuned on them is round 1's, then {cfg.rounds} round(s)")
     print(devices_line(cfg))
     print(dtype_line(cfg))
     print(f"ok: {args.config} is ready to run")

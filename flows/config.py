@@ -24,6 +24,7 @@ from ratchet.flows.tracking import TrackingConfig, has_secret, redact
 from ratchet.models.prompt_format import PromptFormat
 from ratchet.models.sampler import SamplerConfig
 from ratchet.tasks.agreement import AgreementConfig
+from ratchet.tasks.cold_start import ColdStartConfig
 from ratchet.tasks.evaluate import EvaluateConfig
 from ratchet.tasks import label as label_kinds
 from ratchet.tasks.filter import FilterConfig
@@ -96,6 +97,10 @@ class PipelineConfig(BaseModel):
                                  "data: accepted samples (RFT) or preference pairs (DPO)")
     train: TrainConfig = Field(default_factory=RFTTrainConfig, description="how the round's model is trained on "
                                "them (TRL, with LoRA via PEFT or fully)")
+    cold_start: ColdStartConfig | None = Field(
+        default=None, description="before round 1, fine-tune the base model on the user's demonstrations (for a task "
+        "where it cannot yet succeed): its model is generation 1, and the rounds after it improve on it; a run from "
+        "a registered version (--from, a schedule) does not repeat it")
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     agreement: AgreementConfig = Field(default_factory=AgreementConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)

@@ -96,7 +96,14 @@ def check_data(cfg: PipelineConfig) -> tuple[Split, dict[str, Split]]:
         raise ConfigError(problems, source="sample.rollout" + (" and evaluate.sets" if len(rollouts) > 1 else ""))
     if problems := cfg.data.check.problems(columns(split.train + split.eval)):  # loaded once, as a stage will
         raise ConfigError(problems, source="data.check")
-    return split, held_out_sets(cfg, split)
+    sets = held_out_sets(cfg, split)
+    if cfg.cold_start is not None:  # every row, its tool calls run and its episodes replayed
+        from ratchet.tasks.cold_start import check
+
+        _, digest = check(cfg.cold_start, cfg.sample.rollout, cfg.data.check,
+                          split.eval + [p for s in sets.values() for p in s.eval])
+        split = Split(split.train, split.eval, {**split.digests, DEMOS: digest}, split.places)
+    return split, sets
 
 
 @entry
@@ -138,6 +145,13 @@ def check_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model
                                f"{need} tokens with what {name} adds > {b.limit}",
                                rows + b.fix)
     report.raise_if_any()
+    if cfg.cold_start is not None and model_dir is None:  # a continuation does not repeat the cold start
+        from ratchet.data import demonstrations
+        from ratchet.tasks.cold_start import length_problems
+
+        demos, _, _ = demonstrations.read(cfg.cold_start.demonstrations)
+        if problems := length_problems(cfg.cold_start, cfg.sample.rollout, tok, demos):
+            raise ConfigError(problems, source="cold_start")
 
 
 def device_problems(cfg: PipelineConfig) -> list[str]:
@@ -257,12 +271,13 @@ def sources_of(sources: dict[str, str], name: str | None = None) -> dict[str, st
     """The file digests of the task's data (name None) or of one held-out set, out of a run's
     `sources` (check_inputs's digests)."""
     if name is None:
-        return {k: v for k, v in sources.items() if not k.startswith(_SETS)}
+        return {k: v for k, v in sources.items() if not k.startswith(_SETS) and k != DEMOS}
     head = f"{_SETS}{name}."
     return {k[len(head):]: v for k, v in sources.items() if k.startswith(head)}
 
 
 _SETS = "evaluate."  # a held-out set's file digests in a run's sources: evaluate.<set name>.<config field>
+DEMOS = "cold_start.demonstrations"  # the demonstrations file's digest in a run's sources
 
 
 def check_label_model(cfg: PipelineConfig) -> None:

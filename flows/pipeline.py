@@ -1,5 +1,7 @@
 """The self_improve flow: round 0 evaluates the starting model, then each round
-samples -> labels -> filters -> trains -> evaluates, and registers the result.
+samples -> labels -> filters -> trains -> evaluates, and registers the result. With
+demonstrations (cold_start), generation 1 is the base model fine-tuned on them, and the rounds
+after it build on that.
 
     ratchet run flows/configs/default.yaml
     ratchet run flows/configs/default.yaml --from champion   rounds on top of the champion
@@ -25,11 +27,11 @@ from ratchet.data.manifest import StageManifest
 from ratchet.flows.config import PipelineConfig
 from ratchet.flows.inputs import run_preload
 from ratchet.flows.runs import RunContext, set_state, start
-from ratchet.flows.stages import (EvalTarget, RoundResult, agreement_task, base_task, eval_targets_task,
-                                  evaluate_task, filter_task, label_model_task, label_task, lineage_task, prompts_task,
-                                  register_task, report_task, sample_task, slice_task, start_model_task, Session,
-                                  drop_task, online_train_task,
-                                  train_task, unwrap)
+from ratchet.flows.stages import (EvalTarget, RoundResult, Session, agreement_task, base_task, cold_start_task,
+                                  demonstrations_task, drop_task, eval_targets_task, evaluate_task, filter_task,
+                                  label_model_task, label_task, lineage_task, online_train_task, prompts_task,
+                                  register_task, report_task, sample_task, slice_task, start_model_task, train_task,
+                                  unwrap)
 from ratchet.flows.tracking import Tracker, verdict
 from ratchet.models import warm
 from ratchet.data.procs import forkserver
@@ -119,6 +121,26 @@ def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, target
         raise
 
 
+@flow(name="round", flow_run_name="round-{k}", validate_parameters=False)
+def cold_start_round(cfg: PipelineConfig, ctx: RunContext, k: int, base: StageManifest, demos: StageManifest,
+                     targets: list[EvalTarget], parent_version: str) -> RoundResult:
+    """Generation k (the run's first): the base model fine-tuned on the demonstrations
+    (cold_start), evaluated and registered as a round's model is."""
+    child = Session(cfg, ctx).tracker.child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name,
+                                                                   "ratchet.cold_start": "true"})
+    try:
+        candidate = unwrap(cold_start_task(cfg, ctx, k, base, demos, child))
+        evaluations = evaluate_all(cfg, ctx, k, candidate, targets, child)
+        result = register_task(cfg, ctx, k, candidate, evaluations, targets, parent_version, child,
+                               [demos, candidate, *evaluations])
+        if cfg.drop_models:
+            drop_task(cfg, ctx, k)
+        return result
+    except BaseException:
+        Session(cfg, ctx).tracker.end(child, "FAILED")
+        raise
+
+
 @flow(name="self_improve", flow_run_name="{cfg.name}", validate_parameters=False)
 def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
     prompts = unwrap(prompts_task(cfg, ctx))
@@ -127,14 +149,24 @@ def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
     fixed = unwrap(label_model_task(cfg, ctx)) if cfg.label.fixed_model() else None
     targets = eval_targets_task(cfg, ctx, prompts)
     results = [round_zero(cfg, ctx, base, targets, first)]
-    for k in range(first + 1, first + cfg.rounds + 1):
-        start = trains_from(results, cfg.evaluate)
+    if cold_starts(cfg, ctx.start_version):  # generation 1; the rounds build on it, whatever the base scored
+        demos = unwrap(demonstrations_task(cfg, ctx))
+        results.append(cold_start_round(cfg, ctx, first + 1, base, demos, targets, results[0].version))
+    begun, last = len(results) - 1, results[-1].round
+    for k in range(last + 1, last + cfg.rounds + 1):
+        start = trains_from(results[begun:], cfg.evaluate)
         if start is not results[-1]:
             set_aside(k, start, results[-1])
-        results.append(round_flow(cfg, ctx, k, start.policy, prompts, targets, start.version, first, fixed))
+        results.append(round_flow(cfg, ctx, k, start.policy, prompts, targets, start.version, last, fixed))
     lineage_task(cfg, ctx, results[-1])
     report_task(cfg, ctx)
     return results
+
+
+def cold_starts(cfg: PipelineConfig, start_version: str | None) -> bool:
+    """Whether the run begins with the cold start: it has demonstrations and starts from the base
+    model (a continuation from a registered version starts past it)."""
+    return cfg.cold_start is not None and not start_version
 
 
 def warm_engine_wanted(cfg: PipelineConfig) -> bool:

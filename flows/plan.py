@@ -114,19 +114,28 @@ def _walk(cfg: PipelineConfig, planner: Planner, store: ArtifactStore, data_sour
         targets.append(EvalTarget(name=s.name, stage=stage, prompts=held, source=source,
                                   rollout=s.rollout or cfg.sample.rollout))
     results = [_evaluate(cfg, store, base, targets, first)]
-    for k in range(first + 1, first + cfg.rounds + 1):
-        known = all(r.accuracy is not None for r in results)
-        if cfg.evaluate.next_round_from == "best" and not known and len(results) > 1:
+    if cfg.cold_start is not None and start is None:  # generation 1: the base model on the demonstrations
+        from ratchet.flows.inputs import DEMOS
+        from ratchet.tasks import cold_start
+
+        demos, _ = cold_start.demonstrations(store, cfg.cold_start.demonstrations, sources[DEMOS])
+        candidate, _ = cold_start.cold_start(store, base, demos, cfg.cold_start, cfg.sample.rollout,
+                                             round_seed(cfg, first + 1), first + 1, isolate=cfg.isolate)
+        results.append(_evaluate(cfg, store, candidate, targets, first + 1))
+    begun, last = len(results) - 1, results[-1].round  # the rounds build on the cold start, whatever the base scored
+    for k in range(last + 1, last + cfg.rounds + 1):
+        known = all(r.accuracy is not None for r in results[begun:])
+        if cfg.evaluate.next_round_from == "best" and not known and len(results) - begun > 1:
             for stage in _round_stages(cfg):
                 planner.note(stage, k, "waits", "on the gate's decision (evaluate.next_round_from=best): which model "
                              "round k trains is known once the rounds before it are evaluated")
             continue
-        begin = trains_from(results, cfg.evaluate) if known else results[-1]
+        begin = trains_from(results[begun:], cfg.evaluate) if known else results[-1]
         policy, seed = begin.policy, round_seed(cfg, k)
         train = prompts
         if cfg.data.prompts_per_round:
             count = cfg.data.prompts_per_round
-            train, _ = prepare.round_prompts(store, prompts, pool_start + (k - first - 1) * count, count, cfg.seed, k)
+            train, _ = prepare.round_prompts(store, prompts, pool_start + (k - last - 1) * count, count, cfg.seed, k)
         if cfg.train.online:  # it samples and scores inside its own stage
             candidate, _ = train_mod.train_online(store, policy, train, cfg.train, cfg.sample, cfg.sampler, cfg.label,
                                                   cfg.data.check, seed, k, isolate=cfg.isolate, label_model=fixed)

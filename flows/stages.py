@@ -28,6 +28,7 @@ from ratchet.flows.runs import RunContext
 from ratchet.flows.tracking import Gate, SetScore, Tracker, TrackingError
 from ratchet.models.prompt_format import written_template
 from ratchet.data.procs import forkserver
+from ratchet.tasks import cold_start as cold_start_mod
 from ratchet.tasks import evaluate as evaluate_mod
 from ratchet.tasks import filter as filter_mod
 from ratchet.tasks import label as label_mod
@@ -279,6 +280,31 @@ def online_train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: Stag
     t = ses.tracker
     if ses.logged(child, m, reused):
         t.log_train_curve(child, store, m)
+    return finished(m, reused)
+
+
+@task(name="demonstrations", cache_policy=NONE, retries=0)
+def demonstrations_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
+    """The cold start's demonstrations (cold_start.demonstrations), as the run checked them."""
+    from ratchet.flows.inputs import DEMOS
+
+    ses = Session(cfg, ctx)
+    m, reused = cold_start_mod.demonstrations(ses.store, cfg.cold_start.demonstrations, ctx.sources[DEMOS],
+                                              run=ctx.run_name)
+    if ses.tracker.log_stage(ctx.parent_run_id, m, reused):
+        ses.tracker.log_dataset(ctx.parent_run_id, ses.store, m, "demonstrations.jsonl", "demonstrations")
+    return finished(m, reused)
+
+
+@task(name="train", cache_policy=NONE, retries=0)
+def cold_start_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, demos: StageManifest,
+                    child: str) -> StageManifest:
+    """Generation k's model (the first of the run): `policy` fine-tuned on the demonstrations."""
+    ses = Session(cfg, ctx)
+    m, reused = cold_start_mod.cold_start(ses.store, policy, demos, cfg.cold_start, cfg.sample.rollout,
+                                          round_seed(cfg, k), k, isolate=cfg.isolate, run=ctx.run_name)
+    if ses.logged(child, m, reused):
+        ses.tracker.log_train_curve(child, ses.store, m)
     return finished(m, reused)
 
 

@@ -78,7 +78,7 @@ def _read(path: str, split: str, field_name: str, report: ProblemReport) -> tupl
             report.add(path, "unsupported file type", field_name, show(p.suffix),
                        f"give a {', '.join(FILE_TYPES)} file, a save_to_disk directory or a datasets name")
             return [], ""
-        reader = {".jsonl": _jsonl, ".json": _json, ".csv": _csv, ".parquet": _parquet}[suffix]
+        reader = {".jsonl": jsonl_rows, ".json": _json, ".csv": _csv, ".parquet": _parquet}[suffix]
         rows = reader(p, path, report)
         return (rows, sha256_file(p)) if rows or not report.about(path) else ([], "")  # unread: not "empty"
     if p.is_dir():
@@ -112,7 +112,7 @@ def _kind_of(p: Path) -> str:
     return "not a regular file"
 
 
-def _jsonl(p: Path, path: str, report: ProblemReport) -> list[tuple[str, Any]]:
+def jsonl_rows(p: Path, path: str, report: ProblemReport) -> list[tuple[str, Any]]:
     rows = []
     with open(p, "rb") as f:
         for n, raw in enumerate(f, 1):
@@ -165,7 +165,7 @@ def _json(p: Path, path: str, report: ProblemReport) -> list[tuple[str, Any]]:
     if text is None:
         return []
     if not text.lstrip().startswith("["):
-        return _jsonl(p, path, report)  # JSON lines saved as .json
+        return jsonl_rows(p, path, report)  # JSON lines saved as .json
     try:
         items = json.loads(text)
     except json.JSONDecodeError as e:

@@ -26,6 +26,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from ratchet.data.checks.base import Item
 from ratchet.data.events import Shows
 from ratchet.data.records import Completion, Prompt
 from ratchet.models import prompt_format
@@ -79,6 +80,28 @@ class Rollout(BaseModel):
     def metrics(self, cost: dict[str, float]) -> dict[str, float]:
         """The stage metrics this kind derives from its units' summed counters."""
         return {}
+
+    # demonstrations (a cold start's, data/demonstrations.py) ----------------------------------
+    def demonstrations(self, demos: list, report, source: str) -> dict[str, Item]:
+        """What the rows of a demonstrations file say that this kind would run, checked against it
+        (a tool's output against the sandbox, an environment's observations against the
+        environment), each problem into `report` (data/errors.py: ProblemReport) under `source`;
+        for every row that passed, the item the run's check scores, by row id."""
+        ok = {}
+        for d in demos:
+            if d.roles() == {"model"}:
+                ok[d.id] = d.item()
+            else:
+                report.add(source, f"turns sample.rollout.kind={self.kind!r} does not have", d.place,
+                           f"{', '.join(sorted(d.roles() - {'model'}))} turns", "give the prompt and one assistant "
+                           "turn, or set sample.rollout.kind to the rollout the turns come from (tool, environment)")
+        return ok
+
+    def demo_row(self, tokenizer, demo) -> dict:
+        """A demonstration as the cold start trains on it, in the context this kind gives the model:
+        text that TRL templates (`prompt`, `completion`), or, for a kind of several turns, token ids
+        and the loss mask (`input_ids`, `completion_mask`: 1 on the model's own tokens only)."""
+        return {"prompt": self.wrap(demo.prompt), "completion": demo.final}
 
     def summary(self, m: dict[str, float]) -> list[str]:
         """Its counters in a few words, for the console."""
@@ -148,3 +171,13 @@ def before_end(tokenizer, ids: tuple[int, ...], end: str) -> tuple[str, tuple[in
     while k and at >= 0 and len(text(k)) > at:
         k -= 1
     return text(k), tuple(ids[:k])
+
+
+def demo_tokens(prompt_ids, pieces: list[tuple[str, list[int]]]) -> dict:
+    """A demonstration's trajectory as the trainer reads a sampled one: the prompt's ids, then each
+    turn's (role, ids), the loss mask 1 on the model's own tokens only."""
+    ids, mask = list(prompt_ids), [0] * len(prompt_ids)
+    for role, piece in pieces:
+        ids += piece
+        mask += [int(role == "model")] * len(piece)
+    return {"input_ids": ids, "completion_mask": mask}

@@ -44,6 +44,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ratchet.data.userfiles import source_digest
+from ratchet.data.checks.base import Item
 from ratchet.data.errors import RatchetError
 from ratchet.data.events import Figure, Shows
 from ratchet.data.records import Completion, Outcome, Prompt, Segment
@@ -53,7 +54,8 @@ from ratchet.tasks import environments
 from ratchet.tasks.environments import textarena
 from ratchet.tasks.environments.gymnasium_game import GymnasiumEnv
 from ratchet.tasks.environments.textarena_game import TextArenaEnv
-from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, model_turn, overlapped, turn_params
+from ratchet.tasks.rollouts import (Rollout, demo_tokens, episode_checks, has_placeholder, model_turn, overlapped,
+                                   turn_params)
 
 REPLAY = ("A tree search over turns rebuilds a state by replaying its actions from reset(seed), and a second attempt "
           "after a reflection starts from the same seed: make reset and step depend on the seed and the actions only")
@@ -506,6 +508,24 @@ class EnvironmentRollout(Rollout):
                 "env_steps": sum(len(e.rewards) for e in eps), "env_failed": len(eps) - len(scored),
                 "env_done": sum(e.ended == "done" for e in eps),
                 "return_sum": sum(e.ret for e in scored), "env_wait_s": waited}
+
+    # demonstrations ---------------------------------------------------------------------------
+    def demonstrations(self, demos: list, report, source: str) -> dict[str, Item]:
+        """Each row replayed in the environment (tasks/rollouts/replay.py)."""
+        from ratchet.tasks.rollouts.replay import replay_demonstrations
+
+        return replay_demonstrations(self, demos, report, source)
+
+    def demo_row(self, tokenizer, demo) -> dict:
+        """The episode's ids as a sampled one has them: the first observation in the template, each
+        model turn ended by the end-of-turn token, each observation a user turn after it."""
+        pieces: list[tuple[str, list[int]]] = []
+        for t in demo.turns:
+            if t.role == "model":
+                pieces.append(("model", text_ids(tokenizer, t.text) + [tokenizer.eos_token_id]))
+            else:
+                pieces.append(("env", list(observation_ids(tokenizer, tuple(pieces[-1][1]), t.text)[1])))
+        return demo_tokens(first_ids(tokenizer, self.opening(demo.prompt, None)), pieces)
 
     def metrics(self, cost: dict[str, float]) -> dict[str, float]:
         n = max(cost.get("episodes", 0), 1)

@@ -44,11 +44,14 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
+from ratchet.data.checks.base import Item
+from ratchet.data.errors import show
 from ratchet.data.events import Figure, Shows
 from ratchet.data.records import Completion, Prompt, Segment
 from ratchet.data.procs.sandbox import SandboxSettings
 from ratchet.models.sampler import SamplingParams, chat_token_ids, text_ids
-from ratchet.tasks.rollouts import Rollout, episode_checks, has_placeholder, model_turn, overlapped, turn_params
+from ratchet.tasks.rollouts import (Rollout, demo_tokens, episode_checks, has_placeholder, model_turn, overlapped,
+                                   turn_params)
 
 STOP = "\n```\n"  # a fence line: it closes a block (or opens a bare one)
 PYTHON = ("python", "py", "python3")
@@ -226,6 +229,65 @@ class ToolRollout(Rollout, SandboxSettings):
             half = self.output_chars // 2
             said = f"{said[:half]}\n[... {len(said) - 2 * half} characters cut ...]\n{said[-half:]}"
         return f"```output\n{said.strip(chr(10))}\n```\n"
+
+    # demonstrations ---------------------------------------------------------------------------
+    def demonstrations(self, demos: list, report, source: str) -> dict[str, Item]:
+        """Each row's turns as an episode has them: at most max_turns model turns, a tool turn only
+        after a model turn that ends with a ```python block, and each tool turn what the sandbox
+        prints for that program (run here, with this rollout's limits, as an episode runs it)."""
+        calls: list[tuple[object, list[tuple[int, str, str]]]] = []
+        for d in demos:
+            if extra := d.roles() - {"model", "tool"}:
+                report.add(source, "turns a tool episode does not have", d.place, f"{', '.join(sorted(extra))} turns "
+                           "(a user turn after the prompt is an environment's)", "give the program's output as a "
+                           "tool turn, or set sample.rollout.kind=environment for an environment's episodes")
+                continue
+            if (n := sum(t.role == "model" for t in d.turns)) > self.max_turns:
+                report.add(source, "rows of more model turns than an episode has", d.place,
+                           f"{n} assistant turns > sample.rollout.max_turns={self.max_turns}",
+                           "raise sample.rollout.max_turns, or shorten the row")
+                continue
+            programs = []
+            for i, (said, out) in enumerate(zip(d.turns, d.turns[1:]), 1):
+                if out.role != "tool":
+                    continue
+                text = said.text.rstrip()
+                program = program_of(text + "\n") if text.endswith("```") else None
+                if program is None:
+                    report.add(source, "tool turns after a turn that runs no program", f"{d.place} messages[{i + 1}]",
+                               f"messages[{i}] ends {said.text.rstrip()[-40:]!r}", "end the assistant turn before a "
+                               "tool turn with its ```python block (the fence closing it last): an episode runs "
+                               "the program there, and stops the model's turn at the fence")
+                    break
+                programs.append((i + 1, program, out.text))
+            else:
+                calls.append((d, programs))
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            ran = [(d, at, text, pool.submit(self.call, program)) for d, ps in calls for at, program, text in ps]
+            wrong = set()
+            for d, at, text, call in ran:
+                printed = call.result()[0]
+                if printed != self.segment(text):
+                    report.add(source, "tool turns that are not what their program prints", f"{d.place} messages[{at}]",
+                               f"the sandbox printed {show(printed, 80)}; the row gives {show(self.segment(text), 80)}",
+                               "give the program's output as it prints it (the output alone: the rollout puts it in "
+                               "its ```output block), or fix the program")
+                    wrong.add(d.id)
+        return {d.id: d.item() for d, _ in calls if d.id not in wrong}
+
+    def demo_row(self, tokenizer, demo) -> dict:
+        """The episode's ids as a sampled one has them: the templated prompt, each model turn (one
+        before a call ends at its fence line; the last ends with the end-of-turn token), each tool
+        output in its ```output block."""
+        pieces = []
+        for i, t in enumerate(demo.turns):
+            last = i == len(demo.turns) - 1
+            if t.role == "model":
+                text = t.text if last else t.text.rstrip() + "\n"
+                pieces.append(("model", text_ids(tokenizer, text) + ([tokenizer.eos_token_id] if last else [])))
+            else:
+                pieces.append(("tool", text_ids(tokenizer, self.segment(t.text))))
+        return demo_tokens(chat_token_ids(tokenizer, [self.wrap(demo.prompt)])[0], pieces)
 
     def metrics(self, cost: dict[str, float]) -> dict[str, float]:
         n = max(cost.get("episodes", 0), 1)

@@ -78,28 +78,51 @@ def _args(work: Path, model: Path) -> list[str]:
 
 
 @pytest.mark.integration
-def test_a_grpo_round_runs_is_reused_and_traces_to_its_rollouts(tiny_model, tmp_path, prefect_harness):
+def test_a_grpo_round_after_a_cold_start_is_kept_planned_and_traced(tiny_model, tmp_path, prefect_harness):
+    """A run with demonstrations (cold_start): round 1 is the base model fine-tuned on them, round 2 a
+    GRPO round that builds on it; its rollouts and the demonstrations are in the lineage, the plan
+    reuses every stage, and a run from a registered version starts past the cold start."""
     from prefect.settings import PREFECT_API_URL
 
+    from ratchet.flows.plan import plan
+    from tests.flows.test_cold_start_round import demonstrations
+
     api, work = PREFECT_API_URL.value(), tmp_path / "runs"
-    first = ratchet("run", *_args(work, tiny_model), api_url=api)
+    args = [*_args(work, tiny_model), f"cold_start.demonstrations={demonstrations(tmp_path / 'demos.jsonl', CONFIG)}",
+            "cold_start.train.epochs=1", "cold_start.train.batch_size=3"]
+    first = ratchet("run", *args, api_url=api)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     stages = sorted(p.name.split("-")[0] for p in (work / "stages").iterdir() if (p / "manifest.json").exists())
-    assert stages == ["base", "evaluate", "evaluate", "prompts", "train"]  # no sample, label or filter stage
-    train = next((work / "stages").glob("train-*"))
-    m = json.loads((train / "manifest.json").read_text())
-    assert [p["stage"] for p in m["parents"]] == ["base", "prompts"] and m["info"]["objective"] == "grpo"
+    assert stages == ["base", "demonstrations", "evaluate", "evaluate", "evaluate", "prompts", "train", "train"]
+    trains = sorted((json.loads(p.read_text()) for p in (work / "stages").glob("train-*/manifest.json")),
+                    key=lambda m: m["round"])  # no sample, label or filter stage
+    assert [(m["round"], m["info"]["objective"], [p["stage"] for p in m["parents"]]) for m in trains] == [
+        (1, "cold-start", ["base", "demonstrations"]), (2, "grpo", ["train", "prompts"])]
+    assert trains[1]["parents"][0]["key"] == trains[0]["key"]  # the GRPO round builds on the cold start
+    train = work / trains[1]["dir"]
     assert sorted(p.name for p in (train / "rollouts").glob("*.jsonl")) == ["00000.jsonl", "00001.jsonl",
                                                                              "00002.jsonl"]
+    assert "cold start on 6 demonstrations" in first.stdout and "-> version 3" in first.stdout
     assert "3 steps" in first.stdout and "of groups taught" in first.stdout
 
-    plan = ratchet("plan", *_args(work, tiny_model), "train.loss_type=grpo", api_url=api)
-    assert plan.returncode == 0, plan.stdout + plan.stderr
-    assert "config train.loss_type: 'dapo' -> 'grpo'" in plan.stdout, plan.stdout
+    replan = ratchet("plan", *args, "train.loss_type=grpo", api_url=api)
+    assert replan.returncode == 0, replan.stdout + replan.stderr
+    assert "config train.loss_type: 'dapo' -> 'grpo'" in replan.stdout, replan.stdout
+    assert "1 stale" in replan.stdout and "demonstrations     reused" in replan.stdout, replan.stdout
 
-    lineage = ratchet("lineage", *_args(work, tiny_model), "2", api_url=api)
+    lineage = ratchet("lineage", *args, "3", api_url=api)
     assert lineage.returncode == 0 and "all verified" in lineage.stdout, lineage.stdout + lineage.stderr
-    assert "rollouts/00002.jsonl" in lineage.stdout
+    assert "rollouts/00002.jsonl" in lineage.stdout and "demonstrations.jsonl" in lineage.stdout
+
+    onwards = plan(load_config(CONFIG, args[1:]), run="from-v3", start=_manifest(work, trains[1]))
+    assert [(s.round, s.stage) for s in onwards.steps][:3] == [(0, "prompts"), (2, "evaluate"), (3, "train")]
+    assert "demonstrations" not in [s.stage for s in onwards.steps]  # a continuation starts past the cold start
+
+
+def _manifest(work: Path, m: dict):
+    from ratchet.data.manifest import read_manifest
+
+    return read_manifest(work / m["dir"])
 
 
 @pytest.mark.integration
