@@ -122,6 +122,13 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
     problems += _return_checks(cfg)
     label = cfg.label
     lo, hi = label.reward_range()
+    if cfg.data.retire_solved:
+        if not cfg.train.online and label.consumes != "samples":
+            problems.append(f"data.retire_solved=true reads each sample's reward, and {label.setting()} labels no "
+                            "samples (it searches from the prompts); set data.retire_solved=false")
+        elif not math.isfinite(hi):
+            problems.append(f"data.retire_solved=true retires a prompt whose every sample earned the top reward, and "
+                            f"the rewards of {label.setting()} have no top; set data.retire_solved=false")
     problems += cfg.filter.reward_checks(lo, hi, label.setting())
     problems += label.checks(cfg)
     filters, trains = kinds_of("filter"), kinds_of("train")

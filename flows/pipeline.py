@@ -30,8 +30,8 @@ from ratchet.flows.runs import RunContext, set_state, start
 from ratchet.flows.stages import (EvalTarget, RoundResult, Session, agreement_task, base_task, cold_start_task,
                                   demonstrations_task, drop_task, eval_targets_task, evaluate_task, filter_task,
                                   label_model_task, label_task, lineage_task, online_train_task, prompts_task,
-                                  register_task, report_task, sample_task, slice_task, start_model_task, train_task,
-                                  unwrap)
+                                  register_task, report_task, retire_task, sample_task, slice_task, start_model_task,
+                                  train_task, unwrap)
 from ratchet.flows.tracking import Tracker, verdict
 from ratchet.models import warm
 from ratchet.data.procs import forkserver
@@ -87,7 +87,7 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
                                    [*done, candidate, *evaluations])
             if cfg.drop_models:
                 drop_task(cfg, ctx, k)
-            return result
+            return result.model_copy(update={"scored": candidate})
         if cfg.label.consumes == "prompts":  # e.g. a tree search: it samples its own rollouts
             done.append(labels := unwrap(label_task(cfg, ctx, k, train, policy, child, label_model)))
         else:
@@ -101,7 +101,7 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
                                [*done, train_set, candidate, *evaluations], note)
         if cfg.drop_models:
             drop_task(cfg, ctx, k)
-        return result
+        return result.model_copy(update={"scored": labels if cfg.label.consumes == "samples" else None})
     except BaseException:
         Session(cfg, ctx).tracker.end(child, "FAILED")
         raise
@@ -152,12 +152,14 @@ def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
     if cold_starts(cfg, ctx.start_version):  # generation 1; the rounds build on it, whatever the base scored
         demos = unwrap(demonstrations_task(cfg, ctx))
         results.append(cold_start_round(cfg, ctx, first + 1, base, demos, targets, results[0].version))
-    begun, last = len(results) - 1, results[-1].round
+    begun, last, pool = len(results) - 1, results[-1].round, prompts
     for k in range(last + 1, last + cfg.rounds + 1):
         start = trains_from(results[begun:], cfg.evaluate)
         if start is not results[-1]:
             set_aside(k, start, results[-1])
-        results.append(round_flow(cfg, ctx, k, start.policy, prompts, targets, start.version, last, fixed))
+        if cfg.data.retire_solved and results[-1].scored is not None:  # what the last round solved leaves
+            pool = unwrap(retire_task(cfg, ctx, k, pool, results[-1].scored))
+        results.append(round_flow(cfg, ctx, k, start.policy, pool, targets, start.version, last, fixed))
     lineage_task(cfg, ctx, results[-1])
     report_task(cfg, ctx)
     return results

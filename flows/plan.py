@@ -64,6 +64,7 @@ class _Round:
     policy: StageManifest
     accuracy: float | None
     accuracies: dict[str, float] | None
+    scored: StageManifest | None = None  # its samples with their rewards (data.retire_solved reads them)
 
 
 def plan(cfg: PipelineConfig, run: str | None = None, start: StageManifest | None = None,
@@ -124,6 +125,8 @@ def _walk(cfg: PipelineConfig, planner: Planner, store: ArtifactStore, data_sour
         results.append(_evaluate(cfg, store, candidate, targets, first + 1))
     begun, last = len(results) - 1, results[-1].round  # the rounds build on the cold start, whatever the base scored
     for k in range(last + 1, last + cfg.rounds + 1):
+        if cfg.data.retire_solved and results[-1].scored is not None:  # what the last round solved leaves the pool
+            prompts, _ = prepare.retire(store, prompts, results[-1].scored, cfg.label.reward_range()[1], k)
         known = all(r.accuracy is not None for r in results[begun:])
         if cfg.evaluate.next_round_from == "best" and not known and len(results) - begun > 1:
             for stage in _round_stages(cfg):
@@ -139,7 +142,7 @@ def _walk(cfg: PipelineConfig, planner: Planner, store: ArtifactStore, data_sour
         if cfg.train.online:  # it samples and scores inside its own stage
             candidate, _ = train_mod.train_online(store, policy, train, cfg.train, cfg.sample, cfg.sampler, cfg.label,
                                                   cfg.data.check, seed, k, isolate=cfg.isolate, label_model=fixed)
-            results.append(_evaluate(cfg, store, candidate, targets, k))
+            results.append(_evaluate(cfg, store, candidate, targets, k, scored=candidate))
             continue
         common = dict(sampler=cfg.sampler, seed=seed, isolate=cfg.isolate, executor=cfg.executor,
                       rollout=cfg.sample.rollout, turn_tokens=cfg.sample.max_tokens)
@@ -158,18 +161,21 @@ def _walk(cfg: PipelineConfig, planner: Planner, store: ArtifactStore, data_sour
                 planner.note("train", k, "waits", f"the agreement gate stops round {k} before training: {e}")
                 return
         candidate, _ = train_mod.train(store, policy, train_set, cfg.train, seed, k, isolate=cfg.isolate)
-        results.append(_evaluate(cfg, store, candidate, targets, k))
+        results.append(_evaluate(cfg, store, candidate, targets, k,
+                                 scored=labels if cfg.label.consumes == "samples" else None))
 
 
 def _round_stages(cfg: PipelineConfig) -> list[str]:
-    stages = ["slice"] if cfg.data.prompts_per_round else []
+    stages = ["pool"] if cfg.data.retire_solved else []
+    stages += ["slice"] if cfg.data.prompts_per_round else []
     if cfg.train.online:
         return stages + ["train"] + [stage for _, stage in cfg.evaluate.stages()]
     stages += ["label"] if cfg.label.consumes == "prompts" else ["sample", "label"]
     return stages + ["filter", "train"] + [stage for _, stage in cfg.evaluate.stages()]
 
 
-def _evaluate(cfg: PipelineConfig, store: ArtifactStore, policy: StageManifest, targets: list, k: int) -> _Round:
+def _evaluate(cfg: PipelineConfig, store: ArtifactStore, policy: StageManifest, targets: list, k: int,
+              scored: StageManifest | None = None) -> _Round:
     from ratchet.tasks import evaluate as evaluate_mod
 
     scores = {}
@@ -178,8 +184,8 @@ def _evaluate(cfg: PipelineConfig, store: ArtifactStore, policy: StageManifest, 
                                      isolate=cfg.isolate, executor=cfg.executor, stage=t.stage, rollout=t.rollout)
         scores[t.name] = None if pending(m) else m.metrics["accuracy"]
     if any(v is None for v in scores.values()):
-        return _Round(k, policy, None, None)
-    return _Round(k, policy, scores[cfg.evaluate.gate_set], scores)
+        return _Round(k, policy, None, None, scored)
+    return _Round(k, policy, scores[cfg.evaluate.gate_set], scores, scored)
 
 
 def _base(cfg: PipelineConfig, planner: Planner, store: ArtifactStore) -> StageManifest:

@@ -265,8 +265,9 @@ def pool_drawn(workdir: Path, cfg: PipelineConfig, sources: dict[str, str]) -> i
     for rec in records(workdir)[0].values():
         data = dict(rec.config.get("data") or {})
         per = data.pop("prompts_per_round", None)
+        data.pop("retire_solved", None)
         same = (rec.config.get("name") == cfg.name and rec.config.get("seed") == cfg.seed and per
-                and pool == {**data, "prompts_per_round": None}
+                and pool == {**data, "prompts_per_round": None, "retire_solved": False}
                 and sources_of(rec.ctx.sources) == sources_of(sources))
         if same:
             end = max(end, rec.ctx.pool_start + int(rec.config.get("rounds", 0)) * int(per))

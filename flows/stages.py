@@ -51,6 +51,9 @@ class RoundResult(BaseModel):
     child_run_id: str
     stage_wall_s: dict[str, float] = {}
     agreement: str = Field(default="", description="the agreement gate's note on this round's labels")
+    scored: StageManifest | None = Field(default=None, description="the stage holding the round's samples with "
+                                         "their rewards (its label stage, or its online train stage), which "
+                                         "data.retire_solved reads")
 
 
 class EvalTarget(BaseModel):
@@ -280,6 +283,18 @@ def online_train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: Stag
     t = ses.tracker
     if ses.logged(child, m, reused):
         t.log_train_curve(child, store, m)
+    return finished(m, reused)
+
+
+@task(name="pool", cache_policy=NONE, retries=0)
+def retire_task(cfg: PipelineConfig, ctx: RunContext, k: int, pool: StageManifest, scored: StageManifest) -> StageManifest:
+    """Round k's pool (data.retire_solved): `pool` without the prompts every sample of the round
+    before solved (`scored`); its counts on the run's MLflow parent, at step k."""
+    ses = Session(cfg, ctx)
+    m, reused = prepare.retire(ses.store, pool, scored, cfg.label.reward_range()[1], k, run=ctx.run_name)
+    if ses.tracker.log_stage(ctx.parent_run_id, m, reused):
+        ses.tracker.log_metrics(ctx.parent_run_id, {k_: m.metrics[k_] for k_ in ("retired", "left")}, prefix="pool.",
+                                step=k)
     return finished(m, reused)
 
 

@@ -21,7 +21,7 @@ from ratchet.data.digest import sha256_file
 from ratchet.data.errors import ConfigError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig, Split, load_split, pool_slice
-from ratchet.data.records import Prompt, read_jsonl, write_jsonl
+from ratchet.data.records import LabeledCompletion, Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.prompt_format import TEMPLATE_FILE
 from ratchet.tasks.stage import StageRequest, run_stage
@@ -108,7 +108,7 @@ def held_out(store: ArtifactStore, name: str, data_cfg: SourceConfig, seed: int,
 
 
 def slice_body(req: StageRequest[SliceJob], store: ArtifactStore) -> StageManifest:
-    pool = read_jsonl(store.path(req.parent("prompts"), "train.jsonl"), Prompt)
+    pool = read_jsonl(store.path(pool_of(req), "train.jsonl"), Prompt)
     rows, where = pool_slice(pool, req.config.start, req.config.count, req.config.seed)
     n = write_jsonl(store.stage_dir(req.stage, req.key) / "train.jsonl", rows)
     return req.finish(store, outputs={"train.jsonl": n}, info=where,
@@ -124,9 +124,68 @@ def round_prompts(store: ArtifactStore, prompts: StageManifest, start: int, coun
 
 
 def train_prompts(req: StageRequest, store: ArtifactStore) -> list[Prompt]:
-    """The train prompts a round's stage works on: its round's draw, or the whole pool."""
-    source = next((p for p in req.parents if p.stage == "slice"), None) or req.parent("prompts")
+    """The train prompts a round's stage works on: its round's draw, or the whole pool (what is left
+    of it, where solved prompts leave it)."""
+    source = next((p for p in req.parents if p.stage in ("slice", "pool")), None) or req.parent("prompts")
     return read_jsonl(store.path(source, "train.jsonl"), Prompt)
+
+
+def pool_of(req: StageRequest) -> StageManifest:
+    """The pool a stage draws from: what is left of it (a `pool` stage), or the prompts stage's."""
+    return next((p for p in req.parents if p.stage == "pool"), None) or req.parent("prompts")
+
+
+# solved prompts leave the pool (data.retire_solved) -----------------------------------------------
+
+class RetireJob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    top: float = Field(description="the label's top reward: a prompt all of whose samples earned it is solved")
+
+    def summary(self, m: dict[str, float]) -> list[str]:
+        n = events.count
+        return [f"{n(m.get('retired', 0))} of {n(m.get('pool', 0))} prompts solved by every sample leave the pool; "
+                f"{n(m.get('left', 0))} left"]
+
+
+def solved(rows, top: float) -> set[str]:
+    """The prompts every one of whose rows (a round's samples) earned `top` or more."""
+    best: dict[str, bool] = {}
+    for r in rows:
+        best[r.prompt_id] = best.get(r.prompt_id, True) and r.reward is not None and r.reward >= top
+    return {k for k, v in best.items() if v}
+
+
+def scored_rows(store: ArtifactStore, scored: StageManifest) -> list[LabeledCompletion]:
+    """A round's samples with their rewards: its label stage's rows, or every step's rollouts of an
+    online train stage."""
+    names = [n for n in scored.outputs if n == "labels.jsonl" or (n.startswith("rollouts/") and n.endswith(".jsonl"))]
+    return [r for n in sorted(names) for r in read_jsonl(store.path(scored, n), LabeledCompletion)]
+
+
+def retire_body(req: StageRequest[RetireJob], store: ArtifactStore) -> StageManifest:
+    from ratchet.data.errors import EmptyStageError
+
+    pool = read_jsonl(store.path(pool_of(req), "train.jsonl"), Prompt)
+    scored = next(p for p in req.parents if p.stage in ("label", "train"))
+    done = solved(scored_rows(store, scored), req.config.top)
+    left = [p for p in pool if p.id not in done]
+    if not left:
+        raise EmptyStageError(f"every one of the pool's {len(pool)} train prompts was solved by every sample in round "
+                              f"{scored.round}: nothing is left to learn from them. The model is done with this task: "
+                              "give it harder prompts, or set data.retire_solved=false to train on solved ones")
+    d = store.stage_dir(req.stage, req.key)
+    n = write_jsonl(d / "train.jsonl", left)
+    gone = write_jsonl(d / "retired.jsonl", [p for p in pool if p.id in done])
+    return req.finish(store, outputs={"train.jsonl": n, "retired.jsonl": gone},
+                      metrics={"pool": len(pool), "retired": gone, "left": n})
+
+
+def retire(store: ArtifactStore, pool: StageManifest, scored: StageManifest, top: float, round: int,
+           run: str | None = None) -> tuple[StageManifest, bool]:
+    """Round `round`'s pool: `pool` without the prompts every sample of the round before solved
+    (`scored`: its label stage, or its online train stage), keyed by that stage."""
+    return run_stage(store, stage="pool", round=round, body=retire_body, config=RetireJob(top=top),
+                     parents=[pool, scored], run=run)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

@@ -23,6 +23,10 @@ class PoolSource(BaseModel):
         default=None, ge=1, description="each round trains on this many train prompts drawn from the pool without "
         "repeats until the pool is spent (then a new seeded order); a continuation draws on where the last run "
         "stopped. Unset: every round uses the whole pool")
+    retire_solved: bool = Field(
+        default=False, description="after each round, a train prompt whose every sample that round earned the "
+        "label's top reward leaves the pool for the rounds after it (a `pool` stage keyed by that round's labels, or "
+        "its GRPO rollouts); the console and MLflow count them")
 
     @abstractmethod
     def load(self, seed: int, train_answers: bool) -> "Split":
@@ -30,8 +34,9 @@ class PoolSource(BaseModel):
         train prompt needs a reference answer. Raises one ConfigError listing every problem."""
 
     def pool(self):
-        """This source without the per-round draw: what the prompt split, labels and evaluation depend on."""
-        return self.model_copy(update={"prompts_per_round": None})
+        """This source without the per-round draw and retirement: what the prompt split, labels and
+        evaluation depend on."""
+        return self.model_copy(update={"prompts_per_round": None, "retire_solved": False})
 
     def eval_metrics(self, prompts: list[Prompt], rows: list) -> dict[str, float]:
         """What a source measures of an evaluation beyond its accuracy (`rows`: the checked

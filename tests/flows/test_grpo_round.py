@@ -140,3 +140,36 @@ def test_a_reward_model_is_the_reward_of_a_grpo_round(tiny_model, tiny_reward_mo
     assert [p["stage"] for p in m["parents"]] == ["base", "prompts", "label-model"]
     rows = [json.loads(x) for x in (train / "rollouts" / "00000.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and len({r["reward"] for r in rows}) > 1  # a random model's logits differ by completion
+
+
+@pytest.mark.integration
+def test_prompts_every_sample_solved_leave_the_pool_for_the_next_round(tiny_model, tmp_path, prefect_harness):
+    """data.retire_solved: the prompts whose every sample in round 1 earned the top reward (here a
+    reward that gives 1.0 to every answer of a prompt with an even first term) are not in round 2's
+    pool, a stage keyed by round 1's train stage, whose rollouts hold the rewards."""
+    from prefect.settings import PREFECT_API_URL
+
+    reward = tmp_path / "reward.py"
+    reward.write_text("import re\n\ndef score(completion, answer=None, prompt=None, **fields):\n"
+                      "    return float(int(re.findall(r'\\d+', prompt)[0]) % 2 == 0)\n")
+    work = tmp_path / "runs"
+    done = ratchet("run", *_args(work, tiny_model), "rounds=2", "train.steps=2", "train.drop_equal=false",
+                   "data.retire_solved=true", f"data.check={{kind: python, function: '{reward}:score'}}",
+                   api_url=PREFECT_API_URL.value())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    manifests = {p.parent.name: json.loads(p.read_text()) for p in (work / "stages").glob("*/manifest.json")}
+    pool = next(m for m in manifests.values() if m["stage"] == "pool")
+    first, second = sorted((m for m in manifests.values() if m["stage"] == "train"), key=lambda m: m["round"])
+    assert pool["round"] == 2 and [p["stage"] for p in pool["parents"]] == ["prompts", "train"]
+    assert pool["parents"][1]["key"] == first["key"] and [p["stage"] for p in second["parents"]] == ["train", "pool"]
+
+    def rows(m, name):
+        return [json.loads(x) for x in (work / m["dir"] / name).read_text().splitlines()]
+
+    sampled = {r["prompt"] for f in ("rollouts/00000.jsonl", "rollouts/00001.jsonl") for r in rows(first, f)}
+    even = {p for p in sampled if int(p.split()[2]) % 2 == 0}
+    assert {r["prompt"] for r in rows(pool, "retired.jsonl")} == even and even  # every sample of them scored 1.0
+    left = {r["prompt"] for r in rows(pool, "train.jsonl")}
+    assert not left & even and len(left) == 12 - len(even)
+    assert not {r["prompt"] for f in ("rollouts/00000.jsonl", "rollouts/00001.jsonl") for r in rows(second, f)} & even
+    assert f"{len(even)} of 12 prompts solved by every sample leave the pool; {12 - len(even)} left" in done.stdout
