@@ -1,0 +1,151 @@
+"""Which method pays on this task and this machine: RFT, DPO and GRPO at the same wall-time budget.
+
+    python bench/method_bench.py flows/configs/default.yaml --budget-min 15 --seeds 0 1 2 --out bench-out/methods
+    python bench/method_bench.py --merge bench-out/methods       # the table, from every cell run so far
+
+A cell is one method on one seed, run alone (one cell at a time: they would share the cores).
+It runs rounds one more at a time (`ratchet run CONFIG rounds=R seed=S`, every earlier round's
+stages reused from the cell's workdir) until its rounds have taken the budget, and records each
+round's held-out accuracy (the gate's set, greedy) with the wall time spent so far: every
+`ratchet run` of the cell timed whole (start-up, engine loads, every stage), less the base model's
+evaluation, which all methods share. A round that stops (RFT's filter finds too few right
+samples, DPO too few pairs) ends the cell, and the table says so.
+
+    rft   the config's own rounds with filter.kind=rft, train.kind=rft
+    dpo   filter.kind=pairs, train.kind=dpo: right against wrong samples of a prompt
+    grpo  train.kind=grpo (sample.top_k=0, temperature 1, the grpo.yaml settings): online RL in each round
+
+Each cell writes CELL.json (method, seed, rounds, commit, machine, date); --merge reads them all
+and prints, per method, the held-out accuracy of the last round finished within the budget (the
+mean over seeds, and each seed's), the rounds that fit, and the curve of accuracy against wall
+time. Not part of the test suite: a cell takes the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+METHODS = {
+    "rft": ["filter={kind: rft}", "train={kind: rft}"],
+    "dpo": ["filter={kind: pairs}", "train={kind: dpo}"],
+    "grpo": ["train={kind: grpo, steps: 20, batch_size: 4, loss_type: dapo, learning_rate: 1.0e-4, "
+             "checkpoint_steps: 5}", "sample.top_k=0", "sample.top_p=1.0", "sample.temperature=1.0"],
+}
+
+
+def machine() -> str:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    kind = ("AVX-512 with AMX" if "amx_bf16" in flags else "AVX-512 without AMX" if "avx512f" in flags
+            else "AVX2" if "avx2" in flags else platform.processor() or "unknown")
+    return f"{os.cpu_count()} cores, {kind}"
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def rounds_of(work: Path) -> dict[int, dict]:
+    """Each round's held-out accuracy (the gate's set) and the wall of its stages, from the store."""
+    out: dict[int, dict] = {}
+    for f in (work / "stages").glob("*/manifest.json"):
+        m = json.loads(f.read_text())
+        r = out.setdefault(m["round"], {"stage_s": 0.0})
+        r["stage_s"] += m.get("wall_s") or 0.0
+        if m["stage"] == "evaluate":
+            r["accuracy"] = m["metrics"]["accuracy"]
+            r["evaluate_s"] = m.get("wall_s") or 0.0
+    return out
+
+
+def cell(config: str, method: str, seed: int, budget_s: float, out: Path, extra: list[str]) -> dict:
+    work = out / f"{method}-s{seed}"
+    record = {"method": method, "seed": seed, "config": config, "budget_s": budget_s, "overrides": extra,
+              "commit": commit(), "machine": machine(), "date": date.today().isoformat(), "rounds": [],
+              "stopped": None}
+    spent, r = 0.0, 0
+    while spent < budget_s:
+        r += 1
+        t = time.time()
+        done = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "run", config, f"rounds={r}",
+                               f"seed={seed}", f"workdir={work}", *METHODS[method], *extra], cwd=ROOT,
+                              capture_output=True, text=True)
+        took = time.time() - t
+        rounds = rounds_of(work)
+        if r == 1:
+            took -= rounds.get(0, {}).get("evaluate_s", 0.0)  # the base model's evaluation: every method's
+        spent += took
+        if done.returncode != 0:
+            tail = [x for x in done.stdout.splitlines() + done.stderr.splitlines() if x.strip()][-3:]
+            record["stopped"] = f"round {r} stopped after {took:.0f} s: " + " / ".join(tail)
+            break
+        record["rounds"].append({"round": r, "accuracy": rounds[r]["accuracy"], "wall_s": round(took, 1),
+                                 "spent_s": round(spent, 1)})
+        print(f"{method} seed {seed}: round {r} {rounds[r]['accuracy']:.1%} at {spent / 60:.1f} min", flush=True)
+    record["base_accuracy"] = rounds_of(work).get(0, {}).get("accuracy")
+    (out / f"{method}-s{seed}.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def merge(out: Path) -> str:
+    cells = [json.loads(f.read_text()) for f in sorted(out.glob("*-s*.json"))]
+    if not cells:
+        return f"no cells in {out}"
+    lines = [f"cells in {out}: {', '.join(sorted({c['commit'] for c in cells}))}; {cells[0]['machine']}; "
+             f"budget {cells[0]['budget_s'] / 60:.0f} min a cell; base model {cells[0]['base_accuracy']:.1%}", "",
+             f"{'method':<6} {'seeds':>5} {'at budget':>10}  {'each seed':<24} {'rounds':>6}  "
+             "curve (accuracy at minutes)"]
+    for method in METHODS:
+        mine = [c for c in cells if c["method"] == method]
+        if not mine:
+            lines.append(f"{method:<6} {'not measured':>17}")
+            continue
+        final = []
+        for c in mine:
+            fit = [x for x in c["rounds"] if x["spent_s"] <= c["budget_s"]]
+            final.append(fit[-1]["accuracy"] if fit else c["base_accuracy"])
+        each = " ".join(f"{a:.0%}" for a in final)
+        curve = "; ".join(", ".join(f"{x['accuracy']:.0%}@{x['spent_s'] / 60:.1f}" for x in c["rounds"])
+                          + (" (stopped)" if c["stopped"] else "") for c in mine)
+        fits = "/".join(str(sum(x["spent_s"] <= c["budget_s"] for x in c["rounds"])) for c in mine)
+        lines.append(f"{method:<6} {len(mine):>5} {sum(final) / len(final):>10.1%}  {each:<24} {fits:>6}  {curve}")
+    stops = [f"{c['method']} seed {c['seed']}: {c['stopped']}" for c in cells if c["stopped"]]
+    return "\n".join(lines + ([""] + stops if stops else []))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config", nargs="?")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
+    ap.add_argument("--budget-min", type=float, default=15.0, help="wall-time budget of a cell, in minutes")
+    ap.add_argument("--out", type=Path, default=Path("bench-out/methods"))
+    ap.add_argument("--set", nargs="*", default=[], help="overrides for every cell (key=value)")
+    ap.add_argument("--merge", type=Path, help="print the table of the cells in this directory, run nothing")
+    a = ap.parse_args()
+    if a.merge:
+        print(merge(a.merge))
+        return
+    if not a.config:
+        ap.error("give a config to run, or --merge DIR")
+    a.out.mkdir(parents=True, exist_ok=True)
+    for seed in a.seeds:
+        for method in a.methods:
+            cell(a.config, method, seed, a.budget_min * 60, a.out, a.set)
+    print(merge(a.out))
+
+
+if __name__ == "__main__":
+    main()
