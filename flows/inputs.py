@@ -158,17 +158,12 @@ def device_problems(cfg: PipelineConfig) -> list[str]:
     """What this machine's GPUs cannot give the run: each local engine holder its own
     (tasks/units.holder_devices), and each training process one GPU (torchrun gives process k
     device k, and there is no device k past the last). Nothing on a machine without GPUs."""
-    from ratchet.data.procs.executors import holder_devices, visible_gpus
+    from ratchet.data.procs.executors import visible_gpus
 
     visible = visible_gpus()
     if not visible:
         return []
-    problems = []
-    if cfg.executor.kind == "local" and cfg.executor.engines > 1:
-        try:
-            holder_devices(cfg.executor, visible)
-        except ConfigError as e:
-            problems += e.problems
+    problems = cfg.executor.device_problems(visible)
     if (n := cfg.train.num_processes) > len(visible):
         problems.append(f"train.num_processes={n}: training runs one process per GPU, and this machine shows "
                         f"{len(visible)} ({','.join(visible)}); set train.num_processes={len(visible)} or fewer, or "

@@ -174,8 +174,7 @@ def cold_starts(cfg: PipelineConfig, start_version: str | None) -> bool:
 def warm_engine_wanted(cfg: PipelineConfig) -> bool:
     """A run keeps one engine (models/warm.py) when its stages sample in workers on this machine
     with one engine each."""
-    e = cfg.executor
-    return cfg.isolate and e.warm_engine and e.kind == "local" and e.engines == 1
+    return cfg.isolate and cfg.executor.lends_warm_engine()
 
 
 @contextlib.contextmanager

@@ -64,6 +64,15 @@ class Executor(BaseModel):
         """The executor (data/procs/executors.py) that runs a stage's units; `engine`: the run's warm
         engine, lent to the units where they run in the stage's own process."""
 
+    def lends_warm_engine(self) -> bool:
+        """Whether a run with this executor keeps one engine for all its stages (models/warm.py): its
+        units run in the stage's own process on this machine, one engine, and `warm_engine` is on."""
+        return False
+
+    def device_problems(self, visible: list[str]) -> list[str]:
+        """What this machine's visible GPUs (`visible`, not empty) cannot give its engine holders."""
+        return []
+
 
 RAY_ONLY = ("address", "accelerator_type")
 
@@ -97,6 +106,22 @@ class LocalExecutorConfig(Executor):
         from ratchet.data.procs.executors import LocalExecutor as InProcess, PoolExecutor
 
         return InProcess(self.threads_per_engine, engine) if self.engines == 1 else PoolExecutor(self)
+
+    def lends_warm_engine(self) -> bool:
+        return self.warm_engine and self.engines == 1
+
+    def device_problems(self, visible: list[str]) -> list[str]:
+        """Each holder's own GPUs (data/procs/executors.holder_devices), where there are several holders."""
+        from ratchet.data.errors import ConfigError
+        from ratchet.data.procs.executors import holder_devices
+
+        if self.engines == 1:
+            return []
+        try:
+            holder_devices(self, visible)
+        except ConfigError as e:
+            return list(e.problems)
+        return []
 
 
 class RayExecutorConfig(Executor):
