@@ -118,9 +118,12 @@ def length_problems(cfg: ColdStartConfig, rollout, tokenizer, rows: list[Demonst
     limit, out = cfg.train.max_length, []
     for d in rows:
         row = rollout.demo_row(tokenizer, d)
-        n = len(row["input_ids"]) if "input_ids" in row else len(
-            tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]},
-                                           {"role": "assistant", "content": row["completion"]}], tokenize=True))
+        if "input_ids" in row:
+            n = len(row["input_ids"])
+        else:  # as TRL templates and tokenizes a text row
+            text = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]},
+                                                  {"role": "assistant", "content": row["completion"]}], tokenize=False)
+            n = len(tokenizer.encode(text, add_special_tokens=False))
         if n > limit:
             out.append(f"{cfg.demonstrations} {d.place}: {n} tokens in the context an episode gives it > "
                        f"cold_start.train.max_length={limit}, which would cut it before its answer; raise "

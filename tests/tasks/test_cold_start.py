@@ -168,3 +168,25 @@ def test_an_environment_episode_is_trained_with_its_observations_masked(tiny_mod
     guesses = [t["content"] for t in _guess_row(7)["messages"][1::2]]
     assert trained == "".join(g + tok.eos_token for g in guesses)
     assert OPENING in masked and masked.count("user") == len(guesses)  # the opening and one user turn per reply
+
+
+def test_a_row_too_long_for_training_is_refused_with_its_length(tiny_model, tmp_path):
+    """cold_start.train.max_length against each row in the context an episode gives it: a text row
+    templated as TRL templates it, a tool episode's ids as the trainer reads them."""
+    from transformers import AutoTokenizer
+
+    from ratchet.data.demonstrations import read
+    from ratchet.tasks.cold_start import length_problems
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    path = _write(tmp_path, [{"prompt": "What is 2 + 2?", "completion": "It is 4.", "answer": "4"},
+                             {"prompt": "What is 3 + 3?", "completion": "It is six. " * 40 + "6", "answer": "6"}])
+    cfg = load_config(None, [f"cold_start.demonstrations={path}", "cold_start.train.max_length=64"])
+    rows, _, _ = read(path)
+    (problem,) = length_problems(cfg.cold_start, cfg.sample.rollout, tok, rows)
+    n = int(problem.split(": ")[1].split()[0])
+    assert "line 2" in problem and 64 < n < 200 and "raise cold_start.train.max_length" in problem
+    tool = _tool_cfg(_write(tmp_path, [_tool_row(12, 34)]), "cold_start.train.max_length=16")
+    rows, _, _ = read(tool.cold_start.demonstrations)
+    (problem,) = length_problems(tool.cold_start, tool.sample.rollout, tok, rows)
+    assert f"{len(tool.sample.rollout.demo_row(tok, rows[0])['input_ids'])} tokens" in problem
