@@ -185,7 +185,7 @@ def test_a_row_too_long_for_training_is_refused_with_its_length(tiny_model, tmp_
     rows, _, _ = read(path)
     (problem,) = length_problems(cfg.cold_start, cfg.sample.rollout, tok, rows)
     n = int(problem.split(": ")[1].split()[0])
-    assert "line 2" in problem and 64 < n < 200 and "raise cold_start.train.max_length" in problem
+    assert "line 2" in problem and 160 < n < 300 and "raise cold_start.train.max_length" in problem  # 40 x 4 tokens
     tool = _tool_cfg(_write(tmp_path, [_tool_row(12, 34)]), "cold_start.train.max_length=16")
     rows, _, _ = read(tool.cold_start.demonstrations)
     (problem,) = length_problems(tool.cold_start, tool.sample.rollout, tok, rows)
