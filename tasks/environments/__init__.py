@@ -36,6 +36,7 @@ Every message carries its episode and call numbers: an answer is never taken for
 from __future__ import annotations
 
 import atexit
+import hashlib
 import importlib
 import json
 import os
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ratchet.data.procs.channel import Channel, user_traceback
+from ratchet.data.records import Prompt
 from ratchet.data.procs.entry import LoadError, entry, load_spec, target_of
 from ratchet.data.procs.host import HostError, SessionHost, serve_session, serve_sessions
 
@@ -61,6 +63,22 @@ class Reply:
     done: bool = False
     final: float | None = None
     failure: str | None = None
+
+
+EPISODE_KEYS = iter(range(1, 1 << 62))  # episode numbers at a host, unique within the process
+
+
+def seed_of(p: Prompt) -> int:
+    """The seed an episode starts from: the row's `seed` column, else one from the prompt's id."""
+    s = p.fields.get("seed")
+    if isinstance(s, int) and not isinstance(s, bool):
+        return s
+    return int(hashlib.sha256(p.id.encode()).hexdigest()[:8], 16)
+
+
+def row_of(p: Prompt) -> dict:
+    """What an episode's `reset` may take of its start, besides the seed."""
+    return {"prompt": p.prompt, "answer": p.answer, **p.fields}
 
 
 def spec_of(target: str | type) -> str:

@@ -51,7 +51,7 @@ from ratchet.data.records import Completion, Outcome, Prompt, Segment
 from ratchet.data.userfiles import UserFile
 from ratchet.models.sampler import SamplingParams, text_ids
 from ratchet.tasks import environments
-from ratchet.tasks.environments import textarena
+from ratchet.tasks.environments import EPISODE_KEYS as _KEYS, row_of, seed_of, textarena
 from ratchet.tasks.environments.gymnasium_game import GymnasiumEnv
 from ratchet.tasks.environments.textarena_game import TextArenaEnv
 from ratchet.tasks.rollouts import (Rollout, demo_tokens, episode_checks, has_placeholder, model_turn, overlapped,
@@ -131,19 +131,6 @@ def _said(observation: str | None, reward: float | None = None, done: bool | Non
     return f"(observation {obs!r}" + ("" if reward is None else f", reward {reward:g}, done {done}") + ")"
 
 
-def seed_of(p: Prompt) -> int:
-    """The seed an episode starts from: the row's `seed` column, else one from the prompt's id."""
-    s = p.fields.get("seed")
-    if isinstance(s, int) and not isinstance(s, bool):
-        return s
-    return int(hashlib.sha256(p.id.encode()).hexdigest()[:8], 16)
-
-
-def row_of(p: Prompt) -> dict:
-    """What an episode's `reset` may take of its start, besides the seed."""
-    return {"prompt": p.prompt, "answer": p.answer, **p.fields}
-
-
 @dataclass
 class _Episode:
     prompt: Prompt
@@ -182,7 +169,6 @@ class _Episode:
         self.ended, self.failure, self.waiting = "failed", f"{op}: {why}" if not why.startswith(op) else why, None
 
 
-_KEYS = iter(range(1, 1 << 62))  # episode numbers at a host, unique within the process
 
 
 class EnvironmentRollout(Rollout):

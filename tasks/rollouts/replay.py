@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ratchet.data.checks.base import Item
 from ratchet.data.errors import show
-from ratchet.tasks.rollouts.environment import _KEYS, row_of, seed_of
+from ratchet.tasks.environments import EPISODE_KEYS as _KEYS, row_of, seed_of
 
 
 def replay_demonstrations(rollout, demos: list, report, source: str) -> dict[str, Item]:
