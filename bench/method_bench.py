@@ -40,6 +40,25 @@ METHODS = {
     "grpo": ["train={kind: grpo, steps: 20, batch_size: 4, loss_type: dapo, learning_rate: 1.0e-4, "
              "checkpoint_steps: 5}", "sample.top_k=0", "sample.top_p=1.0", "sample.temperature=1.0"],
 }
+# what a method keeps of the config's own `train:` (an override of `train` replaces the section):
+# the settings every kind has and the task decides (how long an episode is, the adapter, the
+# precision); a method of the config's own kind keeps the whole section
+SHARED_TRAIN = ("adapter", "lora", "max_length", "precision", "gradient_checkpointing", "attention")
+
+
+def overrides(config: str, method: str) -> list[str]:
+    """The method's overrides, its `train` section given what the config's has in common with it."""
+    import yaml
+
+    own = (yaml.safe_load(Path(config).read_text()) or {}).get("train") or {}
+    out = []
+    for o in METHODS[method]:
+        if o.startswith("train="):
+            mine = yaml.safe_load(o[len("train="):])
+            kept = own if own.get("kind", "rft") == mine["kind"] else {k: own[k] for k in SHARED_TRAIN if k in own}
+            o = "train=" + json.dumps({**kept, **mine})
+        out.append(o)
+    return out
 
 
 def machine() -> str:
@@ -72,7 +91,8 @@ def rounds_of(work: Path) -> dict[int, dict]:
 
 def cell(config: str, method: str, seed: int, budget_s: float, out: Path, extra: list[str]) -> dict:
     work = out / f"{method}-s{seed}"
-    record = {"method": method, "seed": seed, "config": config, "budget_s": budget_s, "overrides": extra,
+    record = {"method": method, "seed": seed, "config": config, "budget_s": budget_s,
+              "overrides": overrides(config, method) + extra,
               "commit": commit(), "machine": machine(), "date": date.today().isoformat(), "rounds": [],
               "stopped": None}
     spent, r = 0.0, 0
@@ -80,7 +100,7 @@ def cell(config: str, method: str, seed: int, budget_s: float, out: Path, extra:
         r += 1
         t = time.time()
         done = subprocess.run([sys.executable, "-m", "ratchet.flows.cli", "run", config, f"rounds={r}",
-                               f"seed={seed}", f"workdir={work}", *METHODS[method], *extra], cwd=ROOT,
+                               f"seed={seed}", f"workdir={work}", *overrides(config, method), *extra], cwd=ROOT,
                               capture_output=True, text=True)
         took = time.time() - t
         rounds = rounds_of(work)
