@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.data.errors import StageFailedError
-from ratchet.data.procs import forkserver, spawn
+from ratchet.data.procs import forkserver, helpers, spawn
 from ratchet.data.procs.entry import entry
 from ratchet.data.procs.lifetime import Spawner
 
@@ -357,8 +357,9 @@ class WarmEngine:
     # modeling code the engine loads models with)
     LISTEN_S = 180.0  # how long a worker waits for the engine's socket (the fork server's imports first)
 
-    def __init__(self, log_path: Path, preload: str):
+    def __init__(self, log_path: Path, preload: str, server: forkserver.ForkServer | None = None):
         self.log_path, self.preload = Path(log_path), preload
+        self.server = server  # the run's fork server, which the engine is forked from (None: started cold)
         self.dir = Path(tempfile.mkdtemp(prefix="ratchet-engine-"))  # 0700: the socket is the run's alone
         self.proc: Any = None  # a subprocess.Popen, or a forkserver.Forked
         self.key = b""
@@ -378,7 +379,7 @@ class WarmEngine:
         if self.log_fd is None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self.log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        server = forkserver.current() if forked else None
+        server = self.server if forked else None
         # the fork server's child opens the log through this process's descriptor: the file it
         # names now, whatever its name when the server forks (it may wait for its imports)
         self.proc = server and server.spawn(serve, [self.path, self.preload, self.key.hex()],
@@ -440,30 +441,30 @@ class WarmEngine:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-_CURRENT: WarmEngine | None = None
-
-
 def current() -> WarmEngine | None:
-    return _CURRENT
+    """The warm engine of the run this code runs in (data/procs/helpers.py), or None."""
+    return helpers.of_run().engine
 
 
 def worker_env() -> dict[str, str]:
     """What a stage worker started now needs to borrow the run's warm engine (empty: none)."""
-    return _CURRENT.env() if _CURRENT is not None else {}
+    w = current()
+    return w.env() if w is not None else {}
 
 
 @contextlib.contextmanager
 def for_run(enabled: bool, log_path: Path, preload: str):
-    """The run's warm engine while the run lasts (nothing if not `enabled`)."""
-    global _CURRENT
-    if not enabled or _CURRENT is not None:
+    """The run's warm engine while the run lasts (nothing if not `enabled`, or if this run has one
+    already), forked from the run's fork server where it has one. It is the run's
+    (data/procs/helpers.py): the run's stages find it with `current()`; nothing outside the block does."""
+    if not enabled or current() is not None:
         yield None
         return
-    _CURRENT = w = WarmEngine(log_path, preload)
+    w = WarmEngine(log_path, preload, server=forkserver.current())
     try:
         with w.lock:
             w.start()  # now: its imports overlap with the run's first stages, which wait for it in `env`
-        yield w
+        with helpers.held(engine=w):
+            yield w
     finally:
-        _CURRENT = None
         w.stop()

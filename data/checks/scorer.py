@@ -31,7 +31,6 @@ it, naming what came back.
 
 from __future__ import annotations
 
-import atexit
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from typing import Any
 
 from ratchet.data.procs.channel import Channel, user_traceback
 from ratchet.data.procs.entry import LoadError, entry, load_spec, split_spec, target_of
-from ratchet.data.procs.host import CallHost, HostError, serve_calls
+from ratchet.data.procs.host import KEPT, CallHost, HostError, serve_calls
 
 
 @dataclass(frozen=True)
@@ -123,29 +122,20 @@ class Scorer:
         return [c] * _rows(kwargs) if self.batched else c
 
 
-_SHARED: dict[tuple, Scorer] = {}
-
-
 def shared(target: str | Callable, *, batched: bool, timeout_s: float, tag: str = "",
            before_load: Callable[[], None] | None = None, convention: str = "ratchet",
            messages: bool | str = False, fields: tuple[str, ...] = ()) -> Scorer:
     """This process's scorer for `target` (and `tag`: what else tells two versions apart), started on
-    first use and kept for the calls after (a stage's units share it; it ends with the process).
+    first use and kept for the calls after (a stage's units share it; data/procs/host.py `Kept`).
     `fields`: the rows' other columns, which its signature is checked against when it loads."""
-    key = (spec_of(target), tag, batched, timeout_s, convention, messages, fields)
-    if key not in _SHARED:
-        s = Scorer(target, batched=batched, timeout_s=timeout_s, before_load=before_load, convention=convention,
-                   messages=messages, fields=fields)
-        s.start()  # raises ScorerError, and then nothing is kept
-        _SHARED[key] = s
-    return _SHARED[key]
+    key = ("scorer", spec_of(target), tag, batched, timeout_s, convention, messages, fields)
+    return KEPT.get(key, lambda: Scorer(target, batched=batched, timeout_s=timeout_s, before_load=before_load,
+                                        convention=convention, messages=messages, fields=fields))
 
 
-@atexit.register
 def close_all() -> None:
-    for s in _SHARED.values():
-        s.close()
-    _SHARED.clear()
+    """Close this process's kept scorers (the next call starts its own)."""
+    KEPT.close(Scorer)
 
 
 def _rows(kwargs: dict) -> int:

@@ -43,7 +43,7 @@ import threading
 import time
 from pathlib import Path
 
-from ratchet.data.procs import spawn
+from ratchet.data.procs import helpers, spawn
 from ratchet.data.procs.channel import Channel
 from ratchet.data.procs.entry import Entry, entry, resolve
 from ratchet.data.procs.lifetime import Spawner
@@ -484,28 +484,28 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
 
-_CURRENT: ForkServer | None = None
-
-
 def current() -> ForkServer | None:
-    return _CURRENT
+    """The fork server of the run this code runs in (data/procs/helpers.py), or None."""
+    return helpers.of_run().server
 
 
 @contextlib.contextmanager
 def for_run(enabled: bool, log_path: Path | None, preload: tuple[str, ...] = ()):
     """The run's fork server while the run lasts (none if not `enabled`); its own output (not
     its workers') goes to `log_path` (None: kept until `rename_log` names a file). A server that
-    is running already is kept, and given `log_path` if it has no log yet."""
-    global _CURRENT
-    if not enabled or _CURRENT is not None:
-        if _CURRENT is not None and _CURRENT.log_path is None and log_path is not None:
-            _CURRENT.rename_log(log_path)
+    this run has running already is kept, and given `log_path` if it has no log yet. It is the
+    run's (helpers.py): code in the block, and Prefect tasks submitted from it, find it with
+    `current()`; nothing outside the block does."""
+    running = current()
+    if not enabled or running is not None:
+        if running is not None and running.log_path is None and log_path is not None:
+            running.rename_log(log_path)
         yield None
         return
-    _CURRENT = f = ForkServer(log_path, preload)
+    f = ForkServer(log_path, preload)
     try:
         f.start()  # its imports overlap with the run's first stages
-        yield f
+        with helpers.held(server=f):
+            yield f
     finally:
-        _CURRENT = None
         f.stop()

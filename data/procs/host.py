@@ -9,6 +9,8 @@ time from this side, over a channel (channel.py).
   from when it is sent; a session whose call outlives its bound has its process group killed,
   one whose process dies costs that session alone.
 
+`KEPT` keeps a process's hosts for the calls after their first (`Kept`).
+
 The child's side: `serve_calls` and `serve_sessions`, called by the host's entry (entry.py) with
 what it loaded. A function the code runs that forks, and returns or raises in the forked
 process, ends that process there: only the host answers, and only the calls it was sent.
@@ -16,9 +18,11 @@ process, ends that process there: only the host answers, and only the calls it w
 
 from __future__ import annotations
 
+import atexit
 import os
 import select
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -55,6 +59,59 @@ def _hello(child: spawn.Child, load_s: float, what: str, verb: str) -> dict:
     if isinstance(hello.get("error"), str):
         raise HostError(hello["error"], said=True)
     raise HostError(f"{what} answered outside the protocol")
+
+
+class Kept:
+    """The hosts a process keeps for the calls after their first: a stage's units share one scorer
+    and one environment host, started on first use (data/checks/scorer.py `shared`,
+    tasks/environments `shared`). Each is kept under a key of everything that makes it what it is
+    (what it loads, the digest of the user's file it loads, its bounds, its convention), so taking
+    a kept host or starting a new one gives a call the same outcome: keeping decides how many
+    processes start, never what a call returns. That is why they are the process's and not the
+    run's (data/procs/helpers.py holds what decides how a run's stages run): a check's worker
+    threads share them without a run's context, and two runs in one process that load the same
+    code share a host as they would share a module. They end with the process, or at `close`.
+
+    A host is started under its key's own lock: two threads that want one host start it once,
+    and hosts for different keys start side by side. A host whose start fails is not kept."""
+
+    def __init__(self):
+        self.hosts: dict[tuple, Any] = {}
+        self.lock = threading.Lock()  # the two tables
+        self.starting: dict[tuple, threading.Lock] = {}
+
+    def get(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """The host kept under `key`, else `make()`'s, started (its `start` may raise: nothing kept)."""
+        with self.lock:
+            if key in self.hosts:
+                return self.hosts[key]
+            mine = self.starting.setdefault(key, threading.Lock())
+        with mine:
+            with self.lock:
+                if key in self.hosts:
+                    return self.hosts[key]
+            h = make()
+            h.start()
+            with self.lock:
+                self.hosts[key] = h
+            return h
+
+    def of(self, kind: type) -> list:
+        """The kept hosts of one kind (a scorer, an environment's host)."""
+        with self.lock:
+            return [h for h in self.hosts.values() if isinstance(h, kind)]
+
+    def close(self, kind: type = object) -> None:
+        """Close the kept hosts of `kind` (all of them by default) and forget them."""
+        with self.lock:
+            gone = [k for k, h in self.hosts.items() if isinstance(h, kind)]
+            hosts = [self.hosts.pop(k) for k in gone]
+        for h in hosts:
+            h.close()
+
+
+KEPT = Kept()
+atexit.register(KEPT.close)
 
 
 class CallHost:

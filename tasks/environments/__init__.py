@@ -35,7 +35,6 @@ Every message carries its episode and call numbers: an answer is never taken for
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import importlib
 import json
@@ -47,7 +46,7 @@ from typing import Any
 from ratchet.data.procs.channel import Channel, user_traceback
 from ratchet.data.records import Prompt
 from ratchet.data.procs.entry import LoadError, entry, load_spec, target_of
-from ratchet.data.procs.host import HostError, SessionHost, serve_session, serve_sessions
+from ratchet.data.procs.host import KEPT, HostError, SessionHost, serve_session, serve_sessions
 
 
 class EnvError(Exception):
@@ -125,27 +124,15 @@ def version(package: str) -> str | None:
         return None
 
 
-_SHARED: dict[tuple, EnvHost] = {}
-
-
-def shared(target: str | type, args: dict, *, step_s: float, obs_chars: int, memory_mb: int, fields: tuple[str, ...] = (),
-           workers: int = 8, tag: str = "", before_load: Callable[[], None] | None = None) -> EnvHost:
+def shared(target: str | type, args: dict, *, step_s: float, obs_chars: int, memory_mb: int,
+           fields: tuple[str, ...] = (), workers: int = 8, tag: str = "",
+           before_load: Callable[[], None] | None = None) -> EnvHost:
     """This process's host for the environment (and `tag`: its source's digest), started on first
-    use and kept for the calls after (a stage's units share it; it ends with the process)."""
-    key = (spec_of(target), json.dumps(args, sort_keys=True), step_s, obs_chars, memory_mb, tuple(fields), workers, tag)
-    if key not in _SHARED:
-        h = EnvHost(target, args, step_s=step_s, obs_chars=obs_chars, memory_mb=memory_mb, fields=fields,
-                    workers=workers, before_load=before_load)
-        h.start()  # raises EnvError, and then nothing is kept
-        _SHARED[key] = h
-    return _SHARED[key]
-
-
-@atexit.register
-def close_all() -> None:
-    for h in _SHARED.values():
-        h.close()
-    _SHARED.clear()
+    use and kept for the calls after (a stage's units share it; data/procs/host.py `Kept`)."""
+    key = ("environment", spec_of(target), json.dumps(args, sort_keys=True), step_s, obs_chars, memory_mb,
+           tuple(fields), workers, tag)
+    return KEPT.get(key, lambda: EnvHost(target, args, step_s=step_s, obs_chars=obs_chars, memory_mb=memory_mb,
+                                         fields=fields, workers=workers, before_load=before_load))
 
 
 # the host's side -----------------------------------------------------------------------------

@@ -66,5 +66,6 @@ def _host_timeouts() -> int:
     """Calls the scorer hosts of this process had to end at their own bound (a call math-verify's
     alarms did not stop in time)."""
     from ratchet.data.checks import scorer
+    from ratchet.data.procs.host import KEPT
 
-    return sum(s.timeouts for s in scorer._SHARED.values())
+    return sum(s.timeouts for s in KEPT.of(scorer.Scorer))

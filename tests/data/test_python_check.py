@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 from ratchet.data.checkers import Item, PythonCheck, check, check_many, score_metrics, score_sums
 from ratchet.data.checks.python import CheckFailedError
-from ratchet.data.checks.scorer import METRIC_NAME, _SHARED, close_all
+from ratchet.data.checks.scorer import METRIC_NAME, Scorer, close_all
+from ratchet.data.procs.host import KEPT
 
 ROWS = [Item("the answer is 4", "4", "What is 2 + 2?", "p0#0"), Item("5", "4", "What is 2 + 2?", "p0#1"),
         Item("", None, "Say nothing.", "p1#0")]
@@ -116,7 +117,7 @@ def test_a_call_that_outlives_its_bound_fails_and_the_next_call_gets_a_new_proce
     c = PythonCheck(function=f"{f}:score", timeout_s=1.0, max_failed_frac=0.5)
     v = check_many(c, ROWS)
     assert [x.score for x in v] == [1.0, None, 1.0]
-    scorer = next(iter(_SHARED.values()))
+    scorer = next(iter(KEPT.of(Scorer)))
     assert scorer.timeouts == 1 and scorer.restarts == 0 and scorer.proc.poll() is None
     with pytest.raises(CheckFailedError, match=r"row 'p0#1'.*timed out after 1 s \(check.timeout_s\)"):
         check_many(PythonCheck(function=f"{f}:score", timeout_s=1.0), ROWS)

@@ -73,8 +73,9 @@ def test_reading_the_answer(text, reference, how, want):
     max_size=200).map("".join)))
 def test_any_text_gets_a_score_in_bounded_time(text):
     from ratchet.data.checks import scorer
+    from ratchet.data.procs.host import KEPT
 
     cfg = load_config(None, [EASY]).data.check
     [v] = check_many(cfg, [Item(text, "5", "q", "rg-0")])
     assert isinstance(v.correct, bool) and 0.0 <= v.score <= 1.0
-    assert sum(s.timeouts for s in scorer._SHARED.values()) == 0  # scored, never cut off by the host's bound
+    assert sum(s.timeouts for s in KEPT.of(scorer.Scorer)) == 0  # scored, never cut off by the host's bound

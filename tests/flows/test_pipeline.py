@@ -56,6 +56,12 @@ def test_one_round_end_to_end(reference):
     assert all((d / "manifest.json").exists() for d in stage_dirs)
     r0, r1 = results
     assert (r0.round, r1.round) == (0, 1) and r1.policy.stage == "train"
+    # the sampling stage borrowed the run's warm engine, which its Prefect task found in the run's
+    # context (data/procs/helpers.py): Prefect runs each task in a copy of the flow's
+    from ratchet.data import events
+
+    sample_dir = next(d for d in stage_dirs if d.name.startswith("sample-"))
+    assert "warm engine (pid" in (sample_dir / events.STAGE_LOG).read_text()
     assert (tmp_path / r1.policy.dir / "model" / "model.safetensors").exists()
 
     c = tracker.client

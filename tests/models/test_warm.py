@@ -185,7 +185,7 @@ def test_an_engine_the_fork_server_does_not_fork_runs_in_a_process_of_its_own(ti
     import logging
     import subprocess
 
-    from ratchet.data.procs import forkserver
+    from ratchet.data.procs import helpers
 
     class Refused:
         pid, returncode, refused = None, -1, "2 threads"
@@ -197,9 +197,9 @@ def test_an_engine_the_fork_server_does_not_fork_runs_in_a_process_of_its_own(ti
         def spawn(self, *args, **kwargs):
             return Refused()
 
-    monkeypatch.setattr(forkserver, "current", lambda: Server())
     cfg = SamplerConfig(backend="hf", dtype="float32")
-    with caplog.at_level(logging.INFO, logger="ratchet"), warm.for_run(True, tmp_path / "engine.log", "hf") as w:
+    with helpers.held(server=Server()), caplog.at_level(logging.INFO, logger="ratchet"), \
+            warm.for_run(True, tmp_path / "engine.log", "hf") as w:
         address = borrow(w, monkeypatch)
         assert isinstance(w.proc, subprocess.Popen)
         assert _lent(tiny_model, cfg, seed=0, address=address) == ("opened", _cold(tiny_model, cfg, 0))

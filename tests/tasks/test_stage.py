@@ -6,6 +6,7 @@ from pydantic import BaseModel
 from ratchet.data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore
+from ratchet.data.procs import helpers
 from ratchet.data.procs.entry import entry
 from ratchet.tasks.stage import StageRequest, body_code, run_stage
 
@@ -380,14 +381,16 @@ def test_forked_workers_fail_and_die_as_cold_ones_do_and_a_dead_server_is_replac
     fork_server.proc.send_signal(signal.SIGKILL)
     fork_server.proc.wait()
     # the next stage starts another server, here from a thread that ends with the stage (as a
-    # Prefect task's may): the server must outlive that thread, as it lives as long as the run
+    # Prefect task's may, in a copy of the run's context, as Prefect's runner makes one): the
+    # server must outlive that thread, as it lives as long as the run
+    import contextvars
     import threading
     import time
 
     done = {}
-    t = threading.Thread(target=lambda: done.update(m=run_stage(store, stage="s", round=3, body=where_body,
-                                                                  code="c", config=X(x=3), parents=[],
-                                                                  isolate=True)[0]))
+    t = threading.Thread(target=contextvars.copy_context().run,
+                         args=(lambda: done.update(m=run_stage(store, stage="s", round=3, body=where_body, code="c",
+                                                               config=X(x=3), parents=[], isolate=True)[0]),))
     t.start()
     t.join()
     # forked at once from the new server, its imports not yet done (the stage imports what it lacks)
@@ -454,11 +457,46 @@ def test_a_call_is_made_in_a_child_of_the_fork_server_or_else_here(fork_server):
     assert forkserver.call(where_called, lambda: 0)["pid"] == os.getpid()  # no pickle
     with pytest.raises(TypeError, match="not a declared entry"):  # a forked child runs an entry, nothing else
         forkserver.call(imported.main, "os")
-    forkserver._CURRENT, server = None, forkserver._CURRENT
-    try:
+    with helpers.held(server=None):  # code outside the run's helpers
         assert forkserver.call(where_called, 1)["pid"] == os.getpid()  # no server
-    finally:
-        forkserver._CURRENT = server
+
+
+def test_a_run_s_helpers_are_the_run_s_not_the_process_s(tmp_path):
+    """Two runs in two threads of one process each hold a fork server of their own at the same time;
+    a task submitted from a run (run in a copy of its context, as Prefect's runner does) finds its
+    run's; a thread started without a run's context finds none; a run that ends leaves none."""
+    import contextvars
+    import threading
+
+    from ratchet.data.procs import forkserver
+
+    seen: dict[str, object] = {}
+    both = threading.Barrier(2)
+
+    def run(name):
+        with forkserver.for_run(True, tmp_path / f"{name}.log") as server:
+            both.wait(timeout=60)  # both runs hold a server at once
+            seen[name], seen[f"{name} sees"] = server, forkserver.current()
+            for how, target in (("task", contextvars.copy_context().run), ("plain", lambda f: f())):
+                look = (lambda how=how: seen.update({f"{name} {how}": forkserver.current()}))
+                t = threading.Thread(target=target, args=(look,))
+                t.start()
+                t.join()
+            both.wait(timeout=60)  # neither ends before the other has looked
+        seen[f"{name} after"] = forkserver.current()
+
+    with helpers.held(server=None):  # not this module's server
+        runs = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+        for t in runs:
+            t.start()
+        for t in runs:
+            t.join()
+        assert forkserver.current() is None
+    a, b = seen["a"], seen["b"]
+    assert isinstance(a, forkserver.ForkServer) and isinstance(b, forkserver.ForkServer) and a is not b
+    assert seen["a sees"] is seen["a task"] is a and seen["b sees"] is seen["b task"] is b
+    assert seen["a plain"] is seen["b plain"] is seen["a after"] is seen["b after"] is None
+    assert not a.alive() and not b.alive()  # each stopped with its run
 
 
 @entry
@@ -469,7 +507,7 @@ def imported(name):
     return {"ppid": os.getppid(), "imported": name in sys.modules}
 
 
-def test_a_server_started_before_its_log_has_a_name_keeps_what_it_said_for_the_log(tmp_path, monkeypatch):
+def test_a_server_started_before_its_log_has_a_name_keeps_what_it_said_for_the_log(tmp_path):
     """`ratchet run` starts its fork server before its inputs have passed their checks (the model's
     are made in a child of it), when nothing may be written yet: the server's output goes to a
     file without a name, carried into the log the run's helpers name later. A call that names the
@@ -479,8 +517,7 @@ def test_a_server_started_before_its_log_has_a_name_keeps_what_it_said_for_the_l
     from ratchet.data.procs import forkserver
     from ratchet.tasks.stage import WORKER_LIBRARIES
 
-    monkeypatch.setattr(forkserver, "_CURRENT", None)  # not this module's server: a run's own
-    with forkserver.for_run(True, None, WORKER_LIBRARIES) as server:
+    with helpers.held(server=None), forkserver.for_run(True, None, WORKER_LIBRARIES) as server:  # a run's own
         got = forkserver.call(imported, "transformers", after=("torch", "transformers"))
         assert got == {"ppid": server.proc.pid, "imported": True}
         assert server.wait_ready(120)  # the server says so on its output, before its log has a name
