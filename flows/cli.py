@@ -130,7 +130,8 @@ def _summary(results, champion: str | None) -> str:
     lines = [f"{'round':>5} {'accuracy':>9}{heads} {'version':>7} {'promoted':>8}  stage wall times (s)"]
     for r in results:
         walls = ", ".join(f"{s} {t:.0f}" for s, t in r.stage_wall_s.items())
-        tail = "  <- champion" if r.version == champion else ""
+        tail = ("  (cold start)" if r.policy.info.get("objective") == "cold-start" else "") + \
+            ("  <- champion" if r.version == champion else "")
         sets = "".join(f" {r.accuracies[n]:>12.3f}" if n in r.accuracies else f" {'':>12}" for n in others)
         lines.append(f"{r.round:>5} {r.accuracy:>9.3f}{sets} {r.version:>7} {'*' if r.promoted else '':>8}  "
                      f"{walls}{tail}")

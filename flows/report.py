@@ -50,6 +50,13 @@ class Round:
     gate_set: str = ""
     files: dict[str, Path] = field(default_factory=dict)  # what it sampled, labeled and answered: name -> file
     answers: list[dict] = field(default_factory=list)  # its answers on the gate's held-out set, as eval.jsonl has them
+    cold_start: bool = False  # the round that fine-tuned the base model on the user's demonstrations (cold_start)
+
+    @property
+    def name(self) -> str:
+        """How the report names the round: its number, and what it was where it was no round of
+        samples (the cold start)."""
+        return f"{self.round} (cold start)" if self.cold_start else str(self.round)
 
     @property
     def other_sets(self) -> dict[str, float]:
@@ -102,7 +109,8 @@ def gather(workdir: Path, tracker: Tracker, run: str | None = None) -> Report:
                   accuracy=c.data.metrics.get("round.accuracy", c.data.metrics.get("evaluate.accuracy")),
                   promoted=bool(c.data.metrics.get("round.promoted")), metrics=dict(c.data.metrics), stage_dirs=dirs,
                   sets={k.removeprefix("round.accuracy."): v for k, v in c.data.metrics.items()
-                        if k.startswith("round.accuracy.")}, gate_set=tags.get("ratchet.gate_set", ""))
+                        if k.startswith("round.accuracy.")}, gate_set=tags.get("ratchet.gate_set", ""),
+                  cold_start=tags.get("ratchet.cold_start") == "true")
         gate_stage = f"evaluate.{r.gate_set}" if f"evaluate.{r.gate_set}" in dirs else "evaluate"
         for name, stage, file in (("samples", "sample", "samples.jsonl"), ("labels", "label", "labels.jsonl"),
                                   ("answers", gate_stage, "eval.jsonl")):
@@ -187,7 +195,7 @@ def verdict(a: dict) -> str:
     return "unscored" if a.get("reward") is None else f"reward {a['reward']:.2f}"
 
 
-def _axes(title: str, ylabel: str, rounds: list[int]):
+def _axes(title: str, ylabel: str, rounds: list[int], cold: set[int] = frozenset()):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -197,7 +205,7 @@ def _axes(title: str, ylabel: str, rounds: list[int]):
     ax.set_title(title)
     ax.set_xlabel("round")
     ax.set_ylabel(ylabel)
-    ax.set_xticks(rounds)
+    ax.set_xticks(rounds, [f"{k}\ncold start" if k in cold else str(k) for k in rounds])
     ax.grid(axis="y", alpha=0.3)
     return fig, ax
 
@@ -236,11 +244,12 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
         old.unlink()
     rs = report.rounds
     ks = [r.round for r in rs]
+    cold = {r.round for r in rs if r.cold_start}
     figs: dict[str, Path] = {}
 
     scored = [r for r in rs if r.accuracy is not None]
     if scored:
-        fig, ax = _axes("Held-out accuracy by round", "accuracy (%)", ks)
+        fig, ax = _axes("Held-out accuracy by round", "accuracy (%)", ks, cold)
         x, y = [r.round for r in scored], [100 * r.accuracy for r in scored]
         ax.plot(x, y, color="#4C72B0", zorder=1)
         for r in scored:
@@ -264,7 +273,7 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
 
     with_rewards = [r for r in rs if r.rewards]
     if with_rewards and all(x in (0.0, 1.0) for r in with_rewards for x in r.rewards):  # a 0/1 label: counts
-        fig, ax = _axes("Label rewards by round", "completions", [r.round for r in with_rewards])
+        fig, ax = _axes("Label rewards by round", "completions", [r.round for r in with_rewards], cold)
         ks_r = [r.round for r in with_rewards]
         ones = [sum(r.rewards) for r in with_rewards]
         zeros = [len(r.rewards) - o for r, o in zip(with_rewards, ones)]
@@ -276,7 +285,7 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
         ax.legend(fontsize=8)
         figs["Label rewards by round"] = _save(fig, out / "rewards.png")
     elif with_rewards:
-        fig, ax = _axes("Label reward distribution by round", "reward", [r.round for r in with_rewards])
+        fig, ax = _axes("Label reward distribution by round", "reward", [r.round for r in with_rewards], cold)
         parts = ax.violinplot([r.rewards for r in with_rewards], positions=[r.round for r in with_rewards],
                               showmeans=True, widths=0.7)
         for b in parts["bodies"]:
@@ -293,7 +302,7 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
     kept = [(r.round, *rows) for r in rs if (rows := training_rows(r.metrics, shown))]
     if kept:
         what = " / ".join(dict.fromkeys(w for _, _, w in kept))
-        fig, ax = _axes(f"Training data per round ({what})", what, [k for k, _, _ in kept])
+        fig, ax = _axes(f"Training data per round ({what})", what, [k for k, _, _ in kept], cold)
         ax.bar([k for k, _, _ in kept], [v for _, v, _ in kept], color=COLORS["filter"], width=0.6)
         for k, v, _ in kept:
             ax.annotate(f"{v:.0f}", (k, v), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
@@ -305,7 +314,7 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
               *((f"{sec}.{k}", name) for sec, s in shown for k, name in s.agreement)]
     present = [(k, name) for k, name in dict.fromkeys(series) if any(k in r.metrics for r in rs)]
     if present:
-        fig, ax = _axes("Label agreement with the verifier", "AUC / fraction", ks)
+        fig, ax = _axes("Label agreement with the verifier", "AUC / fraction", ks, cold)
         for k, name in present:
             pts = [(r.round, r.metrics[k]) for r in rs if k in r.metrics]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
@@ -320,7 +329,7 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
             pts = [r for r in rs if bars in r.metrics]
             if not pts or f.title in figs:
                 continue
-            fig, ax = _axes(f.title, f.ylabel, [r.round for r in pts])
+            fig, ax = _axes(f.title, f.ylabel, [r.round for r in pts], cold)
             ax.bar([r.round for r in pts], [r.metrics[bars] for r in pts], color=COLORS[sec], width=0.6,
                    label=f.bars[1])
             if f.line and any(f"{sec}.{f.line[0]}" in r.metrics for r in pts):
@@ -336,7 +345,7 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
     walls = [(r.round, r.wall_s()) for r in rs]
     walls = [(k, w) for k, w in walls if w]
     if walls:
-        fig, ax = _axes("Wall time per stage", "seconds", [k for k, _ in walls])
+        fig, ax = _axes("Wall time per stage", "seconds", [k for k, _ in walls], cold)
         bottom = [0.0] * len(walls)
         for s in STAGES:
             h = [w.get(s, 0.0) for _, w in walls]
@@ -351,7 +360,7 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
     rates[1:1] = dict.fromkeys((f"{sec}.{s.throughput}", sec) for sec, s in shown if s.throughput)
     tput = [(k, name) for k, name in rates if any(k in r.metrics for r in rs)]
     if tput:
-        fig, ax = _axes("Throughput", "tokens per second", ks)
+        fig, ax = _axes("Throughput", "tokens per second", ks, cold)
         for k, name in tput:
             pts = [(r.round, r.metrics[k]) for r in rs if k in r.metrics]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, color=COLORS[name])
@@ -377,7 +386,7 @@ def _table(report: Report) -> str:
         m = r.metrics
         data = (training_rows(m, shown) or (None,))[0]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in (
-            r.round, f"v{r.version}" + (" (champion)" if r.version == report.champion else "") if r.version else "",
+            r.name, f"v{r.version}" + (" (champion)" if r.version == report.champion else "") if r.version else "",
             _pct(r.accuracy), *(_pct(r.other_sets.get(n)) for n in others), "yes" if r.promoted else "no",
             f"{data:.0f}" if data is not None else "",
             f"{m['label.reward_mean']:.3f}" if "label.reward_mean" in m else "",
@@ -399,7 +408,7 @@ def _answers(report: Report) -> str:
     if not prompts:
         return ""
     head = "".join(
-        f"<th>round {r.round}<br>" + " · ".join(
+        f"<th>round {html.escape(r.name)}<br>" + " · ".join(
             f"<a href=\"{html.escape(p.resolve().as_uri())}\">{name}</a>" for name, p in r.files.items()) + "</th>"
         for r in report.rounds)
     rows = []
@@ -485,7 +494,7 @@ def markdown(report: Report) -> str:
              "training rows | wall time (s) |", "|---:|---:|---:|" + "---:|" * len(others) + ":---:|---:|---:|"]
     for r in report.rounds:
         data = (training_rows(r.metrics, shown) or (None,))[0]
-        lines.append(f"| {r.round} | {r.version or ''} | {_pct(r.accuracy)} | "
+        lines.append(f"| {r.name} | {r.version or ''} | {_pct(r.accuracy)} | "
                      f"{''.join(f'{_pct(r.other_sets.get(n))} | ' for n in others)}{'yes' if r.promoted else 'no'} | "
                      f"{'' if data is None else f'{data:.0f}'} | {sum(r.wall_s().values()):.0f} |")
     lines += ["", f"Figures: {', '.join(report.figures)}; the page with all of them: `{report.html}` "

@@ -103,6 +103,7 @@ def test_a_grpo_round_after_a_cold_start_is_kept_planned_and_traced(tiny_model, 
     assert sorted(p.name for p in (train / "rollouts").glob("*.jsonl")) == ["00000.jsonl", "00001.jsonl",
                                                                              "00002.jsonl"]
     assert "cold start on 6 demonstrations" in first.stdout and "-> version 3" in first.stdout
+    assert "  (cold start)" in first.stdout  # the run's round table marks it
     assert "3 steps" in first.stdout and "of groups taught" in first.stdout
 
     replan = ratchet("plan", *args, "train.loss_type=grpo", api_url=api)

@@ -15,9 +15,10 @@ ANSWERS = [["9", "", "<script>alert(1)</script>", "7", "6"], ["2", "3", "4", "5"
            ["2", "3", "4", "5", "6"]]  # each round's held-out answers to "What is i + 2?"
 
 
-def _recorded_run(tmp_path: Path, mcts: bool):
+def _recorded_run(tmp_path: Path, mcts: bool, cold_start: bool = False):
     """A run as the pipeline records it: a parent run, a child per round with its stage metrics,
-    its version and decision, the label stage's rows in the store, the run's record."""
+    its version and decision, the label stage's rows in the store, the run's record (`cold_start`:
+    round 1 the cold start, as the pipeline tags it)."""
     from ratchet.flows.config import load_config
     from ratchet.flows.runs import RunContext, RunRecord, write_record
     from ratchet.flows.tracking import Tracker
@@ -28,7 +29,7 @@ def _recorded_run(tmp_path: Path, mcts: bool):
     parent = t.start_parent("demo-1", {}, {"ratchet.run": "demo-1"})
     accuracy = [0.42, 0.8, 0.78, 0.96]
     for k, acc in enumerate(accuracy):
-        child = t.child(parent, k, {})
+        child = t.child(parent, k, {"ratchet.cold_start": "true"} if cold_start and k == 1 else {})
         t.client.create_model_version(t.model_name, source=str(tmp_path), run_id=child)
         metrics = {"evaluate.accuracy": acc, "evaluate.wall_s": 25.0, "evaluate.tokens_per_s": 200.0 - k}
         ev = tmp_path / "stages" / f"evaluate-{k:016x}"
@@ -64,7 +65,7 @@ def _recorded_run(tmp_path: Path, mcts: bool):
 def test_a_report_draws_every_figure_it_has_data_for_into_one_page(tmp_path):
     from ratchet.flows.report import build, markdown
 
-    t, parent = _recorded_run(tmp_path, mcts=False)
+    t, parent = _recorded_run(tmp_path, mcts=False, cold_start=True)
     report = build(tmp_path, t)
     out = tmp_path / "reports" / "demo-1"
     assert [p.name for p in report.figures.values()] == [
@@ -77,10 +78,12 @@ def test_a_report_draws_every_figure_it_has_data_for_into_one_page(tmp_path):
     assert "src=\"http" not in page and "<script" not in page  # self-contained: opens alone, offline
     assert "<td>3</td><td>v4 (champion)</td><td>96.0%</td><td>yes</td><td>300</td>" in page
     assert "<td>2</td><td>v3</td><td>78.0%</td><td>no</td>" in page
+    assert "<td>1 (cold start)</td><td>v2</td><td>80.0%</td>" in page and "<th>round 1 (cold start)<br>" in page
     assert {a.path for a in t.client.list_artifacts(parent, "report")} == \
         {f"report/{p.name}" for p in [*report.figures.values(), report.html]}
     md = markdown(report)
     assert "| 3 | 4 | 96.0% | yes | 300 | 256 |" in md and str(report.html) in md
+    assert "| 1 (cold start) | 2 | 80.0% | yes |" in md and "| 2 | 3 | 78.0% | no |" in md
 
 
 def test_tree_search_runs_get_their_figure_and_the_cli_names_the_files(tmp_path):
