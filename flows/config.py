@@ -193,7 +193,7 @@ def _return_checks(cfg: PipelineConfig) -> list[str]:
     if cfg.data.check.reads_return and not cfg.sample.rollout.plays:
         out.append(f"data.check.kind={cfg.data.check.kind!r} scores an environment episode's return, but "
                    f"sample.rollout.kind={cfg.sample.rollout.kind!r} plays no episode; set sample.rollout.kind="
-                   "'environment' (with env or textarena), or a check of the answer's text")
+                   "'environment' (with its env), or a check of the answer's text")
     for i, s in enumerate(cfg.evaluate.sets):
         check = s.check or (s.data or cfg.data).check
         rollout = s.rollout or cfg.sample.rollout

@@ -92,7 +92,7 @@ class GymnasiumEnv:
         import gymnasium as gym
 
         if game not in TEXT:
-            raise ValueError(f"sample.rollout.gymnasium={game!r} has no text rendering here; choose one of {GAMES}")
+            raise ValueError(f"sample.rollout.env.game={game!r} has no text rendering here; choose one of {GAMES}")
         self.text = TEXT[game]
         self.env = gym.make(game, **kwargs)
         words = "|".join(self.text.actions)

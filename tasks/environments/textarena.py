@@ -1,4 +1,4 @@
-"""TextArena's single-player games as environments: `{kind: environment, textarena: GuessTheNumber-v0}`.
+"""TextArena's single-player games as environments: `env: {kind: textarena, game: GuessTheNumber-v0}`.
 
 TextArena (`pip install textarena`, pinned in the `envs` extra) keeps one observation per player
 that grows by the whole history; the model is shown only what is new since its last turn (its
@@ -32,18 +32,18 @@ def game_problem(game: str) -> str | None:
     """Why `game` cannot be played here (not installed, not a game, needs a download), or None.
     Reads the registry, and the game's module source without importing it."""
     if environments.version("textarena") is None:
-        return ("sample.rollout.textarena needs the textarena package: pip install 'textarena==0.7.4' (or "
+        return ("sample.rollout.env (textarena) needs the textarena package: pip install 'textarena==0.7.4' (or "
                 "`pip install -e .[envs]`)")
     from textarena.envs.registration import ENV_REGISTRY
 
     games = {g: e.entry_point for g, e in ENV_REGISTRY.items() if isinstance(getattr(e, "entry_point", None), str)}
     if game not in games:
-        return f"sample.rollout.textarena={game!r} is not a TextArena game; {_near(game, games)}"
+        return f"sample.rollout.env.game={game!r} is not a TextArena game; {_near(game, games)}"
     module = games[game].split(":")[0]
     found = importlib.util.find_spec(module.rsplit(".", 1)[0])
     path = Path(found.origin).parent / (module.rsplit(".", 1)[1] + ".py") if found and found.origin else None
     if path is not None and path.is_file() and DOWNLOADS.search(path.read_text()):
-        return (f"sample.rollout.textarena={game!r} fetches a word list (nltk's corpora) when it starts, and this "
+        return (f"sample.rollout.env.game={game!r} fetches a word list (nltk's corpora) when it starts, and this "
                 f"machine cannot download it at run time; choose a game that needs no download ({', '.join(OFFLINE)})")
     return None
 

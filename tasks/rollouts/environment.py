@@ -3,7 +3,8 @@
     data: {kind: episodes, train_size: 64, eval_size: 32}       # seeded starts; the check is the return
     sample:
       rollout: {kind: environment, env: "my_env.py:Maze", max_turns: 8}
-      # or a TextArena game:   rollout: {kind: environment, textarena: GuessTheNumber-v0}
+      # or a TextArena game:   rollout: {kind: environment, env: {kind: textarena, game: GuessTheNumber-v0}}
+      # (what `env` can be: tasks/environments/kinds.py)
 
 An episode, for every episode of a unit at once:
 
@@ -36,24 +37,20 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ratchet.data.userfiles import source_digest
 from ratchet.data.checks.base import Item
 from ratchet.data.errors import RatchetError
 from ratchet.data.events import Figure, Shows
 from ratchet.data.records import Completion, Outcome, Prompt, Segment
-from ratchet.data.userfiles import UserFile
 from ratchet.models.sampler import SamplingParams, text_ids
 from ratchet.tasks import environments
-from ratchet.tasks.environments import EPISODE_KEYS as _KEYS, row_of, seed_of, textarena
-from ratchet.tasks.environments.gymnasium_game import GymnasiumEnv
-from ratchet.tasks.environments.textarena_game import TextArenaEnv
+from ratchet.tasks.environments import EPISODE_KEYS as _KEYS, row_of, seed_of
+from ratchet.tasks.environments.kinds import EnvKind, shorthand
 from ratchet.tasks.rollouts import (Rollout, demo_tokens, episode_checks, has_placeholder, model_turn, overlapped,
                                    turn_params)
 
@@ -172,7 +169,8 @@ class _Episode:
 
 
 class EnvironmentRollout(Rollout):
-    """The model plays episodes against an environment: the user's class or a TextArena game."""
+    """The model plays episodes against an environment: the user's class or a library's game (`env`,
+    a kind of tasks/environments/kinds.py)."""
 
     multi_turn: ClassVar[bool] = True
     plays: ClassVar[bool] = True
@@ -180,17 +178,12 @@ class EnvironmentRollout(Rollout):
         "Episodes per round", "episodes.png", "mean return", ("return_mean", "mean return"),
         ("done_frac", "episodes the environment ended (%)", "ended by the environment (%)")),))
     kind: Literal["environment"] = "environment"
-    env: Annotated[str | None, UserFile(spec=True, digest="source")] = Field(
-        default=None, description="the environment class: 'path/to/env.py:Env' (a file; relative paths from where "
-        "ratchet runs) or 'package.module:Env' (an installed module); it defines reset(self, seed, **row) -> str and "
-        "step(self, action) -> (observation, reward, done), optionally final_reward(self)")
-    textarena: str | None = Field(default=None, description="a TextArena single-player game instead, e.g. "
-                                  "GuessTheNumber-v0 (needs the textarena package: the envs extra)")
-    gymnasium: Literal["FrozenLake-v1", "CliffWalking-v1", "Blackjack-v1"] | None = Field(
-        default=None, description="a gymnasium toy-text game instead, rendered as text (needs the gymnasium "
-        "package: the envs extra)")
+    env: EnvKind = Field(description="what the model plays: 'path/to/env.py:Env' (a class of your own; "
+                         "'package.module:Env' for an installed module), or {kind: textarena, game: GuessTheNumber-v0}, "
+                         "or {kind: gymnasium, game: FrozenLake-v1}. A class defines reset(self, seed, **row) -> str and "
+                         "step(self, action) -> (observation, reward, done), optionally final_reward(self)")
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the environment's "
-                                 "constructor (for a TextArena game, ta.make's)")
+                                 "constructor (for a library's game, its make's: textarena.make, gymnasium.make)")
     max_turns: int = Field(default=8, ge=1, le=256, description="model turns per episode")
     episode_tokens: int = Field(default=512, ge=1, description="tokens one episode may add after its first "
                                 "observation, the model's and the environment's together")
@@ -212,49 +205,34 @@ class EnvironmentRollout(Rollout):
                                  "half's environment steps run while the other half generates; false: all "
                                  "episodes generate together, then all step; unset: overlap where the engine is "
                                  "on a GPU")
-    source: str | None = Field(default=None, description="sha256 of the environment's file and the modules it "
-                               "imports from its folder (or of the TextArena or gymnasium version and game), filled in "
-                               "when the config is read: it keys every stage that plays it, not the run's name")
-
     @field_validator("template")
     @classmethod
     def _has_observation(cls, v: str) -> str:
         return has_placeholder(v, "observation", "the environment's first observation goes")
 
-    @model_validator(mode="after")
-    def _one_environment(self) -> EnvironmentRollout:
-        if sum(x is not None for x in (self.env, self.textarena, self.gymnasium)) != 1:
-            raise ValueError("sample.rollout.kind='environment' needs exactly one of env ('path/to/env.py:Env' or "
-                             "'package.module:Env'), textarena (a game id such as GuessTheNumber-v0) and gymnasium "
-                             "(FrozenLake-v1, CliffWalking-v1 or Blackjack-v1)")
-        if self.env is not None:
-            from ratchet.data.procs.entry import split_spec
+    @model_validator(mode="before")
+    @classmethod
+    def _env_in_long_form(cls, data: Any) -> Any:
+        return shorthand(data)
 
-            split_spec(self.env)  # raises ValueError with the expected forms
-        if self.source is None:
-            if self.env is not None:
-                self.source = source_digest(self.env)
-            else:  # the library's version and the game: an upgrade is a new environment
-                package, game = ("textarena", self.textarena) if self.textarena else ("gymnasium", self.gymnasium)
-                self.source = hashlib.sha256(f"{package}=={environments.version(package)}:{game}".encode()).hexdigest()
-        return self
+    @property
+    def source(self) -> str | None:
+        """What keys the environment (its kind's digest)."""
+        return self.env.source
 
     @property
     def spec(self) -> str | type:
         """What the host loads: the user's 'file.py:Class', or the adapter class itself (a stage that
         plays it reaches its code: tasks/code_reach.py)."""
-        if self.env is not None:
-            return self.env
-        return TextArenaEnv if self.textarena is not None else GymnasiumEnv
+        return self.env.target
 
     @property
     def env_args(self) -> dict[str, Any]:
-        return dict(self.args) if self.env is not None else {"game": self.textarena or self.gymnasium, **self.args}
+        return self.env.args(self.args)
 
     @property
     def name(self) -> str:
-        which = next(f for f in ("env", "textarena", "gymnasium") if getattr(self, f) is not None)
-        return f"sample.rollout.{which}={getattr(self, which)!r}"
+        return self.env.name
 
     def wrap(self, prompt: str) -> str:
         return self.template.replace("{observation}", prompt)
@@ -288,24 +266,21 @@ class EnvironmentRollout(Rollout):
         (on `first`, the first start a stage will give it; a game of a library's: on seed 0): an
         import error, a missing class or method, a signature it cannot be called with, a `reset`
         that raises or returns what is not an observation."""
-        if self.textarena is not None and (problem := textarena.game_problem(self.textarena)) is not None:
-            return [problem]
-        if self.gymnasium is not None and environments.version("gymnasium") is None:
-            return [f"{self.name} needs the gymnasium package: pip install 'gymnasium==1.4.0' (or `pip install -e "
-                    ".[envs]`)"]
+        if said := self.env.problems():
+            return said
         host = self.host(shared=False, fields=tuple(sorted(fields)))
         try:
             host.start()
-            if self.env is None or first is not None:  # an episode that cannot start here says so now
-                seed, row = (seed_of(first), row_of(first)) if first is not None and self.env is not None else (0, {})
+            rows = self.env.starts_on_rows
+            if not rows or first is not None:  # an episode that cannot start here says so now
+                seed, row = (seed_of(first), row_of(first)) if first is not None and rows else (0, {})
                 host.send(0, "open", seed=seed, row=row)
                 reply = host.collect([0])[0]
                 if reply.failure is not None:
-                    hint = textarena.NO_START if self.textarena else ""
                     said = reply.failure.strip().splitlines()
-                    what = said[-1] if self.env is None else reply.failure.strip()
-                    where = f" (start {first.id!r})" if first is not None and self.env is not None else ""
-                    return [f"{self.name}: its first episode could not start{where}: {what}{hint}"]
+                    what = reply.failure.strip() if rows else said[-1]
+                    where = f" (start {first.id!r})" if first is not None and rows else ""
+                    return [f"{self.name}: its first episode could not start{where}: {what}{self.env.start_hint()}"]
         except environments.EnvError as e:
             return [f"{self.name}: {e}"]
         finally:
@@ -326,7 +301,7 @@ class EnvironmentRollout(Rollout):
             return environments.EnvHost(self.spec, self.env_args, **kw)
 
         def same_source() -> None:
-            if self.env is not None and (now := source_digest(self.env)) != self.source:
+            if (now := self.env.changed()) is not None:
                 raise EnvironmentFailedError(
                     f"{self.name}: the file (or a module it imports from its folder) changed while this run used it "
                     f"(sha256 {self.source[:12]} then, {now[:12]} now); the stage stops rather than play two "

@@ -43,7 +43,10 @@ jobs = {
     "reasoning_gym": ("label", label.label_body, label.LabelJob(label=label.VerifierLabel(),
                                                                  data=ReasoningGymSource(dataset="chain_sum"))),
     "textarena": ("sample", sample.sample_body, sample.SampleJob(
-        sample=sample.SampleConfig(rollout=EnvironmentRollout(textarena="GuessTheNumber-v0")),
+        sample=sample.SampleConfig(rollout=EnvironmentRollout(env={"kind": "textarena", "game": "GuessTheNumber-v0"})),
+        sampler=SamplerConfig(), seed=0)),
+    "gymnasium": ("sample", sample.sample_body, sample.SampleJob(
+        sample=sample.SampleConfig(rollout=EnvironmentRollout(env={"kind": "gymnasium", "game": "FrozenLake-v1"})),
         sampler=SamplerConfig(), seed=0)),
     "user_env": ("sample", sample.sample_body, sample.SampleJob(
         sample=sample.SampleConfig(rollout=EnvironmentRollout(env=sys.argv[2])), sampler=SamplerConfig(), seed=0)),
@@ -118,18 +121,21 @@ def edit(path: Path, qualname: str, how: str) -> None:
     path.write_text("".join(lines))
 
 
-# (what, the copy's file, the function edited, the stages that run it, the stages that do not). The
-# environment rollout's class reaches both adapters, whichever it plays: a user's environment is
-# re-keyed by an edit to the TextArena adapter too (more than it runs, never less).
+# (what, the copy's file, the function edited, the stages that run it, the stages that do not). What an
+# environment rollout plays is a kind (tasks/environments/kinds.py): a stage is keyed by the adapter
+# it plays, not by its siblings (a user's class is not re-keyed by an edit to the TextArena adapter).
 CASES = [
     ("math verify", "data/checks/math_answer.py", "verify_answer", {"math"},
-     {"reasoning_gym", "textarena", "user_env"}),
+     {"reasoning_gym", "textarena", "gymnasium", "user_env"}),
     ("reasoning-gym scoring", "data/sources/reasoning_gym.py", "score_entry", {"reasoning_gym"},
-     {"math", "textarena", "user_env"}),
+     {"math", "textarena", "gymnasium", "user_env"}),
     ("the TextArena adapter", "tasks/environments/textarena_game.py", "_echoes", {"textarena"},
-     {"math", "reasoning_gym"}),
-    ("the scorer host", "data/checks/scorer.py", "_value", {"math", "reasoning_gym"}, {"textarena", "user_env"}),
-    ("the environment host", "tasks/environments/__init__.py", "_step_value", {"textarena", "user_env"},
+     {"math", "reasoning_gym", "gymnasium", "user_env"}),
+    ("the gymnasium adapter", "tasks/environments/gymnasium_game.py", "_FrozenLake.render", {"gymnasium"},
+     {"math", "reasoning_gym", "textarena", "user_env"}),
+    ("the scorer host", "data/checks/scorer.py", "_value", {"math", "reasoning_gym"},
+     {"textarena", "gymnasium", "user_env"}),
+    ("the environment host", "tasks/environments/__init__.py", "_step_value", {"textarena", "gymnasium", "user_env"},
      {"math", "reasoning_gym"}),
     ("the engine room's host", "data/procs/host.py", "serve_calls", {"math", "reasoning_gym"}, set()),
 ]

@@ -275,10 +275,17 @@ def test_what_cannot_be_played_is_refused_before_any_model_loads(tmp_path, tok):
     assert "cannot take the model's action" in problems(
         "class Env:\n    def reset(self): return ''\n    def step(self): pass\n")
     assert "is a function, not a class" in problems("def Env(): pass\n")
-    with pytest.raises(ValueError, match="exactly one of env"):
+    with pytest.raises(ValueError, match="needs env: 'path/to/env.py:Env'"):
         EnvironmentRollout()
-    with pytest.raises(ValueError, match="exactly one of env"):
+    with pytest.raises(ValueError, match="gives env and textarena: give one environment"):
         EnvironmentRollout(env=GUESS, textarena="GuessTheNumber-v0")
+    with pytest.raises(ValueError, match="'python', 'textarena', 'gymnasium'"):  # the family's kinds, by name
+        EnvironmentRollout(env={"kind": "gym", "game": "FrozenLake-v1"})
+    # a class of your own is a string or the long form; a config of an earlier Ratchet named a game by
+    # its library's field: each reads as its kind
+    assert EnvironmentRollout(env=GUESS).env == EnvironmentRollout(env={"kind": "python", "target": GUESS}).env
+    assert EnvironmentRollout(textarena="GuessTheNumber-v0").env == \
+        EnvironmentRollout(env={"kind": "textarena", "game": "GuessTheNumber-v0"}).env
     with pytest.raises(ValueError, match=r"has no \{observation\}"):
         EnvironmentRollout(env=GUESS, template="Play.")
     with pytest.raises(ValueError, match="no file"):
@@ -351,7 +358,7 @@ def test_rft_on_episodes_trains_the_models_turns_only(tok, tiny_model, tmp_path)
 
 def test_a_textarena_game_plays_through_the_adapter(tok):
     pytest.importorskip("textarena")
-    ro = EnvironmentRollout(textarena="GuessTheNumber-v0", max_turns=6, episode_tokens=1024)
+    ro = EnvironmentRollout(env={"kind": "textarena", "game": "GuessTheNumber-v0"}, max_turns=6, episode_tokens=1024)
     assert ro.problems() == []
     # a move with no bracket is echoed in brackets, and one with the player's tag echoed without it
     guesses = ["[10]", "five", "[5] [Player] me", "[15]", "[3]", "[18]"]
@@ -367,13 +374,13 @@ def test_a_textarena_game_plays_through_the_adapter(tok):
 
 def test_textarena_games_that_cannot_run_here_are_refused_with_the_reason():
     pytest.importorskip("textarena")
-    (p,) = EnvironmentRollout(textarena="Wordle-v0").problems()
+    (p,) = EnvironmentRollout(env={"kind": "textarena", "game": "Wordle-v0"}).problems()
     assert "word list" in p and "GuessTheNumber-v0" in p
-    (p,) = EnvironmentRollout(textarena="GuessTheNumbr-v0").problems()  # a typo: the names it is close to
+    (p,) = EnvironmentRollout(env={"kind": "textarena", "game": "GuessTheNumbr-v0"}).problems()  # a typo: the names it is close to
     assert "not a TextArena game; did you mean GuessTheNumber-v0" in p
-    (p,) = EnvironmentRollout(textarena="Nothing-v0").problems()  # close to nothing: the games that run here
+    (p,) = EnvironmentRollout(env={"kind": "textarena", "game": "Nothing-v0"}).problems()  # close to nothing: the games that run here
     assert "single-player games that run offline: GuessTheNumber-v0" in p
-    (p,) = EnvironmentRollout(textarena="TicTacToe-v0").problems()
+    (p,) = EnvironmentRollout(env={"kind": "textarena", "game": "TicTacToe-v0"}).problems()
     assert "could not start" in p and "needs an opponent" in p and "Mastermind-v0" in p
 
 
@@ -457,7 +464,7 @@ def test_a_file_of_starts_gives_each_episode_its_rows_columns(tok, tmp_path):
 
 def test_gymnasium_games_play_in_words(tok):
     pytest.importorskip("gymnasium")
-    lake = EnvironmentRollout(gymnasium="FrozenLake-v1", args={"is_slippery": False}, max_turns=8)
+    lake = EnvironmentRollout(env={"kind": "gymnasium", "game": "FrozenLake-v1"}, args={"is_slippery": False}, max_turns=8)
     assert lake.problems() == []
     # the deterministic 4x4 lake: down, down, right, right, down, right reaches G; a turn without a move costs a turn
     rows, _, _ = play(tok, ["I will go down.", "down", "Right!", "right", "hmm", "down", "RIGHT"], lake, [start(0)])
@@ -467,12 +474,12 @@ def test_gymnasium_games_play_in_words(tok):
     assert "Answer with one word: left, down, right, up." in envs[4]
     assert c.outcome.ended == "done" and c.outcome.ret == 1.0 and c.outcome.rewards[-1] == 1.0
 
-    cards = EnvironmentRollout(gymnasium="Blackjack-v1", max_turns=4)
+    cards = EnvironmentRollout(env={"kind": "gymnasium", "game": "Blackjack-v1"}, max_turns=4)
     rows, _, _ = play(tok, ["stick"], cards, [start(i) for i in range(4)])
     assert all(r.outcome.ended == "done" and r.outcome.ret in (-1.0, 0.0, 1.0) for r in rows)
     assert all("Your cards sum to" in r.outcome.start for r in rows)
     with pytest.raises(ValueError):
-        EnvironmentRollout(gymnasium="Taxi-v3")
+        EnvironmentRollout(env={"kind": "gymnasium", "game": "Taxi-v3"})
 
 
 def test_dpo_pairs_only_episodes_that_began_alike(tok):
@@ -538,7 +545,7 @@ def test_an_edited_environment_keys_what_plays_it_and_the_eval_set_not_the_run(t
                                                                           "episode_tokens": 128}}})
 
     a = cfg()
-    assert user_files(a) == {"sample.rollout.env": env.resolve()}
+    assert user_files(a) == {"sample.rollout.env.target": env.resolve()}
     assert with_absolute_paths(a).sample.rollout.source is None  # a deployment takes the digest again each run
     env.write_text(HOSTILE + "\n# an edit\n")
     b = cfg()
