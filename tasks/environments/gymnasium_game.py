@@ -1,4 +1,4 @@
-"""Gymnasium's toy-text environments, rendered as text: `{kind: environment, gymnasium: FrozenLake-v1}`.
+"""Gymnasium's toy-text environments, rendered as text: `env: {kind: gymnasium, game: FrozenLake-v1}`.
 
 Gymnasium's observations are integers and tuples; a language model needs words. Each game here
 gets rules (the first message), a rendering of its state as text after every move, and a

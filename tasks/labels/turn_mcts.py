@@ -5,7 +5,7 @@ trees go to the step_pairs filter for turn-level preference pairs. Runs through 
 (tasks/units.py) in units of starts, so a resumed stage searches only what is missing.
 
     sample:
-      rollout: {kind: environment, textarena: GuessTheNumber-v0, max_turns: 6}
+      rollout: {kind: environment, env: {kind: textarena, game: GuessTheNumber-v0}, max_turns: 6}
     label: {kind: turn_mcts, simulations: 8, k: 3}
     filter: {kind: step_pairs, margin: 0.5}
     train: {kind: dpo}

@@ -179,9 +179,10 @@ class EnvironmentRollout(Rollout):
         ("done_frac", "episodes the environment ended (%)", "ended by the environment (%)")),))
     kind: Literal["environment"] = "environment"
     env: EnvKind = Field(description="what the model plays: 'path/to/env.py:Env' (a class of your own; "
-                         "'package.module:Env' for an installed module), or {kind: textarena, game: GuessTheNumber-v0}, "
-                         "or {kind: gymnasium, game: FrozenLake-v1}. A class defines reset(self, seed, **row) -> str and "
-                         "step(self, action) -> (observation, reward, done), optionally final_reward(self)")
+                         "'package.module:Env' for an installed module), or {kind: textarena, game: "
+                         "GuessTheNumber-v0}, or {kind: gymnasium, game: FrozenLake-v1}. A class defines reset(self, "
+                         "seed, **row) -> str and step(self, action) -> (observation, reward, done), optionally "
+                         "final_reward(self)")
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the environment's "
                                  "constructor (for a library's game, its make's: textarena.make, gymnasium.make)")
     max_turns: int = Field(default=8, ge=1, le=256, description="model turns per episode")
