@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from ratchet.data.checkers import AnyCheck
+from ratchet.data.kinds import members
 from ratchet.flows.config import kinds_of, load_config
+from ratchet.tasks.environments.kinds import EnvKind
 from ratchet.tasks.label import KINDS, LabelConfig
 from ratchet.tasks.labels import Label
 
@@ -19,6 +21,7 @@ def _kind_names() -> set[str]:
     for section in ("filter", "train", "data"):
         names |= set(kinds_of(section))
     names |= {m.model_fields["kind"].default for m in typing.get_args(AnyCheck)}
+    names |= set(members(EnvKind))  # what an environment rollout plays
     return names
 
 
@@ -67,6 +70,12 @@ def test_the_label_union_holds_each_label_kind_a_config_can_name():
     names = [m.model_fields["kind"].default for m in members]
     assert sorted(names) == ["consistency", "judge", "mcts", "reward_model", "turn_mcts", "verifier"]
     assert all(KINDS[m.model_fields["kind"].default] is m for m in members)  # the union is the registration
+
+
+def test_the_environment_family_holds_each_adapter_a_config_can_name():
+    """Written out, as above: a user's class and the two libraries' adapters, each its own kind
+    (tasks/environments/kinds.py), registered the way every family is."""
+    assert sorted(members(EnvKind)) == ["gymnasium", "python", "textarena"]
 
 
 def test_a_label_kind_is_one_class_that_must_say_how_it_labels():
