@@ -141,7 +141,7 @@ def _walk(cfg: PipelineConfig, planner: Planner, store: ArtifactStore, data_sour
             train, _ = prepare.round_prompts(store, prompts, pool_start + (k - last - 1) * count, count, cfg.seed, k)
         if cfg.train.online:  # it samples and scores inside its own stage
             candidate, _ = train_mod.train_online(store, policy, train, cfg.train, cfg.sample, cfg.sampler, cfg.label,
-                                                  cfg.data.check, seed, k, isolate=cfg.isolate, label_model=fixed)
+                                                  cfg.data, seed, k, isolate=cfg.isolate, label_model=fixed)
             results.append(_evaluate(cfg, store, candidate, targets, k, scored=candidate))
             continue
         common = dict(sampler=cfg.sampler, seed=seed, isolate=cfg.isolate, executor=cfg.executor,

@@ -278,7 +278,7 @@ def online_train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: Stag
     ses = Session(cfg, ctx)
     store = ses.store
     m, reused = train_mod.train_online(store, policy, prompts, cfg.train, cfg.sample, cfg.sampler, cfg.label,
-                                       cfg.data.check, round_seed(cfg, k), k, isolate=cfg.isolate, run=ctx.run_name,
+                                       cfg.data, round_seed(cfg, k), k, isolate=cfg.isolate, run=ctx.run_name,
                                        label_model=label_model)
     t = ses.tracker
     if ses.logged(child, m, reused):

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from ratchet.data.checkers import CheckConfig
 from ratchet.data.manifest import StageManifest
+from ratchet.data.prompts import SourceConfig
 from ratchet.data.records import Prompt
 from ratchet.data.store import ArtifactStore
 from ratchet.models.train_kinds import RFTTrainConfig, TrainConfig  # noqa: F401 - the default kind, from here
@@ -55,13 +55,15 @@ def train_body(req: StageRequest[TrainJob], store: ArtifactStore) -> StageManife
 
 
 class OnlineJob(TrainJob):
-    """An online kind's job: what it trains with, and the sampling, rollout, reward and check it
-    samples and scores its steps with (all keyed: a change to any of them is another stage)."""
+    """An online kind's job: what it trains with, and the sampling, rollout, reward and data it
+    samples and scores its steps with (all keyed: a change to any of them is another stage). The
+    data section, as a label stage holds it: its check is whatever kind the source scores with
+    (a source's own, such as reasoning-gym's, included)."""
 
     sample: SampleConfig
     sampler: SamplerConfig
     label: LabelConfig
-    check: CheckConfig  # data.check
+    data: SourceConfig
 
 
 def online_of(job: OnlineJob, seed: int, label_model: Path | None = None):
@@ -82,7 +84,7 @@ def online_of(job: OnlineJob, seed: int, label_model: Path | None = None):
         scoring = time.time()
         if not scorer:
             scorer.append(job.label.scorer(label_model))
-        scored = scorer[0](rows, job.check)
+        scored = scorer[0](rows, job.data.check)
         return scored, {"gen_s": scoring - t, "score_s": time.time() - scoring}
 
     return Online(open_engine=lambda path: open_sampler(path, job.sampler, seed=seed), roll=roll,
@@ -117,12 +119,13 @@ def train(store: ArtifactStore, policy: StageManifest, train_set: StageManifest,
 
 
 def train_online(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: TrainConfig,
-                 sample: SampleConfig, sampler: SamplerConfig, label: LabelConfig, check, seed: int, round: int,
+                 sample: SampleConfig, sampler: SamplerConfig, label: LabelConfig, data: SourceConfig, seed: int,
+                 round: int,
                  isolate: bool = True, run: str | None = None,
                  label_model: StageManifest | None = None) -> tuple[StageManifest, bool]:
     """An online kind's train stage: its parents are the policy, the round's prompts and the
     label's fixed model where it has one (a reward model)."""
     return run_stage(store, stage="train", round=round, body=online_body,
-                     config=OnlineJob(train=cfg, seed=seed, sample=sample, sampler=sampler, label=label, check=check),
+                     config=OnlineJob(train=cfg, seed=seed, sample=sample, sampler=sampler, label=label, data=data),
                      parents=[policy, prompts, *([label_model] if label_model else [])], isolate=isolate,
                      keep_partial=True, run=run)

@@ -24,7 +24,7 @@ def test_a_grpo_step_plays_the_environment_and_masks_its_observations(tiny_model
         "sample.n=2", "sample.max_tokens=4", "sample.rollout.max_turns=2", "sample.rollout.episode_tokens=200",
         "sampler.backend=hf", "sampler.dtype=float32"])
     job = OnlineJob(train=cfg.train, seed=0, sample=cfg.sample, sampler=cfg.sampler, label=cfg.label,
-                    check=cfg.data.check)
+                    data=cfg.data)
     prompts = [p.model_dump(mode="json") for p in cfg.data.load(0, False).train[:2]]
     trainer, *_ = grpo_trainer(tiny_model, prompts, cfg.train, tmp_path, 0, online_of(job, 0))
     trainer.train()

@@ -107,3 +107,17 @@ def test_a_plan_loads_no_model_imports_no_torch_and_writes_nothing(tmp_path):
     assert got["counts"] == {"reused": 0, "stale": 0, "to run": 2, "waits": len(steps) - 2}
     assert "reading run default-" in r.stderr and "not run yet" in r.stderr
     assert not (tmp_path / "w").exists()
+
+
+def test_an_online_round_scores_with_the_source_s_own_check():
+    """GRPO scores its steps with whatever check the data source holds, a source's own included
+    (reasoning-gym's scorer is not one of the shared check kinds): its train stage's job holds the
+    data section, as a label stage's does, and keys it. Before, the job took the shared checks only
+    and refused reasoning-gym's, so a GRPO round on a reasoning-gym task could not even be planned."""
+    from ratchet.flows.config import load_config
+    from ratchet.tasks.stage import keyed
+    from ratchet.tasks.train import OnlineJob
+
+    cfg = load_config(ROOT / "flows" / "configs" / "tool_rft.yaml", ["train={kind: grpo}", "sample.top_k=0"])
+    job = OnlineJob(train=cfg.train, seed=0, sample=cfg.sample, sampler=cfg.sampler, label=cfg.label, data=cfg.data)
+    assert job.data.check.kind == "reasoning_gym" and keyed(job)["data"]["check"]["kind"] == "reasoning_gym"
