@@ -274,3 +274,54 @@ def test_a_child_s_failure_reaches_the_user_as_the_user_s_own_frames(tmp_path):
         assert f"RuntimeError: {last}" in failure
         for own in ("host_main", "_episode", "serve_session", "serve_calls", "scorer_host", "env_host", "procs"):
             assert own not in failure, failure
+
+
+def test_a_kept_host_is_started_once_per_key_and_a_failed_start_keeps_nothing():
+    """`Kept` (data/procs/host.py): threads that want one host at once start it once; hosts for
+    other keys start beside it, not after it; a start that raises is not kept, and the next asks
+    again; `close` ends the hosts of one kind and forgets them."""
+    import threading
+
+    from ratchet.data.procs.host import Kept
+
+    started, closed = [], []
+    both = threading.Barrier(2, timeout=30)  # a's start and b's: it breaks unless they run at once
+
+    class Slow:
+        def __init__(self, key, fail=False):
+            self.key, self.fail = key, fail
+
+        def start(self):
+            started.append(self.key)
+            if self.key in (("a",), ("b",)):
+                both.wait()
+            if self.fail:
+                raise RuntimeError("cannot load")
+
+        def close(self):
+            closed.append(self.key)
+
+    class Other(Slow):
+        pass
+
+    kept = Kept()
+    got: dict[int, object] = {}
+
+    def want(i, key, kind=Slow):
+        got[i] = kept.get(key, lambda: kind(key))
+
+    threads = [threading.Thread(target=want, args=(i, ("a",))) for i in range(4)]
+    threads.append(threading.Thread(target=want, args=(4, ("b",), Other)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(started) == [("a",), ("b",)] and not both.broken  # each once, side by side
+    assert len({id(got[i]) for i in range(4)}) == 1 and got[4] is not got[0]
+    with pytest.raises(RuntimeError, match="cannot load"):
+        kept.get(("c",), lambda: Slow(("c",), fail=True))
+    assert kept.get(("c",), lambda: Slow(("c",))).key == ("c",) and started.count(("c",)) == 2
+    kept.close(Other)
+    assert closed == [("b",)] and kept.of(Other) == [] and len(kept.of(Slow)) == 2
+    kept.close()
+    assert sorted(closed) == [("a",), ("b",), ("c",)] and kept.of(Slow) == []
