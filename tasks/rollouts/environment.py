@@ -206,6 +206,7 @@ class EnvironmentRollout(Rollout):
                                  "half's environment steps run while the other half generates; false: all "
                                  "episodes generate together, then all step; unset: overlap where the engine is "
                                  "on a GPU")
+
     @field_validator("template")
     @classmethod
     def _has_observation(cls, v: str) -> str:
