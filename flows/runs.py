@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from ratchet.data.digest import fsync_dir, sha256_json, sha256_text
 from ratchet.data.errors import ConfigError
@@ -40,6 +40,7 @@ class RunContext(BaseModel):
     start_version: str | None = None  # continue from this registered model version instead of the base model
     sources: dict[str, str] = {}  # content digest of every data file the config reads, as checked at start
     pool_start: int = 0  # data.prompts_per_round: where in the pool's stream this run's first round draws
+    _live: Liveness | None = PrivateAttr(default=None)  # the attempt's liveness lock (`start`), not recorded
 
 
 def code_digest(root: Path | None = None) -> str:
@@ -184,7 +185,18 @@ def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | Non
     if commit:
         tags["mlflow.source.git.commit"] = commit
     record = workdir / "runs" / f"{run_name}.json"
-    hold_liveness(workdir, run_name, say)  # before the tracker's lock, which a live attempt needs to end
+    live = hold_liveness(workdir, run_name, say)  # before the tracker's lock, which a live attempt needs to end
+    try:
+        ctx = _started(cfg, tracker, workdir, record, run_name, version, resolved, code, tags, split)
+    except BaseException:
+        live.release()
+        raise
+    ctx._live = live  # the context owns it: set_state releases it
+    return ctx, tracker
+
+
+def _started(cfg, tracker, workdir, record, run_name, version, resolved, code, tags, split) -> RunContext:
+    """The run's context and its record, written as "running" (the caller holds the run's lock)."""
     with tracker.lock():  # two processes starting the same run continue one parent run, never two
         parent, pool_start = None, 0
         if record.exists():
@@ -199,20 +211,39 @@ def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | Non
         ctx = RunContext(run_name=run_name, workdir=str(workdir), parent_run_id=parent, code_version=code,
                          config_hash=tags["ratchet.config_hash"], start_version=version, sources=split.digests,
                          pool_start=pool_start)
-        hold_liveness(workdir, run_name)
         write_record(workdir, RunRecord(ctx=ctx, config=resolved, state="running", host=socket.gethostname(),
                                         pid=os.getpid()))
-    return ctx, tracker
+    return ctx
 
 
-_LIVE: dict[str, int] = {}  # run name -> the descriptor of the liveness lock this process holds
+class Liveness:
+    """The liveness lock of one run, held by the attempt that runs it: the descriptor of
+    runs/<run>.lock under an exclusive flock, until `release` or the process's end (however it
+    ends: the kernel drops it). Owned by the run's context (`RunContext`), which `start` gives it
+    to and `set_state` releases it from; not a table of the process's, so a second attempt of the
+    same run in another thread of this process waits for the first as one in another process
+    does. A copy in another process (a pickled context) holds nothing."""
+
+    def __init__(self, fd: int | None):
+        self.fd = fd
+
+    def release(self) -> None:
+        import fcntl
+
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def __getstate__(self):
+        return {"fd": None}
 
 
 def _lock_path(workdir: Path, run_name: str) -> Path:
     return workdir / "runs" / f"{run_name}.lock"
 
 
-def hold_liveness(workdir: Path, run_name: str, say=None) -> None:
+def hold_liveness(workdir: Path, run_name: str, say=None) -> Liveness:
     """Hold the run's liveness lock while this process runs it: a record says "running" while an
     attempt lives, and whether one does is whether someone holds this lock (the kernel drops it
     when the process dies, however it dies), never a guess from process ids or command lines.
@@ -222,8 +253,6 @@ def hold_liveness(workdir: Path, run_name: str, say=None) -> None:
     that one to end, then goes on and reuses every stage it finished."""
     import fcntl
 
-    if run_name in _LIVE:
-        return
     fd = os.open(_lock_path(workdir, run_name), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -240,20 +269,11 @@ def hold_liveness(workdir: Path, run_name: str, say=None) -> None:
         except BaseException:
             os.close(fd)
             raise
-    _LIVE[run_name] = fd
+    return Liveness(fd)
 
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def release_liveness(run_name: str) -> None:
-    import fcntl
-
-    fd = _LIVE.pop(run_name, None)
-    if fd is not None:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 def pool_drawn(workdir: Path, cfg: PipelineConfig, sources: dict[str, str]) -> int:
@@ -293,7 +313,8 @@ def set_state(ctx: RunContext, tracker: Tracker, state: str) -> None:
     with tracker.lock():
         rec = load_record(workdir, ctx.run_name)
         write_record(workdir, rec.model_copy(update={"state": state}))
-    release_liveness(ctx.run_name)
+    if ctx._live is not None:
+        ctx._live.release()
 
 
 class RoundEntry(BaseModel):

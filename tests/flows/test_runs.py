@@ -9,7 +9,7 @@ import pytest
 
 from ratchet.data.store import ArtifactStore
 from ratchet.flows.runs import (RunContext, RunRecord, UnreadableRecordError, _alive, hold_liveness, read_record,
-                                records, release_liveness, write_record)
+                                records, write_record)
 from ratchet.flows.schedule import collect_garbage
 
 
@@ -70,12 +70,36 @@ def test_liveness_is_the_lock_a_live_attempt_holds(tmp_path):
         child.wait()
     assert _alive(tmp_path, rec) is False
     assert _alive(tmp_path, rec.model_copy(update={"host": "another-host"})) is None  # a lock there may not reach here
-    hold_liveness(tmp_path, "demo-abc")
+    live = hold_liveness(tmp_path, "demo-abc")
     try:
         assert _alive(tmp_path, rec) is True
     finally:
-        release_liveness("demo-abc")
+        live.release()
     assert _alive(tmp_path, rec) is False
+
+
+def test_a_second_attempt_in_the_same_process_waits_too(tmp_path):
+    """The lock is the attempt's (its run context owns it), not a table of the process's: a second
+    attempt of the run in another thread of this process waits for the first, as one in another
+    process does, and goes on when the first releases it."""
+    import threading
+
+    (tmp_path / "runs").mkdir()
+    first = hold_liveness(tmp_path, "demo-abc")
+    said, held = [], []
+    second = threading.Thread(target=lambda: held.append(hold_liveness(tmp_path, "demo-abc", said.append)),
+                              daemon=True)
+    second.start()
+    second.join(2)
+    try:
+        assert second.is_alive() and len(said) == 1 and "is already running" in said[0]  # waiting
+    finally:
+        first.release()
+    second.join(30)
+    assert not second.is_alive() and len(held) == 1
+    held[0].release()
+    first.release()  # a second release is nothing
+    assert _alive(tmp_path, _record().model_copy(update={"host": None})) is False
 
 
 def test_a_second_attempt_of_a_live_run_names_the_holder_and_waits_for_it(tmp_path):
@@ -97,7 +121,9 @@ def test_a_second_attempt_of_a_live_run_names_the_holder_and_waits_for_it(tmp_pa
         time.sleep(60)
     """)], stdout=subprocess.PIPE, text=True)
     said: list[str] = []
-    second = threading.Thread(target=hold_liveness, args=(tmp_path, "demo-abc", said.append), daemon=True)
+    held = []
+    second = threading.Thread(target=lambda: held.append(hold_liveness(tmp_path, "demo-abc", said.append)),
+                              daemon=True)
     try:
         assert child.stdout.readline().strip() == "held"
         second.start()
@@ -114,7 +140,7 @@ def test_a_second_attempt_of_a_live_run_names_the_holder_and_waits_for_it(tmp_pa
     try:
         assert _alive(tmp_path, _record().model_copy(update={"host": None})) is True
     finally:
-        release_liveness("demo-abc")
+        held[0].release()
 
 
 def test_the_code_digest_follows_what_runs_not_comments_or_layout(tmp_path):
