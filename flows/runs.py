@@ -184,10 +184,9 @@ def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | Non
         tags["ratchet.start_version"] = version
     if commit:
         tags["mlflow.source.git.commit"] = commit
-    record = workdir / "runs" / f"{run_name}.json"
     live = hold_liveness(workdir, run_name, say)  # before the tracker's lock, which a live attempt needs to end
     try:
-        ctx = _started(cfg, tracker, workdir, record, run_name, version, resolved, code, tags, split)
+        ctx = _started(cfg, tracker, run_name, version=version, split=split, resolved=resolved, code=code, tags=tags)
     except BaseException:
         live.release()
         raise
@@ -195,8 +194,11 @@ def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | Non
     return ctx, tracker
 
 
-def _started(cfg, tracker, workdir, record, run_name, version, resolved, code, tags, split) -> RunContext:
+def _started(cfg: PipelineConfig, tracker: Tracker, run_name: str, *, version: str | None, split: Split,
+             resolved: dict, code: str, tags: dict[str, str]) -> RunContext:
     """The run's context and its record, written as "running" (the caller holds the run's lock)."""
+    workdir = Path(cfg.workdir).resolve()
+    record = workdir / "runs" / f"{run_name}.json"
     with tracker.lock():  # two processes starting the same run continue one parent run, never two
         parent, pool_start = None, 0
         if record.exists():

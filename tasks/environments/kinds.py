@@ -78,6 +78,12 @@ class PythonEnv(_EnvKind):
         return now if now != self.source else None
 
 
+def _library_source(package: str) -> Any:
+    """A library game's `source` field (declared by each kind, so that it stays the kind's last field)."""
+    return Field(default=None, description=f"sha256 of {package}'s version and the game, filled in when the config "
+                 "is read")
+
+
 class _Game(_EnvKind):
     """A library's game, played through Ratchet's adapter for the library."""
 
@@ -106,8 +112,7 @@ class TextArenaGame(_Game):
 
     kind: Literal["textarena"] = "textarena"
     game: str = Field(description="a TextArena single-player game, e.g. GuessTheNumber-v0")
-    source: str | None = Field(default=None, description="sha256 of textarena's version and the game, filled in when "
-                               "the config is read")
+    source: str | None = _library_source("textarena")
     package: ClassVar[str] = "textarena"
 
     @property
@@ -134,8 +139,7 @@ class GymnasiumGame(_Game):
     kind: Literal["gymnasium"] = "gymnasium"
     game: Literal["FrozenLake-v1", "CliffWalking-v1", "Blackjack-v1"] = Field(
         description="a gymnasium toy-text game, rendered as text")
-    source: str | None = Field(default=None, description="sha256 of gymnasium's version and the game, filled in when "
-                               "the config is read")
+    source: str | None = _library_source("gymnasium")
     package: ClassVar[str] = "gymnasium"
 
     @property
@@ -161,10 +165,9 @@ def shorthand(data: Any) -> Any:
     if not isinstance(data, dict):
         return data
     data = dict(data)
-    games = {k: data.pop(k) for k in ("textarena", "gymnasium") if data.get(k) is not None}
-    for k in ("textarena", "gymnasium"):
-        data.pop(k, None)  # given as null: nothing
-    given = [k for k in ("env", *games) if data.get(k) is not None or k in games]
+    # a game given as null is nothing
+    games = {k: game for k in ("textarena", "gymnasium") if (game := data.pop(k, None)) is not None}
+    given = ["env"] * (data.get("env") is not None) + list(games)
     if not given:
         raise ValueError("sample.rollout.kind='environment' needs env: 'path/to/env.py:Env' (a class of your own, or "
                          "'package.module:Env'), {kind: textarena, game: GuessTheNumber-v0} or {kind: gymnasium, "
