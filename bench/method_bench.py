@@ -119,12 +119,17 @@ def cell(config: str, method: str, seed: int, budget_s: float, out: Path, extra:
     return record
 
 
+def pct(a: float | None, digits: int = 1) -> str:
+    return "n/a" if a is None else f"{a:.{digits}%}"
+
+
 def merge(out: Path) -> str:
     cells = [json.loads(f.read_text()) for f in sorted(out.glob("*-s*.json"))]
     if not cells:
         return f"no cells in {out}"
+    base = next((c["base_accuracy"] for c in cells if c["base_accuracy"] is not None), None)
     lines = [f"cells in {out}: {', '.join(sorted({c['commit'] for c in cells}))}; {cells[0]['machine']}; "
-             f"budget {cells[0]['budget_s'] / 60:.0f} min a cell; base model {cells[0]['base_accuracy']:.1%}", "",
+             f"budget {cells[0]['budget_s'] / 60:.0f} min a cell; base model {pct(base)}", "",
              f"{'method':<6} {'seeds':>5} {'at budget':>10}  {'each seed':<24} {'rounds':>6}  "
              "curve (accuracy at minutes)"]
     for method in METHODS:
@@ -136,11 +141,13 @@ def merge(out: Path) -> str:
         for c in mine:
             fit = [x for x in c["rounds"] if x["spent_s"] <= c["budget_s"]]
             final.append(fit[-1]["accuracy"] if fit else c["base_accuracy"])
-        each = " ".join(f"{a:.0%}" for a in final)
+        each = " ".join(pct(a, 0) for a in final)  # None: the cell stopped before the base was evaluated
         curve = "; ".join(", ".join(f"{x['accuracy']:.0%}@{x['spent_s'] / 60:.1f}" for x in c["rounds"])
                           + (" (stopped)" if c["stopped"] else "") for c in mine)
         fits = "/".join(str(sum(x["spent_s"] <= c["budget_s"] for x in c["rounds"])) for c in mine)
-        lines.append(f"{method:<6} {len(mine):>5} {sum(final) / len(final):>10.1%}  {each:<24} {fits:>6}  {curve}")
+        known = [a for a in final if a is not None]
+        mean = pct(sum(known) / len(known)) if known else "n/a"
+        lines.append(f"{method:<6} {len(mine):>5} {mean:>10}  {each:<24} {fits:>6}  {curve}")
     stops = [f"{c['method']} seed {c['seed']}: {c['stopped']}" for c in cells if c["stopped"]]
     return "\n".join(lines + ([""] + stops if stops else []))
 
