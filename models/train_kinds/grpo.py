@@ -326,7 +326,14 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
     rollouts = Rollouts(out, online, prompts, seed, cfg.resample, cfg.drop_equal)
 
     def rollout_func(batch: list[str], trainer) -> dict[str, list]:
-        rows, read = rollouts.step(trainer.state.global_step, batch[::g])  # the prompts come repeated, a group each
+        import torch
+
+        step = trainer.state.global_step
+        rows, read = rollouts.step(step, batch[::g])  # the prompts come repeated, a group each
+        # what the step draws after this (TRL shuffles the completions into micro-batches) is drawn
+        # from the seed and the step, whether its rollouts were sampled now (the engine reseeds the
+        # process's generator) or read from an earlier attempt's store (it does not)
+        torch.manual_seed(step_seed(seed, step, -1))
         eps = [episode(r) for r in rows]
         return {"prompt_ids": [e[0] for e in eps], "completion_ids": [e[1] for e in eps],
                 "env_mask": [e[2] if keep else [0] * len(e[2]) for e, keep in zip(eps, read)],
