@@ -70,6 +70,7 @@ def rate_of(p: dict[str, Any]) -> str:
             online += f" · {1 - now['zero_std']:.0%} of groups taught" if "zero_std" in now else ""
             online += "".join(f" · {k.replace('_', ' ')} {now[k]:.3g}"
                               for k in ("kl", "entropy", "logp_gap") if k in now)
+            online += f" · generating {now['gen_tok_s']:.0f} tok/s" if "gen_tok_s" in now else ""
         return f"{done / dt:.2f} steps/s{loss}{online}"
     return ""
 

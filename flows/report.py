@@ -14,7 +14,9 @@ Figures, each only where the run has its data:
 - accepted rows or preference pairs per round;
 - the label's agreement with the verifier (AUC, pair accuracy) where references exist;
 - each kind's own figures (the tree search: solved fraction and generated tokens per prompt);
-- wall time per stage, and sampling / evaluation throughput.
+- wall time per stage, and sampling / evaluation throughput;
+- an online round's steps (train.kind: grpo): reward mean, groups kept, KL, entropy, the
+  sampler-trainer log-probability gap and generated tokens per second, as a figure and a table.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ratchet.data.store import ArtifactStore
 from ratchet.flows.runs import RunSummary, list_runs
 from ratchet.flows.tracking import Tracker
 from ratchet.data.procs.entry import entry
+from ratchet.models.trainer import read_steps
 
 STAGES = ("sample", "label", "filter", "train", "evaluate")
 COLORS = {"sample": "#4C72B0", "label": "#DD8452", "filter": "#937860", "train": "#C44E52", "evaluate": "#55A868"}
@@ -51,6 +54,7 @@ class Round:
     files: dict[str, Path] = field(default_factory=dict)  # what it sampled, labeled and answered: name -> file
     answers: list[dict] = field(default_factory=list)  # its answers on the gate's held-out set, as eval.jsonl has them
     cold_start: bool = False  # the round that fine-tuned the base model on the user's demonstrations (cold_start)
+    steps: list[dict] = field(default_factory=list)  # an online train stage's figures by step (models/trainer.py)
 
     @property
     def name(self) -> str:
@@ -125,6 +129,12 @@ def gather(workdir: Path, tracker: Tracker, run: str | None = None) -> Report:
             if (x := row.get("reward")) is not None:
                 r.rewards.append(float(x))
         r.answers = list(_rows(r.files.get("answers")))
+        if "train" in dirs:
+            try:
+                where = f"run {c.info.run_id}'s ratchet.stage.train tag"
+                r.steps = read_steps(store.recorded_dir(dirs["train"], where))
+            except (ArtifactError, OSError, ValueError):  # a tag edited out of shape, a log cut short: no steps
+                r.steps = []
         rounds.append(r)
     rounds.sort(key=lambda r: r.round)
     return Report(run=chosen, model=tracker.model_name, champion=tracker.champion(), rounds=rounds)
@@ -367,8 +377,41 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
         figs["Throughput"] = _save(fig, out / "throughput.png")
+    online = [r for r in rs if r.steps]
+    if online:
+        figs["Online RL by step"] = _save(_steps_figure(online), out / "online_steps.png")
     report.figures = figs
     return figs
+
+
+# an online round's figures by step: (key in the step rows, panel title)
+STEP_PANELS = (("reward", "reward mean"), ("groups_kept", "share of groups kept"), ("kl", "KL to the start"),
+               ("entropy", "entropy"), ("logp_gap", "log-prob gap, sampler vs trainer"),
+               ("gen_tokens_per_s", "generated tokens / s"))
+
+
+def _steps_figure(online: list[Round]):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(10.5, 5.6), dpi=110)
+    for ax, (key, title) in zip(axes.flat, STEP_PANELS):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+        for i, r in enumerate(online):
+            pts = [(x["step"], x[key]) for x in r.steps if isinstance(x.get(key), (int, float))]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3,
+                        color=("#C44E52", "#4C72B0", "#55A868", "#8172B3", "#DD8452")[i % 5], label=f"round {r.name}")
+        if key in ("reward", "groups_kept", "gen_tokens_per_s"):
+            ax.set_ylim(bottom=0)
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle("Online RL by step")
+    return fig
 
 
 def other_sets(report: Report) -> list[str]:
@@ -395,6 +438,35 @@ def _table(report: Report) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in ("round", "version", f"held-out accuracy{gate}", *others,
                                                          "promoted", "training rows", "mean reward", "wall time"))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _num(x, fmt: str) -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) and not isinstance(x, bool) else ""
+
+
+def _steps_table(report: Report) -> str:
+    """Each online round's steps: reward mean, share of groups kept, KL, entropy, the log-probability
+    gap, generated tokens per second and the step's own seconds (KL, entropy and the gap at the
+    steps the trainer logged them)."""
+    online = [r for r in report.rounds if r.steps]
+    if not online:
+        return ""
+    head = "".join(f"<th>{h}</th>" for h in ("round", "step", "reward mean", "groups kept", "KL", "entropy",
+                                             "log-prob gap", "generated tok/s", "step s"))
+    rows = []
+    for r in online:
+        for x in r.steps:
+            cells = (r.name, x["step"], _num(x.get("reward"), ".3f"), _num(x.get("groups_kept"), ".0%"),
+                     _num(x.get("kl"), ".3g"), _num(x.get("entropy"), ".3g"), _num(x.get("logp_gap"), ".2g"),
+                     _num(x.get("gen_tokens_per_s"), ".0f") if not x.get("reused") else "stored",
+                     _num(x.get("step_s"), ".1f"))
+            rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    return ("<h2>Online RL by step</h2><p>Each step of an online round's train stage: its reward mean and the share "
+            "of its groups kept (a group whose rewards are all equal teaches nothing), KL to the round's start, "
+            "entropy and the gap between the sampler's and the trainer's log-probabilities (at the steps the "
+            "trainer logged them), the tokens it generated per second (\"stored\": read from an earlier attempt's "
+            "rollouts) and its seconds.</p>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
 def _clip(text: str, n: int) -> str:
@@ -454,6 +526,7 @@ pre .env {{ color: #666; font-style: italic; }} pre .env::before {{ content: "en
 champion: {('version ' + html.escape(report.champion)) if report.champion else 'none yet'}</p>
 {_table(report)}
 {imgs}
+{_steps_table(report)}
 {_answers(report)}
 </body></html>
 """

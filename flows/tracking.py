@@ -554,10 +554,16 @@ class Tracker:
     def log_train_curve(self, run_id: str, store: ArtifactStore, m: StageManifest) -> None:
         """The trainer's per-step log as stepped metrics: loss, grad norm, learning rate, and for
         DPO the implicit rewards, margins, accuracies and log-probs of chosen and rejected."""
+        from ratchet.models.trainer import read_steps
+
         rows = [json.loads(x) for x in store.path(m, "train_log.jsonl").read_text().splitlines() if x.strip()]
         keys = sorted({k for r in rows for k, v in r.items()
                        if isinstance(v, (int, float)) and k not in ("step", "epoch", "num_tokens")})
         self.log_curve(run_id, rows, tuple(keys), prefix="train/")
+        # an online trainer's own figures by step (reward mean, groups kept, generated tok/s, seconds)
+        steps = read_steps(store.root / m.dir)
+        self.log_curve(run_id, steps, ("reward", "groups_kept", "gen_tokens_per_s", "sync_s", "step_s"),
+                       prefix="online/")
 
     def log_curve(self, run_id: str, rows: list[dict], keys: tuple[str, ...], prefix: str) -> None:
         import time
@@ -566,7 +572,7 @@ class Tracker:
 
         ts = int(time.time() * 1000)
         items = [Metric(f"{prefix}{k}", float(r[k]), ts, int(r.get("step", i))) for i, r in enumerate(rows)
-                 for k in keys if k in r]
+                 for k in keys if isinstance(r.get(k), (int, float))]
         for i in range(0, len(items), 500):
             self.client.log_batch(run_id, metrics=items[i : i + 500])
 

@@ -382,9 +382,37 @@ LIVE = {"loss": "loss", "reward": "reward", "frac_reward_zero_std": "zero_std", 
         "sampling/sampling_logp_difference/mean": "logp_gap"}
 
 
-def run_training(trainer, out: Path) -> int | None:
+STEPS = "steps.jsonl"  # an online trainer's figures by step (models/train_kinds/grpo.py step_log)
+
+
+def read_steps(stage_dir: Path) -> list[dict]:
+    """An online train stage's figures by step: steps.jsonl (the last row of each step: a resumed
+    stage ran some again) joined with what the train log holds of that step (KL, entropy, the
+    sampler's and the trainer's log-probability gap). [] for a stage that has no steps.jsonl."""
+    path = Path(stage_dir) / STEPS
+    if not path.is_file():
+        return []
+    rows: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line cut short by a kill
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows[row["step"]] = row
+    log = Path(stage_dir) / "train_log.jsonl"
+    for line in log.read_text().splitlines() if log.is_file() else []:
+        h = json.loads(line)
+        if h.get("step") in rows:
+            rows[h["step"]].update({name: float(h[key]) for key, name in LIVE.items()
+                                    if key in h and name in ("kl", "entropy", "logp_gap")})
+    return [rows[k] for k in sorted(rows)]
+
+
+def run_training(trainer, out: Path, live=None) -> int | None:
     """Train, resuming from out/checkpoints when an earlier attempt left one; the step it
-    resumed from, or None."""
+    resumed from, or None. `live`: more figures for the console's live line, read as each step
+    ends (a function returning {name: value})."""
     from transformers import TrainerCallback
 
     from ratchet.data import events, failpoints
@@ -400,6 +428,8 @@ def run_training(trainer, out: Path) -> int | None:
                 return
             if self.progress is None:  # the first step of this attempt (a resumed run starts late)
                 self.progress = events.Progress(out, state.max_steps, "step", state.global_step - 1)
+            if live is not None:
+                self.last.update(live())
             self.progress.update(state.global_step, self.last)
 
         def on_log(self, args, state, control, logs=None, **kwargs):

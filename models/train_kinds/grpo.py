@@ -12,6 +12,11 @@ they are handed in as `Online`. What this module owns:
 - each step's rollouts, stored as a unit (rollouts/NNNNN.jsonl, seeded by the stage seed and the
   step) before the step trains on them. A resumed stage continues from the trainer's last
   checkpoint and reads the steps it already sampled instead of sampling them again.
+- each step's figures in steps.jsonl (STEPS): its reward mean and groups kept (from its rollouts),
+  and what it cost on the clock (generated tokens per second, the step's seconds). Clocked, so it
+  is not an output of the stage (a resumed stage appends the steps it ran again; the last row of a
+  step is its own); the report and MLflow read it beside the train log's KL, entropy and
+  log-probability gap.
 - TRL's trainer, driven through its `rollout_func`: it computes the advantages, the loss
   (`loss_type`), the KL to the round's starting model (`beta`) and the importance-sampling
   correction from the engine's log-probabilities (its vLLM path, which this engine stands in for).
@@ -31,8 +36,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from ratchet.models.trainer import (OptimSettings, load_policy, resolve_precision, run_training, save_merged,
-                                    trainer_args, turn_ids, write_log)
+from ratchet.models.trainer import (STEPS, OptimSettings, load_policy, resolve_precision, run_training,
+                                    save_merged, trainer_args, turn_ids, write_log)
 
 # every loss_type TRL 1.16's GRPOTrainer accepts
 LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
@@ -244,13 +249,15 @@ class Rollouts:
         self.gen_tokens = 0
         self.groups: dict[str, float] = {"groups": 0.0, "groups_equal": 0.0, "groups_drawn": 0.0,
                                          "groups_replaced": 0.0, "groups_dropped": 0.0}
+        self.last: dict[str, float] = {}  # the last step's own figures (StepLog writes them)
 
     def step(self, step: int, prompt_ids: list[str]) -> tuple[list, list[bool]]:
         """The step's rows, and for each row whether the loss reads it."""
         from ratchet.data.records import LabeledCompletion, read_jsonl, write_jsonl
 
         f, counts_file = self.dir / f"{step:05d}.jsonl", self.dir / f"{step:05d}.json"
-        if f.exists() and counts_file.exists():
+        reused = f.exists() and counts_file.exists()
+        if reused:
             self.reused += 1
             rows, counts = read_jsonl(f, LabeledCompletion), json.loads(counts_file.read_text())
         else:
@@ -264,6 +271,10 @@ class Rollouts:
         g = self.online.group
         groups = [rows[i:i + g] for i in range(0, len(rows), g)]
         read = [not (self.drop_equal and not teaches(grp)) for grp in groups for _ in grp]
+        scored = [r.reward for r in rows if r.reward is not None]
+        self.last = {"reward": sum(scored) / len(scored) if scored else math.nan,
+                     "groups_kept": 1.0 - counts.get("groups_dropped", 0) / len(groups) if groups else math.nan,
+                     "reused": float(reused)}
         return rows, read
 
     def _roll(self, prompt_ids: list[str], seed: int) -> list:
@@ -304,6 +315,30 @@ class Rollouts:
 def teaches(group: list) -> bool:
     """Whether a group's rewards differ (a reward that could not be computed counts as none)."""
     return len({r.reward for r in group if r.reward is not None}) > 1
+
+
+def step_log(out: Path, rollouts: Rollouts, sync: Callable[[], float]):
+    """A callback that appends each step's figures to out/steps.jsonl as the step ends: its reward
+    mean and share of groups kept (Rollouts.last), the tokens it generated and their rate, its
+    engine sync's seconds and its own seconds (None where it has none: a step read from stored
+    rollouts generated nothing)."""
+    from transformers import TrainerCallback
+
+    class StepLog(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.began = (time.time(), rollouts.gen_tokens, rollouts.cost["gen_s"], sync())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            t, tokens, gen_s, sync_s = self.began
+            tokens, gen_s = rollouts.gen_tokens - tokens, rollouts.cost["gen_s"] - gen_s
+            row = {"step": state.global_step, **rollouts.last, "gen_tokens": tokens,
+                   "gen_tokens_per_s": tokens / gen_s if gen_s > 0 else None, "sync_s": sync() - sync_s,
+                   "step_s": time.time() - t}
+            with open(out / STEPS, "a") as f:
+                f.write(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v
+                                    for k, v in row.items()}, sort_keys=True) + "\n")
+
+    return StepLog()
 
 
 def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: Path, seed: int, online: Online):
@@ -366,6 +401,7 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
     trainer = Trainer(model=model, reward_funcs=[reward], args=args, processing_class=tok, peft_config=peft_config,
                       train_dataset=Dataset.from_list([{"prompt": p["id"]} for p in prompts]),
                       rollout_func=rollout_func)
+    trainer.add_callback(step_log(out, rollouts, lambda: trainer.vllm_generation.sync_s))
     return trainer, tok, prec, rollouts
 
 
@@ -378,7 +414,8 @@ def train_grpo(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL's experimental API; pinned here
     started = time.time()
     trainer, tok, prec, rollouts = grpo_trainer(model_dir, prompts, cfg, out, seed, online)
-    resumed = run_training(trainer, out)
+    resumed = run_training(trainer, out, live=lambda: {"gen_tok_s": rollouts.gen_tokens / rollouts.cost["gen_s"]}
+                           if rollouts.cost["gen_s"] else {})
     sync = trainer.vllm_generation
     rollouts.engine.close()  # its memory back before the merge loads another copy of the weights
     saving = time.time()

@@ -82,9 +82,10 @@ def test_progress_files_give_the_running_stage_its_rate(tmp_path):
     steps = events.Progress(tmp_path / "t", 10, "step")
     steps.update(10, {"loss": 0.25})
     assert rate_of(events.read_progress(tmp_path / "t")).endswith("steps/s · loss 0.250")
-    steps.update(10, {"loss": 0.0, "reward": 0.4, "zero_std": 0.25, "entropy": 1.5, "logp_gap": 3e-6})  # online RL
+    steps.update(10, {"loss": 0.0, "reward": 0.4, "zero_std": 0.25, "entropy": 1.5, "logp_gap": 3e-6,
+                      "gen_tok_s": 151.4})  # online RL
     assert rate_of(events.read_progress(tmp_path / "t")).endswith(
-        "steps/s · reward 0.40 · 75% of groups taught · entropy 1.5 · logp gap 3e-06")
+        "steps/s · reward 0.40 · 75% of groups taught · entropy 1.5 · logp gap 3e-06 · generating 151 tok/s")
     assert events.read_progress(tmp_path / "missing") is None
     # a work that declares no rate shows none, whatever its counters
     (tmp_path / "n").mkdir()

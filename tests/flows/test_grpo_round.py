@@ -105,6 +105,16 @@ def test_a_grpo_round_after_a_cold_start_is_kept_planned_and_traced(tiny_model, 
     assert "cold start on 6 demonstrations" in first.stdout and "-> version 3" in first.stdout
     assert "  (cold start)" in first.stdout  # the run's round table marks it
     assert "3 steps" in first.stdout and "of groups taught" in first.stdout
+    # each step's figures: the run's report (a figure and a table) and MLflow's stepped metrics
+    (page,) = (work / "reports").glob("*/index.html")
+    steps = page.read_text().split("<h2>Online RL by step</h2>")[1].split("</table>")[0]
+    assert (page.parent / "online_steps.png").exists() and steps.count("<tr><td>2</td><td>") == 3
+    from ratchet.flows.tracking import Tracker
+
+    cfg = load_config(CONFIG, args[1:])
+    tracker = Tracker(cfg.tracking, work, cfg.name)
+    (child,) = tracker.client.search_runs([tracker.experiment_id], "tags.`ratchet.round` = '2'")
+    assert [m.step for m in tracker.client.get_metric_history(child.info.run_id, "online/reward")] == [1, 2, 3]
 
     replan = ratchet("plan", *args, "train.loss_type=grpo", api_url=api)
     assert replan.returncode == 0, replan.stdout + replan.stderr

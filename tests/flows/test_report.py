@@ -15,7 +15,29 @@ ANSWERS = [["9", "", "<script>alert(1)</script>", "7", "6"], ["2", "3", "4", "5"
            ["2", "3", "4", "5", "6"]]  # each round's held-out answers to "What is i + 2?"
 
 
-def _recorded_run(tmp_path: Path, mcts: bool, cold_start: bool = False):
+def _online_train(tmp_path: Path, k: int) -> str:
+    """A GRPO train stage's directory as the trainer leaves it: steps.jsonl (an attempt killed in step
+    3's row, which a resumed attempt then wrote whole, and step 4 read from its stored rollouts) and the
+    train log, which holds KL, entropy and the log-probability gap at the steps it logged."""
+    d = tmp_path / "stages" / f"train-{k:016x}"
+    d.mkdir(parents=True)
+    rows = [{"step": 1, "reward": 0.25, "groups_kept": 0.5, "gen_tokens": 900, "gen_tokens_per_s": 150.0,
+             "step_s": 9.0, "sync_s": 0.1, "reused": 0.0},
+            {"step": 2, "reward": 0.5, "groups_kept": 0.75, "gen_tokens": 800, "gen_tokens_per_s": 160.0,
+             "step_s": 8.0, "sync_s": 0.1, "reused": 0.0}]
+    resumed = [{"step": 3, "reward": 0.625, "groups_kept": 1.0, "gen_tokens": 700, "gen_tokens_per_s": 140.0,
+                "step_s": 7.5, "sync_s": 0.1, "reused": 0.0},
+               {"step": 4, "reward": 0.75, "groups_kept": 1.0, "gen_tokens": 0, "gen_tokens_per_s": None,
+                "step_s": 2.0, "sync_s": 0.0, "reused": 1.0}]
+    d.joinpath("steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "rew'
+                                         + "\n" + "".join(json.dumps(r) + "\n" for r in resumed))
+    log = [{"step": 2, "loss": 0.1, "kl": 0.002, "entropy": 1.25, "sampling/sampling_logp_difference/mean": 3e-6},
+           {"step": 4, "loss": 0.1, "kl": 0.004, "entropy": 1.5, "sampling/sampling_logp_difference/mean": 4e-6}]
+    d.joinpath("train_log.jsonl").write_text("".join(json.dumps(h) + "\n" for h in log))
+    return f"stages/train-{k:016x}"
+
+
+def _recorded_run(tmp_path: Path, mcts: bool, cold_start: bool = False, online: bool = False):
     """A run as the pipeline records it: a parent run, a child per round with its stage metrics,
     its version and decision, the label stage's rows in the store, the run's record (`cold_start`:
     round 1 the cold start, as the pipeline tags it)."""
@@ -51,6 +73,8 @@ def _recorded_run(tmp_path: Path, mcts: bool, cold_start: bool = False):
                             "label.reward_mean": sum(rewards) / len(rewards), "label.verifier_auc": 0.5 + k / 10})
             if mcts:
                 metrics.update({"label.mcts_tokens_per_prompt": 400.0 + k, "label.mcts_solved_frac": 0.3 * k})
+            if online:
+                t.client.set_tag(child, "ratchet.stage.train", _online_train(tmp_path, k))
         t.log_metrics(child, metrics)
         t.log_once(child, "ratchet.model_version", str(k + 1), {"accuracy": acc, "promoted": float(k != 2)},
                    prefix="round.")
@@ -84,6 +108,26 @@ def test_a_report_draws_every_figure_it_has_data_for_into_one_page(tmp_path):
     md = markdown(report)
     assert "| 3 | 4 | 96.0% | yes | 300 | 256 |" in md and str(report.html) in md
     assert "| 1 (cold start) | 2 | 80.0% | yes |" in md and "| 2 | 3 | 78.0% | no |" in md
+
+
+def test_online_rounds_show_their_steps_as_a_figure_and_a_table(tmp_path):
+    """Item 6 of online RL: per step, reward mean, groups kept, KL, entropy, the log-probability gap,
+    generated tok/s and the step's seconds; the row of a step a killed attempt cut short is the
+    resumed attempt's, and a step read from stored rollouts says so."""
+    from ratchet.flows.report import build
+
+    t, _ = _recorded_run(tmp_path, mcts=False, online=True)
+    report = build(tmp_path, t, log=False)
+    assert report.figures["Online RL by step"].name == "online_steps.png"
+    assert report.figures["Online RL by step"].read_bytes().startswith(PNG)
+    assert [x["step"] for x in report.rounds[1].steps] == [1, 2, 3, 4] and report.rounds[0].steps == []
+    page = report.html.read_text()
+    assert "<h2>Online RL by step</h2>" in page
+    assert ("<td>1</td><td>2</td><td>0.500</td><td>75%</td><td>0.002</td><td>1.25</td><td>3e-06</td>"
+            "<td>160</td><td>8.0</td>") in page
+    assert "<td>3</td><td>3</td><td>0.625</td><td>100%</td><td></td><td></td><td></td><td>140</td>" in page
+    assert "<td>3</td><td>4</td><td>0.750</td><td>100%</td><td>0.004</td><td>1.5</td><td>4e-06</td>" \
+           "<td>stored</td><td>2.0</td>" in page
 
 
 def test_tree_search_runs_get_their_figure_and_the_cli_names_the_files(tmp_path):

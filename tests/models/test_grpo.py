@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,11 +82,13 @@ def online(model_dir: Path, backend: str, group: int = 4, max_tokens: int = 8, r
     params = SamplingParams(n=group, temperature=1.0, max_tokens=max_tokens, logprobs=True)
 
     def roll(engine, batch, seed):
+        t = time.time()
         rows, _ = SingleRollout().roll(engine, [Prompt.model_validate(p) for p in batch], params, seed)
+        gen_s = time.time() - t
         given = iter(rewards or [])
         return [labeled_row(r, reward=next(given) if rewards else
                             sum(t in target for t in r.segments[0].token_ids) / len(r.segments[0].token_ids))
-                for r in rows], {}
+                for r in rows], {"gen_s": gen_s}
 
     cfg = SamplerConfig(backend=backend, dtype="float32", kv_cache_gb=1)
     return Online(open_engine=lambda p: open_sampler(p, cfg, seed=0), roll=roll, group=group, max_completion=max_tokens)
@@ -232,6 +235,18 @@ def test_a_killed_stage_resumes_to_the_same_bytes(wide_tiny, tmp_path):
     assert resumed["steps_reused"] == len([n for n in sampled if int(n[:5]) >= 4 and n.endswith(".jsonl")]) >= 1
     for f in ["train_log.jsonl", "model/model.safetensors", *[f"rollouts/{n:05d}.jsonl" for n in range(6)]]:
         assert (out / f).read_bytes() == (tmp_path / "full" / f).read_bytes(), f
+
+    # each step's figures (the report's and MLflow's): one row a step, the resumed attempt's last;
+    # the steps after the checkpoint read stored rollouts and generated nothing
+    from ratchet.models.trainer import read_steps
+
+    steps, whole = read_steps(out), read_steps(tmp_path / "full")
+    assert [x["step"] for x in steps] == [x["step"] for x in whole] == [1, 2, 3, 4, 5, 6]
+    assert [x["reward"] for x in steps] == [x["reward"] for x in whole]  # the rollouts' own: the same bytes
+    assert all(x["reused"] == 0.0 and x["gen_tokens"] > 0 and x["gen_tokens_per_s"] > 0 for x in whole)
+    stored = [x["step"] for x in steps if x["reused"]]
+    assert len(stored) == resumed["steps_reused"] and all(x["gen_tokens_per_s"] is None for x in steps if x["reused"])
+    assert all(0.0 <= x["groups_kept"] <= 1.0 and x["step_s"] > 0 and "logp_gap" in x for x in whole)
 
 
 def test_a_trajectory_is_read_with_other_writers_tokens_masked():
