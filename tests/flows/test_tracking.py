@@ -453,3 +453,22 @@ def test_a_lease_gone_while_the_store_reads_it_back_is_tried_again(tmp_path, mon
     with t.registry_lease(wait_s=5):
         assert {m.name for m in t.client.search_registered_models()} == {"shared.gate-lease"}
     assert calls == ["shared.gate-lease"] * 2
+
+
+def test_a_train_log_with_empty_metrics_is_logged_without_them(tmp_path):
+    """A GRPO step whose groups all taught nothing trains on no tokens, and TRL logs its clip ratios
+    as null: the round's curve is logged without them, as are an online stage's steps (steps.jsonl:
+    a step read from stored rollouts has no generation rate). Before, the null stopped the round
+    after its train stage had finished."""
+    t, store, run = _tracker(tmp_path)
+    key = "e" * 64
+    d = store.prepare("train", key)
+    log = [{"step": 1, "loss": 0.5, "clip_ratio/low_min": 0.0}, {"step": 2, "loss": 0.0, "clip_ratio/low_min": None}]
+    (d / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    (d / "steps.jsonl").write_text(json.dumps({"step": 1, "reward": 0.25, "gen_tokens_per_s": None}) + "\n")
+    m = store.finish(stage="train", round=1, key=key, code_version="t", config={}, parents=[],
+                     outputs={"train_log.jsonl": None})
+    t.log_train_curve(run, store, m)
+    history = lambda name: [(x.step, x.value) for x in t.client.get_metric_history(run, name)]
+    assert history("train/loss") == [(1, 0.5), (2, 0.0)] and history("train/clip_ratio/low_min") == [(1, 0.0)]
+    assert history("online/reward") == [(1, 0.25)] and history("online/gen_tokens_per_s") == []
