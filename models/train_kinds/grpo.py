@@ -106,6 +106,8 @@ class GRPOTrainConfig(OptimSettings):
         out += [f"{m['groups_replaced']:,.0f} of {m['groups_equal']:,.0f} replaced by resampling"] \
             if m.get("groups_drawn") else []
         out += [f"{m['groups_dropped']:,.0f} dropped"] if m.get("groups_dropped") else []
+        out += [f"{m['micro_batches_skipped']:,.0f} of {m['micro_batches']:,.0f} micro-batches skipped"] \
+            if m.get("micro_batches_skipped") else []
         return out + ([f"{m.get('steps', 0) / m['train_s']:.2f} steps/s"] if m.get("train_s") else [])
 
     def problems(self, group: int) -> list[str]:
@@ -312,6 +314,11 @@ class Rollouts:
         return [r for grp in groups for r in grp], counts
 
 
+# a micro-batch with no token in the loss is not run (Trainer.compute_loss in grpo_trainer); the tests
+# turn it off to compare the weights with the run that runs it
+SKIP_MASKED = True
+
+
 def teaches(group: list) -> bool:
     """Whether a group's rewards differ (a reward that could not be computed counts as none)."""
     return len({r.reward for r in group if r.reward is not None}) > 1
@@ -387,6 +394,20 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
             self.vllm_mode = "ratchet"
             self.vllm_generation = EngineSync(self, rollouts.engine)
             self._last_loaded_step = 0  # the engine starts with the weights the policy starts from
+            self.micro_batches = {"run": 0, "skipped": 0}
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            """A micro-batch whose every token is masked (its groups taught nothing and were dropped)
+            has a loss and a gradient of zero: it is not run through the model. The trainable weights
+            get the zero gradient it would have given, so the optimizer steps as it would have."""
+            mask = inputs["completion_mask"]
+            if "tool_mask" in inputs:
+                mask = mask * inputs["tool_mask"]
+            if SKIP_MASKED and not return_outputs and not bool(mask.any()):
+                self.micro_batches["skipped"] += 1
+                return sum((p * 0.0).sum() for p in model.parameters() if p.requires_grad)
+            self.micro_batches["run"] += 1
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
         def _get_train_sampler(self, dataset=None):
             """TRL's sampler draws each epoch's order from one generator, so a run resumed in a later
@@ -426,6 +447,8 @@ def train_grpo(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: 
                    resumed_from_step=float(resumed or 0), processes=1.0, prompts=float(len(prompts)),
                    **rollouts.cost, **rollouts.groups, gen_tokens=float(rollouts.gen_tokens), syncs=float(sync.syncs),
                    sync_s=sync.sync_s, steps_reused=float(rollouts.reused),
+                   micro_batches_skipped=float(trainer.micro_batches["skipped"]),
+                   micro_batches=float(sum(trainer.micro_batches.values())),
                    tokens_per_s=rollouts.gen_tokens / metrics["train_s"] if metrics["train_s"] else 0.0,
                    gen_tokens_per_s=rollouts.gen_tokens / rollouts.cost["gen_s"] if rollouts.cost["gen_s"] else 0.0)
     # the optimizer's share: the steps' time less what the step spent outside it (generating, scoring,

@@ -292,6 +292,37 @@ def test_the_trainer_masks_the_tool_s_tokens_from_the_loss(wide_tiny, tmp_path):
         assert row[:count][-3:] == [0, 0, 0] and all(row[:count - 3])
 
 
+@pytest.mark.integration
+def test_a_micro_batch_that_teaches_nothing_is_not_run_and_changes_nothing(wide_tiny, tmp_path, monkeypatch):
+    """A micro-batch whose rows all belong to dropped groups (rewards all equal) is not run through
+    the model: the weights end as they do when it is run, byte for byte, and the count says so."""
+    from safetensors.torch import load_file
+
+    from ratchet.models.train_kinds import grpo
+
+    def go(out: Path) -> dict:
+        cfg = GRPOTrainConfig(steps=2, batch_size=2, micro_batch=2, learning_rate=1e-2, lr_scheduler="constant",
+                              adapter="full", checkpoint_steps=10)
+        # two groups of four a step: the first teaches, the second's rewards are equal (dropped)
+        return grpo.train_grpo(wide_tiny, PROMPTS, cfg, out, 0, online(wide_tiny, "hf", rewards=[1.0, 0.0, 0.0, 1.0]
+                                                                        + [1.0] * 4))
+
+    skipped = go(tmp_path / "skip")
+    assert skipped["micro_batches"] == 8 and 1 <= skipped["micro_batches_skipped"] < 8  # 4 a step, shuffled
+    monkeypatch.setattr(grpo, "SKIP_MASKED", False)
+    ran = go(tmp_path / "run")
+    assert ran["micro_batches_skipped"] == 0
+    a, b = (load_file(tmp_path / d / "model" / "model.safetensors") for d in ("skip", "run"))
+    assert a.keys() == b.keys() and all(torch_equal(a[k], b[k]) for k in a)
+    assert not all(torch_equal(a[k], load_file(wide_tiny / "model.safetensors")[k]) for k in a)  # it did learn
+
+
+def torch_equal(x, y) -> bool:
+    import torch
+
+    return torch.equal(x, y)
+
+
 def _fake_online(group: int = 2):
     """A roll with no engine: prompt pN's group is rewarded [1, 1] (it teaches nothing) where N is
     even, [1, 0] where it is odd; the calls it got are kept."""
