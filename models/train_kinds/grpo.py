@@ -372,6 +372,7 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
 
         step = trainer.state.global_step
         rows, read = rollouts.step(step, batch[::g])  # the prompts come repeated, a group each
+        trainer.rows_read = read
         # what the step draws after this (TRL shuffles the completions into micro-batches) is drawn
         # from the seed and the step, whether its rollouts were sampled now (the engine reseeds the
         # process's generator) or read from an earlier attempt's store (it does not)
@@ -394,7 +395,35 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
             self.vllm_mode = "ratchet"
             self.vllm_generation = EngineSync(self, rollouts.engine)
             self._last_loaded_step = 0  # the engine starts with the weights the policy starts from
-            self.micro_batches = {"run": 0, "skipped": 0}
+            self.micro_batches = {"run": 0, "skipped": 0, "skipped_no_grad": 0}
+            self.rows_read: list[bool] = []  # the step's rows, in order: whether the loss reads each
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                               batch_size=None, **kw):
+            """Without gradients, over the step's rows in their order (TRL's log-probabilities of the
+            sampled tokens, for the importance-sampling correction): a chunk of rows the loss reads none
+            of is not run, its log-probabilities left 0 (every use of them is masked, and the policy
+            ratio they enter, exp(logp - 0), cannot overflow). A group is contiguous and the chunks are
+            the micro-batches, so a dropped group's chunks are skipped, and the others are run exactly
+            as they would be. Not with a KL term (beta > 0): the reference's log-probabilities come
+            through here too, and a 0 there could overflow the KL estimate of a masked token."""
+            import torch
+
+            rows, size = input_ids.size(0), batch_size or input_ids.size(0)
+            plain = not any(v is not None and v is not False for v in kw.values())  # text only, no aux loss
+            if not SKIP_MASKED or torch.is_grad_enabled() or self.beta != 0.0 or not plain \
+                    or len(self.rows_read) != rows or all(self.rows_read):
+                return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                                  batch_size, **kw)
+            chunks = [(start, min(start + size, rows)) for start in range(0, rows, size)]
+            done = {c: super(Trainer, self)._get_per_token_logps_and_entropies(
+                model, input_ids[c[0]:c[1]], attention_mask[c[0]:c[1]], logits_to_keep, c[1] - c[0])[0]
+                for c in chunks if any(self.rows_read[c[0]:c[1]])}
+            dtype = next(iter(done.values())).dtype if done else torch.float32
+            self.micro_batches["skipped_no_grad"] += len(chunks) - len(done)
+            return torch.cat([done[c] if c in done else torch.zeros(c[1] - c[0], logits_to_keep, dtype=dtype,
+                                                                    device=input_ids.device) for c in chunks]), \
+                None, None
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             """A micro-batch whose every token is masked (its groups taught nothing and were dropped)
@@ -448,7 +477,8 @@ def train_grpo(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: 
                    **rollouts.cost, **rollouts.groups, gen_tokens=float(rollouts.gen_tokens), syncs=float(sync.syncs),
                    sync_s=sync.sync_s, steps_reused=float(rollouts.reused),
                    micro_batches_skipped=float(trainer.micro_batches["skipped"]),
-                   micro_batches=float(sum(trainer.micro_batches.values())),
+                   micro_batches=float(trainer.micro_batches["run"] + trainer.micro_batches["skipped"]),
+                   forward_chunks_skipped=float(trainer.micro_batches["skipped_no_grad"]),
                    tokens_per_s=rollouts.gen_tokens / metrics["train_s"] if metrics["train_s"] else 0.0,
                    gen_tokens_per_s=rollouts.gen_tokens / rollouts.cost["gen_s"] if rollouts.cost["gen_s"] else 0.0)
     # the optimizer's share: the steps' time less what the step spent outside it (generating, scoring,

@@ -295,7 +295,8 @@ def test_the_trainer_masks_the_tool_s_tokens_from_the_loss(wide_tiny, tmp_path):
 @pytest.mark.integration
 def test_a_micro_batch_that_teaches_nothing_is_not_run_and_changes_nothing(wide_tiny, tmp_path, monkeypatch):
     """A micro-batch whose rows all belong to dropped groups (rewards all equal) is not run through
-    the model: the weights end as they do when it is run, byte for byte, and the count says so."""
+    the model, and their sampled tokens' log-probabilities are not computed: the weights and the train
+    log end as they do when they are, byte for byte, and the counts say so."""
     from safetensors.torch import load_file
 
     from ratchet.models.train_kinds import grpo
@@ -309,11 +310,17 @@ def test_a_micro_batch_that_teaches_nothing_is_not_run_and_changes_nothing(wide_
 
     skipped = go(tmp_path / "skip")
     assert skipped["micro_batches"] == 8 and 1 <= skipped["micro_batches_skipped"] < 8  # 4 a step, shuffled
+    assert skipped["forward_chunks_skipped"] == 4  # before the shuffle: the dropped group's two chunks a step
     monkeypatch.setattr(grpo, "SKIP_MASKED", False)
     ran = go(tmp_path / "run")
-    assert ran["micro_batches_skipped"] == 0
+    assert ran["micro_batches_skipped"] == ran["forward_chunks_skipped"] == 0
     a, b = (load_file(tmp_path / d / "model" / "model.safetensors") for d in ("skip", "run"))
     assert a.keys() == b.keys() and all(torch_equal(a[k], b[k]) for k in a)
+    # the train log too, but for TRL's entropy: a mean over the micro-batches run, which a masked one
+    # pulled toward 0 when it was run (its masked mean is 0) and no longer enters
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "entropy"} for r in rows]
+    assert drop(history(tmp_path / "skip")) == drop(history(tmp_path / "run"))
+    assert all(s["entropy"] > r["entropy"] for s, r in zip(history(tmp_path / "skip"), history(tmp_path / "run")))
     assert not all(torch_equal(a[k], load_file(wide_tiny / "model.safetensors")[k]) for k in a)  # it did learn
 
 
