@@ -314,8 +314,8 @@ class Rollouts:
         return [r for grp in groups for r in grp], counts
 
 
-# a micro-batch with no token in the loss is not run (Trainer.compute_loss in grpo_trainer); the tests
-# turn it off to compare the weights with the run that runs it
+# rows with no token in the loss are not run through the model (grpo_trainer's Trainer: compute_loss
+# and _get_per_token_logps_and_entropies); the tests turn it off to compare with the run that runs them
 SKIP_MASKED = True
 
 
