@@ -314,11 +314,6 @@ class Rollouts:
         return [r for grp in groups for r in grp], counts
 
 
-# rows with no token in the loss are not run through the model (grpo_trainer's Trainer: compute_loss
-# and _get_per_token_logps_and_entropies); the tests turn it off to compare with the run that runs them
-SKIP_MASKED = True
-
-
 def teaches(group: list) -> bool:
     """Whether a group's rewards differ (a reward that could not be computed counts as none)."""
     return len({r.reward for r in group if r.reward is not None}) > 1
@@ -348,9 +343,12 @@ def step_log(out: Path, rollouts: Rollouts, sync: Callable[[], float]):
     return StepLog()
 
 
-def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: Path, seed: int, online: Online):
+def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: Path, seed: int, online: Online,
+                 skip_masked: bool = True):
     """TRL's GRPOTrainer over the round's prompts, sampling on Ratchet's engine: (trainer, tokenizer,
-    precision, rollouts)."""
+    precision, rollouts). `skip_masked`: rows with no token in the loss (dropped groups) are not run
+    through the model (its Trainer's compute_loss and _get_per_token_logps_and_entropies); off only
+    to compare with the run that runs them."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -411,7 +409,7 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
 
             rows, size = input_ids.size(0), batch_size or input_ids.size(0)
             plain = not any(v is not None and v is not False for v in kw.values())  # text only, no aux loss
-            if not SKIP_MASKED or torch.is_grad_enabled() or self.beta != 0.0 or not plain \
+            if not skip_masked or torch.is_grad_enabled() or self.beta != 0.0 or not plain \
                     or len(self.rows_read) != rows or all(self.rows_read):
                 return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                                   batch_size, **kw)
@@ -432,7 +430,7 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
             mask = inputs["completion_mask"]
             if "tool_mask" in inputs:
                 mask = mask * inputs["tool_mask"]
-            if SKIP_MASKED and not return_outputs and not bool(mask.any()):
+            if skip_masked and not return_outputs and not bool(mask.any()):
                 self.micro_batches["skipped"] += 1
                 return sum((p * 0.0).sum() for p in model.parameters() if p.requires_grad)
             self.micro_batches["run"] += 1
@@ -456,14 +454,14 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
 
 
 def train_grpo(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: Path, seed: int,
-               online: Online) -> dict[str, float]:
+               online: Online, skip_masked: bool = True) -> dict[str, float]:
     """GRPO on the round's prompts; writes out/model; returns metrics. Resumes from
     out/checkpoints and the stored rollouts when an earlier attempt left them."""
     import os
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL's experimental API; pinned here
     started = time.time()
-    trainer, tok, prec, rollouts = grpo_trainer(model_dir, prompts, cfg, out, seed, online)
+    trainer, tok, prec, rollouts = grpo_trainer(model_dir, prompts, cfg, out, seed, online, skip_masked)
     resumed = run_training(trainer, out, live=lambda: {"gen_tok_s": rollouts.gen_tokens / rollouts.cost["gen_s"]}
                            if rollouts.cost["gen_s"] else {})
     sync = trainer.vllm_generation

@@ -293,7 +293,7 @@ def test_the_trainer_masks_the_tool_s_tokens_from_the_loss(wide_tiny, tmp_path):
 
 
 @pytest.mark.integration
-def test_a_micro_batch_that_teaches_nothing_is_not_run_and_changes_nothing(wide_tiny, tmp_path, monkeypatch):
+def test_a_micro_batch_that_teaches_nothing_is_not_run_and_changes_nothing(wide_tiny, tmp_path):
     """A micro-batch whose rows all belong to dropped groups (rewards all equal) is not run through
     the model, and their sampled tokens' log-probabilities are not computed: the weights and the train
     log end as they do when they are, byte for byte, and the counts say so."""
@@ -301,18 +301,17 @@ def test_a_micro_batch_that_teaches_nothing_is_not_run_and_changes_nothing(wide_
 
     from ratchet.models.train_kinds import grpo
 
-    def go(out: Path) -> dict:
+    def go(out: Path, skip_masked: bool = True) -> dict:
         cfg = GRPOTrainConfig(steps=2, batch_size=2, micro_batch=2, learning_rate=1e-2, lr_scheduler="constant",
                               adapter="full", checkpoint_steps=10)
         # two groups of four a step: the first teaches, the second's rewards are equal (dropped)
         return grpo.train_grpo(wide_tiny, PROMPTS, cfg, out, 0, online(wide_tiny, "hf", rewards=[1.0, 0.0, 0.0, 1.0]
-                                                                        + [1.0] * 4))
+                                                                        + [1.0] * 4), skip_masked=skip_masked)
 
     skipped = go(tmp_path / "skip")
     assert skipped["micro_batches"] == 8 and 1 <= skipped["micro_batches_skipped"] < 8  # 4 a step, shuffled
     assert skipped["forward_chunks_skipped"] == 4  # before the shuffle: the dropped group's two chunks a step
-    monkeypatch.setattr(grpo, "SKIP_MASKED", False)
-    ran = go(tmp_path / "run")
+    ran = go(tmp_path / "run", skip_masked=False)
     assert ran["micro_batches_skipped"] == ran["forward_chunks_skipped"] == 0
     a, b = (load_file(tmp_path / d / "model" / "model.safetensors") for d in ("skip", "run"))
     assert a.keys() == b.keys() and all(torch_equal(a[k], b[k]) for k in a)
