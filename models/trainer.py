@@ -402,10 +402,13 @@ def read_steps(stage_dir: Path) -> list[dict]:
             rows[row["step"]] = row
     log = Path(stage_dir) / "train_log.jsonl"
     for line in log.read_text().splitlines() if log.is_file() else []:
-        h = json.loads(line)
-        if h.get("step") in rows:
-            rows[h["step"]].update({name: float(h[key]) for key, name in LIVE.items()
-                                    if key in h and name in ("kl", "entropy", "logp_gap")})
+        try:
+            h = json.loads(line)
+        except ValueError:  # a line cut short by a kill
+            continue
+        if isinstance(h, dict) and h.get("step") in rows:  # a step that trained on no token logs nulls
+            rows[h["step"]].update({name: float(v) for key, name in LIVE.items() if name in ("kl", "entropy", "logp_gap")
+                                    and isinstance(v := h.get(key), (int, float)) and not isinstance(v, bool)})
     return [rows[k] for k in sorted(rows)]
 
 

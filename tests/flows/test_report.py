@@ -32,8 +32,9 @@ def _online_train(tmp_path: Path, k: int) -> str:
     d.joinpath("steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "rew'
                                          + "\n" + "".join(json.dumps(r) + "\n" for r in resumed))
     log = [{"step": 2, "loss": 0.1, "kl": 0.002, "entropy": 1.25, "sampling/sampling_logp_difference/mean": 3e-6},
+           {"step": 3, "loss": 0.0, "kl": None, "entropy": None},  # a step whose groups were all dropped
            {"step": 4, "loss": 0.1, "kl": 0.004, "entropy": 1.5, "sampling/sampling_logp_difference/mean": 4e-6}]
-    d.joinpath("train_log.jsonl").write_text("".join(json.dumps(h) + "\n" for h in log))
+    d.joinpath("train_log.jsonl").write_text("".join(json.dumps(h) + "\n" for h in log) + '{"step": 5, "lo')
     return f"stages/train-{k:016x}"
 
 
