@@ -205,13 +205,18 @@ def verdict(a: dict) -> str:
     return "unscored" if a.get("reward") is None else f"reward {a['reward']:.2f}"
 
 
-def _axes(title: str, ylabel: str, rounds: list[int], cold: set[int] = frozenset()):
+def _pyplot():
+    """pyplot, drawing to files (no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=110)
+    return plt
+
+
+def _axes(title: str, ylabel: str, rounds: list[int], cold: set[int] = frozenset()):
+    fig, ax = _pyplot().subplots(figsize=(6.4, 3.8), dpi=110)
     ax.set_title(title)
     ax.set_xlabel("round")
     ax.set_ylabel(ylabel)
@@ -391,12 +396,7 @@ STEP_PANELS = (("reward", "reward mean"), ("groups_kept", "share of groups kept"
 
 
 def _steps_figure(online: list[Round]):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 3, figsize=(10.5, 5.6), dpi=110)
+    fig, axes = _pyplot().subplots(2, 3, figsize=(10.5, 5.6), dpi=110)
     for ax, (key, title) in zip(axes.flat, STEP_PANELS):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
