@@ -393,7 +393,7 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
             self.vllm_mode = "ratchet"
             self.vllm_generation = EngineSync(self, rollouts.engine)
             self._last_loaded_step = 0  # the engine starts with the weights the policy starts from
-            self.micro_batches = {"run": 0, "skipped": 0, "skipped_no_grad": 0}
+            self.micro_batches = {"run": 0, "skipped": 0, "chunks_skipped": 0}
             self.rows_read: list[bool] = []  # the step's rows, in order: whether the loss reads each
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
@@ -418,7 +418,7 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
                 model, input_ids[c[0]:c[1]], attention_mask[c[0]:c[1]], logits_to_keep, c[1] - c[0])[0]
                 for c in chunks if any(self.rows_read[c[0]:c[1]])}
             dtype = next(iter(done.values())).dtype if done else torch.float32
-            self.micro_batches["skipped_no_grad"] += len(chunks) - len(done)
+            self.micro_batches["chunks_skipped"] += len(chunks) - len(done)
             return torch.cat([done[c] if c in done else torch.zeros(c[1] - c[0], logits_to_keep, dtype=dtype,
                                                                     device=input_ids.device) for c in chunks]), \
                 None, None
@@ -476,7 +476,7 @@ def train_grpo(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: 
                    sync_s=sync.sync_s, steps_reused=float(rollouts.reused),
                    micro_batches_skipped=float(trainer.micro_batches["skipped"]),
                    micro_batches=float(trainer.micro_batches["run"] + trainer.micro_batches["skipped"]),
-                   forward_chunks_skipped=float(trainer.micro_batches["skipped_no_grad"]),
+                   forward_chunks_skipped=float(trainer.micro_batches["chunks_skipped"]),
                    tokens_per_s=rollouts.gen_tokens / metrics["train_s"] if metrics["train_s"] else 0.0,
                    gen_tokens_per_s=rollouts.gen_tokens / rollouts.cost["gen_s"] if rollouts.cost["gen_s"] else 0.0)
     # the optimizer's share: the steps' time less what the step spent outside it (generating, scoring,
