@@ -407,7 +407,8 @@ def read_steps(stage_dir: Path) -> list[dict]:
         except ValueError:  # a line cut short by a kill
             continue
         if isinstance(h, dict) and h.get("step") in rows:  # a step that trained on no token logs nulls
-            rows[h["step"]].update({name: float(v) for key, name in LIVE.items() if name in ("kl", "entropy", "logp_gap")
+            rows[h["step"]].update({name: float(v) for key, name in LIVE.items()
+                                    if name in ("kl", "entropy", "logp_gap")
                                     and isinstance(v := h.get(key), (int, float)) and not isinstance(v, bool)})
     return [rows[k] for k in sorted(rows)]
 
