@@ -119,8 +119,8 @@ def ray_cluster():
 # `make test` runs `pytest -n 2 --dist loadgroup` (pytest-xdist; docs/development.md). The tests that
 # keep both cores busy by themselves (a vLLM engine on the default model, two engine holders, a run on
 # a Ray cluster) are one group, run one at a time on one worker; every other module is a group of its
-# own, which the other worker takes one after another beside them. (xdist hands out the groups with
-# the most tests first, so that group starts at once.) Two such tests at once would only share the
+# own, which the other worker takes one after another beside them. (The groups are handed out longest
+# first, by the order below, so that group starts at once.) Two such tests at once would only share the
 # cores (two vLLM engines, or torch's threads in two runs, spin on each other's), where the rest, most
 # of it one process at a time or a run on the tiny model, leaves a core idle while processes start
 # and wait. A module's tests stay on one worker, so its module-scoped fixtures (a server, a reference
@@ -135,6 +135,19 @@ def group_of(nodeid: str) -> str:
     return "both-cores" if module in BOTH_CORES else module
 
 
+def pytest_collection_modifyitems(config, items):
+    """The groups in the order that ends the run soonest: the most integration tests first (the real
+    stack, tens of seconds each), then the most tests, each group's tests in their own order. Handed
+    out in that order (below), the long groups start early, and the two workers end on short unit
+    tests, where xdist's own order (by test count alone) left the modules of one long test to the end,
+    one worker running them while the other idled."""
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(group_of(item.nodeid), []).append(item)
+    weight = lambda tests: (sum(t.get_closest_marker("integration") is not None for t in tests), len(tests))
+    items[:] = [t for tests in sorted(groups.values(), key=weight, reverse=True) for t in tests]
+
+
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's; a machine without it runs the tests in one process
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup` with the groups above. (pytest-xdist's own groups, `xdist_group` marks, are
@@ -147,4 +160,5 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
 
+    config.option.loadscopereorder = False  # the collection's order (above), not xdist's by test count
     return Groups(config, log)
