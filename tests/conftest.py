@@ -148,6 +148,20 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [t for tests in sorted(groups.values(), key=weight, reverse=True) for t in tests]
 
 
+def pytest_runtest_logreport(report):
+    """With RATCHET_TEST_TIMELINE=FILE, each test phase's worker, start and stop, a JSON line each
+    (bench/suite_order.py replays the scheduling from them). Written where the test ran: xdist's
+    controller gets every report again, with the worker that sent it."""
+    out = os.environ.get("RATCHET_TEST_TIMELINE")
+    if not out or getattr(report, "node", None) is not None:
+        return
+    import json
+
+    with open(out, "a") as f:
+        f.write(json.dumps({"w": os.environ.get("PYTEST_XDIST_WORKER", "main"), "id": report.nodeid,
+                            "when": report.when, "start": report.start, "stop": report.stop}) + "\n")
+
+
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's; a machine without it runs the tests in one process
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup` with the groups above. (pytest-xdist's own groups, `xdist_group` marks, are
