@@ -8,7 +8,11 @@ the same sampling settings and the same sequences in flight, in one run:
   without log-probabilities), and their ratio;
 - peak memory of the process that holds the policy, the engine and (with beta > 0) the reference.
 
-    python bench/grpo_bench.py [--steps 4] [--micro-batch 4 8 32] [--adapter lora] [--beta 0]
+    python bench/grpo_bench.py [--steps 4] [--micro-batch 4 8 32] [--adapter lora] [--beta 0] [--processes 1]
+
+With `--processes 2` each cell trains in two processes (train.num_processes), each sampling its
+own batch_size prompts of a step on its own engine: a step is then twice the completions, and
+the peak RSS is the largest process's.
 
 Each cell runs in a fresh process, one at a time. Settings are flows/configs/grpo.yaml's
 (4 prompts x 8 completions of up to 48 tokens, temperature 1.0, LoRA) unless given.
@@ -37,7 +41,7 @@ def _job(a):
                       [f"train.steps={a.steps}", f"train.adapter={a.adapter}", f"train.beta={a.beta}",
                        f"train.checkpoint_steps={a.steps + 1}"])
     return cfg, OnlineJob(train=cfg.train, seed=0, sample=cfg.sample, sampler=cfg.sampler, label=cfg.label,
-                          check=cfg.data.check)
+                          data=cfg.data)
 
 
 def _prompts(count: int) -> list[dict]:
@@ -72,18 +76,19 @@ def grpo_cell(a) -> dict:
     from ratchet.tasks.train import online_of
 
     cfg, job = _job(a)
-    train_cfg = job.train.model_copy(update={"micro_batch": a.micro_batch})
+    train_cfg = job.train.model_copy(update={"micro_batch": a.micro_batch, "num_processes": a.processes})
     with tempfile.TemporaryDirectory() as out:
         t = time.time()
         m = train(default_model_dir(), _prompts(150), train_cfg, Path(out), 0, online=online_of(job, 0))
         m["wall_s"] = time.time() - t
-    m["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    m["peak_rss_gb"] = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+                           ) / 2**20  # in several processes, the largest training process
     return m
 
 
 def _child(cell: str, a, micro_batch: int = 8) -> dict:
     cmd = [sys.executable, __file__, "--cell", cell, "--steps", str(a.steps), "--adapter", a.adapter,
-           "--beta", str(a.beta), "--micro-batch", str(micro_batch)]
+           "--beta", str(a.beta), "--micro-batch", str(micro_batch), "--processes", str(a.processes)]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"})
     if done.returncode != 0:
         raise SystemExit(f"{cell} failed:\n{done.stderr[-3000:]}")
@@ -96,6 +101,7 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, nargs="+", default=[4, 8, 32])
     ap.add_argument("--adapter", choices=["lora", "full"], default="lora")
     ap.add_argument("--beta", type=float, default=0.0)
+    ap.add_argument("--processes", type=int, default=1)
     ap.add_argument("--cell", choices=["sample", "grpo"])
     a = ap.parse_args()
     if a.cell == "sample":
@@ -108,7 +114,8 @@ def main() -> None:
 
     base = _child("sample", a)
     print(f"sample stage's rollout, the same batches: {base['tok_s']:.0f} tok/s ({base['tokens']} tokens)")
-    print(f"\nGRPO, {a.steps} steps, adapter {a.adapter}, beta {a.beta} (default model, grpo.yaml's sampling)\n")
+    print(f"\nGRPO, {a.steps} steps, adapter {a.adapter}, beta {a.beta}, {a.processes} process(es) (default model, "
+          "grpo.yaml's sampling)\n")
     print("| micro_batch | s/step | generation | scoring | storing | weight sync | optimizer | outside both | "
           "gen tok/s | vs sample | peak RSS GB |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for g in a.micro_batch:
