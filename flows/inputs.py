@@ -168,6 +168,10 @@ def device_problems(cfg: PipelineConfig) -> list[str]:
         problems.append(f"train.num_processes={n}: training runs one process per GPU, and this machine shows "
                         f"{len(visible)} ({','.join(visible)}); set train.num_processes={len(visible)} or fewer, or "
                         "make more GPUs visible (CUDA_VISIBLE_DEVICES)")
+    elif n > 1 and cfg.train.online:
+        problems.append(f"train.num_processes={n} with train.kind={cfg.train.kind}: online training in several "
+                        "processes opens an engine in each, and has run on CPU only (gloo); placing each engine on "
+                        "its own process's GPU is not built: set train.num_processes: 1 on a machine with GPUs")
     return problems
 
 

@@ -11,7 +11,8 @@ With `num_processes` above 1, `train` runs the same trainer in that many process
 torchrun (DDP: gloo on CPU, NCCL on GPUs), `batch_size` rows each per step, so the global
 batch is batch_size x grad_accum x num_processes. Checkpoints hold every process's state;
 a resumed run continues from them in the same number of processes. The main process alone
-merges the adapter and writes the model, the train log and the metrics.
+merges the adapter and writes the model, the train log and the metrics. An online kind (grpo)
+samples in every process, each on its own engine and its own share of the step's prompts.
 """
 
 from __future__ import annotations
@@ -462,11 +463,13 @@ def train(model_dir: Path, rows: list[dict], cfg: OptimSettings, out: Path, seed
           online=None) -> dict[str, float]:
     """The kind's trainer, in this process or, with cfg.num_processes > 1, in that many
     processes under torchrun (on this machine, rendezvous on localhost). `online`: what an online
-    kind samples and scores with (models/train_kinds/grpo.py: Online), which trains in one process."""
-    if online is not None:
-        return cfg.fit(model_dir, rows, out, seed, online=online)
+    kind samples and scores with (models/train_kinds/grpo.py: Online); in several processes each
+    one makes its own again from the Online's `process` entry and `spec`."""
     if cfg.num_processes == 1:
-        return cfg.fit(model_dir, rows, out, seed)
+        return cfg.fit(model_dir, rows, out, seed, **({"online": online} if online is not None else {}))
+    if online is not None and online.process is None:
+        raise TypeError("training online in several processes needs an Online that each process can make again "
+                        "(its `process` entry and `spec`)")
     import os
     import sys
 
@@ -476,7 +479,7 @@ def train(model_dir: Path, rows: list[dict], cfg: OptimSettings, out: Path, seed
     out.mkdir(parents=True, exist_ok=True)
     spec, result = out / "train-processes.json", out / "train-metrics.json"
     spec.write_text(json.dumps({"kind": cfg.kind, "model": str(model_dir), "rows": rows, "out": str(out), "seed": seed,
-                                "cfg": cfg.model_dump(mode="json")}))
+                                "cfg": cfg.model_dump(mode="json"), "online": online.spec if online else None}))
     result.unlink(missing_ok=True)
     n = cfg.num_processes
     env = dict(os.environ)
@@ -490,7 +493,8 @@ def train(model_dir: Path, rows: list[dict], cfg: OptimSettings, out: Path, seed
 
     # torchrun stops its training processes when it gets SIGTERM; each of them also dies with torchrun
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "--no-python"]
-    proc = launch(torchrun, train_process, str(spec), env=env, preexec_fn=child_dies_with_parent(signal.SIGTERM))
+    proc = launch(torchrun, online.process if online else train_process, str(spec), env=env,
+                  preexec_fn=child_dies_with_parent(signal.SIGTERM))
     if proc.returncode != 0 or not result.exists():
         raise StageFailedError(f"training in {n} processes (torchrun) failed with exit code {proc.returncode}; "
                                f"its checkpoints are kept in {out / 'checkpoints'}, re-run the same command to resume")
@@ -500,17 +504,23 @@ def train(model_dir: Path, rows: list[dict], cfg: OptimSettings, out: Path, seed
     return metrics
 
 
-@entry
-def train_process(spec_path: str) -> None:
-    """One training process under torchrun: the trainer, then (main process) the metrics file."""
+def fit_in_process(spec: dict, online=None) -> None:
+    """One training process of several (under torchrun): the kind's trainer on the spec `train`
+    wrote, with `online` where the kind trains online; the main process writes the metrics file."""
     from ratchet.data.procs.lifetime import die_with_parent
     from ratchet.models.train_kinds import config_class
 
     die_with_parent()  # torchrun killed (its worker, its orchestrator), no process trains on into the stage
 
-    spec = json.loads(Path(spec_path).read_text())
     cfg = config_class(spec["kind"]).model_validate(spec["cfg"])
-    metrics = cfg.fit(Path(spec["model"]), spec["rows"], Path(spec["out"]), spec["seed"])
+    metrics = cfg.fit(Path(spec["model"]), spec["rows"], Path(spec["out"]), spec["seed"],
+                      **({"online": online} if online is not None else {}))
     if metrics:
         (Path(spec["out"]) / "train-metrics.json").write_text(json.dumps(metrics))
+
+
+@entry
+def train_process(spec_path: str) -> None:
+    """One training process under torchrun: the trainer, then (main process) the metrics file."""
+    fit_in_process(json.loads(Path(spec_path).read_text()))
 

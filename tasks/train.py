@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from ratchet.data.manifest import StageManifest
+from ratchet.data.procs.entry import entry
 from ratchet.data.prompts import SourceConfig
 from ratchet.data.records import Prompt
 from ratchet.data.store import ArtifactStore
@@ -88,7 +89,25 @@ def online_of(job: OnlineJob, seed: int, label_model: Path | None = None):
         return scored, {"gen_s": scoring - t, "score_s": time.time() - scoring}
 
     return Online(open_engine=lambda path: open_sampler(path, job.sampler, seed=seed), roll=roll,
-                  group=job.sample.n, max_completion=job.sample.rollout.budget(job.sample.max_tokens))
+                  group=job.sample.n, max_completion=job.sample.rollout.budget(job.sample.max_tokens),
+                  process=online_process, spec={"job": job.model_dump(mode="json"), "seed": seed,
+                                                "label_model": str(label_model) if label_model else None})
+
+
+@entry
+def online_process(spec_path: str) -> None:
+    """One training process of an online kind in several (train.num_processes): the stage's Online
+    made again from the training spec (`online_of`'s spec), its own engine and scorer, then the
+    trainer (models/trainer.py fit_in_process)."""
+    import json
+
+    from ratchet.models.trainer import fit_in_process
+
+    spec = json.loads(Path(spec_path).read_text())
+    mine = spec["online"]
+    job = OnlineJob.model_validate(mine["job"])
+    fit_in_process(spec, online=online_of(job, mine["seed"], Path(mine["label_model"]) if mine["label_model"]
+                                          else None))
 
 
 def online_body(req: StageRequest[OnlineJob], store: ArtifactStore) -> StageManifest:

@@ -52,8 +52,9 @@ class GRPOTrainConfig(OptimSettings):
     kind: Literal["grpo"] = "grpo"
     steps: int = Field(default=20, ge=1, description="optimizer steps; each samples sample.n completions (a group) "
                        "for each of batch_size prompts, scores them and steps")
-    batch_size: int = Field(default=4, ge=1, description="prompts per step (each brings a group of sample.n "
-                            "completions)")
+    batch_size: int = Field(default=4, ge=1, description="prompts per step and process (each brings a group of "
+                            "sample.n completions; in num_processes processes, each on its own engine, a step "
+                            "takes batch_size x num_processes prompts)")
     learning_rate: float = Field(default=1e-4, gt=0, description="peak learning rate")
     micro_batch: int = Field(default=8, ge=1, description="completions per forward and backward pass: a step's "
                              "batch_size x sample.n completions go through in micro-batches of the largest count "
@@ -119,9 +120,6 @@ class GRPOTrainConfig(OptimSettings):
         if self.leave_one_out and self.scale_rewards != "none":
             out.append(f"train.leave_one_out=true with train.scale_rewards={self.scale_rewards!r}: RLOO's advantage is "
                        "the reward less the others' mean, unscaled; set train.scale_rewards: none")
-        if self.num_processes > 1:
-            out.append(f"train.num_processes={self.num_processes}: train.kind=grpo trains in one process (its engine "
-                       "samples beside the trainer); set train.num_processes: 1")
         if "epochs" in self.model_fields_set:
             out.append("train.epochs does not apply to train.kind=grpo, which runs train.steps steps; remove "
                        "train.epochs")
@@ -159,12 +157,19 @@ class Online:
     roll: Callable[[Any, list[dict], int], tuple[list, dict[str, float]]]
     group: int
     max_completion: int  # the most tokens one completion (an episode, for a multi-turn rollout) takes
+    # how each training process of several (train.num_processes) makes this Online again: an entry
+    # (data/procs/entry.py) that takes the path of the training spec, which carries `spec` (JSON)
+    # under "online", and calls models/trainer.fit_in_process with the Online it makes from it
+    process: Any = None
+    spec: dict | None = None
 
 
-def step_seed(seed: int, step: int, draw: int = 0) -> int:
+def step_seed(seed: int, step: int, draw: int = 0, rank: int = 0) -> int:
     """The seed of one step's generation (a draw above 0: a draw that replaces groups that teach
-    nothing): the stage seed, the step and the draw, whoever runs it and whenever."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{step}:{draw}".encode()).digest()[:7], "big")
+    nothing; a rank above 0: another training process's share of the step): the stage seed, the
+    step, the draw and the rank, whoever runs it and whenever."""
+    key = f"{seed}:{step}:{draw}" + (f":{rank}" if rank else "")
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:7], "big")
 
 
 def advantages(rewards: list[float], group: int, scale: str = "group", leave_one_out: bool = False) -> list[float]:
@@ -232,7 +237,10 @@ def episode(row) -> tuple[list[int], list[int], list[int], list[float]]:
 class Rollouts:
     """Each step's scored rollouts: read from rollouts/NNNNN.jsonl where a step was sampled before,
     else sampled on the engine and written there (atomically) before the step trains on them, with
-    what became of its groups in rollouts/NNNNN.json.
+    what became of its groups in rollouts/NNNNN.json. In several training processes each samples
+    its own share of the step's prompts on its own engine, stored as rollouts/NNNNN.R.jsonl (R its
+    rank) and seeded by the rank too, and draws replacements from its own share of the round's
+    prompts (every `world`-th, from its rank on), so no two processes sample the same prompt.
 
     A group whose rewards are all equal has no advantage. With `resample`, up to that many more
     draws replace such groups with groups of other prompts of the round (DAPO's dynamic sampling),
@@ -240,24 +248,29 @@ class Rollouts:
     the loss with `drop_equal` (its tokens masked, so a token-level loss is not diluted by it)."""
 
     def __init__(self, out: Path, online: Online, prompts: list[dict], seed: int, resample: int = 0,
-                 drop_equal: bool = True):
+                 drop_equal: bool = True, rank: int = 0, world: int = 1):
         self.dir, self.online, self.seed = out / "rollouts", online, seed
         self.resample, self.drop_equal = resample, drop_equal
+        self.rank, self.world = rank, world
         self.prompts = {p["id"]: p for p in prompts}
+        self.pool = sorted(self.prompts)[rank::world]  # what this process draws replacements from
         self.dir.mkdir(parents=True, exist_ok=True)
         self.engine = None
         self.reused = 0
         self.cost = {"gen_s": 0.0, "score_s": 0.0, "store_s": 0.0}
         self.gen_tokens = 0
+        self.seen = {"gen_tokens": 0.0, "gen_s": 0.0}  # every process's, in the main one (step_log)
         self.groups: dict[str, float] = {"groups": 0.0, "groups_equal": 0.0, "groups_drawn": 0.0,
                                          "groups_replaced": 0.0, "groups_dropped": 0.0}
-        self.last: dict[str, float] = {}  # the last step's own figures (StepLog writes them)
+        # the last step's own tallies (StepLog writes its figures)
+        self.last = dict.fromkeys(("reward_sum", "scored", "groups", "groups_dropped", "reused"), 0.0)
 
     def step(self, step: int, prompt_ids: list[str]) -> tuple[list, list[bool]]:
         """The step's rows, and for each row whether the loss reads it."""
         from ratchet.data.records import LabeledCompletion, read_jsonl, write_jsonl
 
-        f, counts_file = self.dir / f"{step:05d}.jsonl", self.dir / f"{step:05d}.json"
+        name = f"{step:05d}" + (f".{self.rank}" if self.world > 1 else "")
+        f, counts_file = self.dir / f"{name}.jsonl", self.dir / f"{name}.json"
         reused = f.exists() and counts_file.exists()
         if reused:
             self.reused += 1
@@ -266,7 +279,9 @@ class Rollouts:
             rows, counts = self._sample(step, prompt_ids)
             t = time.time()
             write_jsonl(f, rows)
-            counts_file.write_text(json.dumps(counts, sort_keys=True) + "\n")
+            tmp = counts_file.with_name(counts_file.name + ".tmp")  # whole or absent, as the rows are
+            tmp.write_text(json.dumps(counts, sort_keys=True) + "\n")
+            tmp.replace(counts_file)
             self.cost["store_s"] += time.time() - t
         for k in self.groups:
             self.groups[k] += counts.get(k, 0)
@@ -274,9 +289,8 @@ class Rollouts:
         groups = [rows[i:i + g] for i in range(0, len(rows), g)]
         read = [not (self.drop_equal and not teaches(grp)) for grp in groups for _ in grp]
         scored = [r.reward for r in rows if r.reward is not None]
-        self.last = {"reward": sum(scored) / len(scored) if scored else math.nan,
-                     "groups_kept": 1.0 - counts.get("groups_dropped", 0) / len(groups) if groups else math.nan,
-                     "reused": float(reused)}
+        self.last = {"reward_sum": float(sum(scored)), "scored": float(len(scored)), "groups": float(len(groups)),
+                     "groups_dropped": float(counts.get("groups_dropped", 0)), "reused": float(reused)}
         return rows, read
 
     def _roll(self, prompt_ids: list[str], seed: int) -> list:
@@ -290,7 +304,7 @@ class Rollouts:
         import random
 
         g = self.online.group
-        rows = self._roll(prompt_ids, step_seed(self.seed, step))
+        rows = self._roll(prompt_ids, step_seed(self.seed, step, rank=self.rank))
         groups = [rows[i:i + g] for i in range(0, len(rows), g)]
         equal = [i for i, grp in enumerate(groups) if not teaches(grp)]
         counts = {"groups": len(groups), "groups_equal": len(equal), "groups_drawn": 0, "groups_replaced": 0}
@@ -298,13 +312,13 @@ class Rollouts:
         for draw in range(1, self.resample + 1):
             if not equal:
                 break
-            pool = sorted(set(self.prompts) - tried)
-            random.Random(step_seed(self.seed, step, draw)).shuffle(pool)
+            pool = [p for p in self.pool if p not in tried]
+            random.Random(step_seed(self.seed, step, draw, self.rank)).shuffle(pool)
             fresh = pool[:len(equal)]
             if not fresh:
                 break
             tried.update(fresh)
-            new = self._roll(fresh, step_seed(self.seed, step, draw))
+            new = self._roll(fresh, step_seed(self.seed, step, draw, self.rank))
             counts["groups_drawn"] += len(fresh)
             for grp in (new[i:i + g] for i in range(0, len(new), g)):
                 if teaches(grp) and equal:
@@ -319,11 +333,25 @@ def teaches(group: list) -> bool:
     return len({r.reward for r in group if r.reward is not None}) > 1
 
 
+def gathered(mine: dict) -> list[dict]:
+    """`mine` from every training process, in rank order ([mine] in one process). Every process
+    must call it at the same point."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [mine]
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    return parts
+
+
 def step_log(out: Path, rollouts: Rollouts, sync: Callable[[], float]):
     """A callback that appends each step's figures to out/steps.jsonl as the step ends: its reward
-    mean and share of groups kept (Rollouts.last), the tokens it generated and their rate, its
+    mean and share of groups kept (from Rollouts.last), the tokens it generated and their rate, its
     engine sync's seconds and its own seconds (None where it has none: a step read from stored
-    rollouts generated nothing)."""
+    rollouts generated nothing). In several processes the figures are the step's over all of them
+    (tokens summed over the slowest process's seconds), written by the main one; it keeps the
+    running totals the console's live line reads (`rollouts.seen`)."""
     from transformers import TrainerCallback
 
     class StepLog(TrainerCallback):
@@ -332,10 +360,22 @@ def step_log(out: Path, rollouts: Rollouts, sync: Callable[[], float]):
 
         def on_step_end(self, args, state, control, **kwargs):
             t, tokens, gen_s, sync_s = self.began
-            tokens, gen_s = rollouts.gen_tokens - tokens, rollouts.cost["gen_s"] - gen_s
-            row = {"step": state.global_step, **rollouts.last, "gen_tokens": tokens,
-                   "gen_tokens_per_s": tokens / gen_s if gen_s > 0 else None, "sync_s": sync() - sync_s,
-                   "step_s": time.time() - t}
+            mine = {**rollouts.last, "gen_tokens": rollouts.gen_tokens - tokens,
+                    "gen_s": rollouts.cost["gen_s"] - gen_s, "sync_s": sync() - sync_s, "step_s": time.time() - t}
+            parts = gathered(mine)
+            if not state.is_world_process_zero:
+                return
+            total = {k: sum(p[k] for p in parts) for k in ("reward_sum", "scored", "groups", "groups_dropped",
+                                                             "gen_tokens")}
+            gen_s = max(p["gen_s"] for p in parts)
+            rollouts.seen["gen_tokens"] += total["gen_tokens"]
+            rollouts.seen["gen_s"] += gen_s
+            row = {"step": state.global_step,
+                   "reward": total["reward_sum"] / total["scored"] if total["scored"] else None,
+                   "groups_kept": 1.0 - total["groups_dropped"] / total["groups"] if total["groups"] else None,
+                   "reused": float(all(p["reused"] for p in parts)), "gen_tokens": int(total["gen_tokens"]),
+                   "gen_tokens_per_s": total["gen_tokens"] / gen_s if gen_s > 0 else None,
+                   "sync_s": max(p["sync_s"] for p in parts), "step_s": max(p["step_s"] for p in parts)}
             with open(out / STEPS, "a") as f:
                 f.write(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v
                                     for k, v in row.items()}, sort_keys=True) + "\n")
@@ -348,7 +388,8 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
     """TRL's GRPOTrainer over the round's prompts, sampling on Ratchet's engine: (trainer, tokenizer,
     precision, rollouts). `skip_masked`: rows with no token in the loss (dropped groups) are not run
     through the model (its Trainer's compute_loss and _get_per_token_logps_and_entropies); off only
-    to compare with the run that runs them."""
+    to compare with the run that runs them; off in several processes, where every process runs
+    every micro-batch (DDP reduces the gradients of each, and broadcasts buffers with each forward)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -363,7 +404,9 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
                               steps_per_generation=total // micro, max_completion_length=online.max_completion,
                               num_iterations=1, shuffle_dataset=True, log_completions=False,
                               reward_weights=[g / (g - 1)] if cfg.leave_one_out else None, **cfg.trl_settings())
-    rollouts = Rollouts(out, online, prompts, seed, cfg.resample, cfg.drop_equal)
+    skip_masked = skip_masked and args.world_size == 1
+    # each process samples batch_size prompts of a step (TRL hands each its own whole groups)
+    rollouts = Rollouts(out, online, prompts, seed, cfg.resample, cfg.drop_equal, args.process_index, args.world_size)
 
     def rollout_func(batch: list[str], trainer) -> dict[str, list]:
         import torch
@@ -462,26 +505,38 @@ def train_grpo(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL's experimental API; pinned here
     started = time.time()
     trainer, tok, prec, rollouts = grpo_trainer(model_dir, prompts, cfg, out, seed, online, skip_masked)
-    resumed = run_training(trainer, out, live=lambda: {"gen_tok_s": rollouts.gen_tokens / rollouts.cost["gen_s"]}
-                           if rollouts.cost["gen_s"] else {})
+    seen = rollouts.seen
+    resumed = run_training(trainer, out, live=lambda: {"gen_tok_s": seen["gen_tokens"] / seen["gen_s"]}
+                           if seen["gen_s"] else {})
     sync = trainer.vllm_generation
+    # what every process counted, summed (seconds: the slowest process's, which the step waited for;
+    # steps read from the store: the most any process read of its own share); before the engine
+    # closes, since a vLLM engine in several processes tears the process group down with it
+    parts = gathered({"cost": rollouts.cost, "groups": rollouts.groups, "gen_tokens": rollouts.gen_tokens,
+                      "reused": rollouts.reused, "syncs": sync.syncs, "sync_s": sync.sync_s,
+                      **trainer.micro_batches})
     rollouts.engine.close()  # its memory back before the merge loads another copy of the weights
+    if not trainer.is_world_process_zero():
+        return {}
+    cost = {k: max(p["cost"][k] for p in parts) for k in rollouts.cost}
+    groups = {k: sum(p["groups"][k] for p in parts) for k in rollouts.groups}
+    gen_tokens, sync_s = sum(p["gen_tokens"] for p in parts), max(p["sync_s"] for p in parts)
+    mb = {k: sum(p[k] for p in parts) for k in trainer.micro_batches}
     saving = time.time()
     save_merged(trainer, tok, model_dir, out, cfg.adapter)
-    metrics = write_log(trainer, out, started, rollouts.gen_tokens, save_s=time.time() - saving)
+    metrics = write_log(trainer, out, started, gen_tokens, save_s=time.time() - saving)
     hist = [h for h in trainer.state.log_history if "reward" in h]
     metrics.update(bf16=float(prec == "bf16"), resumed=float(resumed is not None),
-                   resumed_from_step=float(resumed or 0), processes=1.0, prompts=float(len(prompts)),
-                   **rollouts.cost, **rollouts.groups, gen_tokens=float(rollouts.gen_tokens), syncs=float(sync.syncs),
-                   sync_s=sync.sync_s, steps_reused=float(rollouts.reused),
-                   micro_batches_skipped=float(trainer.micro_batches["skipped"]),
-                   micro_batches=float(trainer.micro_batches["run"] + trainer.micro_batches["skipped"]),
-                   forward_chunks_skipped=float(trainer.micro_batches["chunks_skipped"]),
-                   tokens_per_s=rollouts.gen_tokens / metrics["train_s"] if metrics["train_s"] else 0.0,
-                   gen_tokens_per_s=rollouts.gen_tokens / rollouts.cost["gen_s"] if rollouts.cost["gen_s"] else 0.0)
+                   resumed_from_step=float(resumed or 0), processes=float(len(parts)), prompts=float(len(prompts)),
+                   **cost, **groups, gen_tokens=float(gen_tokens), syncs=float(sum(p["syncs"] for p in parts)),
+                   sync_s=sync_s, steps_reused=float(max(p["reused"] for p in parts)),
+                   micro_batches_skipped=float(mb["skipped"]), micro_batches=float(mb["run"] + mb["skipped"]),
+                   forward_chunks_skipped=float(mb["chunks_skipped"]),
+                   tokens_per_s=gen_tokens / metrics["train_s"] if metrics["train_s"] else 0.0,
+                   gen_tokens_per_s=gen_tokens / cost["gen_s"] if cost["gen_s"] else 0.0)
     # the optimizer's share: the steps' time less what the step spent outside it (generating, scoring,
     # storing the rollouts, syncing the engine)
-    metrics["optimizer_s"] = metrics["steps_s"] - sum(rollouts.cost.values()) - sync.sync_s
+    metrics["optimizer_s"] = metrics["steps_s"] - sum(cost.values()) - sync_s
     if hist:
         metrics.update(first_reward=float(hist[0]["reward"]), last_reward=float(hist[-1]["reward"]))
         for key, name in (("frac_reward_zero_std", "zero_std_frac"), ("kl", "kl"), ("entropy", "entropy"),
@@ -490,8 +545,8 @@ def train_grpo(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: 
             vals = [h[key] for h in hist if key in h]
             if vals:
                 metrics[f"{name}"] = float(sum(vals) / len(vals))
-    if rollouts.groups["groups"]:
-        g = rollouts.groups
+    if groups["groups"]:
+        g = groups
         metrics["kept_group_frac"] = 1.0 - g["groups_dropped"] / g["groups"]  # of the groups it trained on
         metrics["first_draw_taught_frac"] = 1.0 - g["groups_equal"] / g["groups"]
     return metrics

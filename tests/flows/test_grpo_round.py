@@ -51,7 +51,7 @@ def test_what_cannot_work_is_refused_with_its_fix():
     assert "set sample.top_k: 0" in refused("sample.top_k=50")
     assert "set sample.top_k: 0" in refused("sample.top_p=0.9")
     assert "set sample.temperature above 0" in refused("sample.temperature=0")
-    assert "set train.num_processes: 1" in refused("train.num_processes=2")
+    assert load_config(CONFIG, ["train.num_processes=2"]).train.num_processes == 2  # on CPU: one engine each
     assert "remove train.epochs" in refused("train.epochs=2")
     assert "set train.scale_rewards: none" in refused("train.leave_one_out=true")
 
@@ -139,18 +139,26 @@ def _manifest(work: Path, m: dict):
 @pytest.mark.integration
 def test_a_reward_model_is_the_reward_of_a_grpo_round(tiny_model, tiny_reward_model, tmp_path, prefect_harness):
     """label.kind=reward_model scores each step's completions in the train stage, on its own model:
-    a stage of its own (label-model) and a parent of the train stage, so its digest keys it."""
+    a stage of its own (label-model) and a parent of the train stage, so its digest keys it. In two
+    training processes: each makes the stage's engine, rollout and scorer again (tasks/train.py
+    online_process), samples its own prompts of a step and scores them on the reward model."""
     from prefect.settings import PREFECT_API_URL
 
     work = tmp_path / "runs"
-    done = ratchet("run", *_args(work, tiny_model), "train.steps=2", "label={kind: reward_model}",
-                   f"label.model={tiny_reward_model}", api_url=PREFECT_API_URL.value())
+    done = ratchet("run", *_args(work, tiny_model), "train.steps=2", "train.num_processes=2",
+                   "label={kind: reward_model}", f"label.model={tiny_reward_model}", api_url=PREFECT_API_URL.value())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     train = next((work / "stages").glob("train-*"))
     m = json.loads((train / "manifest.json").read_text())
     assert [p["stage"] for p in m["parents"]] == ["base", "prompts", "label-model"]
-    rows = [json.loads(x) for x in (train / "rollouts" / "00000.jsonl").read_text().splitlines()]
-    assert len(rows) == 6 and len({r["reward"] for r in rows}) > 1  # a random model's logits differ by completion
+    assert m["metrics"]["processes"] == 2 and m["metrics"]["groups"] == 2 * 2 * 2  # 2 steps x 2 processes x 2
+    shares = [[json.loads(x) for x in (train / "rollouts" / f"00000.{rank}.jsonl").read_text().splitlines()]
+              for rank in (0, 1)]
+    assert [len(rows) for rows in shares] == [6, 6]  # batch_size 2 prompts x sample.n 3, each
+    assert not {r["prompt_id"] for r in shares[0]} & {r["prompt_id"] for r in shares[1]}
+    assert all(f"rollouts/00001.{rank}.jsonl" in m["outputs"] for rank in (0, 1))  # kept and in the lineage
+    rows = shares[0] + shares[1]
+    assert len({r["reward"] for r in rows}) > 1  # a random model's logits differ by completion
 
 
 @pytest.mark.integration

@@ -227,6 +227,13 @@ def test_what_the_machines_gpus_cannot_give_is_refused_before_any_model_is_read(
     assert devices_line(_cfg(tmp_path, GOOD, train={"num_processes": 4})) == (
         "devices: GPUs 4,5,6,7 visible; sampling on the run's one engine, on GPU 4 (executor.engines=4 samples on "
         "all); training in 4 processes on GPUs 4,5,6,7")
+    # online training in several processes has run on CPU only: refused where GPUs are visible
+    with pytest.raises(ConfigError) as e:
+        check_inputs(_cfg(tmp_path, GOOD, train={"kind": "grpo", "num_processes": 2}, sample={"top_k": 0}))
+    assert e.value.problems == [
+        "train.num_processes=2 with train.kind=grpo: online training in several processes opens an engine in each, "
+        "and has run on CPU only (gloo); placing each engine on its own process's GPU is not built: set "
+        "train.num_processes: 1 on a machine with GPUs"]
     for enough in ("5,6,7", ""):  # the devices suffice, or there are none: on to the model
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", enough)
         with pytest.raises(ConfigError, match=model_only):
