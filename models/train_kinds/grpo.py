@@ -36,6 +36,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from ratchet.data.procs.entry import Entry
+
 from ratchet.models.trainer import (STEPS, OptimSettings, load_policy, resolve_precision, run_training,
                                     save_merged, trainer_args, turn_ids, write_log)
 
@@ -160,7 +162,7 @@ class Online:
     # how each training process of several (train.num_processes) makes this Online again: an entry
     # (data/procs/entry.py) that takes the path of the training spec, which carries `spec` (JSON)
     # under "online", and calls models/trainer.fit_in_process with the Online it makes from it
-    process: Any = None
+    process: Entry | None = None
     spec: dict | None = None
 
 
