@@ -84,20 +84,37 @@ def take_address() -> str | None:
     return os.environ.pop(ENV, "") or None
 
 
+REFUSED_S = 10.0  # how long a worker retries an engine whose socket refuses it
+
+
+def connect(path: str, key: bytes, refused_s: float = REFUSED_S):
+    """A connection to the engine listening at `path`, the key proven. The engine binds its socket
+    and then listens, so a worker that finds the socket between the two (on a loaded machine the
+    engine can wait there a while) is refused: it tries again for up to `refused_s`."""
+    from multiprocessing.connection import Client
+
+    deadline = time.time() + refused_s
+    while True:
+        try:
+            return Client(path, family="AF_UNIX", authkey=key)
+        except ConnectionRefusedError as e:
+            if time.time() < deadline:
+                time.sleep(0.05)
+                continue
+            error: OSError = e
+        except OSError as e:
+            error = e
+        raise StageFailedError(f"the run's warm engine at {path} cannot be reached ({error}); re-run the same "
+                               "command to resume, or set executor.warm_engine=false") from error
+
+
 class WarmSampler:
     """The run's warm engine, seen from a stage worker: the `Sampler` interface over a socket."""
 
     def __init__(self, model_dir: Path, cfg, seed: int, address: str, threads: int | None = None):
-        from multiprocessing.connection import Client
-
         self.model_dir, self.cfg, self.broken = Path(model_dir), cfg, False
         path, _, hexkey = address.partition("|")
-        key = bytes.fromhex(hexkey)
-        try:
-            self.conn = Client(path, family="AF_UNIX", authkey=key)
-        except OSError as e:
-            raise StageFailedError(f"the run's warm engine at {path} cannot be reached ({e}); re-run the same "
-                                   "command to resume, or set executor.warm_engine=false") from e
+        self.conn = connect(path, bytes.fromhex(hexkey))
         self.opened = self._call("open", {"model": str(self.model_dir), "sampler": cfg.model_dump_json(),
                                           "seed": seed, "threads": threads})
         log.info("warm engine (pid %s): %s %s in %.2f s", self.opened["pid"], self.opened["how"], self.model_dir,

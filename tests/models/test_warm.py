@@ -2,6 +2,7 @@
 swapped in place, answering exactly as an engine of the stage's own would."""
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,46 @@ def test_callers_that_fail_the_handshake_cost_the_engine_nothing(tiny_model, eng
     finally:
         silent.close()
     assert engine.log_path.read_text().count("failed the handshake") == 3
+
+
+def test_a_worker_that_finds_the_socket_bound_but_not_yet_listening_waits_for_it(tmp_path):
+    """The engine binds its socket, then listens (multiprocessing's Listener: two calls). A worker
+    that connects between the two is refused; it retries until the engine listens, and gives up
+    with the stage's error where no engine ever does."""
+    import socket
+    import threading
+    from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+
+    from ratchet.data.errors import StageFailedError
+
+    key, path = b"k" * 32, str(tmp_path / "engine.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)  # bound: the path exists, and a connection is refused
+    with pytest.raises(ConnectionRefusedError):
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(path)
+
+    def engine():  # listens late, then answers the handshake as the engine's _accept does
+        time.sleep(0.5)
+        sock.listen(1)
+        conn = Connection(sock.accept()[0].detach())
+        deliver_challenge(conn, key)
+        answer_challenge(conn, key)
+        conn.send("ready")
+
+    started = time.time()
+    late = threading.Thread(target=engine)
+    late.start()
+    conn = warm.connect(path, key)
+    assert conn.recv() == "ready" and time.time() - started >= 0.5
+    late.join()
+    conn.close()
+    sock.close()
+
+    never = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    never.bind(str(tmp_path / "never.sock"))
+    with pytest.raises(StageFailedError, match="warm engine at .*never.sock cannot be reached .*Connection refused"):
+        warm.connect(str(tmp_path / "never.sock"), key, refused_s=0.3)
+    never.close()
 
 
 def test_only_the_local_executor_s_own_engine_is_lent(tiny_model, engine):
