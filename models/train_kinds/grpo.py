@@ -242,7 +242,7 @@ class Rollouts:
     what became of its groups in rollouts/NNNNN.json. In several training processes each samples
     its own share of the step's prompts on its own engine, stored as rollouts/NNNNN.R.jsonl (R its
     rank) and seeded by the rank too, and draws replacements from its own share of the round's
-    prompts (every `world`-th, from its rank on), so no two processes sample the same prompt.
+    prompts (every `world`-th, from its rank on), so no two processes draw the same replacement.
 
     A group whose rewards are all equal has no advantage. With `resample`, up to that many more
     draws replace such groups with groups of other prompts of the round (DAPO's dynamic sampling),
