@@ -2,7 +2,8 @@
 package is keyed, edited, and keyed again (the real package is never touched).
 
 For each piece of child-process code a stage runs (math-verify's check, reasoning-gym's scorer,
-the TextArena adapter, the scorer host, an environment's helper module), a behaviour edit
+the TextArena adapter, the scorer host, an environment's helper module, a training process of
+several), a behaviour edit
 re-keys the stage that runs it, and a comment or docstring edit does not."""
 
 import ast
@@ -31,7 +32,8 @@ from ratchet.data.checks.math_answer import MathCheck
 from ratchet.data.prompts import AdditionSource
 from ratchet.data.sources.reasoning_gym import ReasoningGymSource
 from ratchet.models.sampler import SamplerConfig
-from ratchet.tasks import label, sample
+from ratchet.models.train_kinds import GRPOTrainConfig
+from ratchet.tasks import label, sample, train
 from ratchet.tasks.rollouts.environment import EnvironmentRollout
 
 def key(name, body, job):
@@ -50,6 +52,9 @@ jobs = {
         sampler=SamplerConfig(), seed=0)),
     "user_env": ("sample", sample.sample_body, sample.SampleJob(
         sample=sample.SampleConfig(rollout=EnvironmentRollout(env=sys.argv[2])), sampler=SamplerConfig(), seed=0)),
+    "grpo": ("train", train.online_body, train.OnlineJob(
+        train=GRPOTrainConfig(), seed=0, sample=sample.SampleConfig(top_k=0), sampler=SamplerConfig(),
+        label=label.VerifierLabel(), data=AdditionSource())),
 }
 print(json.dumps({k: key(*v) for k, v in jobs.items()}))
 '''
@@ -138,6 +143,12 @@ CASES = [
     ("the environment host", "tasks/environments/__init__.py", "_step_value", {"textarena", "gymnasium", "user_env"},
      {"math", "reasoning_gym"}),
     ("the engine room's host", "data/procs/host.py", "serve_calls", {"math", "reasoning_gym"}, set()),
+    # what each training process of several runs (torchrun's children): the stage's Online made
+    # again, and the trainer's own entry into the kind
+    ("an online training process", "tasks/train.py", "online_process", {"grpo"},
+     {"math", "reasoning_gym", "textarena", "gymnasium", "user_env"}),
+    ("a training process", "models/trainer.py", "fit_in_process", {"grpo"},
+     {"math", "reasoning_gym", "textarena", "gymnasium", "user_env"}),
 ]
 
 
