@@ -308,6 +308,11 @@ def _describe(err: dict) -> str:
     return f"{loc}={value!r}: {err['msg']}; fix the value{hint}"
 
 
+def validation_problems(e: ValidationError) -> list[str]:
+    """pydantic's errors of a PipelineConfig, each naming the field, the value and the fix."""
+    return [_describe(err) for err in e.errors()]
+
+
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> PipelineConfig:
     """YAML + overrides -> validated config, or one ConfigError listing every problem."""
     data: dict = {}
@@ -375,8 +380,16 @@ def load_yaml(text: str, name: str):
     return data
 
 
-def config_from_dict(data: dict, overrides: list[str] = (), source: str = "defaults") -> PipelineConfig:
-    """A config mapping + overrides -> validated config, or one ConfigError listing every problem."""
+def config_from_dict(data: dict, overrides: list[str] = (), source: str = "defaults", *,
+                     resolved: bool = False) -> PipelineConfig:
+    """A config mapping + overrides -> validated config, or one ConfigError listing every problem.
+
+    `resolved`: `data` is a config as a run recorded it (`model_dump`: a run record, a scheduled
+    deployment's parameters), every field given. Its values are kept exactly, and every check of
+    what they mean together is made; but what counts as written by the user, which a check of the
+    user's own choices reads (a field given where it does not apply, pydantic's
+    `model_fields_set`), is only what `overrides` write now. Such a mapping gives every field, so
+    those checks would refuse every run they guard; its own fields were checked when it started."""
     import copy
 
     data = copy.deepcopy(data)
@@ -387,9 +400,24 @@ def config_from_dict(data: dict, overrides: list[str] = (), source: str = "defau
     try:
         cfg = PipelineConfig.model_validate(data)
     except ValidationError as e:
-        problems += [_describe(err) for err in e.errors()]
-        raise ConfigError(problems, source=source) from None
+        raise ConfigError(problems + validation_problems(e), source=source) from None
+    if resolved:
+        _written_only(cfg, apply_overrides({}, list(overrides))[0])
     problems += _cross_checks(cfg)
     if problems:
         raise ConfigError(problems, source=source)
     return cfg
+
+
+def _written_only(model: BaseModel, written: dict) -> None:
+    """Mark as set (`model_fields_set`) only the fields `written` gives, at every depth. A field whose
+    whole value was written (a list, a section given as one value) keeps what validating it set."""
+    object.__setattr__(model, "__pydantic_fields_set__", {n for n in type(model).model_fields if n in written})
+    for name in type(model).model_fields:
+        value, given = getattr(model, name), written.get(name, {})
+        if isinstance(value, BaseModel) and isinstance(given, dict):
+            _written_only(value, given)
+        elif isinstance(value, list) and name not in written:
+            for v in value:
+                if isinstance(v, BaseModel):
+                    _written_only(v, {})

@@ -230,7 +230,7 @@ def continue_improve(config: dict, start_from: str = "champion", overrides: list
 
     from ratchet.flows.config import config_from_dict
 
-    cfg = config_from_dict(config, overrides or [], source="deployment parameters")
+    cfg = config_from_dict(config, overrides or [], source="deployment parameters", resolved=True)
     ctx, results, tracker = execute(cfg, start_from)
     champ = tracker.champion()
     summary = {

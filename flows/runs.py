@@ -391,22 +391,34 @@ def list_runs(workdir: Path, tracker: Tracker) -> list[RunSummary]:
         rounds = int(rec.config.get("rounds", 0))
         resume = None if state in ("finished", "running") else \
             f"ratchet resume --run {rec.ctx.run_name} --workdir {workdir}"
+        try:
+            resumed_config(rec, workdir)
+            problem = None
+        except ConfigError as e:  # listed with why, as a record that cannot be read is
+            problem = f"its recorded config does not read back: {'; '.join(e.problems)}"
         out.append(RunSummary(run=rec.ctx.run_name, state=state, rounds_done=done, rounds=rounds,
-                              start_version=rec.ctx.start_version, started=started, entries=entries, resume=resume))
+                              start_version=rec.ctx.start_version, started=started, entries=entries, resume=resume,
+                              problem=problem))
     return sorted(out, key=lambda r: (r.started or 0, r.run))
 
 
 def resumed_config(record: RunRecord, workdir: Path, overrides: list[str] = ()) -> PipelineConfig:
     """A recorded run's config as its resume runs it: in `workdir`, each file it reads digested
     again as it is now (the stored digests are what the last attempt read), `overrides` on top."""
-    from ratchet.data.userfiles import without_digests
-    from ratchet.flows.config import config_from_dict
+    from pydantic import ValidationError
 
-    stored = PipelineConfig.model_validate(record.config)
+    from ratchet.data.userfiles import without_digests
+    from ratchet.flows.config import config_from_dict, validation_problems
+
+    source = f"run {record.ctx.run_name}'s record"
+    try:
+        stored = PipelineConfig.model_validate(record.config)
+    except ValidationError as e:  # a record this Ratchet cannot read (edited, or a field's meaning changed)
+        raise ConfigError(validation_problems(e), source=source) from None
     data = without_digests(stored).model_dump(mode="json")
     if Path(data["workdir"]).resolve() != workdir.resolve():
         data["workdir"] = str(workdir.resolve())
-    return config_from_dict(data, list(overrides), f"run {record.ctx.run_name}'s record")
+    return config_from_dict(data, list(overrides), source, resolved=True)
 
 
 class Chosen(BaseModel):
@@ -425,10 +437,30 @@ class Chosen(BaseModel):
         return f"run {self.run} ({self.how}) · workdir {self.workdir}"
 
 
-def _newest(workdir: Path, prefix: str = "") -> str | None:
-    """The run whose record changed last (each attempt and each end rewrites it)."""
+def _by_age(workdir: Path, prefix: str = "") -> list[str]:
+    """The runs recorded in `workdir` (named `prefix`...), the one whose record changed last first
+    (each attempt and each end rewrites it)."""
     found = [p for p in (workdir / "runs").glob(f"{prefix}*.json")] if (workdir / "runs").is_dir() else []
-    return max(found, key=lambda p: (p.stat().st_mtime, p.stem)).stem if found else None
+    return [p.stem for p in sorted(found, key=lambda p: (p.stat().st_mtime, p.stem), reverse=True)]
+
+
+def _newest(workdir: Path, prefix: str = "") -> str | None:
+    return next(iter(_by_age(workdir, prefix)), None)
+
+
+def _workdir_config(where: Path, overrides: list[str]) -> tuple[PipelineConfig, str]:
+    """The config a command about every run of a workdir reads (for its tracking store and model
+    name): the newest run's whose record reads back, and which run that was. One run's record that
+    does not read back stops no such command: `ratchet runs` lists that run with the reason."""
+    from ratchet.flows.config import config_from_dict
+
+    for run in _by_age(where):
+        try:
+            return resumed_config(load_record(where, run), where, overrides), f"with run {run}'s config"
+        except ConfigError:
+            continue
+    cfg = config_from_dict({"workdir": str(where)}, list(overrides), "--workdir")
+    return cfg, "no run's recorded config reads back: the default config's tracking store"
 
 
 def choose_run(config: str | None, overrides: list[str] = (), workdir: str | None = None, run: str | None = None,
@@ -477,7 +509,7 @@ def choose_run(config: str | None, overrides: list[str] = (), workdir: str | Non
             raise ConfigError([f"no pipeline run is recorded in {where / 'runs'}, so there is no config to read; "
                                "name the run's CONFIG, or its workdir with --workdir W"])
         if not need:  # about every run: the newest one's config gives the tracking store and model name
-            cfg = resumed_config(load_record(where, run), where, overrides)
-            return Chosen(cfg=cfg, workdir=where, run=None, how=f"{where / 'runs'}, with run {run}'s config")
+            cfg, which = _workdir_config(where, list(overrides))
+            return Chosen(cfg=cfg, workdir=where, run=None, how=f"{where / 'runs'}, {which}")
     record = load_record(where, run)
     return Chosen(cfg=resumed_config(record, where, overrides), workdir=where, run=run, how=how)

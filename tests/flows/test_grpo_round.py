@@ -121,9 +121,18 @@ def test_a_grpo_round_after_a_cold_start_is_kept_planned_and_traced(tiny_model, 
     assert "config train.loss_type: 'dapo' -> 'grpo'" in replan.stdout, replan.stdout
     assert "1 stale" in replan.stdout and "demonstrations     reused" in replan.stdout, replan.stdout
 
-    lineage = ratchet("lineage", *args, "3", api_url=api)
+    # read back from the run's record alone, as the advice a failure prints does (`ratchet resume --run R
+    # --workdir W`): the record gives every field, and none of GRPO's refusals of a field the user wrote applies
+    (run,) = [p.stem for p in (work / "runs").glob("*.json")]
+    again = ratchet("resume", "--run", run, "--workdir", work, api_url=api)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"resuming run {run} (named by --run)" in again.stdout and "8 stage(s) reused, 0 stale, 0 to run" in again.stdout, again.stdout
+    lineage = ratchet("lineage", "3", "--workdir", work, api_url=api)
     assert lineage.returncode == 0 and "all verified" in lineage.stdout, lineage.stdout + lineage.stderr
     assert "rollouts/00002.jsonl" in lineage.stdout and "demonstrations.jsonl" in lineage.stdout
+    listed = ratchet("runs", "--workdir", work, "--json", api_url=api)
+    assert listed.returncode == 0, listed.stderr
+    assert [(r["run"], r["state"], r["problem"]) for r in json.loads(listed.stdout)["runs"]] == [(run, "finished", None)]
 
     onwards = plan(load_config(CONFIG, args[1:]), run="from-v3", start=_manifest(work, trains[1]))
     assert [(s.round, s.stage) for s in onwards.steps][:3] == [(0, "prompts"), (2, "evaluate"), (3, "train")]
