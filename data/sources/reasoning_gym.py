@@ -66,12 +66,16 @@ class ReasoningGymCheck(Check):
         scorer = shared(score_entry, batched=False, timeout_s=self.timeout_s)
         out = []
         for i in items:
-            index = entry_index(i.id)
-            if index is None:
+            index, entry = entry_index(i.id), given_entry(i)
+            if index is None and entry is None:
                 raise ConfigError([f"data.check.kind='reasoning_gym' scores problems of data.kind='reasoning_gym'; "
-                                   f"row {i.id!r} is not one of them"])
+                                   f"row {i.id!r} is not one of them. A row of your own (a demonstration) is scored "
+                                   "by its problem's entry: give it a column `entry`, the reasoning-gym entry the "
+                                   "problem came from ({question, answer, metadata}: `reasoning_gym.create_dataset("
+                                   "...)[i]`, as JSON)"])
             call = scorer.call({"completion": i.response, "dataset": self.dataset, "config": self.config,
-                                "seed": self.dataset_seed, "size": self.size, "index": index, "how": self.read})
+                                "seed": self.dataset_seed, "size": self.size, "index": index or 0, "entry": entry,
+                                "how": self.read})
             if call.failure is not None:  # its scorer broke or ran out of time on this response: not right
                 out.append(Verdict(False, None, 0.0, {"rg_failed": 1.0}))
             else:
@@ -106,6 +110,20 @@ class ReasoningGymSource(PoolSource):
         train, ev, _ = draw(self.dataset, self.config, self.dataset_seed, self.eval_size, self.train_size,
                             self.instruction)
         return Split(train, ev)
+
+
+def given_entry(item: Item) -> dict | None:
+    """The reasoning-gym entry a row of the user's own carries (its `entry` column), which its
+    dataset's scorer reads as it reads one of its own: the reference answer and the metadata."""
+    entry = item.fields.get("entry")
+    if entry is None:
+        return None
+    if not (isinstance(entry, dict) and isinstance(entry.get("answer"), (str, int, float))
+            and isinstance(entry.get("metadata", {}), dict)):
+        raise ConfigError([f"row {item.id!r}: its `entry` column is not a reasoning-gym entry (a mapping with "
+                           f"`question`, `answer` and `metadata`; got {str(entry)[:120]!r}); give the entry its "
+                           "problem came from: `reasoning_gym.create_dataset(...)[i]`, as JSON"])
+    return entry
 
 
 def entry_index(item_id: str) -> int | None:
@@ -154,10 +172,11 @@ def extract_answer(text: str, reference: str, how: str) -> str | None:
 
 
 def score_entry(completion: str, dataset: str = "", config: dict | None = None, seed: int = 0, size: int = 0,
-                index: int = 0, how: str = "auto", **fields) -> float:
-    """In the checking process: the dataset's own score of the answer the completion gives."""
+                index: int = 0, how: str = "auto", entry: dict | None = None, **fields) -> float:
+    """In the checking process: the dataset's own score of the answer the completion gives, to
+    its problem `index`, or to the problem `entry` (a row of the user's own)."""
     ds = open_dataset(dataset, config or {}, seed, size)
-    entry = ds[index]
+    entry = ds[index] if entry is None else {"metadata": {}, **entry}
     return float(ds.score_answer(answer=extract_answer(completion, str(entry["answer"]), how), entry=entry))
 
 

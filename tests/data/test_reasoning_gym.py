@@ -79,3 +79,36 @@ def test_any_text_gets_a_score_in_bounded_time(text):
     [v] = check_many(cfg, [Item(text, "5", "q", "rg-0")])
     assert isinstance(v.correct, bool) and 0.0 <= v.score <= 1.0
     assert sum(s.timeouts for s in KEPT.of(scorer.Scorer)) == 0  # scored, never cut off by the host's bound
+
+
+def test_demonstrations_of_a_reasoning_gym_task_are_scored_by_their_own_entries(tmp_path):
+    """A cold start on a reasoning-gym task: each demonstration carries the entry its problem came from
+    (`entry`), and the dataset's own scorer reads it as it reads one of its own problems. The problems
+    here come from another seed than the run's, so no row is one of the run's prompts."""
+    import json
+
+    import reasoning_gym
+
+    from ratchet.flows.inputs import check_data
+
+    ds = reasoning_gym.create_dataset("chain_sum", size=4, seed=99, min_terms=2, max_terms=2, max_digits=1)
+    rows = [{"id": f"mine-{i}", "prompt": e["question"], "completion": f"The answer is {e['answer']}.",
+             "answer": str(e["answer"]), "entry": json.loads(json.dumps(e))} for i, e in enumerate(ds)]
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(None, [EASY, f"cold_start.demonstrations={demos}"])
+    split, _ = check_data(cfg)  # every row accepted by the dataset's scorer
+    assert len(split.train) == 60
+    wrong = dict(rows[1], completion=f"It is {int(rows[1]['answer']) + 1}.")
+    bare = {k: v for k, v in rows[2].items() if k != "entry"}
+    broken = dict(rows[3], entry="the answer is whatever I say")
+    demos.write_text("".join(json.dumps(r) + "\n" for r in (rows[0], wrong, bare)))
+    with pytest.raises(ConfigError) as e:
+        check_data(cfg)
+    assert "row 'mine-2' is not one of them. A row of your own (a demonstration)" in str(e.value), str(e.value)
+    demos.write_text("".join(json.dumps(r) + "\n" for r in (rows[0], wrong)))
+    with pytest.raises(ConfigError) as e:
+        check_data(cfg)
+    assert "rows whose answer the check does not accept" in str(e.value) and "line 2" in str(e.value), str(e.value)
+    with pytest.raises(ConfigError, match="its `entry` column is not a reasoning-gym entry"):
+        check_many(cfg.data.check, [Item("3", "3", "q", "mine-3", {"entry": broken["entry"]})])
