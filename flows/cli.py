@@ -589,8 +589,9 @@ RUN_USAGE = "ratchet {command} [CONFIG] {args}[key=value ...] [--workdir W] [--r
 RUN_NAMING = ("Every command that reads a run (resume, report, runs, lineage, export, gc, plan) names it the same "
               "way: the workdir is --workdir W, else the CONFIG's workdir after its overrides, else ./runs; the run "
               "is --run RUN, else the run CONFIG names (the one `ratchet run CONFIG` continues), else the newest "
-              "recorded under the config's name, or with no CONFIG the newest in the workdir, whose recorded "
-              "config is then read. The first line says which run was read.")
+              "recorded under the config's name (not for resume, which continues only the run it names, nor for "
+              "plan, which plans the run CONFIG names even before it has run), or with no CONFIG the newest in the "
+              "workdir, whose recorded config is then read. The first line says which run was read.")
 
 
 def _run_command(sub, name: str, fn, help: str, description: str, *, args: str = "", tail: str = "",
@@ -737,6 +738,9 @@ def main(argv: list[str] | None = None) -> int:
     except RatchetError as e:
         print(f"ratchet: error: {e}", file=sys.stderr)
         return 2 if type(e).__name__ == "ConfigError" else 1
+    except BrokenPipeError:  # `ratchet plan | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush writes nowhere
+        return 141  # as a shell reports a command that a closed pipe ended (128 + SIGPIPE)
 
 
 def _send_prefect_logs() -> None:

@@ -227,10 +227,14 @@ def _default_kinds(data: dict) -> dict[str, str]:
     return out
 
 
-def _parse_value(raw: str) -> Any:
+def _parse_value(raw: str, key: str) -> Any:
+    """An override's value as YAML reads it (a word that is not YAML stays text); a mapping in it
+    that gives a key twice is refused, as in a file (DuplicateKeys)."""
     try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError:
+        return load_yaml(raw, f"override {key}")
+    except DuplicateKeys:
+        raise
+    except (yaml.YAMLError, RecursionError, ValueError):
         return raw
 
 
@@ -256,12 +260,16 @@ def apply_overrides(data: dict, overrides: list[str]) -> tuple[dict, list[str]]:
                 break
             node = nxt
         else:
-            node[parts[-1]] = _parse_value(raw)
+            try:
+                node[parts[-1]] = _parse_value(raw, key)
+            except DuplicateKeys as e:
+                problems += e.problems
     return data, problems
 
 
-def _field_info(loc: tuple) -> tuple[str, str | None]:
-    """Dotted field path without union tags, and the field's description."""
+def _field_info(loc: tuple) -> tuple[str, str | None, Any]:
+    """Dotted field path without union tags, the field's description, and the model the walk ended
+    in (that of the field's section, for an unknown field)."""
     import typing
 
     from ratchet.data.kinds import kind_of
@@ -290,16 +298,22 @@ def _field_info(loc: tuple) -> tuple[str, str | None]:
                 continue
         model = ann if hasattr(ann, "model_fields") else None
         i += 1
-    return ".".join(names), desc
+    return ".".join(names), desc, model
 
 
 def _describe(err: dict) -> str:
-    loc, desc = _field_info(err["loc"])
+    loc, desc, _ = _field_info(err["loc"])
     value = err.get("input")
     hint = f" ({desc})" if desc else ""
     match err["type"]:
         case "extra_forbidden":
-            return f"{loc}: unknown field (value {value!r}); remove it or fix its spelling"
+            import difflib
+
+            _, _, section = _field_info(err["loc"][:-1])
+            known = list(getattr(section, "model_fields", {}))
+            close = difflib.get_close_matches(str(err["loc"][-1]), known, n=3, cutoff=0.6)
+            near = f" (did you mean {' or '.join(close)}?)" if close else ""
+            return f"{loc}: unknown field (value {value!r}); remove it or fix its spelling{near}"
         case "union_tag_invalid":
             tags = err.get("ctx", {}).get("expected_tags")
             return f"{loc}.kind={value.get('kind')!r} is not a known kind; use one of {tags}"
@@ -364,14 +378,15 @@ def load_yaml(text: str, name: str):
             seen: dict = {}
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=True)
+                at = (key_node.start_mark.line + 1, key_node.start_mark.column)
                 try:
-                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                    first = seen.setdefault(key, at)
                 except TypeError:  # an unhashable key: YAML's own error says so below
                     continue
-                if first != key_node.start_mark.line + 1:
-                    problems.append(f"{name}: key {key!r} is given twice (lines {first} and "
-                                    f"{key_node.start_mark.line + 1}); YAML would keep the last one silently. "
-                                    "Keep one of them")
+                if first != at:  # a flow mapping ({a: 1, a: 2}) gives both on one line
+                    where = f"lines {first[0]} and {at[0]}" if first[0] != at[0] else f"both on line {at[0]}"
+                    problems.append(f"{name}: key {key!r} is given twice ({where}); YAML would keep the last one "
+                                    "silently. Keep one of them")
             return super().construct_mapping(node, deep=deep)
 
     data = yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass

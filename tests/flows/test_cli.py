@@ -28,6 +28,15 @@ def test_bad_config_exits_2_with_every_problem_and_no_traceback():
     assert "Traceback" not in r.stderr
 
 
+def test_a_reader_that_closes_the_pipe_early_gets_no_traceback():
+    """`ratchet plan | head`: the reader's end closed before the command writes."""
+    p = subprocess.Popen([sys.executable, "-m", "ratchet.flows.cli", "config", "--reference"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait() == 141 and err == "", err  # as a shell reports a command ended by SIGPIPE
+
+
 def _record(workdir, name, state):
     import json
 

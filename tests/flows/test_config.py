@@ -66,6 +66,27 @@ def test_every_problem_is_reported_at_once_with_field_value_and_fix():
     assert "sampler.dtype='int8'" in text
 
 
+def test_a_misspelt_field_is_named_with_the_fields_it_may_mean():
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIGS / "default.yaml", ["sample.temperatur=0.5", "train={kind: grpo, stepz: 3}",
+                                               "sample.top_k=0", "bogus=1"])
+    assert e.value.problems == [
+        "sample.temperatur: unknown field (value 0.5); remove it or fix its spelling (did you mean temperature?)",
+        "train.stepz: unknown field (value 3); remove it or fix its spelling (did you mean steps?)",
+        "bogus: unknown field (value 1); remove it or fix its spelling"]
+
+
+def test_a_key_given_twice_in_a_flow_mapping_is_refused_in_a_file_and_an_override(tmp_path):
+    (tmp_path / "flow.yaml").write_text("data: {eval_size: 10, eval_size: 5}\nsample: {n: 4}\n")
+    with pytest.raises(ConfigError, match=r"key 'eval_size' is given twice \(both on line 1\)"):
+        load_config(tmp_path / "flow.yaml")
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["data={eval_size: 10, eval_size: 5}", "rounds=2"])
+    assert e.value.problems == ["override data: key 'eval_size' is given twice (both on line 1); YAML would keep "
+                                "the last one silently. Keep one of them"]
+    assert load_config(None, ["data={eval_size: 10}", "sample={n: 4, max_tokens: 40}"]).data.eval_size == 10
+
+
 def test_cross_field_checks_quote_the_numbers():
     with pytest.raises(ConfigError, match=r"train.max_length=40 cannot hold a prompt plus sample.max_tokens=48"):
         load_config(None, ["train.max_length=40"])
