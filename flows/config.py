@@ -311,7 +311,7 @@ def _describe(err: dict) -> str:
 
             _, _, section = _field_info(err["loc"][:-1])
             known = list(getattr(section, "model_fields", {}))
-            close = difflib.get_close_matches(str(err["loc"][-1]), known, n=3, cutoff=0.6)
+            close = difflib.get_close_matches(str(err["loc"][-1]), known, n=3, cutoff=0.7)
             near = f" (did you mean {' or '.join(close)}?)" if close else ""
             return f"{loc}: unknown field (value {value!r}); remove it or fix its spelling{near}"
         case "union_tag_invalid":
@@ -320,6 +320,24 @@ def _describe(err: dict) -> str:
         case "missing":
             return f"{loc}: required field is missing; add it{hint}"
     return f"{loc}={value!r}: {err['msg']}; fix the value{hint}"
+
+
+def _switched(given: dict, overrides: list[str], found: list[str]) -> list[str]:
+    """For a section whose kind an override switched (`train.kind=grpo` over a file's DPO section)
+    and in which a problem was found: the settings the file gave it were another kind's."""
+    out = []
+    for ov in overrides:
+        key, _, kind = ov.partition("=")
+        section = key.removesuffix(".kind")
+        old = given.get(section) if key.endswith(".kind") and "." not in section else None
+        if not isinstance(old, dict) or old.get("kind") == kind or not set(old) - {"kind"} \
+                or section not in _default_kinds({}) or kind not in kinds_of(section):  # an unknown kind is named
+            continue
+        if any(p.startswith(f"{section}.") for p in found):
+            out.append(f"{key}={kind} keeps the settings {sorted(set(old) - {'kind'})} the file gives "
+                       f"{section} (kind {old.get('kind', 'default')!r}); to start from {kind}'s own defaults, "
+                       f"give a whole new section: \"{section}={{kind: {kind}}}\"")
+    return out
 
 
 def validation_problems(e: ValidationError) -> list[str]:
@@ -407,6 +425,7 @@ def config_from_dict(data: dict, overrides: list[str] = (), source: str = "defau
     those checks would refuse every run they guard; its own fields were checked when it started."""
     import copy
 
+    given = data
     data = copy.deepcopy(data)
     data, problems = apply_overrides(data, list(overrides))
     for section, kind in _default_kinds(data).items():
@@ -415,12 +434,13 @@ def config_from_dict(data: dict, overrides: list[str] = (), source: str = "defau
     try:
         cfg = PipelineConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(problems + validation_problems(e), source=source) from None
+        found = validation_problems(e)
+        raise ConfigError(problems + found + _switched(given, overrides, found), source=source) from None
     if resolved:
         _written_only(cfg, apply_overrides({}, list(overrides))[0])
     problems += _cross_checks(cfg)
     if problems:
-        raise ConfigError(problems, source=source)
+        raise ConfigError(problems + _switched(given, overrides, problems), source=source)
     return cfg
 
 

@@ -87,6 +87,20 @@ def test_a_key_given_twice_in_a_flow_mapping_is_refused_in_a_file_and_an_overrid
     assert load_config(None, ["data={eval_size: 10}", "sample={n: 4, max_tokens: 40}"]).data.eval_size == 10
 
 
+def test_a_kind_switched_over_a_files_section_says_how_to_start_from_the_new_kinds_defaults():
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIGS / "self_reward_dpo.yaml", ["train.kind=grpo"])
+    assert e.value.problems[0].startswith("train.loss_type=['sigmoid']: Input should be 'grpo'")
+    assert e.value.problems[-1].startswith("train.kind=grpo keeps the settings ['adapter', 'batch_size', 'beta'")
+    assert e.value.problems[-1].endswith("give a whole new section: \"train={kind: grpo}\"")
+    with pytest.raises(ConfigError) as e:  # a cross-field check of the switched section gets it too
+        load_config(CONFIGS / "default.yaml", ["train.kind=grpo", "sample.top_k=0", "sample.top_p=1.0"])
+    assert "remove train.epochs" in e.value.problems[0] and "train={kind: grpo}" in e.value.problems[-1]
+    with pytest.raises(ConfigError) as e:  # a problem elsewhere: no such line
+        load_config(CONFIGS / "default.yaml", ["train={kind: grpo}", "sample.top_k=50"])
+    assert not [p for p in e.value.problems if "keeps the settings" in p]
+
+
 def test_cross_field_checks_quote_the_numbers():
     with pytest.raises(ConfigError, match=r"train.max_length=40 cannot hold a prompt plus sample.max_tokens=48"):
         load_config(None, ["train.max_length=40"])
