@@ -1,5 +1,6 @@
 """bf16 against fp32 on this machine, side by side in one run: vLLM sampling tok/s and LoRA RFT
-training steps/s on the default model, and what `auto` picks here (models/dtype.py) and why.
+training steps/s on the default model, and what `auto` picks here (models/dtype.py) and why: with
+the probe's own figures where the CPU's flags leave the choice to it.
 
     python bench/dtype_bench.py [--prompts 32] [--n 4] [--max-tokens 48] [--steps 6]
 
@@ -87,6 +88,11 @@ def main() -> None:
     flags = sorted(f for f in dtype.cpu_flags() if f.startswith(("avx512", "amx")) or f == "avx2")
     print(f"\n{os.cpu_count()} CPUs; flags: {' '.join(flags) or 'none of avx2/avx512/amx'}")
     print(f"auto here: {choice.line()}")
+    if not dtype.gpu_capabilities() and any(f in dtype.cpu_flags() for f in dtype.BF16_CPU_FLAGS):
+        rec = dtype.probed()  # the flags leave it open here: what the probe measured (models/dtype.py)
+        if "error" not in rec:
+            print(f"probe: bf16 {rec['bf16_gflops']:.0f} GFLOP/s, fp32 {rec['fp32_gflops']:.0f} "
+                  f"(x{rec['bf16_gflops'] / rec['fp32_gflops']:.2f}; {rec['probe']})")
     print(f"sampling: vLLM, {a.prompts} prompts x n={a.n}, max_tokens={a.max_tokens}; training: LoRA RFT, batch 8, "
           f"{a.steps} steps\n")
     print("| dtype | sampling tok/s | engine load s | training steps/s |\n|---|---:|---:|---:|")

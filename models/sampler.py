@@ -25,9 +25,11 @@ class SamplerConfig(BaseModel):
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", json_schema_extra={"resolves": "dtype"}, description=(
-            "compute dtype; auto = bfloat16 where the hardware runs it natively (an NVIDIA GPU of compute capability "
-            "8.0 or higher; a CPU with AMX: amx_bf16), float16 on an older GPU, float32 on any other CPU (bf16 ran 1.3-3.3x "
-            "slower there); keyed by what it resolves to"))
+            "compute dtype; auto = bfloat16 where the hardware runs it faster than float32: an NVIDIA GPU of compute "
+            "capability 8.0 or higher, a CPU with AMX (amx_bf16), or a CPU with bf16 instructions but no AMX "
+            "(avx512_bf16) where a probe measured once per CPU model (kept in the user cache) ran bf16 at least 1.15x "
+            "fp32; float16 on an older GPU; float32 on any other CPU. RATCHET_AUTO_DTYPE overrides it; keyed by what "
+            "it resolves to"))
     max_model_len: int = Field(default=512, ge=64, description="prompt + completion token limit (vLLM)")
     kv_cache_gb: float = Field(default=1.0, gt=0, description="vLLM CPU KV-cache size in GiB")
     gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1, description="vLLM GPU memory fraction")

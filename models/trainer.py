@@ -61,9 +61,9 @@ class OptimSettings(BaseModel):
     max_length: int = Field(default=256, ge=16, description="tokens per row (prompt + completion); longer rows are cut")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         default="auto", json_schema_extra={"resolves": "precision"}, description=(
-            "auto = the same rule as sampler.dtype: bf16 autocast where the hardware runs bf16 natively (a GPU of "
-            "compute capability 8.0 or higher, a CPU with AMX), fp16 on an older GPU, else fp32; "
-            "fp16 needs a GPU; keyed by what it resolves to"))
+            "auto = the same rule as sampler.dtype: bf16 autocast where the hardware runs bf16 faster than fp32 (a "
+            "GPU of compute capability 8.0 or higher, a CPU with AMX, or one whose measured probe says so), fp16 "
+            "on an older GPU, else fp32; fp16 needs a GPU; keyed by what it resolves to"))
     gradient_checkpointing: bool = Field(default=False, description="trade compute for memory (big models)")
     attention: Literal["auto", "eager", "sdpa"] = Field(
         default="auto",

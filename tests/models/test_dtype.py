@@ -1,4 +1,6 @@
-"""`auto` dtype and precision: bf16 only where the hardware runs it natively (models/dtype.py)."""
+"""`auto` dtype and precision: bf16 where the hardware runs it faster than fp32 (models/dtype.py)."""
+
+import json
 
 import pytest
 from pydantic import BaseModel
@@ -27,16 +29,88 @@ AVX2_ONLY = " ".join(f for f in AVX512_ONLY.split(" ") if not f.startswith("avx5
 CPUINFO = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n{flags}\nbogomips\t: 4000\n"
 
 
-@pytest.mark.parametrize("line, want, why", [
-    (WITH_AMX, "bfloat16", "this CPU runs bf16 natively (amx_bf16)"),
-    # bench/dtype_bench.py on this machine: bf16 sampled and trained slower than fp32 (x0.79, x0.67)
-    (THIS_MACHINE, "float32", "this CPU has avx512_bf16 but no AMX (amx_bf16), where bf16 ran slower than fp32"),
-    (AVX512_ONLY, "float32", "this CPU has no native bf16 (no amx_bf16)"),
-    (AVX2_ONLY, "float32", "this CPU has no native bf16 (no amx_bf16)")])
-def test_a_cpu_gets_bf16_only_with_amx(line, want, why):
+def measured(ratio: float):
+    def probe():
+        return {"bf16_gflops": 100.0 * ratio, "fp32_gflops": 100.0, "measured": "2026-11-29", "path": "/c/x.json",
+                "cpu": {"model name": "AMD EPYC"}}
+    return probe
+
+
+def never():
+    raise AssertionError("the flags decide here: no probe")
+
+
+@pytest.mark.parametrize("line, probe, want, why", [
+    (WITH_AMX, never, "bfloat16", "this CPU runs bf16 natively (amx_bf16)"),
+    # the same flags, two CPUs: bench/dtype_bench.py gave bf16 x1.75 fp32 on an AMD EPYC, x0.79 on an Intel Xeon
+    (THIS_MACHINE, measured(1.75), "bfloat16", "AMD EPYC ran bf16 x1.75 fp32 in its probe (/c/x.json)"),
+    (THIS_MACHINE, measured(0.79), "float32", "AMD EPYC ran bf16 x0.79 fp32 in its probe (/c/x.json); bf16 from "
+     "x1.15"),
+    (THIS_MACHINE, measured(1.10), "float32", None),  # a near tie keeps float32: a re-probe cannot flip on noise
+    (THIS_MACHINE, lambda: {"error": "exit 1: no torch"}, "float32", "this CPU has bf16 instructions but no AMX, and "
+     "the probe that measures it failed (exit 1: no torch); the next run tries it again"),
+    (AVX512_ONLY, never, "float32", "this CPU has no bf16 instructions (no amx_bf16 or avx512_bf16)"),
+    (AVX2_ONLY, never, "float32", "this CPU has no bf16 instructions (no amx_bf16 or avx512_bf16)")])
+def test_a_cpu_gets_bf16_by_its_flags_or_where_they_leave_it_open_by_the_probe(line, probe, want, why):
     flags = dtype.cpu_flags(CPUINFO.format(flags=line))
     assert "avx2" in flags and ("avx512f" in flags) == (line is not AVX2_ONLY)
-    assert dtype.on_cpu(flags).line() == f"{want}: {why}"
+    choice = dtype.on_cpu(flags, probe)
+    assert choice.dtype == want and (why is None or choice.why == why)
+
+
+OTHER_CPU = CPUINFO.replace("Intel(R) Xeon(R) Processor", "AMD EPYC").replace("GenuineIntel", "AuthenticAMD")
+
+
+def test_the_probe_runs_once_per_cpu_model_and_is_read_back_after(tmp_path, monkeypatch):
+    """Measured once, kept in the user cache, read back by every later call (the key never flips
+    on one machine); another CPU model, or another torch, is measured anew; a record another
+    process kept first stands; an unreadable one is replaced."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    runs = []
+
+    def fake():
+        runs.append(1)
+        return {"bf16_gflops": 200.0 + len(runs), "fp32_gflops": 100.0, "threads": 2}
+
+    monkeypatch.setattr(dtype, "_measure", fake)
+    info = CPUINFO.format(flags=THIS_MACHINE)
+    first = dtype.probed(info)
+    assert len(runs) == 1 and first["bf16_gflops"] == 201.0 and first["cpu"]["model name"] == "Intel(R) Xeon(R) Processor"
+    assert dtype.probed(info) == first and len(runs) == 1
+    assert dtype.probed(OTHER_CPU.format(flags=THIS_MACHINE))["bf16_gflops"] == 202.0 and len(runs) == 2
+    model = dtype.cpu_model(info)
+    path = dtype.probe_path(model)
+    assert path.parent == tmp_path / "ratchet" / "dtype" and first["path"] == str(path)
+    kept = dtype._keep(path, {**first, "bf16_gflops": 999.0}, model)  # a second writer: the first record stands
+    assert kept["bf16_gflops"] == 201.0
+    path.write_text("{half a record")
+    assert dtype.probed(info)["bf16_gflops"] == 203.0 and len(runs) == 3
+    assert json.loads(path.read_text())["bf16_gflops"] == 203.0
+    monkeypatch.setattr(dtype.importlib_metadata, "version", lambda name: "9.9.9")
+    assert dtype.cpu_model(info)["torch"] == "9.9.9" and dtype.probe_path(dtype.cpu_model(info)) != path
+
+
+def test_the_probe_measures_both_dtypes_in_a_child(tmp_path):
+    """The real probe (about 5 s, torch in its own process): both rates measured and positive."""
+    rec = dtype._measure()
+    assert "error" not in rec, rec
+    assert rec["bf16_gflops"] > 0 and rec["fp32_gflops"] > 0 and rec["threads"] >= 1 and "576" in rec["probe"]
+
+
+def test_an_override_sets_what_auto_means_and_a_wrong_one_is_named(monkeypatch):
+    from ratchet.data.errors import ConfigError
+
+    dtype.auto.cache_clear()
+    try:
+        monkeypatch.setenv("RATCHET_AUTO_DTYPE", "float32")
+        assert dtype.auto().line() == "float32: set by RATCHET_AUTO_DTYPE"
+        dtype.auto.cache_clear()
+        monkeypatch.setenv("RATCHET_AUTO_DTYPE", "bf16")
+        with pytest.raises(ConfigError, match="RATCHET_AUTO_DTYPE='bf16': not a dtype; give one of bfloat16, float16, "
+                                              "float32, or unset it"):
+            dtype.auto()
+    finally:
+        dtype.auto.cache_clear()
 
 
 @pytest.mark.parametrize("caps, want", [([(7, 0)], "float16"), ([(7, 5)], "float16"), ([(8, 0)], "bfloat16"),
@@ -116,6 +190,6 @@ def test_check_and_the_run_header_say_the_dtype_and_why(monkeypatch):
 
     monkeypatch.setattr(dtype, "auto", lambda: dtype.on_cpu(dtype.cpu_flags(CPUINFO.format(flags=AVX512_ONLY))))
     assert dtype_line(load_config(None, [])) == ("dtype: sampling float32, training fp32 (float32 for auto: this CPU "
-                                                 "has no native bf16 (no amx_bf16))")
+                                                 "has no bf16 instructions (no amx_bf16 or avx512_bf16))")
     assert dtype_line(load_config(None, ["sampler.dtype=bfloat16", "train.precision=bf16"])) == \
         "dtype: sampling bfloat16, training bf16 (as set)"

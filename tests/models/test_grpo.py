@@ -101,7 +101,7 @@ def run(model_dir: Path, out: Path, backend: str = "hf", **cfg) -> dict:
     from ratchet.models.train_kinds.grpo import train_grpo
 
     settings = dict(steps=6, batch_size=2, learning_rate=1e-2, adapter="full", lr_scheduler="constant",
-                    checkpoint_steps=2, logging_steps=1) | cfg
+                    checkpoint_steps=2, logging_steps=1, precision="fp32") | cfg  # float32, as the engine samples
     return train_grpo(model_dir, PROMPTS, GRPOTrainConfig(**settings), out, 0, online(model_dir, backend))
 
 
