@@ -27,7 +27,8 @@ from ratchet.data.manifest import StageManifest
 from ratchet.flows.config import PipelineConfig
 from ratchet.flows.inputs import run_preload
 from ratchet.flows.runs import RunContext, set_state, start
-from ratchet.flows.stages import (EvalTarget, RoundResult, Session, agreement_task, base_task, cold_start_task,
+from ratchet.flows.shape import EvalTarget, round_shape, run_shape
+from ratchet.flows.stages import (RoundResult, Session, agreement_task, base_task, cold_start_task,
                                   demonstrations_task, drop_task, eval_targets_task, evaluate_task, filter_task,
                                   label_model_task, label_task, lineage_task, online_train_task, prompts_task,
                                   register_task, report_task, retire_task, sample_task, slice_task, start_model_task,
@@ -67,41 +68,98 @@ def set_aside(k: int, start: RoundResult, last: RoundResult) -> None:
                 f"{last.round}'s version {last.version} did not beat it (evaluate.next_round_from=best)"}))
 
 
+class FlowRound:
+    """A round's stages as the flow runs them (flows/shape.py `round_shape`): each a Prefect task,
+    tracked on the round's MLflow run `child`."""
+
+    def __init__(self, cfg: PipelineConfig, ctx: RunContext, child: str):
+        self.cfg, self.ctx, self.child = cfg, ctx, child
+
+    def slice(self, k, first, prompts):
+        return unwrap(slice_task(self.cfg, self.ctx, k, first, prompts, self.child))
+
+    def online_train(self, k, policy, prompts, label_model):
+        return unwrap(online_train_task(self.cfg, self.ctx, k, policy, prompts, self.child, label_model))
+
+    def sample(self, k, policy, prompts):
+        return unwrap(sample_task(self.cfg, self.ctx, k, policy, prompts, self.child))
+
+    def label(self, k, source, policy, label_model):
+        return unwrap(label_task(self.cfg, self.ctx, k, source, policy, self.child, label_model))
+
+    def filter(self, k, labels):
+        return unwrap(filter_task(self.cfg, self.ctx, k, labels, self.child))
+
+    def agreement(self, k, labels, train_set):
+        return agreement_task(self.cfg, self.ctx, k, labels, train_set, self.child)  # may stop the round
+
+    def train(self, k, policy, train_set):
+        return unwrap(train_task(self.cfg, self.ctx, k, policy, train_set, self.child))
+
+
+class FlowRun:
+    """The run's steps as the flow runs them (flows/shape.py `run_shape`): Prefect tasks on the
+    run's MLflow parent, and one subflow per round."""
+
+    def __init__(self, cfg: PipelineConfig, ctx: RunContext):
+        self.cfg, self.ctx = cfg, ctx
+        self.started = bool(ctx.start_version)
+
+    def prompts(self):
+        return unwrap(prompts_task(self.cfg, self.ctx))
+
+    def base(self):
+        return unwrap(start_model_task(self.cfg, self.ctx) if self.started else base_task(self.cfg, self.ctx))
+
+    def label_model(self):
+        return unwrap(label_model_task(self.cfg, self.ctx))
+
+    def targets(self, prompts):
+        return eval_targets_task(self.cfg, self.ctx, prompts)
+
+    def round_zero(self, base, targets, k):
+        return round_zero(self.cfg, self.ctx, base, targets, k)
+
+    def demonstrations(self):
+        return unwrap(demonstrations_task(self.cfg, self.ctx))
+
+    def cold_start_round(self, k, base, demos, targets, before):
+        return cold_start_round(self.cfg, self.ctx, k, base, demos, targets, before.version)
+
+    def begin(self, k, results):
+        start = trains_from(results, self.cfg.evaluate)
+        if start is not results[-1]:
+            set_aside(k, start, results[-1])
+        return start
+
+    def retire(self, k, pool, scored):
+        return unwrap(retire_task(self.cfg, self.ctx, k, pool, scored))
+
+    def round(self, k, start, pool, targets, first, label_model):
+        return round_flow(self.cfg, self.ctx, k, start.policy, pool, targets, start.version, first, label_model)
+
+    def waits(self, k):
+        raise AssertionError("the flow knows every round's result before the next begins")
+
+
 # flows ----------------------------------------------------------------------
 
 @flow(name="round", flow_run_name="round-{k}", validate_parameters=False)
 def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
                targets: list[EvalTarget], parent_version: str, first: int = 0,
                label_model: StageManifest | None = None) -> RoundResult:
-    """Round k (this run's first round is first + 1); `targets`: the held-out sets; `label_model`:
-    the label's fixed model, if any."""
+    """Round k (this run's first round is first + 1): its stages as flows/shape.py shapes them,
+    then its evaluations and registration; `targets`: the held-out sets; `label_model`: the
+    label's fixed model, if any."""
     child = Session(cfg, ctx).tracker.child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
     try:
-        done, train = [], prompts
-        if cfg.data.prompts_per_round:  # this round's own draw from the pool
-            done.append(train := unwrap(slice_task(cfg, ctx, k, first, prompts, child)))
-        if cfg.train.online:  # it samples, scores and trains in its own stage: prompts -> train -> evaluate
-            candidate = unwrap(online_train_task(cfg, ctx, k, policy, train, child, label_model))
-            evaluations = evaluate_all(cfg, ctx, k, candidate, targets, child)
-            result = register_task(cfg, ctx, k, candidate, evaluations, targets, parent_version, child,
-                                   [*done, candidate, *evaluations])
-            if cfg.drop_models:
-                drop_task(cfg, ctx, k)
-            return result.model_copy(update={"scored": candidate})
-        if cfg.label.consumes == "prompts":  # e.g. a tree search: it samples its own rollouts
-            done.append(labels := unwrap(label_task(cfg, ctx, k, train, policy, child, label_model)))
-        else:
-            samples = unwrap(sample_task(cfg, ctx, k, policy, train, child))
-            done += [samples, labels := unwrap(label_task(cfg, ctx, k, samples, policy, child, label_model))]
-        train_set = unwrap(filter_task(cfg, ctx, k, labels, child))
-        note = agreement_task(cfg, ctx, k, labels, train_set, child)  # may stop the round before training
-        candidate = unwrap(train_task(cfg, ctx, k, policy, train_set, child))
-        evaluations = evaluate_all(cfg, ctx, k, candidate, targets, child)
-        result = register_task(cfg, ctx, k, candidate, evaluations, targets, parent_version, child,
-                               [*done, train_set, candidate, *evaluations], note)
+        made = round_shape(cfg, FlowRound(cfg, ctx, child), k, policy, prompts, first, label_model)
+        evaluations = evaluate_all(cfg, ctx, k, made.candidate, targets, child)
+        result = register_task(cfg, ctx, k, made.candidate, evaluations, targets, parent_version, child,
+                               [*made.done, *evaluations], made.note)
         if cfg.drop_models:
             drop_task(cfg, ctx, k)
-        return result.model_copy(update={"scored": labels if cfg.label.consumes == "samples" else None})
+        return result.model_copy(update={"scored": made.scored})
     except BaseException:
         Session(cfg, ctx).tracker.end(child, "FAILED")
         raise
@@ -143,32 +201,11 @@ def cold_start_round(cfg: PipelineConfig, ctx: RunContext, k: int, base: StageMa
 
 @flow(name="self_improve", flow_run_name="{cfg.name}", validate_parameters=False)
 def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
-    prompts = unwrap(prompts_task(cfg, ctx))
-    base = unwrap(start_model_task(cfg, ctx) if ctx.start_version else base_task(cfg, ctx))
-    first = base.round if ctx.start_version else 0  # rounds count generations: a continuation numbers on
-    fixed = unwrap(label_model_task(cfg, ctx)) if cfg.label.fixed_model() else None
-    targets = eval_targets_task(cfg, ctx, prompts)
-    results = [round_zero(cfg, ctx, base, targets, first)]
-    if cold_starts(cfg, ctx.start_version):  # generation 1; the rounds build on it, whatever the base scored
-        demos = unwrap(demonstrations_task(cfg, ctx))
-        results.append(cold_start_round(cfg, ctx, first + 1, base, demos, targets, results[0].version))
-    begun, last, pool = len(results) - 1, results[-1].round, prompts
-    for k in range(last + 1, last + cfg.rounds + 1):
-        start = trains_from(results[begun:], cfg.evaluate)
-        if start is not results[-1]:
-            set_aside(k, start, results[-1])
-        if cfg.data.retire_solved and results[-1].scored is not None:  # what the last round solved leaves
-            pool = unwrap(retire_task(cfg, ctx, k, pool, results[-1].scored))
-        results.append(round_flow(cfg, ctx, k, start.policy, pool, targets, start.version, last, fixed))
+    """The run as flows/shape.py shapes it, then its lineage and report."""
+    results = run_shape(cfg, FlowRun(cfg, ctx))
     lineage_task(cfg, ctx, results[-1])
     report_task(cfg, ctx)
     return results
-
-
-def cold_starts(cfg: PipelineConfig, start_version: str | None) -> bool:
-    """Whether the run begins with the cold start: it has demonstrations and starts from the base
-    model (a continuation from a registered version starts past it)."""
-    return cfg.cold_start is not None and not start_version
 
 
 def warm_engine_wanted(cfg: PipelineConfig) -> bool:

@@ -9,7 +9,7 @@ It reads the data (the checks `ratchet check` makes of it, not those that need t
 the store's manifests and the code; it loads no model, imports neither torch nor vLLM, and
 writes nothing in the workdir or in MLflow. Each stage is keyed by `run_stage` itself, handed to
 a planner (tasks/plan.py) instead of run, so the plan and the run cannot key a stage differently.
-The walk below follows the flow (flows/pipeline.py): the stages of round 0, then each round's.
+The walk is the flow's own: flows/shape.py, which both walk, each with its own steps.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def plan(cfg: PipelineConfig, run: str | None = None, start: StageManifest | Non
     """The plan of the run `cfg` names (`run`: its name, when a record or `--from` gives another),
     from the base model, or from `start` (a registered version's stage, `--from`). `sources`: the
     data's digests where the caller has checked the data already (`ratchet run`)."""
-    from ratchet.flows.inputs import check_data, sources_of, with_sets
+    from ratchet.flows.inputs import check_data, with_sets
     from ratchet.flows.runs import read_record, run_name_for
 
     if sources is None:
@@ -85,107 +85,132 @@ def plan(cfg: PipelineConfig, run: str | None = None, start: StageManifest | Non
         pool_start = read_record(record).ctx.pool_start if record.is_file() else 0
     planner = Planner(ArtifactStore(workdir, create=False), run, cfg.name)
     store = ArtifactStore(workdir, create=False, planner=planner)  # run_stage hands its stages to the planner
-    _walk(cfg, planner, store, sources_of(sources), sources, start, pool_start)
+    _walk(cfg, planner, store, sources, start, pool_start)
     return Plan(run=run, workdir=workdir, steps=planner.steps)
 
 
-def _walk(cfg: PipelineConfig, planner: Planner, store: ArtifactStore, data_sources, sources: dict[str, str],
-          start: StageManifest | None, pool_start: int) -> None:
-    from ratchet.flows.pipeline import trains_from
-    from ratchet.flows.stages import EvalTarget, round_seed
-    from ratchet.tasks import agreement, prepare
-    from ratchet.tasks import filter as filter_mod
-    from ratchet.tasks import label as label_mod
-    from ratchet.tasks import sample as sample_mod
-    from ratchet.tasks import train as train_mod
+class _Stop(Exception):
+    """The walk ends here: what follows depends on a stage the plan cannot foresee (noted)."""
 
-    prompts, _ = prepare.prompts(store, cfg.data.pool(), cfg.seed, data_sources)
-    base = start if start is not None else _base(cfg, planner, store)
-    first = base.round if start is not None else 0
-    fixed = None
-    if (src := cfg.label.fixed_model()) is not None:
-        fixed = _model_stage(cfg, planner, store, src, "label-model", "label.model", cfg.label.chats)
-    targets = []
-    for s, stage in cfg.evaluate.stages():
-        held, source = prompts, s.source(cfg.data)
-        if s.data is not None:
-            from ratchet.flows.inputs import sources_of
 
-            held, _ = prepare.held_out(store, s.name, source, cfg.seed, sources_of(sources, s.name))
-        targets.append(EvalTarget(name=s.name, stage=stage, prompts=held, source=source,
-                                  rollout=s.rollout or cfg.sample.rollout))
-    results = [_evaluate(cfg, store, base, targets, first)]
-    if cfg.cold_start is not None and start is None:  # generation 1: the base model on the demonstrations
+class PlanRound:
+    """A round's stages as the plan walks them (flows/shape.py `round_shape`): each keyed by the
+    same call the flow makes, on a store that notes it instead of running it."""
+
+    def __init__(self, calls, planner: Planner, pool_start: int):
+        self.calls, self.planner, self.pool_start = calls, planner, pool_start
+
+    def slice(self, k, first, prompts):
+        return self.calls.slice(k, first, self.pool_start, prompts)[0]
+
+    def online_train(self, k, policy, prompts, label_model):
+        return self.calls.online_train(k, policy, prompts, label_model)[0]
+
+    def sample(self, k, policy, prompts):
+        return self.calls.sample(k, policy, prompts)[0]
+
+    def label(self, k, source, policy, label_model):
+        return self.calls.label(k, source, policy, label_model)[0]
+
+    def filter(self, k, labels):
+        return self.calls.filter(k, labels)[0]
+
+    def agreement(self, k, labels, train_set):
+        from ratchet.tasks import agreement
+
+        if pending(labels) or pending(train_set):
+            return ""  # decided once the labels are there
+        try:
+            return self.calls.agreement(k, labels, train_set).note
+        except agreement.LabelDisagreesError as e:
+            self.planner.note("train", k, "waits", f"the agreement gate stops round {k} before training: {e}")
+            raise _Stop from None
+
+    def train(self, k, policy, train_set):
+        return self.calls.train(k, policy, train_set)[0]
+
+
+class PlanRun:
+    """The run's steps as the plan walks them (flows/shape.py `run_shape`)."""
+
+    def __init__(self, cfg: PipelineConfig, planner: Planner, store: ArtifactStore, sources: dict[str, str],
+                 start: StageManifest | None, pool_start: int):
+        from ratchet.flows.shape import Calls
+
+        self.cfg, self.planner, self.store, self.sources = cfg, planner, store, sources
+        self.start, self.started = start, start is not None
+        self.calls = Calls(cfg, store)
+        self.rounds = PlanRound(self.calls, planner, pool_start)
+
+    def prompts(self):
+        from ratchet.flows.inputs import sources_of
+
+        return self.calls.prompts(sources_of(self.sources))[0]
+
+    def base(self):
+        return self.start if self.started else _base(self.cfg, self.planner, self.store)
+
+    def label_model(self):
+        return _model_stage(self.cfg, self.planner, self.store, self.cfg.label.fixed_model(), "label-model",
+                            "label.model", self.cfg.label.chats)
+
+    def targets(self, prompts):
+        return [t for t, _ in self.calls.held_out(prompts, self.sources)]
+
+    def round_zero(self, base, targets, k):
+        return self._evaluate(k, base, targets)
+
+    def demonstrations(self):
         from ratchet.flows.inputs import DEMOS
-        from ratchet.tasks import cold_start
 
-        demos, _ = cold_start.demonstrations(store, cfg.cold_start.demonstrations, sources[DEMOS])
-        candidate, _ = cold_start.cold_start(store, base, demos, cfg.cold_start, cfg.sample.rollout,
-                                             round_seed(cfg, first + 1), first + 1, isolate=cfg.isolate)
-        results.append(_evaluate(cfg, store, candidate, targets, first + 1))
-    begun, last = len(results) - 1, results[-1].round  # the rounds build on the cold start, whatever the base scored
-    for k in range(last + 1, last + cfg.rounds + 1):
-        if cfg.data.retire_solved and results[-1].scored is not None:  # what the last round solved leaves the pool
-            prompts, _ = prepare.retire(store, prompts, results[-1].scored, cfg.label.reward_range()[1], k)
-        known = all(r.accuracy is not None for r in results[begun:])
-        if cfg.evaluate.next_round_from == "best" and not known and len(results) - begun > 1:
-            for stage in _round_stages(cfg):
-                planner.note(stage, k, "waits", "on the gate's decision (evaluate.next_round_from=best): which model "
-                             "round k trains is known once the rounds before it are evaluated")
-            continue
-        begin = trains_from(results[begun:], cfg.evaluate) if known else results[-1]
-        policy, seed = begin.policy, round_seed(cfg, k)
-        train = prompts
-        if cfg.data.prompts_per_round:
-            count = cfg.data.prompts_per_round
-            train, _ = prepare.round_prompts(store, prompts, pool_start + (k - last - 1) * count, count, cfg.seed, k)
-        if cfg.train.online:  # it samples and scores inside its own stage
-            candidate, _ = train_mod.train_online(store, policy, train, cfg.train, cfg.sample, cfg.sampler, cfg.label,
-                                                  cfg.data, seed, k, isolate=cfg.isolate, label_model=fixed)
-            results.append(_evaluate(cfg, store, candidate, targets, k, scored=candidate))
-            continue
-        common = dict(sampler=cfg.sampler, seed=seed, isolate=cfg.isolate, executor=cfg.executor,
-                      rollout=cfg.sample.rollout, turn_tokens=cfg.sample.max_tokens)
-        if cfg.label.consumes == "prompts":
-            labels, _ = label_mod.label(store, train, cfg.label, cfg.data.pool(), k, policy=fixed or policy, **common)
-        else:
-            samples, _ = sample_mod.sample(store, policy, train, cfg.sample, cfg.sampler, seed, k, isolate=cfg.isolate,
-                                           executor=cfg.executor)
-            labels, _ = label_mod.label(store, samples, cfg.label, cfg.data.pool(), k, policy=fixed or policy,
-                                        **common)
-        train_set, _ = filter_mod.filter_rows(store, labels, cfg.filter, seed, k)
-        if not pending(labels) and not pending(train_set):
-            try:
-                agreement.check(cfg.agreement, cfg.label.title(), k, labels.metrics, train_set.metrics)
-            except agreement.LabelDisagreesError as e:
-                planner.note("train", k, "waits", f"the agreement gate stops round {k} before training: {e}")
-                return
-        candidate, _ = train_mod.train(store, policy, train_set, cfg.train, seed, k, isolate=cfg.isolate)
-        results.append(_evaluate(cfg, store, candidate, targets, k,
-                                 scored=labels if cfg.label.consumes == "samples" else None))
+        return self.calls.demonstrations(self.sources[DEMOS])[0]
+
+    def cold_start_round(self, k, base, demos, targets, before):
+        return self._evaluate(k, self.calls.cold_start(k, base, demos)[0], targets)
+
+    def begin(self, k, results):
+        from ratchet.flows.pipeline import trains_from
+
+        known = all(r.accuracy is not None for r in results)
+        if self.cfg.evaluate.next_round_from == "best" and not known and len(results) > 1:
+            return None  # which model round k trains is known once the rounds before it are evaluated
+        return trains_from(results, self.cfg.evaluate) if known else results[-1]
+
+    def retire(self, k, pool, scored):
+        return self.calls.retire(k, pool, scored)[0]
+
+    def round(self, k, start, pool, targets, first, label_model):
+        from ratchet.flows.shape import round_shape
+
+        made = round_shape(self.cfg, self.rounds, k, start.policy, pool, first, label_model)
+        return self._evaluate(k, made.candidate, targets, made.scored)
+
+    def waits(self, k):
+        from ratchet.flows.shape import round_stage_names
+
+        for stage in round_stage_names(self.cfg):
+            self.planner.note(stage, k, "waits", "on the gate's decision (evaluate.next_round_from=best): which model "
+                              "round k trains is known once the rounds before it are evaluated")
+
+    def _evaluate(self, k, policy, targets, scored=None) -> _Round:
+        scores = {}
+        for t in targets:
+            m, _ = self.calls.evaluate(k, policy, t)
+            scores[t.name] = None if pending(m) else m.metrics["accuracy"]
+        if any(v is None for v in scores.values()):
+            return _Round(k, policy, None, None, scored)
+        return _Round(k, policy, scores[self.cfg.evaluate.gate_set], scores, scored)
 
 
-def _round_stages(cfg: PipelineConfig) -> list[str]:
-    stages = ["pool"] if cfg.data.retire_solved else []
-    stages += ["slice"] if cfg.data.prompts_per_round else []
-    if cfg.train.online:
-        return stages + ["train"] + [stage for _, stage in cfg.evaluate.stages()]
-    stages += ["label"] if cfg.label.consumes == "prompts" else ["sample", "label"]
-    return stages + ["filter", "train"] + [stage for _, stage in cfg.evaluate.stages()]
+def _walk(cfg: PipelineConfig, planner: Planner, store: ArtifactStore, sources: dict[str, str],
+          start: StageManifest | None, pool_start: int) -> None:
+    """The run's stages, in the flow's order: flows/shape.py walked with the plan's steps."""
+    from ratchet.flows.shape import run_shape
 
-
-def _evaluate(cfg: PipelineConfig, store: ArtifactStore, policy: StageManifest, targets: list, k: int,
-              scored: StageManifest | None = None) -> _Round:
-    from ratchet.tasks import evaluate as evaluate_mod
-
-    scores = {}
-    for t in targets:
-        m, _ = evaluate_mod.evaluate(store, policy, t.prompts, cfg.evaluate, cfg.sampler, t.source, cfg.seed, k,
-                                     isolate=cfg.isolate, executor=cfg.executor, stage=t.stage, rollout=t.rollout)
-        scores[t.name] = None if pending(m) else m.metrics["accuracy"]
-    if any(v is None for v in scores.values()):
-        return _Round(k, policy, None, None, scored)
-    return _Round(k, policy, scores[cfg.evaluate.gate_set], scores, scored)
+    try:
+        run_shape(cfg, PlanRun(cfg, planner, store, sources, start, pool_start))
+    except _Stop:
+        return
 
 
 def _base(cfg: PipelineConfig, planner: Planner, store: ArtifactStore) -> StageManifest:

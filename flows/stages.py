@@ -22,18 +22,13 @@ from ratchet.data.errors import RatchetError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore
 from ratchet.flows.config import PipelineConfig
-from ratchet.data.prompts import SourceConfig
 from ratchet.flows.inputs import resolve_model, sources_of
 from ratchet.flows.runs import RunContext
+from ratchet.flows.shape import Calls, EvalTarget
 from ratchet.flows.tracking import Gate, SetScore, Tracker, TrackingError
 from ratchet.models.prompt_format import written_template
 from ratchet.data.procs import forkserver
-from ratchet.tasks import cold_start as cold_start_mod
-from ratchet.tasks import evaluate as evaluate_mod
-from ratchet.tasks import filter as filter_mod
-from ratchet.tasks import label as label_mod
-from ratchet.tasks import prepare, sample as sample_mod, train as train_mod
-from ratchet.tasks.sample import RolloutConfig
+from ratchet.tasks import prepare
 from ratchet.tasks.stage import READS_MODELS
 
 
@@ -56,18 +51,6 @@ class RoundResult(BaseModel):
                                          "data.retire_solved reads")
 
 
-class EvalTarget(BaseModel):
-    """One held-out set as the flow evaluates it (evaluate.sets): its name, its stage's name,
-    the stage holding its prompts, and the source that scores them."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str
-    stage: str
-    prompts: StageManifest
-    source: SourceConfig
-    rollout: RolloutConfig  # the set's own, or the samples' (sample.rollout)
-
-
 class Session:
     """What one task works with, opened once: the run's config and context, its store and its
     tracker (made when first used)."""
@@ -78,6 +61,11 @@ class Session:
     @functools.cached_property
     def store(self) -> ArtifactStore:
         return ArtifactStore(Path(self.ctx.workdir))
+
+    @functools.cached_property
+    def calls(self) -> Calls:
+        """Each stage's call into tasks/ (flows/shape.py), recorded for this run."""
+        return Calls(self.cfg, self.store, self.ctx.run_name)
 
     @functools.cached_property
     def tracker(self) -> Tracker:
@@ -91,10 +79,6 @@ class Session:
         if log.exists():
             self.tracker.log_file(child, log, f"logs/{m.stage}.log")
         return True
-
-
-def round_seed(cfg: PipelineConfig, k: int) -> int:
-    return cfg.seed * 1000 + k
 
 
 def finished(m: StageManifest, reused: bool):
@@ -120,7 +104,7 @@ def unwrap(x):
 @task(name="prompts", cache_policy=NONE, retries=0)
 def prompts_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     ses = Session(cfg, ctx)
-    m, reused = prepare.prompts(ses.store, cfg.data.pool(), cfg.seed, sources_of(ctx.sources), run=ctx.run_name)
+    m, reused = ses.calls.prompts(sources_of(ctx.sources))
     t = ses.tracker
     if t.log_stage(ctx.parent_run_id, m, reused):
         t.log_dataset(ctx.parent_run_id, ses.store, m, "train.jsonl", "train-prompts")
@@ -134,9 +118,7 @@ def slice_task(cfg: PipelineConfig, ctx: RunContext, k: int, first: int, prompts
     """Round k's train prompts: the next data.prompts_per_round of the pool's stream (this run
     starts at ctx.pool_start; its first round is first + 1)."""
     ses = Session(cfg, ctx)
-    count = cfg.data.prompts_per_round
-    m, reused = prepare.round_prompts(ses.store, prompts, ctx.pool_start + (k - first - 1) * count, count,
-                                      cfg.seed, k, run=ctx.run_name)
+    m, reused = ses.calls.slice(k, first, ctx.pool_start, prompts)
     t = ses.tracker
     if t.log_stage(child, m, reused):
         t.log_dataset(child, ses.store, m, "train.jsonl", "round-prompts")
@@ -192,8 +174,7 @@ def start_manifest(store: ArtifactStore, tracker: Tracker, version: str) -> Stag
 def sample_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
                 child: str) -> StageManifest:
     ses = Session(cfg, ctx)
-    m, reused = sample_mod.sample(ses.store, policy, prompts, cfg.sample, cfg.sampler, round_seed(cfg, k), k,
-                                  isolate=cfg.isolate, run=ctx.run_name, executor=cfg.executor)
+    m, reused = ses.calls.sample(k, policy, prompts)
     t = ses.tracker
     if ses.logged(child, m, reused):
         t.log_dataset(child, ses.store, m, "samples.jsonl", "samples")
@@ -207,10 +188,7 @@ def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, source: StageManife
     with the label's fixed model (`label_model`) where it has one, else the policy."""
     ses = Session(cfg, ctx)
     store = ses.store
-    m, reused = label_mod.label(store, source, cfg.label, cfg.data.pool(), k, policy=label_model or policy,
-                                sampler=cfg.sampler,
-                                seed=round_seed(cfg, k), isolate=cfg.isolate, run=ctx.run_name,
-                                executor=cfg.executor, rollout=cfg.sample.rollout, turn_tokens=cfg.sample.max_tokens)
+    m, reused = ses.calls.label(k, source, policy, label_model)
     t = ses.tracker
     if ses.logged(child, m, reused):
         for name in cfg.label.outputs:  # a kind's own files (the search trees), for inspection
@@ -222,7 +200,7 @@ def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, source: StageManife
 @task(name="filter", cache_policy=NONE, retries=0)
 def filter_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageManifest, child: str) -> StageManifest:
     ses = Session(cfg, ctx)
-    m, reused = filter_mod.filter_rows(ses.store, labels, cfg.filter, round_seed(cfg, k), k, run=ctx.run_name)
+    m, reused = ses.calls.filter(k, labels)
     t = ses.tracker
     if ses.logged(child, m, reused):
         t.log_dataset(child, ses.store, m, "train_set.jsonl", "training")
@@ -236,9 +214,10 @@ def agreement_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageMa
     the round, or returns its note, which goes on the round's MLflow run and to the console."""
     from ratchet.tasks import agreement
 
-    t = Session(cfg, ctx).tracker
+    ses = Session(cfg, ctx)
+    t = ses.tracker
     try:
-        verdict = agreement.check(cfg.agreement, label_name(cfg), k, labels.metrics, train_set.metrics)
+        verdict = ses.calls.agreement(k, labels, train_set)
     except agreement.LabelDisagreesError as e:
         t.client.set_tag(child, "ratchet.agreement", str(e)[:5000])
         raise
@@ -251,18 +230,12 @@ def agreement_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageMa
     return verdict.note
 
 
-def label_name(cfg: PipelineConfig) -> str:
-    """The round's label as a user configured it, in a few words."""
-    return cfg.label.title()
-
-
 @task(name="train", cache_policy=NONE, retries=0)
 def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, train_set: StageManifest,
                child: str) -> StageManifest:
     ses = Session(cfg, ctx)
     store = ses.store
-    m, reused = train_mod.train(store, policy, train_set, cfg.train, round_seed(cfg, k), k, isolate=cfg.isolate,
-                                run=ctx.run_name)
+    m, reused = ses.calls.train(k, policy, train_set)
     t = ses.tracker
     if ses.logged(child, m, reused):
         t.log_train_curve(child, store, m)
@@ -277,9 +250,7 @@ def online_train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: Stag
     in one stage."""
     ses = Session(cfg, ctx)
     store = ses.store
-    m, reused = train_mod.train_online(store, policy, prompts, cfg.train, cfg.sample, cfg.sampler, cfg.label,
-                                       cfg.data, round_seed(cfg, k), k, isolate=cfg.isolate, run=ctx.run_name,
-                                       label_model=label_model)
+    m, reused = ses.calls.online_train(k, policy, prompts, label_model)
     t = ses.tracker
     if ses.logged(child, m, reused):
         t.log_train_curve(child, store, m)
@@ -291,7 +262,7 @@ def retire_task(cfg: PipelineConfig, ctx: RunContext, k: int, pool: StageManifes
     """Round k's pool (data.retire_solved): `pool` without the prompts every sample of the round
     before solved (`scored`); its counts on the run's MLflow parent, at step k."""
     ses = Session(cfg, ctx)
-    m, reused = prepare.retire(ses.store, pool, scored, cfg.label.reward_range()[1], k, run=ctx.run_name)
+    m, reused = ses.calls.retire(k, pool, scored)
     if ses.tracker.log_stage(ctx.parent_run_id, m, reused):
         ses.tracker.log_metrics(ctx.parent_run_id, {k_: m.metrics[k_] for k_ in ("retired", "left")}, prefix="pool.",
                                 step=k)
@@ -304,8 +275,7 @@ def demonstrations_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     from ratchet.flows.inputs import DEMOS
 
     ses = Session(cfg, ctx)
-    m, reused = cold_start_mod.demonstrations(ses.store, cfg.cold_start.demonstrations, ctx.sources[DEMOS],
-                                              run=ctx.run_name)
+    m, reused = ses.calls.demonstrations(ctx.sources[DEMOS])
     if ses.tracker.log_stage(ctx.parent_run_id, m, reused):
         ses.tracker.log_dataset(ctx.parent_run_id, ses.store, m, "demonstrations.jsonl", "demonstrations")
     return finished(m, reused)
@@ -316,8 +286,7 @@ def cold_start_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageM
                     child: str) -> StageManifest:
     """Generation k's model (the first of the run): `policy` fine-tuned on the demonstrations."""
     ses = Session(cfg, ctx)
-    m, reused = cold_start_mod.cold_start(ses.store, policy, demos, cfg.cold_start, cfg.sample.rollout,
-                                          round_seed(cfg, k), k, isolate=cfg.isolate, run=ctx.run_name)
+    m, reused = ses.calls.cold_start(k, policy, demos)
     if ses.logged(child, m, reused):
         ses.tracker.log_train_curve(child, ses.store, m)
     return finished(m, reused)
@@ -328,16 +297,11 @@ def eval_targets_task(cfg: PipelineConfig, ctx: RunContext, prompts: StageManife
     """Every held-out set of evaluate.sets: the task's own split (`prompts`), or a set's own
     prompts stage (`prompts.<name>`), logged on the parent run beside the task's."""
     ses = Session(cfg, ctx)
-    store, t, out = ses.store, ses.tracker, []
-    for s, stage in cfg.evaluate.stages():
-        held, source = prompts, s.source(cfg.data)
-        if s.data is not None:
-            held, reused = prepare.held_out(store, s.name, source, cfg.seed, sources_of(ctx.sources, s.name),
-                                            run=ctx.run_name)
-            if t.log_stage(ctx.parent_run_id, held, reused):
-                t.log_dataset(ctx.parent_run_id, store, held, "eval.jsonl", f"eval-prompts-{s.name}")
-        out.append(EvalTarget(name=s.name, stage=stage, prompts=held, source=source,
-                              rollout=s.rollout or cfg.sample.rollout))
+    t, out = ses.tracker, []
+    for target, reused in ses.calls.held_out(prompts, ctx.sources):
+        if reused is not None and t.log_stage(ctx.parent_run_id, target.prompts, reused):
+            t.log_dataset(ctx.parent_run_id, ses.store, target.prompts, "eval.jsonl", f"eval-prompts-{target.name}")
+        out.append(target)
     return out
 
 
@@ -354,10 +318,7 @@ def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
 
 
 def evaluate_on(ses: Session, policy: StageManifest, target: EvalTarget, k: int) -> tuple[StageManifest, bool]:
-    cfg, ctx = ses.cfg, ses.ctx
-    return evaluate_mod.evaluate(ses.store, policy, target.prompts, cfg.evaluate, cfg.sampler, target.source,
-                                 cfg.seed, k, isolate=cfg.isolate, run=ctx.run_name, executor=cfg.executor,
-                                 stage=target.stage, rollout=target.rollout)
+    return ses.calls.evaluate(k, policy, target)
 
 
 @task(name="register", cache_policy=NONE, retries=0)

@@ -1,0 +1,132 @@
+"""The shape of a run, written once (flows/shape.py): the flow and `ratchet plan` both walk it, so
+what a round runs, and in what order, is decided in one place. Walked here with steps that record
+what they are asked to do."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from ratchet.flows.config import load_config
+from ratchet.flows.shape import round_shape, round_stage_names, run_shape
+
+
+@pytest.mark.parametrize("config, overrides, names", [
+    ("flows/configs/default.yaml", [], ["sample", "label", "filter", "train", "evaluate"]),
+    ("flows/configs/grpo.yaml", [], ["train", "evaluate"]),  # it samples and scores inside its stage
+    ("flows/configs/mcts_dpo.yaml", [], ["label", "filter", "train", "evaluate"]),  # the search samples its own
+    ("flows/configs/default.yaml", ["data.prompts_per_round=16", "data.retire_solved=true",
+                                    "evaluate.sets=[{name: task}, {name: more, data: {kind: addition}}]"],
+     ["pool", "slice", "sample", "label", "filter", "train", "evaluate", "evaluate.more"]),
+])
+def test_a_round_s_stages_follow_its_kinds(config, overrides, names):
+    assert round_stage_names(load_config(config, overrides)) == names
+
+
+@dataclass
+class R:
+    round: int
+    policy: str
+    scored: str | None = None
+
+
+class Recorder:
+    """RunSteps and RoundSteps at once: each call is recorded as (what, round)."""
+
+    def __init__(self, started=False, waits_from=None):
+        self.calls, self.started, self.waits_from = [], started, waits_from
+
+    def _did(self, what, k=None, out=None):
+        self.calls.append((what, k))
+        return out if out is not None else f"{what}-{k}"
+
+    def prompts(self):
+        return self._did("prompts")
+
+    def base(self):
+        self._did("base")
+        return R(5 if self.started else 0, "base")
+
+    def label_model(self):
+        return self._did("label-model")
+
+    def targets(self, prompts):
+        self._did("targets")
+        return ["evaluate"]
+
+    def round_zero(self, base, targets, k):
+        return self._did("round-zero", k, R(k, base.policy))
+
+    def demonstrations(self):
+        return self._did("demonstrations")
+
+    def cold_start_round(self, k, base, demos, targets, before):
+        return self._did("cold-start", k, R(k, "cold"))
+
+    def begin(self, k, results):
+        self._did("begin", k)
+        return None if self.waits_from is not None and k >= self.waits_from else results[-1]
+
+    def retire(self, k, pool, scored):
+        return self._did("pool", k)
+
+    def round(self, k, start, pool, targets, first, label_model):
+        made = round_shape(self.cfg, self, k, start.policy, pool, first, label_model)
+        return self._did("round", k, R(k, made.candidate, made.scored))
+
+    def waits(self, k):
+        self._did("waits", k)
+
+    # a round's own steps
+    def slice(self, k, first, prompts):
+        return self._did("slice", k)
+
+    def online_train(self, k, policy, prompts, label_model):
+        return self._did("train", k)
+
+    def sample(self, k, policy, prompts):
+        return self._did("sample", k)
+
+    def label(self, k, source, policy, label_model):
+        return self._did("label", k)
+
+    def filter(self, k, labels):
+        return self._did("filter", k)
+
+    def agreement(self, k, labels, train_set):
+        self._did("agreement", k)
+        return ""
+
+    def train(self, k, policy, train_set):
+        return self._did("train", k)
+
+
+def walk(overrides, **kw):
+    r = Recorder(**kw)
+    r.cfg = load_config("flows/configs/default.yaml", ["rounds=2", *overrides])
+    results = run_shape(r.cfg, r)
+    return [f"{w}" if k is None else f"{w}@{k}" for w, k in r.calls], results
+
+
+def test_a_run_walks_round_zero_then_each_round_on_the_model_begin_picks():
+    calls, results = walk([])
+    assert calls == ["prompts", "base", "targets", "round-zero@0",
+                     "begin@1", "sample@1", "label@1", "filter@1", "agreement@1", "train@1", "round@1",
+                     "begin@2", "sample@2", "label@2", "filter@2", "agreement@2", "train@2", "round@2"]
+    assert [r.round for r in results] == [0, 1, 2] and results[-1].scored == "label-2"
+
+
+def test_a_cold_start_is_generation_1_and_a_continuation_numbers_on_past_it(tmp_path):
+    demos = tmp_path / "d.jsonl"
+    demos.write_text('{"prompt": "What is 1 + 1?", "completion": "2"}\n')
+    calls, results = walk([f"cold_start.demonstrations={demos}"])
+    assert calls[3:7] == ["round-zero@0", "demonstrations", "cold-start@1", "begin@2"]
+    assert [r.round for r in results] == [0, 1, 2, 3]
+    calls, results = walk([f"cold_start.demonstrations={demos}"], started=True)  # from version of round 5
+    assert "demonstrations" not in calls and [r.round for r in results] == [5, 6, 7]
+
+
+def test_the_pool_retires_what_the_round_before_solved_and_a_round_that_waits_stops_the_walk():
+    calls, _ = walk(["data.retire_solved=true"])
+    assert [c for c in calls if c.startswith(("pool", "begin"))] == ["begin@1", "begin@2", "pool@2"]  # round 0: none
+    calls, results = walk(["rounds=3"], waits_from=2)  # the plan, before round 1 is evaluated
+    assert calls[-4:] == ["round@1", "begin@2", "waits@2", "waits@3"] and len(results) == 2
