@@ -526,11 +526,11 @@ def cmd_plan(args) -> int:
     import json
 
     from ratchet.flows.plan import plan, start_of
-    from ratchet.flows.runs import choose_run, read_record, run_name_for
+    from ratchet.flows.runs import choose_run, read_record, recorded_name
 
     config, _, overrides = _words(args, "plan", [], required=0)
     chosen = choose_run(config, overrides, args.workdir, args.run, need=config is None)
-    run = chosen.run or run_name_for(chosen.cfg)
+    run = chosen.run or recorded_name(chosen.cfg, chosen.workdir)
     record = chosen.workdir / "runs" / f"{run}.json"
     ctx = read_record(record).ctx if record.is_file() else None
     start = start_of(chosen.cfg, chosen.workdir, ctx.start_version) if ctx and ctx.start_version else None
@@ -595,24 +595,24 @@ RUN_NAMING = ("Every command that reads a run (resume, report, runs, lineage, ex
 
 
 def _run_command(sub, name: str, fn, help: str, description: str, *, args: str = "", tail: str = "",
-                 words: str = "none", json: bool = False) -> argparse.ArgumentParser:
+                 words: str = "none", json: bool = False, run_help: str | None = None) -> argparse.ArgumentParser:
     """A command that reads a run: `ratchet NAME [CONFIG] ARGS [key=value ...] [--workdir W] [--run RUN]
     TAIL`, its description ending in how every such command names its run."""
     s = sub.add_parser(name, help=help, usage=RUN_USAGE.format(command=name, args=args) + tail,
                        description=f"{description} {RUN_NAMING}")
-    _run_args(s, f"{name}: {words}", json)
+    _run_args(s, f"{name}: {words}", json, run_help)
     s.set_defaults(fn=fn)
     return s
 
 
-def _run_args(s: argparse.ArgumentParser, words: str, json: bool = False) -> None:
+def _run_args(s: argparse.ArgumentParser, words: str, json: bool = False, run_help: str | None = None) -> None:
     """[CONFIG] [ARG ...] [key=value ...] [--workdir W] [--run RUN]: a command that reads a run."""
     s.add_argument("overrides", nargs="*", metavar="WORD", help="the run's YAML config (optional), this command's "
                    f"own arguments ({words}), then dotted overrides as given to `run`")
     s.add_argument("--workdir", default=None, metavar="W", help="the workdir the run is in (default: the config's; "
                    "with no config, ./runs)")
-    s.add_argument("--run", default=None, metavar="RUN", help="the run's name, as `ratchet runs` lists it (default: "
-                   "the run the config names, else the newest)")
+    s.add_argument("--run", default=None, metavar="RUN", help=run_help or "the run's name, as `ratchet runs` lists "
+                   "it (default: the run the config names, else the newest)")
     if json:
         s.add_argument("--json", action="store_true", help="machine-readable output (which run was read goes to "
                        "standard error)")
@@ -708,7 +708,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "run that started them finished, or has no record), and scratch a kill left in finished "
                      "stages. A directory a live process holds is never touched, nor is any finished output. "
                      "--dry-run lists each with the reason. It reads every run of the workdir, so it takes no --run.",
-                     tail=" [--dry-run] [--all] [--models]")
+                     tail=" [--dry-run] [--all] [--models]",
+                     run_help="refused by gc, which reads every run of the workdir at once (a stage may be shared "
+                     "by several); `--dry-run` lists which run keeps what")
     s.add_argument("--dry-run", action="store_true", help="list what would be removed and why, remove nothing")
     s.add_argument("--all", action="store_true", help="also remove unfinished stages a recorded run could still "
                    "resume (never one a live process holds)")

@@ -96,6 +96,10 @@ def check_data(cfg: PipelineConfig) -> tuple[Split, dict[str, Split]]:
         raise ConfigError(problems, source="sample.rollout" + (" and evaluate.sets" if len(rollouts) > 1 else ""))
     if problems := cfg.data.check.problems(columns(split.train + split.eval)):  # loaded once, as a stage will
         raise ConfigError(problems, source="data.check")
+    if not cfg.train.online and cfg.label.consumes == "samples":  # sample.n completions of each round prompt
+        per_round = min(len(split.train), cfg.data.prompts_per_round or len(split.train))
+        if problems := cfg.filter.ceiling_checks(per_round, cfg.sample.n):
+            raise ConfigError(problems, source="filter")
     sets = held_out_sets(cfg, split)
     if cfg.cold_start is not None:  # every row, its tool calls run and its episodes replayed
         from ratchet.tasks.cold_start import check

@@ -73,13 +73,13 @@ def plan(cfg: PipelineConfig, run: str | None = None, start: StageManifest | Non
     from the base model, or from `start` (a registered version's stage, `--from`). `sources`: the
     data's digests where the caller has checked the data already (`ratchet run`)."""
     from ratchet.flows.inputs import check_data, with_sets
-    from ratchet.flows.runs import read_record, run_name_for
+    from ratchet.flows.runs import read_record, recorded_name
 
     if sources is None:
         split, sets = check_data(cfg)
         sources = with_sets(split, sets).digests
     workdir = Path(cfg.workdir).resolve()
-    run = run or run_name_for(cfg)
+    run = run or recorded_name(cfg, workdir)
     if pool_start is None:
         record = workdir / "runs" / f"{run}.json"
         pool_start = read_record(record).ctx.pool_start if record.is_file() else 0

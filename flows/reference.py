@@ -81,6 +81,12 @@ def _models(ann: Any) -> list[type[BaseModel]]:
     return []
 
 
+def _not_taken(model: type[BaseModel]) -> dict[str, str]:
+    """The fields a kind has (from a base it shares) but refuses where given (`not_taken`): the
+    reference lists them under the kinds that take them, not under every kind."""
+    return getattr(model, "not_taken", {})
+
+
 def _kind_of(model: type[BaseModel]) -> str | None:
     f = model.model_fields.get("kind")
     return f.default if f is not None and isinstance(f.default, str) else None
@@ -209,7 +215,7 @@ class _Walk:
             sec.entries += [e for e in shared.values()]
             for m in kinds:
                 for name, f in m.model_fields.items():
-                    if name != "kind" and f"{path}.{name}" not in shared:
+                    if name != "kind" and f"{path}.{name}" not in shared and name not in _not_taken(m):
                         sec.entries += self.fields(f"{path}.{name}", f, _kind_of(m), owner=path)
         else:
             for name, f in models[0].model_fields.items():
@@ -219,7 +225,7 @@ class _Walk:
         """Fields every kind has, alike in type, default, bounds and description."""
         out = {}
         for name, f in kinds[0].model_fields.items():
-            if name == "kind":
+            if name == "kind" or any(name in _not_taken(m) for m in kinds):
                 continue
             first = self.fields(f"{path}.{name}", f, None)
             if all(name in m.model_fields and self.fields(f"{path}.{name}", m.model_fields[name], None) == first

@@ -9,6 +9,7 @@ resolved config, so `ratchet resume RUN` needs nothing else.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -98,12 +99,47 @@ def run_name_for(cfg: PipelineConfig) -> str:
     """A pipeline run is its config, with the paths of the files it reads but not their contents:
     the same command names the same run, so it continues it, also after the user fixed a reward
     function, an environment or a data file. Each file's digest keys the stages that read it
-    (they run again) and stands in the lineage, not in the run's name."""
+    (they run again) and stands in the lineage, not in the run's name. The workdir is not in it
+    either: the run's record lives there, so it is found under any spelling of the folder
+    (relative, absolute, ./runs, a symlink)."""
     from ratchet.data.userfiles import without_digests
 
-    # where units run and which weights are kept on disk change no result
+    # where units run and which weights are kept on disk change no result; where the run lives holds it
+    same = without_digests(cfg).model_dump(mode="json", exclude={"executor", "drop_models", "workdir"})
+    return f"{cfg.name}-{sha256_json(same)[:10]}"
+
+
+def _name_before(cfg: PipelineConfig) -> str:
+    """The name a run was given before its workdir left the name (2026-11-29): with the workdir
+    as the config wrote it."""
+    from ratchet.data.userfiles import without_digests
+
     same = without_digests(cfg).model_dump(mode="json", exclude={"executor", "drop_models"})
     return f"{cfg.name}-{sha256_json(same)[:10]}"
+
+
+def recorded_name(cfg: PipelineConfig, workdir: Path) -> str:
+    """The name of the run `cfg` names in `workdir`: `run_name_for(cfg)`, or, where only a run
+    recorded under the older naming is there (its config's workdir as written then in the name),
+    that run's name, so it continues under it."""
+    named, runs = run_name_for(cfg), workdir / "runs"
+    if not runs.is_dir() or _recorded(runs, named):
+        return named
+    for path in sorted(runs.glob(f"{cfg.name}-*.json")):
+        try:
+            written = json.loads(path.read_bytes())["config"]["workdir"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not isinstance(written, str):
+            continue
+        before = _name_before(cfg.model_copy(update={"workdir": written}))
+        if path.stem == before or path.stem.startswith(f"{before}-from-v"):
+            return before
+    return named
+
+
+def _recorded(runs: Path, name: str) -> bool:
+    return (runs / f"{name}.json").exists() or any(runs.glob(f"{name}-from-v*.json"))
 
 
 def load_record(workdir: Path, run_name: str) -> RunRecord:
@@ -176,7 +212,7 @@ def start(cfg: PipelineConfig, start_from: str | None = None, split: Split | Non
     (workdir / "runs").mkdir(parents=True, exist_ok=True)
     tracker = Tracker(cfg.tracking, workdir, cfg.name)
     version = start_version(tracker, start_from)
-    run_name = run_name or run_name_for(cfg) + (f"-from-v{version}" if version else "")
+    run_name = run_name or recorded_name(cfg, workdir) + (f"-from-v{version}" if version else "")
     resolved = cfg.model_dump(mode="json")
     code, commit = code_digest(), git_commit()
     tags = {"ratchet.run": run_name, "ratchet.code_version": code, "ratchet.config_hash": sha256_json(resolved)[:16]}
@@ -485,7 +521,7 @@ def choose_run(config: str | None, overrides: list[str] = (), workdir: str | Non
             return Chosen(cfg=cfg, workdir=where, run=run, how="named by --run")
         if not need:
             return Chosen(cfg=cfg, workdir=where, run=None, how=f"{where / 'runs'}")
-        named = run_name_for(cfg)
+        named = recorded_name(cfg, where)
         if (where / "runs" / f"{named}.json").exists():
             return Chosen(cfg=cfg, workdir=where, run=named, how=f"the run {config} names")
         if (started := _newest(where, f"{named}-from-v")) is not None:

@@ -112,3 +112,14 @@ def test_overrides_after_an_option_are_overrides_and_anything_else_is_refused(tm
     assert r.returncode == 1 and f"no artifact store at {tmp_path / 'w'}" in r.stderr
     r = _ratchet("gc", "flows/configs/default.yaml", "--dry-run", "--bogus")
     assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr
+
+
+def test_a_field_a_kind_refuses_is_listed_only_under_the_kinds_that_take_it():
+    """GRPO runs train.steps steps and refuses epochs and grad_accum: the reference lists those
+    under rft and dpo, never under every kind or grpo; `--explain` qualifies them the same way."""
+    from ratchet.flows.reference import explain
+
+    train = [e for e in reference.entries() if e.path in ("train.epochs", "train.grad_accum")]
+    assert sorted((e.path, e.kind) for e in train) == [("train.epochs", "dpo"), ("train.epochs", "rft"),
+                                                       ("train.grad_accum", "dpo"), ("train.grad_accum", "rft")]
+    assert "grpo" not in explain("train.epochs") and "rft" in explain("train.epochs")

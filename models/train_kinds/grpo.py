@@ -50,6 +50,11 @@ class GRPOTrainConfig(OptimSettings):
     and it steps on group-relative advantages (TRL's GRPOTrainer)."""
 
     consumes: ClassVar[str] = "prompts"  # it samples its own rows from the round's prompts: no filter stage
+    # fields every other train kind takes that this one does not: refused where given, left out of its reference
+    not_taken: ClassVar[dict[str, str]] = {
+        "epochs": "train.epochs does not apply to train.kind=grpo, which runs train.steps steps; remove train.epochs",
+        "grad_accum": "train.grad_accum does not apply to train.kind=grpo: a step is its batch_size x sample.n "
+                      "completions, taken in micro-batches of train.micro_batch; remove train.grad_accum"}
     online: ClassVar[bool] = True
     kind: Literal["grpo"] = "grpo"
     steps: int = Field(default=20, ge=1, description="optimizer steps; each samples sample.n completions (a group) "
@@ -122,13 +127,7 @@ class GRPOTrainConfig(OptimSettings):
         if self.leave_one_out and self.scale_rewards != "none":
             out.append(f"train.leave_one_out=true with train.scale_rewards={self.scale_rewards!r}: RLOO's advantage is "
                        "the reward less the others' mean, unscaled; set train.scale_rewards: none")
-        if "epochs" in self.model_fields_set:
-            out.append("train.epochs does not apply to train.kind=grpo, which runs train.steps steps; remove "
-                       "train.epochs")
-        if "grad_accum" in self.model_fields_set:
-            out.append("train.grad_accum does not apply to train.kind=grpo: a step is its batch_size x sample.n "
-                       "completions, taken in micro-batches of train.micro_batch; remove train.grad_accum")
-        return out
+        return out + [why for name, why in self.not_taken.items() if name in self.model_fields_set]
 
     def trl_settings(self) -> dict[str, Any]:
         """This config as GRPOConfig's arguments."""

