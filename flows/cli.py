@@ -557,7 +557,7 @@ def cmd_serve(args) -> int:
 
 def cmd_gc(args) -> int:
     """Remove what interrupted stages left behind that no recorded run will resume."""
-    from ratchet.flows.schedule import collect_garbage
+    from ratchet.flows.gc import collect_garbage
 
     if args.run is not None:
         raise RatchetError("ratchet gc looks at every run of a workdir at once (a stage may be shared by several); "
@@ -565,7 +565,7 @@ def cmd_gc(args) -> int:
     chosen, _ = _chosen(args, "gc", [], need=False)
     items = collect_garbage(chosen.workdir, dry_run=args.dry_run, everything=args.all)
     if args.models:
-        from ratchet.flows.schedule import drop_models
+        from ratchet.flows.gc import drop_models
         from ratchet.flows.tracking import Tracker
 
         tracker = Tracker(chosen.cfg.tracking, chosen.workdir, chosen.cfg.name)

@@ -398,8 +398,8 @@ def champion_gate(ses: Session, version: str, scores: list[SetScore], targets: l
 @task(name="drop-models", cache_policy=NONE, retries=0)
 def drop_task(cfg: PipelineConfig, ctx: RunContext, k: int) -> int:
     """`drop_models`: after round k is registered, drop the merged weights `ratchet gc --models`
-    would (flows/schedule.py drop_models); returns the bytes freed, also on the console."""
-    from ratchet.flows.schedule import drop_models
+    would (flows/gc.py drop_models); returns the bytes freed, also on the console."""
+    from ratchet.flows.gc import drop_models
 
     ses = Session(cfg, ctx)
     freed = sum(x.bytes for x in drop_models(Path(ctx.workdir), ses.tracker) if x.remove)

@@ -392,7 +392,9 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
     to compare with the run that runs them; off in several processes, where every process runs
     every micro-batch (DDP reduces the gradients of each, and broadcasts buffers with each forward)."""
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
+
+    from ratchet.models.train_kinds.grpo_trainer import RatchetGRPOTrainer
 
     g = online.group
     total = cfg.batch_size * g
@@ -427,72 +429,12 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
     def reward(prompts, completions, reward, **_) -> list[float | None]:
         return reward  # scored in the rollout, and stored with it
 
-    class Trainer(GRPOTrainer):
-        """GRPOTrainer whose generations come from Ratchet's engine, weights synced from memory; the
-        engine's log-probabilities go to its importance-sampling correction (its vLLM path)."""
-
-        def __init__(self, **kw):
-            super().__init__(**kw)
-            self.use_vllm = True
-            self.vllm_mode = "ratchet"
-            self.vllm_generation = EngineSync(self, rollouts.engine)
-            self._last_loaded_step = 0  # the engine starts with the weights the policy starts from
-            self.micro_batches = {"run": 0, "skipped": 0, "chunks_skipped": 0}
-            self.rows_read: list[bool] = []  # the step's rows, in order: whether the loss reads each
-
-        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
-                                               batch_size=None, **kw):
-            """Without gradients, over the step's rows in their order (TRL's log-probabilities of the
-            sampled tokens, for the importance-sampling correction): a chunk of rows the loss reads none
-            of is not run, its log-probabilities left 0 (every use of them is masked, and the policy
-            ratio they enter, exp(logp - 0), cannot overflow). A group is contiguous and the chunks are
-            the micro-batches, so a dropped group's chunks are skipped, and the others are run exactly
-            as they would be. Not with a KL term (beta > 0): the reference's log-probabilities come
-            through here too, and a 0 there could overflow the KL estimate of a masked token."""
-            import torch
-
-            rows, size = input_ids.size(0), batch_size or input_ids.size(0)
-            plain = not any(v is not None and v is not False for v in kw.values())  # text only, no aux loss
-            if not skip_masked or torch.is_grad_enabled() or self.beta != 0.0 or not plain \
-                    or len(self.rows_read) != rows or all(self.rows_read):
-                return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                                  batch_size, **kw)
-            chunks = [(start, min(start + size, rows)) for start in range(0, rows, size)]
-            done = {c: super(Trainer, self)._get_per_token_logps_and_entropies(
-                model, input_ids[c[0]:c[1]], attention_mask[c[0]:c[1]], logits_to_keep, c[1] - c[0])[0]
-                for c in chunks if any(self.rows_read[c[0]:c[1]])}
-            dtype = next(iter(done.values())).dtype if done else torch.float32
-            self.micro_batches["chunks_skipped"] += len(chunks) - len(done)
-            return torch.cat([done[c] if c in done else torch.zeros(c[1] - c[0], logits_to_keep, dtype=dtype,
-                                                                    device=input_ids.device) for c in chunks]), \
-                None, None
-
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            """A micro-batch whose every token is masked (its groups taught nothing and were dropped)
-            has a loss and a gradient of zero: it is not run through the model. The trainable weights
-            get the zero gradient it would have given, so the optimizer steps as it would have."""
-            mask = inputs["completion_mask"]
-            if "tool_mask" in inputs:
-                mask = mask * inputs["tool_mask"]
-            if skip_masked and not return_outputs and not bool(mask.any()):
-                self.micro_batches["skipped"] += 1
-                return sum((p * 0.0).sum() for p in model.parameters() if p.requires_grad)
-            self.micro_batches["run"] += 1
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-
-        def _get_train_sampler(self, dataset=None):
-            """TRL's sampler draws each epoch's order from one generator, so a run resumed in a later
-            epoch would draw the first epoch's order again: here each epoch's order is seeded by the
-            seed and the epoch (the Trainer sets the epoch before it iterates, resumed or not)."""
-            sampler = super()._get_train_sampler(dataset)
-            if getattr(sampler, "generator", None) is not None:
-                sampler.set_epoch = lambda epoch: sampler.generator.manual_seed(step_seed(seed, -1 - int(epoch)))
-            return sampler
-
-    rollouts.engine = online.open_engine(model_dir)
-    trainer = Trainer(model=model, reward_funcs=[reward], args=args, processing_class=tok, peft_config=peft_config,
-                      train_dataset=Dataset.from_list([{"prompt": p["id"]} for p in prompts]),
-                      rollout_func=rollout_func)
+    rollouts.engine = engine = online.open_engine(model_dir)
+    trainer = RatchetGRPOTrainer(engine_sync=lambda t: EngineSync(t, engine), seed=seed, skip_masked=skip_masked,
+                                 step_seed=step_seed, model=model, reward_funcs=[reward], args=args,
+                                 processing_class=tok, peft_config=peft_config,
+                                 train_dataset=Dataset.from_list([{"prompt": p["id"]} for p in prompts]),
+                                 rollout_func=rollout_func)
     trainer.add_callback(step_log(out, rollouts, lambda: trainer.vllm_generation.sync_s))
     return trainer, tok, prec, rollouts
 

@@ -49,7 +49,7 @@ def test_gc_removes_only_what_no_recorded_run_will_resume(tmp_path):
     import fcntl
     import re
 
-    from ratchet.flows.schedule import collect_garbage
+    from ratchet.flows.gc import collect_garbage
 
     stages = tmp_path / "stages"
     owners = {"sample-aaaa": None, "train-bbbb": "done", "label-cccc": "killed", "sample-dddd": "killed",

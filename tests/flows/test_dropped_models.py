@@ -33,7 +33,7 @@ def _train_stage(store, name, parent=None, lora=True):
 
 def test_gc_keeps_the_champion_each_runs_newest_and_their_bases_and_drops_the_rest(tmp_path):
     from ratchet.flows.lineage import walk
-    from ratchet.flows.schedule import drop_models
+    from ratchet.flows.gc import drop_models
 
     store = ArtifactStore(tmp_path)
     v1 = _train_stage(store, "1")

@@ -10,7 +10,7 @@ import pytest
 from ratchet.data.store import ArtifactStore
 from ratchet.flows.runs import (RunContext, RunRecord, UnreadableRecordError, _alive, hold_liveness, read_record,
                                 records, write_record)
-from ratchet.flows.schedule import collect_garbage
+from ratchet.flows.gc import collect_garbage
 
 
 def _record(name: str = "demo-abc") -> RunRecord:
