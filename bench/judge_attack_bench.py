@@ -35,7 +35,7 @@ def lifts(rows: list[dict], sampler, mode: str, seed: int) -> dict[str, list[flo
     """Per column, the lift of every attack (share of the scale), in corpus order."""
     from ratchet.tasks.guard import guard
     from ratchet.tasks.labels.judge import JudgeLabel
-    from ratchet.tasks.judge import judge_values, rate
+    from ratchet.tasks.labels.judging import judge_values, rate
 
     base = "rating" if mode.startswith("mcts") else mode
     cfg = JudgeLabel(mode=base, top_logprobs=20)

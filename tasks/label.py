@@ -2,11 +2,11 @@
 
     verifier     the task's answer check (RFT / ReST-EM / STaR)
     consistency  majority vote of a prompt's own samples (label-free)
-    judge        the policy rates its own completions (Self-Rewarding; tasks/judge.py), or a
+    judge        the policy rates its own completions (Self-Rewarding; tasks/labels/judging.py), or a
                  fixed judge model does (label.model), or a served one (label.endpoint)
     reward_model a sequence-classification reward model scores them (label.model)
-    mcts         step-level tree search from the prompts (tasks/mcts.py)
-    turn_mcts    tree search over the turns of environment episodes (tasks/turn_search.py)
+    mcts         step-level tree search from the prompts (tasks/labels/tree_search.py)
+    turn_mcts    tree search over the turns of environment episodes (tasks/labels/turn_search.py)
 
 A kind says what it consumes (the sample stage's completions, or the prompts) and whether
 it runs a model: the round's policy, or a fixed model of its own (`label.model`: a judge

@@ -14,6 +14,11 @@ a special case for one.
     reward_model a sequence-classification reward model scores them
     mcts         step-level tree search from the prompts (MCTS-DPO / ReST-MCTS*)
     turn_mcts    tree search over the turns of environment episodes (Agent Q)
+
+Beside the kinds, the algorithms they run, each a module of its own that no stage but theirs
+imports: the step-level tree search (tree_search.py: mcts, and the step pairs filter), the search
+over turns (turn_search.py: turn_mcts), and judging (judging.py: prompts, verdicts, ratings;
+judge and mcts's judged values).
 """
 
 from __future__ import annotations

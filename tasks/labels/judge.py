@@ -2,7 +2,7 @@
 model does (label.model), or a served one (label.endpoint: any OpenAI-compatible server).
 
 The rubric and the scoring modes (text verdicts, or token-probability modes for small
-models) are in tasks/judge.py, and every judged text passes the guard (tasks/guard.py)
+models) are in tasks/labels/judging.py, and every judged text passes the guard (tasks/guard.py)
 first. A local judge runs through the unit loop (tasks/units.py), so a resumed stage judges
 only the missing units; a served one is called from the label stage's own process, and each
 finished call is journaled as it arrives (models/endpoint.py), so a resumed stage asks only
@@ -25,7 +25,7 @@ from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.data.userfiles import UserFile
 from ratchet.models.endpoint import EndpointConfig
 from ratchet.tasks.guard import GuardConfig
-from ratchet.tasks.judge import DEFAULT_TEMPLATES, judge_batch, template_wrap
+from ratchet.tasks.labels.judging import DEFAULT_TEMPLATES, judge_batch, template_wrap
 from ratchet.tasks.labels import Budget, Label, Labeled, agreement, injection_stats, labeled_row, truths
 from ratchet.tasks.sample import PolicyWork, policy_of
 from ratchet.tasks.units import run_units
@@ -143,7 +143,7 @@ class JudgeLabel(Label):
 
 @dataclass
 class JudgeWork(PolicyWork):
-    """A unit: `size` completions rated by the policy as judge (tasks/judge.py)."""
+    """A unit: `size` completions rated by the policy as judge (tasks/labels/judging.py)."""
 
     stage = "label"
     rate = ("judged", "judge_s", "judgements/s")
@@ -153,7 +153,7 @@ class JudgeWork(PolicyWork):
     def open(self, lent=None):
         sampler = super().open(lent)
         if self.sampler.backend == "vllm":  # every judge prompt must fit the engine's context
-            from ratchet.tasks.judge import check_fits
+            from ratchet.tasks.labels.judging import check_fits
 
             check_fits(sampler.tokenizer, self.cfg, [(c.prompt, c.text) for c in self.items],
                        self.sampler.max_model_len)

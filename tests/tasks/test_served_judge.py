@@ -17,7 +17,7 @@ from ratchet.data.sources.addition import AdditionSource
 from ratchet.data.store import ArtifactStore
 from ratchet.models.endpoint import EndpointConfig, EndpointError
 from ratchet.tasks.labels.judge import JudgeLabel
-from ratchet.tasks.judge import p_yes_of_words, rating_at_verdict
+from ratchet.tasks.labels.judging import p_yes_of_words, rating_at_verdict
 from ratchet.tasks.label import label
 from ratchet.tasks.stage import StageRequest, run_stage
 from tests.openai_stub import GARBAGE, NO_CHOICES, Failure, Stub, verdict

@@ -210,7 +210,7 @@ def _p_yes_by_hand(model_dir, prompt: str, response: str) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ratchet.models.sampler import chat_token_ids
-    from ratchet.tasks.judge import NO_WORDS, YES_WORDS, YES_NO, first_token_ids, judge_prompt
+    from ratchet.tasks.labels.judging import NO_WORDS, YES_WORDS, YES_NO, first_token_ids, judge_prompt
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -233,7 +233,7 @@ def test_a_base_model_runs_every_stage_in_the_plain_format(tiny_base_model, tmp_
     from ratchet.models.prompt_format import plain_template
     from ratchet.models.train_kinds import DPOTrainConfig
     from ratchet.tasks.filters.pairs import PairFilter
-    from ratchet.tasks.judge import NO_WORDS, YES_NO, YES_WORDS, first_token_ids, judge_prompt
+    from ratchet.tasks.labels.judging import NO_WORDS, YES_NO, YES_WORDS, first_token_ids, judge_prompt
     from ratchet.tasks.labels.judge import JudgeLabel
 
     plain = plain_template("Question: {prompt}\nAnswer:")

@@ -15,7 +15,7 @@ from ratchet.data.records import Prompt
 from ratchet.models.sampler import Generation, SamplerConfig
 from ratchet.tasks.labels.turn_mcts import TurnMctsLabel, TurnMctsWork
 from ratchet.tasks.rollouts.environment import EnvironmentFailedError, EnvironmentRollout
-from ratchet.tasks.turn_search import TurnTree, load_tree, search_turns
+from ratchet.tasks.labels.turn_search import TurnTree, load_tree, search_turns
 from ratchet.tasks.units import run_units
 
 ROOT = Path(__file__).parents[2]
@@ -149,7 +149,7 @@ def test_turn_pairs_share_the_path_as_their_prompt_and_train_the_turns_that_part
 
 
 def test_trees_round_trip_and_load_by_their_kind(tok):
-    from ratchet.tasks.mcts import Tree
+    from ratchet.tasks.labels.tree_search import Tree
 
     trees, _, _ = grow(tok, n=1, simulations=2)
     again = load_tree(trees[0].to_json())
