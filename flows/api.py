@@ -83,34 +83,21 @@ def run(cfg: PipelineConfig, start_from: str | None = None) -> RunResult:
 
     Prefect: the server PREFECT_API_URL names, else a temporary one started for this process. A
     failed stage raises its error; every finished stage is kept, and calling `run` again with the
-    same config resumes from the first unfinished one."""
-    from ratchet.flows.cli import _library_env
+    same config resumes from the first unfinished one. The start is `ratchet run`'s
+    (flows/launch.py), without its console."""
     from ratchet.flows.inputs import checked_run
+    from ratchet.flows.launch import launcher, library_env, prepare_env
 
-    if "prefect" not in sys.modules:  # as _prepare_env does below, for the fork server started first
-        _library_env()
+    if "prefect" not in sys.modules:  # Prefect reads its settings once, when first imported
+        library_env()  # for the fork server started first; Prefect's home once the checks pass
     else:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with checked_run(cfg) as split:  # before anything is written
-        return _run_checked(cfg, split, start_from)
-
-
-def _run_checked(cfg: PipelineConfig, split, start_from: str | None) -> RunResult:
-    workdir = Path(cfg.workdir).resolve()
-    from ratchet.flows.cli import _ephemeral_server_dies_with_us, _prepare_env, _started_meanwhile
-
-    if "prefect" not in sys.modules:  # Prefect reads its settings once, when first imported
-        _prepare_env(workdir)
-    ready = _started_meanwhile(_ephemeral_server_dies_with_us())
-    from ratchet.flows.pipeline import execute, helpers, name_helper_logs
-    from ratchet.flows.runs import start
-
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    with helpers(cfg, workdir / "logs", f"{stamp}-{os.getpid()}"):  # their imports overlap with the start
-        ctx, tracker = start(cfg, start_from, split)
-        name_helper_logs(workdir / "logs", f"{ctx.run_name}.{stamp}")
-        ready.wait()
-        ctx, results, tracker = execute(cfg, ctx=ctx)
+        if "prefect" not in sys.modules:
+            prepare_env(Path(cfg.workdir).resolve())
+        with launcher(cfg, time.strftime("%Y%m%dT%H%M%S")) as launch:
+            ctx, _ = launch.start(start_from, split)
+            ctx, results, tracker = launch.execute(ctx)
     return RunResult(run=ctx.run_name, workdir=Path(ctx.workdir), model_name=tracker.model_name,
                      rounds=[RoundOutcome(r.round, r.version, r.accuracy, dict(r.accuracies), r.promoted)
                              for r in results],

@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -38,87 +37,6 @@ Artifacts, the MLflow store (sqlite:///WORKDIR/mlflow.db) and Prefect's state li
 under the config's workdir:
   mlflow ui --backend-store-uri sqlite:///runs/mlflow.db
 """
-
-
-def _library_env() -> None:
-    """The libraries' settings for every process of a run (no telemetry, one tokenizer thread),
-    the user's own where set; in the environment before the run's first process starts (its fork
-    server starts before the run's inputs have passed their checks)."""
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def _prepare_env(workdir: Path | None) -> None:
-    """Point Prefect and MLflow at the workdir before either is imported. Without a
-    workdir (`serve`), the user's Prefect profile decides which server to talk to."""
-    _library_env()
-    if workdir is not None and "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ:
-        (workdir / "prefect").mkdir(parents=True, exist_ok=True)  # Prefect does not create parents
-        os.environ["PREFECT_HOME"] = str(workdir / "prefect")
-
-
-def _ephemeral_server_dies_with_us():
-    """The temporary Prefect server a run starts when no PREFECT_API_URL is set (a process of
-    its own) dies with this process, as every process below a run does (data/procs/lifetime.py):
-    Prefect stops it only at a clean exit, so a `kill -9` of the run would leave it serving.
-
-    Prefect keeps one such server per port and hands it to every client that asks; the one
-    registered here first is the one they get, and it starts the server's process asking for
-    SIGTERM (a clean stop of its database) when this process dies. It runs in a session of its
-    own: a Ctrl-C at the terminal reaches the run's process group, and a server stopped by it
-    would leave the interrupted run retrying its last state updates for minutes, then failing
-    with a connection error instead of saying it was interrupted."""
-    import subprocess
-    import types
-
-    from prefect.settings import PREFECT_API_URL
-
-    if PREFECT_API_URL.value():  # a server of the user's: none is started
-        return None
-    from prefect.server.api import server
-
-    from ratchet.data.procs.spawn import program_starter
-
-    class DiesWithUs(server.SubprocessASGIServer):
-        def _run_uvicorn_command(self):
-            real = server.subprocess
-            server.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": program_starter(
-                signal.SIGTERM, session=True)})
-            try:
-                return super()._run_uvicorn_command()
-            finally:
-                server.subprocess = real
-
-    if None not in server.SubprocessASGIServer._instances:
-        DiesWithUs()
-    return server.SubprocessASGIServer()
-
-
-def _started_meanwhile(server):
-    """Start the temporary Prefect server (`server`, or none) in a thread while the run prepares
-    (MLflow's database, the run's records), so its start, several seconds, overlaps with them.
-    The caller waits on the returned event before the first flow asks for the server; should
-    the start fail here, the flow's own start of it raises the error. The thread then stays
-    until this process ends: the server dies with the thread that started it."""
-    import threading
-
-    ready = threading.Event()
-
-    def start() -> None:
-        try:
-            if server is not None:
-                server.start()
-        except Exception:  # noqa: BLE001 - the flow starts it again and reports what fails
-            pass
-        finally:
-            ready.set()
-        threading.Event().wait()
-
-    threading.Thread(target=start, daemon=True, name="ratchet-prefect-server").start()
-    return ready
 
 
 def _summary(results, champion: str | None) -> str:
@@ -167,8 +85,9 @@ def _execute(cfg, start_from: str | None = None, verbose: bool = False, run_name
     (see flows/console.py). Errors found before the run starts are raised to `main`; a run
     that fails prints one block (what failed, why, its log, how to resume) and exits 1."""
     from ratchet.flows.inputs import checked_run
+    from ratchet.flows.launch import library_env
 
-    _library_env()
+    library_env()
     with checked_run(cfg) as split:  # before anything is written: bad data leaves no workdir behind
         return _execute_checked(cfg, split, start_from, verbose, run_name)
 
@@ -195,9 +114,10 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool, run_name
 
     from ratchet.data import failpoints
     from ratchet.flows.console import RunConsole, redirect_output
+    from ratchet.flows.launch import launcher, prepare_env
 
     workdir = Path(cfg.workdir).resolve()
-    _prepare_env(workdir)
+    prepare_env(workdir)
     failpoints.orchestrator()
     _sigterm_interrupts()
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -207,18 +127,13 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool, run_name
     else:
         run_log = workdir / "logs" / f"{stamp}-{os.getpid()}.log"
         out, err = redirect_output(run_log)
-    prefect_server = _started_meanwhile(_ephemeral_server_dies_with_us())  # what it says goes to the log
     from ratchet.flows.inputs import dtype_line
-    from ratchet.flows.pipeline import execute, helpers, name_helper_logs
-    from ratchet.flows.runs import start
     from ratchet.flows.tracking import redact
 
     ctx = None
-    with RunConsole.for_streams(out, err, plain=verbose) as console, \
-            helpers(cfg, workdir / "logs", f"{stamp}-{os.getpid()}"):  # their imports overlap with the start
+    with RunConsole.for_streams(out, err, plain=verbose) as console, launcher(cfg, stamp) as launch:
         try:
-            ctx, tracker = start(cfg, start_from, split, say=console.line, run_name=run_name)
-            name_helper_logs(workdir / "logs", f"{ctx.run_name}.{stamp}")  # named after the run, now that it has one
+            ctx, tracker = launch.start(start_from, split, say=console.line, run_name=run_name)
             if run_log is not None:
                 named = run_log.with_name(f"{ctx.run_name}.{stamp}.log")
                 run_log.rename(named)
@@ -235,8 +150,7 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool, run_name
                 f"  log      {run_log} (each stage's own: stage.log in its directory)" if run_log else
                 "  verbose: every library's output follows",
             ])
-            prefect_server.wait()
-            _, results, _ = execute(cfg, ctx=ctx)
+            _, results, _ = launch.execute(ctx)
         except BaseException as e:
             traceback.print_exc()  # into the run's log (the terminal with --verbose)
             resume = f"ratchet resume --run {ctx.run_name} --workdir {ctx.workdir}" if ctx else "re-run the same command"
@@ -547,9 +461,10 @@ def cmd_plan(args) -> int:
 def cmd_serve(args) -> int:
     """Deploy the pipeline on a cron schedule; each run continues from the MLflow champion."""
     from ratchet.flows.config import load_config
+    from ratchet.flows.launch import prepare_env
     from ratchet.flows.schedule import absolute_paths, deploy
 
-    _prepare_env(None)
+    prepare_env(None)
     cfg = absolute_paths(load_config(args.config, args.overrides))
     return deploy(cfg, cron=args.cron, name=args.name, pool=args.pool, start_from=args.start_from,
                   timezone=args.timezone)
