@@ -97,6 +97,28 @@ def test_the_probe_measures_both_dtypes_in_a_child(tmp_path):
     assert rec["bf16_gflops"] > 0 and rec["fp32_gflops"] > 0 and rec["threads"] >= 1 and "576" in rec["probe"]
 
 
+@pytest.mark.parametrize("code, out, err, said", [
+    (0, "loading...\n{not json", "", "exit 0: no output"),
+    (0, '["a", "list"]', "", "exit 0: no output"),
+    (1, "", "Traceback...\nImportError: no torch", "exit 1: ImportError: no torch"),
+])
+def test_a_probe_that_prints_no_record_is_an_error_not_a_choice(monkeypatch, code, out, err, said):
+    """The child's output is read as untrusted: anything but one JSON object on its last line is
+    an error (float32 for this run, measured again by the next), never a record kept."""
+    import subprocess
+
+    from ratchet.data.procs import spawn
+
+    monkeypatch.setattr(spawn, "run_program", lambda *a, **k: subprocess.CompletedProcess(a, code, out, err))
+    assert dtype._measure() == {"error": said}
+
+    def timeout(*a, **k):
+        raise subprocess.TimeoutExpired("probe", 300)
+
+    monkeypatch.setattr(spawn, "run_program", timeout)
+    assert dtype._measure()["error"].startswith("TimeoutExpired:")
+
+
 def test_an_override_sets_what_auto_means_and_a_wrong_one_is_named(monkeypatch):
     from ratchet.data.errors import ConfigError
 
