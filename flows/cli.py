@@ -221,7 +221,14 @@ def cmd_check(args) -> int:
           f"({sum(p.answer is not None for p in split.train)} with an answer), {len(split.eval)} held out; "
           f"check: {check.kind}" + (f" ({check.function})" if hasattr(check, "function") else "")
           + (f", {how}" if (how := getattr(check, "called_as", lambda: None)()) else ""))
-    print(model_line(cfg, cfg.sample.rollout.first_message(split.train[0])))
+    print(model_line(cfg, cfg.sample.rollout.first_message(_in_text(cfg, split.train[0]))))
+    if (search := cfg.prompt.search) is not None:
+        draw = cfg.data.prompts_per_round or sum(p.answer is not None for p in split.train)
+        print(f"prompt search: {search.kind}, {search.iterations} iteration(s), {search.width} revision(s) per "
+              f"expansion, depth {search.depth}; optimiser: {search.optimiser.identity()}; each round's {draw} train "
+              f"prompts: {search.reward_prompts} to reward the chosen prompt, {search.score_prompts} to score every "
+              f"node, {draw - search.reward_prompts - search.score_prompts} for the expansions' batches of "
+              f"{search.batch}; improve: {cfg.improve}")
     for s, stage in cfg.evaluate.stages():
         held = sets[s.name].eval if s.name in sets else split.eval
         src = s.source(cfg.data)
@@ -238,6 +245,13 @@ def cmd_check(args) -> int:
     print(dtype_line(cfg))
     print(f"ok: {args.config} is ready to run")
     return 0
+
+
+def _in_text(cfg, prompt):
+    """A train prompt as version 1 of the run's text puts it (prompt.template)."""
+    from ratchet.tasks.text import PromptText, render
+
+    return render([prompt], PromptText(template=cfg.prompt.template))[0]
 
 
 def model_line(cfg, prompt: str) -> str:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer
 
 from ratchet.data.errors import ConfigError
 from ratchet.data.userfiles import UserFile, config_fields
@@ -31,7 +31,9 @@ from ratchet.tasks.filter import FilterConfig
 from ratchet.tasks.filters import ROWS
 from ratchet.tasks.filters.rft import RFTFilter
 from ratchet.tasks.label import LabelConfig, VerifierLabel
+from ratchet.tasks.prompt_search import PromptAgentSearch
 from ratchet.tasks.sample import SampleConfig
+from ratchet.tasks.text import SLOT, slot_problem
 from ratchet.tasks.train import RFTTrainConfig, TrainConfig
 from ratchet.tasks.units import ExecutorConfig, LocalExecutorConfig
 
@@ -68,6 +70,30 @@ class ModelConfig(BaseModel):
         return v
 
 
+class PromptConfig(BaseModel):
+    """The text sampling and evaluation put around each task prompt (a version's second half,
+    tasks/text.py), and the search that improves it."""
+
+    model_config = ConfigDict(extra="forbid")
+    template: str = Field(default=SLOT, description="the text around each task prompt, {prompt} once where the "
+                          "prompt goes, every other character literal: version 1 of the run's prompt (the default "
+                          "puts nothing around it)")
+    search: PromptAgentSearch | None = Field(default=None, description="how a round searches for a better prompt "
+                                             "(improve: prompt or both): PromptAgent's tree search over revisions "
+                                             "written from error feedback")
+
+    @field_validator("template")
+    @classmethod
+    def _slot(cls, v: str) -> str:
+        if why := slot_problem(v):
+            raise ValueError(why)
+        return v
+
+    def has_text(self) -> bool:
+        """Whether the run's policy reads its prompts through a text (a template, or a search's)."""
+        return self.template != SLOT or self.search is not None
+
+
 class PipelineConfig(BaseModel):
     """A whole self-improvement run."""
 
@@ -79,6 +105,10 @@ class PipelineConfig(BaseModel):
                       f"(0 to {MAX_SEED:,}: round k's seed is seed x 1000 + k, which numpy and torch take "
                       "below 2**32)")
     rounds: int = Field(default=3, ge=1, description="self-improvement rounds to run")
+    improve: Literal["weights", "prompt", "both"] = Field(
+        default="weights", description="what a round improves: weights (sample, label, filter, train), prompt (a "
+        "prompt search, prompt.search, over the same weights), or both (the search, then training sampled under "
+        "the prompt it found)")
     drop_models: bool = Field(default=False, description="after each round, drop the merged weights `ratchet gc "
                               "--models` drops: every registered version's but the champion's, each run's newest "
                               "and the models those were trained from (a LoRA round keeps its adapter and makes "
@@ -105,6 +135,23 @@ class PipelineConfig(BaseModel):
     agreement: AgreementConfig = Field(default_factory=AgreementConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     executor: ExecutorConfig = Field(default_factory=LocalExecutorConfig)
+    prompt: PromptConfig = Field(default_factory=PromptConfig, description="the text around each task prompt, and "
+                                 "the search that improves it")
+
+    @model_serializer(mode="wrap")
+    def _sparse(self, handler):
+        """Dumped without `improve` and `prompt` where they are the defaults: a config that sets
+        neither keeps its bytes, and so its run's name, from before a prompt was a version's."""
+        out = handler(self)
+        if isinstance(out, dict):
+            if out.get("improve") == "weights":
+                out.pop("improve")
+            if out.get("prompt") == {"template": SLOT, "search": None}:
+                out.pop("prompt")
+        return out
+
+    def trains_weights(self) -> bool:
+        return self.improve != "prompt"
 
 
 def _cross_checks(cfg: PipelineConfig) -> list[str]:
@@ -119,6 +166,7 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
             f"sampler.max_model_len={cfg.sampler.max_model_len}; raise sampler.max_model_len or lower sample.max_tokens"
         )
     problems += cfg.sample.rollout.checks(cfg)
+    problems += _prompt_checks(cfg)
     problems += _return_checks(cfg)
     label = cfg.label
     lo, hi = label.reward_range()
@@ -160,6 +208,26 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
         problems.append(f"train.max_length={cfg.train.max_length} cannot hold a prompt plus {what}; raise "
                         "train.max_length")
     return problems
+
+
+def _prompt_checks(cfg: PipelineConfig) -> list[str]:
+    """What a prompt (a template other than the default, a search) needs of the rest of the config."""
+    out, search = [], cfg.prompt.search
+    if cfg.improve != "weights" and search is None:
+        out.append(f"improve={cfg.improve!r} searches for a prompt each round, and prompt.search is not set; add "
+                   "prompt: {search: {kind: prompt_agent}} (or improve: weights)")
+    if cfg.improve == "weights" and search is not None:
+        out.append("prompt.search is set, and improve='weights' never runs it; set improve: prompt (the search "
+                   "alone) or improve: both (the search, then training under its prompt), or remove prompt.search")
+    if cfg.prompt.has_text():
+        what = "prompt.search" if search is not None else f"prompt.template={cfg.prompt.template[:40]!r}"
+        for at, rollout in [("sample.rollout", cfg.sample.rollout),
+                            *((f"evaluate.sets[{i}].rollout", s.rollout) for i, s in enumerate(cfg.evaluate.sets)
+                              if s.rollout is not None)]:
+            if rollout.text_refused is not None:
+                out.append(f"{what} puts text around each task prompt, and {at}.kind={rollout.kind!r} "
+                           f"{rollout.text_refused}; use the default template (and no search) with it")
+    return out
 
 
 def _online_checks(cfg: PipelineConfig) -> list[str]:

@@ -11,6 +11,7 @@ must not import its scheduler back.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,9 +41,21 @@ def drop_models(workdir: Path, tracker, dry_run: bool = False) -> list[Leftover]
     from ratchet.data.manifest import read_manifest
     from ratchet.data.store import ArtifactStore
     from ratchet.models.trainer import WEIGHTS
-    from ratchet.tasks.stage import MODEL_STAGES
+    from ratchet.data.errors import ArtifactError
+    from ratchet.tasks.stage import MODEL_STAGES, TEXT_STAGES
+    from ratchet.tasks.text import weights_of
 
     store = ArtifactStore(workdir)
+
+    def weights_at(rel: str | None):
+        """The manifest of the weights a stage directory holds (a pair's: its weights'), if any."""
+        m = read_manifest(store.root / rel) if rel else None
+        if m is not None and m.stage in TEXT_STAGES:
+            with contextlib.suppress(ArtifactError):
+                return weights_of(store, m)
+            return None
+        return m
+
     versions = tracker.client.search_model_versions(f"name='{tracker.model_name}'")
     champion = tracker.champion()
     newest: dict[str, tuple[int, str]] = {}
@@ -56,15 +69,19 @@ def drop_models(workdir: Path, tracker, dry_run: bool = False) -> list[Leftover]
                                                          for r, (k, v) in sorted(newest.items()))]:
         if version is None or not by_version.get(version):
             continue
-        keep.setdefault(by_version[version], f"version {version}: {why}")
-        m = read_manifest(store.root / by_version[version])
-        for p in (m.parents if m is not None else []):
-            if p.stage in MODEL_STAGES:
-                keep.setdefault(p.dir, f"the model version {version} was trained from (its adapter loads against it)")
+        m = weights_at(by_version[version])
+        if m is None:
+            continue
+        keep.setdefault(m.dir, f"version {version}: {why}")
+        for p in m.parents:
+            if p.stage in MODEL_STAGES or p.stage in TEXT_STAGES:
+                if (w := weights_at(p.dir)) is not None:
+                    keep.setdefault(w.dir, f"the model version {version} was trained from (its adapter loads "
+                                    "against it)")
     out = []
     for mv in sorted(versions, key=lambda v: int(v.version)):
-        rel = mv.tags.get("ratchet.stage_dir")
-        m = read_manifest(store.root / rel) if rel else None
+        m = weights_at(mv.tags.get("ratchet.stage_dir"))
+        rel = m.dir if m is not None else None
         if m is None or m.stage != "train" or not (store.dir_of(m) / "adapter").is_dir():
             continue
         weights = [k for k in m.outputs if k.startswith("model/") and

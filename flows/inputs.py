@@ -96,10 +96,15 @@ def check_data(cfg: PipelineConfig) -> tuple[Split, dict[str, Split]]:
         raise ConfigError(problems, source="sample.rollout" + (" and evaluate.sets" if len(rollouts) > 1 else ""))
     if problems := cfg.data.check.problems(columns(split.train + split.eval)):  # loaded once, as a stage will
         raise ConfigError(problems, source="data.check")
-    if not cfg.train.online and cfg.label.consumes == "samples":  # sample.n completions of each round prompt
+    if cfg.trains_weights() and not cfg.train.online and cfg.label.consumes == "samples":  # sample.n of each
         per_round = min(len(split.train), cfg.data.prompts_per_round or len(split.train))
         if problems := cfg.filter.ceiling_checks(per_round, cfg.sample.n):
             raise ConfigError(problems, source="filter")
+    if cfg.prompt.search is not None:  # a round's draw splits into the search's reward, score and batch prompts
+        answered = [p for p in split.train if p.answer is not None or not cfg.data.check.needs_answer]
+        per_round = min(len(answered), cfg.data.prompts_per_round or len(answered))
+        if problems := cfg.prompt.search.problems(per_round):
+            raise ConfigError(problems, source="prompt.search")
     sets = held_out_sets(cfg, split)
     if cfg.cold_start is not None:  # every row, its tool calls run and its episodes replayed
         from ratchet.tasks.cold_start import check

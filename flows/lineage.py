@@ -103,7 +103,7 @@ def _link(m: StageManifest, problem: str | None, dropped: list[str] = ()) -> Lin
     return Link(stage=m.stage, round=m.round, key=m.key, dir=m.dir, code_version=m.code_version,
                 config_hash=sha256_json(m.config)[:16], outputs={k: v.sha256 for k, v in m.outputs.items()},
                 parents=[p.key for p in m.parents], verified=problem is None, problem=problem, metrics=m.metrics,
-                summary=(m.info or {}).get("summary"), reads=reads(m.config),
+                summary=(m.info or {}).get("summary") or _text_summary(m), reads=reads(m.config),
                 source=m.ran_by or {}, dropped=sorted(dropped))
 
 
@@ -271,6 +271,22 @@ def as_json(links: list[Link]) -> list[dict[str, Any]]:
     return [json.loads(link.model_dump_json()) for link in links]  # strict JSON: a NaN metric is "NaN"
 
 
+def _text_summary(m: StageManifest) -> str | None:
+    """A pair's text (tasks/text.py), where it is one: what its stage chose or carried, and from what."""
+    from ratchet.tasks.stage import TEXT_STAGES
+
+    if m.stage not in TEXT_STAGES or "template" not in (m.info or {}):
+        return None
+    t = m.info["template"]
+    shown = json.dumps(t if len(t) <= 120 else t[:117] + "...")
+    if m.stage == "search":
+        return (f"prompt {shown}, chosen by {m.info.get('optimiser', '?')}'s revisions: node "
+                f"{m.info.get('chosen', '?')} of {int(m.metrics.get('nodes', 0))}, reward prompts "
+                f"{m.metrics.get('chosen_reward', 0):.1%} against the base's {m.metrics.get('base_reward', 0):.1%}")
+    return f"prompt {shown}" + (" (the config's prompt.template)" if m.config.get("template") is not None
+                                 else " (carried from the pair the weights were trained under)")
+
+
 def export(store: ArtifactStore, tracker, version: str, out: Path) -> Path:
     """Copy a registered version's merged model (weights, config, tokenizer) into `out`, each
     file checked against its manifest digest, with a model card naming its lineage."""
@@ -281,20 +297,27 @@ def export(store: ArtifactStore, tracker, version: str, out: Path) -> Path:
     m = version_manifest(store, tracker, version)
     from ratchet.tasks.prepare import model_dir
 
+    from ratchet.tasks.text import FILE, text_of, weights_of
+
     model_dir(store, m, remake_here=False)  # dropped weights made again (in a child: this process has no torch)
     store.verify(m)
+    w = weights_of(store, m)  # a pair's weights (its text is written beside them)
+    store.verify(w)
     links = walk(store, m)
     annotate(links, tracker)
-    files = sorted(k for k in m.outputs if k.startswith("model/"))
+    files = sorted(k for k in w.outputs if k.startswith("model/"))
     if not files:
-        raise RatchetError(f"{tracker.model_name} version {version} ({m.dir}) has no model/ files to export")
+        raise RatchetError(f"{tracker.model_name} version {version} ({w.dir}) has no model/ files to export")
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for k in files:
         dst = tmp / k.removeprefix("model/")
         dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(store.path(m, k), dst)
+        shutil.copyfile(store.path(w, k), dst)
+    text = text_of(store, m)
+    if text is not None:
+        shutil.copyfile(store.path(m, FILE), tmp / FILE)
     tags = tracker.version(version).tags
     acc = {k.removeprefix("ratchet.accuracy."): v for k, v in tags.items() if k.startswith("ratchet.accuracy.")}
     card = [f"# {tracker.model_name} version {version}", "",
@@ -304,6 +327,9 @@ def export(store: ArtifactStore, tracker, version: str, out: Path) -> Path:
                                      or "not recorded") + ".", "",
             "Load it with `transformers.AutoModelForCausalLM.from_pretrained(\"<this dir>\")` or "
             "`vllm.LLM(model=\"<this dir>\")`.", "",
+            *([f"It was evaluated with each task prompt put into its text ({FILE}, `text.template`; `{{prompt}}` is "
+               "where the prompt goes): give it its prompts the same way.", "", "```", text.template, "```", ""]
+              if text is not None else []),
             "## Lineage (each link re-verified against its digests when exported)", "", "```",
             render_text(links), "```", ""]
     (tmp / "README.md").write_text("\n".join(card))

@@ -27,11 +27,12 @@ from ratchet.data.manifest import StageManifest
 from ratchet.flows.config import PipelineConfig
 from ratchet.flows.inputs import run_preload
 from ratchet.flows.runs import RunContext, set_state, start
-from ratchet.flows.shape import EvalTarget, round_shape, run_shape
-from ratchet.flows.stages import (RoundResult, Session, agreement_task, base_task, cold_start_task,
+from ratchet.flows.shape import EvalTarget, carries_text, round_shape, run_shape
+from ratchet.flows.stages import (RoundResult, Session, agreement_task, base_task, bind_task, cold_start_task,
                                   demonstrations_task, drop_task, eval_targets_task, evaluate_task, filter_task,
                                   label_model_task, label_task, lineage_task, online_train_task, prompts_task,
-                                  register_task, report_task, retire_task, sample_task, slice_task, start_model_task,
+                                  register_task, report_task, retire_task, sample_task, search_task, slice_task,
+                                  start_model_task,
                                   train_task, unwrap)
 from ratchet.flows.tracking import Tracker, verdict
 from ratchet.models import warm
@@ -96,6 +97,12 @@ class FlowRound:
     def train(self, k, policy, train_set):
         return unwrap(train_task(self.cfg, self.ctx, k, policy, train_set, self.child))
 
+    def search(self, k, policy, prompts):
+        return unwrap(search_task(self.cfg, self.ctx, k, policy, prompts, self.child))
+
+    def bind(self, k, weights, carried):
+        return unwrap(bind_task(self.cfg, self.ctx, k, weights, carried, self.child))
+
 
 class FlowRun:
     """The run's steps as the flow runs them (flows/shape.py `run_shape`): Prefect tasks on the
@@ -110,6 +117,9 @@ class FlowRun:
 
     def base(self):
         return unwrap(start_model_task(self.cfg, self.ctx) if self.started else base_task(self.cfg, self.ctx))
+
+    def bind(self, k, weights, carried):
+        return unwrap(bind_task(self.cfg, self.ctx, k, weights, carried, self.ctx.parent_run_id))
 
     def label_model(self):
         return unwrap(label_model_task(self.cfg, self.ctx))
@@ -187,10 +197,11 @@ def cold_start_round(cfg: PipelineConfig, ctx: RunContext, k: int, base: StageMa
     child = Session(cfg, ctx).tracker.child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name,
                                                                    "ratchet.cold_start": "true"})
     try:
-        candidate = unwrap(cold_start_task(cfg, ctx, k, base, demos, child))
+        trained = unwrap(cold_start_task(cfg, ctx, k, base, demos, child))
+        candidate = unwrap(bind_task(cfg, ctx, k, trained, base, child)) if carries_text(base) else trained
         evaluations = evaluate_all(cfg, ctx, k, candidate, targets, child)
         result = register_task(cfg, ctx, k, candidate, evaluations, targets, parent_version, child,
-                               [demos, candidate, *evaluations])
+                               [demos, trained, *([candidate] if candidate is not trained else []), *evaluations])
         if cfg.drop_models:
             drop_task(cfg, ctx, k)
         return result

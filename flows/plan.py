@@ -129,6 +129,12 @@ class PlanRound:
     def train(self, k, policy, train_set):
         return self.calls.train(k, policy, train_set)[0]
 
+    def search(self, k, policy, prompts):
+        return self.calls.search(k, policy, prompts)[0]
+
+    def bind(self, k, weights, carried):
+        return self.calls.bind(k, weights, carried)[0]
+
 
 class PlanRun:
     """The run's steps as the plan walks them (flows/shape.py `run_shape`)."""
@@ -150,6 +156,9 @@ class PlanRun:
     def base(self):
         return self.start if self.started else _base(self.cfg, self.planner, self.store)
 
+    def bind(self, k, weights, carried):
+        return self.calls.bind(k, weights, carried)[0]
+
     def label_model(self):
         return _model_stage(self.cfg, self.planner, self.store, self.cfg.label.fixed_model(), "label-model",
                             "label.model", self.cfg.label.chats)
@@ -166,7 +175,10 @@ class PlanRun:
         return self.calls.demonstrations(self.sources[DEMOS])[0]
 
     def cold_start_round(self, k, base, demos, targets, before):
-        return self._evaluate(k, self.calls.cold_start(k, base, demos)[0], targets)
+        from ratchet.flows.shape import carries_text
+
+        trained = self.calls.cold_start(k, base, demos)[0]
+        return self._evaluate(k, self.calls.bind(k, trained, base)[0] if carries_text(base) else trained, targets)
 
     def begin(self, k, results):
         from ratchet.flows.pipeline import trains_from

@@ -14,6 +14,7 @@ follow it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -23,6 +24,7 @@ from ratchet.data.prompts import SourceConfig
 from ratchet.data.store import ArtifactStore
 from ratchet.flows.config import PipelineConfig
 from ratchet.tasks.sample import RolloutConfig
+from ratchet.tasks.text import SLOT
 
 
 def round_seed(cfg: PipelineConfig, k: int) -> int:
@@ -130,6 +132,23 @@ class Calls:
                                       cfg.data, round_seed(cfg, k), k, isolate=cfg.isolate, run=self.run,
                                       label_model=label_model)
 
+    def bind(self, k: int, weights: StageManifest, carried: StageManifest | None = None) -> tuple[StageManifest, bool]:
+        """The pair of `weights` and a text (tasks/text.py): the config's prompt.template (version
+        1), or the text of `carried`, the pair a round trained under."""
+        from ratchet.tasks import text
+
+        template = self.cfg.prompt.template if carried is None else None
+        return text.bind(self.store, weights, k, template=template, carried=carried, run=self.run)
+
+    def search(self, k: int, policy: StageManifest, prompts: StageManifest) -> tuple[StageManifest, bool]:
+        """The prompt a search finds for `policy` on the round's train prompts (prompt.search)."""
+        from ratchet.tasks import prompt_search
+
+        cfg = self.cfg
+        return prompt_search.search(self.store, policy, prompts, cfg.prompt.search, cfg.data, cfg.sample.rollout,
+                                    cfg.evaluate.max_tokens, cfg.sampler, round_seed(cfg, k), k, isolate=cfg.isolate,
+                                    run=self.run)
+
     def demonstrations(self, digest: str) -> tuple[StageManifest, bool]:
         from ratchet.tasks import cold_start
 
@@ -176,20 +195,35 @@ class RoundSteps(Protocol):
     def filter(self, k: int, labels): ...
     def agreement(self, k: int, labels, train_set) -> str: ...  # raises to stop the round before training
     def train(self, k: int, policy, train_set): ...
+    def search(self, k: int, policy, prompts): ...
+    def bind(self, k: int, weights, carried): ...  # the text of `carried` over new weights
+
+
+def carries_text(policy) -> bool:
+    """Whether a policy is a pair whose text the weights a round trains under it keep."""
+    from ratchet.tasks.stage import TEXT_STAGES
+
+    return getattr(policy, "stage", None) in TEXT_STAGES
 
 
 def round_shape(cfg: PipelineConfig, steps: RoundSteps, k: int, policy, prompts, first: int,
                 label_model=None) -> Trained:
-    """Round k's stages up to its candidate model (its evaluations follow): its own draw of the
-    pool (data.prompts_per_round), then sample, label, filter, the agreement gate and train; or
-    an online train kind's one stage, which samples and scores inside it; or a label kind that
-    consumes prompts (a tree search), which samples its own rollouts."""
+    """Round k's stages up to its candidate (its evaluations follow): its own draw of the pool
+    (data.prompts_per_round); a prompt search (improve: prompt or both), whose pair is the
+    candidate where the round improves the prompt alone; then sample, label, filter, the agreement
+    gate and train; or an online train kind's one stage, which samples and scores inside it; or a
+    label kind that consumes prompts (a tree search), which samples its own rollouts. Weights
+    trained under a text keep it: the candidate is their pair with it."""
     done, train = [], prompts
     if cfg.data.prompts_per_round:
         done.append(train := steps.slice(k, first, prompts))
+    if cfg.improve != "weights":
+        done.append(policy := steps.search(k, policy, train))
+        if cfg.improve == "prompt":
+            return Trained(policy, done)
     if cfg.train.online:
-        candidate = steps.online_train(k, policy, train, label_model)
-        return Trained(candidate, [*done, candidate], scored=candidate)
+        done.append(trained := steps.online_train(k, policy, train, label_model))
+        return _kept(steps, k, trained, policy, done, scored=trained)
     if cfg.label.consumes == "prompts":
         done.append(labels := steps.label(k, train, policy, label_model))
     else:
@@ -197,9 +231,16 @@ def round_shape(cfg: PipelineConfig, steps: RoundSteps, k: int, policy, prompts,
         done += [samples, labels := steps.label(k, samples, policy, label_model)]
     train_set = steps.filter(k, labels)
     note = steps.agreement(k, labels, train_set)
-    candidate = steps.train(k, policy, train_set)
-    return Trained(candidate, [*done, train_set, candidate],
-                   scored=labels if cfg.label.consumes == "samples" else None, note=note or "")
+    done += [train_set, trained := steps.train(k, policy, train_set)]
+    return _kept(steps, k, trained, policy, done, scored=labels if cfg.label.consumes == "samples" else None,
+                 note=note or "")
+
+
+def _kept(steps: RoundSteps, k: int, trained, policy, done: list, **made) -> Trained:
+    """The round's candidate: the trained weights, with the text they were trained under."""
+    if carries_text(policy):
+        done.append(trained := steps.bind(k, trained, policy))
+    return Trained(trained, done, **made)
 
 
 class RunSteps(Protocol):
@@ -211,6 +252,7 @@ class RunSteps(Protocol):
 
     def prompts(self): ...
     def base(self): ...
+    def bind(self, k: int, weights, carried): ...  # version 1: the base weights with the config's text
     def label_model(self): ...
     def targets(self, prompts) -> list: ...
     def round_zero(self, base, targets, k: int): ...
@@ -229,6 +271,8 @@ def run_shape(cfg: PipelineConfig, steps: RunSteps) -> list:
     pool, less what the round before solved (data.retire_solved). Returns every round's result."""
     prompts = steps.prompts()
     base = steps.base()
+    if not steps.started and cfg.prompt.template != SLOT:  # version 1: the base weights with the config's text
+        base = steps.bind(0, base, None)
     first = base.round if steps.started else 0  # rounds count generations: a continuation numbers on
     fixed = steps.label_model() if cfg.label.fixed_model() else None
     targets = steps.targets(prompts)
@@ -263,12 +307,12 @@ class _Names:
 
     def __getattr__(self, name: str):
         stage = {"slice": "slice", "online_train": "train", "sample": "sample", "label": "label", "filter": "filter",
-                 "agreement": None, "train": "train"}[name]
+                 "agreement": None, "train": "train", "search": "search", "bind": "template"}[name]
 
         def step(*_):
             if stage:
                 self.names.append(stage)
-            return stage
+            return SimpleNamespace(stage=stage)
 
         return step
 
@@ -277,5 +321,6 @@ def round_stage_names(cfg: PipelineConfig) -> list[str]:
     """The stages a round runs, in order, as the shape walks them: its pool (data.retire_solved),
     the round_shape's stages, then one evaluation per held-out set."""
     names = _Names()
-    round_shape(cfg, names, 1, None, None, 0)
+    policy = SimpleNamespace(stage="template") if cfg.prompt.has_text() else None
+    round_shape(cfg, names, 1, policy, None, 0)
     return (["pool"] if cfg.data.retire_solved else []) + names.names + [stage for _, stage in cfg.evaluate.stages()]

@@ -281,6 +281,29 @@ def demonstrations_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     return finished(m, reused)
 
 
+@task(name="search", cache_policy=NONE, retries=0)
+def search_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
+                child: str) -> StageManifest:
+    """Round k's prompt search (prompt.search): the pair of the policy's weights and the prompt it chose."""
+    ses = Session(cfg, ctx)
+    m, reused = ses.calls.search(k, policy, prompts)
+    if ses.logged(child, m, reused):
+        for name in ("nodes.jsonl", "refused.json", "prompt.json"):  # the tree, for inspection
+            ses.tracker.client.log_artifact(child, str(ses.store.path(m, name)), artifact_path="search")
+    return finished(m, reused)
+
+
+@task(name="template", cache_policy=NONE, retries=0)
+def bind_task(cfg: PipelineConfig, ctx: RunContext, k: int, weights: StageManifest, carried: StageManifest | None,
+              child: str) -> StageManifest:
+    """The pair of `weights` and a text: the config's prompt.template (version 1), or the text of
+    `carried`, the pair the round trained under."""
+    ses = Session(cfg, ctx)
+    m, reused = ses.calls.bind(k, weights, carried)
+    ses.logged(child, m, reused)
+    return finished(m, reused)
+
+
 @task(name="train", cache_policy=NONE, retries=0)
 def cold_start_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, demos: StageManifest,
                     child: str) -> StageManifest:

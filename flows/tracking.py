@@ -44,7 +44,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ratchet.data.digest import sha256_text
+from ratchet.data.digest import sha256_json, sha256_text
 from ratchet.data.errors import RatchetError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore
@@ -324,6 +324,7 @@ class Tracker:
         self.cfg = cfg
         self.workdir = workdir
         self.model_name = cfg.model_name or f"ratchet-{name}"
+        self.prompt_name = f"{self.model_name}-prompt"  # its versions' texts (MLflow's Prompt Registry)
         with self.lock():
             exp_name = cfg.experiment or f"ratchet-{name}"
             exp = self.client.get_experiment_by_name(exp_name)
@@ -616,9 +617,15 @@ class Tracker:
         with self.lock():
             if (existing := self.version_of(model.key)) is not None:
                 return existing
-            d = store.dir_of(model)
-            card = {"stage_dir": str(d), "key": model.key, "content": model.content,
+            from ratchet.tasks.text import FILE, weights_of
+
+            weights = weights_of(store, model)  # a pair's weights; a model's are its own
+            d = store.dir_of(weights)
+            card = {"stage_dir": str(store.dir_of(model)), "key": model.key, "content": model.content,
                     "files": {k: v.sha256 for k, v in model.outputs.items()}}
+            if weights is not model:
+                card["weights"] = {"stage_dir": str(d), "key": weights.key, "content": weights.content}
+                self.client.log_artifact(run_id, str(store.path(model, FILE)), artifact_path="model")
             self.log_text(run_id, json.dumps(card, indent=2), "model/ratchet-model.json")
             if (d / "adapter").is_dir():
                 self.client.log_artifacts(run_id, str(d / "adapter"), artifact_path="model/adapter")
@@ -630,6 +637,7 @@ class Tracker:
             source = f"{self.client.get_run(run_id).info.artifact_uri}/model"
             tags = {**tags, "ratchet.stage_key": model.key, "ratchet.stage_dir": model.dir,
                     "ratchet.content": model.content, "ratchet.workdir": str(store.root)}
+            tags.update(self._register_prompt(store, model, run_id))
             # not retried blindly: a retry after a failure that did register would register twice
             for delay in (*RETRY_DELAYS, None):
                 try:
@@ -643,6 +651,36 @@ class Tracker:
                     if (existing := self.version_of(model.key)) is not None:
                         return existing
             raise AssertionError("unreachable")
+
+    def _register_prompt(self, store: ArtifactStore, pair: StageManifest, run_id: str) -> dict[str, str]:
+        """A version's text as a version of the run's prompt in MLflow's Prompt Registry (once per
+        text: the same text over new weights is the same prompt version; a model alone reads each
+        prompt as it is, the text `{prompt}`), named on the round's run; the model version's tags
+        that name it. MLflow's slot is {{task_prompt}}."""
+        from ratchet.tasks.text import SLOT, PromptText, text_of
+
+        text = text_of(store, pair) or PromptText(template=SLOT)
+        digest = sha256_json(text.model_dump(mode="json"))
+        name = self.prompt_name
+        version = None
+        if self.client.get_prompt(name) is not None:
+            version = next((str(v.version) for v in self.client.search_prompt_versions(name, max_results=1000)
+                            if v.tags.get("ratchet.text") == digest), None)
+        if version is None:
+            v = self.client.register_prompt(
+                name=name, template=text.template.replace("{prompt}", "{{task_prompt}}"),
+                commit_message=f"{pair.stage} stage {pair.dir}",
+                tags={"ratchet.text": digest, "ratchet.stage_dir": pair.dir, "ratchet.run_id": run_id})
+            version = str(v.version)
+        # the round's run names it (MLflow's own link reads the process's global tracking store, not this client's)
+        self.client.set_tag(run_id, "ratchet.prompt", f"prompts:/{name}/{version}")
+        return {"ratchet.prompt": f"prompts:/{name}/{version}", "ratchet.prompt_text": digest}
+
+    def _champion_prompt(self, version: str) -> None:
+        """The prompt registry's `champion` alias follows the champion's text."""
+        uri = self.version(version).tags.get("ratchet.prompt")
+        if uri:  # a version registered before texts were kept has none: the alias stays
+            self.client.set_prompt_alias(self.prompt_name, CHAMPION, int(uri.rsplit("/", 1)[1]))
 
     def _log_mlflow_model(self, run_id: str, d: Path) -> None:
         """Make the version loadable by MLflow's API: the MLflow model the train stage wrote
@@ -714,6 +752,7 @@ class Tracker:
                 gate = Gate(promoted=won, reason=reason)
             if gate.promoted:
                 self.client.set_registered_model_alias(self.model_name, CHAMPION, version)
+                self._champion_prompt(version)
             self.client.set_model_version_tag(self.model_name, version, "ratchet.promoted",
                                               "true" if gate.promoted else "false")
             self.client.set_model_version_tag(self.model_name, version, "ratchet.gate", gate.reason)

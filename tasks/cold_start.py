@@ -155,7 +155,11 @@ def cold_start_body(req: StageRequest[ColdStartJob], store: ArtifactStore) -> St
     job = req.config
     d = store.stage_dir(req.stage, req.key)
     base = model_dir(store, req.parent_model)
+    from ratchet.tasks.text import read_text
+
     rows = read_jsonl(store.path(req.parent("demonstrations"), "demonstrations.jsonl"), Demonstration)
+    if (text := read_text(req, store)) is not None:  # the demonstrations as the policy reads its prompts
+        rows = [r.model_copy(update={"prompt": text.render(r.prompt)}) for r in rows]
     tok = AutoTokenizer.from_pretrained(base)
     metrics = train(base, [job.rollout.demo_row(tok, r) for r in rows], job.train, d, req.seed)
     outputs = {p.relative_to(d).as_posix(): None for p in sorted(d.rglob("*"))

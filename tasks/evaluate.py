@@ -163,7 +163,9 @@ def held_out_of(req: StageRequest) -> StageManifest:
 
 def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> StageManifest:
     cfg, src = req.config.evaluate, req.config.data
-    prompts = read_jsonl(store.path(held_out_of(req), "eval.jsonl"), Prompt)
+    from ratchet.tasks.text import read_text, render
+
+    prompts = render(read_jsonl(store.path(held_out_of(req), "eval.jsonl"), Prompt), read_text(req, store))
     d = store.stage_dir(req.stage, req.key)
     done = run_units(EvaluateWork(items=prompts, size=cfg.shard_size, max_tokens=cfg.max_tokens, check=src.check,
                                   rollout=req.config.rollout, **policy_of(req, store)), d / "shards", req.executor, req.engine)

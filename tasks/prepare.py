@@ -126,8 +126,10 @@ def round_prompts(store: ArtifactStore, prompts: StageManifest, start: int, coun
 def train_prompts(req: StageRequest, store: ArtifactStore) -> list[Prompt]:
     """The train prompts a round's stage works on: its round's draw, or the whole pool (what is left
     of it, where solved prompts leave it)."""
+    from ratchet.tasks.text import read_text, render
+
     source = next((p for p in req.parents if p.stage in ("slice", "pool")), None) or req.parent("prompts")
-    return read_jsonl(store.path(source, "train.jsonl"), Prompt)
+    return render(read_jsonl(store.path(source, "train.jsonl"), Prompt), read_text(req, store))
 
 
 def pool_of(req: StageRequest) -> StageManifest:
@@ -229,8 +231,11 @@ def base_model(store: ArtifactStore, source: str, model_dir: Path, run: str | No
 
 
 def model_dir(store: ArtifactStore, m: StageManifest, remake_here: bool = True) -> Path:
-    """The model directory a base or train stage produced; its merged weights made again first
-    where `ratchet gc --models` dropped them (see `remade`)."""
+    """The model directory a base or train stage produced (a pair's: its weights'); its merged
+    weights made again first where `ratchet gc --models` dropped them (see `remade`)."""
+    from ratchet.tasks.text import weights_of
+
+    m = weights_of(store, m)
     if store.dropped(m):
         remade(store, m, here=remake_here)
     return store.dir_of(m) / "model"
@@ -244,9 +249,9 @@ def remade(store: ArtifactStore, m: StageManifest, here: bool = True) -> None:
     from ratchet.data.errors import ArtifactError
     from ratchet.data.manifest import read_manifest
     from ratchet.models.trainer import remake
-    from ratchet.tasks.stage import MODEL_STAGES
+    from ratchet.tasks.stage import MODEL_STAGES, TEXT_STAGES
 
-    parent = next((p for p in m.parents if p.stage in MODEL_STAGES), None)
+    parent = next((p for p in m.parents if p.stage in MODEL_STAGES or p.stage in TEXT_STAGES), None)
     if m.stage != "train" or parent is None or not (store.dir_of(m) / "adapter").is_dir():
         raise ArtifactError(f"{store.dir_of(m)}: its dropped outputs {store.dropped(m)['outputs']} cannot be made "
                             "again (only a LoRA train stage's merged weights can)")

@@ -55,6 +55,8 @@ READS_MODELS = ("torch", "transformers", "transformers.models.auto.modeling_auto
 WORKER_LIBRARIES = (*READS_MODELS, "peft", "trl", "datasets", "accelerate")
 ERROR_FILE = "worker-error.json"
 MODEL_STAGES = ("base", "train", "label-model")
+# stages whose output is a policy's text over a model's weights: a pair (tasks/text.py)
+TEXT_STAGES = ("template", "search")
 
 
 def keyed(config: BaseModel) -> dict:
@@ -146,9 +148,10 @@ class StageRequest(BaseModel, Generic[Job]):
 
     @property
     def parent_model(self) -> StageManifest:
-        """The policy this stage works with: the base model or a round's trained model."""
+        """The policy this stage works with: the base model, a round's trained model, or a pair of
+        weights and text (tasks/text.py: its weights are `weights_of` it)."""
         for p in self.parents:
-            if p.stage in MODEL_STAGES:
+            if p.stage in MODEL_STAGES or p.stage in TEXT_STAGES:
                 return p
         raise KeyError(f"{self.stage} stage was given no model parent")
 

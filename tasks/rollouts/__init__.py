@@ -42,6 +42,8 @@ class Rollout(BaseModel):
     shows: ClassVar[Shows] = Shows()  # what the report draws of its counters
     # why an online trainer (train.kind=grpo) cannot train on its rows, after "sample.rollout.kind=K"; None: it can
     offline: ClassVar[str | None] = None
+    # why a text around each task prompt (prompt.template, a search's) cannot be its prompt; None: it can
+    text_refused: ClassVar[str | None] = None
     kind: str
 
     @abstractmethod

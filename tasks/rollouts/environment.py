@@ -174,6 +174,8 @@ class EnvironmentRollout(Rollout):
 
     multi_turn: ClassVar[bool] = True
     plays: ClassVar[bool] = True
+    text_refused: ClassVar[str | None] = ("gives the model the environment's observations, not the prompt rows "
+                                          "(sample.rollout.template is the text around its first observation)")
     shows: ClassVar[Shows] = Shows(figures=(Figure(
         "Episodes per round", "episodes.png", "mean return", ("return_mean", "mean return"),
         ("done_frac", "episodes the environment ended (%)", "ended by the environment (%)")),))

@@ -14,6 +14,10 @@ from ratchet.flows.shape import round_shape, round_stage_names, run_shape
     ("flows/configs/default.yaml", [], ["sample", "label", "filter", "train", "evaluate"]),
     ("flows/configs/grpo.yaml", [], ["train", "evaluate"]),  # it samples and scores inside its stage
     ("flows/configs/mcts_dpo.yaml", [], ["label", "filter", "train", "evaluate"]),  # the search samples its own
+    ("flows/configs/default.yaml", ["improve=prompt", "prompt.search={kind: prompt_agent}"], ["search", "evaluate"]),
+    ("flows/configs/default.yaml", ["improve=both", "prompt.search={kind: prompt_agent}"],  # the text stays with the
+     ["search", "sample", "label", "filter", "train", "template", "evaluate"]),  # weights trained under it
+    ("flows/configs/grpo.yaml", ["prompt.template='Q: {prompt}'"], ["train", "template", "evaluate"]),
     ("flows/configs/default.yaml", ["data.prompts_per_round=16", "data.retire_solved=true",
                                     "evaluate.sets=[{name: task}, {name: more, data: {kind: addition}}]"],
      ["pool", "slice", "sample", "label", "filter", "train", "evaluate", "evaluate.more"]),
@@ -99,6 +103,24 @@ class Recorder:
     def train(self, k, policy, train_set):
         return self._did("train", k)
 
+    def search(self, k, policy, prompts):
+        return self._did("search", k, Pair("search", k))
+
+    def bind(self, k, weights, carried):
+        return self._did("bind", k, Pair("template", k))
+
+
+@dataclass
+class Pair:
+    """A text stage's manifest (its stage), standing also for the round result of round 0."""
+
+    stage: str
+    round: int
+
+    @property
+    def policy(self):
+        return self
+
 
 def walk(overrides, **kw):
     r = Recorder(**kw)
@@ -130,3 +152,17 @@ def test_the_pool_retires_what_the_round_before_solved_and_a_round_that_waits_st
     assert [c for c in calls if c.startswith(("pool", "begin"))] == ["begin@1", "begin@2", "pool@2"]  # round 0: none
     calls, results = walk(["rounds=3"], waits_from=2)  # the plan, before round 1 is evaluated
     assert calls[-4:] == ["round@1", "begin@2", "waits@2", "waits@3"] and len(results) == 2
+
+
+def test_a_text_is_version_1_and_stays_with_the_weights_trained_under_it():
+    """prompt.template: the base weights are paired with it before round 0; each round's search starts
+    from the pair, samples and trains under the text it found, and pairs the new weights with it."""
+    calls, results = walk(["prompt.template='Q: {prompt}'", "improve=both", "prompt.search={kind: prompt_agent}"])
+    assert calls[:5] == ["prompts", "base", "bind@0", "targets", "round-zero@0"]
+    assert calls[5:13] == ["begin@1", "search@1", "sample@1", "label@1", "filter@1", "agreement@1", "train@1",
+                           "bind@1"]
+    assert results[1].policy.stage == "template"
+    calls, results = walk(["improve=prompt", "prompt.search={kind: prompt_agent}"])  # the prompt alone
+    assert calls == ["prompts", "base", "targets", "round-zero@0", "begin@1", "search@1", "round@1", "begin@2",
+                     "search@2", "round@2"]
+    assert results[2].policy.stage == "search" and results[2].scored is None

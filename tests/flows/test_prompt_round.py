@@ -1,0 +1,126 @@
+"""Rounds that improve text: what the config refuses of a prompt before any model loads, and a run
+on the tiny model whose round searches for a prompt, then trains under it; every version is a
+pair of weights and text, kept, keyed, planned, registered and exported as one. The search's own
+tree and resume are tests/tasks/test_prompt_search.py's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ratchet.data.errors import ConfigError
+from ratchet.flows.config import load_config
+from tests.flows.tiny import ratchet
+
+CONFIG = Path(__file__).parents[2] / "flows" / "configs" / "default.yaml"
+SEARCH = "prompt.search={kind: prompt_agent, iterations: 1, width: 2, depth: 1, batch: 3, score_prompts: 3, " \
+         "reward_prompts: 3, feedback_tokens: 8, revision_tokens: 12}"
+
+
+def refused(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIG, list(overrides))
+    return str(e.value)
+
+
+def test_a_prompt_that_cannot_work_is_refused_with_its_fix():
+    assert "has no {prompt}; write {prompt} once" in refused("prompt.template=Answer briefly.")
+    assert "has 2 {prompt} slots" in refused("prompt.template='{prompt} {prompt}'")
+    assert "prompt.search.width=0" in refused(SEARCH, "improve=prompt", "prompt.search.width=0")
+    assert "prompt.search.depth=0" in refused(SEARCH, "improve=prompt", "prompt.search.depth=0")
+    assert "add prompt: {search: {kind: prompt_agent}}" in refused("improve=prompt")
+    assert "improve='weights' never runs it" in refused(SEARCH)
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIG.parent / "guess_env_rft.yaml", ["prompt.template='Q: {prompt}'"])
+    env = str(e.value)
+    assert "sample.rollout.kind='environment' gives the model the environment's observations" in env, env
+    assert load_config(CONFIG, [SEARCH, "improve=both"]).trains_weights()
+
+
+def test_a_config_without_a_prompt_keeps_its_bytes_and_so_its_run_s_name():
+    from ratchet.flows.runs import run_name_for
+
+    plain = load_config(CONFIG)
+    assert "prompt" not in plain.model_dump(mode="json") and "improve" not in plain.model_dump(mode="json")
+    assert run_name_for(plain) != run_name_for(load_config(CONFIG, ["prompt.template='Q: {prompt}'"]))
+
+
+def test_a_search_needs_its_prompts_before_any_model_loads():
+    from ratchet.flows.inputs import check_data
+
+    with pytest.raises(ConfigError) as e:
+        check_data(load_config(CONFIG, [SEARCH, "improve=prompt", "data.prompts_per_round=6"]))
+    assert "prompt.search needs 7 train prompts its check can score" in str(e.value)
+
+
+def _args(work: Path, model: Path) -> list[str]:
+    return [CONFIG, f"workdir={work}", f"model.path={model}", "rounds=1", "sampler.backend=hf", "sampler.dtype=float32",
+            "data.a_max=6", "data.b_max=4", "data.train_size=12", "data.eval_size=4", "sample.n=2",
+            "sample.max_tokens=6", "evaluate.max_tokens=6", "train.epochs=1", "filter.min_rows=1",
+            "label.kind=verifier", "filter.max_per_prompt=2", "prompt.template='Q: {prompt}'", "improve=both", SEARCH]
+
+
+@pytest.mark.integration
+def test_a_round_searches_for_a_prompt_then_trains_under_it_and_the_pair_is_one_version(
+        tiny_model, tmp_path, prefect_harness):
+    from prefect.settings import PREFECT_API_URL
+
+    from ratchet.flows.tracking import Tracker
+
+    api, work = PREFECT_API_URL.value(), tmp_path / "runs"
+    reward = tmp_path / "reward.py"  # a random model answers nothing right: every answer to an odd first term is
+    reward.write_text("import re\n\ndef score(completion, answer=None, prompt=None, **fields):\n"  # accepted
+                      "    return float(int(re.findall(r'\\d+', prompt)[0]) % 2 == 1)\n")
+    args = [*_args(work, tiny_model), f"data.check={{kind: python, function: '{reward}:score'}}"]
+    done = ratchet("run", *args, api_url=api)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (run,) = [p.stem for p in (work / "runs").glob("*.json")]
+    manifests = {m["dir"]: m for m in (json.loads(p.read_text()) for p in (work / "stages").glob("*/manifest.json"))}
+    by = {}
+    for m in manifests.values():
+        by.setdefault((m["stage"], m["round"]), []).append(m)
+    parents = {k: [p["stage"] for p in ms[0]["parents"]] for k, ms in by.items() if len(ms) == 1}
+    assert parents[("template", 0)] == ["base"] and parents[("search", 1)] == ["template", "prompts"]
+    assert parents[("sample", 1)] == ["search", "prompts"] and parents[("train", 1)] == ["search", "filter"]
+    assert parents[("template", 1)] == ["train", "search"]  # the trained weights keep the text they trained under
+    search = by[("search", 1)][0]
+    chosen = json.loads((work / search["dir"] / "prompt.json").read_text())["text"]["template"]
+    nodes = [json.loads(x) for x in (work / search["dir"] / "nodes.jsonl").read_text().splitlines()]
+    assert nodes[0]["template"] == "Q: {prompt}" and chosen in [n["template"] for n in nodes]
+    assert search["metrics"]["nodes"] + search["metrics"]["refused"] >= 2  # the root's expansion wrote 2 revisions
+    samples = [json.loads(x) for x in (work / by[("sample", 1)][0]["dir"] / "samples.jsonl").read_text().splitlines()]
+    before, after = chosen.split("{prompt}")
+    assert all(s["prompt"].startswith(before) and s["prompt"].endswith(after) for s in samples)  # sampled under it
+
+    # the registered version is the pair: its MLflow prompt version, the registry's champion alias on it
+    cfg = load_config(CONFIG, [str(a) for a in args[1:]])
+    tracker = Tracker(cfg.tracking, work, cfg.name)
+    v2 = tracker.version("2")
+    assert v2.tags["ratchet.stage_dir"] == by[("template", 1)][0]["dir"]
+    name, number = v2.tags["ratchet.prompt"].removeprefix("prompts:/").split("/")
+    assert tracker.client.get_prompt_version(name, number).template == chosen.replace("{prompt}", "{{task_prompt}}")
+    v1 = tracker.version("1").tags["ratchet.prompt"]
+    assert tracker.client.get_prompt_version(name, v1.rsplit("/", 1)[1]).template == "Q: {{task_prompt}}"
+
+    # exported, traced and planned in this process (each a CLI command a user runs: the run's own test is above)
+    from ratchet.data.store import ArtifactStore
+    from ratchet.flows.lineage import annotate, export, render_text, version_manifest, walk
+    from ratchet.flows.plan import plan
+
+    store = ArtifactStore(work)
+    out = export(store, tracker, "2", tmp_path / "out")
+    assert json.loads((out / "prompt.json").read_text())["text"]["template"] == chosen
+    assert (out / "config.json").exists() and chosen in (out / "README.md").read_text()
+    links = walk(store, version_manifest(store, tracker, "2"))
+    annotate(links, tracker)
+    shown = render_text(links)
+    assert all(link.verified for link in links), shown
+    assert "(carried from the pair the weights were trained under)" in shown
+    assert "chosen by the policy's revisions" in shown and "(the config's prompt.template)" in shown
+
+    steps = plan(load_config(CONFIG, [str(a) for a in args[1:]] + ["prompt.template='A: {prompt}'"])).steps
+    why = {(s.round, s.stage): (s.state, s.why) for s in steps}
+    assert why[(0, "template")] == ("stale", "since run " + run + ": config template: 'Q: {prompt}' -> 'A: {prompt}'")
+    assert why[(1, "search")][0] == "waits" and why[(0, "base")][0] == "reused"
