@@ -20,12 +20,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GUESS = str(ROOT / "examples/environments/guess.py") + ":Guess"
+TRADING = str(ROOT / "examples/environments/trading.py") + ":Trading"
 # name -> (rollout settings, success threshold)
 GAMES = {
     "guess10": ({"env": GUESS, "args": {"high": 10}, "max_turns": 6}, 0.5),
     "guess20": ({"env": GUESS, "args": {"high": 20}, "max_turns": 8}, 0.5),
     "guess10-told": ({"env": GUESS, "args": {"high": 10}, "max_turns": 6,
                       "template": "{observation}\nReply with the number only, for example: 4"}, 0.5),
+    "trading8": ({"env": TRADING, "args": {"days": 8}, "max_turns": 8,
+                  "template": "{observation}\nReply with one word: buy, sell or hold."}, 0.001),  # made money
     "GuessTheNumber-v0": ({"env": {"kind": "textarena", "game": "GuessTheNumber-v0"}, "max_turns": 10}, 1.0),
     "TowerOfHanoi-v0": ({"env": {"kind": "textarena", "game": "TowerOfHanoi-v0"}, "max_turns": 12}, 1.0),
     "Mastermind-v0": ({"env": {"kind": "textarena", "game": "Mastermind-v0"}, "max_turns": 10}, 1.0),

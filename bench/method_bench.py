@@ -1,4 +1,5 @@
-"""Which method pays on this task and this machine: RFT, DPO and GRPO at the same wall-time budget.
+"""Which method pays on this task and this machine: RFT, DPO, GRPO and prompt search at the same
+wall-time budget.
 
     python bench/method_bench.py flows/configs/default.yaml --budget-min 15 --seeds 0 1 2 --out bench-out/methods
     python bench/method_bench.py --merge bench-out/methods       # the table, from every cell run so far
@@ -14,6 +15,8 @@ samples, DPO too few pairs) ends the cell, and the table says so.
     rft   the config's own rounds with filter.kind=rft, train.kind=rft
     dpo   filter.kind=pairs, train.kind=dpo: right against wrong samples of a prompt
     grpo  train.kind=grpo (sample.top_k=0, temperature 1, the grpo.yaml settings): online RL in each round
+    prompt      improve=prompt: each round a prompt search (PromptAgent, the policy its own optimiser)
+    prompt+rft  improve=both: each round the search, then RFT sampled under the prompt it found
 
 Each cell writes CELL.json (method, seed, rounds, commit, machine, date); --merge reads them all
 and prints, per method, the held-out accuracy of the last round finished within the budget (the
@@ -34,11 +37,15 @@ from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
+# the prompt cells' search: the settings of flows/configs/prompt_search.yaml, the policy its own optimiser
+SEARCH = "{kind: prompt_agent, iterations: 2, width: 2, depth: 2, batch: 8, score_prompts: 16, reward_prompts: 16}"
 METHODS = {
     "rft": ["filter={kind: rft}", "train={kind: rft}"],
     "dpo": ["filter={kind: pairs}", "train={kind: dpo}"],
     "grpo": ["train={kind: grpo, steps: 20, batch_size: 4, loss_type: dapo, learning_rate: 1.0e-4, "
              "checkpoint_steps: 5}", "sample.top_k=0", "sample.top_p=1.0", "sample.temperature=1.0"],
+    "prompt": ["improve=prompt", f"prompt={{search: {SEARCH}}}"],
+    "prompt+rft": ["improve=both", f"prompt={{search: {SEARCH}}}", "filter={kind: rft}", "train={kind: rft}"],
 }
 # what a method keeps of the config's own `train:` (an override of `train` replaces the section):
 # the settings every kind has and the task decides (how long an episode is, the adapter, the
@@ -130,12 +137,12 @@ def merge(out: Path) -> str:
     base = next((c["base_accuracy"] for c in cells if c["base_accuracy"] is not None), None)
     lines = [f"cells in {out}: {', '.join(sorted({c['commit'] for c in cells}))}; {cells[0]['machine']}; "
              f"budget {cells[0]['budget_s'] / 60:.0f} min a cell; base model {pct(base)}", "",
-             f"{'method':<6} {'seeds':>5} {'at budget':>10}  {'each seed':<24} {'rounds':>6}  "
+             f"{'method':<10} {'seeds':>5} {'at budget':>10}  {'each seed':<24} {'rounds':>6}  "
              "curve (accuracy at minutes)"]
     for method in METHODS:
         mine = [c for c in cells if c["method"] == method]
         if not mine:
-            lines.append(f"{method:<6} {'not measured':>17}")
+            lines.append(f"{method:<10} {'not measured':>17}")
             continue
         final = []
         for c in mine:
@@ -147,7 +154,7 @@ def merge(out: Path) -> str:
         fits = "/".join(str(sum(x["spent_s"] <= c["budget_s"] for x in c["rounds"])) for c in mine)
         known = [a for a in final if a is not None]
         mean = pct(sum(known) / len(known)) if known else "n/a"
-        lines.append(f"{method:<6} {len(mine):>5} {mean:>10}  {each:<24} {fits:>6}  {curve}")
+        lines.append(f"{method:<10} {len(mine):>5} {mean:>10}  {each:<24} {fits:>6}  {curve}")
     stops = [f"{c['method']} seed {c['seed']}: {c['stopped']}" for c in cells if c["stopped"]]
     return "\n".join(lines + ([""] + stops if stops else []))
 

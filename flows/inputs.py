@@ -89,6 +89,8 @@ def check_data(cfg: PipelineConfig) -> tuple[Split, dict[str, Split]]:
     check_label_model(cfg)
     if problems := cfg.label.ready():  # a served judge's key and server, before any model loads
         raise ConfigError(problems, source="label")
+    if cfg.prompt.search is not None and (problems := cfg.prompt.search.ready()):  # a served optimiser's too
+        raise ConfigError(problems, source="prompt.search")
     fields = columns(split.train + split.eval)  # a start's other columns, which an environment's reset may take
     rollouts = _rollouts(cfg)
     first = split.train[0] if split.train else None  # the first start a stage gives an environment

@@ -15,6 +15,8 @@ Figures, each only where the run has its data:
 - the label's agreement with the verifier (AUC, pair accuracy) where references exist;
 - each kind's own figures (the tree search: solved fraction and generated tokens per prompt);
 - wall time per stage, and sampling / evaluation throughput;
+- a prompt search's tree (improve: prompt or both): each prompt, its score and the feedback it was
+  written from, the chosen one marked, and the revisions refused with why;
 - an online round's steps (train.kind: grpo): reward mean, groups kept, KL, entropy, the
   sampler-trainer log-probability gap and generated tokens per second, as a figure and a table.
 """
@@ -36,8 +38,9 @@ from ratchet.flows.tracking import Tracker
 from ratchet.data.procs.entry import entry
 from ratchet.models.trainer import read_steps
 
-STAGES = ("sample", "label", "filter", "train", "evaluate")
-COLORS = {"sample": "#4C72B0", "label": "#DD8452", "filter": "#937860", "train": "#C44E52", "evaluate": "#55A868"}
+STAGES = ("search", "sample", "label", "filter", "train", "evaluate")
+COLORS = {"search": "#8172B3", "sample": "#4C72B0", "label": "#DD8452", "filter": "#937860", "train": "#C44E52",
+          "evaluate": "#55A868"}
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Round:
     answers: list[dict] = field(default_factory=list)  # its answers on the gate's held-out set, as eval.jsonl has them
     cold_start: bool = False  # the round that fine-tuned the base model on the user's demonstrations (cold_start)
     steps: list[dict] = field(default_factory=list)  # an online train stage's figures by step (models/trainer.py)
+    search: dict = field(default_factory=dict)  # its prompt search: nodes, refused revisions, the chosen text, figures
 
     @property
     def name(self) -> str:
@@ -135,9 +139,25 @@ def gather(workdir: Path, tracker: Tracker, run: str | None = None) -> Report:
                 r.steps = read_steps(store.recorded_dir(dirs["train"], where))
             except (ArtifactError, OSError, ValueError):  # a tag edited out of shape, a log cut short: no steps
                 r.steps = []
+        if "search" in dirs:
+            r.search = _search_of(store, dirs["search"], f"run {c.info.run_id}'s ratchet.stage.search tag")
         rounds.append(r)
     rounds.sort(key=lambda r: r.round)
     return Report(run=chosen, model=tracker.model_name, champion=tracker.champion(), rounds=rounds)
+
+
+def _search_of(store: ArtifactStore, rel: str, where: str) -> dict:
+    """A round's prompt search as its stage wrote it (empty where it cannot be read)."""
+    from ratchet.data.manifest import read_manifest
+
+    try:
+        d = store.recorded_dir(rel, where)
+        m = read_manifest(d)
+        return {"nodes": list(_rows(d / "nodes.jsonl")), "refused": json.loads((d / "refused.json").read_text()),
+                "text": json.loads((d / "prompt.json").read_text())["text"]["template"],
+                "metrics": dict(m.metrics) if m else {}}
+    except (ArtifactError, OSError, ValueError, KeyError):
+        return {}
 
 
 def _rows(path: Path | None):
@@ -469,6 +489,45 @@ def _steps_table(report: Report) -> str:
             f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
+def _search_tree(report: Report) -> str:
+    """Each round's prompt search as a tree: every prompt with its score on the score prompts and the
+    feedback its revision was written from, the chosen one marked; then the revisions refused, each
+    with why. Every text is escaped: the optimiser wrote it."""
+    searched = [r for r in report.rounds if r.search.get("nodes")]
+    if not searched:
+        return ""
+    out = ["<h2>Prompt search</h2><p>Each node is a prompt (<code>{prompt}</code>: where the task's prompt goes), "
+           "with its accuracy on the score prompts; under it, the prompts the optimiser wrote from the feedback "
+           "shown, which it wrote from that prompt's wrong answers. The chosen prompt is marked; it replaced the "
+           "round's starting prompt only where it scored higher on the reward prompts, which the search never "
+           "scored.</p>"]
+    for r in searched:
+        nodes, m = r.search["nodes"], r.search.get("metrics", {})
+        chosen = next((n["id"] for n in nodes if n["template"] == r.search.get("text")), None)
+        kids: dict = {}
+        for n in nodes:
+            kids.setdefault(n["parent"], []).append(n)
+
+        def tree(parent) -> str:
+            items = []
+            for n in kids.get(parent, []):
+                mark = " <strong>chosen</strong>" if n["id"] == chosen else ""
+                fb = (f"<div class=\"feedback\">from feedback: {html.escape(_clip(n['feedback'], 240))}</div>"
+                      if n["feedback"] else "")
+                items.append(f"<li>node {n['id']} · {_pct(n['score'])} · {n['visits']} visit(s){mark}{fb}"
+                             f"<pre>{html.escape(_clip(n['template'], 400))}</pre>{tree(n['id'])}</li>")
+            return f"<ul>{''.join(items)}</ul>" if items else ""
+
+        refused = "".join(f"<li>{html.escape(x['why'])}" + (f": <code>{html.escape(_clip(x['text'], 120))}</code>"
+                                                           if x.get("text") else "") + "</li>"
+                          for x in r.search.get("refused", []))
+        out.append(f"<h3>round {html.escape(r.name)}</h3><p>reward prompts: the chosen prompt "
+                   f"{_pct(m.get('chosen_reward'))}, the starting prompt {_pct(m.get('base_reward'))}; "
+                   f"{'replaced' if m.get('replaced') else 'kept the starting prompt'}</p><div class=\"tree\">"
+                   f"{tree(None)}</div>" + (f"<p>Refused revisions:</p><ul>{refused}</ul>" if refused else ""))
+    return "".join(out)
+
+
 def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
@@ -520,6 +579,8 @@ table.answers td {{ text-align: left; vertical-align: top; max-width: 22rem; }}
 table.answers pre {{ white-space: pre-wrap; margin: 0 0 .2rem; }}
 .right {{ color: #2a7a3a; }} .other {{ color: #a33; }}
 pre .env {{ color: #666; font-style: italic; }} pre .env::before {{ content: "env: "; }}
+.tree ul {{ list-style: none; border-left: 1px solid #ccc; padding-left: 1rem; }}
+.tree pre {{ white-space: pre-wrap; margin: .2rem 0; text-align: left; }} .feedback {{ color: #666; }}
 </style></head><body>
 <h1>{html.escape(r.run)}</h1>
 <p>{html.escape(report.model)} · {r.state} · {r.rounds_done} of {r.rounds} round(s) {origin} ·
@@ -527,6 +588,7 @@ champion: {('version ' + html.escape(report.champion)) if report.champion else '
 {_table(report)}
 {imgs}
 {_steps_table(report)}
+{_search_tree(report)}
 {_answers(report)}
 </body></html>
 """

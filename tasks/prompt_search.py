@@ -35,7 +35,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -46,6 +46,7 @@ from ratchet.data.manifest import StageManifest
 from ratchet.data.records import Prompt, read_jsonl, write_jsonl
 from ratchet.data.prompts import SourceConfig
 from ratchet.data.store import ArtifactStore
+from ratchet.models.endpoint import EndpointConfig
 from ratchet.models.sampler import SamplerConfig, SamplingParams
 from ratchet.tasks.sample import RolloutConfig
 from ratchet.tasks.stage import StageRequest, run_stage
@@ -62,6 +63,23 @@ class PolicyOptimiser(BaseModel):
 
     def identity(self) -> str:
         return "the policy"
+
+
+class ServedOptimiser(BaseModel):
+    """A model served elsewhere (any OpenAI-compatible API, models/endpoint.py) writes the feedback
+    and the revisions: its key from the environment, never in a file; its calls retried, and
+    journaled by content in the stage's directory, so a resumed search pays for none twice."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["served"] = "served"
+    endpoint: EndpointConfig = Field(description="where the optimiser is served: base_url, model, api_key_env, ...")
+
+    def identity(self) -> str:
+        return self.endpoint.where()
+
+
+# who writes the feedback and the revisions: one member per kind
+OptimiserConfig = Annotated[PolicyOptimiser | ServedOptimiser, Field(discriminator="kind")]
 
 
 class PromptAgentSearch(BaseModel):
@@ -89,8 +107,14 @@ class PromptAgentSearch(BaseModel):
     feedback_tokens: int = Field(default=96, ge=1, description="most tokens of one feedback")
     revision_tokens: int = Field(default=128, ge=1, description="most tokens of one revision")
     max_chars: int = Field(default=1200, ge=16, description="a revision longer than this is refused")
-    optimiser: PolicyOptimiser = Field(default_factory=PolicyOptimiser, description="who writes the feedback and "
-                                       "the revisions: policy (the run's own model)")
+    optimiser: OptimiserConfig = Field(default_factory=PolicyOptimiser, description="who writes the feedback and "
+                                       "the revisions: policy (the run's own model, on the search's engine) or "
+                                       "served (a model behind an OpenAI-compatible API: endpoint)")
+
+    def ready(self) -> list[str]:
+        """What keeps this machine from calling a served optimiser, before any model loads."""
+        o = self.optimiser
+        return o.endpoint.problems("prompt.search.optimiser.endpoint") if isinstance(o, ServedOptimiser) else []
 
     def needs_prompts(self) -> int:
         """The fewest train prompts a search can split (each with a reference answer, where the check
@@ -114,6 +138,12 @@ class SearchJob(BaseModel):
     max_tokens: int  # one answer's tokens (evaluate.max_tokens: answers are greedy, as evaluated)
     sampler: SamplerConfig
     seed: int
+
+    def summary(self, m: dict[str, float]) -> list[str]:
+        kept = "the chosen prompt replaced it" if m.get("replaced") else "the round's prompt kept"
+        return [f"{m.get('nodes', 0):.0f} prompts, {m.get('refused', 0):.0f} revisions refused",
+                f"reward prompts {m.get('base_reward', 0):.0%} -> {m.get('chosen_reward', 0):.0%}: {kept}",
+                f"{m.get('tokens_per_s', 0):.0f} tok/s"]
 
 
 # the tree ----------------------------------------------------------------------------------
@@ -351,12 +381,37 @@ class Search:
 
 # the stage ---------------------------------------------------------------------------------
 
+class PolicyWriter:
+    """The optimiser as the run's own policy: its sampler writes."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def write(self, prompt: str, n: int, max_tokens: int, temperature: float, seed: int) -> list[str]:
+        gens = self.sampler.generate([prompt], SamplingParams(n=n, temperature=temperature, top_k=50,
+                                                               max_tokens=max_tokens), seed=seed)
+        return [g.text for g in gens[0]]
+
+
+class ServedWriter:
+    """The optimiser served elsewhere: one call per revision (not every server gives n choices),
+    journaled by the endpoint as each arrives; a call the server refused writes nothing ("empty")."""
+
+    def __init__(self, endpoint):
+        self.endpoint = endpoint
+
+    def write(self, prompt: str, n: int, max_tokens: int, temperature: float, seed: int) -> list[str]:
+        replies = self.endpoint.chat([{"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+                                       "temperature": temperature, "seed": seed + i} for i in range(n)])
+        return [r.texts[0] if r is not None and r.texts else "" for r in replies]
+
+
 class EngineOnSampler(Engine):
     """The search's engine: the policy (a sampler) answers greedily through the rollout, the
-    task's check scores; the optimiser (the policy itself) writes with the same sampler."""
+    task's check scores; the optimiser (`writer`) writes."""
 
-    def __init__(self, sampler, rollout, check, max_tokens: int, max_model_len: int, longest: str):
-        self.sampler, self.rollout, self.check = sampler, rollout, check
+    def __init__(self, sampler, rollout, check, max_tokens: int, max_model_len: int, longest: str, writer):
+        self.sampler, self.rollout, self.check, self.writer = sampler, rollout, check, writer
         self.max_tokens, self.max_model_len, self.longest = max_tokens, max_model_len, longest
 
     def answers(self, template: str, prompts: list[Prompt], seed: int) -> list[dict]:
@@ -371,9 +426,7 @@ class EngineOnSampler(Engine):
                  "correct": bool(v.correct), "tokens": c.n_tokens} for p, c, v in zip(prompts, done, verdicts)]
 
     def write(self, prompt: str, n: int, max_tokens: int, temperature: float, seed: int) -> list[str]:
-        gens = self.sampler.generate([prompt], SamplingParams(n=n, temperature=temperature, top_k=50,
-                                                               max_tokens=max_tokens), seed=seed)
-        return [g.text for g in gens[0]]
+        return self.writer.write(prompt, n, max_tokens, temperature, seed)
 
     def too_long(self, template: str) -> bool:
         from ratchet.models.sampler import chat_token_ids
@@ -397,8 +450,13 @@ def search_body(req: StageRequest[SearchJob], store: ArtifactStore) -> StageMani
     load_s = time.time() - t0
     try:
         longest = max((p.prompt for p in prompts), key=len)
+        served = None
+        if isinstance(job.search.optimiser, ServedOptimiser):
+            from ratchet.models.endpoint import Endpoint
+
+            served = Endpoint(job.search.optimiser.endpoint, d / "calls.jsonl")
         engine = EngineOnSampler(sampler, job.rollout, job.data.check, job.max_tokens, job.sampler.max_model_len,
-                                 longest)
+                                 longest, ServedWriter(served) if served is not None else PolicyWriter(sampler))
         journal = Journal(d / "journal.jsonl")
         search = Search(job.search, engine, journal, base.template, prompts, req.seed)
         search.run()
@@ -408,12 +466,13 @@ def search_body(req: StageRequest[SearchJob], store: ArtifactStore) -> StageMani
     write_jsonl(d / "nodes.jsonl", [_NodeRow(**n.row()) for n in search.nodes])
     (d / "refused.json").write_text(json.dumps(search.refused, indent=2) + "\n")
     c = search.counts
-    metrics = {**figures, "nodes": float(len(search.nodes)), "refused": float(len(search.refused)),
+    metrics = {**figures, **(served.metrics("optimiser_") if served is not None else {}), "nodes": float(len(search.nodes)), "refused": float(len(search.refused)),
                "answers": float(c["answers"]), "journal_reused": float(journal.reused), "load_s": load_s,
                "tokens_per_s": c["answer_tokens"] / c["gen_s"] if c["gen_s"] else 0.0}
     return write_pair(req, store, PromptText(template=pick.template), weights_of(store, policy), metrics=metrics,
                       info={"optimiser": job.search.optimiser.identity(), "chosen": pick.id},
-                      outputs={"nodes.jsonl": len(search.nodes), "refused.json": None, "journal.jsonl": None})
+                      outputs={"nodes.jsonl": len(search.nodes), "refused.json": None, "journal.jsonl": None,
+                               **({"calls.jsonl": None} if served is not None else {})})
 
 
 class _NodeRow(BaseModel):

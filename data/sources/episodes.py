@@ -13,6 +13,7 @@ start can be compared, and paired for DPO. The check is the episode's return (`r
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
@@ -38,3 +39,19 @@ class EpisodesSource(PoolSource):
 
         end = self.first_seed + self.train_size
         return Split([start(s) for s in range(self.first_seed, end)], [start(s) for s in range(end, end + self.eval_size)])
+
+    def eval_metrics(self, prompts: list[Prompt], rows: list) -> dict[str, float]:
+        """The held-out episodes' risk beside their return: `step_cvar_05`, the mean of the worst 5%
+        of their steps' rewards pooled (a trading episode's daily returns: the expected shortfall),
+        and `return_worst_10`, the mean return of the worst 10% of episodes."""
+        outcomes = [r.outcome for r in rows if r.outcome is not None and r.outcome.ret is not None]
+        steps = sorted(x for o in outcomes for x in o.rewards)
+        if not steps:
+            return {}
+        returns = sorted(o.ret for o in outcomes)
+
+        def tail(xs: list[float], q: float) -> float:
+            worst = xs[:max(1, math.ceil(q * len(xs)))]
+            return sum(worst) / len(worst)
+
+        return {"step_cvar_05": tail(steps, 0.05), "return_worst_10": tail(returns, 0.10)}

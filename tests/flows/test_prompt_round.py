@@ -55,6 +55,22 @@ def test_a_search_needs_its_prompts_before_any_model_loads():
     assert "prompt.search needs 7 train prompts its check can score" in str(e.value)
 
 
+def test_a_served_optimiser_that_is_down_or_lacks_its_key_stops_the_run_before_any_model_loads(monkeypatch):
+    from ratchet.flows.inputs import check_data
+    from tests.flows.tiny import free_port
+
+    served = f"prompt.search.optimiser={{kind: served, endpoint: {{base_url: 'http://127.0.0.1:{free_port()}/v1', " \
+             "model: opt, api_key_env: OPT_KEY}}"
+    monkeypatch.delenv("OPT_KEY", raising=False)
+    with pytest.raises(ConfigError) as e:
+        check_data(load_config(CONFIG, [SEARCH, "improve=prompt", served]))
+    assert "prompt.search.optimiser.endpoint.api_key_env='OPT_KEY'" in str(e.value) and "export it" in str(e.value)
+    monkeypatch.setenv("OPT_KEY", "sk-x")
+    with pytest.raises(ConfigError) as e:
+        check_data(load_config(CONFIG, [SEARCH, "improve=prompt", served]))
+    assert "the server did not answer" in str(e.value) and "start it, or fix the URL" in str(e.value)
+
+
 def _args(work: Path, model: Path) -> list[str]:
     return [CONFIG, f"workdir={work}", f"model.path={model}", "rounds=1", "sampler.backend=hf", "sampler.dtype=float32",
             "data.a_max=6", "data.b_max=4", "data.train_size=12", "data.eval_size=4", "sample.n=2",
@@ -94,6 +110,9 @@ def test_a_round_searches_for_a_prompt_then_trains_under_it_and_the_pair_is_one_
     before, after = chosen.split("{prompt}")
     assert all(s["prompt"].startswith(before) and s["prompt"].endswith(after) for s in samples)  # sampled under it
 
+    (page,) = (work / "reports").glob("*/index.html")  # the report draws the search's tree
+    assert "<h2>Prompt search</h2>" in page.read_text() and "node 0 · " in page.read_text()
+
     # the registered version is the pair: its MLflow prompt version, the registry's champion alias on it
     cfg = load_config(CONFIG, [str(a) for a in args[1:]])
     tracker = Tracker(cfg.tracking, work, cfg.name)
@@ -124,3 +143,9 @@ def test_a_round_searches_for_a_prompt_then_trains_under_it_and_the_pair_is_one_
     why = {(s.round, s.stage): (s.state, s.why) for s in steps}
     assert why[(0, "template")] == ("stale", "since run " + run + ": config template: 'Q: {prompt}' -> 'A: {prompt}'")
     assert why[(1, "search")][0] == "waits" and why[(0, "base")][0] == "reused"
+    # a run from version 2 starts from the pair: its weights and its text, with no template of its own
+    onwards = plan(load_config(CONFIG, [str(a) for a in args[1:]]), run="from-v2",
+                   start=version_manifest(store, tracker, "2")).steps
+    assert [(s.round, s.stage, s.state) for s in onwards] == [
+        (0, "prompts", "reused"), (1, "evaluate", "reused"), (2, "search", "to run"), *(
+            (2, stage, "waits") for stage in ("sample", "label", "filter", "train", "template", "evaluate"))]

@@ -153,3 +153,63 @@ def test_a_line_a_kill_cut_short_is_made_again(tmp_path):
     j = Journal(path)
     assert j.get("a", lambda: 9) == 1 and j.get("b", lambda: 2) == 2 and j.reused == 1
     assert [json.loads(x)["key"] for x in path.read_text().splitlines()] == ["a", "b"]
+
+
+def test_a_served_optimiser_is_called_once_per_revision_resumes_without_asking_twice_and_keeps_its_key_out(
+        tmp_path, monkeypatch):
+    """prompt.search.optimiser.kind=served: the feedback and each revision are chat calls to an
+    OpenAI-compatible server (the test's stub), journaled as they arrive. A server that dies stops
+    the search with what it said; the same search run again asks only for what it lacks, and ends
+    with the tree of a search that was never stopped. The key is sent, and written nowhere."""
+    from ratchet.models.endpoint import Endpoint, EndpointConfig, EndpointError
+    from ratchet.tasks.prompt_search import ServedWriter
+    from tests.openai_stub import Failure, Stub, verdict
+
+    monkeypatch.setenv("OPT_KEY", "sk-opt-0123456789abcdef")
+    state = {"n": 0, "down": True}
+
+    def answer(body):
+        state["n"] += 1
+        if state["n"] > 3 and state["down"]:
+            return Failure(503)
+        asked = body["messages"][-1]["content"]
+        if "Give brief reasons" in asked:
+            return verdict("It never asks for care.")
+        return verdict(f"<START>Work carefully ({body['seed']}). [question]<END>")
+
+    cfg = PromptAgentSearch(iterations=2, width=2, depth=2, batch=4, score_prompts=8, reward_prompts=8)
+
+    class Served(Scripted):
+        def __init__(self, writer):
+            super().__init__([])
+            self.writer = writer
+
+        def write(self, *a):
+            return self.writer.write(*a)
+
+    def run(d, url):
+        ep = Endpoint(EndpointConfig(base_url=url, model="judge", api_key_env="OPT_KEY", retries=0, backoff_s=0,
+                                     max_concurrency=1), d / "calls.jsonl")
+        return Search(cfg, Served(ServedWriter(ep)), Journal(d / "journal.jsonl"), SLOT, PROMPTS, seed=3)
+
+    with Stub(answer) as server:
+        with pytest.raises(EndpointError) as e:
+            run(tmp_path, server.url).run()
+        assert "HTTP 503" in str(e.value)
+        state["down"] = False
+        asked_before = len(server.requests)
+        again = run(tmp_path, server.url)
+        again.run()
+        resumed = server.requests[asked_before:]
+    def call(r):
+        return r["messages"][-1]["content"], r["seed"]
+
+    answered = {call(r) for r in server.requests[:3]}  # the server's 4th answer was its 503
+    assert answered.isdisjoint(call(r) for r in resumed)  # none of them asked again
+    assert len({call(r) for r in resumed}) == len(resumed)  # nor anything twice
+    assert all(r["_auth"] == "Bearer sk-opt-0123456789abcdef" for r in server.requests)
+    assert "sk-opt" not in (tmp_path / "calls.jsonl").read_text() + (tmp_path / "journal.jsonl").read_text()
+    seed = 3 * 7919 + 1  # the root's revisions: the search's seed, the node, and the revision's own
+    assert [n.template for n in again.nodes][1:3] == [f"Work carefully ({seed}). {{prompt}}",
+                                                      f"Work carefully ({seed + 1}). {{prompt}}"]
+    assert all(n.score is not None for n in again.nodes) and len(again.nodes) > 3
