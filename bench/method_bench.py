@@ -14,6 +14,7 @@ samples, DPO too few pairs) ends the cell, and the table says so.
 
     rft   the config's own rounds with filter.kind=rft, train.kind=rft
     dpo   filter.kind=pairs, train.kind=dpo: right against wrong samples of a prompt
+    dpo+rpo     the same, with an NLL term on the chosen answer (RPO: loss_type [sigmoid, sft], weights [1, 1])
     grpo  train.kind=grpo (sample.top_k=0, temperature 1, the grpo.yaml settings): online RL in each round
     prompt      improve=prompt: each round a prompt search (PromptAgent, the policy its own optimiser)
     prompt+rft  improve=both: each round the search, then RFT sampled under the prompt it found
@@ -42,6 +43,8 @@ SEARCH = "{kind: prompt_agent, iterations: 2, width: 2, depth: 2, batch: 8, scor
 METHODS = {
     "rft": ["filter={kind: rft}", "train={kind: rft}"],
     "dpo": ["filter={kind: pairs}", "train={kind: dpo}"],
+    # RPO: DPO's loss plus an NLL term on the chosen answer, weight 1 (TRL 1.16 sums loss types)
+    "dpo+rpo": ["filter={kind: pairs}", "train={kind: dpo, loss_type: [sigmoid, sft], loss_weights: [1.0, 1.0]}"],
     "grpo": ["train={kind: grpo, steps: 20, batch_size: 4, loss_type: dapo, learning_rate: 1.0e-4, "
              "checkpoint_steps: 5}", "sample.top_k=0", "sample.top_p=1.0", "sample.temperature=1.0"],
     "prompt": ["improve=prompt", f"prompt={{search: {SEARCH}}}"],

@@ -216,6 +216,9 @@ def _prompt_checks(cfg: PipelineConfig) -> list[str]:
     if cfg.improve != "weights" and search is None:
         out.append(f"improve={cfg.improve!r} searches for a prompt each round, and prompt.search is not set; add "
                    "prompt: {search: {kind: prompt_agent}} (or improve: weights)")
+    if cfg.improve == "prompt" and cfg.data.retire_solved:
+        out.append("data.retire_solved=true retires the prompts a round's samples solved, and improve='prompt' "
+                   "samples none (its rounds search for a prompt); set data.retire_solved=false, or improve: both")
     if cfg.improve == "weights" and search is not None:
         out.append("prompt.search is set, and improve='weights' never runs it; set improve: prompt (the search "
                    "alone) or improve: both (the search, then training under its prompt), or remove prompt.search")

@@ -1,6 +1,7 @@
 """Lineage: the chain that produced a model, walked over manifests and checked.
 
     ratchet lineage CONFIG 4               # model version 4 of the workdir's registered model
+    ratchet lineage CONFIG prompts:/ratchet-default-prompt/2   # the stage that wrote a prompt version
     ratchet lineage CONFIG RUN_ID --json   # an MLflow round run, as JSON
     ratchet lineage --workdir W            # the newest run's newest version, its config read from its record
 
@@ -166,10 +167,13 @@ def annotate(links: list[Link], tracker) -> None:
 
 
 def resolve(target: str, store: ArtifactStore, tracker) -> StageManifest:
-    """A model version number, 'models:/name/N', 'champion', an MLflow run id, or a stage directory."""
+    """A model version number, 'models:/name/N', 'prompts:/name/N' (a prompt version: the stage that
+    wrote its text), 'champion', an MLflow run id, or a stage directory."""
     p = Path(target)
     if p.is_dir() and (p / "manifest.json").exists():
         return read_manifest(p)
+    if target.startswith("prompts:/"):
+        return prompt_manifest(store, tracker, target)
     if target == "champion":
         champion = tracker.champion()
         if champion is None:
@@ -186,6 +190,25 @@ def resolve(target: str, store: ArtifactStore, tracker) -> StageManifest:
         if version is None:
             raise RatchetError(f"MLflow run {target} has no registered model (is it a round run that finished?)")
     return version_manifest(store, tracker, version)
+
+
+def prompt_manifest(store: ArtifactStore, tracker, uri: str) -> StageManifest:
+    """The stage that wrote a prompt version's text (the first to register it: a search, or the
+    template stage of version 1), from the prompt version's ratchet.stage_dir tag."""
+    name, _, number = uri.removeprefix("prompts:/").rpartition("/")
+    try:
+        pv = tracker.client.get_prompt_version(name, number) if number.isdigit() else None
+    except Exception as e:  # noqa: BLE001 - the registry's own words, with the fix
+        raise RatchetError(f"{uri}: {e}; give a prompt version as prompts:/NAME/N (a model version's "
+                           "ratchet.prompt tag names its own)") from e
+    if pv is None or not pv.tags.get("ratchet.stage_dir"):
+        raise RatchetError(f"{uri} is not a prompt version this run's registry holds with its stage; give "
+                           f"prompts:/{tracker.prompt_name}/N (a model version's ratchet.prompt tag names its own)")
+    m = read_manifest(store.recorded_dir(pv.tags["ratchet.stage_dir"], f"{uri}'s ratchet.stage_dir tag"))
+    if m is None:
+        raise ArtifactError(f"{uri} points at {store.root / pv.tags['ratchet.stage_dir']}, which has no manifest: "
+                            "the store behind this prompt version is gone (or is another workdir's)")
+    return m
 
 
 def version_manifest(store: ArtifactStore, tracker, version: str) -> StageManifest:

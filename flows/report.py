@@ -153,7 +153,8 @@ def _search_of(store: ArtifactStore, rel: str, where: str) -> dict:
     try:
         d = store.recorded_dir(rel, where)
         m = read_manifest(d)
-        return {"nodes": list(_rows(d / "nodes.jsonl")), "refused": json.loads((d / "refused.json").read_text()),
+        told = json.loads((d / "refused.json").read_text())
+        return {"nodes": list(_rows(d / "nodes.jsonl")), "refused": told["refused"], "unexpanded": told["unexpanded"],
                 "text": json.loads((d / "prompt.json").read_text())["text"]["template"],
                 "metrics": dict(m.metrics) if m else {}}
     except (ArtifactError, OSError, ValueError, KeyError):
@@ -521,10 +522,13 @@ def _search_tree(report: Report) -> str:
         refused = "".join(f"<li>{html.escape(x['why'])}" + (f": <code>{html.escape(_clip(x['text'], 120))}</code>"
                                                            if x.get("text") else "") + "</li>"
                           for x in r.search.get("refused", []))
+        refused += "".join(f"<li>node {x['node']} was not expanded: {html.escape(x['why'])}</li>"
+                           for x in r.search.get("unexpanded", []))
         out.append(f"<h3>round {html.escape(r.name)}</h3><p>reward prompts: the chosen prompt "
                    f"{_pct(m.get('chosen_reward'))}, the starting prompt {_pct(m.get('base_reward'))}; "
                    f"{'replaced' if m.get('replaced') else 'kept the starting prompt'}</p><div class=\"tree\">"
-                   f"{tree(None)}</div>" + (f"<p>Refused revisions:</p><ul>{refused}</ul>" if refused else ""))
+                   f"{tree(None)}</div>" + (f"<p>Refused revisions, and nodes not expanded:</p><ul>{refused}</ul>"
+                                           if refused else ""))
     return "".join(out)
 
 

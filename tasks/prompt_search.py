@@ -208,8 +208,13 @@ def shown(template: str) -> str:
 
 
 def examples_text(wrong: list[dict]) -> str:
-    return "\n\n".join(f"Question: {w['prompt']}\nAnswer given: {w['answer'].strip()}\nCorrect answer: {w['reference']}"
-                       for w in wrong)
+    return "\n\n".join(f"Question: {_clip(w['prompt'])}\nAnswer given: {_clip(w['answer'].strip())}\n"
+                       f"Correct answer: {_clip(str(w['reference']))}" for w in wrong)
+
+
+def _clip(text: str, n: int = 300) -> str:
+    """A shown example's text, cut where it is long: the optimiser's context holds them all."""
+    return text if len(text) <= n else text[:n] + " [...]"
 
 
 def feedback_prompt(template: str, wrong: list[dict]) -> str:
@@ -261,7 +266,8 @@ class Engine:
 
     def answers(self, template: str, prompts: list[Prompt], seed: int) -> list[dict]: ...
     def write(self, prompt: str, n: int, max_tokens: int, temperature: float, seed: int) -> list[str]: ...
-    def too_long(self, template: str) -> bool: ...
+    def too_long(self, template: str) -> bool: ...  # the policy's context cannot hold it with the longest prompt
+    def fits(self, prompt: str, max_tokens: int) -> bool: ...  # the optimiser's context holds it and its answer
 
 
 class Search:
@@ -275,7 +281,8 @@ class Search:
         self.score_set = order[cfg.reward_prompts:cfg.reward_prompts + cfg.score_prompts]
         self.pool = order[cfg.reward_prompts + cfg.score_prompts:]
         self.nodes = [Node(0, None, 0, base)]
-        self.refused: list[dict] = []
+        self.refused: list[dict] = []  # revisions refused, each with its parent, why and its text
+        self.unexpanded: list[dict] = []  # nodes an expansion could not revise, and why
         self.counts = {"answers": 0, "gen_s": 0.0, "answer_tokens": 0}
 
     # results, each through the journal
@@ -303,7 +310,16 @@ class Search:
         rows = self._answers(f"batch/{node.id}", node.template, batch, self.seed)
         wrong = [r for r in rows if not r["correct"]][:cfg.errors]
         if not wrong:
-            self.refused.append({"parent": node.id, "why": "no wrong answers in its batch: nothing to revise"})
+            self.unexpanded.append({"node": node.id, "why": "no wrong answers in its batch: nothing to revise"})
+            return
+        # as many of the wrong answers as the optimiser's context holds with the feedback it writes
+        while len(wrong) > 1 and not self.engine.fits(revision_prompt(node.template, wrong, "x" * 4 * cfg.feedback_tokens),
+                                                      cfg.revision_tokens):
+            wrong = wrong[:-1]
+        if not self.engine.fits(revision_prompt(node.template, wrong, "x" * 4 * cfg.feedback_tokens),
+                                cfg.revision_tokens):
+            self.unexpanded.append({"node": node.id, "why": "its prompt and one wrong answer do not fit the "
+                                    "optimiser's context"})
             return
         seed = self.seed * 7919 + node.id
         feedback = self.journal.get(f"feedback/{node.id}", lambda: self.engine.write(
@@ -428,6 +444,13 @@ class EngineOnSampler(Engine):
     def write(self, prompt: str, n: int, max_tokens: int, temperature: float, seed: int) -> list[str]:
         return self.writer.write(prompt, n, max_tokens, temperature, seed)
 
+    def fits(self, prompt: str, max_tokens: int) -> bool:
+        if isinstance(self.writer, ServedWriter):  # its server's context: a request past it is refused, counted
+            return True
+        from ratchet.models.sampler import chat_token_ids
+
+        return len(chat_token_ids(self.sampler.tokenizer, [prompt])[0]) + max_tokens <= self.max_model_len
+
     def too_long(self, template: str) -> bool:
         from ratchet.models.sampler import chat_token_ids
 
@@ -464,9 +487,12 @@ def search_body(req: StageRequest[SearchJob], store: ArtifactStore) -> StageMani
     finally:
         sampler.close()
     write_jsonl(d / "nodes.jsonl", [_NodeRow(**n.row()) for n in search.nodes])
-    (d / "refused.json").write_text(json.dumps(search.refused, indent=2) + "\n")
+    (d / "refused.json").write_text(json.dumps({"refused": search.refused, "unexpanded": search.unexpanded},
+                                               indent=2) + "\n")
     c = search.counts
-    metrics = {**figures, **(served.metrics("optimiser_") if served is not None else {}), "nodes": float(len(search.nodes)), "refused": float(len(search.refused)),
+    metrics = {**figures, **(served.metrics("optimiser_") if served is not None else {}),
+               "nodes": float(len(search.nodes)), "refused": float(len(search.refused)),
+               "unexpanded": float(len(search.unexpanded)),
                "answers": float(c["answers"]), "journal_reused": float(journal.reused), "load_s": load_s,
                "tokens_per_s": c["answer_tokens"] / c["gen_s"] if c["gen_s"] else 0.0}
     return write_pair(req, store, PromptText(template=pick.template), weights_of(store, policy), metrics=metrics,

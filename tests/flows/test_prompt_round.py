@@ -32,6 +32,7 @@ def test_a_prompt_that_cannot_work_is_refused_with_its_fix():
     assert "prompt.search.depth=0" in refused(SEARCH, "improve=prompt", "prompt.search.depth=0")
     assert "add prompt: {search: {kind: prompt_agent}}" in refused("improve=prompt")
     assert "improve='weights' never runs it" in refused(SEARCH)
+    assert "improve='prompt' samples none" in refused(SEARCH, "improve=prompt", "data.retire_solved=true")
     with pytest.raises(ConfigError) as e:
         load_config(CONFIG.parent / "guess_env_rft.yaml", ["prompt.template='Q: {prompt}'"])
     env = str(e.value)
@@ -138,6 +139,11 @@ def test_a_round_searches_for_a_prompt_then_trains_under_it_and_the_pair_is_one_
     assert all(link.verified for link in links), shown
     assert "(carried from the pair the weights were trained under)" in shown
     assert "chosen by the policy's revisions" in shown and "(the config's prompt.template)" in shown
+    from ratchet.flows.lineage import resolve  # a prompt version traces to the first stage that wrote its text
+
+    wrote = by[("template", 0)][0] if chosen == nodes[0]["template"] else search  # a search may keep its start
+    assert resolve(v2.tags["ratchet.prompt"], store, tracker).dir == wrote["dir"]
+    assert resolve(v1, store, tracker).dir == by[("template", 0)][0]["dir"]
 
     steps = plan(load_config(CONFIG, [str(a) for a in args[1:]] + ["prompt.template='A: {prompt}'"])).steps
     why = {(s.round, s.stage): (s.state, s.why) for s in steps}

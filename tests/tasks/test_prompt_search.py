@@ -45,6 +45,11 @@ class Scripted:
     def too_long(self, template):
         return len(template) > 500
 
+    def fits(self, prompt, max_tokens):
+        return len(prompt) < self.context
+
+    context = 100_000
+
 
 def search(tmp_path, revisions, cfg=None, fail_after=None, base=SLOT):
     cfg = cfg or PromptAgentSearch(iterations=2, width=2, depth=2, batch=4, score_prompts=8, reward_prompts=8)
@@ -121,8 +126,30 @@ def test_a_search_that_finds_nothing_better_keeps_the_base(tmp_path):
 def test_an_expansion_with_nothing_wrong_is_a_leaf(tmp_path):
     s, engine = search(tmp_path, [], base="carefully carefully carefully carefully {prompt}")
     s.run()
-    assert len(s.nodes) == 1 and s.refused[0]["why"].startswith("no wrong answers")
+    assert len(s.nodes) == 1 and s.unexpanded[0]["why"].startswith("no wrong answers") and not s.refused
     assert engine.calls == 2  # the root's score and its batch's answers; the optimiser is never asked
+
+
+def test_the_optimiser_is_shown_as_many_wrong_answers_as_its_context_holds(tmp_path):
+    """A long prompt leaves the optimiser's context less room: it reads fewer wrong answers, and a
+    node whose prompt and one wrong answer do not fit is left unexpanded, said why."""
+    cfg = PromptAgentSearch(iterations=1, width=1, depth=1, batch=4, errors=3, score_prompts=8, reward_prompts=8)
+    asked = []
+
+    def roomy(context):
+        engine = Scripted(["Think. [question]"])
+        engine.context = context
+        write = engine.write
+        engine.write = lambda prompt, *a: asked.append(prompt) or write(prompt, *a)
+        return engine
+
+    one = len(revision_prompt(SLOT, [{"prompt": "What is 1 + 1?", "answer": "?", "reference": "2"}] * 1, "x" * 384))
+    s = Search(cfg, roomy(one + 60), Journal(tmp_path / "a.jsonl"), SLOT, PROMPTS, seed=3)
+    s.run()
+    assert asked and all(p.count("Answer given:") == 1 for p in asked) and len(s.nodes) == 2
+    s = Search(cfg, roomy(10), Journal(tmp_path / "b.jsonl"), SLOT, PROMPTS, seed=3)
+    s.run()
+    assert len(s.nodes) == 1 and "do not fit the optimiser's context" in s.unexpanded[0]["why"]
 
 
 def test_a_killed_search_resumes_from_its_journal_and_makes_the_same_tree(tmp_path):
