@@ -78,7 +78,7 @@ def _args(work: Path, model: Path) -> list[str]:
 
 
 @pytest.mark.integration
-def test_a_grpo_round_after_a_cold_start_is_kept_planned_and_traced(tiny_model, tmp_path, prefect_harness):
+def test_a_grpo_round_after_a_cold_start_is_kept_planned_and_traced(tiny_model, tmp_path, prefect_harness, capsys):
     """A run with demonstrations (cold_start): round 1 is the base model fine-tuned on them, round 2 a
     GRPO round that builds on it; its rollouts and the demonstrations are in the lineage, the plan
     reuses every stage, and a run from a registered version starts past the cold start."""
@@ -116,10 +116,13 @@ def test_a_grpo_round_after_a_cold_start_is_kept_planned_and_traced(tiny_model, 
     (child,) = tracker.client.search_runs([tracker.experiment_id], "tags.`ratchet.round` = '2'")
     assert [m.step for m in tracker.client.get_metric_history(child.info.run_id, "online/reward")] == [1, 2, 3]
 
-    replan = ratchet("plan", *args, "train.loss_type=grpo", api_url=api)
-    assert replan.returncode == 0, replan.stdout + replan.stderr
-    assert "config train.loss_type: 'dapo' -> 'grpo'" in replan.stdout, replan.stdout
-    assert "1 stale" in replan.stdout and "demonstrations     reused" in replan.stdout, replan.stdout
+    from ratchet.flows.cli import main  # the commands that read a run, in this process: no server, no model
+
+    capsys.readouterr()
+    assert main(["plan", *map(str, args), "train.loss_type=grpo"]) == 0, capsys.readouterr().err
+    replan = capsys.readouterr().out
+    assert "config train.loss_type: 'dapo' -> 'grpo'" in replan, replan
+    assert "1 stale" in replan and "demonstrations     reused" in replan, replan
 
     # read back from the run's record alone, as the advice a failure prints does (`ratchet resume --run R
     # --workdir W`): the record gives every field, and none of GRPO's refusals of a field the user wrote applies
@@ -130,9 +133,10 @@ def test_a_grpo_round_after_a_cold_start_is_kept_planned_and_traced(tiny_model, 
     lineage = ratchet("lineage", "3", "--workdir", work, api_url=api)
     assert lineage.returncode == 0 and "all verified" in lineage.stdout, lineage.stdout + lineage.stderr
     assert "rollouts/00002.jsonl" in lineage.stdout and "demonstrations.jsonl" in lineage.stdout
-    listed = ratchet("runs", "--workdir", work, "--json", api_url=api)
-    assert listed.returncode == 0, listed.stderr
-    assert [(r["run"], r["state"], r["problem"]) for r in json.loads(listed.stdout)["runs"]] == [(run, "finished", None)]
+    capsys.readouterr()
+    assert main(["runs", "--workdir", str(work), "--json"]) == 0, capsys.readouterr().err
+    listed = json.loads(capsys.readouterr().out)
+    assert [(r["run"], r["state"], r["problem"]) for r in listed["runs"]] == [(run, "finished", None)]
 
     onwards = plan(load_config(CONFIG, args[1:]), run="from-v3", start=_manifest(work, trains[1]))
     assert [(s.round, s.stage) for s in onwards.steps][:3] == [(0, "prompts"), (2, "evaluate"), (3, "train")]

@@ -50,7 +50,8 @@ def _stages(workdir) -> dict[str, tuple]:
     return out
 
 
-def test_a_reward_file_scores_a_round_and_its_edits_rerun_only_what_reads_it(tiny_model, tmp_path, prefect_harness):
+def test_a_reward_file_scores_a_round_and_its_edits_rerun_only_what_reads_it(tiny_model, tmp_path, prefect_harness,
+                                                                             capsys):
     from prefect.settings import PREFECT_API_URL
 
     api, work = PREFECT_API_URL.value(), tmp_path / "runs"
@@ -87,9 +88,11 @@ def test_a_reward_file_scores_a_round_and_its_edits_rerun_only_what_reads_it(tin
     parent = json.loads((work / "runs" / f"{name}.json").read_text())["ctx"]["parent_run_id"]
     rewards.write_text(textwrap.dedent(FIXED))
     # before it resumes, `ratchet plan` says what it will reuse and what the fix re-runs, and why
-    planned = ratchet("plan", *_args(work, tiny_model, rewards), "--json", api_url=api)
-    assert planned.returncode == 0, planned.stderr[-3000:]
-    steps = {(x["stage"], x["round"]): x for x in json.loads(planned.stdout)["stages"]}
+    from ratchet.flows.cli import main  # the command itself, in this process: it starts no server and no model
+
+    capsys.readouterr()
+    assert main(["plan", *map(str, _args(work, tiny_model, rewards)), "--json"]) == 0, capsys.readouterr().err
+    steps = {(x["stage"], x["round"]): x for x in json.loads(capsys.readouterr().out)["stages"]}
     assert steps[("base", 0)]["state"] == "reused"
     for k in ("prompts", 0), ("label", 1), ("evaluate", 0):  # the check's file keys the stages that read it
         if steps[k]["state"] != "waits":
