@@ -123,13 +123,15 @@ def round_prompts(store: ArtifactStore, prompts: StageManifest, start: int, coun
                      config=SliceJob(start=start, count=count, seed=seed), parents=[prompts], run=run)
 
 
-def train_prompts(req: StageRequest, store: ArtifactStore) -> list[Prompt]:
+def train_prompts(req: StageRequest, store: ArtifactStore, as_read: bool = True) -> list[Prompt]:
     """The train prompts a round's stage works on: its round's draw, or the whole pool (what is left
-    of it, where solved prompts leave it)."""
+    of it, where solved prompts leave it); `as_read`: each in the policy's text (else as the task
+    gives it, for a search that puts each node's text around them)."""
     from ratchet.tasks.text import read_text, render
 
     source = next((p for p in req.parents if p.stage in ("slice", "pool")), None) or req.parent("prompts")
-    return render(read_jsonl(store.path(source, "train.jsonl"), Prompt), read_text(req, store))
+    rows = read_jsonl(store.path(source, "train.jsonl"), Prompt)
+    return render(rows, read_text(req, store)) if as_read else rows
 
 
 def pool_of(req: StageRequest) -> StageManifest:

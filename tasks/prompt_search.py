@@ -43,7 +43,7 @@ from ratchet.data.checks.base import Item
 from ratchet.data.digest import sha256_json
 from ratchet.data.errors import ConfigError
 from ratchet.data.manifest import StageManifest
-from ratchet.data.records import Prompt, read_jsonl, write_jsonl
+from ratchet.data.records import Prompt, write_jsonl
 from ratchet.data.prompts import SourceConfig
 from ratchet.data.store import ArtifactStore
 from ratchet.models.endpoint import EndpointConfig
@@ -460,12 +460,13 @@ class EngineOnSampler(Engine):
 
 def search_body(req: StageRequest[SearchJob], store: ArtifactStore) -> StageManifest:
     from ratchet.models.sampler import open_sampler
-    from ratchet.tasks.prepare import model_dir
+    from ratchet.tasks.prepare import model_dir, train_prompts
 
     job, d = req.config, store.stage_dir(req.stage, req.key)
     policy = req.parent_model
     base = read_text(req, store) or PromptText(template=SLOT)
-    prompts = [p for p in _raw_prompts(req, store) if p.answer is not None or not job.data.check.needs_answer]
+    prompts = [p for p in train_prompts(req, store, as_read=False)  # the search puts each node's text around them
+               if p.answer is not None or not job.data.check.needs_answer]
     if problems := job.search.problems(len(prompts)):
         raise ConfigError(problems)
     t0 = time.time()
@@ -513,12 +514,6 @@ class _NodeRow(BaseModel):
     children: list[int]
     visits: int
     value: float
-
-
-def _raw_prompts(req: StageRequest, store: ArtifactStore) -> list[Prompt]:
-    """The round's train prompts as the task gives them (the search puts each node's text around them)."""
-    source = next((p for p in req.parents if p.stage in ("slice", "pool")), None) or req.parent("prompts")
-    return read_jsonl(store.path(source, "train.jsonl"), Prompt)
 
 
 def search(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: PromptAgentSearch,
