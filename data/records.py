@@ -33,7 +33,7 @@ class _Sparse(BaseModel):
 
 
 SPARSE = ("fields", "prompt_ids", "segments", "chosen_segments", "rejected_segments", "outcome", "chosen_outcome",
-          "rejected_outcome", "attempt", "logprobs")
+          "rejected_outcome", "attempt", "logprobs", "reports")
 
 
 class Segment(_Sparse):
@@ -67,6 +67,9 @@ class Outcome(_Sparse):
     failure: str | None = Field(default=None, description="what the environment did wrong, with its traceback")
     attempt: tuple[Segment, ...] | None = Field(default=None, description="where the row is a reflection: the "
                                                  "attempt it was given to, whose outcome this is")
+    reports: tuple[dict[str, str], ...] | None = Field(default=None, description="where roles played the episode: "
+                                                       "what each analyst reported before each of the acting role's "
+                                                       "turns, by role")
 
 
 class _Turns(_Sparse):

@@ -223,12 +223,8 @@ def cmd_check(args) -> int:
           + (f", {how}" if (how := getattr(check, "called_as", lambda: None)()) else ""))
     print(model_line(cfg, cfg.sample.rollout.first_message(_in_text(cfg, split.train[0]))))
     if (search := cfg.prompt.search) is not None:
-        draw = cfg.data.prompts_per_round or sum(p.answer is not None for p in split.train)
-        print(f"prompt search: {search.kind}, {search.iterations} iteration(s), {search.width} revision(s) per "
-              f"expansion, depth {search.depth}; optimiser: {search.optimiser.identity()}; each round's {draw} train "
-              f"prompts: {search.reward_prompts} to reward the chosen prompt, {search.score_prompts} to score every "
-              f"node, {draw - search.reward_prompts - search.score_prompts} for the expansions' batches of "
-              f"{search.batch}; improve: {cfg.improve}")
+        draw = cfg.data.prompts_per_round or sum(p.answer is not None or not check.needs_answer for p in split.train)
+        print(f"{search.describe(draw)}; improve: {cfg.improve}")
     for s, stage in cfg.evaluate.stages():
         held = sets[s.name].eval if s.name in sets else split.eval
         src = s.source(cfg.data)

@@ -31,7 +31,7 @@ from ratchet.tasks.filter import FilterConfig
 from ratchet.tasks.filters import ROWS
 from ratchet.tasks.filters.rft import RFTFilter
 from ratchet.tasks.label import LabelConfig, VerifierLabel
-from ratchet.tasks.prompt_search import PromptAgentSearch
+from ratchet.tasks.text_search import SearchConfig
 from ratchet.tasks.sample import SampleConfig
 from ratchet.tasks.text import SLOT, slot_problem
 from ratchet.tasks.train import RFTTrainConfig, TrainConfig
@@ -78,9 +78,10 @@ class PromptConfig(BaseModel):
     template: str = Field(default=SLOT, description="the text around each task prompt, {prompt} once where the "
                           "prompt goes, every other character literal: version 1 of the run's prompt (the default "
                           "puts nothing around it)")
-    search: PromptAgentSearch | None = Field(default=None, description="how a round searches for a better prompt "
-                                             "(improve: prompt or both): PromptAgent's tree search over revisions "
-                                             "written from error feedback")
+    search: SearchConfig | None = Field(default=None, description="how a round searches for a better text "
+                                        "(improve: prompt or both): prompt_agent (PromptAgent's tree search over "
+                                        "revisions written from error feedback) or beliefs (FinCon's beliefs of a "
+                                        "roles rollout, written from better and worse episodes)")
 
     @field_validator("template")
     @classmethod
@@ -201,7 +202,7 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
                         "answers themselves, so there is no agreement to check; remove agreement.min (it gates labels "
                         "such as the judge, a majority vote or a reward model)")
     episode = cfg.sample.rollout.budget(cfg.sample.max_tokens)
-    if cfg.train.max_length <= episode and not cfg.train.online:
+    if cfg.train.max_length <= episode and not cfg.train.online and cfg.trains_weights():
         what = (f"sample.max_tokens={cfg.sample.max_tokens}" if episode == cfg.sample.max_tokens else
                 f"an episode of up to {episode} tokens (sample.rollout.episode_tokens="
                 f"{cfg.sample.rollout.episode_tokens}{'' if episode == cfg.sample.rollout.episode_tokens else ', and what a reflection reads and writes'})")
@@ -222,14 +223,15 @@ def _prompt_checks(cfg: PipelineConfig) -> list[str]:
     if cfg.improve == "weights" and search is not None:
         out.append("prompt.search is set, and improve='weights' never runs it; set improve: prompt (the search "
                    "alone) or improve: both (the search, then training under its prompt), or remove prompt.search")
-    if cfg.prompt.has_text():
-        what = "prompt.search" if search is not None else f"prompt.template={cfg.prompt.template[:40]!r}"
-        for at, rollout in [("sample.rollout", cfg.sample.rollout),
-                            *((f"evaluate.sets[{i}].rollout", s.rollout) for i, s in enumerate(cfg.evaluate.sets)
-                              if s.rollout is not None)]:
-            if rollout.text_refused is not None:
-                out.append(f"{what} puts text around each task prompt, and {at}.kind={rollout.kind!r} "
-                           f"{rollout.text_refused}; use the default template (and no search) with it")
+    rollouts = [("sample.rollout", cfg.sample.rollout), *((f"evaluate.sets[{i}].rollout", s.rollout)
+                                                          for i, s in enumerate(cfg.evaluate.sets)
+                                                          if s.rollout is not None)]
+    for at, rollout in rollouts:
+        if cfg.prompt.template != SLOT and rollout.text_refused is not None:
+            out.append(f"prompt.template={cfg.prompt.template[:40]!r} puts text around each task prompt, and "
+                       f"{at}.kind={rollout.kind!r} {rollout.text_refused}; use the default template with it")
+        if search is not None:
+            out += [f"{p}; use another search kind or rollout" for p in search.rollout_problems(at, rollout)]
     return out
 
 
@@ -359,6 +361,9 @@ def _field_info(loc: tuple) -> tuple[str, str | None, Any]:
         desc = f.description
         ann = f.annotation
         inner = typing.get_args(ann)[0] if typing.get_origin(ann) is typing.Annotated else ann
+        if typing.get_origin(inner) is not typing.Annotated and any(  # an optional union of kinds: X | None
+                typing.get_origin(a) is typing.Annotated for a in typing.get_args(inner)):
+            inner = next(typing.get_args(a)[0] for a in typing.get_args(inner) if typing.get_origin(a) is typing.Annotated)
         members = [a for a in (typing.get_args(inner) or (inner,)) if hasattr(a, "model_fields")]
         members = [m for m in members if "kind" in m.model_fields]
         if members and i + 1 < len(loc):  # a tagged union: the next loc item is the tag

@@ -302,11 +302,17 @@ def _text_summary(m: StageManifest) -> str | None:
         return None
     t = m.info["template"]
     shown = json.dumps(t if len(t) <= 120 else t[:117] + "...")
+    if beliefs := m.info.get("beliefs"):
+        shown = "beliefs of " + ", ".join(f"{role} ({len(b.splitlines())})" for role, b in sorted(beliefs.items()))
+    if m.stage == "search" and "nodes" not in m.metrics:
+        return (f"{shown}, written by {m.info.get('optimiser', '?')} from {int(m.metrics.get('pairs', 0))} compared "
+                f"pair(s) of episodes, reward starts {m.metrics.get('chosen_reward', 0):.1%} against the round's "
+                f"{m.metrics.get('base_reward', 0):.1%}")
     if m.stage == "search":
         return (f"prompt {shown}, chosen by {m.info.get('optimiser', '?')}'s revisions: node "
                 f"{m.info.get('chosen', '?')} of {int(m.metrics.get('nodes', 0))}, reward prompts "
                 f"{m.metrics.get('chosen_reward', 0):.1%} against the base's {m.metrics.get('base_reward', 0):.1%}")
-    return f"prompt {shown}" + (" (the config's prompt.template)" if m.config.get("template") is not None
+    return ("" if beliefs else "prompt ") + shown + (" (the config's prompt.template)" if m.config.get("template") is not None
                                  else " (carried from the pair the weights were trained under)")
 
 
@@ -352,7 +358,10 @@ def export(store: ArtifactStore, tracker, version: str, out: Path) -> Path:
             "`vllm.LLM(model=\"<this dir>\")`.", "",
             *([f"It was evaluated with each task prompt put into its text ({FILE}, `text.template`; `{{prompt}}` is "
                "where the prompt goes): give it its prompts the same way.", "", "```", text.template, "```", ""]
-              if text is not None else []),
+              if text is not None and not text.beliefs else []),
+            *([f"It was evaluated with each role of its roles rollout given its beliefs ({FILE}, `text.beliefs`) "
+               "before its instructions: give them the same way.", "", "```", text.shown(), "```", ""]
+              if text is not None and text.beliefs else []),
             "## Lineage (each link re-verified against its digests when exported)", "", "```",
             render_text(links), "```", ""]
     (tmp / "README.md").write_text("\n".join(card))

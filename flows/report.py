@@ -153,6 +153,8 @@ def _search_of(store: ArtifactStore, rel: str, where: str) -> dict:
     try:
         d = store.recorded_dir(rel, where)
         m = read_manifest(d)
+        if (d / "versions.jsonl").is_file():  # a beliefs search (tasks/beliefs.py)
+            return {"versions": list(_rows(d / "versions.jsonl")), "metrics": dict(m.metrics) if m else {}}
         told = json.loads((d / "refused.json").read_text())
         return {"nodes": list(_rows(d / "nodes.jsonl")), "refused": told["refused"], "unexpanded": told["unexpanded"],
                 "text": json.loads((d / "prompt.json").read_text())["text"]["template"],
@@ -532,6 +534,43 @@ def _search_tree(report: Report) -> str:
     return "".join(out)
 
 
+def _beliefs(report: Report) -> str:
+    """Each round's beliefs search, iteration by iteration: the pairs of episodes compared (their
+    returns), what the optimiser wrote of each, the beliefs kept (by role) and refused (with why),
+    and every role's beliefs after. Every text is escaped: the optimiser wrote it."""
+    searched = [r for r in report.rounds if r.search.get("versions")]
+    if not searched:
+        return ""
+    out = ["<h2>Beliefs</h2><p>Each iteration played episodes under the roles' beliefs, compared a better and a "
+           "worse episode of one start, and added what the optimiser wrote to the roles it named. The final beliefs "
+           "replaced the round's only where they scored higher on reward starts no iteration played.</p>"]
+    for r in searched:
+        m = r.search.get("metrics", {})
+        rows = []
+        for v in r.search["versions"]:
+            compared = "".join(
+                f"<li>start {html.escape(str(c['start']))}: return {c['better']:+.4g} against {c['worse']:+.4g}"
+                + (f"; wrote <pre>{html.escape(_clip(c['wrote'], 600))}</pre>" if "wrote" in c else
+                   f" ({html.escape(c.get('why', ''))})") + "</li>" for c in v["compared"])
+            kept = "".join(f"<li><strong>{html.escape(k['role'])}</strong>: {html.escape(_clip(k['belief'], 300))}</li>"
+                           for k in v["kept"])
+            refused = "".join(f"<li>{html.escape(x['why'])}: <code>{html.escape(_clip(x['text'], 160))}</code></li>"
+                              for x in v["refused"])
+            after = "".join(f"<li><strong>{html.escape(role)}</strong><pre>{html.escape(_clip(b, 600))}</pre></li>"
+                            for role, b in sorted(v["after"].items()))
+            rows.append(f"<h4>iteration {v['iteration']} · mean return {v['mean_return']:+.4g}</h4>"
+                        + (f"<p>{html.escape(v['why'])}</p>" if v.get("why") else "")
+                        + (f"<ul>{compared}</ul>" if compared else "")
+                        + (f"<p>Kept:</p><ul>{kept}</ul>" if kept else "")
+                        + (f"<p>Refused:</p><ul>{refused}</ul>" if refused else "")
+                        + (f"<p>Beliefs after it:</p><ul>{after}</ul>" if after else "<p>No role holds a belief.</p>"))
+        out.append(f"<h3>round {html.escape(r.name)}</h3><p>reward starts: the final beliefs "
+                   f"{_pct(m.get('chosen_reward'))} (mean return {m.get('chosen_return', 0):+.4g}), the round's "
+                   f"{_pct(m.get('base_reward'))} ({m.get('base_return', 0):+.4g}); "
+                   f"{'replaced' if m.get('replaced') else 'kept the round beliefs'}</p>{''.join(rows)}")
+    return "".join(out)
+
+
 def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
@@ -593,6 +632,7 @@ champion: {('version ' + html.escape(report.champion)) if report.champion else '
 {imgs}
 {_steps_table(report)}
 {_search_tree(report)}
+{_beliefs(report)}
 {_answers(report)}
 </body></html>
 """

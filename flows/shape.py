@@ -141,13 +141,13 @@ class Calls:
         return text.bind(self.store, weights, k, template=template, carried=carried, run=self.run)
 
     def search(self, k: int, policy: StageManifest, prompts: StageManifest) -> tuple[StageManifest, bool]:
-        """The prompt a search finds for `policy` on the round's train prompts (prompt.search)."""
-        from ratchet.tasks import prompt_search
+        """The text a search finds for `policy` on the round's train prompts (prompt.search)."""
+        from ratchet.tasks import text_search
 
         cfg = self.cfg
-        return prompt_search.search(self.store, policy, prompts, cfg.prompt.search, cfg.data, cfg.sample.rollout,
-                                    cfg.evaluate.max_tokens, cfg.sampler, round_seed(cfg, k), k, isolate=cfg.isolate,
-                                    run=self.run)
+        return text_search.search(self.store, policy, prompts, cfg.prompt.search, cfg.data, cfg.sample.rollout,
+                                  cfg.evaluate.max_tokens, cfg.sampler, round_seed(cfg, k), k, isolate=cfg.isolate,
+                                  run=self.run)
 
     def demonstrations(self, digest: str) -> tuple[StageManifest, bool]:
         from ratchet.tasks import cold_start

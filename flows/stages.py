@@ -284,12 +284,13 @@ def demonstrations_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
 @task(name="search", cache_policy=NONE, retries=0)
 def search_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
                 child: str) -> StageManifest:
-    """Round k's prompt search (prompt.search): the pair of the policy's weights and the prompt it chose."""
+    """Round k's search (prompt.search): the pair of the policy's weights and the text it chose."""
     ses = Session(cfg, ctx)
     m, reused = ses.calls.search(k, policy, prompts)
     if ses.logged(child, m, reused):
-        for name in ("nodes.jsonl", "refused.json", "prompt.json"):  # the tree, for inspection
-            ses.tracker.client.log_artifact(child, str(ses.store.path(m, name)), artifact_path="search")
+        for name in ("nodes.jsonl", "refused.json", "versions.jsonl", "prompt.json"):  # the tree, or the beliefs
+            if name in m.outputs:
+                ses.tracker.client.log_artifact(child, str(ses.store.path(m, name)), artifact_path="search")
     return finished(m, reused)
 
 

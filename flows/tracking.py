@@ -660,7 +660,7 @@ class Tracker:
         from ratchet.tasks.text import SLOT, PromptText, text_of
 
         text = text_of(store, pair) or PromptText(template=SLOT)
-        digest = sha256_json(text.model_dump(mode="json"))
+        digest = sha256_json(text.dump())
         name = self.prompt_name
         version = None
         if self.client.get_prompt(name) is not None:
@@ -668,7 +668,7 @@ class Tracker:
                             if v.tags.get("ratchet.text") == digest), None)
         if version is None:
             v = self.client.register_prompt(
-                name=name, template=text.template.replace("{prompt}", "{{task_prompt}}"),
+                name=name, template=text.shown().replace("{prompt}", "{{task_prompt}}"),
                 commit_message=f"{pair.stage} stage {pair.dir}",
                 tags={"ratchet.text": digest, "ratchet.stage_dir": pair.dir, "ratchet.run_id": run_id})
             version = str(v.version)

@@ -165,10 +165,11 @@ def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> Stage
     cfg, src = req.config.evaluate, req.config.data
     from ratchet.tasks.text import read_text, render
 
-    prompts = render(read_jsonl(store.path(held_out_of(req), "eval.jsonl"), Prompt), read_text(req, store))
+    text = read_text(req, store)
+    prompts = render(read_jsonl(store.path(held_out_of(req), "eval.jsonl"), Prompt), text)
     d = store.stage_dir(req.stage, req.key)
     done = run_units(EvaluateWork(items=prompts, size=cfg.shard_size, max_tokens=cfg.max_tokens, check=src.check,
-                                  rollout=req.config.rollout, **policy_of(req, store)), d / "shards", req.executor, req.engine)
+                                  rollout=req.config.rollout.with_text(text), **policy_of(req, store)), d / "shards", req.executor, req.engine)
     rows = [LabeledCompletion.model_validate_json(x) for x in done.shards.lines()]
     n = write_jsonl(d / "eval.jsonl", rows)
     scored = [r for r in rows if r.correct is not None]

@@ -44,12 +44,10 @@ from ratchet.data.digest import sha256_json
 from ratchet.data.errors import ConfigError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.records import Prompt, write_jsonl
-from ratchet.data.prompts import SourceConfig
 from ratchet.data.store import ArtifactStore
 from ratchet.models.endpoint import EndpointConfig
-from ratchet.models.sampler import SamplerConfig, SamplingParams
-from ratchet.tasks.sample import RolloutConfig
-from ratchet.tasks.stage import StageRequest, run_stage
+from ratchet.models.sampler import SamplingParams
+from ratchet.tasks.stage import StageRequest
 from ratchet.tasks.text import SLOT, PromptText, read_text, weights_of, write_pair
 
 SHOWN = "[question]"  # how the optimiser sees the slot, and may write it
@@ -121,6 +119,27 @@ class PromptAgentSearch(BaseModel):
         compares with one)."""
         return self.reward_prompts + self.score_prompts + 1
 
+    def rollout_problems(self, at: str, rollout) -> list[str]:
+        """What keeps this search from putting its prompts in `rollout` (at `at` in the config)."""
+        if rollout.text_refused is not None:
+            return [f"prompt.search.kind='prompt_agent' puts text around each task prompt, and {at}.kind="
+                    f"{rollout.kind!r} {rollout.text_refused}"]
+        return []
+
+    def describe(self, draw: int) -> str:
+        """The search and how a round's `draw` of train prompts splits, for `ratchet check`."""
+        s = self
+        return (f"prompt search: {s.kind}, {s.iterations} iteration(s), {s.width} revision(s) per expansion, depth "
+                f"{s.depth}; optimiser: {s.optimiser.identity()}; each round's {draw} train prompts: "
+                f"{s.reward_prompts} to reward the chosen prompt, {s.score_prompts} to score every node, "
+                f"{draw - s.reward_prompts - s.score_prompts} for the expansions' batches of {s.batch}")
+
+    def summary(self, m: dict[str, float]) -> list[str]:
+        kept = "the chosen prompt replaced it" if m.get("replaced") else "the round's prompt kept"
+        return [f"{m.get('nodes', 0):.0f} prompts, {m.get('refused', 0):.0f} revisions refused",
+                f"reward prompts {m.get('base_reward', 0):.0%} -> {m.get('chosen_reward', 0):.0%}: {kept}",
+                f"{m.get('tokens_per_s', 0):.0f} tok/s"]
+
     def problems(self, train_prompts: int) -> list[str]:
         if train_prompts < self.needs_prompts():
             return [f"prompt.search needs {self.needs_prompts()} train prompts its check can score "
@@ -128,22 +147,6 @@ class PromptAgentSearch(BaseModel):
                     f"expansions' batches), and a round has {train_prompts}; lower prompt.search.reward_prompts "
                     "or score_prompts, or give more train prompts"]
         return []
-
-
-class SearchJob(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    search: PromptAgentSearch
-    data: SourceConfig  # the task's check scores the answers
-    rollout: RolloutConfig  # how a prompt becomes an answer (sample.rollout)
-    max_tokens: int  # one answer's tokens (evaluate.max_tokens: answers are greedy, as evaluated)
-    sampler: SamplerConfig
-    seed: int
-
-    def summary(self, m: dict[str, float]) -> list[str]:
-        kept = "the chosen prompt replaced it" if m.get("replaced") else "the round's prompt kept"
-        return [f"{m.get('nodes', 0):.0f} prompts, {m.get('refused', 0):.0f} revisions refused",
-                f"reward prompts {m.get('base_reward', 0):.0%} -> {m.get('chosen_reward', 0):.0%}: {kept}",
-                f"{m.get('tokens_per_s', 0):.0f} tok/s"]
 
 
 # the tree ----------------------------------------------------------------------------------
@@ -458,11 +461,11 @@ class EngineOnSampler(Engine):
         return len(ids) + self.max_tokens > self.max_model_len
 
 
-def search_body(req: StageRequest[SearchJob], store: ArtifactStore) -> StageManifest:
+def prompt_agent_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     from ratchet.models.sampler import open_sampler
     from ratchet.tasks.prepare import model_dir, train_prompts
 
-    job, d = req.config, store.stage_dir(req.stage, req.key)
+    job, d = req.config, store.stage_dir(req.stage, req.key)  # a text_search.SearchJob
     policy = req.parent_model
     base = read_text(req, store) or PromptText(template=SLOT)
     prompts = [p for p in train_prompts(req, store, as_read=False)  # the search puts each node's text around them
@@ -514,13 +517,3 @@ class _NodeRow(BaseModel):
     children: list[int]
     visits: int
     value: float
-
-
-def search(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: PromptAgentSearch,
-           data: SourceConfig, rollout: RolloutConfig, max_tokens: int, sampler: SamplerConfig, seed: int, round: int,
-           isolate: bool = True, run: str | None = None) -> tuple[StageManifest, bool]:
-    """The prompt a search finds from `policy` (weights, or a pair whose text it starts from) on
-    the round's train prompts: a pair of the policy's weights and the chosen text."""
-    job = SearchJob(search=cfg, data=data.pool(), rollout=rollout, max_tokens=max_tokens, sampler=sampler, seed=seed)
-    return run_stage(store, stage="search", round=round, body=search_body, config=job, parents=[policy, prompts],
-                     isolate=isolate, keep_partial=True, run=run)

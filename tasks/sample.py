@@ -25,6 +25,7 @@ from ratchet.tasks.prepare import train_prompts
 from ratchet.tasks.rollouts import Rollout
 from ratchet.tasks.rollouts.environment import EnvironmentRollout
 from ratchet.tasks.rollouts.reflection import ReflectionRollout
+from ratchet.tasks.rollouts.roles import RolesRollout
 from ratchet.tasks.rollouts.single import SingleRollout
 from ratchet.tasks.rollouts.tool import ToolRollout
 from ratchet.data.kinds import members
@@ -32,7 +33,7 @@ from ratchet.tasks.stage import StageRequest, run_stage
 from ratchet.tasks.units import ExecutorConfig, UnitWork, run_units
 
 # The rollout kinds (tasks/rollouts/), one line each: how a prompt becomes a completion or a trajectory
-RolloutConfig = Annotated[SingleRollout | ToolRollout | EnvironmentRollout | ReflectionRollout,
+RolloutConfig = Annotated[SingleRollout | ToolRollout | EnvironmentRollout | ReflectionRollout | RolesRollout,
                           Field(discriminator="kind")]
 ROLLOUTS: dict[str, type[Rollout]] = members(RolloutConfig)
 
@@ -61,8 +62,9 @@ class SampleConfig(SparseRollout):
     shard_size: int = Field(default=64, ge=1, description="prompts per shard (the unit of resume)")
     rollout: RolloutConfig = Field(default_factory=SingleRollout, description="how a prompt becomes a completion: "
                                    "single (one generation), tool (the model runs Python mid-answer), environment "
-                                   "(episodes against an environment) or reflection (an environment's episodes, a "
-                                   "reflection after a failed one, and another attempt with it)")
+                                   "(episodes against an environment), reflection (an environment's episodes, a "
+                                   "reflection after a failed one, and another attempt with it) or roles (agents in "
+                                   "roles play an environment's episodes: analysts report, a manager acts)")
 
     def params(self) -> SamplingParams:
         return SamplingParams(
@@ -126,10 +128,13 @@ class SampleWork(PolicyWork):
 
 
 def sample_body(req: StageRequest[SampleJob], store: ArtifactStore) -> StageManifest:
+    from ratchet.tasks.text import read_text
+
     cfg = req.config.sample
     prompts = train_prompts(req, store)
     d = store.stage_dir(req.stage, req.key)
-    done = run_units(SampleWork(items=prompts, size=cfg.shard_size, params=cfg.params(), rollout=cfg.rollout,
+    rollout = cfg.rollout.with_text(read_text(req, store))
+    done = run_units(SampleWork(items=prompts, size=cfg.shard_size, params=cfg.params(), rollout=rollout,
                                 **policy_of(req, store)), d / "shards", req.executor, req.engine)
     rows = [Completion.model_validate_json(x) for x in done.shards.lines()]
     n = write_jsonl(d / "samples.jsonl", rows)

@@ -47,14 +47,26 @@ class PromptText(BaseModel):
     """A version's text: the template each task prompt is put into."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    template: str = Field(description="the text around each task prompt, with {prompt} once where it goes")
+    template: str = Field(default=SLOT, description="the text around each task prompt, with {prompt} once where "
+                          "it goes")
+    beliefs: dict[str, str] = Field(default_factory=dict, description="a roles rollout's (tasks/rollouts/roles.py) "
+                                    "beliefs, by role: what each agent has learned, given with its instructions")
 
     def render(self, prompt: str) -> str:
         return self.template.replace(SLOT, prompt, 1)
 
     @property
     def identity(self) -> bool:
-        return self.template == SLOT
+        return self.template == SLOT and not self.beliefs
+
+    def dump(self) -> dict:
+        """As prompt.json holds it: a text without beliefs keeps the bytes it had before roles had any."""
+        return self.model_dump(mode="json", exclude_defaults=True) | {"template": self.template}
+
+    def shown(self) -> str:
+        """The text as a person reads it (the registry's copy, an export's card): the template, and
+        each role's beliefs after it."""
+        return self.template + "".join(f"\n\n[beliefs of {role}]\n{b}" for role, b in sorted(self.beliefs.items()))
 
 
 def weights_of(store: ArtifactStore, policy: StageManifest) -> StageManifest:
@@ -80,7 +92,7 @@ def text_of(store: ArtifactStore, policy: StageManifest) -> PromptText | None:
 
 def render(prompts: list[Prompt], text: PromptText | None) -> list[Prompt]:
     """The prompts as the policy reads them: each put into its text (as they are without one)."""
-    if text is None or text.identity:
+    if text is None or text.template == SLOT:
         return prompts
     return [p.model_copy(update={"prompt": text.render(p.prompt)}) for p in prompts]
 
@@ -102,10 +114,11 @@ def write_pair(req: StageRequest, store: ArtifactStore, text: PromptText, weight
     """Finish a text stage: its prompt.json (the text, and the digest and stage of its weights,
     so a stage keyed on the pair is keyed on both) and its manifest."""
     d = store.stage_dir(req.stage, req.key)
-    (d / FILE).write_text(json.dumps({"text": text.model_dump(mode="json"), "weights": weights.content,
+    (d / FILE).write_text(json.dumps({"text": text.dump(), "weights": weights.content,
                                       "weights_stage": weights.dir}, indent=2) + "\n")
     return req.finish(store, outputs={FILE: None, **(outputs or {})}, metrics=metrics or {},
-                      info={"template": text.template, **(info or {})})
+                      info={"template": text.template, **({"beliefs": text.beliefs} if text.beliefs else {}),
+                            **(info or {})})
 
 
 # the template stage ------------------------------------------------------------------------

@@ -113,8 +113,11 @@ def online_process(spec_path: str) -> None:
 def online_body(req: StageRequest[OnlineJob], store: ArtifactStore) -> StageManifest:
     from ratchet.models.trainer import train
     from ratchet.tasks.prepare import model_dir, train_prompts
+    from ratchet.tasks.text import read_text
 
     job = req.config
+    rollout = job.sample.rollout.with_text(read_text(req, store))  # a roles rollout's beliefs, from the policy's text
+    job = job.model_copy(update={"sample": job.sample.model_copy(update={"rollout": rollout})})
     d = store.stage_dir(req.stage, req.key)
     base = model_dir(store, req.parent_model)
     prompts = train_prompts(req, store)

@@ -11,6 +11,8 @@ episode may take, what it needs of the rest of the config, and how its counters 
             TextArena game (tasks/environments/)
     reflection  an environment's episodes; after a failed one the model reflects on it and
             tries again with its reflection (Retroformer)
+    roles   agents in roles play an environment's episodes: analysts report on their parts of
+            each observation, a manager reads the reports and acts (FinCon)
 
 A multi-turn kind writes trajectories: each completion keeps its prompt's token ids and its
 turns as segments (data/records.py: Segment), the model's with the ids the engine produced.
@@ -52,6 +54,12 @@ class Rollout(BaseModel):
         """`params.n` completions of each prompt, in order (prompt by prompt, index by index), and
         this unit's counters (summed over units), `gen_tokens` among them. Deterministic for a
         given engine, unit and seed: a resumed stage redoes a unit and gets the same rows."""
+
+    def with_text(self, text) -> "Rollout":
+        """This rollout as it plays under a policy's text (tasks/text.py: PromptText, or None): a
+        kind whose agents carry beliefs takes them from it; the others are unchanged (the text
+        around each task prompt is put into the prompts, not the rollout)."""
+        return self
 
     def wrap(self, prompt: str) -> str:
         """The user message the engine is given for `prompt`."""

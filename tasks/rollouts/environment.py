@@ -148,6 +148,10 @@ class _Episode:
     expect: tuple[tuple[str | None, float, bool], ...] = ()  # what the replayed steps answered before
     expect_start: str | None = None  # the first observation a replayed episode gave before
     note: str | None = None  # a reflection on an earlier attempt, given with the first observation
+    pending: str | None = None  # an observation its other agents read before the model's turn (roles)
+    first: bool = False  # whether `pending` is the episode's first observation
+    reports: list[dict[str, str]] = field(default_factory=list)  # each turn's reports by role (roles)
+    reported: int = 0  # tokens its analysts generated (roles)
     turns: int = 0  # model turns taken
     observations: list[str | None] = field(default_factory=list)  # each step's observation as the environment gave it
 
@@ -166,6 +170,10 @@ class _Episode:
         self.ended, self.failure, self.waiting = "failed", f"{op}: {why}" if not why.startswith(op) else why, None
 
 
+
+
+def turn_seed_of(seed: int, cohort: int, turn: int) -> int:
+    return (seed * 1_000_003 + cohort * 7_919 + turn * 8_191) % (1 << 61)
 
 
 class EnvironmentRollout(Rollout):
@@ -346,11 +354,11 @@ class EnvironmentRollout(Rollout):
                     waited += time.time() - t
                     for e in asked:
                         self.read(tok, e, replies[e.key], last=turn == self.max_turns)
+                    self.brief(sampler, [e for e in asked if e.ended is None], params, turn_seed_of(seed, c, turn))
                     live = [e for e in cohort if e.ended is None]
                     if turn == self.max_turns or not live:
                         continue
-                    turn_seed = (seed * 1_000_003 + c * 7_919 + turn * 8_191) % (1 << 61)
-                    for e in self.generate(sampler, live, params, turn_seed):
+                    for e in self.generate(sampler, live, params, turn_seed_of(seed, c, turn)):
                         host.send(e.key, "step", action=e.segments[-1].text)
                         e.waiting = "step"
             t = time.time()
@@ -399,8 +407,7 @@ class EnvironmentRollout(Rollout):
                        f"{_said(reply.observation)}, where it began {_said(e.expect_start)} before. {REPLAY}")
                 return
             e.start = reply.observation or ""
-            e.context = list(first_ids(tok, self.opening(e.start, e.note)))
-            e.prompt_ids = tuple(e.context)
+            self.arrive(tok, e, e.start, first=True)
         else:
             if e.turns <= len(e.expect) and (was := e.expect[e.turns - 1]) != (reply.observation, reply.reward,
                                                                                   reply.done):
@@ -415,11 +422,24 @@ class EnvironmentRollout(Rollout):
             elif last:
                 e.ended = "max_turns"
             else:
-                text, ids = observation_ids(tok, e.segments[-1].token_ids, reply.observation or "")
-                if e.used + len(ids) >= self.episode_tokens:  # no room to read it and answer
-                    e.ended = "length"
-                else:
-                    e.add("env", text, ids)
+                self.arrive(tok, e, reply.observation or "", first=False)
+
+    def arrive(self, tok, e: _Episode, observation: str, first: bool) -> None:
+        """An observation the model is to read next: the episode's first message (`first`), or the
+        next user turn, where the episode has room to read it and answer (else it ends)."""
+        if first:
+            e.context = list(first_ids(tok, self.opening(observation, e.note)))
+            e.prompt_ids = tuple(e.context)
+            return
+        text, ids = observation_ids(tok, e.segments[-1].token_ids, observation)
+        if e.used + len(ids) >= self.episode_tokens:  # no room to read it and answer
+            e.ended = "length"
+        else:
+            e.add("env", text, ids)
+
+    def brief(self, sampler, eps: list[_Episode], params: SamplingParams, seed: int) -> None:
+        """Before the model's turn in `eps` (the live episodes of a cohort): nothing here; a kind
+        whose other agents speak first (roles) has them speak."""
 
     def generate(self, sampler, live: list[_Episode], params: SamplingParams, seed: int) -> list[_Episode]:
         """One model turn for each live episode (an episode replaying a path takes its next turn
@@ -459,7 +479,7 @@ class EnvironmentRollout(Rollout):
         for e in eps:
             ret = None if e.ended == "failed" else e.ret
             outcome = Outcome(start=e.start, rewards=tuple(e.rewards), final=e.final, ret=ret, ended=e.ended,
-                              failure=e.failure)
+                              failure=e.failure, reports=tuple(e.reports) or None)
             out.append(Completion(prompt_id=e.prompt.id, prompt=e.prompt.prompt, answer=e.prompt.answer,
                                   fields=e.prompt.fields, index=e.index, text="".join(s.text for s in e.segments),
                                   n_tokens=e.generated, finish_reason=e.ended, prompt_ids=e.prompt_ids,
