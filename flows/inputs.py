@@ -87,6 +87,7 @@ def check_data(cfg: PipelineConfig) -> tuple[Split, dict[str, Split]]:
     if cfg.data.prompts_per_round:
         check_draw(cfg.data.prompts_per_round, len(split.train))
     check_label_model(cfg)
+    check_optimiser_model(cfg)
     if problems := cfg.label.ready():  # a served judge's key and server, before any model loads
         raise ConfigError(problems, source="label")
     if cfg.prompt.search is not None and (problems := cfg.prompt.search.ready()):  # a served optimiser's too
@@ -305,6 +306,21 @@ def check_label_model(cfg: PipelineConfig) -> None:
         raise ConfigError(problems)  # a fixed judge generates on the run's sampler, as the policy does
 
 
+def check_optimiser_model(cfg: PipelineConfig) -> None:
+    """A search's own optimiser model (prompt.search.optimiser.kind=model) must be a model its
+    engine can load; only its files and config.json are read."""
+    src = cfg.prompt.optimiser_model()
+    if src is None:
+        return
+    field = f"prompt.search.optimiser.path={src!r}"
+    problems = model_problems(resolve_model(src, "prompt.search.optimiser.path"), field)
+    if not problems and cfg.prompt.search.optimiser.backend == "vllm":
+        problems = engine_problems(cfg.model_copy(update={"sampler": cfg.sampler.model_copy(
+            update={"backend": "vllm"})}), resolve_model(src), field)
+    if problems:
+        raise ConfigError(problems, source="prompt.search.optimiser")
+
+
 def model_problems(path: Path, field: str) -> list[str]:
     """What keeps a directory from being a model a stage can load: its config, weights, tokenizer."""
     fix = "give a Hugging Face model directory (config.json, *.safetensors, the tokenizer's files) or 'default'"
@@ -501,8 +517,8 @@ def policy_tokenizer(cfg: PipelineConfig):
     return prompt_format.use(tok, cfg.model.prompt_format, cfg.model.plain_layout), used
 
 
-def resolve_model(src: str) -> Path:
-    """The model directory a config names: the embedded default, a local directory, or a hub id."""
+def resolve_model(src: str, field: str = "model.path") -> Path:
+    """The model directory a config names (at `field`): the embedded default, a local directory, or a hub id."""
     if src == "default":
         from ratchet.models.default_model import default_model_dir
 
@@ -516,7 +532,7 @@ def resolve_model(src: str) -> Path:
     try:
         return Path(snapshot_download(repo, revision=revision))
     except Exception as e:  # offline, unknown repo, auth: all mean the same thing to the user
-        raise ConfigError([f"model.path={src!r} is not a local directory and could not be fetched from a hub "
+        raise ConfigError([f"{field}={src!r} is not a local directory and could not be fetched from a hub "
                            f"({type(e).__name__}); give a local Hugging Face model directory, or 'default' (a gated "
                            "model needs HF_TOKEN in the environment)"]) from e
 

@@ -304,10 +304,6 @@ def _text_summary(m: StageManifest) -> str | None:
     shown = json.dumps(t if len(t) <= 120 else t[:117] + "...")
     if beliefs := m.info.get("beliefs"):
         shown = "beliefs of " + ", ".join(f"{role} ({len(b.splitlines())})" for role, b in sorted(beliefs.items()))
-    if m.stage == "search" and "nodes" not in m.metrics:
-        return (f"{shown}, written by {m.info.get('optimiser', '?')} from {int(m.metrics.get('pairs', 0))} compared "
-                f"pair(s) of episodes, reward starts {m.metrics.get('chosen_reward', 0):.1%} against the round's "
-                f"{m.metrics.get('base_reward', 0):.1%}")
     if m.stage == "search":
         return (f"prompt {shown}, chosen by {m.info.get('optimiser', '?')}'s revisions: node "
                 f"{m.info.get('chosen', '?')} of {int(m.metrics.get('nodes', 0))}, reward prompts "

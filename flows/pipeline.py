@@ -30,7 +30,7 @@ from ratchet.flows.runs import RunContext, set_state, start
 from ratchet.flows.shape import EvalTarget, carries_text, round_shape, run_shape
 from ratchet.flows.stages import (RoundResult, Session, agreement_task, base_task, bind_task, cold_start_task,
                                   demonstrations_task, drop_task, eval_targets_task, evaluate_task, filter_task,
-                                  label_model_task, label_task, lineage_task, online_train_task, prompts_task,
+                                  label_model_task, label_task, optimiser_model_task, lineage_task, online_train_task, prompts_task,
                                   register_task, report_task, retire_task, sample_task, search_task, slice_task,
                                   start_model_task,
                                   train_task, unwrap)
@@ -97,8 +97,8 @@ class FlowRound:
     def train(self, k, policy, train_set):
         return unwrap(train_task(self.cfg, self.ctx, k, policy, train_set, self.child))
 
-    def search(self, k, policy, prompts):
-        return unwrap(search_task(self.cfg, self.ctx, k, policy, prompts, self.child))
+    def search(self, k, policy, prompts, optimiser):
+        return unwrap(search_task(self.cfg, self.ctx, k, policy, prompts, self.child, optimiser))
 
     def bind(self, k, weights, carried):
         return unwrap(bind_task(self.cfg, self.ctx, k, weights, carried, self.child))
@@ -124,6 +124,9 @@ class FlowRun:
     def label_model(self):
         return unwrap(label_model_task(self.cfg, self.ctx))
 
+    def optimiser_model(self):
+        return unwrap(optimiser_model_task(self.cfg, self.ctx))
+
     def targets(self, prompts):
         return eval_targets_task(self.cfg, self.ctx, prompts)
 
@@ -145,8 +148,9 @@ class FlowRun:
     def retire(self, k, pool, scored):
         return unwrap(retire_task(self.cfg, self.ctx, k, pool, scored))
 
-    def round(self, k, start, pool, targets, first, label_model):
-        return round_flow(self.cfg, self.ctx, k, start.policy, pool, targets, start.version, first, label_model)
+    def round(self, k, start, pool, targets, first, label_model, optimiser_model):
+        return round_flow(self.cfg, self.ctx, k, start.policy, pool, targets, start.version, first, label_model,
+                          optimiser_model)
 
     def waits(self, k):
         raise AssertionError("the flow knows every round's result before the next begins")
@@ -157,13 +161,14 @@ class FlowRun:
 @flow(name="round", flow_run_name="round-{k}", validate_parameters=False)
 def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
                targets: list[EvalTarget], parent_version: str, first: int = 0,
-               label_model: StageManifest | None = None) -> RoundResult:
+               label_model: StageManifest | None = None,
+               optimiser_model: StageManifest | None = None) -> RoundResult:
     """Round k (this run's first round is first + 1): its stages as flows/shape.py shapes them,
     then its evaluations and registration; `targets`: the held-out sets; `label_model`: the
-    label's fixed model, if any."""
+    label's fixed model, if any; `optimiser_model`: the search's optimiser model, if any."""
     child = Session(cfg, ctx).tracker.child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
     try:
-        made = round_shape(cfg, FlowRound(cfg, ctx, child), k, policy, prompts, first, label_model)
+        made = round_shape(cfg, FlowRound(cfg, ctx, child), k, policy, prompts, first, label_model, optimiser_model)
         evaluations = evaluate_all(cfg, ctx, k, made.candidate, targets, child)
         result = register_task(cfg, ctx, k, made.candidate, evaluations, targets, parent_version, child,
                                [*made.done, *evaluations], made.note)

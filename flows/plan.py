@@ -129,8 +129,8 @@ class PlanRound:
     def train(self, k, policy, train_set):
         return self.calls.train(k, policy, train_set)[0]
 
-    def search(self, k, policy, prompts):
-        return self.calls.search(k, policy, prompts)[0]
+    def search(self, k, policy, prompts, optimiser):
+        return self.calls.search(k, policy, prompts, optimiser)[0]
 
     def bind(self, k, weights, carried):
         return self.calls.bind(k, weights, carried)[0]
@@ -163,6 +163,10 @@ class PlanRun:
         return _model_stage(self.cfg, self.planner, self.store, self.cfg.label.fixed_model(), "label-model",
                             "label.model", self.cfg.label.chats)
 
+    def optimiser_model(self):
+        return _model_stage(self.cfg, self.planner, self.store, self.cfg.prompt.optimiser_model(), "optimiser-model",
+                            "prompt.search.optimiser.path", True)
+
     def targets(self, prompts):
         return [t for t, _ in self.calls.held_out(prompts, self.sources)]
 
@@ -191,10 +195,10 @@ class PlanRun:
     def retire(self, k, pool, scored):
         return self.calls.retire(k, pool, scored)[0]
 
-    def round(self, k, start, pool, targets, first, label_model):
+    def round(self, k, start, pool, targets, first, label_model, optimiser_model):
         from ratchet.flows.shape import round_shape
 
-        made = round_shape(self.cfg, self.rounds, k, start.policy, pool, first, label_model)
+        made = round_shape(self.cfg, self.rounds, k, start.policy, pool, first, label_model, optimiser_model)
         return self._evaluate(k, made.candidate, targets, made.scored)
 
     def waits(self, k):

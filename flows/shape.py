@@ -140,14 +140,16 @@ class Calls:
         template = self.cfg.prompt.template if carried is None else None
         return text.bind(self.store, weights, k, template=template, carried=carried, run=self.run)
 
-    def search(self, k: int, policy: StageManifest, prompts: StageManifest) -> tuple[StageManifest, bool]:
-        """The text a search finds for `policy` on the round's train prompts (prompt.search)."""
+    def search(self, k: int, policy: StageManifest, prompts: StageManifest,
+               optimiser: StageManifest | None = None) -> tuple[StageManifest, bool]:
+        """The text a search finds for `policy` on the round's train prompts (prompt.search), its
+        optimiser's own model where it has one (`optimiser`)."""
         from ratchet.tasks import text_search
 
         cfg = self.cfg
         return text_search.search(self.store, policy, prompts, cfg.prompt.search, cfg.data, cfg.sample.rollout,
                                   cfg.evaluate.max_tokens, cfg.sampler, round_seed(cfg, k), k, isolate=cfg.isolate,
-                                  run=self.run)
+                                  run=self.run, optimiser=optimiser)
 
     def demonstrations(self, digest: str) -> tuple[StageManifest, bool]:
         from ratchet.tasks import cold_start
@@ -195,7 +197,7 @@ class RoundSteps(Protocol):
     def filter(self, k: int, labels): ...
     def agreement(self, k: int, labels, train_set) -> str: ...  # raises to stop the round before training
     def train(self, k: int, policy, train_set): ...
-    def search(self, k: int, policy, prompts): ...
+    def search(self, k: int, policy, prompts, optimiser): ...
     def bind(self, k: int, weights, carried): ...  # the text of `carried` over new weights
 
 
@@ -207,7 +209,7 @@ def carries_text(policy) -> bool:
 
 
 def round_shape(cfg: PipelineConfig, steps: RoundSteps, k: int, policy, prompts, first: int,
-                label_model=None) -> Trained:
+                label_model=None, optimiser_model=None) -> Trained:
     """Round k's stages up to its candidate (its evaluations follow): its own draw of the pool
     (data.prompts_per_round); a prompt search (improve: prompt or both), whose pair is the
     candidate where the round improves the prompt alone; then sample, label, filter, the agreement
@@ -218,7 +220,7 @@ def round_shape(cfg: PipelineConfig, steps: RoundSteps, k: int, policy, prompts,
     if cfg.data.prompts_per_round:
         done.append(train := steps.slice(k, first, prompts))
     if cfg.improve != "weights":
-        done.append(policy := steps.search(k, policy, train))
+        done.append(policy := steps.search(k, policy, train, optimiser_model))
         if cfg.improve == "prompt":
             return Trained(policy, done)
     if cfg.train.online:
@@ -254,13 +256,14 @@ class RunSteps(Protocol):
     def base(self): ...
     def bind(self, k: int, weights, carried): ...  # version 1: the base weights with the config's text
     def label_model(self): ...
+    def optimiser_model(self): ...  # the search's optimiser model (prompt.search.optimiser.kind=model)
     def targets(self, prompts) -> list: ...
     def round_zero(self, base, targets, k: int): ...
     def demonstrations(self): ...
     def cold_start_round(self, k: int, base, demos, targets, before): ...
     def begin(self, k: int, results: list): ...
     def retire(self, k: int, pool, scored): ...
-    def round(self, k: int, start, pool, targets, first: int, label_model): ...
+    def round(self, k: int, start, pool, targets, first: int, label_model, optimiser_model): ...
     def waits(self, k: int) -> None: ...
 
 
@@ -275,6 +278,7 @@ def run_shape(cfg: PipelineConfig, steps: RunSteps) -> list:
         base = steps.bind(0, base, None)
     first = base.round if steps.started else 0  # rounds count generations: a continuation numbers on
     fixed = steps.label_model() if cfg.label.fixed_model() else None
+    optimiser = steps.optimiser_model() if cfg.prompt.optimiser_model() else None
     targets = steps.targets(prompts)
     results = [steps.round_zero(base, targets, first)]
     if cold_starts(cfg, steps.started):  # generation 1; the rounds build on it, whatever the base scored
@@ -289,7 +293,7 @@ def run_shape(cfg: PipelineConfig, steps: RunSteps) -> list:
             break
         if cfg.data.retire_solved and results[-1].scored is not None:  # what the last round solved leaves
             pool = steps.retire(k, pool, results[-1].scored)
-        results.append(steps.round(k, start, pool, targets, last, fixed))
+        results.append(steps.round(k, start, pool, targets, last, fixed, optimiser))
     return results
 
 

@@ -153,6 +153,17 @@ def label_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
                                          field="label.model", template=template))
 
 
+@task(name="optimiser-model", cache_policy=NONE, retries=0)
+def optimiser_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
+    """The search's optimiser model (prompt.search.optimiser.kind=model) as a store stage."""
+    ses = Session(cfg, ctx)
+    src = cfg.prompt.optimiser_model()
+    path = resolve_model(src)
+    return finished(*prepare.base_model(ses.store, src, path, run=ctx.run_name, stage="optimiser-model",
+                                         field="prompt.search.optimiser.path",
+                                         template=_written_template(path, "auto", cfg.model.plain_layout)))
+
+
 @task(name="start-model", cache_policy=NONE, retries=0)
 def start_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     """The registered model version this run continues from, its stage re-verified."""
@@ -283,10 +294,10 @@ def demonstrations_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
 
 @task(name="search", cache_policy=NONE, retries=0)
 def search_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
-                child: str) -> StageManifest:
+                child: str, optimiser: StageManifest | None = None) -> StageManifest:
     """Round k's search (prompt.search): the pair of the policy's weights and the text it chose."""
     ses = Session(cfg, ctx)
-    m, reused = ses.calls.search(k, policy, prompts)
+    m, reused = ses.calls.search(k, policy, prompts, optimiser)
     if ses.logged(child, m, reused):
         for name in ("nodes.jsonl", "refused.json", "versions.jsonl", "prompt.json"):  # the tree, or the beliefs
             if name in m.outputs:

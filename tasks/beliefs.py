@@ -46,8 +46,8 @@ from ratchet.data.manifest import StageManifest
 from ratchet.data.records import Prompt
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplingParams
-from ratchet.tasks.prompt_search import (Journal, OptimiserConfig, PolicyOptimiser, PolicyWriter, ServedOptimiser,
-                                         ServedWriter)
+from ratchet.tasks.prompt_search import (Journal, OptimiserConfig, PolicyOptimiser, ServedOptimiser, open_writer,
+                                         writer_fits)
 from ratchet.tasks.stage import StageRequest
 from ratchet.tasks.text import PromptText, read_text, weights_of, write_pair
 
@@ -81,8 +81,9 @@ class BeliefsSearch(BaseModel):
     max_chars: int = Field(default=300, ge=8, description="a belief longer than this is refused")
     optimiser_temperature: float = Field(default=0.7, ge=0, description="the optimiser's sampling temperature")
     optimiser: OptimiserConfig = Field(default_factory=PolicyOptimiser, description="who compares the episodes and "
-                                       "writes the beliefs: policy (the run's own model, on the search's engine) or "
-                                       "served (a model behind an OpenAI-compatible API: endpoint)")
+                                       "writes the beliefs: policy (the run's own model, on the search's engine), "
+                                       "model (another local model, on an engine of its own: path) or served (a "
+                                       "model behind an OpenAI-compatible API: endpoint)")
 
     def ready(self) -> list[str]:
         o = self.optimiser
@@ -339,11 +340,7 @@ class EngineOnSampler(Engine):
         return self.writer.write(prompt, n, max_tokens, temperature, seed)
 
     def fits(self, prompt: str, max_tokens: int) -> bool:
-        if isinstance(self.writer, ServedWriter):
-            return True
-        from ratchet.models.sampler import chat_token_ids
-
-        return len(chat_token_ids(self.sampler.tokenizer, [prompt])[0]) + max_tokens <= self.max_model_len
+        return writer_fits(self.writer, prompt, max_tokens, self.max_model_len)
 
 
 def beliefs_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
@@ -362,14 +359,10 @@ def beliefs_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     t0 = time.time()
     sampler = open_sampler(model_dir(store, policy), job.sampler, seed=req.seed)
     load_s = time.time() - t0
-    served = None
+    own = None
     try:
-        if isinstance(cfg.optimiser, ServedOptimiser):
-            from ratchet.models.endpoint import Endpoint
-
-            served = Endpoint(cfg.optimiser.endpoint, d / "calls.jsonl")
-        engine = EngineOnSampler(sampler, rollout, job.data.check, job.max_tokens, job.sampler.max_model_len,
-                                 ServedWriter(served) if served is not None else PolicyWriter(sampler))
+        writer, served, own = open_writer(cfg.optimiser, req, store, sampler, d / "calls.jsonl")
+        engine = EngineOnSampler(sampler, rollout, job.data.check, job.max_tokens, job.sampler.max_model_len, writer)
         roles = {r.name: ("reads the observation and acts" if r.acts else
                           "reads " + ("all of each observation" if r.reads is None else "part of each observation")
                           + " and reports to " + rollout.manager.name) for r in rollout.roles}
@@ -379,6 +372,8 @@ def beliefs_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
         pick, figures = search.final()
     finally:
         sampler.close()
+        if own is not None:
+            own.close()
     (d / "versions.jsonl").write_text("".join(json.dumps(v) + "\n" for v in search.versions))
     c = search.counts
     written = sum(len(v["kept"]) for v in search.versions)
@@ -389,7 +384,11 @@ def beliefs_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
                "episodes": float(c["episodes"]), "journal_reused": float(journal.reused), "load_s": load_s,
                "tokens_per_s": c["tokens"] / c["gen_s"] if c["gen_s"] else 0.0}
     text = base.model_copy(update={"beliefs": pick})
+    held = ", ".join(f"{role} ({len(b.splitlines())})" for role, b in sorted(pick.items())) or "none"
+    summary = (f"beliefs of {held}, written by {cfg.optimiser.identity()} from {metrics['pairs']:.0f} compared pair(s) "
+               f"of episodes; reward starts {figures['chosen_reward']:.1%} against the round's "
+               f"{figures['base_reward']:.1%}" + ("" if figures["replaced"] else ": the round's beliefs kept"))
     return write_pair(req, store, text, weights_of(store, policy), metrics=metrics,
-                      info={"optimiser": cfg.optimiser.identity()},
+                      info={"optimiser": cfg.optimiser.identity(), "summary": summary},
                       outputs={"versions.jsonl": len(search.versions), "journal.jsonl": None,
                                **({"calls.jsonl": None} if served is not None else {})})

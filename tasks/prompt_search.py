@@ -76,8 +76,43 @@ class ServedOptimiser(BaseModel):
         return self.endpoint.where()
 
 
+class ModelOptimiser(BaseModel):
+    """Another local model writes, on an engine of its own beside the policy's: its weights are a
+    stage of the run (optimiser-model), so the search is keyed by their digest, not the path."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["model"] = "model"
+    path: str = Field(description="the optimiser's model: 'default' (the embedded model), a local directory, or a "
+                      "hub id in the local cache")
+    backend: Literal["hf", "vllm"] = Field(default="hf", description="its engine: hf (transformers' generate, "
+                                           "beside any policy engine) or vllm (a second vLLM engine in the search "
+                                           "stage's process, with the run's sampler settings)")
+
+    def identity(self) -> str:
+        return f"the model {self.path}"
+
+
 # who writes the feedback and the revisions: one member per kind
-OptimiserConfig = Annotated[PolicyOptimiser | ServedOptimiser, Field(discriminator="kind")]
+OptimiserConfig = Annotated[PolicyOptimiser | ServedOptimiser | ModelOptimiser, Field(discriminator="kind")]
+
+
+def open_writer(optimiser, req: StageRequest, store: ArtifactStore, sampler, calls: Path):
+    """The optimiser's writer for a search stage, and what to close after: the policy's own sampler,
+    a served endpoint (its calls journaled in `calls`), or the optimiser-model parent's engine."""
+    if isinstance(optimiser, ServedOptimiser):
+        from ratchet.models.endpoint import Endpoint
+
+        served = Endpoint(optimiser.endpoint, calls)
+        return ServedWriter(served), served, None
+    if isinstance(optimiser, ModelOptimiser):
+        from ratchet.models.sampler import open_sampler
+        from ratchet.tasks.prepare import model_dir
+
+        own = next(p for p in req.parents if p.stage == "optimiser-model")
+        cfg = req.config.sampler.model_copy(update={"backend": optimiser.backend})
+        engine = open_sampler(model_dir(store, own), cfg, seed=req.seed + 1)
+        return PolicyWriter(engine), None, engine
+    return PolicyWriter(sampler), None, None
 
 
 class PromptAgentSearch(BaseModel):
@@ -106,8 +141,9 @@ class PromptAgentSearch(BaseModel):
     revision_tokens: int = Field(default=128, ge=1, description="most tokens of one revision")
     max_chars: int = Field(default=1200, ge=16, description="a revision longer than this is refused")
     optimiser: OptimiserConfig = Field(default_factory=PolicyOptimiser, description="who writes the feedback and "
-                                       "the revisions: policy (the run's own model, on the search's engine) or "
-                                       "served (a model behind an OpenAI-compatible API: endpoint)")
+                                       "the revisions: policy (the run's own model, on the search's engine), "
+                                       "model (another local model, on an engine of its own: path) or served (a "
+                                       "model behind an OpenAI-compatible API: endpoint)")
 
     def ready(self) -> list[str]:
         """What keeps this machine from calling a served optimiser, before any model loads."""
@@ -425,6 +461,16 @@ class ServedWriter:
         return [r.texts[0] if r is not None and r.texts else "" for r in replies]
 
 
+def writer_fits(writer, prompt: str, max_tokens: int, max_model_len: int) -> bool:
+    """Whether the optimiser's context holds `prompt` and `max_tokens` more (a served one's server
+    decides: a request past its context is refused, and counted)."""
+    if isinstance(writer, ServedWriter):
+        return True
+    from ratchet.models.sampler import chat_token_ids
+
+    return len(chat_token_ids(writer.sampler.tokenizer, [prompt])[0]) + max_tokens <= max_model_len
+
+
 class EngineOnSampler(Engine):
     """The search's engine: the policy (a sampler) answers greedily through the rollout, the
     task's check scores; the optimiser (`writer`) writes."""
@@ -448,11 +494,7 @@ class EngineOnSampler(Engine):
         return self.writer.write(prompt, n, max_tokens, temperature, seed)
 
     def fits(self, prompt: str, max_tokens: int) -> bool:
-        if isinstance(self.writer, ServedWriter):  # its server's context: a request past it is refused, counted
-            return True
-        from ratchet.models.sampler import chat_token_ids
-
-        return len(chat_token_ids(self.sampler.tokenizer, [prompt])[0]) + max_tokens <= self.max_model_len
+        return writer_fits(self.writer, prompt, max_tokens, self.max_model_len)
 
     def too_long(self, template: str) -> bool:
         from ratchet.models.sampler import chat_token_ids
@@ -475,21 +517,20 @@ def prompt_agent_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     t0 = time.time()
     sampler = open_sampler(model_dir(store, policy), job.sampler, seed=req.seed)
     load_s = time.time() - t0
+    own = None
     try:
         longest = max((p.prompt for p in prompts), key=len)
-        served = None
-        if isinstance(job.search.optimiser, ServedOptimiser):
-            from ratchet.models.endpoint import Endpoint
-
-            served = Endpoint(job.search.optimiser.endpoint, d / "calls.jsonl")
+        writer, served, own = open_writer(job.search.optimiser, req, store, sampler, d / "calls.jsonl")
         engine = EngineOnSampler(sampler, job.rollout, job.data.check, job.max_tokens, job.sampler.max_model_len,
-                                 longest, ServedWriter(served) if served is not None else PolicyWriter(sampler))
+                                 longest, writer)
         journal = Journal(d / "journal.jsonl")
         search = Search(job.search, engine, journal, base.template, prompts, req.seed)
         search.run()
         pick, figures = search.final()
     finally:
         sampler.close()
+        if own is not None:
+            own.close()
     write_jsonl(d / "nodes.jsonl", [_NodeRow(**n.row()) for n in search.nodes])
     (d / "refused.json").write_text(json.dumps({"refused": search.refused, "unexpanded": search.unexpanded},
                                                indent=2) + "\n")

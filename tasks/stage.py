@@ -54,7 +54,7 @@ READS_MODELS = ("torch", "transformers", "transformers.models.auto.modeling_auto
 # fork server is what a fork saves
 WORKER_LIBRARIES = (*READS_MODELS, "peft", "trl", "datasets", "accelerate")
 ERROR_FILE = "worker-error.json"
-MODEL_STAGES = ("base", "train", "label-model")
+MODEL_STAGES = ("base", "train", "label-model", "optimiser-model")
 # stages whose output is a policy's text over a model's weights: a pair (tasks/text.py)
 TEXT_STAGES = ("template", "search")
 

@@ -51,9 +51,12 @@ def search_body(req: StageRequest[SearchJob], store: ArtifactStore) -> StageMani
 
 def search(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: SearchConfig,
            data: SourceConfig, rollout: RolloutConfig, max_tokens: int, sampler: SamplerConfig, seed: int, round: int,
-           isolate: bool = True, run: str | None = None) -> tuple[StageManifest, bool]:
+           isolate: bool = True, run: str | None = None,
+           optimiser: StageManifest | None = None) -> tuple[StageManifest, bool]:
     """The text a search finds from `policy` on the round's train prompts: a pair of the policy's
-    weights and the chosen text."""
+    weights and the chosen text; `optimiser`: the optimiser's own model (an optimiser-model
+    stage), where it is one."""
     job = SearchJob(search=cfg, data=data.pool(), rollout=rollout, max_tokens=max_tokens, sampler=sampler, seed=seed)
-    return run_stage(store, stage="search", round=round, body=search_body, config=job, parents=[policy, prompts],
+    return run_stage(store, stage="search", round=round, body=search_body, config=job,
+                     parents=[policy, prompts, *([optimiser] if optimiser is not None else [])],
                      isolate=isolate, keep_partial=True, run=run)

@@ -54,6 +54,12 @@ def test_a_search_needs_its_prompts_before_any_model_loads():
     with pytest.raises(ConfigError) as e:
         check_data(load_config(CONFIG, [SEARCH, "improve=prompt", "data.prompts_per_round=6"]))
     assert "prompt.search needs 7 train prompts its check can score" in str(e.value)
+    for path, said in [("/nonexistent/m", "prompt.search.optimiser.path='/nonexistent/m' is not a local directory"),
+                       (str(CONFIG.parent), "lacks config.json, weights (*.safetensors or *.bin), a tokenizer")]:
+        with pytest.raises(ConfigError) as e:  # a search's own optimiser model that cannot load
+            check_data(load_config(CONFIG, [SEARCH, "improve=prompt", f"prompt.search.optimiser={{kind: model, "
+                                                                     f"path: '{path}'}}"]))
+        assert said in str(e.value), str(e.value)
 
 
 def test_a_served_optimiser_that_is_down_or_lacks_its_key_stops_the_run_before_any_model_loads(monkeypatch):

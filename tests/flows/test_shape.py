@@ -37,7 +37,7 @@ class Recorder:
     """RunSteps and RoundSteps at once: each call is recorded as (what, round)."""
 
     def __init__(self, started=False, waits_from=None):
-        self.calls, self.started, self.waits_from = [], started, waits_from
+        self.calls, self.started, self.waits_from, self.optimisers = [], started, waits_from, []
 
     def _did(self, what, k=None, out=None):
         self.calls.append((what, k))
@@ -73,8 +73,11 @@ class Recorder:
     def retire(self, k, pool, scored):
         return self._did("pool", k)
 
-    def round(self, k, start, pool, targets, first, label_model):
-        made = round_shape(self.cfg, self, k, start.policy, pool, first, label_model)
+    def optimiser_model(self):
+        return self._did("optimiser-model")
+
+    def round(self, k, start, pool, targets, first, label_model, optimiser_model):
+        made = round_shape(self.cfg, self, k, start.policy, pool, first, label_model, optimiser_model)
         return self._did("round", k, R(k, made.candidate, made.scored))
 
     def waits(self, k):
@@ -103,7 +106,8 @@ class Recorder:
     def train(self, k, policy, train_set):
         return self._did("train", k)
 
-    def search(self, k, policy, prompts):
+    def search(self, k, policy, prompts, optimiser):
+        self.optimisers.append(optimiser)
         return self._did("search", k, Pair("search", k))
 
     def bind(self, k, weights, carried):
@@ -166,3 +170,13 @@ def test_a_text_is_version_1_and_stays_with_the_weights_trained_under_it():
     assert calls == ["prompts", "base", "targets", "round-zero@0", "begin@1", "search@1", "round@1", "begin@2",
                      "search@2", "round@2"]
     assert results[2].policy.stage == "search" and results[2].scored is None
+
+
+def test_a_search_s_own_optimiser_model_is_a_stage_of_the_run_given_to_every_round_s_search():
+    r = Recorder()
+    r.cfg = load_config("flows/configs/default.yaml", ["rounds=2", "improve=prompt",
+                                                       "prompt.search={kind: prompt_agent, optimiser: {kind: model, "
+                                                       "path: default}}"])
+    run_shape(r.cfg, r)
+    assert [w for w, _ in r.calls].count("optimiser-model") == 1 and r.optimisers == ["optimiser-model-None"] * 2
+    assert walk(["improve=prompt", "prompt.search={kind: prompt_agent}"])[0].count("optimiser-model") == 0

@@ -212,7 +212,7 @@ def test_a_beliefs_stage_plays_roles_on_a_real_engine_and_its_pair_is_what_evalu
     text = text_of(store, m)
     assert text.beliefs in ({"pricer": "Prices repeat."}, version["after"]) and text.template == "{prompt}"
     assert bool(m.metrics["replaced"]) == (text.beliefs == version["after"]) and m.metrics["episodes"] == 8 + 2 + 2
-    assert "sk-opt" not in store.path(m, "calls.jsonl").read_text()
+    assert "sk-opt" not in store.path(m, "calls.jsonl").read_text() and m.info["summary"].startswith("beliefs of ")
 
     ev, _ = evaluate.evaluate(store, m, pm, EvaluateConfig(max_tokens=6), hf, src, seed=0, round=1, isolate=False,
                               rollout=rollout)

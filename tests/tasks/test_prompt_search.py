@@ -11,6 +11,7 @@ import pytest
 from ratchet.data.records import Prompt
 from ratchet.tasks.prompt_search import (Journal, PromptAgentSearch, Search, feedback_prompt, refusal, revised,
                                          revision_prompt)
+from ratchet.tasks.rollouts.single import SingleRollout
 from ratchet.tasks.text import SLOT, PromptText, render, slot_problem
 
 PROMPTS = [Prompt(id=f"p{i}", prompt=f"What is {i} + 1?", answer=str(i + 1)) for i in range(40)]
@@ -240,3 +241,50 @@ def test_a_served_optimiser_is_called_once_per_revision_resumes_without_asking_t
     assert [n.template for n in again.nodes][1:3] == [f"Work carefully ({seed}). {{prompt}}",
                                                       f"Work carefully ({seed + 1}). {{prompt}}"]
     assert all(n.score is not None for n in again.nodes) and len(again.nodes) > 3
+
+
+@pytest.mark.integration
+def test_an_optimiser_model_of_its_own_writes_on_its_own_engine_and_keys_the_search(
+        tiny_model, tiny_base_model, tmp_path, monkeypatch):
+    """prompt.search.optimiser.kind=model: the optimiser is another model's stage (here the tiny
+    model as a base model), opened on an engine of its own in the search stage beside the policy's;
+    every feedback and revision is its engine's, none the policy's, and its weights' stage is a
+    parent of the search, so its digest keys it."""
+    from ratchet.data.prompts import AdditionSource
+    from ratchet.data.store import ArtifactStore
+    from ratchet.models import sampler as sampler_mod
+    from ratchet.models.sampler import SamplerConfig
+    from ratchet.tasks import prepare, text_search
+
+    store, hf = ArtifactStore(tmp_path), SamplerConfig(backend="hf", dtype="float32", max_model_len=512)
+    src = AdditionSource(a_max=6, b_max=4, eval_size=2)
+    pm, _ = prepare.prompts(store, src, seed=0, sources={})
+    base, _ = prepare.base_model(store, "tiny", tiny_model)
+    from ratchet.models.prompt_format import written_template  # as the flow's stage writes it: a plain layout
+
+    own, _ = prepare.base_model(store, "tiny-base", tiny_base_model, stage="optimiser-model",
+                                template=written_template(tiny_base_model, "auto", "Question: {prompt}\nAnswer:"))
+    asked: dict[str, list[str]] = {}
+    real = sampler_mod.open_sampler
+
+    def opened(path, cfg, seed):
+        s = real(path, cfg, seed=seed)
+        generate = s.generate
+
+        def recorded(prompts, *a, **kw):
+            asked.setdefault(str(path), []).extend(prompts)
+            return generate(prompts, *a, **kw)
+
+        s.generate = recorded
+        return s
+
+    monkeypatch.setattr(sampler_mod, "open_sampler", opened)
+    cfg = PromptAgentSearch(iterations=1, width=2, depth=1, batch=3, score_prompts=3, reward_prompts=3,
+                            feedback_tokens=8, revision_tokens=12, optimiser={"kind": "model", "path": "tiny-base"})
+    m, _ = text_search.search(store, base, pm, cfg, src, SingleRollout(), 6, hf, seed=1, round=1, isolate=False,
+                              optimiser=own)
+    mine = asked.pop(str(store.dir_of(own) / "model"))
+    assert mine and all("I am writing a prompt for a language model" in p for p in mine)
+    assert not any("I am writing a prompt" in p for ps in asked.values() for p in ps)  # the policy wrote none
+    assert [p.stage for p in m.parents] == ["base", "prompts", "optimiser-model"]
+    assert m.info["optimiser"] == "the model tiny-base" and m.metrics["nodes"] + m.metrics["refused"] >= 1
