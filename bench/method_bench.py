@@ -16,8 +16,12 @@ samples, DPO too few pairs) ends the cell, and the table says so.
     dpo   filter.kind=pairs, train.kind=dpo: right against wrong samples of a prompt
     dpo+rpo     the same, with an NLL term on the chosen answer (RPO: loss_type [sigmoid, sft], weights [1, 1])
     grpo  train.kind=grpo (sample.top_k=0, temperature 1, the grpo.yaml settings): online RL in each round
-    prompt      improve=prompt: each round a prompt search (PromptAgent, the policy its own optimiser)
+    prompt      improve=prompt: each round a prompt search (PromptAgent, the policy its own optimiser;
+                a config with its own prompt.search, such as a beliefs search over roles, keeps it)
     prompt+rft  improve=both: each round the search, then RFT sampled under the prompt it found
+
+A weights-only method on a config with a search of its own runs without it (improve=weights,
+prompt.search=null).
 
 Each cell writes CELL.json (method, seed, rounds, commit, machine, date); --merge reads them all
 and prints, per method, the held-out accuracy of the last round finished within the budget (the
@@ -57,17 +61,28 @@ SHARED_TRAIN = ("adapter", "lora", "max_length", "precision", "gradient_checkpoi
 
 
 def overrides(config: str, method: str) -> list[str]:
-    """The method's overrides, its `train` section given what the config's has in common with it."""
+    """The method's overrides: its `train` section given what the config's has in common with it, the
+    config's own `filter` where it is the method's kind (its thresholds are the task's), and the
+    config's own prompt search where it has one."""
     import yaml
 
-    own = (yaml.safe_load(Path(config).read_text()) or {}).get("train") or {}
+    cfg = yaml.safe_load(Path(config).read_text()) or {}
+    own, own_filter = cfg.get("train") or {}, cfg.get("filter") or {}
+    searches = bool((cfg.get("prompt") or {}).get("search"))
     out = []
     for o in METHODS[method]:
         if o.startswith("train="):
             mine = yaml.safe_load(o[len("train="):])
             kept = own if own.get("kind", "rft") == mine["kind"] else {k: own[k] for k in SHARED_TRAIN if k in own}
             o = "train=" + json.dumps({**kept, **mine})
+        elif o.startswith("filter="):
+            mine = yaml.safe_load(o[len("filter="):])
+            o = "filter=" + json.dumps({**(own_filter if own_filter.get("kind", "rft") == mine["kind"] else {}), **mine})
+        elif o.startswith("prompt=") and searches:
+            continue  # the config's own search
         out.append(o)
+    if searches and not any(o.startswith("improve=") for o in out):
+        out += ["improve=weights", "prompt.search=null"]  # a weights-only method: no search
     return out
 
 
