@@ -130,8 +130,8 @@ def test_what_a_config_of_roles_and_beliefs_gets_wrong_is_refused_before_any_mod
     assert "gives each role its own instructions (sample.rollout.roles)" in said
     said = refused("guess_env_rft.yaml", "improve=prompt", "data.retire_solved=false", "prompt.search={kind: beliefs}")
     assert "set sample.rollout.kind: roles" in said
-    said = refused("trading_roles.yaml", "improve=both", "label.kind=turn_mcts", "filter.kind=step_pairs",
-                   "train.kind=dpo", "train.max_length=1024")
+    said = refused("trading_roles.yaml", "improve=both", "label={kind: turn_mcts}", "filter={kind: step_pairs}",
+                   "train={kind: dpo, max_length: 1024}")
     assert "use label.kind=verifier with sample.rollout.kind=roles" in said
     said = refused("trading_roles.yaml", "sample.rollout.roles=[{name: m, instructions: '{observation}'}]")
     assert "roles has 0 roles that act" in said
