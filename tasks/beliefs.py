@@ -46,8 +46,8 @@ from ratchet.data.manifest import StageManifest
 from ratchet.data.records import Prompt
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplingParams
-from ratchet.tasks.prompt_search import (Journal, OptimiserConfig, PolicyOptimiser, ServedOptimiser, open_writer,
-                                         writer_fits)
+from ratchet.tasks.prompt_search import (OPTIMISER, Journal, Optimised, OptimiserConfig, PolicyOptimiser,
+                                         open_writer, writer_fits)
 from ratchet.tasks.stage import StageRequest
 from ratchet.tasks.text import PromptText, read_text, weights_of, write_pair
 
@@ -55,7 +55,7 @@ CLIP = 120  # characters of one report or action shown to the optimiser
 LINE = re.compile(r"^\s*(?:[-*•]|\d+[.)])?\s*\**\s*([A-Za-z][A-Za-z0-9_-]{0,31})\s*\**\s*:\s*(.*)$")
 
 
-class BeliefsSearch(BaseModel):
+class BeliefsSearch(Optimised, BaseModel):
     """FinCon: episodes compared in better and worse pairs, and the beliefs that separate them
     written into the roles they concern."""
 
@@ -80,14 +80,7 @@ class BeliefsSearch(BaseModel):
     per_pair: int = Field(default=3, ge=1, description="most beliefs one comparison adds (the first written)")
     max_chars: int = Field(default=300, ge=8, description="a belief longer than this is refused")
     optimiser_temperature: float = Field(default=0.7, ge=0, description="the optimiser's sampling temperature")
-    optimiser: OptimiserConfig = Field(default_factory=PolicyOptimiser, description="who compares the episodes and "
-                                       "writes the beliefs: policy (the run's own model, on the search's engine), "
-                                       "model (another local model, on an engine of its own: path) or served (a "
-                                       "model behind an OpenAI-compatible API: endpoint)")
-
-    def ready(self) -> list[str]:
-        o = self.optimiser
-        return o.endpoint.problems("prompt.search.optimiser.endpoint") if isinstance(o, ServedOptimiser) else []
+    optimiser: OptimiserConfig = Field(default_factory=PolicyOptimiser, description=OPTIMISER)
 
     def needs_prompts(self) -> int:
         return self.reward_starts + 1

@@ -96,6 +96,20 @@ class ModelOptimiser(BaseModel):
 OptimiserConfig = Annotated[PolicyOptimiser | ServedOptimiser | ModelOptimiser, Field(discriminator="kind")]
 
 
+OPTIMISER = ("who writes the search's text (feedback and revisions, or beliefs): policy (the run's own model, on the "
+             "search's engine), model (another local model, on an engine of its own: path) or served (a model behind "
+             "an OpenAI-compatible API: endpoint)")
+
+
+class Optimised:
+    """What every search kind's settings share: an optimiser (`optimiser`, OptimiserConfig)."""
+
+    def ready(self) -> list[str]:
+        """What keeps this machine from calling a served optimiser, before any model loads."""
+        o = self.optimiser
+        return o.endpoint.problems("prompt.search.optimiser.endpoint") if isinstance(o, ServedOptimiser) else []
+
+
 def open_writer(optimiser, req: StageRequest, store: ArtifactStore, sampler, calls: Path):
     """The optimiser's writer for a search stage, and what to close after: the policy's own sampler,
     a served endpoint (its calls journaled in `calls`), or the optimiser-model parent's engine."""
@@ -115,7 +129,7 @@ def open_writer(optimiser, req: StageRequest, store: ArtifactStore, sampler, cal
     return PolicyWriter(sampler), None, None
 
 
-class PromptAgentSearch(BaseModel):
+class PromptAgentSearch(Optimised, BaseModel):
     """PromptAgent: Monte Carlo tree search over prompts, each revision written from the errors
     of the prompt it revises."""
 
@@ -140,15 +154,7 @@ class PromptAgentSearch(BaseModel):
     feedback_tokens: int = Field(default=96, ge=1, description="most tokens of one feedback")
     revision_tokens: int = Field(default=128, ge=1, description="most tokens of one revision")
     max_chars: int = Field(default=1200, ge=16, description="a revision longer than this is refused")
-    optimiser: OptimiserConfig = Field(default_factory=PolicyOptimiser, description="who writes the feedback and "
-                                       "the revisions: policy (the run's own model, on the search's engine), "
-                                       "model (another local model, on an engine of its own: path) or served (a "
-                                       "model behind an OpenAI-compatible API: endpoint)")
-
-    def ready(self) -> list[str]:
-        """What keeps this machine from calling a served optimiser, before any model loads."""
-        o = self.optimiser
-        return o.endpoint.problems("prompt.search.optimiser.endpoint") if isinstance(o, ServedOptimiser) else []
+    optimiser: OptimiserConfig = Field(default_factory=PolicyOptimiser, description=OPTIMISER)
 
     def needs_prompts(self) -> int:
         """The fewest train prompts a search can split (each with a reference answer, where the check
