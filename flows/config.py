@@ -92,8 +92,7 @@ class PromptConfig(BaseModel):
 
     def optimiser_model(self) -> str | None:
         """The search's optimiser model (optimiser.kind=model), where it has one: its path."""
-        o = self.search.optimiser if self.search is not None else None
-        return o.path if o is not None and o.kind == "model" else None
+        return self.search.optimiser.own_model() if self.search is not None else None
 
     def has_text(self) -> bool:
         """Whether the run's policy reads its prompts through a text (a template, or a search's)."""

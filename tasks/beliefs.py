@@ -93,7 +93,7 @@ class BeliefsSearch(Optimised, BaseModel):
         return []
 
     def rollout_problems(self, at: str, rollout) -> list[str]:
-        if rollout.kind != "roles":
+        if not rollout.has_roles:
             return [f"prompt.search.kind='beliefs' writes the beliefs of agents in roles, and {at}.kind="
                     f"{rollout.kind!r} has none; set {at}.kind: roles (tasks/rollouts/roles.py), or "
                     "prompt.search.kind: prompt_agent"]

@@ -45,6 +45,7 @@ from ratchet.data.errors import ConfigError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.records import Prompt, write_jsonl
 from ratchet.data.store import ArtifactStore
+from ratchet.data.userfiles import UserFile
 from ratchet.models.endpoint import EndpointConfig
 from ratchet.models.sampler import SamplingParams
 from ratchet.tasks.stage import StageRequest
@@ -62,6 +63,10 @@ class PolicyOptimiser(BaseModel):
     def identity(self) -> str:
         return "the policy"
 
+    def own_model(self) -> str | None:
+        """The model this optimiser loads as a stage of the run (None: none of its own)."""
+        return None
+
 
 class ServedOptimiser(BaseModel):
     """A model served elsewhere (any OpenAI-compatible API, models/endpoint.py) writes the feedback
@@ -75,6 +80,9 @@ class ServedOptimiser(BaseModel):
     def identity(self) -> str:
         return self.endpoint.where()
 
+    def own_model(self) -> str | None:
+        return None
+
 
 class ModelOptimiser(BaseModel):
     """Another local model writes, on an engine of its own beside the policy's: its weights are a
@@ -82,14 +90,18 @@ class ModelOptimiser(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["model"] = "model"
-    path: str = Field(description="the optimiser's model: 'default' (the embedded model), a local directory, or a "
-                      "hub id in the local cache")
+    path: Annotated[str, UserFile(keep=("default",))] = Field(
+        description="the optimiser's model: 'default' (the embedded model), a local directory, or a hub id in the "
+        "local cache")
     backend: Literal["hf", "vllm"] = Field(default="hf", description="its engine: hf (transformers' generate, "
                                            "beside any policy engine) or vllm (a second vLLM engine in the search "
                                            "stage's process, with the run's sampler settings)")
 
     def identity(self) -> str:
         return f"the model {self.path}"
+
+    def own_model(self) -> str | None:
+        return self.path
 
 
 # who writes the feedback and the revisions: one member per kind

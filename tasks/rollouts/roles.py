@@ -101,6 +101,7 @@ class RolesRollout(EnvironmentRollout):
     shows: ClassVar[Shows] = Shows(figures=(Figure(
         "Episodes per round", "episodes.png", "mean return", ("return_mean", "mean return"),
         ("done_frac", "episodes the environment ended (%)", "ended by the environment (%)")),))
+    has_roles: ClassVar[bool] = True
     text_refused: ClassVar[str | None] = ("gives each role its own instructions (sample.rollout.roles), not a text "
                                           "around task prompts: put the instructions in the roles, and improve their "
                                           "beliefs with prompt.search.kind=beliefs")

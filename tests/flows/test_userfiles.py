@@ -44,7 +44,7 @@ def test_every_field_that_names_a_users_file_is_typed_as_one():
     assert not untyped, f"fields that name user files without the UserFile type: {untyped}"
     typed = {f"{cls.__name__}.{n}" for cls in _models(PipelineConfig) for n in annotated_fields(cls)}
     assert {"FileSource.path", "FileSource.eval_path", "PythonCheck.function", "ModelConfig.path",
-            "JudgeLabel.model", "RewardModelLabel.model"} <= typed
+            "JudgeLabel.model", "RewardModelLabel.model", "ModelOptimiser.path"} <= typed
 
 
 def test_a_deployment_makes_every_user_file_absolute_wherever_it_is(tmp_path, monkeypatch, tiny_model):
