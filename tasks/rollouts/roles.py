@@ -33,7 +33,6 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ratchet.data.events import Figure, Shows
 from ratchet.models.sampler import SamplingParams
 from ratchet.tasks.rollouts import turn_of, turn_params
 from ratchet.tasks.rollouts.environment import EnvironmentRollout, _Episode, first_ids
@@ -98,9 +97,6 @@ class Role(BaseModel):
 class RolesRollout(EnvironmentRollout):
     """Analysts report on their parts of each observation; a manager reads the reports and acts (FinCon)."""
 
-    shows: ClassVar[Shows] = Shows(figures=(Figure(
-        "Episodes per round", "episodes.png", "mean return", ("return_mean", "mean return"),
-        ("done_frac", "episodes the environment ended (%)", "ended by the environment (%)")),))
     has_roles: ClassVar[bool] = True
     text_refused: ClassVar[str | None] = ("gives each role its own instructions (sample.rollout.roles), not a text "
                                           "around task prompts: put the instructions in the roles, and improve their "
@@ -159,9 +155,6 @@ class RolesRollout(EnvironmentRollout):
 
     def opening(self, observation: str, note: str | None) -> str:
         return observation  # composed in `brief`: the manager's message with the reports
-
-    def budget(self, max_tokens: int) -> int:
-        return self.episode_tokens
 
     def checks(self, pipeline) -> list[str]:
         out = super().checks(pipeline)
