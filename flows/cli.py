@@ -237,8 +237,9 @@ def cmd_check(args) -> int:
         print(f"cold start: {len(demos)} demonstrations from {cfg.cold_start.demonstrations} "
               f"({sum(len(d.turns) > 1 for d in demos)} of several turns), each answer accepted by data.check; "
               f"the base model fine-tuned on them is round 1's, then {cfg.rounds} round(s)")
-    print(devices_line(cfg))
-    print(dtype_line(cfg))
+    if cfg.sampler.backend != "served":  # a served policy runs no engine here
+        print(devices_line(cfg))
+        print(dtype_line(cfg))
     print(f"ok: {args.config} is ready to run")
     return 0
 
@@ -256,6 +257,9 @@ def model_line(cfg, prompt: str) -> str:
     from ratchet.flows.inputs import policy_tokenizer
     from ratchet.models import prompt_format
 
+    if (served := cfg.sampler.endpoint) is not None:
+        return (f"model: served, {served.where()} (sampler.backend=served: its weights are not here; its server "
+                f"applies its chat template)\n  the model reads, as the user's message: {prompt!r}")
     tok, used = policy_tokenizer(cfg)
     fmt = cfg.model.prompt_format
     why = {"auto": " (auto: " + ("the tokenizer's chat template)" if used == "chat" else "the model has no chat "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,7 +42,10 @@ def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
 def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Split, dict[str, Split]]:
     """check_inputs, and the held-out sets that bring their own data (evaluate.sets), by name."""
     split, sets = check_data(cfg)
-    check_model(cfg, split, sets, model_dir)
+    if cfg.sampler.backend == "served":
+        check_served(cfg, split, sets)
+    else:
+        check_model(cfg, split, sets, model_dir)
     return with_sets(split, sets), sets
 
 
@@ -60,8 +64,12 @@ def checked_run(cfg: PipelineConfig) -> Iterator[Split]:
     from ratchet.tasks.stage import READS_MODELS
 
     split, sets = check_data(cfg)  # a bad row is reported before any model library is imported
+    if cfg.sampler.backend == "served":  # no model here: its server counts the prompts
+        check_served(cfg, split, sets)
     with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, None, run_preload()):
-        if "transformers" in sys.modules:  # imported here already (a caller of flows/api.py): nothing to save
+        if cfg.sampler.backend == "served":
+            pass
+        elif "transformers" in sys.modules:  # imported here already (a caller of flows/api.py): nothing to save
             check_model(cfg, split, sets)
         else:
             forkserver.call(check_model, cfg, split, sets, after=READS_MODELS)
@@ -90,6 +98,8 @@ def check_data(cfg: PipelineConfig) -> tuple[Split, dict[str, Split]]:
     check_optimiser_model(cfg)
     if problems := cfg.label.ready():  # a served judge's key and server, before any model loads
         raise ConfigError(problems, source="label")
+    if cfg.sampler.endpoint is not None and (problems := cfg.sampler.endpoint.problems("sampler.endpoint")):
+        raise ConfigError(problems, source="sampler")  # a served policy's key and server
     if cfg.prompt.search is not None and (problems := cfg.prompt.search.ready()):  # a served optimiser's too
         raise ConfigError(problems, source="prompt.search")
     fields = columns(split.train + split.eval)  # a start's other columns, which an environment's reset may take
@@ -164,6 +174,39 @@ def check_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model
         demos, _, _ = demonstrations.read(cfg.cold_start.demonstrations)
         if problems := length_problems(cfg.cold_start, cfg.sample.rollout, tok, demos):
             raise ConfigError(problems, source="cold_start")
+
+
+def check_served(cfg: PipelineConfig, split: Split, sets: dict[str, Split]) -> None:
+    """A served policy's prompts against its server's context, as the server counts them (vLLM's
+    /tokenize, with the model's own chat template): the longest of each set, in the config's
+    prompt.template, with evaluate.max_tokens to answer in (what the search and evaluation ask).
+    A server that does not count is not asked; it refuses what it cannot hold, within
+    sampler.endpoint.max_refused_frac."""
+    from ratchet.models.endpoint import Endpoint
+    from ratchet.tasks.text import PromptText
+
+    endpoint = cfg.sampler.endpoint
+    report, text = ProblemReport(), PromptText(template=cfg.prompt.template)
+    asked = cfg.evaluate.max_tokens
+    reads = [("train", split.train, split.places), ("eval", split.eval, split.places),
+             *((f"evaluate set {name!r}", s.eval, s.places) for name, s in sets.items())]
+    with tempfile.TemporaryDirectory() as t:
+        counter = Endpoint(endpoint, Path(t) / "calls.jsonl", at="sampler.endpoint")
+        for what, prompts, places in reads:
+            if not prompts:
+                continue
+            p = max(prompts, key=lambda p: len(text.render(p.prompt)))
+            counted = counter._count([{"role": "user", "content": text.render(p.prompt)}])
+            if counted is None:
+                return
+            need, context = counted[0] + asked, counted[1]
+            if need > context:
+                source, place = places.get(p.id, ("data", f"id {p.id!r}"))
+                report.add(source, f"{what} prompts too long for the served policy", place,
+                           f"{need} tokens with evaluate.max_tokens={asked} > its server's context of {context}",
+                           ("shorten or drop these rows, or " if cfg.data.users_rows else "") +
+                           "lower evaluate.max_tokens, or serve it with a longer context (vllm serve --max-model-len)")
+    report.raise_if_any()
 
 
 def device_problems(cfg: PipelineConfig) -> list[str]:

@@ -312,6 +312,13 @@ def _text_summary(m: StageManifest) -> str | None:
                                  else " (carried from the pair the weights were trained under)")
 
 
+def _served(store: ArtifactStore, w: StageManifest) -> str:
+    from ratchet.tasks.prepare import SERVED
+
+    at = json.loads(store.path(w, SERVED).read_text())
+    return f"{at['model']!r} at {at['base_url']}"
+
+
 def export(store: ArtifactStore, tracker, version: str, out: Path) -> Path:
     """Copy a registered version's merged model (weights, config, tokenizer) into `out`, each
     file checked against its manifest digest, with a model card naming its lineage."""
@@ -330,7 +337,10 @@ def export(store: ArtifactStore, tracker, version: str, out: Path) -> Path:
     store.verify(w)
     links = walk(store, m)
     annotate(links, tracker)
-    files = sorted(k for k in w.outputs if k.startswith("model/"))
+    from ratchet.tasks.prepare import SERVED
+
+    served = SERVED in w.outputs  # a served policy: its text and where it is served, not weights
+    files = sorted(k for k in w.outputs if k.startswith("model/") or k == SERVED)
     if not files:
         raise RatchetError(f"{tracker.model_name} version {version} ({w.dir}) has no model/ files to export")
     tmp = out.with_name(out.name + ".partial")
@@ -350,8 +360,10 @@ def export(store: ArtifactStore, tracker, version: str, out: Path) -> Path:
             f"MLflow `models:/{tracker.model_name}/{version}`.", "",
             "Held-out accuracy: " + (", ".join(f"{float(v):.1%} on eval set {k}" for k, v in sorted(acc.items()))
                                      or "not recorded") + ".", "",
-            "Load it with `transformers.AutoModelForCausalLM.from_pretrained(\"<this dir>\")` or "
-            "`vllm.LLM(model=\"<this dir>\")`.", "",
+            *(["Load it with `transformers.AutoModelForCausalLM.from_pretrained(\"<this dir>\")` or "
+               "`vllm.LLM(model=\"<this dir>\")`.", ""] if not served else
+              [f"Its weights are not here: the policy is the model served as {_served(store, w)} ({SERVED}). What "
+               "this version holds is its text, which a prompt search improved over the served model.", ""]),
             *([f"It was evaluated with each task prompt put into its text ({FILE}, `text.template`; `{{prompt}}` is "
                "where the prompt goes): give it its prompts the same way.", "", "```", text.template, "```", ""]
               if text is not None and not text.beliefs else []),

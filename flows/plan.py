@@ -230,6 +230,10 @@ def _walk(cfg: PipelineConfig, planner: Planner, store: ArtifactStore, sources: 
 
 
 def _base(cfg: PipelineConfig, planner: Planner, store: ArtifactStore) -> StageManifest:
+    if (served := cfg.sampler.endpoint) is not None:  # the policy is served elsewhere: keyed by its endpoint
+        from ratchet.tasks import prepare
+
+        return prepare.served_model(store, served.base_url, served.model)[0]
     return _model_stage(cfg, planner, store, cfg.model.path, "base", "model.path", True)
 
 

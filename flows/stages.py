@@ -137,6 +137,8 @@ def _written_template(path: Path, fmt: str, layout: str) -> str | None:
 @task(name="base-model", cache_policy=NONE, retries=0)
 def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     ses = Session(cfg, ctx)
+    if (served := cfg.sampler.endpoint) is not None:  # the policy is served elsewhere: its identity, no weights
+        return finished(*prepare.served_model(ses.store, served.base_url, served.model, run=ctx.run_name))
     path = resolve_model(cfg.model.path)
     template = _written_template(path, cfg.model.prompt_format, cfg.model.plain_layout)
     return finished(*prepare.base_model(ses.store, cfg.model.path, path, run=ctx.run_name, template=template))

@@ -630,7 +630,7 @@ class Tracker:
             if (d / "adapter").is_dir():
                 self.client.log_artifacts(run_id, str(d / "adapter"), artifact_path="model/adapter")
             self._log_mlflow_model(run_id, d)
-            if self.cfg.log_weights:
+            if self.cfg.log_weights and (d / "model").is_dir():  # a served policy has none here
                 self.client.log_artifacts(run_id, str(d / "model"), artifact_path="model/weights")
             if not self.client.search_registered_models(f"name='{self.model_name}'"):
                 self.client.create_registered_model(self.model_name)

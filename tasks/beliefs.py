@@ -338,8 +338,7 @@ class EngineOnSampler(Engine):
 
 def beliefs_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     from ratchet.data.errors import ConfigError
-    from ratchet.models.sampler import open_sampler
-    from ratchet.tasks.prepare import model_dir, train_prompts
+    from ratchet.tasks.prepare import open_policy, train_prompts
 
     job, d = req.config, store.stage_dir(req.stage, req.key)
     cfg: BeliefsSearch = job.search
@@ -350,7 +349,7 @@ def beliefs_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     if problems := cfg.problems(len(prompts)):
         raise ConfigError(problems)
     t0 = time.time()
-    sampler = open_sampler(model_dir(store, policy), job.sampler, seed=req.seed)
+    sampler = open_policy(store, policy, job.sampler, req.seed, d / "policy-calls")
     load_s = time.time() - t0
     own = None
     try:

@@ -232,6 +232,67 @@ def base_model(store: ArtifactStore, source: str, model_dir: Path, run: str | No
                      parents=[], run=run)
 
 
+SERVED = "served.json"  # a served policy's base stage holds this, not weights
+
+
+class ServedJob(BaseModel):
+    """A served policy as the run's base stage (sampler.backend=served): its identity is its
+    endpoint and model name (what keys every stage after it); no weights are here."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    source: str = Field(default="served", description="where the policy comes from")
+    base_url: str = Field(description="the server's API root")
+    model: str = Field(description="the model name it serves")
+
+
+def served_body(req: StageRequest[ServedJob], store: ArtifactStore) -> StageManifest:
+    import json
+
+    d = store.stage_dir(req.stage, req.key)
+    (d / SERVED).write_text(json.dumps({"base_url": req.config.base_url, "model": req.config.model}, indent=2) + "\n")
+    return req.finish(store, outputs={SERVED: None}, info={
+        "source": "served", "summary": f"the policy {req.config.model!r} served at {req.config.base_url} (its "
+                                       "weights are not here: a round improves its text alone)"})
+
+
+def served_model(store: ArtifactStore, base_url: str, model: str, run: str | None = None) -> tuple[StageManifest, bool]:
+    """The base stage of a run whose policy is served elsewhere: keyed by its endpoint and model
+    name, as a local base is by its weights' digests."""
+    return run_stage(store, stage="base", round=0, body=served_body,
+                     config=ServedJob(base_url=base_url, model=model), parents=[], run=run)
+
+
+def is_served(store: ArtifactStore, m: StageManifest) -> bool:
+    """Whether a policy (a model, or a pair) is a served one: its weights are elsewhere."""
+    from ratchet.tasks.text import weights_of
+
+    return SERVED in weights_of(store, m).outputs
+
+
+def open_policy(store: ArtifactStore, policy: StageManifest, sampler, seed: int, calls: Path):
+    """An engine on the policy: a local one on its weights, or, for a served policy, its endpoint,
+    each call journaled in `calls` (models/served.py)."""
+    if (sampler.backend == "served") != is_served(store, policy):
+        raise ConfigError([served_mismatch(sampler.backend, store.dir_of(policy))])
+    if sampler.backend == "served":
+        from ratchet.models.served import ServedSampler
+
+        return ServedSampler(sampler.endpoint, calls)
+    from ratchet.models.sampler import open_sampler
+
+    return open_sampler(model_dir(store, policy), sampler, seed=seed)
+
+
+def served_mismatch(backend: str, where) -> str:
+    """What is wrong when the policy and the sampler disagree on where the policy is."""
+    if backend == "served":
+        return (f"sampler.backend='served', and the policy in {where} has weights of its own here: a run from a "
+                "local model samples it here; set sampler.backend: vllm (or hf), or start the run from the served "
+                "policy's own versions")
+    return (f"sampler.backend={backend!r}, and the policy in {where} is served elsewhere (its weights are not "
+            "here); set sampler.backend: served with its endpoint")
+
+
 def model_dir(store: ArtifactStore, m: StageManifest, remake_here: bool = True) -> Path:
     """The model directory a base or train stage produced (a pair's: its weights'); its merged
     weights made again first where `ratchet gc --models` dropped them (see `remade`)."""

@@ -128,14 +128,14 @@ def open_writer(optimiser, req: StageRequest, store: ArtifactStore, sampler, cal
     if isinstance(optimiser, ServedOptimiser):
         from ratchet.models.endpoint import Endpoint
 
-        served = Endpoint(optimiser.endpoint, calls)
+        served = Endpoint(optimiser.endpoint, calls, at="prompt.search.optimiser.endpoint")
         return ServedWriter(served), served, None
     if isinstance(optimiser, ModelOptimiser):
         from ratchet.models.sampler import open_sampler
         from ratchet.tasks.prepare import model_dir
 
         own = next(p for p in req.parents if p.stage == "optimiser-model")
-        cfg = req.config.sampler.model_copy(update={"backend": optimiser.backend})
+        cfg = req.config.sampler.model_copy(update={"backend": optimiser.backend, "endpoint": None})
         engine = open_sampler(model_dir(store, own), cfg, seed=req.seed + 1)
         return PolicyWriter(engine), None, engine
     return PolicyWriter(sampler), None, None
@@ -484,9 +484,9 @@ def writer_fits(writer, prompt: str, max_tokens: int, max_model_len: int) -> boo
     decides: a request past its context is refused, and counted)."""
     if isinstance(writer, ServedWriter):
         return True
-    from ratchet.models.sampler import chat_token_ids
+    from ratchet.models.sampler import fits
 
-    return len(chat_token_ids(writer.sampler.tokenizer, [prompt])[0]) + max_tokens <= max_model_len
+    return fits(writer.sampler, prompt, max_tokens, max_model_len)
 
 
 class EngineOnSampler(Engine):
@@ -515,15 +515,14 @@ class EngineOnSampler(Engine):
         return writer_fits(self.writer, prompt, max_tokens, self.max_model_len)
 
     def too_long(self, template: str) -> bool:
-        from ratchet.models.sampler import chat_token_ids
+        from ratchet.models.sampler import fits
 
-        ids = chat_token_ids(self.sampler.tokenizer, [PromptText(template=template).render(self.longest)])[0]
-        return len(ids) + self.max_tokens > self.max_model_len
+        return not fits(self.sampler, PromptText(template=template).render(self.longest), self.max_tokens,
+                        self.max_model_len)
 
 
 def prompt_agent_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
-    from ratchet.models.sampler import open_sampler
-    from ratchet.tasks.prepare import model_dir, train_prompts
+    from ratchet.tasks.prepare import open_policy, train_prompts
 
     job, d = req.config, store.stage_dir(req.stage, req.key)  # a text_search.SearchJob
     policy = req.parent_model
@@ -533,7 +532,7 @@ def prompt_agent_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
     if problems := job.search.problems(len(prompts)):
         raise ConfigError(problems)
     t0 = time.time()
-    sampler = open_sampler(model_dir(store, policy), job.sampler, seed=req.seed)
+    sampler = open_policy(store, policy, job.sampler, req.seed, d / "policy-calls")  # a served policy's calls journaled
     load_s = time.time() - t0
     own = None
     try:
@@ -554,6 +553,7 @@ def prompt_agent_body(req: StageRequest, store: ArtifactStore) -> StageManifest:
                                                indent=2) + "\n")
     c = search.counts
     metrics = {**figures, **(served.metrics("optimiser_") if served is not None else {}),
+               **(sampler.metrics("policy_") if hasattr(sampler, "metrics") else {}),
                "nodes": float(len(search.nodes)), "refused": float(len(search.refused)),
                "unexpanded": float(len(search.unexpanded)),
                "answers": float(c["answers"]), "journal_reused": float(journal.reused), "load_s": load_s,

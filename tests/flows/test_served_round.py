@@ -124,3 +124,35 @@ def test_the_attack_corpus_does_not_lift_the_served_judge(served, tmp_path):
             assert sum(xs) / len(xs) <= KIND_MEAN, (name, kind, xs)
     assert all(x < 0 for x in shipped), shipped
     assert endpoint.stats["calls"] == len(set(texts)) and endpoint.stats["calls_reused"] == 0
+
+
+def test_a_served_policy_s_prompt_round(served, tmp_path):
+    """The default model as a served policy (sampler.backend=served), improved by its prompt: the
+    round's search and evaluations, stage by stage in this process, ask the real server, with its
+    own chat template and token counts. The whole run (its records, registry, export and lineage)
+    is tests/flows/test_served_policy.py's, against a scripted server."""
+    from ratchet.data.store import ArtifactStore
+    from ratchet.flows.config import load_config
+    from ratchet.flows.inputs import check_inputs, sources_of
+    from ratchet.flows.shape import Calls
+    from ratchet.tasks import prepare
+    from tests.flows.test_served_policy import CONFIG, SEARCH
+
+    url = served
+    cfg = load_config(CONFIG, [f"workdir={tmp_path}", "isolate=false", "data.train_size=12", "data.eval_size=4",
+                               "evaluate.max_tokens=12", *SEARCH, "prompt.search.feedback_tokens=16",
+                               "prompt.search.revision_tokens=24",
+                               f"sampler={{backend: served, endpoint: {{base_url: '{url}', model: judge}}}}"])
+    split = check_inputs(cfg)  # the server counts the longest prompts against its context
+    store = ArtifactStore(tmp_path)
+    calls = Calls(cfg, store)
+    prompts, _ = calls.prompts(sources_of(split.digests))
+    base, _ = prepare.served_model(store, url, "judge")
+    ((target, _),) = calls.held_out(prompts, split.digests)
+    before, _ = calls.evaluate(0, base, target)
+    pair, _ = calls.search(1, base, prompts)
+    after, _ = calls.evaluate(1, pair, target)
+    assert not (store.dir_of(base) / "model").exists() and before.metrics["eval_prompts"] == 4
+    # the policy answered the score, batch and reward prompts and, as its own optimiser, wrote the feedback
+    assert pair.metrics["policy_calls"] >= 3 + 3 + 3 + 1 and pair.metrics["answers"] > 0
+    assert 0 <= after.metrics["accuracy"] <= 1 and after.parents[0].dir == pair.dir
