@@ -14,7 +14,6 @@ import pytest
 
 from ratchet.data.errors import ConfigError
 from ratchet.flows.config import load_config
-from tests.flows.tiny import ratchet
 from tests.openai_stub import Stub, verdict
 
 CONFIG = Path(__file__).parents[2] / "flows" / "configs" / "prompt_search.yaml"
@@ -81,9 +80,8 @@ def scripted(body: dict) -> dict:
 @pytest.mark.integration
 def test_a_served_policy_is_improved_by_its_prompt_and_every_version_is_the_server_s_model_and_a_text(
         tmp_path, prefect_harness):
-    from prefect.settings import PREFECT_API_URL
-
     from ratchet.data.store import ArtifactStore
+    from ratchet.flows import api
     from ratchet.flows.lineage import annotate, export, render_text, version_manifest, walk
     from ratchet.flows.plan import plan
     from ratchet.flows.tracking import Tracker
@@ -91,10 +89,9 @@ def test_a_served_policy_is_improved_by_its_prompt_and_every_version_is_the_serv
     work = tmp_path / "runs"
     with Stub(scripted, models=("policy",), tokenize=lambda body: {"count": 40, "max_model_len": 1024}) as stub:
         args = [f"workdir={work}", "rounds=1", "isolate=false", "data.train_size=12", "data.eval_size=4", *SEARCH, served(stub.url)]
-        done = ratchet("run", str(CONFIG), *args, api_url=PREFECT_API_URL.value())
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        cfg = api.load(CONFIG, args)
+        result = api.run(cfg)  # as `ratchet run` runs it, in this process
         asked = len(stub.requests)
-        cfg = load_config(CONFIG, args)
         steps = plan(cfg).steps  # planned again: every stage reused, so no call would be made again
     assert {s.state for s in steps} == {"reused"}, [(s.stage, s.state, s.why) for s in steps]
     manifests = [json.loads(p.read_text()) for p in (work / "stages").glob("*/manifest.json")]
@@ -110,7 +107,7 @@ def test_a_served_policy_is_improved_by_its_prompt_and_every_version_is_the_serv
 
     tracker = Tracker(cfg.tracking, work, cfg.name)
     store = ArtifactStore(work)
-    assert tracker.champion() == "2"
+    assert result.champion == tracker.champion() == "2" and [r.accuracy for r in result.rounds] == [0.0, 1.0]
     out = export(store, tracker, "2", tmp_path / "out")
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "prompt.json", "served.json"]
     assert json.loads((out / "prompt.json").read_text())["text"]["template"] == "Add the two numbers. {prompt}"
