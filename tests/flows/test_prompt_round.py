@@ -12,7 +12,6 @@ import pytest
 
 from ratchet.data.errors import ConfigError
 from ratchet.flows.config import load_config
-from tests.flows.tiny import ratchet
 
 CONFIG = Path(__file__).parents[2] / "flows" / "configs" / "default.yaml"
 SEARCH = "prompt.search={kind: prompt_agent, iterations: 1, width: 2, depth: 1, batch: 3, score_prompts: 3, " \
@@ -88,17 +87,16 @@ def _args(work: Path, model: Path) -> list[str]:
 @pytest.mark.integration
 def test_a_round_searches_for_a_prompt_then_trains_under_it_and_the_pair_is_one_version(
         tiny_model, tmp_path, prefect_harness):
-    from prefect.settings import PREFECT_API_URL
-
     from ratchet.flows.tracking import Tracker
 
-    api, work = PREFECT_API_URL.value(), tmp_path / "runs"
+    work = tmp_path / "runs"
     reward = tmp_path / "reward.py"  # a random model answers nothing right: every answer to an odd first term is
     reward.write_text("import re\n\ndef score(completion, answer=None, prompt=None, **fields):\n"  # accepted
                       "    return float(int(re.findall(r'\\d+', prompt)[0]) % 2 == 1)\n")
     args = [*_args(work, tiny_model), f"data.check={{kind: python, function: '{reward}:score'}}"]
-    done = ratchet("run", *args, api_url=api)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    from ratchet.flows import api as python_api
+
+    python_api.run(python_api.load(CONFIG, args[1:]))  # as `ratchet run` runs it, in this process
     (run,) = [p.stem for p in (work / "runs").glob("*.json")]
     manifests = {m["dir"]: m for m in (json.loads(p.read_text()) for p in (work / "stages").glob("*/manifest.json"))}
     by = {}
