@@ -59,6 +59,12 @@ class Link(BaseModel):
     dropped: list[str] = Field(default=[], description="outputs `ratchet gc --models` removed to save disk (a train "
                                "stage's merged weights), which the stage makes again from its adapter and its parent "
                                "when a run or `ratchet export` needs them; still named with their sha256 in `outputs`")
+    ledger: list[dict[str, Any]] = Field(default=[], description=(
+        "an online train stage's ledger (ledger.jsonl), a row per optimizer step: `step`, `prompt_ids` (the "
+        "prompts of the groups it sampled), `trained_prompt_ids` (those whose groups its loss read), `seeds` (of "
+        "each draw), `rollouts` (each stored rollouts file with its sha256) and `sampled_from` (per training "
+        "process, the weights the rollouts were sampled from: the trainer's `step` then and the "
+        "`trainable_sha256` of its trainable parameters); each rollouts digest is checked against the manifest"))
 
 
 def schema_markdown() -> str:
@@ -100,12 +106,31 @@ def reads(config: Any) -> dict[str, str]:
     return out
 
 
-def _link(m: StageManifest, problem: str | None, dropped: list[str] = ()) -> Link:
+LEDGER = "ledger.jsonl"  # an online train stage's (models/train_kinds/grpo.py)
+
+
+def ledger_of(store: ArtifactStore, m: StageManifest) -> tuple[list[dict[str, Any]], str | None]:
+    """A stage's ledger, and what is wrong with it: a step whose rollouts the manifest does not hold
+    with the digest the ledger names."""
+    if LEDGER not in m.outputs or not store.path(m, LEDGER).is_file():
+        return [], None
+    rows = [json.loads(x) for x in store.path(m, LEDGER).read_text().splitlines() if x.strip()]
+    for row in rows:
+        for name, digest in row.get("rollouts", {}).items():
+            held = m.outputs.get(name)
+            if held is None or held.sha256 != digest:
+                return rows, (f"its ledger's step {row.get('step')} names {name} with sha256 {digest[:16]}, and the "
+                              f"manifest holds {held.sha256[:16] if held else 'no such file'}: the ledger and the "
+                              "rollouts it trained on disagree; run the stage again")
+    return rows, None
+
+
+def _link(m: StageManifest, problem: str | None, dropped: list[str] = (), ledger: list[dict] = ()) -> Link:
     return Link(stage=m.stage, round=m.round, key=m.key, dir=m.dir, code_version=m.code_version,
                 config_hash=sha256_json(m.config)[:16], outputs={k: v.sha256 for k, v in m.outputs.items()},
                 parents=[p.key for p in m.parents], verified=problem is None, problem=problem, metrics=m.metrics,
                 summary=(m.info or {}).get("summary") or _text_summary(m), reads=reads(m.config),
-                source=m.ran_by or {}, dropped=sorted(dropped))
+                source=m.ran_by or {}, dropped=sorted(dropped), ledger=list(ledger))
 
 
 def walk(store: ArtifactStore, start: StageManifest) -> list[Link]:
@@ -132,8 +157,9 @@ def walk(store: ArtifactStore, start: StageManifest) -> list[Link]:
             problem = str(e)
         if problem is None and expected is not None and m.content != expected:
             problem = f"its outputs are not the ones {consumer} consumed"
-        links.append(_link(m, problem, [x for x in store.dropped(m).get("outputs", [])
-                                        if not (store.dir_of(m) / x).is_file()]))
+        ledger, wrong = ledger_of(store, m) if problem is None else ([], None)
+        links.append(_link(m, problem or wrong, [x for x in store.dropped(m).get("outputs", [])
+                                                 if not (store.dir_of(m) / x).is_file()], ledger))
         model_last = sorted(m.parents, key=lambda p: p.stage in ("base", "train"))
         for p in reversed(model_last):  # the stack pops the last pushed first
             parent = read_manifest(store.root / p.dir)
@@ -242,6 +268,9 @@ def render_text(links: list[Link]) -> str:
                        "adapter/ and its parent model when needed, checked against these digests)")
         if link.summary:
             out.append(f"    {link.summary}")
+        if link.ledger:
+            out.append(f"    ledger: {len(link.ledger)} optimizer step(s), each with its prompts, seeds, rollouts "
+                       "(digests checked) and the weights they were sampled from")
         for name, digest in sorted(link.reads.items()):
             out.append(f"    reads {name}  sha256 {digest[:16]}")
         for name, digest in sorted(link.outputs.items()):

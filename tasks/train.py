@@ -127,6 +127,8 @@ def online_body(req: StageRequest[OnlineJob], store: ArtifactStore) -> StageMani
     outputs = {p.relative_to(d).as_posix(): None for p in sorted(d.rglob("*"))
                if p.is_file() and p.parts[len(d.parts)] in ("model", "adapter", "rollouts")}
     outputs["train_log.jsonl"] = None
+    if (d / "ledger.jsonl").is_file():  # the online kind's ledger of its steps (models/train_kinds/grpo.py)
+        outputs["ledger.jsonl"] = None
     return req.finish(store, outputs=outputs, metrics=metrics,
                       info={"adapter": job.train.adapter, "objective": job.train.kind,
                             **job.train.info(req.parent_model.dir)},

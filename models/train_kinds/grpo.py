@@ -12,6 +12,12 @@ they are handed in as `Online`. What this module owns:
 - each step's rollouts, stored as a unit (rollouts/NNNNN.jsonl, seeded by the stage seed and the
   step) before the step trains on them. A resumed stage continues from the trainer's last
   checkpoint and reads the steps it already sampled instead of sampling them again.
+- a ledger (ledger.jsonl, LEDGER): for each optimizer step, the prompts it sampled and those whose
+  groups its loss read, the seeds it sampled with, the sha256 of its stored rollouts, and the
+  weights they were sampled from (the trainer's step then, and the sha256 of its trainable
+  parameters: with LoRA the adapter, over the round's starting model). Kept with each step's
+  rollouts as they are stored, so a resumed stage's ledger is the unbroken one's where its
+  rollouts are; `ratchet lineage --json` carries it.
 - each step's figures in steps.jsonl (STEPS): its reward mean and groups kept (from its rollouts),
   and what it cost on the clock (generated tokens per second, the step's seconds). Clocked, so it
   is not an output of the stage (a resumed stage appends the steps it ran again; the last row of a
@@ -191,6 +197,51 @@ def advantages(rewards: list[float], group: int, scale: str = "group", leave_one
     return out
 
 
+LEDGER = "ledger.jsonl"
+
+
+def trainable_sha256(model) -> str:
+    """The sha256 of a model's trainable parameters (names and bytes, by name): with LoRA its
+    adapter, which with the frozen starting model makes the weights; else every parameter."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters(), key=lambda x: x[0]):
+        if p.requires_grad:
+            h.update(name.encode() + b"\0")
+            h.update(p.detach().to("cpu").contiguous().flatten().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def write_ledger(out: Path) -> int:
+    """out/ledger.jsonl from the stored rollouts: a row per optimizer step (1-based), over every
+    training process's share of it (rank order), each share's rollouts file with its sha256.
+    Returns the number of steps."""
+    from ratchet.data.digest import sha256_file
+
+    steps: dict[int, list[tuple[int, Path]]] = {}
+    for f in (out / "rollouts").glob("*.jsonl"):
+        parts = f.name.split(".")  # NNNNN.jsonl, or NNNNN.R.jsonl in several processes
+        steps.setdefault(int(parts[0]), []).append((int(parts[1]) if len(parts) == 3 else 0, f))
+    rows = []
+    for step in sorted(steps):
+        row: dict[str, Any] = {"step": step + 1, "prompt_ids": [], "trained_prompt_ids": [], "seeds": [],
+                               "rollouts": {}, "sampled_from": []}
+        for _, f in sorted(steps[step]):
+            side = f.with_name(f.name.removesuffix(".jsonl") + ".json")
+            entry = json.loads(side.read_text()).get("ledger") or {} if side.exists() else {}
+            row["prompt_ids"] += entry.get("prompt_ids", [])
+            row["trained_prompt_ids"] += entry.get("trained_prompt_ids", [])
+            row["seeds"] += entry.get("seeds", [])
+            row["rollouts"][f"rollouts/{f.name}"] = sha256_file(f)
+            row["sampled_from"].append(entry.get("sampled_from"))
+        rows.append(row)
+    tmp = out / (LEDGER + ".tmp")
+    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    tmp.replace(out / LEDGER)
+    return len(rows)
+
+
 @contextlib.contextmanager
 def merged_weights(model):
     """The policy's weights as (name, tensor) pairs in the base model's checkpoint names: a LoRA
@@ -257,6 +308,7 @@ class Rollouts:
         self.pool = sorted(self.prompts)[rank::world]  # what this process draws replacements from
         self.dir.mkdir(parents=True, exist_ok=True)
         self.engine = None
+        self.weights: Callable[[], dict] | None = None  # the weights it samples from, for the ledger
         self.reused = 0
         self.cost = {"gen_s": 0.0, "score_s": 0.0, "store_s": 0.0}
         self.gen_tokens = 0
@@ -305,7 +357,9 @@ class Rollouts:
         import random
 
         g = self.online.group
-        rows = self._roll(prompt_ids, step_seed(self.seed, step, rank=self.rank))
+        sampled_from = self.weights() if self.weights is not None else None
+        seeds = [step_seed(self.seed, step, rank=self.rank)]
+        rows = self._roll(prompt_ids, seeds[0])
         groups = [rows[i:i + g] for i in range(0, len(rows), g)]
         equal = [i for i, grp in enumerate(groups) if not teaches(grp)]
         counts = {"groups": len(groups), "groups_equal": len(equal), "groups_drawn": 0, "groups_replaced": 0}
@@ -319,13 +373,18 @@ class Rollouts:
             if not fresh:
                 break
             tried.update(fresh)
-            new = self._roll(fresh, step_seed(self.seed, step, draw, self.rank))
+            seeds.append(step_seed(self.seed, step, draw, self.rank))
+            new = self._roll(fresh, seeds[-1])
             counts["groups_drawn"] += len(fresh)
             for grp in (new[i:i + g] for i in range(0, len(new), g)):
                 if teaches(grp) and equal:
                     groups[equal.pop(0)] = grp
                     counts["groups_replaced"] += 1
         counts["groups_dropped"] = len(equal) if self.drop_equal else 0
+        counts["ledger"] = {"prompt_ids": [grp[0].prompt_id for grp in groups],
+                            "trained_prompt_ids": [grp[0].prompt_id for grp in groups
+                                                   if teaches(grp) or not self.drop_equal],
+                            "seeds": seeds, "sampled_from": sampled_from}
         return [r for grp in groups for r in grp], counts
 
 
@@ -436,6 +495,8 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
                                  train_dataset=Dataset.from_list([{"prompt": p["id"]} for p in prompts]),
                                  rollout_func=rollout_func)
     trainer.add_callback(step_log(out, rollouts, lambda: trainer.vllm_generation.sync_s))
+    rollouts.weights = lambda: {"step": trainer.state.global_step,  # what the engine holds as a step samples
+                                "trainable_sha256": trainable_sha256(trainer.accelerator.unwrap_model(trainer.model))}
     return trainer, tok, prec, rollouts
 
 
@@ -465,6 +526,7 @@ def train_grpo(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: 
     groups = {k: sum(p["groups"][k] for p in parts) for k in rollouts.groups}
     gen_tokens, sync_s = sum(p["gen_tokens"] for p in parts), max(p["sync_s"] for p in parts)
     mb = {k: sum(p[k] for p in parts) for k in trainer.micro_batches}
+    write_ledger(out)
     saving = time.time()
     save_merged(trainer, tok, model_dir, out, cfg.adapter)
     metrics = write_log(trainer, out, started, gen_tokens, save_s=time.time() - saving)

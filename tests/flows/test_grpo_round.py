@@ -134,6 +134,10 @@ def test_a_grpo_round_after_a_cold_start_is_kept_planned_and_traced(tiny_model, 
     assert main(["lineage", "3", "--workdir", str(work)]) == 0, capsys.readouterr().err
     lineage = capsys.readouterr().out
     assert "all verified" in lineage and "rollouts/00002.jsonl" in lineage and "demonstrations.jsonl" in lineage
+    assert "ledger: 3 optimizer step(s)" in lineage
+    assert main(["lineage", "3", "--workdir", str(work), "--json"]) == 0, capsys.readouterr().err
+    (grpo,) = [x for x in json.loads(capsys.readouterr().out) if x["ledger"]]
+    assert [r["step"] for r in grpo["ledger"]] == [1, 2, 3] and grpo["outputs"]["ledger.jsonl"]
     assert main(["runs", "--workdir", str(work), "--json"]) == 0, capsys.readouterr().err
     listed = json.loads(capsys.readouterr().out)
     assert [(r["run"], r["state"], r["problem"]) for r in listed["runs"]] == [(run, "finished", None)]
@@ -172,6 +176,12 @@ def test_a_reward_model_is_the_reward_of_a_grpo_round(tiny_model, tiny_reward_mo
     assert all(f"rollouts/00001.{rank}.jsonl" in m["outputs"] for rank in (0, 1))  # kept and in the lineage
     rows = shares[0] + shares[1]
     assert len({r["reward"] for r in rows}) > 1  # a random model's logits differ by completion
+    # the ledger: each step over both processes, which sampled from the same weights (DDP keeps them equal)
+    ledger = [json.loads(x) for x in (train / "ledger.jsonl").read_text().splitlines()]
+    assert [len(r["sampled_from"]) for r in ledger] == [2, 2] and all(a == b for a, b in (r["sampled_from"]
+                                                                                          for r in ledger))
+    assert ledger[0]["prompt_ids"] == [r["prompt_id"] for r in shares[0] + shares[1]][::3]
+    assert ledger[0]["sampled_from"][0]["trainable_sha256"] != ledger[1]["sampled_from"][0]["trainable_sha256"]
 
 
 @pytest.mark.integration

@@ -254,8 +254,17 @@ def test_a_killed_stage_resumes_to_the_same_bytes(wide_tiny, tmp_path):
     resumed = run(wide_tiny, out, micro_batch=4)
     assert resumed["resumed"] == 1.0 and resumed["resumed_from_step"] == 4 and resumed["steps"] == 6
     assert resumed["steps_reused"] == len([n for n in sampled if int(n[:5]) >= 4 and n.endswith(".jsonl")]) >= 1
-    for f in ["train_log.jsonl", "model/model.safetensors", *[f"rollouts/{n:05d}.jsonl" for n in range(6)]]:
+    for f in ["train_log.jsonl", "model/model.safetensors", "ledger.jsonl",
+              *[f"rollouts/{n:05d}.jsonl" for n in range(6)]]:
         assert (out / f).read_bytes() == (tmp_path / "full" / f).read_bytes(), f
+    # the ledger: a row per optimizer step, each sampled from the weights of the step before it (the
+    # trainer's step then, and its trainable parameters' digest: another after every step)
+    ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in ledger] == [1, 2, 3, 4, 5, 6]
+    assert [r["sampled_from"][0]["step"] for r in ledger] == [0, 1, 2, 3, 4, 5]
+    assert len({r["sampled_from"][0]["trainable_sha256"] for r in ledger}) == 6
+    assert all(r["prompt_ids"] and r["seeds"] and list(r["rollouts"]) == [f"rollouts/{r['step'] - 1:05d}.jsonl"]
+               for r in ledger)
 
     # each step's figures (the report's and MLflow's): one row a step, the resumed attempt's last;
     # the steps after the checkpoint read stored rollouts and generated nothing
@@ -387,8 +396,22 @@ def test_groups_that_teach_nothing_are_replaced_counted_and_dropped(tmp_path):
     assert sum(teaches(g) for g in groups) == 1 + replaced
     assert read == [x for g in groups for x in [teaches(g)] * 2]  # what still teaches nothing is masked
     counts = json.loads((tmp_path / "rollouts" / "00000.json").read_text())
+    ledger = counts.pop("ledger")
     assert counts == {"groups": 3, "groups_equal": 2, "groups_drawn": 2, "groups_replaced": replaced,
                       "groups_dropped": 2 - replaced}
+    # the ledger's entry: the prompts of the groups it kept (a replaced group's prompt in its place), those
+    # the loss reads, the seed of each draw, and no weights (a trainer gives them: tests below)
+    assert ledger["prompt_ids"] == [g[0].prompt_id for g in groups] and ledger["sampled_from"] is None
+    assert ledger["trained_prompt_ids"] == [g[0].prompt_id for g in groups if teaches(g)]
+    assert ledger["seeds"] == [calls[0][1], calls[1][1]]
+    from ratchet.data.digest import sha256_file
+    from ratchet.models.train_kinds.grpo import write_ledger
+
+    assert write_ledger(tmp_path) == 1  # the stage's ledger.jsonl: a row per optimizer step
+    (row,) = [json.loads(x) for x in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    assert row == {"step": 1, "prompt_ids": ledger["prompt_ids"], "trained_prompt_ids": ledger["trained_prompt_ids"],
+                   "seeds": ledger["seeds"], "sampled_from": [None],
+                   "rollouts": {"rollouts/00000.jsonl": sha256_file(tmp_path / "rollouts" / "00000.jsonl")}}
     # read back, not sampled again: the same rows and mask, the counts added again
     again = Rollouts(tmp_path, online, prompts, seed=0, resample=1)
     assert again.step(0, ["p0", "p1", "p2"]) == (rows, read) and len(calls) == 2 and again.reused == 1
