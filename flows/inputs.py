@@ -196,7 +196,7 @@ def check_served(cfg: PipelineConfig, split: Split, sets: dict[str, Split]) -> N
             if not prompts:
                 continue
             p = max(prompts, key=lambda p: len(text.render(p.prompt)))
-            counted = counter._count([{"role": "user", "content": text.render(p.prompt)}])
+            counted = counter.count([{"role": "user", "content": text.render(p.prompt)}])
             if counted is None:
                 return
             need, context = counted[0] + asked, counted[1]

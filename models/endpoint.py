@@ -224,7 +224,7 @@ class Endpoint:
         if self._tokenizes is False:
             return
         longest = max(requests, key=lambda r: len(json.dumps(r.get("messages"), ensure_ascii=False)))
-        counted = self._count(longest.get("messages"))
+        counted = self.count(longest.get("messages"))
         if counted is None:
             self._tokenizes = False
             return
@@ -242,8 +242,9 @@ class Endpoint:
                     "shorten what it reads (shorter prompts, a shorter prompt.template) or asks (a lower "
                     "evaluate.max_tokens, or the search's own token settings)"))
 
-    def _count(self, messages) -> tuple[int, int] | None:
-        """(prompt tokens, context) from the server's /tokenize, or None where it has none."""
+    def count(self, messages) -> tuple[int, int] | None:
+        """(prompt tokens, context) from the server's /tokenize (the model's chat template and the
+        assistant's opening included), or None where it has none."""
         import httpx
 
         root = self.cfg.base_url.removesuffix("/v1")
@@ -325,6 +326,9 @@ class Endpoint:
                404: f"check {self.at}.base_url (the API root, ending in /v1) and {self.at}.model"}
         return (f"the served model {self.cfg.where()} refused a call: {what}. "
                 f"{fix.get(status, 'a retry would get the same answer; fix the request settings')}")
+
+    def close(self) -> None:
+        self._client.close()
 
     def metrics(self, prefix: str) -> dict[str, float]:
         lat = sorted(self.latencies)

@@ -79,7 +79,7 @@ class ServedSampler:
     def prompt_tokens(self, text: str) -> int | None:
         """How many tokens the server reads for `text` as the user's message, its chat template and the
         assistant's opening included (vLLM's /tokenize); None where the server does not say."""
-        counted = self.endpoint._count([{"role": "user", "content": text}])
+        counted = self.endpoint.count([{"role": "user", "content": text}])
         if counted is None:
             return None
         self._context = counted[1]
@@ -94,7 +94,7 @@ class ServedSampler:
         return self.endpoint.metrics(prefix)
 
     def close(self) -> None:
-        self.endpoint._client.close()
+        self.endpoint.close()
 
 
 def _generation(reply, stops: tuple[str, ...]) -> Generation:
