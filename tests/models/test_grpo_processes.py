@@ -82,7 +82,10 @@ def test_two_processes_sample_their_own_groups_and_train_what_one_does_on_them(w
             for rank in (0, 1):
                 f.write((out / "rollouts" / f"{step:05d}.{rank}.jsonl").read_text())
         counts = [json.loads((out / "rollouts" / f"{step:05d}.{rank}.json").read_text()) for rank in (0, 1)]
-        (one_store / f"{step:05d}.json").write_text(json.dumps({k: counts[0][k] + counts[1][k] for k in counts[0]}))
+        merged = {k: counts[0][k] + counts[1][k] for k in counts[0] if k != "ledger"}
+        merged["ledger"] = {k: counts[0]["ledger"][k] + counts[1]["ledger"][k]  # the ledger's entries, rank order
+                            for k in ("prompt_ids", "trained_prompt_ids", "seeds")}
+        (one_store / f"{step:05d}.json").write_text(json.dumps(merged))
     steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1)) and all(s["gen_tokens"] > 0 for s in steps)
 
@@ -106,6 +109,9 @@ def test_two_processes_sample_their_own_groups_and_train_what_one_does_on_them(w
                            tmp_path / "order", 0, o)
     assert one["steps_reused"] == order["steps_reused"] == STEPS and one["processes"] == 1
     assert handed == {s: sorted(shares[s][0] + shares[s][1]) for s in range(STEPS)}
+    # the ledger: the two processes' steps are the one process's, prompt for prompt, in rank order
+    ledgers = [[json.loads(x) for x in (d / "ledger.jsonl").read_text().splitlines()] for d in (out, tmp_path / "one")]
+    assert [r["prompt_ids"] for r in ledgers[0]] == [r["prompt_ids"] for r in ledgers[1]]
     from safetensors.torch import load_file
 
     moved = _diff(_weights(out), load_file(str(wide_tiny / "model.safetensors")))
