@@ -586,9 +586,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = _run_command(sub, "lineage", cmd_lineage, "print and verify the chain that produced a model version",
                      "Walk a model's manifests back to the base model and prompts, re-verifying every digest. Exits "
                      "1 if any link was changed after it finished. VERSION: a model version number, models:/NAME/N, "
-                     "a prompt version prompts:/NAME/N (from the stage that wrote its text), "
-                     "'champion', a round's MLflow run id, or a stage dir; left out, the run's newest version. A "
-                     "version names the run that made it (its ratchet.run tag), which the first line says.",
+                     "a prompt version prompts:/NAME/N (from the stage that wrote its text), 'champion', a round's "
+                     "MLflow run id, or a stage dir (its path, or as a link prints it: stages/NAME-KEY); left out, the "
+                     "run's newest version. A version names the run that made it (its ratchet.run tag), which the "
+                     "first line says.",
                      args="[VERSION] ", tail=" [--json] [--code DIGEST]", words="VERSION", json=True)
     s.add_argument("--code", metavar="DIGEST", default=None, help="open a stage's code version (the `code` a link "
                    "prints): every definition it covers, with its module and digest, and the libraries' versions")

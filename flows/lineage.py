@@ -194,10 +194,11 @@ def annotate(links: list[Link], tracker) -> None:
 
 def resolve(target: str, store: ArtifactStore, tracker) -> StageManifest:
     """A model version number, 'models:/name/N', 'prompts:/name/N' (a prompt version: the stage that
-    wrote its text), 'champion', an MLflow run id, or a stage directory."""
-    p = Path(target)
-    if p.is_dir() and (p / "manifest.json").exists():
-        return read_manifest(p)
+    wrote its text), 'champion', an MLflow run id, or a stage directory (a path, or as a link names
+    it: relative to the workdir)."""
+    for p in (Path(target), store.root / target):  # as given, or as a link names it (under the workdir)
+        if p.is_dir() and (p / "manifest.json").exists():
+            return read_manifest(p)
     if target.startswith("prompts:/"):
         return prompt_manifest(store, tracker, target)
     if target == "champion":
@@ -206,6 +207,9 @@ def resolve(target: str, store: ArtifactStore, tracker) -> StageManifest:
             raise RatchetError(f"{tracker.model_name} has no champion yet; name a version (see `ratchet runs`)")
         return version_manifest(store, tracker, champion)
     version = target.rsplit("/", 1)[-1] if target.startswith("models:/") else target
+    if target.startswith("models:/") and target.removeprefix("models:/").rpartition("/")[0] != tracker.model_name:
+        raise RatchetError(f"{target} names another registered model than this run's; give "
+                           f"models:/{tracker.model_name}/N")
     if not version.isdigit():
         try:
             run = tracker.client.get_run(target)

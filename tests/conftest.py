@@ -99,6 +99,17 @@ def tiny_reference(tiny_model, tmp_path_factory, prefect_harness):
     return workdir, reference_run(workdir, tiny_model, PREFECT_API_URL.value())
 
 
+@pytest.fixture(scope="session")
+def recorded_run(tiny_model, tmp_path_factory, prefect_harness):
+    """One finished run on the tiny model, made by `ratchet run` (tests/flows/recorded.py), that
+    the prompt round's test and the docs' commands read back (one group, RECORDED below)."""
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.flows.recorded import record
+
+    return record(tmp_path_factory.mktemp("recorded"), tiny_model, PREFECT_API_URL.value())
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A real two-node Ray cluster on loopback (Ray's own multi-node test cluster: a head and a
@@ -128,11 +139,13 @@ def ray_cluster():
 BOTH_CORES = ("tests/flows/test_faults.py", "tests/flows/test_pipeline.py", "tests/flows/test_served_round.py",
               "tests/flows/test_ray_round.py", "tests/models/test_warm.py", "tests/models/test_models.py",
               "tests/tasks/test_judge_attacks.py")
+# the modules that read the one recorded run (the recorded_run fixture above), made once in their group
+RECORDED = ("tests/flows/test_prompt_round.py", "tests/test_doc_commands.py")
 
 
 def group_of(nodeid: str) -> str:
     module = nodeid.split("::")[0]
-    return "both-cores" if module in BOTH_CORES else module
+    return "both-cores" if module in BOTH_CORES else "recorded-run" if module in RECORDED else module
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,7 +3,10 @@ page is covered by being there. Each command parses (its subcommand and options 
 config it names resolves with each override it shows (`ratchet config`), a shape written with
 placeholders (`ratchet run CONFIG --from champion`) against the default config; `--help`,
 `config --explain` and `config --reference` run; and `ratchet check` runs where its config ships
-with the repository and its model is the embedded default. All in this process: no model runs."""
+with the repository and its model is the embedded default. All in this process: no model runs.
+
+Then every form that reads a run, with every form and fallback the run commands' --help promise,
+runs against one recorded run (below)."""
 
 import re
 import shlex
@@ -118,3 +121,179 @@ def test_the_config_table_lists_every_shipped_config():
     shipped = {p.name for p in (ROOT / "flows" / "configs").glob("*.yaml")}
     assert listed == shipped, f"the config table in docs/getting-started.md lacks {sorted(shipped - listed)}" \
         f" and lists {sorted(listed - shipped)}, which do not ship"
+
+
+
+# Every form above that reads a run, and every form and fallback a run command's --help promises, run
+# against one recorded run (tests/flows/recorded.py: `ratchet run` on the tiny model, a round that
+# searches for a prompt and trains under it, so it has both kinds of version). The words a page writes
+# as its own run (a shipped config, a run's name, `--workdir runs`) stand for that run: the test works
+# where its workdir is ./runs. All in this process. What `run` and `resume` do once they have chosen
+# their run and config is the same for every form: it runs whole once for each (the recorded run is
+# `ratchet run CONFIG --from champion`; the first `resume` below), and every other form of the two
+# stops there, saying which run it would start or continue, from which version. They run with
+# `--verbose`, which changes only where their output goes (without it the command moves this
+# process's stdout and stderr to the run's log for good).
+READERS = ("resume", "lineage", "runs", "report", "export", "plan", "gc")
+RUN_NAME = re.compile(r"[a-z][\w-]*-[0-9a-f]{10}")
+
+
+def _form(argv: list[str]) -> tuple[str, ...]:
+    """A command as a form: the page's own config and run stand for CONFIG and RUN."""
+    return tuple("CONFIG" if w.endswith((".yaml", ".yml")) else "RUN" if RUN_NAME.fullmatch(w) else w for w in argv)
+
+
+_forms: dict[tuple[str, ...], list[str]] = {}
+for _p, _n, _a in CASES:
+    if _a and (_a[0] in READERS or _a[0] in ("run", "check") and "CONFIG" in _a):
+        _forms.setdefault(_form(_a), []).append(f"{_p}:{_n}")
+ON_A_RUN = list(_forms)
+# (argv, exit code, what its output must say): the help texts' forms and fallbacks the pages do not
+# show. CONFIG is the run's config, RUN its name, NAME its registered model, PROMPT its prompt name.
+PROMISED = [
+    # the workdir: --workdir W, else the config's, else ./runs; with no CONFIG, the newest run there,
+    # its recorded config read
+    (["runs"], 0, "RUN"), (["lineage"], 0, "version 2: made by run RUN"), (["plan"], 0, "reading run RUN"),
+    (["report", "--no-log"], 0, "page: "), (["export", "2", "DIR"], 0, "version 2 -> "),
+    (["runs", "--run", "RUN", "--workdir", "W", "--json"], 0, '"run": "RUN"'),
+    (["lineage", "2", "--workdir", "W"], 0, "version 2: made by run RUN"),
+    (["report", "--workdir", "W", "--run", "RUN", "--no-log"], 0, "RUN: 2 round(s)"),
+    (["export", "1", "DIR", "--workdir", "W"], 0, "version 1 -> "),
+    (["plan", "--workdir", "W", "--json"], 0, '"run": "RUN"'),
+    (["plan", "CONFIG", "--run", "RUN"], 0, "reused"),
+    (["gc", "--workdir", "W", "--dry-run"], 0, "would remove 0 item(s)"),
+    # the run: --run, else the run CONFIG names, else the newest under the config's name (not for
+    # resume, which refuses, nor for plan, which plans the run CONFIG names before it has run)
+    (["lineage", "CONFIG", "sample.n=3"], 0, "made by run RUN"),
+    (["resume", "CONFIG", "sample.n=3"], 2, "no run of CONFIG is recorded"),
+    (["plan", "CONFIG", "sample.n=3"], 0, "not run yet"),
+    # the older forms older logs print
+    (["resume", "RUN", "--workdir", "W", "--verbose"], 0, "resuming run RUN"),
+    (["report", "CONFIG", "RUN", "--no-log"], 0, "RUN: 2 round(s)"),
+    # what a VERSION may be
+    (["lineage", "CONFIG", "models:/NAME/1"], 0, "version 1: made by run RUN, round 0"),
+    (["lineage", "CONFIG", "models:/another/1"], 1, "names another registered model than this run's; give "
+                                                    "models:/NAME/N"),
+    (["lineage", "CONFIG", "champion", "--run", "RUN"], 0, "made by run RUN"),
+    (["lineage", "CONFIG", "prompts:/PROMPT/1"], 0, "(the config's prompt.template)"),
+    (["lineage", "CONFIG", "ROUND_RUN_ID"], 0, "template"), (["lineage", "CONFIG", "STAGE_DIR"], 0, "template"),
+    (["lineage", "CONFIG", "--code", "DIGEST", "--json"], 0, '"definitions"'),
+    (["export", "CONFIG", "models:/NAME/1", "DIR"], 0, "version 1 -> "),
+    (["export", "CONFIG", "champion", "DIR", "--run", "RUN"], 0, " -> "),
+    # gc: every run of the workdir at once
+    (["gc", "CONFIG", "--run", "RUN"], 1, "leave out --run"),
+    (["gc", "CONFIG", "--all", "--models", "--dry-run"], 0, "would remove"),
+    # run --from: champion (the base model if none yet: how the recorded run was made), a version, base
+    (["run", "CONFIG", "--from", "base", "--verbose"], 0, "run RUN"),
+    (["run", "CONFIG", "--from", "1", "improve=prompt"], 0, "-from-v1 from version 1"),
+]
+_whole: set[str] = set()  # the commands whose execution has run whole here
+
+
+@pytest.fixture
+def on_the_run(recorded_run, monkeypatch, tmp_path, capsys):
+    """Fill a form's words for the recorded run; in its home folder, against the tests' Prefect
+    server. `run` and `resume` run whole once each; later, they stop where the run would start."""
+    import signal
+
+    from prefect.settings import PREFECT_API_URL
+
+    from ratchet.flows import cli
+    from ratchet.flows.config import load_config
+    from ratchet.flows.tracking import Tracker
+
+    rec = recorded_run
+    monkeypatch.chdir(rec.home)
+    monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())
+    monkeypatch.setenv("RATCHET_VERBOSE", "")  # `--verbose` sets it; put back after
+    cfg = load_config(rec.config)
+    tracker = Tracker(cfg.tracking, rec.work, cfg.name)
+    v2 = tracker.version("2")
+    words = {"prompts:/NAME/N": v2.tags["ratchet.prompt"], "CONFIG": str(rec.config), "RUN": rec.run,
+             "W": str(rec.work), "VERSION": "2", "NAME": tracker.model_name, "ROUND_RUN_ID": v2.run_id,
+             "PROMPT": v2.tags["ratchet.prompt"].split("/")[1], "STAGE_DIR": v2.tags["ratchet.stage_dir"],
+             "DIGEST": next((rec.work / "code").glob("*.json")).stem, "key=value": "rounds=1"}
+    outs = iter(range(1000))
+    placeholder = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, words)) + r")(?![\w-])")
+
+    def fill(argv: list[str] | str) -> list[str] | str:
+        if isinstance(argv, str):  # a text the output must hold
+            return placeholder.sub(lambda m: words[m.group(1)], argv)
+        return [str(tmp_path / f"out-{next(outs)}") if w == "DIR" else fill(w) for w in _form(argv)]
+
+    execute = cli._execute
+
+    def started(cfg, start_from=None, verbose=False, run_name=None):
+        """The run `_execute` would start or continue, and from which version: said, not run."""
+        from ratchet.flows.runs import recorded_name, start_version
+
+        version = start_version(Tracker(cfg.tracking, Path(cfg.workdir), cfg.name), start_from)
+        name = run_name or recorded_name(cfg, Path(cfg.workdir).resolve()) + (f"-from-v{version}" if version else "")
+        print(f"would run {name}" + (f" from version {version}" if version else ""))
+        return 0
+
+    def run(argv: list[str]) -> tuple[int, str]:
+        if argv[0] in ("run", "resume"):
+            whole = argv[0] not in _whole and argv[0] != "run"  # the recorded run is `run`'s
+            monkeypatch.setattr(cli, "_execute", execute if whole else started)
+            _whole.add(argv[0])
+            argv = argv if "--verbose" in argv else [*argv, "--verbose"]
+        code = main(argv)
+        seen = capsys.readouterr()
+        return code, seen.out + seen.err
+
+    term = signal.getsignal(signal.SIGTERM)
+    yield fill, run
+    signal.signal(signal.SIGTERM, term)  # `run` and `resume` set their own
+
+
+def _variants(argv: tuple[str, ...]) -> list[list[str]]:
+    """A form without its optional parts (`[...]`) and with all of them."""
+    bare, full, depth = [], [], 0
+    for w in argv:
+        depth += w.count("[")
+        if w.strip("[]") != "...":
+            full.append(w.strip("[]"))
+            if depth == 0:
+                bare.append(w)
+        depth -= w.count("]")
+    return [bare] if bare == full else [bare, full]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("form", ON_A_RUN, ids=[" ".join(_forms[f][:2]) for f in ON_A_RUN])
+def test_a_shown_command_runs_against_a_recorded_run(form, on_the_run, recorded_run):
+    fill, run = on_the_run
+    for variant in _variants(form):
+        args = fill(variant)
+        code, said = run(args)
+        assert code == 0, f"{_forms[form]}: `ratchet {' '.join(args)}` exited {code}:\n{said[-3000:]}"
+        if args[0] in ("run", "resume"):  # the run it started, continued or would have
+            assert re.search(rf"\b(would run|ratchet run) {recorded_run.run}\b", said), said[-3000:]
+        elif args[0] in READERS and args[0] not in ("runs", "gc") and "--code" not in args:
+            # a line says which run it read (a version names its run; a plan of a config with overrides,
+            # the run those name)
+            assert re.search(rf"^(reading run {recorded_run.run}\b|.* made by run {recorded_run.run}\b|reading run "
+                             r".* not run yet\))", said, re.M), f"{_forms[form]}: {said[:500]}"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("argv,code,says", PROMISED, ids=[" ".join(a) for a, _, _ in PROMISED])
+def test_a_promised_form_or_fallback_runs_against_a_recorded_run(argv, code, says, on_the_run):
+    fill, run = on_the_run
+    args = fill(argv)
+    got, said = run(args)
+    assert got == code, f"`ratchet {' '.join(args)}` exited {got}:\n{said[-3000:]}"
+    assert fill(says) in said, f"`ratchet {' '.join(args)}` does not say {fill(says)!r}:\n{said[-3000:]}"
+
+
+def test_every_option_of_a_run_command_is_run_against_the_recorded_run():
+    """A new option or a new run command comes with a form above, on a page or in PROMISED."""
+    import argparse
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    ran = [list(f) for f in ON_A_RUN] + [a for a, _, _ in PROMISED]
+    for command in (*READERS, "run"):
+        options = {o for action in sub.choices[command]._actions for o in action.option_strings} - {"-h", "--help"}
+        used = {w.strip("[]") for a in ran if a[0] == command for w in a}
+        assert options <= used, f"ratchet {command}: {sorted(options - used)} run against no recorded run"

@@ -12,10 +12,9 @@ import pytest
 
 from ratchet.data.errors import ConfigError
 from ratchet.flows.config import load_config
+from tests.flows.recorded import SEARCH
 
 CONFIG = Path(__file__).parents[2] / "flows" / "configs" / "default.yaml"
-SEARCH = "prompt.search={kind: prompt_agent, iterations: 1, width: 2, depth: 1, batch: 3, score_prompts: 3, " \
-         "reward_prompts: 3, feedback_tokens: 8, revision_tokens: 12}"
 
 
 def refused(*overrides: str) -> str:
@@ -77,27 +76,11 @@ def test_a_served_optimiser_that_is_down_or_lacks_its_key_stops_the_run_before_a
     assert "the server did not answer" in str(e.value) and "start it, or fix the URL" in str(e.value)
 
 
-def _args(work: Path, model: Path) -> list[str]:
-    return [CONFIG, f"workdir={work}", f"model.path={model}", "rounds=1", "sampler.backend=hf", "sampler.dtype=float32",
-            "data.a_max=6", "data.b_max=4", "data.train_size=12", "data.eval_size=4", "sample.n=2",
-            "sample.max_tokens=6", "evaluate.max_tokens=6", "train.epochs=1", "filter.min_rows=1",
-            "label.kind=verifier", "filter.max_per_prompt=2", "prompt.template='Q: {prompt}'", "improve=both", SEARCH]
-
-
 @pytest.mark.integration
-def test_a_round_searches_for_a_prompt_then_trains_under_it_and_the_pair_is_one_version(
-        tiny_model, tmp_path, prefect_harness):
+def test_a_round_searches_for_a_prompt_then_trains_under_it_and_the_pair_is_one_version(recorded_run, tmp_path):
     from ratchet.flows.tracking import Tracker
 
-    work = tmp_path / "runs"
-    reward = tmp_path / "reward.py"  # a random model answers nothing right: every answer to an odd first term is
-    reward.write_text("import re\n\ndef score(completion, answer=None, prompt=None, **fields):\n"  # accepted
-                      "    return float(int(re.findall(r'\\d+', prompt)[0]) % 2 == 1)\n")
-    args = [*_args(work, tiny_model), f"data.check={{kind: python, function: '{reward}:score'}}"]
-    from ratchet.flows import api as python_api
-
-    python_api.run(python_api.load(CONFIG, args[1:]))  # as `ratchet run` runs it, in this process
-    (run,) = [p.stem for p in (work / "runs").glob("*.json")]
+    work, config, run = recorded_run.work, recorded_run.config, recorded_run.run  # `ratchet run CONFIG`'s
     manifests = {m["dir"]: m for m in (json.loads(p.read_text()) for p in (work / "stages").glob("*/manifest.json"))}
     by = {}
     for m in manifests.values():
@@ -119,7 +102,7 @@ def test_a_round_searches_for_a_prompt_then_trains_under_it_and_the_pair_is_one_
     assert "<h2>Prompt search</h2>" in page.read_text() and "node 0 · " in page.read_text()
 
     # the registered version is the pair: its MLflow prompt version, the registry's champion alias on it
-    cfg = load_config(CONFIG, [str(a) for a in args[1:]])
+    cfg = load_config(config)
     tracker = Tracker(cfg.tracking, work, cfg.name)
     v2 = tracker.version("2")
     assert v2.tags["ratchet.stage_dir"] == by[("template", 1)][0]["dir"]
@@ -149,12 +132,12 @@ def test_a_round_searches_for_a_prompt_then_trains_under_it_and_the_pair_is_one_
     assert resolve(v2.tags["ratchet.prompt"], store, tracker).dir == wrote["dir"]
     assert resolve(v1, store, tracker).dir == by[("template", 0)][0]["dir"]
 
-    steps = plan(load_config(CONFIG, [str(a) for a in args[1:]] + ["prompt.template='A: {prompt}'"])).steps
+    steps = plan(load_config(config, ["prompt.template='A: {prompt}'"])).steps
     why = {(s.round, s.stage): (s.state, s.why) for s in steps}
     assert why[(0, "template")] == ("stale", "since run " + run + ": config template: 'Q: {prompt}' -> 'A: {prompt}'")
     assert why[(1, "search")][0] == "waits" and why[(0, "base")][0] == "reused"
     # a run from version 2 starts from the pair: its weights and its text, with no template of its own
-    onwards = plan(load_config(CONFIG, [str(a) for a in args[1:]]), run="from-v2",
+    onwards = plan(load_config(config), run="from-v2",
                    start=version_manifest(store, tracker, "2")).steps
     assert [(s.round, s.stage, s.state) for s in onwards] == [
         (0, "prompts", "reused"), (1, "evaluate", "reused"), (2, "search", "to run"), *(

@@ -49,6 +49,27 @@ def test_a_chat_model_keeps_its_template_unless_plain_is_asked(tiny_model):
     assert prompt_format.written_template(tiny_model, "plain", LAYOUT) == prompt_format.plain_template(LAYOUT)
 
 
+def test_a_plan_reads_a_chat_template_from_the_files_only_where_they_say_it_for_certain(tiny_model, tiny_base_model,
+                                                                                        tmp_path):
+    """`ratchet plan` keys the base stage without loading the tokenizer where its files hold a
+    template; what they say agrees with the loaded tokenizer, and a model without one is loaded."""
+    import json
+    import shutil
+
+    from ratchet.flows.plan import _has_chat_template_file
+
+    in_config = tmp_path / "in-config"  # the template in tokenizer_config.json only
+    shutil.copytree(tiny_base_model, in_config)
+    conf = json.loads((in_config / "tokenizer_config.json").read_text())
+    (in_config / "tokenizer_config.json").write_text(json.dumps({**conf, "chat_template": "{{ messages }}"}))
+    empty = tmp_path / "empty"  # an empty template file is no template
+    shutil.copytree(tiny_base_model, empty)
+    (empty / "chat_template.jinja").write_text("")
+    for path, said in [(tiny_model, True), (in_config, True), (tiny_base_model, False), (empty, False)]:
+        assert _has_chat_template_file(path) is said, path
+        assert prompt_format.has_template(AutoTokenizer.from_pretrained(path)) is said, path
+
+
 @pytest.mark.parametrize("layout, says", [("Answer this:", "exactly the placeholders {prompt}, found none"),
                                           ("{question}\nA:", "found ['question']"),
                                           ("{prompt}\n{prompt}", "holds the prompt once"),
