@@ -151,12 +151,13 @@ class ArtifactStore:
 
     def keep_code(self, opened: dict[str, Any]) -> Path:
         """Keep what a stage's code version covers (`code_reach.opened`: its definitions, each with
-        its module, name and digest, and its libraries) as `code/<digest>.json`, once per digest."""
+        its module, name and digest, and its libraries) as `code/<digest>.json`, once per digest
+        (not the files it was read from: where they are is this machine's)."""
         path = self.root / "code" / f"{opened['digest']}.json"
         if not path.exists():
             path.parent.mkdir(exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(opened, indent=1, sort_keys=True))
+            tmp.write_text(json.dumps({k: v for k, v in opened.items() if k != "texts"}, indent=1, sort_keys=True))
             tmp.replace(path)
         return path
 

@@ -309,7 +309,8 @@ def digest(roots: list[tuple[str, str]]) -> str:
 def opened(roots: list[tuple[str, str]]) -> dict:
     """The code version of what `roots` reach, opened: {"digest": a digest of every definition's
     syntax tree and every library's version, "definitions": [[module, name, the digest of its
-    syntax tree], ...], "libraries": {import name: "distribution==version"}}.
+    syntax tree], ...], "libraries": {import name: "distribution==version"}, "texts": {each file
+    it parsed: the digest of its text}}.
 
     Working it out parses every module reached (seconds, at every start of a run). The answer is
     kept in the user's cache with everything it read (`_Read`), and taken again only while every
@@ -319,7 +320,7 @@ def opened(roots: list[tuple[str, str]]) -> dict:
     key = sha256_text(repr(sorted(roots)))
     kept = kept_answer(key)
     if kept is not None and "definitions" in kept and _still(kept):
-        return {k: kept[k] for k in ("digest", "definitions", "libraries")}
+        return {k: kept[k] for k in ("digest", "definitions", "libraries", "texts")}
     _local.reading = read = _Read()
     try:
         found = reach(roots)
@@ -331,7 +332,7 @@ def opened(roots: list[tuple[str, str]]) -> dict:
     definitions = [[m, n, sha256_text(code)[:16]] for (m, n), code in sorted(found.items()) if m != LIBRARY]
     keep_answer(key, {"digest": out, "specs": read.specs, "texts": read.texts, "libraries": read.libraries,
                       "definitions": definitions})
-    return {"digest": out, "definitions": definitions, "libraries": read.libraries}
+    return {"digest": out, "definitions": definitions, "libraries": read.libraries, "texts": read.texts}
 
 
 @functools.lru_cache(maxsize=1)

@@ -138,6 +138,8 @@ class StageRequest(BaseModel, Generic[Job]):
     source: dict[str, Any] | None = None  # the commit, tree state and version that ran it (code_reach.source)
     executor: ExecutorConfig | None = None  # where fan-out units run; not part of the key
     engine: str | None = None  # the run's warm engine lent to this stage's worker (models/warm.py); not keyed
+    # what the key took from files, taken again before the manifest is written (`input_digests`)
+    inputs: list[tuple[str, str, str]] = []
 
 
     def parent(self, stage: str) -> StageManifest:
@@ -162,7 +164,13 @@ class StageRequest(BaseModel, Generic[Job]):
     def finish(self, store: ArtifactStore, *, outputs: dict[str, int | None], metrics: dict[str, float] | None = None,
                info: dict[str, Any] | None = None, parents: list[StageManifest] | None = None,
                scratch: tuple[str, ...] = ()) -> StageManifest:
-        """Digest the outputs and write this stage's manifest (store.finish), last."""
+        """Digest the outputs and write this stage's manifest (store.finish), last: only where every
+        file its key was made from holds what it held when the stage started."""
+        if changed := changed_inputs(self.inputs):
+            raise StageFailedError(
+                f"{self.stage} stage (round {self.round}): {'; '.join(changed)} while the stage ran, so its outputs "
+                "are not recorded under the key the older content made. Run the same command again when the file "
+                "is as you want it: the stage runs again, keyed by it as it is then")
         return store.finish(stage=self.stage, round=self.round, key=self.key, code_version=self.code_version,
                             config=self.config.model_dump(mode="json"),
                             parents=self.parents if parents is None else parents, outputs=outputs, metrics=metrics,
@@ -170,6 +178,62 @@ class StageRequest(BaseModel, Generic[Job]):
 
 
 Body = Callable[[Any, ArtifactStore], StageManifest]
+
+
+def input_digests(config: BaseModel, code: dict | None = None) -> list[tuple[str, str, str]]:
+    """What a stage's key took from files, as (kind, what, digest): its code version ("code": the
+    definitions its roots reach, `code_reach.opened`) with each file of code it parsed ("text": the
+    digest of its text), each user function with the helpers its file imports ("source": the
+    digest its config keeps beside it), and each other user file its config names ("file": its
+    bytes; a model directory is keyed by its weights' digests in the base stage, not here)."""
+    from ratchet.data.digest import sha256_file
+    from ratchet.data.userfiles import config_fields, marker, source_digest
+
+    out = []
+    if code is not None:
+        out.append(("code", json.dumps(code["roots"]), code["digest"]))
+        out += [("text", path, digest) for path, digest in sorted(code["texts"].items())]
+    for _, owner, name, value in config_fields(config):
+        m = marker(type(owner), name) if isinstance(value, str) else None
+        if m is None or (path := m.path_of(value)) is None:
+            continue
+        if m.digest is not None:
+            out.append(("source", value, getattr(owner, m.digest, None) or source_digest(value)))
+        elif path.is_file():
+            out.append(("file", str(path.resolve()), sha256_file(path)))
+    return out
+
+
+def changed_inputs(inputs: list[tuple[str, str, str]]) -> list[str]:
+    """Which of `input_digests` no longer hold, each said with both digests. A file of code whose
+    text changed counts only where the code version did (not a comment or the layout)."""
+    from ratchet.data.digest import sha256_file, sha256_text
+    from ratchet.data.userfiles import source_digest
+
+    def now(kind: str, what: str) -> str | None:
+        try:
+            if kind == "text":
+                return sha256_text(Path(what).read_text())
+            if kind == "code":
+                from ratchet.tasks import code_reach
+
+                return code_reach.opened([tuple(r) for r in json.loads(what)])["digest"]
+            return source_digest(what) if kind == "source" else sha256_file(Path(what))
+        except (OSError, UnicodeDecodeError, ValueError, SyntaxError):
+            return None
+
+    def said(what: str, was: str, is_now: str | None) -> str:
+        return f"{what} is gone" if is_now is None else f"{what} changed (sha256 {was[:12]} when it started, " \
+            f"{is_now[:12]} now)"
+
+    out, texts = [], [(what, was, now("text", what)) for kind, what, was in inputs if kind == "text"]
+    edited = [said(what, was, is_now) for what, was, is_now in texts if is_now != was]
+    for kind, what, was in inputs:
+        if kind == "code" and edited and (is_now := now(kind, what)) != was:
+            out.append(f"its code version changed ({was} when it started, {is_now} now): {', '.join(edited)}")
+        elif kind in ("source", "file") and (is_now := now(kind, what)) != was:
+            out.append(said(what.rpartition(":")[0] if kind == "source" else what, was, is_now))
+    return out
 
 
 def body_name(body: Body) -> str:
@@ -217,13 +281,14 @@ def run_stage(
     config = resolved(config)
     if store.planner is not None:  # `ratchet plan`: keyed and looked up, never run
         return store.planner.stage(stage, round, body, config, keyed(config), code, parents)
-    source = None
+    source, opened = None, None
     if code is None:  # worked out from the body; what it covers is kept in the store, once per digest
         from ratchet.tasks import code_reach
 
-        found = code_reach.opened(code_reach.roots_of(body, config))
-        code, source = found["digest"], code_reach.source()
-        store.keep_code(found)
+        roots = code_reach.roots_of(body, config)
+        opened = {**code_reach.opened(roots), "roots": roots}
+        code, source = opened["digest"], code_reach.source()
+        store.keep_code({k: v for k, v in opened.items() if k != "roots"})
     key = stage_key(stage, code, keyed(config), parents)
     with store.claim(stage, key, keep_partial=keep_partial, run=run) as claim:
         if claim.found is not None:
@@ -232,7 +297,7 @@ def run_stage(
             return _reused(store, claim.found, config), True
         d = claim.dir
         req = request(stage=stage, round=round, key=key, code_version=code, config=config, parents=parents,
-                      started=time.time(), source=source, executor=executor)
+                      started=time.time(), source=source, executor=executor, inputs=input_digests(config, opened))
         events.emit(events.Event("start", stage, round, d))
         try:
             try:

@@ -247,6 +247,71 @@ def test_a_kept_code_version_is_worked_out_again_when_anything_it_read_changes(t
         code_reach._find.cache_clear()
 
 
+def test_a_file_edited_while_its_stage_runs_is_never_recorded_under_the_older_digest(tmp_path, monkeypatch):
+    """Each file a stage's key was made from is digested again before its manifest is written: a data
+    file, a user function's helper, a module of code the body runs. An edit to any fails the stage,
+    naming the file, and records nothing; a comment in the code (its code version unchanged) does
+    not; the same stage then runs again with the file as it is."""
+    import importlib
+    import sys
+
+    from ratchet.data.userfiles import source_digest
+    from ratchet.tasks import code_reach
+
+    monkeypatch.setenv("RATCHET_CACHE", str(tmp_path / "cache"))
+    pkg = tmp_path / "editpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helper.py").write_text("def touch():\n    return 1\n")
+    (pkg / "body.py").write_text(
+        "from typing import Annotated\n\nfrom pydantic import BaseModel\n\n"
+        "from ratchet.data.userfiles import UserFile, UserPath\nfrom ratchet.tasks.stage import StageRequest\n\n"
+        "from editpkg.helper import touch\n\nEDITS = []\n\n\n"
+        "class Job(BaseModel):\n    data: UserPath\n"
+        "    function: Annotated[str, UserFile(spec=True, digest='source')]\n    source: str | None = None\n\n\n"
+        "def body(req: StageRequest[Job], store):\n    touch()\n    for edit in EDITS:\n        edit()\n"
+        "    (store.stage_dir(req.stage, req.key) / 'out.txt').write_text('x')\n"
+        "    return req.finish(store, outputs={'out.txt': None})\n")
+    data, user = tmp_path / "prompts.jsonl", tmp_path / "user"
+    data.write_text('{"prompt": "1 + 1"}\n')
+    user.mkdir()
+    (user / "rewards.py").write_text("from scale import k\n\n\ndef score(completion, **f):\n    return k\n")
+    (user / "scale.py").write_text("k = 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    try:
+        mod = importlib.import_module("editpkg.body")
+        spec = f"{user / 'rewards.py'}:score"
+        store = ArtifactStore(tmp_path / "w")
+
+        def run(edit=None):
+            mod.EDITS[:] = [edit] if edit else []
+            job = mod.Job(data=str(data), function=spec, source=source_digest(spec))
+            return run_stage(store, stage="s", round=1, body=mod.body, config=job, parents=[])
+
+        def appended(path, text):
+            return lambda: path.write_text(path.read_text() + text)
+
+        for path, text, says in [(data, '{"prompt": "2 + 2"}\n', str(data)),
+                                 (user / "scale.py", "k = 2.0\n", str(user / "rewards.py")),
+                                 (pkg / "helper.py", "\n\ndef touch():\n    return 2\n", "its code version changed")]:
+            with pytest.raises(StageFailedError) as e:
+                run(appended(path, text))
+            assert says in str(e.value) and "while the stage ran" in str(e.value), str(e.value)
+            assert not list((tmp_path / "w" / "stages").glob("*/manifest.json"))  # nothing recorded
+        assert str(pkg / "helper.py") in str(e.value)  # the code version names the file that changed it
+        code_reach._find.cache_clear()
+        for m in [m for m in sys.modules if m.startswith("editpkg")]:
+            del sys.modules[m]
+        mod = importlib.import_module("editpkg.body")  # as the next run imports the edited code
+        m, reused = run(appended(pkg / "helper.py", "# a comment: the same code version\n"))
+        assert not reused and store.find("s", m.key) == m
+    finally:
+        for m in [m for m in sys.modules if m.startswith("editpkg")]:
+            del sys.modules[m]
+        code_reach._find.cache_clear()
+
+
 def slow_body(req: StageRequest[X], store):
     import time
 
