@@ -76,7 +76,8 @@ class StageManifest(BaseModel):
     info: dict[str, Any] = Field(default_factory=dict, description="non-numeric facts (backend, paths)")
     ran_by: dict[str, Any] | None = Field(default=None, description="what ran it: the git commit of the checkout "
                                           "(commit, None for an installed package), whether the package's files "
-                                          "differed from it (dirty), and the package's version (version)")
+                                          "differed from it (dirty), the package's version (version) and the "
+                                          "stage's body (body: module:function, which `ratchet verify` runs again)")
     created_at: str = ""
     wall_s: float = 0.0
 

@@ -449,6 +449,46 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    """Run the stages behind a version again in a scratch store; compare every output's digest."""
+    from ratchet.data.store import ArtifactStore
+    from ratchet.flows.lineage import version_manifest
+    from ratchet.flows.runs import load_record
+    from ratchet.flows.tracking import Tracker
+    from ratchet.flows.verify import chosen_stages, verify
+
+    chosen, _ = _chosen(args, "verify", [], need=args.version is None)
+    cfg, workdir = chosen.cfg, chosen.workdir
+    if not (workdir / "stages").is_dir():
+        raise RatchetError(f"no artifact store at {workdir}/stages; run the pipeline first or pass --workdir W")
+    tracker = Tracker(cfg.tracking, workdir, cfg.name)
+    target = args.version
+    if target is None:
+        versions = _run_versions(chosen, tracker)
+        if not versions:
+            raise RatchetError(f"run {chosen.run} has registered no model version yet; name one with --version N")
+        target = versions[-1]
+    version = tracker.champion() if target == "champion" else target.rsplit("/", 1)[-1]
+    if version is None:
+        raise RatchetError(f"{tracker.model_name} has no champion yet; name a version with --version N")
+    print(_made_by(tracker, version, args.run))
+    store = ArtifactStore(workdir)
+    run = tracker.version(version).tags.get("ratchet.run") or chosen.run or "unknown-run"
+    stages, upstream = chosen_stages(store, version_manifest(store, tracker, version), args.stage or [])
+    path, verdicts = verify(store, stages, workdir / "verify" / run, upstream=upstream)
+    logged = ""
+    try:
+        tracker.client.log_artifact(load_record(workdir, run).ctx.parent_run_id, str(path), "verify")
+        logged = " and the run's MLflow parent run (verify/)"
+    except Exception as e:  # noqa: BLE001 - the file holds the verdicts either way
+        logged = f" (not logged to MLflow: {type(e).__name__}: {str(e)[:200]})"
+    counts = {k: sum(v.verdict == k for v in verdicts) for k in ("identical", "differs", "not re-runnable")}
+    print(", ".join(f"{n} {k}" for k, n in counts.items()) + f": verdicts in {path}{logged}")
+    if counts["differs"]:
+        print(f"the re-run's files are kept in {path.with_name(path.stem + '-scratch')} to compare")
+    return 1 if counts["differs"] else 0
+
+
 def cmd_plan(args) -> int:
     """What a run would do, before it starts: each stage reused, stale (and why), to run, or waiting."""
     import json
@@ -515,8 +555,8 @@ def cmd_model(args) -> int:
 
 
 RUN_USAGE = "ratchet {command} [CONFIG] {args}[key=value ...] [--workdir W] [--run RUN]"
-RUN_NAMING = ("Every command that reads a run (resume, report, runs, lineage, export, gc, plan) names it the same "
-              "way: the workdir is --workdir W, else the CONFIG's workdir after its overrides, else ./runs; the run "
+RUN_NAMING = ("Every command that reads a run (resume, report, runs, lineage, export, verify, gc, plan) names it "
+              "the same way: the workdir is --workdir W, else the CONFIG's workdir after its overrides, else ./runs; the run "
               "is --run RUN, else the run CONFIG names (the one `ratchet run CONFIG` continues), else the newest "
               "recorded under the config's name (not for resume, which continues only the run it names, nor for "
               "plan, which plans the run CONFIG names even before it has run), or with no CONFIG the newest in the "
@@ -611,6 +651,19 @@ def build_parser() -> argparse.ArgumentParser:
                  "from_pretrained and vLLM load as is. VERSION: a version number, models:/NAME/N, or 'champion'; "
                  "it names the run that made it. DIR must not exist, or be empty.", args="VERSION DIR ",
                  words="VERSION DIR")
+    s = _run_command(sub, "verify", cmd_verify, "run a version's stages again from their recorded inputs and "
+                     "compare the bytes",
+                     "Each stage of the chain behind a model version (the run's newest, or --version) runs again, "
+                     "in a scratch store under WORKDIR/verify/ that reads the recorded parents and writes nothing "
+                     "in the run's own store, and every output's sha256 is compared with its manifest. A stage is "
+                     "identical, differs (which files; each metric that moved, by how much) or not re-runnable (and "
+                     "why: a server's answers, another code version, a key that resolves differently here). The "
+                     "verdicts go to WORKDIR/verify/RUN/STAMP.json and the run's MLflow parent run (verify/). "
+                     "Exits 1 if any stage differs.", tail=" [--version N] [--stage NAME ...]")
+    s.add_argument("--version", default=None, metavar="N", help="the model version whose chain is verified: a "
+                   "number, models:/NAME/N or 'champion' (default: the run's newest)")
+    s.add_argument("--stage", action="append", default=None, metavar="NAME", help="verify only this stage of the "
+                   "chain (NAME, or NAME:ROUND; repeat for more)")
     _run_command(sub, "plan", cmd_plan, "say, before a run, which stages it would reuse, re-run or run, and why",
                  "For every stage of every round: reused (a finished stage with its key is in the store), stale "
                  "(this run finished it under another key: the config fields, files, code definitions or parents "

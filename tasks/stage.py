@@ -236,6 +236,15 @@ def changed_inputs(inputs: list[tuple[str, str, str]]) -> list[str]:
     return out
 
 
+def _target_or_none(body: Body) -> str | None:
+    """`module:function` of a body, which `ratchet verify` runs again; None for one defined inside
+    a function (a test's), which runs only in this process."""
+    try:
+        return target_of(body)
+    except EntryError:
+        return None
+
+
 def body_name(body: Body) -> str:
     """`module:function`, how a worker process finds the body again."""
     try:
@@ -287,7 +296,7 @@ def run_stage(
 
         roots = code_reach.roots_of(body, config)
         opened = {**code_reach.opened(roots), "roots": roots}
-        code, source = opened["digest"], code_reach.source()
+        code, source = opened["digest"], {**code_reach.source(), "body": _target_or_none(body)}
         store.keep_code({k: v for k, v in opened.items() if k != "roots"})
     key = stage_key(stage, code, keyed(config), parents)
     with store.claim(stage, key, keep_partial=keep_partial, run=run) as claim:

@@ -134,7 +134,7 @@ def test_the_config_table_lists_every_shipped_config():
 # stops there, saying which run it would start or continue, from which version. They run with
 # `--verbose`, which changes only where their output goes (without it the command moves this
 # process's stdout and stderr to the run's log for good).
-READERS = ("resume", "lineage", "runs", "report", "export", "plan", "gc")
+READERS = ("resume", "lineage", "runs", "report", "export", "verify", "plan", "gc")
 RUN_NAME = re.compile(r"[a-z][\w-]*-[0-9a-f]{10}")
 
 
@@ -180,6 +180,11 @@ PROMISED = [
     (["lineage", "CONFIG", "--code", "DIGEST", "--json"], 0, '"definitions"'),
     (["export", "CONFIG", "models:/NAME/1", "DIR"], 0, "version 1 -> "),
     (["export", "CONFIG", "champion", "DIR", "--run", "RUN"], 0, " -> "),
+    # verify: a stage, or a version's chain, run again in a scratch store and compared
+    (["verify", "CONFIG", "--stage", "filter", "--stage", "train:1"], 0,
+     "2 identical, 0 differs, 0 not re-runnable: verdicts in W/verify/RUN/"),
+    (["verify", "--version", "1", "--run", "RUN", "--workdir", "W"], 0, "2 identical, 0 differs"),
+    (["verify", "CONFIG", "--stage", "nothing"], 1, "--stage nothing names no stage of this chain"),
     # gc: every run of the workdir at once
     (["gc", "CONFIG", "--run", "RUN"], 1, "leave out --run"),
     (["gc", "CONFIG", "--all", "--models", "--dry-run"], 0, "would remove"),
