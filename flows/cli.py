@@ -556,9 +556,9 @@ def cmd_model(args) -> int:
 
 RUN_USAGE = "ratchet {command} [CONFIG] {args}[key=value ...] [--workdir W] [--run RUN]"
 RUN_NAMING = ("Every command that reads a run (resume, report, runs, lineage, export, verify, gc, plan) names it "
-              "the same way: the workdir is --workdir W, else the CONFIG's workdir after its overrides, else ./runs; the run "
-              "is --run RUN, else the run CONFIG names (the one `ratchet run CONFIG` continues), else the newest "
-              "recorded under the config's name (not for resume, which continues only the run it names, nor for "
+              "the same way: the workdir is --workdir W, else the CONFIG's workdir after its overrides, else ./runs; "
+              "the run is --run RUN, else the run CONFIG names (the one `ratchet run CONFIG` continues), else the "
+              "newest recorded under the config's name (not for resume, which continues only the run it names, nor for "
               "plan, which plans the run CONFIG names even before it has run), or with no CONFIG the newest in the "
               "workdir, whose recorded config is then read. The first line says which run was read.")
 
@@ -659,11 +659,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "identical, differs (which files; each metric that moved, by how much) or not re-runnable (and "
                      "why: a server's answers, another code version, a key that resolves differently here). The "
                      "verdicts go to WORKDIR/verify/RUN/STAMP.json and the run's MLflow parent run (verify/). "
-                     "Exits 1 if any stage differs.", tail=" [--version N] [--stage NAME ...]")
-    s.add_argument("--version", default=None, metavar="N", help="the model version whose chain is verified: a "
-                   "number, models:/NAME/N or 'champion' (default: the run's newest)")
-    s.add_argument("--stage", action="append", default=None, metavar="NAME", help="verify only this stage of the "
-                   "chain (NAME, or NAME:ROUND; repeat for more)")
+                     "Exits 1 if any stage differs.", tail=" [--version VERSION] [--stage STAGE ...]")
+    s.add_argument("--version", default=None, metavar="VERSION", help="the model version whose chain is verified: "
+                   "a number, models:/NAME/N or 'champion' (default: the run's newest)")
+    s.add_argument("--stage", action="append", default=None, metavar="STAGE", help="verify only this stage of the "
+                   "chain (train, or train:2 for round 2's; repeat for more)")
     _run_command(sub, "plan", cmd_plan, "say, before a run, which stages it would reuse, re-run or run, and why",
                  "For every stage of every round: reused (a finished stage with its key is in the store), stale "
                  "(this run finished it under another key: the config fields, files, code definitions or parents "

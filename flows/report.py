@@ -88,6 +88,7 @@ class Report:
     rounds: list[Round]
     figures: dict[str, Path] = field(default_factory=dict)  # title -> PNG
     html: Path | None = None
+    verified: dict | None = None  # the run's newest `ratchet verify` (flows/verify.py), as it wrote it
 
 
 def gather(workdir: Path, tracker: Tracker, run: str | None = None) -> Report:
@@ -143,7 +144,33 @@ def gather(workdir: Path, tracker: Tracker, run: str | None = None) -> Report:
             r.search = _search_of(store, dirs["search"], f"run {c.info.run_id}'s ratchet.stage.search tag")
         rounds.append(r)
     rounds.sort(key=lambda r: r.round)
-    return Report(run=chosen, model=tracker.model_name, champion=tracker.champion(), rounds=rounds)
+    return Report(run=chosen, model=tracker.model_name, champion=tracker.champion(), rounds=rounds,
+                  verified=_newest_verify(workdir, chosen.run))
+
+
+def _newest_verify(workdir: Path, run: str) -> dict | None:
+    """The verdicts the run's newest `ratchet verify` wrote (WORKDIR/verify/RUN/STAMP.json)."""
+    import json
+
+    for path in sorted((workdir / "verify" / run).glob("*.json"), reverse=True):
+        try:
+            return {**json.loads(path.read_text()), "path": str(path)}
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _verified(report: Report) -> str:
+    """What `ratchet verify` found when it ran the run's stages again."""
+    v = report.verified
+    if not v or not v.get("stages"):
+        return ""
+    rows = "".join(f"<tr><td>{html.escape(s['stage'])}</td><td>{s['round']}</td><td>{html.escape(s['verdict'])}</td>"
+                   f"<td style=\"text-align:left\">{html.escape(s.get('why') or '')}</td></tr>" for s in v["stages"])
+    return (f"<h2>Verified</h2><p>The stages <code>ratchet verify</code> ran again at "
+            f"{html.escape(v.get('stamp', '?'))} from their recorded inputs, each compared with its record digest by digest "
+            f"(<code>{html.escape(v['path'])}</code>).</p><table><thead><tr><th>stage</th><th>round</th>"
+            f"<th>verdict</th><th>why</th></tr></thead><tbody>{rows}</tbody></table>")
 
 
 def _search_of(store: ArtifactStore, rel: str, where: str) -> dict:
@@ -634,6 +661,7 @@ champion: {('version ' + html.escape(report.champion)) if report.champion else '
 {_search_tree(report)}
 {_beliefs(report)}
 {_answers(report)}
+{_verified(report)}
 </body></html>
 """
     path = out / "index.html"

@@ -8,6 +8,7 @@ with the repository and its model is the embedded default. All in this process: 
 Then every form that reads a run, with every form and fallback the run commands' --help promise,
 runs against one recorded run (below)."""
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -185,6 +186,7 @@ PROMISED = [
      "2 identical, 0 differs, 0 not re-runnable: verdicts in W/verify/RUN/"),
     (["verify", "--version", "1", "--run", "RUN", "--workdir", "W"], 0, "2 identical, 0 differs"),
     (["verify", "CONFIG", "--stage", "nothing"], 1, "--stage nothing names no stage of this chain"),
+    (["report", "CONFIG", "--no-log"], 0, "page: "),  # with the verdicts verify wrote (below)
     # gc: every run of the workdir at once
     (["gc", "CONFIG", "--run", "RUN"], 1, "leave out --run"),
     (["gc", "CONFIG", "--all", "--models", "--dry-run"], 0, "would remove"),
@@ -217,7 +219,7 @@ def on_the_run(recorded_run, monkeypatch, tmp_path, capsys):
     words = {"prompts:/NAME/N": v2.tags["ratchet.prompt"], "CONFIG": str(rec.config), "RUN": rec.run,
              "W": str(rec.work), "VERSION": "2", "NAME": tracker.model_name, "ROUND_RUN_ID": v2.run_id,
              "PROMPT": v2.tags["ratchet.prompt"].split("/")[1], "STAGE_DIR": v2.tags["ratchet.stage_dir"],
-             "DIGEST": next((rec.work / "code").glob("*.json")).stem, "key=value": "rounds=1"}
+             "DIGEST": next((rec.work / "code").glob("*.json")).stem, "key=value": "rounds=1", "STAGE": "filter"}
     outs = iter(range(1000))
     placeholder = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, words)) + r")(?![\w-])")
 
@@ -290,6 +292,11 @@ def test_a_promised_form_or_fallback_runs_against_a_recorded_run(argv, code, say
     got, said = run(args)
     assert got == code, f"`ratchet {' '.join(args)}` exited {got}:\n{said[-3000:]}"
     assert fill(says) in said, f"`ratchet {' '.join(args)}` does not say {fill(says)!r}:\n{said[-3000:]}"
+    if args[0] == "report" and (verified := sorted((Path("runs") / "verify").glob("*/*.json"))):
+        first = json.loads(verified[-1].read_text())["stages"][0]  # the newest verify's
+        page = Path(re.search(r"page: (\S+)", said).group(1)).read_text()
+        assert "<h2>Verified</h2>" in page and f"<td>{first['stage']}</td><td>{first['round']}</td><td>" \
+            f"{first['verdict']}</td>" in page
 
 
 def test_every_option_of_a_run_command_is_run_against_the_recorded_run():
