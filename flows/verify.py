@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from ratchet.data.errors import RatchetError
 from ratchet.data.manifest import StageManifest, read_manifest
 from ratchet.data.store import ArtifactStore, stage_key
+from ratchet.flows.lineage import LEDGER
 
 Verdict = Literal["identical", "differs", "not re-runnable"]
 # metrics that time the work, not its result (seconds, and rates: `*_s`, `*_per_s`): a re-run's
@@ -148,6 +149,14 @@ def verify_stage(store: ArtifactStore, m: StageManifest, scratch: Path, upstream
     if not files:
         return StageVerdict(**head, verdict="identical", metrics=metrics, wall_s=wall)
     said = f"{len(files)} of {len(m.outputs)} output(s) differ: {', '.join(list(files)[:5])}"
+    if LEDGER in files:  # online training: the first optimizer step whose record is not the recorded one
+        def rows(s: ArtifactStore, x: StageManifest) -> list[str]:
+            p = s.path(x, LEDGER)
+            return p.read_text().splitlines() if p.is_file() else []
+
+        was, now = rows(store, m), rows(here, again)
+        step = next((i for i, (a, b) in enumerate(zip(was, now)) if a != b), min(len(was), len(now)))
+        said += f"; the ledger first differs at optimizer step {step + 1} of {len(was)}"
     return StageVerdict(**head, verdict="differs", why=said, files=files, metrics=metrics, wall_s=wall)
 
 

@@ -29,7 +29,9 @@ def noisy_body(req: StageRequest[Job], store: ArtifactStore) -> StageManifest:
     total = sum(map(int, rows)) + req.config.x + int(os.environ.get("VERIFY_NOISE", "0"))
     (store.stage_dir(req.stage, req.key) / "sum.txt").write_text(f"{total}\n")
     (store.stage_dir(req.stage, req.key) / "same.txt").write_text("kept\n")
-    return req.finish(store, outputs={"sum.txt": None, "same.txt": None},
+    ledger = [{"step": 1, "prompt_ids": rows}, {"step": 2, "seeds": [total]}]  # as an online train stage's
+    (store.stage_dir(req.stage, req.key) / "ledger.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ledger))
+    return req.finish(store, outputs={"sum.txt": None, "same.txt": None, "ledger.jsonl": 2},
                       metrics={"sum": float(total), "wall_s": 0.1})
 
 
@@ -45,7 +47,8 @@ def test_a_stage_run_again_is_identical_or_says_which_files_and_metrics_differ(t
 
     monkeypatch.setenv("VERIFY_NOISE", "1")  # the re-run's worker writes other bytes
     path, (v,) = verify(store, [m], tmp_path / "w" / "verify" / "r", say=lambda _: None)
-    assert v.verdict == "differs" and list(v.files) == ["sum.txt"] and "1 of 2 output(s) differ" in v.why
+    assert v.verdict == "differs" and list(v.files) == ["ledger.jsonl", "sum.txt"] and "2 of 3 output(s)" in v.why
+    assert v.why.endswith("the ledger first differs at optimizer step 2 of 2"), v.why
     assert v.files["sum.txt"][0] == m.outputs["sum.txt"].sha256 and v.metrics == {"sum": [10.0, 11.0]}
     assert json.loads(path.read_text())["stages"][0]["verdict"] == "differs"
     kept = path.with_name(path.stem + "-scratch") / "sum-1"  # the re-run's bytes, kept to compare
