@@ -294,7 +294,7 @@ def write_log(trainer, out: Path, started: float, n_tokens: int, save_s: float =
             f.write(json.dumps(h, sort_keys=True) + "\n")
     wall = time.time() - started
     final = [h for h in trainer.state.log_history if "train_loss" in h]
-    mean = float(final[-1]["train_loss"]) if final else float("nan")
+    mean = logged_mean(hist) if hist else float(final[-1]["train_loss"]) if final else float("nan")
     steps_s = float(final[-1].get("train_runtime", wall)) if final else wall
     return {
         # where train_s went: the optimizer's steps (this attempt's), writing the model, and the rest
@@ -309,6 +309,19 @@ def write_log(trainer, out: Path, started: float, n_tokens: int, save_s: float =
         "train_s": wall,
         "tokens_per_s": n_tokens * trainer.args.num_train_epochs / wall if wall > 0 else 0.0,
     }
+
+
+def logged_mean(hist: list[dict]) -> float:
+    """The mean loss over the steps the log covers, each logged loss weighted by the steps since
+    the one before. The trainer's own `train_loss` averages only the steps of the attempt that
+    finished (a resumed run's, from its checkpoint on); this one is the same however many
+    attempts the training took."""
+    total, before = 0.0, 0
+    for h in hist:
+        step = int(h.get("step", before + 1))
+        total += float(h["loss"]) * (step - before)
+        before = step
+    return total / before if before else float(hist[-1]["loss"])
 
 
 def plain_loss(trainer_cls):

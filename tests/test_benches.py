@@ -27,3 +27,32 @@ def test_the_grpo_bench_builds_the_train_stage_s_job():
     cfg, job = job_of(Namespace(steps=2, adapter="lora", beta=0.0))
     assert isinstance(job, OnlineJob) and job.train.kind == "grpo" and job.train.steps == 2
     assert online_of(job, 0).group == cfg.sample.n
+
+
+def test_the_kill_bench_compares_what_a_resume_must_keep_and_not_when_it_ran():
+    """bench/kill_bench.py's idea, without its runs: two chains that differ only in when and how
+    fast their stages ran compare equal; one output digest, metric or ledger row apart does not;
+    and the stage a kill cut is read from the console."""
+    bench = runpy.run_path(str(BENCH / "kill_bench.py"))
+    comparable, running = bench["comparable"], bench["running"]
+    link = {"stage": "train", "round": 1, "key": "k", "dir": "stages/train-k", "outputs": {"model": "a1"},
+            "parents": ["p"], "verified": True, "code_version": "c", "ledger": [{"step": 1, "seeds": [3]}],
+            "metrics": {"loss": 0.5, "wall_s": 12.0, "tokens_per_s": 300.0}, "summary": "300 tok/s",
+            "source": {"commit": "x"}}
+    later = {**link, "metrics": {**link["metrics"], "wall_s": 30.0, "tokens_per_s": 120.0, "resumed": 1.0,
+                                  "resumed_from_step": 14.0, "shards_reused": 15.0, "holders": 2.0},
+             "summary": "120 tok/s"}  # a resumed attempt's
+    assert comparable([link]) == comparable([later])
+    for changed in ({"outputs": {"model": "b2"}}, {"metrics": {**link["metrics"], "loss": 0.6}},
+                    {"ledger": [{"step": 1, "seeds": [4]}]}):
+        assert comparable([link]) != comparable([{**link, **changed}]), changed
+    console = ("12:00:01 round 1  sample   started\n12:00:09 round 1  sample   ✓     8 s  24 completions\n"
+               "12:00:09 round 1  label    started\n")
+    assert running(console) == "label (round 1)"
+    assert running(console + "12:00:10 round 1  label    ✓     1 s\n") == "between stages, after label (round 1)"
+    assert running("ratchet run default-0ac1e11d78: 1 round(s)\n") == "its start, before its first stage"
+    import time
+
+    started = time.mktime(time.strptime(time.strftime("%Y-%m-%d ") + "12:00:00", "%Y-%m-%d %H:%M:%S"))
+    assert bench["windows"](console + "12:00:10 round 1  label    ✓     1 s\n", started) == [
+        ("sample (round 1)", 1.0, 9.0)]  # where a kill is aimed: label's 1 s is too short to aim at

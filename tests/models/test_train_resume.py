@@ -32,6 +32,8 @@ def test_killed_training_resumes_to_the_same_weights(tiny_model, tmp_path):
 
     resumed = _train(tiny_model, out)
     assert resumed["resumed"] == 1.0 and resumed["steps"] == 8
+    for name in ("train_loss", "first_loss", "last_loss"):  # the whole training's, not the last attempt's
+        assert resumed[name] == full[name], (name, resumed[name], full[name])
     a, b = load_file(str(tmp_path / "full" / "model" / "model.safetensors")), load_file(str(out / "model" / "model.safetensors"))
     assert a.keys() == b.keys()
     worst = max((a[k] - b[k]).abs().max().item() for k in a)

@@ -1,0 +1,255 @@
+"""Kill small runs with SIGKILL at random moments, resume each, and compare with unbroken runs.
+
+    python bench/kill_bench.py --kills 4 --seed 0 --out /tmp/kills
+
+Each workload is a shipped config shrunk onto a tiny random model (2 layers, the default model's
+tokenizer: every stage's real code, seconds a stage):
+
+- `search-rft`: a round that searches for a prompt, then samples, labels, filters and trains
+  under it (default.yaml, improve: both);
+- `cold-start-grpo`: a cold start on demonstrations, then a GRPO round (grpo.yaml);
+- `self-reward-dpo`: the policy judges its own samples, then DPO (self_reward_dpo.yaml).
+
+For each: one unbroken run, timed; then K runs of the same command, each in a workdir of its own,
+whose whole process group is killed with SIGKILL (a lost machine) at a moment drawn at random
+inside a stage of the unbroken run (each kill another stage, chosen at random, so that every kind
+is cut mid-way; `--moments anywhere`: in (1 s, its wall)), the stage it was in read from the console, and then the same
+command run again to its end. Each killed-and-resumed run must match the unbroken one on the
+champion's and the newest version's chain: every stage's key and output digests (so the
+champion's weights), its metrics but timings, and each online train stage's ledger. It prints
+one line per kill and per workload, and writes DIR/kills.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "flows" / "configs"
+# sized so that each stage that does work runs for seconds, long enough to be cut mid-way
+TINY = ["rounds=1", "sampler.backend=hf", "sampler.dtype=float32", "data.a_max=12", "data.b_max=8",
+        "data.train_size=48", "data.eval_size=24", "sample.max_tokens=32", "evaluate.max_tokens=32"]
+
+
+def tiny_model(out: Path) -> Path:
+    """A 2-layer random Llama with the default model's tokenizer (as the tests make it)."""
+    if (out / "config.json").exists():
+        return out
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from ratchet.models.default_model import default_model_dir
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir())
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                 tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                                 eos_token_id=tok.eos_token_id)).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def workloads(model: Path, out: Path) -> dict[str, list[str]]:
+    """Each workload's `ratchet run` arguments, less its workdir."""
+    from ratchet.data.prompts import load_split
+    from ratchet.flows.config import load_config
+
+    (out / "reward.py").write_text("import re\n\ndef score(completion, answer=None, prompt=None, **fields):\n"
+                                   "    return float(int(re.findall(r'\\d+', prompt)[0]) % 2 == 1)\n")
+    grpo = [str(CONFIGS / "grpo.yaml"), f"model.path={model}", *TINY, "sample.n=4", "train.steps=8",
+            "train.batch_size=2", "train.checkpoint_steps=2"]
+    split = load_split(load_config(grpo[0], grpo[1:]).data, 0, train_answers=True)
+    demos = out / "demos.jsonl"
+    demos.write_text("".join(json.dumps({"id": p.id, "prompt": p.prompt, "completion": f"It is {p.answer}.",
+                                         "answer": p.answer}) + "\n" for p in split.train[:6]))
+    search = "prompt.search={kind: prompt_agent, iterations: 2, width: 2, depth: 2, batch: 6, score_prompts: 12, " \
+             "reward_prompts: 12, feedback_tokens: 32, revision_tokens: 32}"
+    return {
+        "search-rft": [str(CONFIGS / "default.yaml"), f"model.path={model}", *TINY, "sample.n=4", "train.epochs=3",
+                       "filter.min_rows=1", "label.kind=verifier", "filter.max_per_prompt=2",
+                       "prompt.template='Q: {prompt}'", "improve=both", search, "train.checkpoint_steps=2",
+                       f"data.check={{kind: python, function: '{out / 'reward.py'}:score'}}"],
+        "cold-start-grpo": [*grpo, f"cold_start.demonstrations={demos}", "cold_start.train.epochs=2",
+                            "cold_start.train.batch_size=3"],
+        "self-reward-dpo": [str(CONFIGS / "self_reward_dpo.yaml"), f"model.path={model}", *TINY, "sample.n=4",
+                            "sample.shard_size=3", "label.top_logprobs=60000", "label.shard_size=9",
+                            "filter.margin=0", "filter.min_pairs=1", "filter.max_length_ratio=null",
+                            "train.epochs=2", "train.batch_size=4", "train.checkpoint_steps=2", "agreement.min=null"],
+    }
+
+
+def ratchet(*args: str, timeout: float | None = None, log: Path | None = None) -> tuple[int | None, str, float]:
+    """`ratchet ARGS` in a process group of its own; killed (the whole group, SIGKILL) after
+    `timeout` s. (exit code, or None where killed; its output; its wall)."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    start = time.time()
+    with open(log or os.devnull, "w") as sink:
+        p = subprocess.Popen([sys.executable, "-m", "ratchet.flows.cli", *args], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=sink, text=True, start_new_session=True)
+        try:
+            out, _ = p.communicate(timeout=timeout)
+            return p.returncode, out, time.time() - start
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, _ = p.communicate()
+            return None, out, time.time() - start
+
+
+def running(console: str) -> str:
+    """The stage the console last said started and did not say finished."""
+    state: dict[str, str] = {}
+    for m in re.finditer(r"round (\d+)\s+(\w[\w-]*)\s+(started|✓|↺ reused|✗)", console):
+        state[f"{m.group(2)} (round {m.group(1)})"] = m.group(3)
+    live = [s for s, how in state.items() if how == "started"]
+    if live:
+        return live[-1]
+    return f"between stages, after {list(state)[-1]}" if state else "its start, before its first stage"
+
+
+def windows(console: str, started: float) -> list[tuple[str, float, float]]:
+    """(stage, from, to): each stage the console says ran, in seconds from the command's start
+    (`started`, a time.time()), where it ran for 2 s or more (a shorter one cannot be aimed at)."""
+    day = time.strftime("%Y-%m-%d ", time.localtime(started))
+    at = lambda hms: time.mktime(time.strptime(day + hms, "%Y-%m-%d %H:%M:%S")) - started  # noqa: E731
+    began, out = {}, []
+    for m in re.finditer(r"^(\d\d:\d\d:\d\d) round (\d+)\s+(\w[\w-]*)\s+(started|✓)", console, re.M):
+        name = f"{m.group(3)} (round {m.group(2)})"
+        if m.group(4) == "started":
+            began[name] = at(m.group(1))
+        elif name in began and at(m.group(1)) - began[name] >= 2:
+            out.append((name, began[name], at(m.group(1))))
+    return out
+
+
+# metrics that say how the attempt that finished a stage went, not what the stage made: that it resumed,
+# from which step, how many engine holders it had (the executor is not in a key), and, by their `_reused`
+# names, how many shards or answers it read back instead of making them again
+ATTEMPT = ("resumed", "resumed_from_step", "holders")
+
+
+def timing(name: str) -> bool:
+    """A metric of the attempt: a time, a rate, a reuse count or one of ATTEMPT."""
+    return name.endswith(("_s", "_reused")) or "per_s" in name or "wall" in name or name in ATTEMPT
+
+
+def comparable(lineage: list[dict]) -> list[dict]:
+    """A lineage JSON as the comparison reads it: every link's stage, round, key, output digests,
+    parents and ledger, and its metrics but the attempt's (`timing`); not when, how fast or in how
+    many attempts it ran."""
+    keep = ("stage", "round", "key", "dir", "outputs", "parents", "verified", "ledger", "code_version")
+    return [{**{k: link.get(k) for k in keep},
+             "metrics": {n: v for n, v in (link.get("metrics") or {}).items() if not timing(n)}} for link in lineage]
+
+
+def chains(args: list[str], work: Path) -> dict[str, list[dict]]:
+    """The champion's and the newest version's chains, as `ratchet lineage --json` prints them."""
+    out = {}
+    for target in ("champion", None):
+        code, said, _ = ratchet("lineage", *args, f"workdir={work}", *([target] if target else []), "--json")
+        if code != 0:
+            raise SystemExit(f"lineage of {work} failed ({code}): {said[-2000:]}")
+        out[target or "newest"] = comparable(json.loads(said))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kills", type=int, default=4, help="killed runs per workload, each resumed to its end")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the moments")
+    ap.add_argument("--out", type=Path, required=True, help="a new folder for the runs and kills.json")
+    ap.add_argument("--moments", choices=["stages", "anywhere"], default="stages", help="stages: each kill at a "
+                    "random moment inside a stage of the unbroken run (a different stage each, at random); "
+                    "anywhere: at a random moment of the run")
+    ap.add_argument("--workloads", nargs="*", default=None, help="a subset: search-rft cold-start-grpo "
+                    "self-reward-dpo (default: all)")
+    ap.add_argument("--recompare", action="store_true", help="run nothing: compare the runs DIR holds again "
+                    "(after the comparison changed), and rewrite DIR/kills.json")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(a.seed)
+    model = tiny_model(a.out / "tiny-model")
+    if a.recompare:
+        return recompare(a.out, workloads(model, a.out))
+    results = []
+    for name, args in workloads(model, a.out).items():
+        if a.workloads and name not in a.workloads:
+            continue
+        ref = a.out / name / "unbroken"
+        t0 = time.time()
+        code, console, wall = ratchet("run", *args, f"workdir={ref}", log=a.out / f"{name}-unbroken.log")
+        if code != 0:
+            raise SystemExit(f"{name}: the unbroken run failed ({code}); see {a.out / f'{name}-unbroken.log'}")
+        stages = windows(console, t0)
+        print(f"{name}: unbroken run {wall:.0f} s; stages of 2 s or more: "
+              f"{', '.join(f'{n} {end - begin:.0f} s' for n, begin, end in stages)}", flush=True)
+        want, kills = chains(args, ref), []
+        # the moments: with --moments stages, one drawn inside each of K stages of the unbroken run
+        # (chosen at random where there are more), so that every kind of stage is cut mid-way; else
+        # anywhere in (1 s, the wall)
+        aimed = rng.sample(stages, min(a.kills, len(stages))) if a.moments == "stages" else []
+        for k in range(a.kills):  # each kill in a run of its own, resumed to its end
+            killed = a.out / name / f"killed-{k}"
+            at = rng.uniform(aimed[k][1] + 0.5, aimed[k][2] - 0.5) if k < len(aimed) else rng.uniform(1.0, wall)
+            code, console, _ = ratchet("run", *args, f"workdir={killed}", timeout=at,
+                                       log=a.out / f"{name}-killed-{k}.log")
+            if code is not None:
+                raise SystemExit(f"{name}: the run finished ({code}) before its kill at {at:.1f} s; see "
+                                 f"{a.out / f'{name}-killed-{k}.log'}")
+            where = running(console)
+            (a.out / f"{name}-killed-{k}.console").write_text(console)
+            code, _, took = ratchet("run", *args, f"workdir={killed}", log=a.out / f"{name}-resumed-{k}.log")
+            if code != 0:
+                raise SystemExit(f"{name}: the resumed run failed ({code}); see {a.out / f'{name}-resumed-{k}.log'}")
+            same, differ = compared(want, chains(args, killed))
+            aim = f"aimed at {aimed[k][0]}, " if k < len(aimed) else ""
+            kills.append({"at_s": round(at, 1), "aimed_at": aimed[k][0] if k < len(aimed) else None, "stage": where,
+                          "resumed_s": round(took, 1), "same": same, "differ": differ})
+            print(f"  kill {k + 1}: at {at:.1f} s ({aim}in {where}); resumed in {took:.0f} s; "
+                  f"{'matches' if all(same.values()) else 'DIFFERS: ' + ', '.join(differ)}", flush=True)
+        ledgers = [x["ledger"] for x in want["newest"] if x.get("ledger")]
+        results.append({"workload": name, "unbroken_s": round(wall, 1), "kills": kills,
+                        "ledger_steps": sum(len(x) for x in ledgers)})
+        matched = sum(all(x["same"].values()) for x in kills)
+        steps = f", {results[-1]['ledger_steps']} ledger steps compared" if ledgers else ""
+        print(f"{name}: {matched} of {len(kills)} killed runs ended where the unbroken run ends{steps}", flush=True)
+    (a.out / "kills.json").write_text(json.dumps(results, indent=1))
+    kills = [x for r in results for x in r["kills"]]
+    matched = sum(all(x["same"].values()) for x in kills)
+    print(f"{matched} of {len(kills)} kills in {len(results)} workload(s) ended where an unbroken run ends "
+          f"({a.out / 'kills.json'})")
+    return 0 if matched == len(kills) else 1
+
+
+def compared(want: dict, got: dict) -> tuple[dict, list[str]]:
+    """Whether each chain matches, and the newest chain's links that do not."""
+    return ({t: want[t] == got[t] for t in want},
+            [f"{w['stage']} (round {w['round']})" for w, g in zip(want["newest"], got["newest"]) if w != g])
+
+
+def recompare(out: Path, args_of: dict[str, list[str]]) -> int:
+    results = json.loads((out / "kills.json").read_text())
+    for r in results:
+        args = args_of[r["workload"]]
+        want = chains(args, out / r["workload"] / "unbroken")
+        for k, x in enumerate(r["kills"]):
+            x["same"], x["differ"] = compared(want, chains(args, out / r["workload"] / f"killed-{k}"))
+            print(f"{r['workload']} kill {k + 1}: at {x['at_s']} s in {x['stage']}: "
+                  f"{'matches' if all(x['same'].values()) else 'DIFFERS: ' + ', '.join(x['differ'])}", flush=True)
+    (out / "kills.json").write_text(json.dumps(results, indent=1))
+    kills = [x for r in results for x in r["kills"]]
+    matched = sum(all(x["same"].values()) for x in kills)
+    print(f"{matched} of {len(kills)} kills ended where an unbroken run ends")
+    return 0 if matched == len(kills) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
