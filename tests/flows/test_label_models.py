@@ -33,18 +33,9 @@ def tiny_reward_model(default_model, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tiny_judge(default_model, tmp_path_factory) -> Path:
     """Another random tiny causal model: a judge that is not the policy."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from tests.flows.tiny import tiny_causal_lm
 
-    out = tmp_path_factory.mktemp("tiny-judge")
-    tok = AutoTokenizer.from_pretrained(default_model)
-    torch.manual_seed(2)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                 tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
-                                 eos_token_id=tok.eos_token_id)).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return tiny_causal_lm(tmp_path_factory.mktemp("tiny-judge"), default_model, seed=2)
 
 
 def _round(cfg):

@@ -98,7 +98,8 @@ def test_a_link_names_the_commit_that_ran_it_and_its_code_version_opens(tmp_path
                                                        "version": "0.1.0"})
     store = ArtifactStore(tmp_path / "runs")
     m, _ = run_stage(store, stage="s", round=1, body=code_body, config=Job(x=1), parents=[])
-    assert m.ran_by == {"commit": "1a2b3c4d5e6f7a8b9c0d", "dirty": True, "version": "0.1.0"}
+    assert m.ran_by == {"commit": "1a2b3c4d5e6f7a8b9c0d", "dirty": True, "version": "0.1.0",
+                        "body": "tests.flows.test_lineage:code_body"}  # what `ratchet verify` runs again
     [link] = walk(store, m)
     assert f"code {m.code_version} (commit 1a2b3c4d5e6f dirty, ratchet 0.1.0)  verified" in render_text([link])
     opened = store.code(m.code_version)

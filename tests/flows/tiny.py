@@ -11,6 +11,22 @@ ROOT = Path(__file__).parents[2]
 CONFIG = ROOT / "flows" / "configs" / "self_reward_dpo.yaml"
 
 
+def tiny_causal_lm(out: Path, tokenizer: Path, seed: int = 0) -> Path:
+    """A 2-layer random Llama with `tokenizer`'s vocabulary, written to `out`: every code path of a
+    real model, seconds a stage (the tests' policy and judge, bench/kill_bench.py's runs)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                 tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                                 eos_token_id=tok.eos_token_id)).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 def overrides(workdir, tiny_model) -> list[str]:
     return [f"workdir={workdir}", f"model.path={tiny_model}", "rounds=1", "sampler.backend=hf",
             "sampler.dtype=float32", "data.a_max=6", "data.b_max=4", "data.train_size=12", "data.eval_size=4",
