@@ -324,9 +324,9 @@ def _made_by(tracker, version: str, run: str | None) -> str:
 
 def _version_number(tracker, target: str) -> str:
     """The registered version a command names: N, models:/NAME/N (this run's model's) or 'champion'."""
-    if target.startswith("models:/") and target.removeprefix("models:/").rpartition("/")[0] != tracker.model_name:
-        raise RatchetError(f"{target} names another registered model than this run's; give "
-                           f"models:/{tracker.model_name}/N")
+    from ratchet.flows.lineage import own_model
+
+    own_model(target, tracker)
     version = tracker.champion() if target == "champion" else target.rsplit("/", 1)[-1]
     if version is None:
         raise RatchetError(f"{tracker.model_name} has no champion yet; name a version (see `ratchet runs`)")

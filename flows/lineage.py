@@ -192,6 +192,13 @@ def annotate(links: list[Link], tracker) -> None:
                             f"at {link.dir}: the files were replaced after registration")
 
 
+def own_model(target: str, tracker) -> None:
+    """Refuse `models:/NAME/N` where NAME is not this run's registered model."""
+    if target.startswith("models:/") and target.removeprefix("models:/").rpartition("/")[0] != tracker.model_name:
+        raise RatchetError(f"{target} names another registered model than this run's; give "
+                           f"models:/{tracker.model_name}/N")
+
+
 def resolve(target: str, store: ArtifactStore, tracker) -> StageManifest:
     """A model version number, 'models:/name/N', 'prompts:/name/N' (a prompt version: the stage that
     wrote its text), 'champion', an MLflow run id, or a stage directory (a path, or as a link names
@@ -207,9 +214,7 @@ def resolve(target: str, store: ArtifactStore, tracker) -> StageManifest:
             raise RatchetError(f"{tracker.model_name} has no champion yet; name a version (see `ratchet runs`)")
         return version_manifest(store, tracker, champion)
     version = target.rsplit("/", 1)[-1] if target.startswith("models:/") else target
-    if target.startswith("models:/") and target.removeprefix("models:/").rpartition("/")[0] != tracker.model_name:
-        raise RatchetError(f"{target} names another registered model than this run's; give "
-                           f"models:/{tracker.model_name}/N")
+    own_model(target, tracker)
     if not version.isdigit():
         try:
             run = tracker.client.get_run(target)
