@@ -22,6 +22,7 @@ file run again.
 
 from __future__ import annotations
 
+import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,38 +170,129 @@ def source_digest(spec: str) -> str:
     found_helpers = helpers(path)
     if not found_helpers:
         return sha256_file(path)
-    parts = [f"{p.relative_to(path.parent)}\0{sha256_file(p)}" for p in [path, *found_helpers]]
+    parts = [f"{os.path.relpath(p, path.parent)}\0{sha256_file(p)}" for p in [path, *found_helpers]]
     return sha256_text("\n".join(parts))
 
 
 def helpers(path: Path) -> list[Path]:
-    """The user's own modules `path` imports from its folder, and theirs, transitively, sorted: a
-    module `name` imported (`import name`, `from name import x`, `from name.sub import y`) that is a
-    file `name.py` or a package `name/` in that folder (the loader puts the folder first on the
-    import path, so those are what it imports). It stops there: a module found elsewhere (an
-    installed library), an import made at run time (importlib, __import__), and the data files the
+    """The user's own modules `path` imports, and theirs, transitively, sorted:
+
+    - a module `name` imported (`import name`, `from name import x`, `from name.sub import y`)
+      that is a file `name.py` or a package `name/` in that folder (the loader puts the folder
+      first on the import path, so those are what it imports);
+    - or in a folder one of those files puts on the import path itself, where the folder is
+      written from `__file__` (`sys.path.insert(0, str(Path(__file__).parent.parent / "common"))`,
+      `sys.path.append(os.path.join(os.path.dirname(__file__), ".."))`);
+    - a relative import inside a helper package (`from .digits import SEPARATORS`).
+
+    It stops there: a module found elsewhere (an installed library), a folder put on the path
+    some other way, an import made at run time (importlib, __import__), and the data files the
     code reads are not keyed by it."""
+    roots = [path.parent.resolve()]
+    while True:  # until the files found put no other folder on the path
+        found, more = _closure(path.resolve(), roots)
+        if not more - set(roots):
+            return sorted(found - {path.resolve()})
+        roots += sorted(more - set(roots))
+
+
+def _closure(path: Path, roots: list[Path]) -> tuple[set[Path], set[Path]]:
+    """The files `path` imports from `roots` (the first that has a name is the one), transitively,
+    and the folders they put on the path."""
     import ast
 
-    root = path.parent.resolve()
-    seen: set[Path] = set()
-    todo = [path.resolve()]
+    seen, folders, todo = {path}, set(), [path]
     while todo:
         p = todo.pop()
         try:
             tree = ast.parse(p.read_text(), str(p))
         except (OSError, SyntaxError, ValueError):
             continue  # its import will say what is wrong with it
+        folders.update(_path_entries(tree, p))
         for n in ast.walk(tree):
-            names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
-                [n.module] + [f"{n.module}.{a.name}" for a in n.names] if isinstance(n, ast.ImportFrom) \
-                and n.module and not n.level else []
-            for name in names:
-                for found in _local_module(root, name):
-                    if found not in seen:
-                        seen.add(found)
-                        todo.append(found)
-    return sorted(seen - {path.resolve()})
+            found: list[Path] = []
+            if isinstance(n, ast.ImportFrom) and n.level:  # relative: from the importing file's package
+                here = p.parent
+                for _ in range(n.level - 1):
+                    here = here.parent
+                names = [f"{n.module}.{a.name}" if n.module else a.name for a in n.names]
+                found = [f for name in names + ([n.module] if n.module else []) for f in _local_module(here, name)]
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
+                    [n.module] + [f"{n.module}.{a.name}" for a in n.names] if n.module else []
+                for name in names:
+                    found += next((fs for root in roots if (fs := _local_module(root, name))), [])
+            for f in found:
+                if f not in seen:
+                    seen.add(f)
+                    todo.append(f)
+    return seen, folders
+
+
+def _path_entries(tree, file: Path) -> list[Path]:
+    """The folders a module puts on the import path, where they are written from `__file__`
+    (`sys.path.insert(i, X)`, `sys.path.append(X)`, `site.addsitedir(X)`), resolved."""
+    import ast
+
+    out = []
+    for n in ast.walk(tree):
+        if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.args):
+            continue
+        f = n.func
+        target = ast.unparse(f.value)
+        if (target == "sys.path" and f.attr in ("insert", "append")) or (target == "site" and f.attr == "addsitedir"):
+            value = _path_value(n.args[-1], file)
+            if value is not None and Path(value).is_dir():
+                out.append(Path(value).resolve())
+    return out
+
+
+def _path_value(node, file: Path):
+    """The value of a path expression built from `__file__` and strings (Path, its `.parent`,
+    `.parents[i]`, `/`, `.resolve()`, `os.path.dirname`, `join`, `abspath`, `realpath`, `str`),
+    or None for anything else."""
+    import ast
+    import os
+
+    def ev(n):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            return n.value
+        if isinstance(n, ast.Name) and n.id == "__file__":
+            return str(file)
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div):
+            a, b = ev(n.left), ev(n.right)
+            return None if a is None or b is None else Path(a) / b
+        if isinstance(n, ast.Attribute) and n.attr == "parent":
+            a = ev(n.value)
+            return None if a is None else Path(a).parent
+        if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Attribute) and n.value.attr == "parents" \
+                and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, int):
+            a = ev(n.value.value)
+            return None if a is None else Path(os.path.abspath(a)).parents[n.slice.value]
+        if isinstance(n, ast.Call):
+            name = ast.unparse(n.func)
+            args = [ev(a) for a in n.args]
+            if any(a is None for a in args):
+                return None
+            if name in ("Path", "pathlib.Path", "str", "os.fspath") and len(args) == 1:
+                return args[0] if name != "Path" and name != "pathlib.Path" else Path(args[0])
+            if name in ("os.path.dirname",) and len(args) == 1:
+                return os.path.dirname(args[0])
+            if name in ("os.path.abspath", "os.path.realpath", "os.path.normpath") and len(args) == 1:
+                return os.path.abspath(args[0])
+            if name == "os.path.join" and args:
+                return os.path.join(*map(str, args))
+            if isinstance(n.func, ast.Attribute) and n.func.attr in ("resolve", "absolute") and not n.args:
+                a = ev(n.func.value)
+                return None if a is None else Path(os.path.abspath(a))
+        return None
+
+    try:
+        out = ev(node)
+    except (ValueError, IndexError, TypeError):
+        return None
+    # only a folder found from the file itself: a relative one is relative to where the user runs
+    return str(out) if out is not None and os.path.isabs(str(out)) else None
 
 
 def _local_module(root: Path, name: str) -> list[Path]:

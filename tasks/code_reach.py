@@ -72,6 +72,10 @@ class _Module:
     init: list[ast.AST] = field(default_factory=list)
     aliases: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # name -> (module, attribute)
     unions: set[str] = field(default_factory=set)  # names that are kind unions
+    # worked out once per text (a `_Module` is `_parse`'s, kept by its text): each definition's
+    # code, and the names it loads before they are resolved (`_loads`)
+    code: dict[str, str] = field(default_factory=dict)
+    loads: dict[str, tuple] = field(default_factory=dict)
 
 
 class _Read:
@@ -84,6 +88,7 @@ class _Read:
         self.specs: dict[str, list | None] = {}
         self.texts: dict[str, str] = {}
         self.libraries: dict[str, str] = {}  # import name -> "distribution==version" (or "" for none)
+        self.modules: dict[str, _Module | None] = {}  # each module read once in one answer: a snapshot
 
 
 _local = threading.local()  # .reading: the `_Read` of the answer this thread's `digest` is working out
@@ -147,14 +152,19 @@ def _is_union(value: ast.AST) -> bool:
 def _module(name: str) -> _Module | None:
     """A module's definitions, read from its file now (an edit between two runs of a long-lived
     process counts), parsed once per text."""
+    read = getattr(_local, "reading", None)
+    if read is not None and name in read.modules:
+        return read.modules[name]
     found = _spec(name)
     if found is None:
         return None
     path, is_pkg = found
     text = path.read_text()
-    if (read := getattr(_local, "reading", None)) is not None:
+    out = _parse(name, path, is_pkg, text)
+    if read is not None:
         read.texts[str(path)] = sha256_text(text)
-    return _parse(name, path, is_pkg, text)
+        read.modules[name] = out
+    return out
 
 
 @functools.lru_cache(maxsize=256)
@@ -205,15 +215,18 @@ def _target(mod: _Module, name: str, local: dict[str, tuple[str, str | None]]) -
     return None
 
 
-def _refs(mod: _Module, nodes: list[ast.AST], top: str) -> set[tuple[str, str]]:
-    """The definitions `nodes` load, resolved; attribute chains on modules (`prepare.model_dir`)
-    to the definition they end at; a name of another top-level package as (LIBRARY, its name)."""
+def _loads(mod: _Module, name: str, nodes: list[ast.AST]) -> tuple:
+    """What `nodes` (definition `name` of `mod`) load, before it is resolved: (their own imports,
+    [(a name, the attributes read on it, outermost last) ...]). It depends on the text alone, so
+    it is worked out once per text; resolving it (`_refs`) looks other modules up every time."""
+    if name in mod.loads:
+        return mod.loads[name]
     local: dict[str, tuple[str, str | None]] = {}
     for node in nodes:
         for n in ast.walk(node):
             if isinstance(n, (ast.Import, ast.ImportFrom)):
                 local.update(_import_aliases(n, mod.name, mod.is_pkg))
-    out: set[tuple[str, str]] = set()
+    loaded: list[tuple[str, tuple[str, ...]]] = []
     chained: set[int] = set()
     for node in nodes:
         for n in ast.walk(node):
@@ -223,21 +236,35 @@ def _refs(mod: _Module, nodes: list[ast.AST], top: str) -> set[tuple[str, str]]:
                     chained.add(id(base))
                     chain.append(base.attr)
                     base = base.value
-                if not isinstance(base, ast.Name):
-                    continue
-                chained.add(id(base))
-                t = _target(mod, base.id, local)
-                if t is not None and t[0].split(".")[0] != top:  # a library: its version, not its code
-                    out.add((LIBRARY, t[0].split(".")[0]))
-                    continue
-                for attr in reversed(chain):
-                    if t is None or t[1] != WHOLE:
-                        break
-                    t = _member(t[0], attr)
-                if t is not None:
-                    out.add(t)
-            elif isinstance(n, ast.Name) and id(n) not in chained and (t := _target(mod, n.id, local)) is not None:
+                if isinstance(base, ast.Name):
+                    chained.add(id(base))
+                    loaded.append((base.id, tuple(reversed(chain))))
+            elif isinstance(n, ast.Name) and id(n) not in chained:
+                loaded.append((n.id, ()))
+    mod.loads[name] = out = (local, list(dict.fromkeys(loaded)))
+    return out
+
+
+def _refs(mod: _Module, name: str, nodes: list[ast.AST], top: str) -> set[tuple[str, str]]:
+    """The definitions `nodes` load, resolved; attribute chains on modules (`prepare.model_dir`)
+    to the definition they end at; a name of another top-level package as (LIBRARY, its name)."""
+    local, loaded = _loads(mod, name, nodes)
+    out: set[tuple[str, str]] = set()
+    for base, chain in loaded:
+        t = _target(mod, base, local)
+        if not chain:
+            if t is not None:
                 out.add(t if t[0].split(".")[0] == top else (LIBRARY, t[0].split(".")[0]))
+            continue
+        if t is not None and t[0].split(".")[0] != top:  # a library: its version, not its code
+            out.add((LIBRARY, t[0].split(".")[0]))
+            continue
+        for attr in chain:
+            if t is None or t[1] != WHOLE:
+                break
+            t = _member(t[0], attr)
+        if t is not None:
+            out.add(t)
     return {t for t in out if t[0].split(".")[0] == top or (t[0] == LIBRARY and _is_library(t[1]))}
 
 
@@ -292,8 +319,10 @@ def reach(roots: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
             out[(module, name)] = ""
             todo.append(t if t is not None and t != (module, name) else (module, WHOLE))
             continue
-        out[(module, name)] = "\n".join(syntax_tree(ast.unparse(n), f"{module}:{name}") for n in nodes)
-        for ref in _refs(m, nodes, top):
+        if name not in m.code:
+            m.code[name] = "\n".join(syntax_tree(ast.unparse(n), f"{module}:{name}") for n in nodes)
+        out[(module, name)] = m.code[name]
+        for ref in _refs(m, name, nodes, top):
             if ref[0] != LIBRARY and ref[1] in _module_unions(ref[0]):
                 out.setdefault(ref, "kind union: the job's values bring its kinds")
                 continue
@@ -409,10 +438,22 @@ def kept_answer(key: str) -> dict | None:
     return found if isinstance(found, dict) else None
 
 
+_kept_read: dict[str, tuple[tuple, dict]] = {}  # the file's path -> (its stat when read, what it held)
+
+
 def _kept() -> dict:
+    """The kept answers, read again only where the file changed since this process last read it
+    (it grows with every code version a machine has keyed: parsing it at every stage adds up)."""
     try:
-        out = json.loads(_memo_file().read_text())
-        return out if isinstance(out, dict) else {}
+        path = _memo_file()
+        st = path.stat()
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if (was := _kept_read.get(str(path))) is not None and was[0] == seen:
+            return dict(was[1])
+        out = json.loads(path.read_text())
+        out = out if isinstance(out, dict) else {}
+        _kept_read[str(path)] = (seen, out)
+        return dict(out)
     except (OSError, ValueError, RuntimeError):  # RuntimeError: no home directory to find the cache in
         return {}
 

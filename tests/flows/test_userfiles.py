@@ -74,3 +74,40 @@ def test_a_deployment_makes_every_user_file_absolute_wherever_it_is(tmp_path, mo
     # what is not on this disk stays as written: the embedded model, an installed module's function
     plain = absolute_paths(load_config(None, ["data.check={kind: python, function: 'json:dumps'}"]))
     assert plain.model.path == "default" and plain.data.check.function == "json:dumps"
+
+
+def test_a_user_function_is_keyed_with_every_helper_it_imports(tmp_path):
+    """Its folder's modules, their packages' relative imports, and a folder the file puts on the
+    path from `__file__` (two spellings); not a folder named relative to where ratchet runs, and
+    not a module a folder earlier on the path shadows (bench/key_mutations.py edits each)."""
+    from ratchet.data.userfiles import helpers, source_digest
+
+    files = {
+        "task/reward.py": "import os, sys\nfrom pathlib import Path\n"
+                          "sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'common'))\n"
+                          "sys.path.append(os.path.join(os.path.dirname(__file__), '..', 'more'))\n"
+                          "sys.path.append('elsewhere')\n"
+                          "from scoring import right\nfrom words import count\nimport extra\nimport shadowed\n",
+        "task/scoring.py": "from units.convert import to_number\n",
+        "task/units/__init__.py": "",
+        "task/units/convert.py": "from .digits import SEPARATORS\nfrom . import signs\n",
+        "task/units/digits.py": "SEPARATORS = ','\n",
+        "task/units/signs.py": "MINUS = '-'\n",
+        "task/shadowed.py": "X = 1\n",
+        "common/words.py": "def count(t):\n    return len(t.split())\n",
+        "common/shadowed.py": "X = 2\n",
+        "more/extra.py": "Y = 1\n",
+        "elsewhere/unseen.py": "Z = 1\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    found = {str(p.relative_to(tmp_path)) for p in helpers(tmp_path / "task" / "reward.py")}
+    assert found == {"task/scoring.py", "task/units/__init__.py", "task/units/convert.py", "task/units/digits.py",
+                     "task/units/signs.py", "task/shadowed.py", "common/words.py", "more/extra.py"}
+    spec = f"{tmp_path / 'task' / 'reward.py'}:score"
+    before = source_digest(spec)
+    (tmp_path / "common" / "shadowed.py").write_text("X = 3\n")  # not what imports: the task's own does
+    assert source_digest(spec) == before
+    (tmp_path / "task" / "units" / "signs.py").write_text("MINUS = '+'\n")
+    assert source_digest(spec) != before
