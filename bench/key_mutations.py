@@ -590,7 +590,9 @@ def _run(ws, worker, paths, full, sample, seed, out, t0) -> dict:
     users = {id(e) for e in user}
 
     results = []
-    for e in edits + user:
+    for i, e in enumerate(edits + user):
+        if i and i % 50 == 0:
+            print(f"{i} of {len(edits) + len(user)} edits, {time.time() - t0:.0f} s", flush=True)
         original = e.path.read_text()
         try:
             e.done = e.apply()

@@ -33,7 +33,7 @@ class _Sparse(BaseModel):
 
 
 SPARSE = ("fields", "prompt_ids", "segments", "chosen_segments", "rejected_segments", "outcome", "chosen_outcome",
-          "rejected_outcome", "attempt", "logprobs", "reports")
+          "rejected_outcome", "attempt", "logprobs", "reports", "level")
 
 
 class Segment(_Sparse):
@@ -105,6 +105,8 @@ class Prompt(_Sparse):
     task: str = Field(default="custom", description="which task or source produced it")
     fields: dict[str, Any] = Field(default_factory=dict, description="the source row's other columns, "
                                    "for a check that reads them")
+    level: int | None = Field(default=None, description="its difficulty level, where its task has levels "
+                              "(data.levels)")
 
 
 class Completion(_Turns):

@@ -225,7 +225,7 @@ def cmd_check(args) -> int:
     if (search := cfg.prompt.search) is not None:
         draw = cfg.data.prompts_per_round or sum(p.answer is not None or not check.needs_answer for p in split.train)
         print(f"{search.describe(draw)}; improve: {cfg.improve}")
-    for s, stage in cfg.evaluate.stages():
+    for s, stage in cfg.eval_stages():
         held = sets[s.name].eval if s.name in sets else split.eval
         src = s.source(cfg.data)
         gate = " · the gate's set" if s.name == cfg.evaluate.gate_set else ""

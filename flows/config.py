@@ -25,7 +25,7 @@ from ratchet.models.prompt_format import PromptFormat
 from ratchet.models.sampler import SamplerConfig
 from ratchet.tasks.agreement import AgreementConfig
 from ratchet.tasks.cold_start import ColdStartConfig
-from ratchet.tasks.evaluate import EvaluateConfig
+from ratchet.tasks.evaluate import EvalSet, EvaluateConfig
 from ratchet.tasks import label as label_kinds
 from ratchet.tasks.filter import FilterConfig
 from ratchet.tasks.filters import ROWS
@@ -158,6 +158,13 @@ class PipelineConfig(BaseModel):
     def trains_weights(self) -> bool:
         return self.improve != "prompt"
 
+    def eval_stages(self) -> list[tuple[EvalSet, str]]:
+        """Every held-out set with its stage name: evaluate.sets (`evaluate`, `evaluate.<name>`),
+        then, for a task with levels (data.levels), one set per level: `level_<N>`, that level's
+        held-out prompts, in stage `evaluate.level_<N>`."""
+        return self.evaluate.stages() + [(EvalSet(name=f"level_{n}", data=self.data.at_level(n)), f"evaluate.level_{n}")
+                                         for n in self.data.level_list()]
+
 
 def _cross_checks(cfg: PipelineConfig) -> list[str]:
     """Problems across sections. What a kind needs of the rest of the config is the kind's own
@@ -171,6 +178,9 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
             f"sampler.max_model_len={cfg.sampler.max_model_len}; raise sampler.max_model_len or lower sample.max_tokens"
         )
     problems += _served_checks(cfg)
+    levels = {f"level_{n}" for n in cfg.data.level_list()}
+    problems += [f"evaluate.sets: {x.name!r} is the name of a level's own held-out set (data.levels); name the set "
+                 "otherwise" for x in cfg.evaluate.sets if x.name in levels]
     problems += cfg.sample.rollout.checks(cfg)
     problems += _prompt_checks(cfg)
     problems += _return_checks(cfg)

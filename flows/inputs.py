@@ -287,8 +287,8 @@ def held_out_sets(cfg: PipelineConfig, split: Split) -> dict[str, Split]:
     an answer), none of them a train prompt of the task unless the set allows it, its check loadable."""
     out, problems = {}, []
     train = {prompt_key(p.prompt): p.id for p in split.train}
-    for i, (s, _) in enumerate(cfg.evaluate.stages()):
-        where = f"evaluate.sets[{i}] ({s.name})"
+    for i, (s, stage) in enumerate(cfg.eval_stages()):
+        where = f"evaluate.sets[{i}] ({s.name})" if i < len(cfg.evaluate.sets) else f"data.levels ({stage})"
         if s.data is None:
             if s.check is not None and (bad := s.check.problems(columns(split.eval))):
                 problems += [f"{where}.check: {x}" for x in bad]

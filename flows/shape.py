@@ -62,7 +62,7 @@ class Calls:
         from ratchet.tasks import prepare
 
         cfg, out = self.cfg, []
-        for s, stage in cfg.evaluate.stages():
+        for s, stage in cfg.eval_stages():
             held, source, reused = prompts, s.source(cfg.data), None
             if s.data is not None:
                 held, reused = prepare.held_out(self.store, s.name, source, cfg.seed, sources_of(sources, s.name),
@@ -327,4 +327,4 @@ def round_stage_names(cfg: PipelineConfig) -> list[str]:
     names = _Names()
     policy = SimpleNamespace(stage="template") if cfg.prompt.has_text() else None
     round_shape(cfg, names, 1, policy, None, 0)
-    return (["pool"] if cfg.data.retire_solved else []) + names.names + [stage for _, stage in cfg.evaluate.stages()]
+    return (["pool"] if cfg.data.retire_solved else []) + names.names + [stage for _, stage in cfg.eval_stages()]

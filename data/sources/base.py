@@ -38,6 +38,17 @@ class PoolSource(BaseModel):
         evaluation depend on."""
         return self.model_copy(update={"prompts_per_round": None, "retire_solved": False})
 
+    def level_list(self) -> list[int]:
+        """Its difficulty levels, easiest first (a source's `levels`); none for a task without levels."""
+        return list(getattr(self, "levels", None) or [])
+
+    def at_level(self, level: int) -> "PoolSource":
+        """This source with one of its levels only: that level's train and held-out prompts, the
+        same rows the whole source holds at that level."""
+        if level not in self.level_list():
+            raise ValueError(f"data has no level {level}; its levels are {self.level_list()}")
+        return self.model_copy(update={"levels": [level]})
+
     def eval_metrics(self, prompts: list[Prompt], rows: list) -> dict[str, float]:
         """What a source measures of an evaluation beyond its accuracy (`rows`: the checked
         answers to `prompts`); none by default."""

@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ratchet.data.checkers import CheckConfig, NumberCheck, answer_key
 from ratchet.data.checks.base import to_float
@@ -40,14 +40,28 @@ class FileSource(PoolSource):
     check: CheckConfig = Field(default_factory=NumberCheck, description="answer check for rows with answers")
     allow_overlap: bool = Field(default=False, description="allow the same prompt text in the train and eval "
                                 "splits (normally an error: held-out accuracy on trained prompts is not held out)")
+    level_field: str | None = Field(default=None, description="column holding each row's difficulty level (an "
+                                    "integer); with it, data.levels says which levels to use")
+    levels: list[int] | None = Field(default=None, min_length=1, description="with data.level_field: the levels "
+                                     "to use, easiest first; rows of other levels are left out, and eval_size rows "
+                                     "of each level are held out (of eval_path's rows, where it is given)")
+
+    @model_validator(mode="after")
+    def _levels(self) -> FileSource:
+        if (self.level_field is None) != (self.levels is None):
+            raise ValueError("data.level_field and data.levels go together: name the column holding each row's "
+                             "level and the levels to use (e.g. level_field: level, levels: [1, 2, 3]), or neither")
+        if self.levels is not None and self.levels != sorted(set(self.levels)):
+            raise ValueError(f"data.levels={self.levels} must rise, each once: easiest first")
+        return self
 
     def load(self, seed: int, train_answers: bool) -> Split:
         return _file(self, seed, train_answers)
 
     def held_out(self, seed: int) -> Split:
         """As an extra held-out set: every row of `path` (nothing of it is trained on), or the
-        eval_path file if one is given."""
-        if self.eval_path:
+        eval_path file if one is given; with levels, each level's held-out rows, as the split holds them."""
+        if self.eval_path or self.levels is not None:
             return super().held_out(seed)
         report = ProblemReport()
         rows, digest = _read(self.path, self.split, "path", report)
@@ -306,7 +320,20 @@ def _to_prompts(rows: list[tuple[str, Any]], cfg: FileSource, source: str, id_pr
         answer = _answer(r.get(cfg.answer_field), cfg.check, source, place, report) if cfg.answer_field else None
         # a check that reads the other columns gets them, and so does an environment's reset (a return check)
         fields = _fields(r, cfg, source, place, report) if cfg.check.reads_fields or cfg.check.reads_return else {}
-        out.append((Prompt(id=str(pid), prompt=text, answer=answer, task="file", fields=fields), (source, place)))
+        level = None
+        if cfg.level_field is not None:
+            level = r.get(cfg.level_field)
+            if isinstance(level, float) and level.is_integer():
+                level = int(level)
+            if isinstance(level, bool) or not isinstance(level, int):
+                report.add(source, f"levels that are not integers (data.level_field={cfg.level_field!r})", place,
+                           show(level), f"give every row its level in {cfg.level_field!r} as a whole number "
+                           "(1, 2, 3 ...)")
+                continue
+            if level not in cfg.levels:
+                continue  # a level this config does not use
+        out.append((Prompt(id=str(pid), prompt=text, answer=answer, task="file", fields=fields, level=level),
+                    (source, place)))
     return out
 
 
@@ -394,6 +421,17 @@ def _file(cfg: FileSource, seed: int, train_answers: bool) -> Split:
             report.add(cfg.eval_path, "no rows", "data.eval_path", "the file is empty",
                        "held-out accuracy (and the champion gate) needs at least one answered row")
         ev = _to_prompts(ev_rows, cfg, cfg.eval_path, "eval-row-", held_out_answers, report)
+    elif cfg.levels is not None:  # each level's own held-out rows, drawn apart
+        by_level = {n: [x for x in train if x[0].level == n] for n in cfg.levels}
+        train, ev = [], []
+        for n, rows_n in by_level.items():
+            if cfg.eval_size >= len(rows_n):
+                report.add(cfg.path, "levels with too few rows to hold some out", f"level {n}",
+                           f"{len(rows_n)} row(s), data.eval_size={cfg.eval_size}",
+                           "give the level more rows, lower data.eval_size, or drop the level from data.levels")
+            random.Random(f"{seed}-level-{n}").shuffle(rows_n)
+            ev += rows_n[: cfg.eval_size]
+            train += rows_n[cfg.eval_size :]
     else:
         if train and cfg.eval_size >= len(train):
             report.add(cfg.path, "too few rows to split", "data.eval_size", f"{cfg.eval_size} >= {len(train)} rows",

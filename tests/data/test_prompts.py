@@ -318,3 +318,63 @@ def test_digests_follow_the_content_of_every_kind_of_source(tmp_path, monkeypatc
     a = load_split(named, seed=0).digests["path"]
     hub["rows"] = [{**r, "answer": r["answer"] + 1} for r in _rows(6)]
     assert load_split(named, seed=0).digests["path"] != a
+
+
+def test_addition_levels_are_digit_counts_each_with_its_own_held_out_pairs():
+    src = AdditionSource(levels=[1, 2, 8], eval_size=5, train_size=10)
+    split = src.load(0, True)
+    for n in (1, 2, 8):
+        tr, ev = [p for p in split.train if p.level == n], [p for p in split.eval if p.level == n]
+        assert (len(tr), len(ev)) == (10, 5) and not {p.id for p in tr} & {p.id for p in ev}
+        a, b = (int(x) for x in re.findall(r"\d+", ev[0].prompt))
+        assert len(str(a)) == len(str(b)) == n and ev[0].answer == str(a + b)
+        alone = src.at_level(n).load(0, True)  # a level's rows, whichever other levels are listed
+        assert alone.eval == ev and alone.train == tr
+    assert json.loads(split.eval[0].model_dump_json())["level"] == 1
+    assert "level" not in json.loads(AdditionSource().load(0, True).eval[0].model_dump_json())  # no level: same bytes
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"levels": [0, 2]}, "digit counts from 1"),
+    ({"levels": [3, 2]}, "must rise"),
+    ({"levels": [2], "a_max": 5}, "a_max do not apply"),
+    ({"levels": [1], "eval_size": 50, "train_size": 60}, "level 1 (one digit) has 100 pairs"),
+])
+def test_addition_levels_that_cannot_work_are_refused_with_the_fix(settings, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        AdditionSource(**settings)
+
+
+def test_a_file_s_level_column_splits_each_level_apart_and_is_checked(tmp_path):
+    rows = [{"id": f"r{i}", "prompt": f"q{i}", "answer": str(i), "level": 1 + i % 3} for i in range(30)]
+    path = tmp_path / "levels.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    src = FileSource(path=str(path), level_field="level", levels=[1, 2], eval_size=3)
+    split = src.load(0, True)
+    assert sorted({p.level for p in split.train + split.eval}) == [1, 2]  # level 3 is left out
+    assert [sum(p.level == n for p in split.eval) for n in (1, 2)] == [3, 3]
+    assert src.at_level(2).held_out(0).eval == [p for p in split.eval if p.level == 2]
+    with pytest.raises(ValueError, match="go together"):
+        FileSource(path=str(path), level_field="level")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps({**r, "level": "hard" if i == 4 else r["level"]}) + "\n"
+                           for i, r in enumerate(rows)))
+    with pytest.raises(ConfigError) as e:
+        FileSource(path=str(bad), level_field="level", levels=[1, 2, 3], eval_size=3).load(0, True)
+    assert "levels that are not integers" in str(e.value) and "line 5" in str(e.value) and "'hard'" in str(e.value)
+    with pytest.raises(ConfigError, match="levels with too few rows to hold some out"):
+        FileSource(path=str(path), level_field="level", levels=[1, 2], eval_size=10).load(0, True)
+
+
+def test_each_level_is_a_held_out_set_of_its_own_and_no_set_may_take_its_name():
+    from ratchet.flows.config import config_from_dict
+
+    cfg = config_from_dict({"data": {"kind": "addition", "levels": [2, 3], "eval_size": 4, "train_size": 8}})
+    stages = [(s.name, stage) for s, stage in cfg.eval_stages()]
+    assert stages == [("heldout", "evaluate"), ("level_2", "evaluate.level_2"), ("level_3", "evaluate.level_3")]
+    level = cfg.eval_stages()[2][0]
+    assert level.source(cfg.data).held_out(cfg.seed).eval == [p for p in cfg.data.load(cfg.seed, True).eval
+                                                              if p.level == 3]
+    with pytest.raises(ConfigError, match="'level_3' is the name of a level's own held-out set"):
+        config_from_dict({"data": {"kind": "addition", "levels": [2, 3], "eval_size": 4, "train_size": 8},
+                          "evaluate": {"sets": [{"name": "heldout"}, {"name": "level_3", "data": {"kind": "addition"}}]}})
