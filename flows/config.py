@@ -25,6 +25,7 @@ from ratchet.models.prompt_format import PromptFormat
 from ratchet.models.sampler import SamplerConfig
 from ratchet.tasks.agreement import AgreementConfig
 from ratchet.tasks.cold_start import ColdStartConfig
+from ratchet.tasks.curriculum import CurriculumConfig
 from ratchet.tasks.evaluate import EvalSet, EvaluateConfig
 from ratchet.tasks import label as label_kinds
 from ratchet.tasks.filter import FilterConfig
@@ -142,6 +143,10 @@ class PipelineConfig(BaseModel):
     executor: ExecutorConfig = Field(default_factory=LocalExecutorConfig)
     prompt: PromptConfig = Field(default_factory=PromptConfig, description="the text around each task prompt, and "
                                  "the search that improves it")
+    curriculum: CurriculumConfig | None = Field(
+        default=None, exclude_if=lambda v: v is None, description="from easy to hard, on a task with levels "
+        "(data.levels): each round's train prompts chosen by a `curriculum` stage from earlier rounds' labels, the "
+        "level raised when its held-out accuracy reaches curriculum.advance_at")
 
     @model_serializer(mode="wrap")
     def _sparse(self, handler):
@@ -162,8 +167,34 @@ class PipelineConfig(BaseModel):
         """Every held-out set with its stage name: evaluate.sets (`evaluate`, `evaluate.<name>`),
         then, for a task with levels (data.levels), one set per level: `level_<N>`, that level's
         held-out prompts, in stage `evaluate.level_<N>`."""
-        return self.evaluate.stages() + [(EvalSet(name=f"level_{n}", data=self.data.at_level(n)), f"evaluate.level_{n}")
-                                         for n in self.data.level_list()]
+        levels = [(EvalSet(name=f"level_{n}", data=self.data.at_level(n)), f"evaluate.level_{n}")
+                  for n in self.data.level_list()]
+        return self.evaluate.stages() + levels
+
+
+def _curriculum_checks(cfg: PipelineConfig) -> list[str]:
+    """What a curriculum needs of the rest: levels, rounds that label samples, a band that can form."""
+    c = cfg.curriculum
+    if c is None:
+        return []
+    levels = cfg.data.level_list()
+    if not levels:
+        return [f"curriculum: data.kind={cfg.data.kind!r} has no levels; set data.levels (the addition task: digit "
+                "counts, e.g. [1, 2, 3]; a file: data.level_field and data.levels), or drop curriculum"]
+    out = []
+    if c.start is not None and c.start not in levels:
+        out.append(f"curriculum.start={c.start} is not one of data.levels {levels}; start at one of them")
+    for name in ("prompts_per_round", "retire_solved"):
+        if getattr(cfg.data, name):
+            out.append(f"data.{name}={getattr(cfg.data, name)!r} and curriculum both choose a round's prompts; drop "
+                       f"data.{name} (the curriculum draws curriculum.prompts a round)")
+    if not cfg.trains_weights():
+        out.append("curriculum chooses prompts from the labels of rounds that train weights; improve='prompt' "
+                   "labels none: set improve to weights or both, or drop curriculum")
+    if cfg.sample.n < 2:
+        out.append(f"curriculum: sample.n={cfg.sample.n} cannot form a band (prompts whose samples pass sometimes: "
+                   "0 < passed < n needs n >= 2); raise sample.n")
+    return out
 
 
 def _cross_checks(cfg: PipelineConfig) -> list[str]:
@@ -178,6 +209,7 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
             f"sampler.max_model_len={cfg.sampler.max_model_len}; raise sampler.max_model_len or lower sample.max_tokens"
         )
     problems += _served_checks(cfg)
+    problems += _curriculum_checks(cfg)
     levels = {f"level_{n}" for n in cfg.data.level_list()}
     problems += [f"evaluate.sets: {x.name!r} is the name of a level's own held-out set (data.levels); name the set "
                  "otherwise" for x in cfg.evaluate.sets if x.name in levels]

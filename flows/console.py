@@ -179,7 +179,8 @@ class RunConsole:
                     "not promoted" + (f" ({short_reason(d['gate'])})" if d.get("gate") else "")
                 others = "".join(f" · {n} {a:.1%}" for n, a in d.get("sets", {}).items() if n != d.get("gate_set"))
                 on = f" ({d['gate_set']})" if others else ""
-                self.line(f"round {e.round:<2} -> version {d['version']} · held-out accuracy{on} "
+                at = f" · level {d['level']}" if d.get("level") is not None else ""
+                self.line(f"round {e.round:<2} -> version {d['version']}{at} · held-out accuracy{on} "
                           f"{d['accuracy']:.1%}{gain}{others} · {verdict}", "bold")
 
     def _render(self):

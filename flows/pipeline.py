@@ -29,11 +29,10 @@ from ratchet.flows.inputs import run_preload
 from ratchet.flows.runs import RunContext, set_state, start
 from ratchet.flows.shape import EvalTarget, carries_text, round_shape, run_shape
 from ratchet.flows.stages import (RoundResult, Session, agreement_task, base_task, bind_task, cold_start_task,
-                                  demonstrations_task, drop_task, eval_targets_task, evaluate_task, filter_task,
-                                  label_model_task, label_task, optimiser_model_task, lineage_task, online_train_task, prompts_task,
-                                  register_task, report_task, retire_task, sample_task, search_task, slice_task,
-                                  start_model_task,
-                                  train_task, unwrap)
+                                  curriculum_task, demonstrations_task, drop_task, eval_targets_task, evaluate_task,
+                                  filter_task, label_model_task, label_task, optimiser_model_task, lineage_task,
+                                  online_train_task, prompts_task, register_task, report_task, retire_task, sample_task,
+                                  search_task, slice_task, start_model_task, train_task, unwrap)
 from ratchet.flows.tracking import Tracker, verdict
 from ratchet.models import warm
 from ratchet.data.procs import forkserver
@@ -148,6 +147,15 @@ class FlowRun:
     def retire(self, k, pool, scored):
         return unwrap(retire_task(self.cfg, self.ctx, k, pool, scored))
 
+    def curriculum(self, k, prompts, before, last):
+        return unwrap(curriculum_task(self.cfg, self.ctx, k, prompts, before, last))
+
+    def ends(self, k, curriculum):
+        from ratchet.tasks.curriculum import CurriculumJob
+
+        why = CurriculumJob.model_validate(curriculum.config).summary(curriculum.metrics)[0]
+        events.emit(events.Event("note", round=k, stage="curriculum", data={"text": f"{why}; round {k} is not run"}))
+
     def round(self, k, start, pool, targets, first, label_model, optimiser_model):
         return round_flow(self.cfg, self.ctx, k, start.policy, pool, targets, start.version, first, label_model,
                           optimiser_model)
@@ -170,11 +178,12 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
     try:
         made = round_shape(cfg, FlowRound(cfg, ctx, child), k, policy, prompts, first, label_model, optimiser_model)
         evaluations = evaluate_all(cfg, ctx, k, made.candidate, targets, child)
+        taught = [prompts] if prompts.stage == "curriculum" else []  # the round's prompts and level, chosen before it
         result = register_task(cfg, ctx, k, made.candidate, evaluations, targets, parent_version, child,
-                               [*made.done, *evaluations], made.note)
+                               [*taught, *made.done, *evaluations], made.note)
         if cfg.drop_models:
             drop_task(cfg, ctx, k)
-        return result.model_copy(update={"scored": made.scored})
+        return result.model_copy(update={"scored": made.scored, "evaluations": evaluations})
     except BaseException:
         Session(cfg, ctx).tracker.end(child, "FAILED")
         raise
@@ -188,7 +197,8 @@ def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, target
     child = Session(cfg, ctx).tracker.child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
     try:
         evaluations = evaluate_all(cfg, ctx, k, base, targets, child)
-        return register_task(cfg, ctx, k, base, evaluations, targets, None, child, evaluations)
+        result = register_task(cfg, ctx, k, base, evaluations, targets, None, child, evaluations)
+        return result.model_copy(update={"evaluations": evaluations})
     except BaseException:
         Session(cfg, ctx).tracker.end(child, "FAILED")
         raise
@@ -209,7 +219,7 @@ def cold_start_round(cfg: PipelineConfig, ctx: RunContext, k: int, base: StageMa
                                [demos, trained, *([candidate] if candidate is not trained else []), *evaluations])
         if cfg.drop_models:
             drop_task(cfg, ctx, k)
-        return result
+        return result.model_copy(update={"evaluations": evaluations})
     except BaseException:
         Session(cfg, ctx).tracker.end(child, "FAILED")
         raise

@@ -65,6 +65,7 @@ class _Round:
     accuracy: float | None
     accuracies: dict[str, float] | None
     scored: StageManifest | None = None  # its samples with their rewards (data.retire_solved reads them)
+    evaluations: list[StageManifest] = field(default_factory=list)  # the curriculum reads its level's
 
 
 def plan(cfg: PipelineConfig, run: str | None = None, start: StageManifest | None = None,
@@ -195,6 +196,17 @@ class PlanRun:
     def retire(self, k, pool, scored):
         return self.calls.retire(k, pool, scored)[0]
 
+    def curriculum(self, k, prompts, before, last):
+        m = self.calls.curriculum(k, prompts, before, last)[0]
+        if pending(m):
+            self._waiting = (k, f"on the curriculum of round {k}: its prompts and level are known once the rounds "
+                                "before it are labelled and evaluated")
+            return None
+        return m
+
+    def ends(self, k, curriculum):
+        pass  # its stage's line says why (reused: its metrics hold the decision)
+
     def round(self, k, start, pool, targets, first, label_model, optimiser_model):
         from ratchet.flows.shape import round_shape
 
@@ -204,18 +216,22 @@ class PlanRun:
     def waits(self, k):
         from ratchet.flows.shape import round_stage_names
 
+        on, why = getattr(self, "_waiting", None) or (None, "on the gate's decision (evaluate.next_round_from=best): "
+                                                       "which model round k trains is known once the rounds before "
+                                                       "it are evaluated")
         for stage in round_stage_names(self.cfg):
-            self.planner.note(stage, k, "waits", "on the gate's decision (evaluate.next_round_from=best): which model "
-                              "round k trains is known once the rounds before it are evaluated")
+            if not (stage == "curriculum" and on == k):  # that one has its own line already
+                self.planner.note(stage, k, "waits", why)
 
     def _evaluate(self, k, policy, targets, scored=None) -> _Round:
-        scores = {}
+        scores, made = {}, []
         for t in targets:
             m, _ = self.calls.evaluate(k, policy, t)
+            made.append(m)
             scores[t.name] = None if pending(m) else m.metrics["accuracy"]
         if any(v is None for v in scores.values()):
-            return _Round(k, policy, None, None, scored)
-        return _Round(k, policy, scores[self.cfg.evaluate.gate_set], scores, scored)
+            return _Round(k, policy, None, None, scored, made)
+        return _Round(k, policy, scores[self.cfg.evaluate.gate_set], scores, scored, made)
 
 
 def _walk(cfg: PipelineConfig, planner: Planner, store: ArtifactStore, sources: dict[str, str],

@@ -59,6 +59,8 @@ class Round:
     cold_start: bool = False  # the round that fine-tuned the base model on the user's demonstrations (cold_start)
     steps: list[dict] = field(default_factory=list)  # an online train stage's figures by step (models/trainer.py)
     search: dict = field(default_factory=dict)  # its prompt search: nodes, refused revisions, the chosen text, figures
+    level: int | None = None  # the level its curriculum trained it at (curriculum:)
+    band: float | None = None  # how many of its prompts the curriculum drew from the band
 
     @property
     def name(self) -> str:
@@ -109,6 +111,10 @@ def gather(workdir: Path, tracker: Tracker, run: str | None = None) -> Report:
         [tracker.experiment_id], f"tags.mlflow.parentRunId = '{rec.ctx.parent_run_id}'")
     rounds = []
     store = ArtifactStore(workdir)
+    try:  # the curriculum's band by round, on the run's parent (none without a curriculum)
+        bands = {m.step: m.value for m in tracker.client.get_metric_history(rec.ctx.parent_run_id, "curriculum.band")}
+    except Exception:  # noqa: BLE001 - a store without the metric answers in its own ways
+        bands = {}
     for c in children:
         if not str(c.data.tags.get("ratchet.round", "")).isdigit():  # not a round run, or a tag edited out of shape
             continue
@@ -142,6 +148,9 @@ def gather(workdir: Path, tracker: Tracker, run: str | None = None) -> Report:
                 r.steps = []
         if "search" in dirs:
             r.search = _search_of(store, dirs["search"], f"run {c.info.run_id}'s ratchet.stage.search tag")
+        if str(tags.get("ratchet.level", "")).isdigit():
+            r.level = int(tags["ratchet.level"])
+            r.band = bands.get(r.round)
         rounds.append(r)
     rounds.sort(key=lambda r: r.round)
     return Report(run=chosen, model=tracker.model_name, champion=tracker.champion(), rounds=rounds,
@@ -336,6 +345,11 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
         ax.legend(loc="best" if others else "lower right", fontsize=8)
         figs["Held-out accuracy by round"] = _save(fig, out / "accuracy.png")
 
+    levels = sorted({int(n.removeprefix("level_")) for r in scored for n in r.sets
+                     if n.startswith("level_") and n.removeprefix("level_").isdigit()})
+    if levels:
+        figs["Held-out accuracy by level and round"] = _save(_levels_figure(scored, levels), out / "levels.png")
+
     with_rewards = [r for r in rs if r.rewards]
     if with_rewards and all(x in (0.0, 1.0) for r in with_rewards for x in r.rewards):  # a 0/1 label: counts
         fig, ax = _axes("Label rewards by round", "completions", [r.round for r in with_rewards], cold)
@@ -443,6 +457,39 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
 STEP_PANELS = (("reward", "reward mean"), ("groups_kept", "share of groups kept"), ("kl", "KL to the start"),
                ("entropy", "entropy"), ("logp_gap", "log-prob gap, sampler vs trainer"),
                ("gen_tokens_per_s", "generated tokens / s"))
+
+
+def _levels_figure(rounds: list[Round], levels: list[int]):
+    """A heat map: each level's held-out accuracy (rows) in each round (columns), blank where the
+    round did not evaluate it; under a curriculum, each round's level framed, its band below."""
+    import numpy as np
+
+    plt = _pyplot()
+    grid = np.full((len(levels), len(rounds)), np.nan)
+    for j, r in enumerate(rounds):
+        for i, n in enumerate(levels):
+            if (a := r.sets.get(f"level_{n}")) is not None:
+                grid[i, j] = 100 * a
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.7 * len(rounds) + 2), max(2.4, 0.45 * len(levels) + 1.4)), dpi=110)
+    im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=100, aspect="auto", origin="lower")
+    for i in range(len(levels)):
+        for j in range(len(rounds)):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=7,
+                        color="white" if grid[i, j] < 60 else "black")
+    for j, r in enumerate(rounds):
+        if r.level in levels:
+            ax.add_patch(plt.Rectangle((j - 0.5, levels.index(r.level) - 0.5), 1, 1, fill=False, edgecolor="#C44E52",
+                                       linewidth=2))
+    ax.set_xticks(range(len(rounds)), [r.name + (f"\nband {r.band:.0f}" if r.band is not None else "")
+                                        for r in rounds], fontsize=8)
+    ax.set_yticks(range(len(levels)), [str(n) for n in levels])
+    framed = any(r.level is not None for r in rounds)
+    ax.set_xlabel("round (framed: the level it trained at)" if framed else "round", fontsize=8)
+    ax.set_ylabel("level")
+    ax.set_title("Held-out accuracy (%) by level", fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.04)
+    return fig
 
 
 def _steps_figure(online: list[Round]):

@@ -85,6 +85,18 @@ class Calls:
 
         return prepare.retire(self.store, pool, scored, self.cfg.label.reward_range()[1], k, run=self.run)
 
+    def curriculum(self, k: int, prompts: StageManifest, before: StageManifest | None,
+                   last) -> tuple[StageManifest, bool]:
+        """Round k's prompts and level (curriculum:), from the round before's curriculum stage
+        (`before`), and that round's (`last`) scored samples and evaluation of its level."""
+        from ratchet.tasks import curriculum
+
+        cfg, levels = self.cfg, self.cfg.data.level_list()
+        level = curriculum.level_of(before, cfg.curriculum, levels)
+        held = next((m for m in getattr(last, "evaluations", []) if m.stage == f"evaluate.level_{level}"), None)
+        return curriculum.curriculum(self.store, cfg.curriculum, levels, cfg.label.reward_range()[1], prompts, before,
+                                     getattr(last, "scored", None), held, round_seed(cfg, k), k, run=self.run)
+
     def sample(self, k: int, policy: StageManifest, prompts: StageManifest) -> tuple[StageManifest, bool]:
         from ratchet.tasks import sample as sample_mod
 
@@ -263,6 +275,8 @@ class RunSteps(Protocol):
     def cold_start_round(self, k: int, base, demos, targets, before): ...
     def begin(self, k: int, results: list): ...
     def retire(self, k: int, pool, scored): ...
+    def curriculum(self, k: int, prompts, before, last): ...  # None where it is not known yet (the plan)
+    def ends(self, k: int, curriculum) -> None: ...  # the curriculum ends the run before round k
     def round(self, k: int, start, pool, targets, first: int, label_model, optimiser_model): ...
     def waits(self, k: int) -> None: ...
 
@@ -280,21 +294,48 @@ def run_shape(cfg: PipelineConfig, steps: RunSteps) -> list:
     fixed = steps.label_model() if cfg.label.fixed_model() else None
     optimiser = steps.optimiser_model() if cfg.prompt.optimiser_model() else None
     targets = steps.targets(prompts)
-    results = [steps.round_zero(base, targets, first)]
+    first_targets = reached(cfg, targets, None)
+    results = [steps.round_zero(base, first_targets, first)]
     if cold_starts(cfg, steps.started):  # generation 1; the rounds build on it, whatever the base scored
         demos = steps.demonstrations()
-        results.append(steps.cold_start_round(first + 1, base, demos, targets, results[0]))
-    begun, last, pool = len(results) - 1, results[-1].round, prompts
+        results.append(steps.cold_start_round(first + 1, base, demos, first_targets, results[0]))
+    begun, last, pool, taught = len(results) - 1, results[-1].round, prompts, None
     for k in range(last + 1, last + cfg.rounds + 1):
         start = steps.begin(k, results[begun:])
+        if start is not None and cfg.curriculum is not None:  # the round's prompts and level, from the last's labels
+            taught = steps.curriculum(k, prompts, taught, results[-1])
+            start = None if taught is None else start
         if start is None:
             for j in range(k, last + cfg.rounds + 1):
                 steps.waits(j)
             break
-        if cfg.data.retire_solved and results[-1].scored is not None:  # what the last round solved leaves
+        if cfg.curriculum is not None:
+            from ratchet.tasks.curriculum import ends, level_of
+
+            if ends(taught):
+                steps.ends(k, taught)
+                break
+            pool = taught
+        elif cfg.data.retire_solved and results[-1].scored is not None:  # what the last round solved leaves
             pool = steps.retire(k, pool, results[-1].scored)
-        results.append(steps.round(k, start, pool, targets, last, fixed, optimiser))
+        round_targets = targets if taught is None else reached(cfg, targets, level_of(taught, cfg.curriculum, []))
+        results.append(steps.round(k, start, pool, round_targets, last, fixed, optimiser))
     return results
+
+
+def reached(cfg: PipelineConfig, targets: list, level: int | None) -> list:
+    """The held-out sets a round evaluates: every set of evaluate.sets and every level's; under a
+    curriculum at `level` (None: its start), the levels up to the next one only, so that each
+    round shows what it kept of the levels before and how ready it is for the next."""
+    if cfg.curriculum is None:
+        return targets
+    from ratchet.tasks.curriculum import level_of
+
+    levels = cfg.data.level_list()
+    at = levels.index(level if level is not None else level_of(None, cfg.curriculum, levels))
+    shown = {f"evaluate.level_{n}" for n in levels[: at + 2]}
+    every = {f"evaluate.level_{n}" for n in levels}
+    return [t for t in targets if t.stage not in every or t.stage in shown]
 
 
 def cold_starts(cfg: PipelineConfig, started: bool) -> bool:
@@ -322,9 +363,10 @@ class _Names:
 
 
 def round_stage_names(cfg: PipelineConfig) -> list[str]:
-    """The stages a round runs, in order, as the shape walks them: its pool (data.retire_solved),
+    """The stages a round runs, in order, as the shape walks them: its curriculum, or its pool (data.retire_solved),
     the round_shape's stages, then one evaluation per held-out set."""
     names = _Names()
     policy = SimpleNamespace(stage="template") if cfg.prompt.has_text() else None
     round_shape(cfg, names, 1, policy, None, 0)
-    return (["pool"] if cfg.data.retire_solved else []) + names.names + [stage for _, stage in cfg.eval_stages()]
+    drawn = ["curriculum"] if cfg.curriculum is not None else ["pool"] if cfg.data.retire_solved else []
+    return drawn + names.names + [stage for _, stage in cfg.eval_stages()]

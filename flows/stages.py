@@ -48,7 +48,9 @@ class RoundResult(BaseModel):
     agreement: str = Field(default="", description="the agreement gate's note on this round's labels")
     scored: StageManifest | None = Field(default=None, description="the stage holding the round's samples with "
                                          "their rewards (its label stage, or its online train stage), which "
-                                         "data.retire_solved reads")
+                                         "data.retire_solved and the curriculum read")
+    evaluations: list[StageManifest] = Field(default=[], description="its evaluation stages (the curriculum reads "
+                                             "its level's)")
 
 
 class Session:
@@ -282,6 +284,20 @@ def retire_task(cfg: PipelineConfig, ctx: RunContext, k: int, pool: StageManifes
     return finished(m, reused)
 
 
+@task(name="curriculum", cache_policy=NONE, retries=0)
+def curriculum_task(cfg: PipelineConfig, ctx: RunContext, k: int, prompts: StageManifest,
+                    before: StageManifest | None, last: RoundResult) -> StageManifest:
+    """Round k's prompts and level (curriculum:), from the round before's; its level, band and
+    choice on the run's MLflow parent, at step k."""
+    ses = Session(cfg, ctx)
+    m, reused = ses.calls.curriculum(k, prompts, before, last)
+    if ses.tracker.log_stage(ctx.parent_run_id, m, reused):
+        ses.tracker.log_metrics(ctx.parent_run_id, {k_: v for k_, v in m.metrics.items()
+                                                    if k_ in ("level", "band", "unseen", "retried", "advanced")},
+                                prefix="curriculum.", step=k)
+    return finished(m, reused)
+
+
 @task(name="demonstrations", cache_policy=NONE, retries=0)
 def demonstrations_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     """The cold start's demonstrations (cold_start.demonstrations), as the run checked them."""
@@ -384,6 +400,10 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     drawn = next((m for m in stages if m.stage == "slice"), None)
     if drawn is not None:
         tags["ratchet.prompts"] = drawn.info["summary"]
+    taught = next((m for m in stages if m.stage == "curriculum"), None)
+    level = None if taught is None else int(taught.metrics["level"])
+    if level is not None:
+        tags["ratchet.level"] = str(level)
     if agreement:
         tags["ratchet.agreement"] = agreement
     version = t.register(child, store, policy, tags)
@@ -393,13 +413,15 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     per_set = {f"accuracy.{s.name}": s.accuracy for s in scores} if len(scores) > 1 else {}
     if per_set:  # the report reads which of round.accuracy.<set> is the gate's
         t.client.set_tag(child, "ratchet.gate_set", gated.name)
+    if level is not None:  # and the level the curriculum trained the round at
+        t.client.set_tag(child, "ratchet.level", str(level))
     t.log_once(child, "ratchet.model_version", version, {"accuracy": acc, "promoted": float(gate.promoted), **per_set},
                prefix="round.")
     accuracies = {s.name: s.accuracy for s in scores}
     events.emit(events.Event("round", round=k, data={"version": version, "accuracy": acc, "promoted": gate.promoted,
                                                      "gate": gate.reason, "parent_version": parent_version,
                                                      "sets": accuracies if len(scores) > 1 else {},
-                                                     "gate_set": gated.name}))
+                                                     "gate_set": gated.name, "level": level}))
     t.end(child)
     walls = {m.stage: m.wall_s for m in stages}
     return RoundResult(round=k, policy=policy, version=version, accuracy=acc, eval_set=eval_set,

@@ -99,7 +99,7 @@ def label(store: ArtifactStore, source: StageManifest, cfg: LabelConfig, data_cf
     label's fixed `label-model` stage), the sampler settings and a seed, and runs in a
     worker process like sampling; one that plays episodes itself needs the sample stage's
     `rollout` and `turn_tokens` (they key it)."""
-    want = ("sample",) if cfg.consumes == "samples" else ("prompts", "slice")
+    want = ("sample",) if cfg.consumes == "samples" else ("prompts", "slice", "curriculum")
     if source.stage not in want:
         raise ValueError(f"label.kind={cfg.kind!r} labels the {' or '.join(want)} stage, not {source.stage}")
     if cfg.served():  # its model is elsewhere: called from here, resumable call by call

@@ -129,7 +129,8 @@ def train_prompts(req: StageRequest, store: ArtifactStore, as_read: bool = True)
     gives it, for a search that puts each node's text around them)."""
     from ratchet.tasks.text import read_text, render
 
-    source = next((p for p in req.parents if p.stage in ("slice", "pool")), None) or req.parent("prompts")
+    drawn = ("slice", "pool", "curriculum")  # the round's own draw, what is left of the pool, or the curriculum's
+    source = next((p for p in req.parents if p.stage in drawn), None) or req.parent("prompts")
     rows = read_jsonl(store.path(source, "train.jsonl"), Prompt)
     return render(rows, read_text(req, store)) if as_read else rows
 

@@ -33,10 +33,10 @@ class AdditionSource(PoolSource):
     train_size: int | None = Field(default=None, ge=1, description="cap on train prompts (None = all the rest; "
                                    f"with levels, {LEVEL_TRAIN} a level)")
     check: CheckConfig = Field(default_factory=NumberCheck, description="answer check")
-    levels: list[int] | None = Field(default=None, min_length=1, description="difficulty levels, each a digit "
-                                     "count: level N asks N-digit + N-digit (level 1: 0-9), with eval_size held-out "
-                                     "and train_size train pairs of its own; a_max and b_max do not apply. Unset: "
-                                     "every pair a < a_max, b < b_max")
+    levels: list[int] | None = Field(default=None, exclude_if=lambda v: v is None, min_length=1,
+                                     description="difficulty levels, each a digit count: level N asks N-digit + "
+                                     "N-digit (level 1: 0-9), with eval_size held-out and train_size train pairs of "
+                                     "its own; a_max and b_max do not apply. Unset: every pair a < a_max, b < b_max")
 
     @field_validator("template")
     @classmethod

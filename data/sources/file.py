@@ -40,11 +40,13 @@ class FileSource(PoolSource):
     check: CheckConfig = Field(default_factory=NumberCheck, description="answer check for rows with answers")
     allow_overlap: bool = Field(default=False, description="allow the same prompt text in the train and eval "
                                 "splits (normally an error: held-out accuracy on trained prompts is not held out)")
-    level_field: str | None = Field(default=None, description="column holding each row's difficulty level (an "
-                                    "integer); with it, data.levels says which levels to use")
-    levels: list[int] | None = Field(default=None, min_length=1, description="with data.level_field: the levels "
-                                     "to use, easiest first; rows of other levels are left out, and eval_size rows "
-                                     "of each level are held out (of eval_path's rows, where it is given)")
+    level_field: str | None = Field(default=None, exclude_if=lambda v: v is None,
+                                    description="column holding each row's difficulty level (an integer); with "
+                                    "it, data.levels says which levels to use")
+    levels: list[int] | None = Field(default=None, exclude_if=lambda v: v is None, min_length=1,
+                                     description="with data.level_field: the levels to use, easiest first; rows of "
+                                     "other levels are left out, and eval_size rows of each level are held out (of "
+                                     "eval_path's rows, where it is given)")
 
     @model_validator(mode="after")
     def _levels(self) -> FileSource:

@@ -1,0 +1,172 @@
+"""The curriculum: each round's train prompts, chosen from what the run already knows of every
+prompt, from easy to hard (`curriculum:` in the config, on a task with levels: data.levels).
+
+Round k's `curriculum` stage reads the round before's: the level it was at, and a table of every
+prompt scored so far with how many of its samples passed (its latest round's). To that table it
+adds the round before's scored samples (its label stage, or its online train stage's rollouts),
+and it reads that round's held-out accuracy on the current level (its `evaluate.level_<N>`
+stage). Then:
+
+- **the level**: where that accuracy reached `advance_at`, the next level (the run ends when
+  the top level reaches it); else the same, and where the level's accuracy has not risen above
+  its best for `patience` rounds, the run ends there;
+- **the prompts**: the band first, the prompts of the levels reached whose samples passed
+  sometimes (0 < passed < n), then prompts of the current level no round has sampled yet, up to
+  `prompts`, each part in a seeded order; where both are spent, the current level's prompts
+  that no sample passed yet.
+
+The stage is keyed by what it read (the round before's curriculum, its scored samples and its
+evaluation, by their digests) and its settings, so `ratchet plan` and a resume treat it as any
+other: it runs again only where one of those changed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ratchet.data import events
+from ratchet.data.errors import EmptyStageError
+from ratchet.data.manifest import StageManifest
+from ratchet.data.records import Prompt, read_jsonl, write_jsonl
+from ratchet.data.store import ArtifactStore
+from ratchet.tasks.stage import StageRequest, run_stage
+
+STATE = "state.json"
+
+
+class CurriculumConfig(BaseModel):
+    """From easy to hard: each round's train prompts chosen from earlier rounds' labels."""
+
+    model_config = ConfigDict(extra="forbid")
+    start: int | None = Field(default=None, description="the level the first round trains at (unset: data.levels' "
+                              "first)")
+    advance_at: float = Field(default=0.8, gt=0, le=1, description="held-out accuracy on the current level at which "
+                              "the next round moves to the next level (0.8 = 80%); the run ends when the top level "
+                              "reaches it")
+    prompts: int = Field(default=64, ge=1, description="train prompts a round draws: the band (prompts whose samples "
+                         "passed sometimes) first, then prompts of the current level not sampled yet")
+    patience: int = Field(default=3, ge=1, description="rounds a level may go without its held-out accuracy rising "
+                          "above its best before the run ends there")
+
+
+class CurriculumJob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    curriculum: CurriculumConfig
+    levels: list[int] = Field(description="the task's levels, easiest first")
+    top: float = Field(description="the label's top reward: a sample that earned it passed")
+    seed: int
+
+    def summary(self, m: dict[str, float]) -> list[str]:
+        n = events.count
+        if m.get("done"):
+            return [f"the run ends at level {int(m['level'])}: {_why(m)}"]
+        moved = f" (up from level {int(m['from_level'])})" if m.get("advanced") else ""
+        return [f"level {int(m['level'])}{moved} · {n(m.get('band', 0))} prompt(s) in the band, "
+                f"{n(m.get('unseen', 0))} unseen, {n(m.get('retried', 0))} retried"]
+
+
+def _why(m: dict[str, float]) -> str:
+    if m.get("done") == 1:
+        return f"the top level's held-out accuracy {m['accuracy']:.1%} reached curriculum.advance_at"
+    return f"its held-out accuracy has not risen above {m['best']:.1%} for {int(m['stale'])} round(s)"
+
+
+def passes(rows, top: float) -> dict[str, list[int]]:
+    """Each prompt's [samples that earned `top`, samples] in a round's scored rows."""
+    out: dict[str, list[int]] = {}
+    for r in rows:
+        c = out.setdefault(r.prompt_id, [0, 0])
+        c[0] += int(r.reward is not None and r.reward >= top)
+        c[1] += 1
+    return out
+
+
+def decide(cfg: CurriculumConfig, levels: list[int], state: dict, accuracy: float | None) -> dict:
+    """The next state from the last (`state`: level, best, stale) and the level's held-out accuracy
+    the round before (None: not evaluated there). `done`: 0, 1 (the top level is mastered) or 2
+    (patience spent)."""
+    level, best, stale = state["level"], state.get("best"), state.get("stale", 0)
+    out = {"from_level": level, "level": level, "advanced": 0, "done": 0, "accuracy": accuracy}
+    if accuracy is not None and accuracy >= cfg.advance_at:
+        if level == levels[-1]:
+            return {**out, "done": 1, "best": accuracy, "stale": 0}
+        return {**out, "level": levels[levels.index(level) + 1], "advanced": 1, "best": None, "stale": 0}
+    if accuracy is not None and (best is None or accuracy > best):
+        return {**out, "best": accuracy, "stale": 0}
+    stale += accuracy is not None
+    return {**out, "best": best, "stale": stale, "done": 2 if stale >= cfg.patience else 0}
+
+
+def choose(pool: list[Prompt], seen: dict[str, list[int]], level: int, levels: list[int], count: int,
+           seed: int) -> tuple[list[Prompt], dict[str, int]]:
+    """The round's prompts: the band, then the unseen of `level`, then its never-passed ones."""
+    reached = set(levels[: levels.index(level) + 1])
+    band = [p for p in pool if p.level in reached and p.id in seen and 0 < seen[p.id][0] < seen[p.id][1]]
+    unseen = [p for p in pool if p.level == level and p.id not in seen]
+    hard = [p for p in pool if p.level == level and p.id in seen and seen[p.id][0] == 0]
+    rng = random.Random(seed)
+    out, counts = [], {}
+    for name, part in (("band", band), ("unseen", unseen), ("retried", hard)):
+        rng.shuffle(part)
+        took = part[: count - len(out)]
+        counts[name] = len(took)
+        out += took
+    return out, counts
+
+
+def curriculum_body(req: StageRequest[CurriculumJob], store: ArtifactStore) -> StageManifest:
+    from ratchet.tasks.prepare import scored_rows
+
+    job, cfg = req.config, req.config.curriculum
+    pool = read_jsonl(store.path(req.parent("prompts"), "train.jsonl"), Prompt)
+    before = next((p for p in req.parents if p.stage == "curriculum"), None)
+    state = json.loads(store.path(before, STATE).read_text()) if before is not None else \
+        {"level": cfg.start if cfg.start is not None else job.levels[0], "best": None, "stale": 0, "seen": {}}
+    seen = dict(state["seen"])
+    scored = next((p for p in req.parents if p.stage in ("label", "train")), None)
+    if scored is not None:
+        seen.update(passes(scored_rows(store, scored), job.top))
+    held = next((p for p in req.parents if p.stage == f"evaluate.level_{state['level']}"), None)
+    now = decide(cfg, job.levels, state, None if held is None else held.metrics["accuracy"])
+    rows, counts = ([], {"band": 0, "unseen": 0, "retried": 0}) if now["done"] else \
+        choose(pool, seen, now["level"], job.levels, cfg.prompts, job.seed)
+    if not rows and not now["done"]:
+        raise EmptyStageError(f"level {now['level']} has no train prompt left to draw: every one was sampled and "
+                              "none is in the band. Give the level more prompts (data.train_size), or lower "
+                              "curriculum.advance_at")
+    d = store.stage_dir(req.stage, req.key)
+    n = write_jsonl(d / "train.jsonl", rows)
+    (d / STATE).write_text(json.dumps({"level": now["level"], "best": now["best"], "stale": now["stale"],
+                                       "seen": seen}, sort_keys=True))
+    metrics = {"level": float(now["level"]), "from_level": float(now["from_level"]),
+               "advanced": float(now["advanced"]), "done": float(now["done"]), "prompts": float(n),
+               "stale": float(now["stale"]), "seen": float(len(seen)), **{k: float(v) for k, v in counts.items()}}
+    if now["accuracy"] is not None:
+        metrics["accuracy"] = now["accuracy"]
+    if now["best"] is not None:
+        metrics["best"] = now["best"]
+    return req.finish(store, outputs={"train.jsonl": n, STATE: 1}, metrics=metrics)
+
+
+def curriculum(store: ArtifactStore, cfg: CurriculumConfig, levels: list[int], top: float, prompts: StageManifest,
+               before: StageManifest | None, scored: StageManifest | None, held: StageManifest | None, seed: int,
+               round: int, run: str | None = None) -> tuple[StageManifest, bool]:
+    """Round `round`'s train prompts and level, from the round before's curriculum (`before`), its
+    scored samples (`scored`) and its evaluation of the current level (`held`)."""
+    parents = [prompts] + [p for p in (before, scored, held) if p is not None]
+    return run_stage(store, stage="curriculum", round=round, body=curriculum_body,
+                     config=CurriculumJob(curriculum=cfg, levels=levels, top=top, seed=seed), parents=parents, run=run)
+
+
+def level_of(m: StageManifest | None, cfg: CurriculumConfig, levels: list[int]) -> int:
+    """The level a curriculum stage chose (None: the run's start)."""
+    if m is None:
+        return cfg.start if cfg.start is not None else levels[0]
+    return int(m.metrics["level"])
+
+
+def ends(m: StageManifest) -> bool:
+    return bool(m.metrics.get("done"))

@@ -1,0 +1,98 @@
+"""The curriculum (tasks/curriculum.py): each round's prompts chosen from earlier rounds' labels,
+the level raised when its held-out accuracy reaches the threshold, the run ended at the top level
+or when a level stops rising; and what it refuses."""
+
+import re
+
+import pytest
+
+from ratchet.data.errors import ConfigError
+from ratchet.data.records import Prompt
+from ratchet.flows.config import config_from_dict
+from ratchet.tasks.curriculum import CurriculumConfig, choose, decide
+
+LEVELS = [1, 2, 3]
+
+
+def test_the_level_rises_at_the_threshold_and_the_run_ends_at_the_top_or_when_it_stops_rising():
+    cfg = CurriculumConfig(advance_at=0.8, patience=2)
+    up = decide(cfg, LEVELS, {"level": 1, "best": 0.5, "stale": 1}, 0.8)
+    assert (up["level"], up["advanced"], up["done"], up["best"], up["stale"]) == (2, 1, 0, None, 0)
+    assert decide(cfg, LEVELS, {"level": 3, "best": 0.5, "stale": 0}, 0.9)["done"] == 1  # the top level mastered
+    rise = decide(cfg, LEVELS, {"level": 2, "best": 0.3, "stale": 1}, 0.4)
+    assert (rise["level"], rise["best"], rise["stale"], rise["done"]) == (2, 0.4, 0, 0)
+    flat = decide(cfg, LEVELS, {"level": 2, "best": 0.4, "stale": 0}, 0.4)  # not above its best
+    assert (flat["stale"], flat["done"]) == (1, 0)
+    assert decide(cfg, LEVELS, {**flat, "level": 2}, 0.35)["done"] == 2  # patience spent
+    assert decide(cfg, LEVELS, {"level": 2, "best": None, "stale": 0}, None) == {  # not evaluated: nothing moves
+        "from_level": 2, "level": 2, "advanced": 0, "done": 0, "accuracy": None, "best": None, "stale": 0}
+
+
+def test_a_round_draws_the_band_first_then_unseen_prompts_of_its_level_then_those_not_passed_yet():
+    pool = [Prompt(id=f"l{n}-{i}", prompt=f"q{n}-{i}", level=n) for n in LEVELS for i in range(6)]
+    seen = {"l1-0": [1, 4], "l1-1": [4, 4], "l1-2": [0, 4], "l2-0": [2, 4], "l2-1": [0, 4], "l3-0": [1, 4]}
+    rows, counts = choose(pool, seen, 2, LEVELS, 6, seed=0)
+    assert counts == {"band": 2, "unseen": 4, "retried": 0}
+    assert {p.id for p in rows[:2]} == {"l1-0", "l2-0"}  # passed sometimes, at a level reached (not level 3)
+    assert all(p.level == 2 and p.id not in seen for p in rows[2:])
+    more, counts = choose(pool, seen, 2, LEVELS, 8, seed=0)
+    assert counts == {"band": 2, "unseen": 4, "retried": 1} and len(more) == 7 and more[-1].id == "l2-1"
+    assert choose(pool, seen, 2, LEVELS, 6, seed=0) == (rows, {"band": 2, "unseen": 4, "retried": 0})  # seeded
+    assert choose(pool, seen, 2, LEVELS, 6, seed=1)[0] != rows
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"data": {"kind": "addition"}}, "has no levels; set data.levels"),
+    ({"curriculum": {"start": 5}}, "curriculum.start=5 is not one of data.levels [1, 2, 3]"),
+    ({"data": {"prompts_per_round": 8}}, "data.prompts_per_round=8 and curriculum both choose"),
+    ({"sample": {"n": 1}}, "sample.n=1 cannot form a band"),
+    ({"curriculum": {"advance_at": 1.5}}, "curriculum.advance_at"),
+    ({"curriculum": {"advance_at": 0}}, "curriculum.advance_at"),
+])
+def test_a_curriculum_that_cannot_work_is_refused_with_the_fix(settings, says):
+    base = {"data": {"kind": "addition", "levels": LEVELS, "eval_size": 4, "train_size": 8}, "curriculum": {}}
+    cfg = {**base, **{k: ({**base.get(k, {}), **v} if k in ("data", "curriculum") else v) for k, v in settings.items()}}
+    if settings.get("data", {}).get("kind") == "addition" and "levels" not in settings["data"]:
+        cfg["data"] = {"kind": "addition"}
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        config_from_dict(cfg)
+
+
+@pytest.mark.integration
+def test_a_curriculum_climbs_the_levels_and_ends_the_run_at_the_top(tiny_model, tmp_path, prefect_harness):
+    """Three levels on the tiny model, scored by a function that passes every answer: round 0
+    evaluates levels 1 and 2, each round after it trains one level higher and evaluates up to the
+    next, and round 3's curriculum ends the run at the top level; the plan then reuses it all."""
+    from ratchet.data import events
+    from ratchet.data.manifest import read_manifest
+    from ratchet.flows.pipeline import execute
+    from ratchet.flows.plan import plan
+
+    (tmp_path / "always.py").write_text("def score(completion, answer=None, **fields):\n    return 1.0\n")
+    cfg = config_from_dict({
+        "name": "climb", "workdir": str(tmp_path / "runs"), "rounds": 3, "isolate": False,
+        "model": {"path": str(tiny_model)}, "sampler": {"backend": "hf", "dtype": "float32"},
+        "data": {"kind": "addition", "levels": LEVELS, "eval_size": 2, "train_size": 4,
+                 "check": {"kind": "python", "function": f"{tmp_path / 'always.py'}:score"}},
+        "sample": {"n": 2, "max_tokens": 4}, "evaluate": {"max_tokens": 4}, "train": {"epochs": 1, "batch_size": 4},
+        "filter": {"min_rows": 1}, "agreement": {"min": None}, "curriculum": {"prompts": 3, "advance_at": 0.5}})
+    seen = []
+    stop = events.subscribe(lambda e: seen.append(e) if e.kind in ("round", "note") else None)
+    try:
+        _, results, _ = execute(cfg)
+    finally:
+        stop()
+    assert [r.round for r in results] == [0, 1, 2]
+    assert [sorted(m.stage for m in r.evaluations) for r in results] == [
+        ["evaluate", "evaluate.level_1", "evaluate.level_2"],
+        ["evaluate", "evaluate.level_1", "evaluate.level_2", "evaluate.level_3"],
+        ["evaluate", "evaluate.level_1", "evaluate.level_2", "evaluate.level_3"]]
+    taught = sorted((m.round, m.metrics["level"], m.metrics["done"], m.metrics["prompts"])
+                    for d in (tmp_path / "runs" / "stages").glob("curriculum-*") if (m := read_manifest(d)))
+    assert taught == [(1, 2.0, 0.0, 3.0), (2, 3.0, 0.0, 3.0), (3, 3.0, 1.0, 0.0)]
+    assert [e.data.get("level") for e in seen if e.kind == "round"] == [None, 2, 3]
+    assert [e.data["text"] for e in seen if e.kind == "note" and e.stage == "curriculum"] == [
+        "the run ends at level 3: the top level's held-out accuracy 100.0% reached curriculum.advance_at; "
+        "round 3 is not run"]
+    steps = plan(cfg).steps
+    assert {s.state for s in steps} == {"reused"} and [s.round for s in steps if s.stage == "curriculum"] == [1, 2, 3]
