@@ -31,7 +31,7 @@ class AdditionSource(PoolSource):
     template: str = Field(default="What is {a} + {b}?", description="prompt text with {a} and {b}")
     eval_size: int = Field(default=50, ge=1, description="pairs held out for evaluation")
     train_size: int | None = Field(default=None, ge=1, description="cap on train prompts (None = all the rest; "
-                                   f"with levels, {LEVEL_TRAIN} a level)")
+                                   f"with levels, {LEVEL_TRAIN} a level, or what the level has)")
     check: CheckConfig = Field(default_factory=NumberCheck, description="answer check")
     levels: list[int] | None = Field(default=None, exclude_if=lambda v: v is None, min_length=1,
                                      description="difficulty levels, each a digit count: level N asks N-digit + "
@@ -62,9 +62,9 @@ class AdditionSource(PoolSource):
         if given := sorted(n for n in ("a_max", "b_max") if getattr(self, n) != fields[n].default):
             raise ValueError(f"data.{' and data.'.join(given)} do not apply with data.levels (each level's operands "
                              "have its number of digits); drop them")
-        if self.levels[0] == 1 and self.eval_size + (self.train_size or LEVEL_TRAIN) > 100:
-            raise ValueError(f"level 1 (one digit) has 100 pairs: eval_size={self.eval_size} + train_size="
-                             f"{self.train_size or LEVEL_TRAIN} is more; lower them, or start the levels at 2")
+        if self.levels[0] == 1 and self.eval_size >= 100:
+            raise ValueError(f"level 1 (one digit) has 100 pairs: eval_size={self.eval_size} leaves none to train on; "
+                             "lower data.eval_size, or start the levels at 2")
         return self
 
     def load(self, seed: int, train_answers: bool) -> Split:
@@ -92,7 +92,8 @@ def _levelled(cfg: AdditionSource, seed: int) -> Split:
     train, ev = [], []
     for n in cfg.levels:
         lo, hi = (0 if n == 1 else 10 ** (n - 1)), 10 ** n - 1
-        want, space = cfg.eval_size + (cfg.train_size or LEVEL_TRAIN), (hi - lo + 1) ** 2
+        space = (hi - lo + 1) ** 2
+        want = min(cfg.eval_size + (cfg.train_size or LEVEL_TRAIN), space)  # level 1 trains on what it has
         rng = random.Random(f"addition-{seed}-level-{n}")
         if space <= 4 * want:
             pairs = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1)]

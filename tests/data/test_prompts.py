@@ -332,13 +332,15 @@ def test_addition_levels_are_digit_counts_each_with_its_own_held_out_pairs():
         assert alone.eval == ev and alone.train == tr
     assert json.loads(split.eval[0].model_dump_json())["level"] == 1
     assert "level" not in json.loads(AdditionSource().load(0, True).eval[0].model_dump_json())  # no level: same bytes
+    small = AdditionSource(levels=[1, 2], eval_size=50, train_size=500).load(0, True)  # level 1 has 100 pairs
+    assert [sum(p.level == n for p in small.train) for n in (1, 2)] == [50, 500]
 
 
 @pytest.mark.parametrize("settings, says", [
     ({"levels": [0, 2]}, "digit counts from 1"),
     ({"levels": [3, 2]}, "must rise"),
     ({"levels": [2], "a_max": 5}, "a_max do not apply"),
-    ({"levels": [1], "eval_size": 50, "train_size": 60}, "level 1 (one digit) has 100 pairs"),
+    ({"levels": [1], "eval_size": 100}, "level 1 (one digit) has 100 pairs"),
 ])
 def test_addition_levels_that_cannot_work_are_refused_with_the_fix(settings, says):
     with pytest.raises(ValueError, match=re.escape(says)):
