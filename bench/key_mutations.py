@@ -369,6 +369,10 @@ class Edit:
     layout: bool = False
     definition: str | None = None  # "module:name" of a package edit
     oracle: set | None = None  # stages named by hand that must re-key (CHILD_CODE)
+    # a kind union: by design no stage is keyed by the union itself, only by the kinds its job holds
+    # (adding a kind, or editing one a stage does not hold, re-keys none); an edit that changes how a
+    # value parses changes the classes it holds, which are keyed, or fails to parse, loudly
+    union: bool = False
     done: str | None = None
 
 
@@ -399,7 +403,16 @@ def behaviour_edit(pkg: Path, definition: str, turn: int) -> Edit | None:
                 return done
         return None
 
-    return Edit(f"{definition}", path, apply, definition=definition)
+    node = _definition(ast.parse(path.read_text()), name)
+    union = isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _is_union(node.value)
+    return Edit(f"{definition}", path, apply, definition=definition, union=union)
+
+
+def _is_union(value: ast.AST) -> bool:
+    """A kind union (`Annotated[A | B, Field(discriminator="kind")]`), as tasks/code_reach.py reads one."""
+    return (isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name) and value.value.id == "Annotated"
+            and any(isinstance(n, ast.Call) and any(k.arg == "discriminator" for k in n.keywords)
+                    for n in ast.walk(value)))
 
 
 def layout_edit(pkg: Path, module: str) -> Edit | None:
@@ -524,7 +537,7 @@ def changed(before: dict, after: dict) -> set:
 
 
 def run(full: bool = False, sample: int = 24, seed: int = 0, out: Path | None = None, keep: Path | None = None,
-        shipped: list[str] | None = None) -> dict:
+        shipped: list[str] | None = None, only: list[str] | None = None) -> dict:
     """Make the copy, plan its configs (`shipped`: those of flows/configs to plan, or all), make
     the edits and report; the report as a dict ("misses": each edit with a miss)."""
     t0 = time.time()
@@ -535,7 +548,7 @@ def run(full: bool = False, sample: int = 24, seed: int = 0, out: Path | None = 
         paths = configs(own, shipped)
         worker = Worker(ws)
         try:
-            return _run(ws, worker, paths, full, sample, seed, out, t0)
+            return _run(ws, worker, paths, full, sample, seed, out, t0, only)
         finally:
             worker.close()
     finally:
@@ -543,7 +556,7 @@ def run(full: bool = False, sample: int = 24, seed: int = 0, out: Path | None = 
             shutil.rmtree(ws, ignore_errors=True)
 
 
-def _run(ws, worker, paths, full, sample, seed, out, t0) -> dict:
+def _run(ws, worker, paths, full, sample, seed, out, t0, only=None) -> dict:
     base = worker.keys(collect=paths)
     print(f"{len(paths)} configs planned, {len(base)} stages keyed in {time.time() - t0:.0f} s", flush=True)
     # the stages' kinds: one per (stage, reach), named by the first config that has it
@@ -558,7 +571,9 @@ def _run(ws, worker, paths, full, sample, seed, out, t0) -> dict:
     definitions = sorted(d for d in reached if not d.split(":")[1].startswith("<") and d.split(":")[1] != "*")
     modules = sorted({d.split(":")[0] for d in definitions})
     rng = random.Random(seed)
-    if full:
+    if only:
+        chosen, layouts = [d for d in definitions if any(o in d for o in only)], []
+    elif full:
         chosen, layouts = definitions, modules
     else:
         chosen = sorted(rng.sample(definitions, min(sample, len(definitions))))
@@ -607,7 +622,7 @@ def _run(ws, worker, paths, full, sample, seed, out, t0) -> dict:
             if replan.get(id(e)):
                 worker.keys(collect=replan[id(e)])  # its configs planned again as they were
         got = changed(base, after)
-        expect = set() if e.layout else e.expect
+        expect = set() if e.layout or e.union else e.expect
         missed, spurious = expect - got, got - expect
         if e.oracle is not None:
             missed |= e.oracle - got
@@ -615,7 +630,8 @@ def _run(ws, worker, paths, full, sample, seed, out, t0) -> dict:
             spurious |= {k for k in got if any(e.definition.startswith(p + ":") or e.definition.startswith(p + ".")
                                                 for p, s in never if s == k[1])}
         results.append({"edit": e.what, "file": str(e.path.relative_to(ws)), "how": e.done,
-                        "kind": "layout" if e.layout else "user" if id(e) in users else "behaviour",
+                        "kind": "layout" if e.layout else "user" if id(e) in users else "union" if e.union
+                        else "behaviour",
                         "expected": len(expect), "rekeyed": len(got), "seconds": round(took, 2),
                         "missed": sorted(map(list, missed)), "spurious": sorted(map(list, spurious))})
     if worker.keys(collect=sorted({p for again in replan.values() for p in again})) != base:  # all put back
@@ -664,8 +680,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--keep", type=Path, help="make the copy here and keep it")
     ap.add_argument("--configs", nargs="+", metavar="NAME", help="plan only these of flows/configs (default: all)")
+    ap.add_argument("--only", nargs="+", metavar="TEXT", help="edit only the definitions whose module:name holds "
+                    "one of these (and the hand-named and user edits)")
     a = ap.parse_args(argv)
-    return 1 if run(a.full, a.sample, a.seed, a.json, a.keep, a.configs)["misses"] else 0
+    return 1 if run(a.full, a.sample, a.seed, a.json, a.keep, a.configs, a.only)["misses"] else 0
 
 
 if __name__ == "__main__":
