@@ -403,16 +403,11 @@ def behaviour_edit(pkg: Path, definition: str, turn: int) -> Edit | None:
                 return done
         return None
 
+    from ratchet.tasks.code_reach import _is_union  # a kind union, as the reach reads one
+
     node = _definition(ast.parse(path.read_text()), name)
     union = isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _is_union(node.value)
     return Edit(f"{definition}", path, apply, definition=definition, union=union)
-
-
-def _is_union(value: ast.AST) -> bool:
-    """A kind union (`Annotated[A | B, Field(discriminator="kind")]`), as tasks/code_reach.py reads one."""
-    return (isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name) and value.value.id == "Annotated"
-            and any(isinstance(n, ast.Call) and any(k.arg == "discriminator" for k in n.keywords)
-                    for n in ast.walk(value)))
 
 
 def layout_edit(pkg: Path, module: str) -> Edit | None:
