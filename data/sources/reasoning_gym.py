@@ -57,6 +57,8 @@ class ReasoningGymCheck(Check):
     config: dict[str, Any] = Field(default_factory=dict, description="filled in from data.config; leave unset")
     dataset_seed: int = Field(default=0, description="filled in from data.dataset_seed; leave unset")
     size: int = Field(default=0, description="filled in from the source's problem count; leave unset")
+    levels: dict[int, dict[str, Any]] | None = Field(default=None, exclude_if=lambda v: v is None,
+                                                     description="filled in from data.levels; leave unset")
 
     def check(self, response: str, answer: str) -> Verdict:
         raise ConfigError([f"data.check.kind='reasoning_gym' scores a reasoning-gym problem by its prompt id; it "
@@ -66,14 +68,15 @@ class ReasoningGymCheck(Check):
         scorer = shared(score_entry, batched=False, timeout_s=self.timeout_s)
         out = []
         for i in items:
-            index, entry = entry_index(i.id), given_entry(i)
+            (index, level), entry = entry_of(i.id), given_entry(i)
             if index is None and entry is None:
                 raise ConfigError([f"data.check.kind='reasoning_gym' scores problems of data.kind='reasoning_gym'; "
                                    f"row {i.id!r} is not one of them. A row of your own (a demonstration) is scored "
                                    "by its problem's entry: give it a column `entry`, the reasoning-gym entry the "
                                    "problem came from ({question, answer, metadata}: `reasoning_gym.create_dataset("
                                    "...)[i]`, as JSON)"])
-            call = scorer.call({"completion": i.response, "dataset": self.dataset, "config": self.config,
+            config = self.config if level is None else {**self.config, **(self.levels or {}).get(level, {})}
+            call = scorer.call({"completion": i.response, "dataset": self.dataset, "config": config,
                                 "seed": self.dataset_seed, "size": self.size, "index": index or 0, "entry": entry,
                                 "how": self.read})
             if call.failure is not None:  # its scorer broke or ran out of time on this response: not right
@@ -97,18 +100,45 @@ class ReasoningGymSource(PoolSource):
                              "a blank line ('' for none)")
     check: ReasoningGymCheck = Field(default_factory=ReasoningGymCheck, description="how answers are read and "
                                      "scored (the dataset's own scorer)")
+    levels: dict[int, dict[str, Any]] | None = Field(
+        default=None, exclude_if=lambda v: v is None, min_length=1, description="difficulty levels: each level's "
+        "number and the dataset settings laid over data.config there (e.g. {1: {max_digits: 1}, 2: {max_digits: "
+        "2}}); each level draws eval_size held-out and train_size train problems of its own")
 
     @model_validator(mode="after")
     def _dataset(self) -> ReasoningGymSource:
         check_dataset(self.dataset, self.config)
+        for n, settings in (self.levels or {}).items():
+            if n < 1:
+                raise ValueError(f"data.levels: level {n} is not a level number (1, 2, 3 ...)")
+            try:
+                check_dataset(self.dataset, {**self.config, **settings})
+            except ValueError as e:
+                raise ValueError(f"data.levels[{n}]: {e}") from None
         self.check = self.check.model_copy(update={"dataset": self.dataset, "config": self.config,
-                                                   "dataset_seed": self.dataset_seed,
+                                                   "dataset_seed": self.dataset_seed, "levels": self.levels,
                                                    "size": (self.eval_size + self.train_size) * OVERDRAW})
         return self
 
+    def level_list(self) -> list[int]:
+        return sorted(self.levels or {})
+
+    def at_level(self, level: int) -> ReasoningGymSource:
+        if level not in self.level_list():
+            raise ValueError(f"data has no level {level}; its levels are {self.level_list()}")
+        return self.model_copy(update={"levels": {level: self.levels[level]},
+                                       "check": self.check.model_copy(update={"levels": {level: self.levels[level]}})})
+
     def load(self, seed: int, train_answers: bool) -> Split:
-        train, ev, _ = draw(self.dataset, self.config, self.dataset_seed, self.eval_size, self.train_size,
-                            self.instruction)
+        if not self.levels:
+            train, ev, _ = draw(self.dataset, self.config, self.dataset_seed, self.eval_size, self.train_size,
+                                self.instruction)
+            return Split(train, ev)
+        train, ev = [], []
+        for n in self.level_list():
+            t, e, _ = draw(self.dataset, {**self.config, **self.levels[n]}, self.dataset_seed, self.eval_size,
+                           self.train_size, self.instruction, level=n)
+            train, ev = train + t, ev + e
         return Split(train, ev)
 
 
@@ -126,9 +156,14 @@ def given_entry(item: Item) -> dict | None:
     return entry
 
 
+def entry_of(item_id: str) -> tuple[int | None, int | None]:
+    """(its index in the dataset, its level) of a problem's id: `rg-12`, or `rg-12@3` at level 3."""
+    m = re.fullmatch(r"rg-(\d+)(?:@(\d+))?(?:#\d+)?", item_id or "")
+    return (int(m.group(1)), int(m.group(2)) if m.group(2) else None) if m else (None, None)
+
+
 def entry_index(item_id: str) -> int | None:
-    m = re.fullmatch(r"rg-(\d+)(?:#\d+)?", item_id or "")
-    return int(m.group(1)) if m else None
+    return entry_of(item_id)[0]
 
 
 @lru_cache(maxsize=8)
@@ -181,7 +216,7 @@ def score_entry(completion: str, dataset: str = "", config: dict | None = None, 
 
 
 def draw(name: str, config: dict, seed: int, eval_size: int, train_size: int, instruction: str,
-         ) -> tuple[list[Prompt], list[Prompt], int]:
+         level: int | None = None) -> tuple[list[Prompt], list[Prompt], int]:
     """(train, eval, size): distinct problems in the dataset's own order, the first eval_size held
     out; `size` is the dataset size they were drawn from (a prompt's id is its index there)."""
     need = eval_size + train_size
@@ -195,7 +230,8 @@ def draw(name: str, config: dict, seed: int, eval_size: int, train_size: int, in
             continue
         seen.add(e["question"])
         text = f"{e['question']}\n\n{instruction}" if instruction else e["question"]
-        rows.append(Prompt(id=f"rg-{i}", prompt=text, answer=str(e["answer"]), task=f"reasoning_gym:{name}"))
+        rows.append(Prompt(id=f"rg-{i}" if level is None else f"rg-{i}@{level}", prompt=text, answer=str(e["answer"]),
+                           task=f"reasoning_gym:{name}", level=level))
         if len(rows) == need:
             return rows[eval_size:], rows[:eval_size], size
     raise ConfigError([f"data.dataset={name!r} with data.config={config} gave {len(rows)} distinct problems in "

@@ -36,6 +36,24 @@ def test_a_split_is_seeded_disjoint_and_scored_by_the_datasets_own_scorer():
         check_many(cfg.data.check, [Item("3", "3", "q", "add-1-2")])
 
 
+def test_levels_are_the_dataset_s_own_settings_each_scored_with_its_level_s():
+    """Each level draws its problems with its settings laid over data.config, holds out its own,
+    and a problem is scored against its own level's dataset (index 0 is another problem there)."""
+    levels = "data.levels={1: {min_digits: 1, max_digits: 1}, 3: {min_digits: 3, max_digits: 3}}"
+    cfg = load_config(None, [EASY, levels, "data.eval_size=4", "data.train_size=6"])
+    split = load_split(cfg.data, seed=0)
+    assert [sum(p.level == n for p in split.eval) for n in (1, 3)] == [4, 4] and len(split.train) == 12
+    one, three = (next(p for p in split.eval if p.level == n) for n in (1, 3))
+    assert (one.id, three.id) == ("rg-0@1", "rg-0@3") and len(three.answer) > len(one.answer)
+    assert cfg.data.at_level(3).load(0, True).eval == [p for p in split.eval if p.level == 3]
+    verdicts = check_many(cfg.data.check, [Item(p.answer, p.answer, p.prompt, p.id) for p in (one, three)] +
+                          [Item(one.answer, three.answer, three.prompt, three.id)])
+    assert [v.correct for v in verdicts] == [True, True, False]
+    assert [s.name for s, _ in cfg.eval_stages()] == ["heldout", "level_1", "level_3"]
+    with pytest.raises(ConfigError, match=r"data.levels\[2\]: data.config has \['max_digitz'\]"):
+        load_config(None, [EASY, "data.levels={2: {max_digitz: 2}}"])
+
+
 def test_bad_datasets_and_settings_are_named_with_what_exists():
     with pytest.raises(ConfigError, match=r"no reasoning-gym dataset 'chain_sums'; did you mean \['chain_sum'"):
         load_config(None, ["data={kind: reasoning_gym, dataset: chain_sums}"])
