@@ -167,9 +167,14 @@ class PipelineConfig(BaseModel):
         """Every held-out set with its stage name: evaluate.sets (`evaluate`, `evaluate.<name>`),
         then, for a task with levels (data.levels), one set per level: `level_<N>`, that level's
         held-out prompts, in stage `evaluate.level_<N>`."""
-        levels = [(EvalSet(name=f"level_{n}", data=self.data.at_level(n)), f"evaluate.level_{n}")
+        levels = [(EvalSet(name=f"level_{n}", data=self.data.at_level(n)), level_stage(n))
                   for n in self.data.level_list()]
         return self.evaluate.stages() + levels
+
+
+def level_stage(n: int) -> str:
+    """The stage that evaluates level `n`'s held-out prompts (data.levels)."""
+    return f"evaluate.level_{n}"
 
 
 def _curriculum_checks(cfg: PipelineConfig) -> list[str]:

@@ -148,6 +148,7 @@ class PlanRun:
         self.start, self.started = start, start is not None
         self.calls = Calls(cfg, store)
         self.rounds = PlanRound(self.calls, planner, pool_start)
+        self._waiting: tuple[int, str] | None = None  # (round, why) where a curriculum stage is not known yet
 
     def prompts(self):
         from ratchet.flows.inputs import sources_of
@@ -216,7 +217,7 @@ class PlanRun:
     def waits(self, k):
         from ratchet.flows.shape import round_stage_names
 
-        on, why = getattr(self, "_waiting", None) or (None, "on the gate's decision (evaluate.next_round_from=best): "
+        on, why = self._waiting or (None, "on the gate's decision (evaluate.next_round_from=best): "
                                                        "which model round k trains is known once the rounds before "
                                                        "it are evaluated")
         for stage in round_stage_names(self.cfg):

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig
 from ratchet.data.store import ArtifactStore
-from ratchet.flows.config import PipelineConfig
+from ratchet.flows.config import PipelineConfig, level_stage
 from ratchet.tasks.sample import RolloutConfig
 from ratchet.tasks.text import SLOT
 
@@ -93,7 +93,7 @@ class Calls:
 
         cfg, levels = self.cfg, self.cfg.data.level_list()
         level = curriculum.level_of(before, cfg.curriculum, levels)
-        held = next((m for m in getattr(last, "evaluations", []) if m.stage == f"evaluate.level_{level}"), None)
+        held = next((m for m in getattr(last, "evaluations", []) if m.stage == level_stage(level)), None)
         return curriculum.curriculum(self.store, cfg.curriculum, levels, cfg.label.reward_range()[1], prompts, before,
                                      getattr(last, "scored", None), held, round_seed(cfg, k), k, run=self.run)
 
@@ -333,8 +333,8 @@ def reached(cfg: PipelineConfig, targets: list, level: int | None) -> list:
 
     levels = cfg.data.level_list()
     at = levels.index(level if level is not None else level_of(None, cfg.curriculum, levels))
-    shown = {f"evaluate.level_{n}" for n in levels[: at + 2]}
-    every = {f"evaluate.level_{n}" for n in levels}
+    shown = {level_stage(n) for n in levels[: at + 2]}
+    every = {level_stage(n) for n in levels}
     return [t for t in targets if t.stage not in every or t.stage in shown]
 
 
