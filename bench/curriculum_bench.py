@@ -9,6 +9,23 @@ counts) and a curriculum, every round keyed and resumable (run the same command 
 stop: it continues), then prints each level's held-out accuracy per round, the level each round
 trained at, its band, and the wall time. The prompt and answer form are the task's own ("What is
 a + b?", the last number of the answer is read). Not a test: it takes hours on 2 cores.
+
+At equal wall time (`--arms`), each arm a cell of bench/method_bench.py, run alone, a round more at
+a time until its rounds have taken the budget:
+
+    python bench/curriculum_bench.py --arms curriculum-rft uniform-rft curriculum-dpo curriculum-grpo \
+        --levels 1 2 3 4 --eval-size 25 --budget-min 15 --out /tmp/arms
+    python bench/curriculum_bench.py --merge /tmp/arms      # the table of the arms run so far
+
+    curriculum-rft    the curriculum, RFT
+    uniform-rft       no curriculum: curriculum.prompts prompts a round drawn from every level's train
+                      prompts (data.prompts_per_round), RFT
+    curriculum-dpo    the curriculum, DPO with RPO's NLL term (method_bench's dpo+rpo)
+    curriculum-grpo   the curriculum, GRPO (method_bench's grpo: its round's prompts are the curriculum's)
+
+The clock leaves out every held-out evaluation: the uniform arm evaluates every level each round,
+the curriculum only the levels reached and the next. The table gives each level's held-out
+accuracy at the last round finished within the budget, and the curve.
 """
 
 from __future__ import annotations
@@ -20,14 +37,79 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "flows" / "configs" / "default.yaml"
 
 
 def overrides(a) -> list[str]:
     return [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name=climb-{a.train}",
             f"data={{kind: addition, levels: {list(a.levels)}, eval_size: {a.eval_size}, train_size: {a.train_size}}}",
             f"curriculum={{prompts: {a.prompts}, advance_at: {a.advance_at}, patience: {a.patience}}}",
-            *(["train.kind=grpo"] if a.train == "grpo" else []),
-            *(["filter.kind=dpo", "train.kind=dpo"] if a.train == "dpo" else [])]
+            *method_overrides(TRAIN_METHOD[a.train])]
+
+
+# --train and an arm's method: the overrides of bench/method_bench.py's cell of that name
+TRAIN_METHOD = {"rft": "rft", "dpo": "dpo+rpo", "grpo": "grpo"}
+ARMS = {"curriculum-rft": ("rft", True), "uniform-rft": ("rft", False), "curriculum-dpo": ("dpo+rpo", True),
+        "curriculum-grpo": ("grpo", True)}
+
+
+def method_overrides(method: str) -> list[str]:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import method_bench
+
+    return method_bench.overrides(str(CONFIG), method)
+
+
+def arm_overrides(a, curriculum: bool) -> list[str]:
+    """The levels, and the curriculum or (without one) the same number of prompts a round drawn from every
+    level's train prompts."""
+    data = f"kind: addition, levels: {list(a.levels)}, eval_size: {a.eval_size}, train_size: {a.train_size}"
+    if curriculum:
+        return [f"data={{{data}}}", f"curriculum={{prompts: {a.prompts}, advance_at: {a.advance_at}, "
+                f"patience: {a.patience}}}"]
+    return [f"data={{{data}, prompts_per_round: {a.prompts}}}"]
+
+
+def arms(a) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import method_bench
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    for arm in a.arms:
+        method, curriculum = ARMS[arm]
+        method_bench.cell(str(CONFIG), method, a.seed, a.budget_min * 60, a.out, arm_overrides(a, curriculum),
+                          name=arm, less_eval=True)
+
+
+def merge(out: Path) -> str:
+    """Each arm's held-out accuracy by level at the last round within the budget, and its curve."""
+    import json
+
+    cells = {c["method"]: c for c in (json.loads(f.read_text()) for f in sorted(out.glob("*-s*.json")))}
+    if not cells:
+        return f"no arms in {out}"
+    first = next(iter(cells.values()))
+    levels = sorted({int(k.removeprefix("level_")) for c in cells.values() for k in c["base_sets"]})
+    lines = [f"arms in {out}: {', '.join(sorted({c['commit'] for c in cells.values()}))}; {first['machine']}; "
+             f"budget {first['budget_s'] / 60:.0f} min an arm, the clock less evaluation", "",
+             f"{'arm':<16} {'rounds':>6} {'level':>5} " + " ".join(f"{'L' + str(n):>5}" for n in levels)]
+    base = first["base_sets"]
+    lines.append(f"{'base model':<16} {'':>6} {'':>5} " + " ".join(f"{base.get(f'level_{n}', 0):5.0%}" for n in levels))
+    for arm in [x for x in ARMS if x in cells]:
+        c = cells[arm]
+        fit = [x for x in c["rounds"] if x["spent_s"] <= c["budget_s"]]
+        last = fit[-1] if fit else {"sets": c["base_sets"]}
+        # a curriculum's round evaluates the levels reached and the next; a level it did not is shown as -
+        row = " ".join(f"{last['sets'][f'level_{n}']:5.0%}" if f"level_{n}" in last["sets"] else f"{'-':>5}"
+                       for n in levels)
+        lines.append(f"{arm:<16} {len(fit):>6} {str(last.get('level', '-')):>5} {row}")
+    lines.append("")
+    for arm in [x for x in ARMS if x in cells]:
+        c = cells[arm]
+        curve = ", ".join(f"r{x['round']}@{x['spent_s'] / 60:.1f}min L{x.get('level', '-')} "
+                          + "/".join(f"{v:.0%}" for _, v in sorted(x["sets"].items())) for x in c["rounds"])
+        lines.append(f"{arm}: {curve}" + (f" ({c['stopped']})" if c["stopped"] else ""))
+    return "\n".join(lines)
 
 
 def table(a) -> str:
@@ -60,7 +142,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--patience", type=int, default=4, help="curriculum.patience")
     ap.add_argument("--train", choices=["rft", "dpo", "grpo"], default="rft")
     ap.add_argument("--table-only", action="store_true", help="print the table of the run in --workdir")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), help="run these arms at equal wall time (--budget-min)")
+    ap.add_argument("--budget-min", type=float, default=15.0, help="an arm's wall-time budget, less evaluation")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("/tmp/ratchet-arms"), help="the arms' cells")
+    ap.add_argument("--merge", type=Path, help="print the table of the arms in this directory, run nothing")
     a = ap.parse_args(argv)
+    if a.merge:
+        print(merge(a.merge))
+        return 0
+    if a.arms:
+        arms(a)
+        print(merge(a.out))
+        return 0
     t0 = time.time()
     if not a.table_only:
         cmd = [sys.executable, "-m", "ratchet.flows.cli", "run", str(ROOT / "flows" / "configs" / "default.yaml"),

@@ -102,22 +102,36 @@ def commit() -> str:
 
 
 def rounds_of(work: Path) -> dict[int, dict]:
-    """Each round's held-out accuracy (the gate's set) and the wall of its stages, from the store."""
+    """Each round's held-out accuracy (the gate's set), every other set's (a level's, `evaluate.level_2`,
+    by its name), the wall of its stages and of its evaluations, from the store."""
     out: dict[int, dict] = {}
     for f in (work / "stages").glob("*/manifest.json"):
         m = json.loads(f.read_text())
-        r = out.setdefault(m["round"], {"stage_s": 0.0})
-        r["stage_s"] += m.get("wall_s") or 0.0
+        r = out.setdefault(m["round"], {"stage_s": 0.0, "evaluations_s": 0.0, "sets": {}})
+        wall = m.get("wall_s") or 0.0
+        r["stage_s"] += wall
         if m["stage"] == "evaluate":
             r["accuracy"] = m["metrics"]["accuracy"]
-            r["evaluate_s"] = m.get("wall_s") or 0.0
+            r["evaluate_s"] = wall
+        if m["stage"] == "evaluate" or m["stage"].startswith("evaluate."):
+            r["evaluations_s"] += wall
+        if m["stage"] == "curriculum":  # the level the round trained at
+            r["level"] = m["metrics"].get("level")
+            if m["stage"] != "evaluate":
+                r["sets"][m["stage"].removeprefix("evaluate.")] = m["metrics"]["accuracy"]
     return out
 
 
-def cell(config: str, method: str, seed: int, budget_s: float, out: Path, extra: list[str]) -> dict:
-    work = out / f"{method}-s{seed}"
-    record = {"method": method, "seed": seed, "config": config, "budget_s": budget_s,
-              "overrides": overrides(config, method) + extra,
+def cell(config: str, method: str, seed: int, budget_s: float, out: Path, extra: list[str], name: str | None = None,
+         less_eval: bool = False) -> dict:
+    """One cell: `method`'s overrides and `extra` on `config`, a round more at a time until the budget is
+    spent. `name` names the cell (default: the method); `less_eval` leaves every held-out evaluation out
+    of the clock (where the cells evaluate different sets, a curriculum's levels reached against every
+    level), where by default only the base model's is left out."""
+    name = name or method
+    work = out / f"{name}-s{seed}"
+    record = {"method": name, "seed": seed, "config": config, "budget_s": budget_s,
+              "overrides": overrides(config, method) + extra, "clock": "less evaluation" if less_eval else "whole",
               "commit": commit(), "machine": machine(), "date": date.today().isoformat(), "rounds": [],
               "stopped": None}
     spent, r = 0.0, 0
@@ -129,18 +143,25 @@ def cell(config: str, method: str, seed: int, budget_s: float, out: Path, extra:
                               capture_output=True, text=True)
         took = time.time() - t
         rounds = rounds_of(work)
-        if r == 1:
-            took -= rounds.get(0, {}).get("evaluate_s", 0.0)  # the base model's evaluation: every method's
+        if r == 1:  # the base model's evaluation: every method's
+            took -= rounds.get(0, {}).get("evaluations_s" if less_eval else "evaluate_s", 0.0)
+        if less_eval:
+            took -= rounds.get(r, {}).get("evaluations_s", 0.0)
         spent += took
         if done.returncode != 0:
             tail = [x for x in done.stdout.splitlines() + done.stderr.splitlines() if x.strip()][-3:]
             record["stopped"] = f"round {r} stopped after {took:.0f} s: " + " / ".join(tail)
             break
-        record["rounds"].append({"round": r, "accuracy": rounds[r]["accuracy"], "wall_s": round(took, 1),
-                                 "spent_s": round(spent, 1)})
-        print(f"{method} seed {seed}: round {r} {rounds[r]['accuracy']:.1%} at {spent / 60:.1f} min", flush=True)
-    record["base_accuracy"] = rounds_of(work).get(0, {}).get("accuracy")
-    (out / f"{method}-s{seed}.json").write_text(json.dumps(record, indent=2) + "\n")
+        if "accuracy" not in rounds.get(r, {}):  # the run ended before the round (a curriculum's top level)
+            record["stopped"] = f"the run ended before round {r}"
+            break
+        record["rounds"].append({"round": r, "accuracy": rounds[r]["accuracy"], "sets": rounds[r]["sets"],
+                                 **({"level": rounds[r]["level"]} if "level" in rounds[r] else {}),
+                                 "wall_s": round(took, 1), "spent_s": round(spent, 1)})
+        print(f"{name} seed {seed}: round {r} {rounds[r]['accuracy']:.1%} at {spent / 60:.1f} min", flush=True)
+    base = rounds_of(work).get(0, {})
+    record["base_accuracy"], record["base_sets"] = base.get("accuracy"), base.get("sets", {})
+    (out / f"{name}-s{seed}.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 
