@@ -1,5 +1,7 @@
 """Each stage on the tiny random model (HF backend, in process): the exact files it leaves."""
 
+import json
+
 import pytest
 
 from ratchet.data.prompts import AdditionSource
@@ -130,9 +132,22 @@ def test_self_reward_chain_judge_pairs_dpo(tiny_model, tmp_path):
     prs = read_jsonl(store.path(pairs, "train_set.jsonl"), PairRow)
     assert prs and all(p.chosen_reward > p.rejected_reward for p in prs) and pairs.info == {"rows": "pairs"}
 
-    tm, _ = train.train(store, base, pairs, DPOTrainConfig(epochs=1, batch_size=4), seed=1, round=1, isolate=False)
+    dpo = DPOTrainConfig(epochs=1, batch_size=4, logging_steps=1, learning_rate=1e-2)
+    tm, _ = train.train(store, base, pairs, dpo, seed=1, round=1, isolate=False)
     assert "model/model.safetensors" in files(store, tm) and tm.metrics["rows"] == len(prs)
     assert tm.info["objective"] == "dpo" and tm.info["reference"] == base.dir  # round k's reference: its start
+
+    # the reference is refreshed each round: round 2 starts from round 1's weights, and at its first step
+    # the policy and its reference score the pairs alike (a log-ratio of 0), where round 1's weights had
+    # moved from round 1's reference, the base model
+    tm2, _ = train.train(store, tm, pairs, dpo, seed=1, round=2, isolate=False)
+    assert tm2.info["reference"] == tm.dir
+    log1, log2 = ([json.loads(x) for x in store.path(m, "train_log.jsonl").read_text().splitlines()] for m in (tm, tm2))
+    assert len(log1) > 1 and abs(log1[-1]["rewards/chosen"]) + abs(log1[-1]["rewards/rejected"]) > 0.05
+    assert abs(log2[0]["logps/chosen"] - log1[0]["logps/chosen"]) > 0.1  # round 2 started elsewhere
+    for log in (log1, log2):
+        assert log[0]["rewards/chosen"] == pytest.approx(0, abs=1e-5)
+        assert log[0]["rewards/rejected"] == pytest.approx(0, abs=1e-5)
 
 
 def test_mcts_chain_trees_pairs_dpo_and_shard_resume(tiny_model, tmp_path):
