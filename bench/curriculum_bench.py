@@ -37,14 +37,33 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "flows" / "configs" / "default.yaml"
+CONFIGS = ROOT / "flows" / "configs"
+# reasoning-gym's chain_sum (sums and differences of whole numbers), a level per number of terms and digits
+CHAIN_SUM = {1: (2, 1), 2: (3, 1), 3: (2, 2), 4: (3, 2), 5: (4, 2), 6: (3, 3)}
+# each task: its config, and the train problems a level holds by default (chain_sum's first level has
+# 200 distinct problems in all)
+TASKS = {"addition": ("default.yaml", 500), "chain_sum": ("reasoning_gym.yaml", 150)}
+
+
+def config(a) -> Path:
+    return CONFIGS / TASKS[a.task][0]
+
+
+def data(a) -> str:
+    """The task's `data` section with its levels, as an override."""
+    size = f"eval_size: {a.eval_size}, train_size: {a.train_size or TASKS[a.task][1]}"
+    if a.task == "addition":
+        return f"kind: addition, levels: {list(a.levels)}, {size}"
+    levels = ", ".join(f"{n}: {{min_terms: {t}, max_terms: {t}, min_digits: {d}, max_digits: {d}}}"
+                       for n, (t, d) in CHAIN_SUM.items() if n in a.levels)
+    return (f"kind: reasoning_gym, dataset: chain_sum, config: {{}}, levels: {{{levels}}}, {size}, "
+            "instruction: Give only the final answer., check: {read: auto}")
 
 
 def overrides(a) -> list[str]:
-    return [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name=climb-{a.train}",
-            f"data={{kind: addition, levels: {list(a.levels)}, eval_size: {a.eval_size}, train_size: {a.train_size}}}",
+    return [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name=climb-{'' if a.task == 'addition' else a.task + '-'}{a.train}", f"data={{{data(a)}}}",
             f"curriculum={{prompts: {a.prompts}, advance_at: {a.advance_at}, patience: {a.patience}}}",
-            *method_overrides(TRAIN_METHOD[a.train])]
+            *method_overrides(a, TRAIN_METHOD[a.train])]
 
 
 # --train and an arm's method: the overrides of bench/method_bench.py's cell of that name
@@ -53,21 +72,20 @@ ARMS = {"curriculum-rft": ("rft", True), "uniform-rft": ("rft", False), "curricu
         "curriculum-grpo": ("grpo", True)}
 
 
-def method_overrides(method: str) -> list[str]:
+def method_overrides(a, method: str) -> list[str]:
     sys.path.insert(0, str(ROOT / "bench"))
     import method_bench
 
-    return method_bench.overrides(str(CONFIG), method)
+    return method_bench.overrides(str(config(a)), method)
 
 
 def arm_overrides(a, curriculum: bool) -> list[str]:
     """The levels, and the curriculum or (without one) the same number of prompts a round drawn from every
     level's train prompts."""
-    data = f"kind: addition, levels: {list(a.levels)}, eval_size: {a.eval_size}, train_size: {a.train_size}"
     if curriculum:
-        return [f"data={{{data}}}", f"curriculum={{prompts: {a.prompts}, advance_at: {a.advance_at}, "
+        return [f"data={{{data(a)}}}", f"curriculum={{prompts: {a.prompts}, advance_at: {a.advance_at}, "
                 f"patience: {a.patience}}}"]
-    return [f"data={{{data}, prompts_per_round: {a.prompts}}}"]
+    return [f"data={{{data(a)}, prompts_per_round: {a.prompts}}}"]
 
 
 def arms(a) -> None:
@@ -77,7 +95,7 @@ def arms(a) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     for arm in a.arms:
         method, curriculum = ARMS[arm]
-        method_bench.cell(str(CONFIG), method, a.seed, a.budget_min * 60, a.out, arm_overrides(a, curriculum),
+        method_bench.cell(str(config(a)), method, a.seed, a.budget_min * 60, a.out, arm_overrides(a, curriculum),
                           name=arm, less_eval=True)
 
 
@@ -117,7 +135,7 @@ def table(a) -> str:
     from ratchet.flows.report import gather
     from ratchet.flows.tracking import Tracker
 
-    cfg = load_config(ROOT / "flows" / "configs" / "default.yaml", overrides(a))
+    cfg = load_config(config(a), overrides(a))
     rep = gather(a.workdir, Tracker(cfg.tracking, a.workdir, cfg.name))
     levels = sorted({int(n.removeprefix("level_")) for r in rep.rounds for n in r.sets if n.startswith("level_")})
     head = f"{'round':>5} {'level':>5} {'band':>5} " + " ".join(f"{'L' + str(n):>6}" for n in levels)
@@ -136,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--levels", type=int, nargs="+", default=list(range(1, 9)))
     ap.add_argument("--eval-size", type=int, default=50)
-    ap.add_argument("--train-size", type=int, default=500)
+    ap.add_argument("--task", choices=list(TASKS), default="addition",
+                    help="addition (levels: digit counts) or reasoning-gym's chain_sum (levels 1-6: terms x digits, "
+                    f"{CHAIN_SUM})")
+    ap.add_argument("--train-size", type=int, help="train problems a level holds (addition 500, chain_sum 150)")
     ap.add_argument("--prompts", type=int, default=64, help="curriculum.prompts")
     ap.add_argument("--advance-at", type=float, default=0.9, help="curriculum.advance_at")
     ap.add_argument("--patience", type=int, default=4, help="curriculum.patience")
@@ -157,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.time()
     if not a.table_only:
-        cmd = [sys.executable, "-m", "ratchet.flows.cli", "run", str(ROOT / "flows" / "configs" / "default.yaml"),
+        cmd = [sys.executable, "-m", "ratchet.flows.cli", "run", str(config(a)),
                *overrides(a)]
         print(" ".join(cmd), flush=True)
         done = subprocess.run(cmd)
