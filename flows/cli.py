@@ -230,6 +230,11 @@ def cmd_check(args) -> int:
         src = s.source(cfg.data)
         gate = " · the gate's set" if s.name == cfg.evaluate.gate_set else ""
         print(f"held-out set {s.name!r} ({stage}): {len(held)} prompts from {src.kind}, check {src.check.kind}{gate}")
+    if levels := cfg.data.level_list():
+        counts = {n: sum(p.level == n for p in split.train) for n in levels}
+        print(cfg.curriculum.describe(counts) if cfg.curriculum is not None else
+              f"levels: {levels}, every one evaluated each round; no curriculum: a round's train prompts come from "
+              "every level's")
     if cfg.cold_start is not None:
         from ratchet.data.demonstrations import read
 

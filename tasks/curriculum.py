@@ -51,6 +51,15 @@ class CurriculumConfig(BaseModel):
     patience: int = Field(default=3, ge=1, description="rounds a level may go without its held-out accuracy rising "
                           "above its best before the run ends there")
 
+    def describe(self, levels: dict[int, int]) -> str:
+        """What the run will do, for `ratchet check`: `levels` maps each level to its train prompts."""
+        start = self.start if self.start is not None else min(levels)
+        each = ", ".join(f"{n}: {c}" for n, c in sorted(levels.items()))
+        return (f"curriculum: levels {sorted(levels)} (train prompts {each}); starts at level {start} and moves to "
+                f"the next once the current level's held-out accuracy reaches {self.advance_at:.0%} (the starting "
+                f"model's counts); {self.prompts} prompts a round: the band, then the level's unseen, then its not "
+                f"yet passed; the run ends at the top level or after {self.patience} round(s) without a rise")
+
 
 class CurriculumJob(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -3,6 +3,7 @@ the level raised when its held-out accuracy reaches the threshold, the run ended
 or when a level stops rising; and what it refuses."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from ratchet.flows.config import config_from_dict
 from ratchet.tasks.curriculum import CurriculumConfig, choose, decide
 
 LEVELS = [1, 2, 3]
+DEFAULT = Path(__file__).parents[2] / "flows" / "configs" / "default.yaml"
 
 
 def test_the_level_rises_at_the_threshold_and_the_run_ends_at_the_top_or_when_it_stops_rising():
@@ -56,6 +58,19 @@ def test_a_curriculum_that_cannot_work_is_refused_with_the_fix(settings, says):
         cfg["data"] = {"kind": "addition"}
     with pytest.raises(ConfigError, match=re.escape(says)):
         config_from_dict(cfg)
+
+
+def test_check_says_the_levels_and_what_the_curriculum_will_do(capsys):
+    from ratchet.flows.cli import main
+
+    data = "data={kind: addition, levels: [1, 2, 3], eval_size: 25, train_size: 40}"
+    assert main(["check", str(DEFAULT), data, "curriculum={advance_at: 0.9, patience: 2}"]) == 0
+    out = capsys.readouterr().out
+    assert ("curriculum: levels [1, 2, 3] (train prompts 1: 40, 2: 40, 3: 40); starts at level 1 and moves to the "
+            "next once the current level's held-out accuracy reaches 90%") in out
+    assert "after 2 round(s) without a rise" in out
+    assert main(["check", str(DEFAULT), data[:-1] + ", prompts_per_round: 16}"]) == 0
+    assert "levels: [1, 2, 3], every one evaluated each round; no curriculum" in capsys.readouterr().out
 
 
 @pytest.mark.integration
