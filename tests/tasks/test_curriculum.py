@@ -75,39 +75,47 @@ def test_check_says_the_levels_and_what_the_curriculum_will_do(capsys):
 
 @pytest.mark.integration
 def test_a_curriculum_climbs_the_levels_and_ends_the_run_at_the_top(tiny_model, tmp_path, prefect_harness):
-    """Three levels on the tiny model, scored by a function that passes every answer: round 0
-    evaluates levels 1 and 2, each round after it trains one level higher and evaluates up to the
-    next, and round 3's curriculum ends the run at the top level; the plan then reuses it all."""
+    """Three levels on the tiny model, scored by a function that passes every answer, after a cold
+    start: round 0 and the cold start (round 1) evaluate levels 1 and 2, each round after them trains
+    one level higher than the round before reached and evaluates up to the next, and round 4's
+    curriculum ends the run at the top level; the plan then reuses it all."""
+    import json
+
     from ratchet.data import events
     from ratchet.data.manifest import read_manifest
     from ratchet.flows.pipeline import execute
     from ratchet.flows.plan import plan
 
     (tmp_path / "always.py").write_text("def score(completion, answer=None, **fields):\n    return 1.0\n")
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("".join(json.dumps({"prompt": f"What is {a} + 1?", "completion": str(a + 1),
+                                         "answer": str(a + 1)}) + "\n" for a in range(4)))
     cfg = config_from_dict({
         "name": "climb", "workdir": str(tmp_path / "runs"), "rounds": 3, "isolate": False,
         "model": {"path": str(tiny_model)}, "sampler": {"backend": "hf", "dtype": "float32"},
         "data": {"kind": "addition", "levels": LEVELS, "eval_size": 2, "train_size": 4,
                  "check": {"kind": "python", "function": f"{tmp_path / 'always.py'}:score"}},
         "sample": {"n": 2, "max_tokens": 4}, "evaluate": {"max_tokens": 4}, "train": {"epochs": 1, "batch_size": 4},
-        "filter": {"min_rows": 1}, "agreement": {"min": None}, "curriculum": {"prompts": 3, "advance_at": 0.5}})
+        "filter": {"min_rows": 1}, "agreement": {"min": None}, "curriculum": {"prompts": 3, "advance_at": 0.5},
+        "cold_start": {"demonstrations": str(demos), "train": {"epochs": 1, "batch_size": 4}}})
     seen = []
     stop = events.subscribe(lambda e: seen.append(e) if e.kind in ("round", "note") else None)
     try:
         _, results, _ = execute(cfg)
     finally:
         stop()
-    assert [r.round for r in results] == [0, 1, 2]
+    assert [r.round for r in results] == [0, 1, 2, 3] and "demonstrations" in results[1].stage_wall_s
     assert [sorted(m.stage for m in r.evaluations) for r in results] == [
+        ["evaluate", "evaluate.level_1", "evaluate.level_2"],
         ["evaluate", "evaluate.level_1", "evaluate.level_2"],
         ["evaluate", "evaluate.level_1", "evaluate.level_2", "evaluate.level_3"],
         ["evaluate", "evaluate.level_1", "evaluate.level_2", "evaluate.level_3"]]
     taught = sorted((m.round, m.metrics["level"], m.metrics["done"], m.metrics["prompts"])
                     for d in (tmp_path / "runs" / "stages").glob("curriculum-*") if (m := read_manifest(d)))
-    assert taught == [(1, 2.0, 0.0, 3.0), (2, 3.0, 0.0, 3.0), (3, 3.0, 1.0, 0.0)]
-    assert [e.data.get("level") for e in seen if e.kind == "round"] == [None, 2, 3]
+    assert taught == [(2, 2.0, 0.0, 3.0), (3, 3.0, 0.0, 3.0), (4, 3.0, 1.0, 0.0)]
+    assert [e.data.get("level") for e in seen if e.kind == "round"] == [None, None, 2, 3]
     assert [e.data["text"] for e in seen if e.kind == "note" and e.stage == "curriculum"] == [
         "the run ends at level 3: the top level's held-out accuracy 100.0% reached curriculum.advance_at; "
-        "round 3 is not run"]
+        "round 4 is not run"]
     steps = plan(cfg).steps
-    assert {s.state for s in steps} == {"reused"} and [s.round for s in steps if s.stage == "curriculum"] == [1, 2, 3]
+    assert {s.state for s in steps} == {"reused"} and [s.round for s in steps if s.stage == "curriculum"] == [2, 3, 4]
