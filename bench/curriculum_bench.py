@@ -103,16 +103,25 @@ def merge(out: Path) -> str:
     """Each arm's held-out accuracy by level at the last round within the budget, and its curve."""
     import json
 
+    sys.path.insert(0, str(ROOT / "bench"))
+    import method_bench
+
     cells = {c["method"]: c for c in (json.loads(f.read_text()) for f in sorted(out.glob("*-s*.json")))}
     if not cells:
         return f"no arms in {out}"
+    for c in cells.values():  # each round's sets, as the arm's store has them
+        store = method_bench.rounds_of(out / f"{c['method']}-s{c['seed']}")
+        c["base_sets"] = store.get(0, {}).get("sets", c["base_sets"])
+        for x in c["rounds"]:
+            x["sets"] = store.get(x["round"], {}).get("sets", x["sets"])
     first = next(iter(cells.values()))
     levels = sorted({int(k.removeprefix("level_")) for c in cells.values() for k in c["base_sets"]})
     lines = [f"arms in {out}: {', '.join(sorted({c['commit'] for c in cells.values()}))}; {first['machine']}; "
              f"budget {first['budget_s'] / 60:.0f} min an arm, the clock less evaluation", "",
              f"{'arm':<16} {'rounds':>6} {'level':>5} " + " ".join(f"{'L' + str(n):>5}" for n in levels)]
-    base = first["base_sets"]
-    lines.append(f"{'base model':<16} {'':>6} {'':>5} " + " ".join(f"{base.get(f'level_{n}', 0):5.0%}" for n in levels))
+    base = {k: v for c in cells.values() for k, v in c["base_sets"].items()}  # the same model, whichever arm
+    lines.append(f"{'base model':<16} {'':>6} {'':>5} " + " ".join(
+        f"{base[f'level_{n}']:5.0%}" if f"level_{n}" in base else f"{'-':>5}" for n in levels))
     for arm in [x for x in ARMS if x in cells]:
         c = cells[arm]
         fit = [x for x in c["rounds"] if x["spent_s"] <= c["budget_s"]]
@@ -120,11 +129,12 @@ def merge(out: Path) -> str:
         # a curriculum's round evaluates the levels reached and the next; a level it did not is shown as -
         row = " ".join(f"{last['sets'][f'level_{n}']:5.0%}" if f"level_{n}" in last["sets"] else f"{'-':>5}"
                        for n in levels)
-        lines.append(f"{arm:<16} {len(fit):>6} {str(last.get('level', '-')):>5} {row}")
+        level = last.get("level")
+        lines.append(f"{arm:<16} {len(fit):>6} {'-' if level is None else int(level):>5} {row}")
     lines.append("")
     for arm in [x for x in ARMS if x in cells]:
         c = cells[arm]
-        curve = ", ".join(f"r{x['round']}@{x['spent_s'] / 60:.1f}min L{x.get('level', '-')} "
+        curve = ", ".join(f"r{x['round']}@{x['spent_s'] / 60:.1f}min L{int(x['level']) if 'level' in x else '-'} "
                           + "/".join(f"{v:.0%}" for _, v in sorted(x["sets"].items())) for x in c["rounds"])
         lines.append(f"{arm}: {curve}" + (f" ({c['stopped']})" if c["stopped"] else ""))
     return "\n".join(lines)

@@ -115,10 +115,10 @@ def rounds_of(work: Path) -> dict[int, dict]:
             r["evaluate_s"] = wall
         if m["stage"] == "evaluate" or m["stage"].startswith("evaluate."):
             r["evaluations_s"] += wall
-        if m["stage"] == "curriculum":  # the level the round trained at
-            r["level"] = m["metrics"].get("level")
             if m["stage"] != "evaluate":
                 r["sets"][m["stage"].removeprefix("evaluate.")] = m["metrics"]["accuracy"]
+        if m["stage"] == "curriculum":  # the level the round trained at
+            r["level"] = m["metrics"].get("level")
     return out
 
 
