@@ -61,7 +61,8 @@ def data(a) -> str:
 
 
 def overrides(a) -> list[str]:
-    return [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name=climb-{'' if a.task == 'addition' else a.task + '-'}{a.train}", f"data={{{data(a)}}}",
+    name = f"climb-{a.train}" if a.task == "addition" else f"climb-{a.task}-{a.train}"
+    return [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name={name}", f"data={{{data(a)}}}",
             f"curriculum={{prompts: {a.prompts}, advance_at: {a.advance_at}, patience: {a.patience}}}",
             *method_overrides(a, TRAIN_METHOD[a.train])]
 

@@ -56,3 +56,21 @@ def test_the_kill_bench_compares_what_a_resume_must_keep_and_not_when_it_ran():
     started = time.mktime(time.strptime(time.strftime("%Y-%m-%d ") + "12:00:00", "%Y-%m-%d %H:%M:%S"))
     assert bench["windows"](console + "12:00:10 round 1  label    ✓     1 s\n", started) == [
         ("sample (round 1)", 1.0, 9.0)]  # where a kill is aimed: label's 1 s is too short to aim at
+
+
+@pytest.mark.parametrize("task", ["addition", "chain_sum"])
+def test_the_curriculum_bench_s_runs_and_arms_are_configs_the_product_takes(task):
+    """Each --train run and each --arms arm, on each task, is a config load_config accepts (a
+    filter kind no filter has, say, would stop the bench only when it ran)."""
+    from ratchet.flows.config import load_config
+
+    bench = runpy.run_path(str(BENCH / "curriculum_bench.py"))
+    a = Namespace(task=task, levels=[1, 2, 3], eval_size=4, train_size=20, prompts=8, advance_at=0.9, patience=2,
+                  workdir="/tmp/unused", rounds=2)
+    for train in bench["TRAIN_METHOD"]:
+        cfg = load_config(bench["config"](a), bench["overrides"](Namespace(**vars(a), train=train)))
+        assert cfg.curriculum is not None and cfg.train.kind == train and cfg.data.level_list() == [1, 2, 3]
+    for arm, (method, curriculum) in bench["ARMS"].items():
+        overrides = bench["method_overrides"](a, method) + bench["arm_overrides"](a, curriculum)
+        cfg = load_config(bench["config"](a), overrides)
+        assert (cfg.curriculum is not None) == curriculum and cfg.data.prompts_per_round == (None if curriculum else 8)
