@@ -232,7 +232,9 @@ def cmd_check(args) -> int:
         print(f"held-out set {s.name!r} ({stage}): {len(held)} prompts from {src.kind}, check {src.check.kind}{gate}")
     if levels := cfg.data.level_list():
         counts = {n: sum(p.level == n for p in split.train) for n in levels}
-        print(cfg.curriculum.describe(counts) if cfg.curriculum is not None else
+        from ratchet.tasks.curriculum import describe
+
+        print(describe(cfg.curriculum, counts) if cfg.curriculum is not None else
               f"levels: {levels}, every one evaluated each round; no curriculum: a round's train prompts come from "
               "every level's")
     if cfg.cold_start is not None:

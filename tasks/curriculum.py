@@ -51,15 +51,6 @@ class CurriculumConfig(BaseModel):
     patience: int = Field(default=3, ge=1, description="rounds a level may go without its held-out accuracy rising "
                           "above its best before the run ends there")
 
-    def describe(self, levels: dict[int, int]) -> str:
-        """What the run will do, for `ratchet check`: `levels` maps each level to its train prompts."""
-        start = self.start if self.start is not None else min(levels)
-        each = ", ".join(f"{n}: {c}" for n, c in sorted(levels.items()))
-        return (f"curriculum: levels {sorted(levels)} (train prompts {each}); starts at level {start} and moves to "
-                f"the next once the current level's held-out accuracy reaches {self.advance_at:.0%} (the starting "
-                f"model's counts); {self.prompts} prompts a round: the band, then the level's unseen, then its not "
-                f"yet passed; the run ends at the top level or after {self.patience} round(s) without a rise")
-
 
 class CurriculumJob(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -75,6 +66,17 @@ class CurriculumJob(BaseModel):
         moved = f" (up from level {int(m['from_level'])})" if m.get("advanced") else ""
         return [f"level {int(m['level'])}{moved} · {n(m.get('band', 0))} prompt(s) in the band, "
                 f"{n(m.get('unseen', 0))} unseen, {n(m.get('retried', 0))} retried"]
+
+
+def describe(cfg: CurriculumConfig, levels: dict[int, int]) -> str:
+    """What a run with `cfg` will do, for `ratchet check`: `levels` maps each level to its train prompts.
+    (A function, not a method: a curriculum stage keys CurriculumConfig's code, which this does not change.)"""
+    start = cfg.start if cfg.start is not None else min(levels)
+    each = ", ".join(f"{n}: {c}" for n, c in sorted(levels.items()))
+    return (f"curriculum: levels {sorted(levels)} (train prompts {each}); starts at level {start} and moves to the "
+            f"next once the current level's held-out accuracy reaches {cfg.advance_at:.0%} (the starting model's "
+            f"counts); {cfg.prompts} prompts a round: the band, then the level's unseen, then its not yet passed; the "
+            f"run ends at the top level or after {cfg.patience} round(s) without a rise")
 
 
 def _why(m: dict[str, float]) -> str:
