@@ -116,7 +116,8 @@ def merge(out: Path) -> str:
         for x in c["rounds"]:
             x["sets"] = store.get(x["round"], {}).get("sets", x["sets"])
     first = next(iter(cells.values()))
-    levels = sorted({int(k.removeprefix("level_")) for c in cells.values() for k in c["base_sets"]})
+    every = [sets for c in cells.values() for sets in [c["base_sets"], *(x["sets"] for x in c["rounds"])]]
+    levels = sorted({int(k.removeprefix("level_")) for sets in every for k in sets if k.startswith("level_")})
     lines = [f"arms in {out}: {', '.join(sorted({c['commit'] for c in cells.values()}))}; {first['machine']}; "
              f"budget {first['budget_s'] / 60:.0f} min an arm, the clock less evaluation", "",
              f"{'arm':<16} {'rounds':>6} {'level':>5} " + " ".join(f"{'L' + str(n):>5}" for n in levels)]
@@ -136,7 +137,8 @@ def merge(out: Path) -> str:
     for arm in [x for x in ARMS if x in cells]:
         c = cells[arm]
         curve = ", ".join(f"r{x['round']}@{x['spent_s'] / 60:.1f}min L{int(x['level']) if 'level' in x else '-'} "
-                          + "/".join(f"{v:.0%}" for _, v in sorted(x["sets"].items())) for x in c["rounds"])
+                          + "/".join(f"{x['sets'][f'level_{n}']:.0%}" for n in levels if f"level_{n}" in x["sets"])
+                          for x in c["rounds"])
         lines.append(f"{arm}: {curve}" + (f" ({c['stopped']})" if c["stopped"] else ""))
     return "\n".join(lines)
 
