@@ -3,6 +3,8 @@
     python bench/curriculum_bench.py                         # levels 1-8, RFT, until the run ends
     python bench/curriculum_bench.py --rounds 6 --levels 1 2 3 --workdir /tmp/climb
     python bench/curriculum_bench.py --table-only --workdir /tmp/climb   # the table of a run made before
+    python bench/curriculum_bench.py --task chain_sum --levels 1 2 3 4 --eval-size 25 --rounds 10 --workdir /tmp/chain
+    python bench/curriculum_bench.py --task chain_sum --levels 1 2 3 4 --eval-size 25 --demos 100 --workdir /tmp/demo
 
 It runs `ratchet run` on flows/configs/default.yaml with the addition task's levels (digit
 counts) and a curriculum, every round keyed and resumable (run the same command again after a
@@ -60,11 +62,45 @@ def data(a) -> str:
             "instruction: Give only the final answer., check: {read: auto}")
 
 
-def overrides(a) -> list[str]:
+def overrides(a, demos: bool = True) -> list[str]:
     name = f"climb-{a.train}" if a.task == "addition" else f"climb-{a.task}-{a.train}"
     return [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name={name}", f"data={{{data(a)}}}",
             f"curriculum={{prompts: {a.prompts}, advance_at: {a.advance_at}, patience: {a.patience}}}",
-            *method_overrides(a, TRAIN_METHOD[a.train])]
+            *method_overrides(a, TRAIN_METHOD[a.train]),
+            *([f"cold_start.demonstrations={demonstrations_file(a)}"] if demos and getattr(a, "demos", 0) else [])]
+
+
+def demonstrations_file(a) -> Path:
+    return Path(a.workdir) / "demonstrations.jsonl"
+
+
+def write_demonstrations(a) -> str:
+    """--demos N: N of the first level's train problems (seeded), each with its reference answer as the
+    completion, written for the cold start. Returns what they hold."""
+    import json
+    import random
+
+    from ratchet.data.prompts import load_split
+    from ratchet.flows.config import load_config
+
+    cfg = load_config(config(a), overrides(a, demos=False))
+    first = [p for p in load_split(cfg.data, cfg.seed).train if p.level == min(a.levels)]
+    random.Random(0).shuffle(first)
+    rows = [{"prompt": p.prompt, "completion": p.answer, "answer": p.answer} for p in first[: a.demos]]
+    if a.task != "addition":  # a reasoning-gym problem of one's own is scored by its dataset entry
+        from ratchet.data.sources.reasoning_gym import entry_of, open_dataset
+
+        check = cfg.data.check
+        for r, p in zip(rows, first):
+            index, level = entry_of(p.id)
+            dataset = open_dataset(check.dataset, {**check.config, **check.levels[level]}, check.dataset_seed,
+                                   check.size)
+            r["entry"] = dataset[index]
+    path = demonstrations_file(a)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    negative = sum(r["answer"].startswith("-") for r in rows)
+    return f"{len(rows)} demonstrations of level {min(a.levels)} in {path} ({negative} with a negative answer)"
 
 
 # --train and an arm's method: the overrides of bench/method_bench.py's cell of that name
@@ -175,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--advance-at", type=float, default=0.9, help="curriculum.advance_at")
     ap.add_argument("--patience", type=int, default=4, help="curriculum.patience")
     ap.add_argument("--train", choices=["rft", "dpo", "grpo"], default="rft")
+    ap.add_argument("--demos", type=int, default=0, help="begin with a cold start on this many of the first "
+                    "level's train problems, each answered with its reference answer")
     ap.add_argument("--table-only", action="store_true", help="print the table of the run in --workdir")
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), help="run these arms at equal wall time (--budget-min)")
     ap.add_argument("--budget-min", type=float, default=15.0, help="an arm's wall-time budget, less evaluation")
@@ -190,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         print(merge(a.out))
         return 0
     t0 = time.time()
+    if a.demos and not a.table_only:
+        print(write_demonstrations(a), flush=True)
     if not a.table_only:
         cmd = [sys.executable, "-m", "ratchet.flows.cli", "run", str(config(a)),
                *overrides(a)]
