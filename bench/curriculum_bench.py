@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import method_bench  # noqa: E402  (its cells run the arms; its overrides are each method's)
 CONFIGS = ROOT / "flows" / "configs"
 # reasoning-gym's chain_sum (sums and differences of whole numbers), a level per number of terms and digits
 CHAIN_SUM = {1: (2, 1), 2: (3, 1), 3: (2, 2), 4: (3, 2), 5: (4, 2), 6: (3, 3)}
@@ -110,9 +112,6 @@ ARMS = {"curriculum-rft": ("rft", True), "uniform-rft": ("rft", False), "curricu
 
 
 def method_overrides(a, method: str) -> list[str]:
-    sys.path.insert(0, str(ROOT / "bench"))
-    import method_bench
-
     return method_bench.overrides(str(config(a)), method)
 
 
@@ -126,9 +125,6 @@ def arm_overrides(a, curriculum: bool) -> list[str]:
 
 
 def arms(a) -> None:
-    sys.path.insert(0, str(ROOT / "bench"))
-    import method_bench
-
     a.out.mkdir(parents=True, exist_ok=True)
     for arm in a.arms:
         method, curriculum = ARMS[arm]
@@ -139,9 +135,6 @@ def arms(a) -> None:
 def merge(out: Path) -> str:
     """Each arm's held-out accuracy by level at the last round within the budget, and its curve."""
     import json
-
-    sys.path.insert(0, str(ROOT / "bench"))
-    import method_bench
 
     cells = {c["method"]: c for c in (json.loads(f.read_text()) for f in sorted(out.glob("*-s*.json")))}
     if not cells:
