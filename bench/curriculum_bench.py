@@ -5,12 +5,19 @@
     python bench/curriculum_bench.py --table-only --workdir /tmp/climb   # the table of a run made before
     python bench/curriculum_bench.py --task chain_sum --levels 1 2 3 4 --eval-size 25 --rounds 10 --workdir /tmp/chain
     python bench/curriculum_bench.py --task chain_sum --levels 1 2 3 4 --eval-size 25 --demos 100 --workdir /tmp/demo
+    python bench/curriculum_bench.py --worked --demos 240 --demo-levels 1 2 3 --eval-size 25 --workdir /tmp/worked
 
 It runs `ratchet run` on flows/configs/default.yaml with the addition task's levels (digit
 counts) and a curriculum, every round keyed and resumable (run the same command again after a
 stop: it continues), then prints each level's held-out accuracy per round, the level each round
 trained at, its band, and the wall time. The prompt and answer form are the task's own ("What is
 a + b?", the last number of the answer is read). Not a test: it takes hours on 2 cores.
+
+`--worked` (addition): the model is taught, by a cold start on `--demos` demonstrations of the
+`--demo-levels` (`worked` below writes them), to write its working before the answer: a digit at
+a time from the right, each line the operands left, the carry, the digit sum and the answer so
+far; the last line states the sum, which is the number the check reads. The prompt stays "What
+is a + b?"; the levels above the demonstrations' are learnt from the model's own samples alone.
 
 At equal wall time (`--arms`), each arm a cell of bench/method_bench.py, run alone, a round more at
 a time until its rounds have taken the budget:
@@ -56,8 +63,9 @@ def config(a) -> Path:
 def data(a) -> str:
     """The task's `data` section with its levels, as an override."""
     size = f"eval_size: {a.eval_size}, train_size: {a.train_size or TASKS[a.task][1]}"
-    if a.task == "addition":
-        return f"kind: addition, levels: {list(a.levels)}, {size}"
+    if a.task == "addition":  # working names many numbers: the check still reads the last
+        check = f", check: {{kind: number, max_numbers: {WORKED_NUMBERS}}}" if a.worked else ""
+        return f"kind: addition, levels: {list(a.levels)}, {size}{check}"
     levels = ", ".join(f"{n}: {{min_terms: {t}, max_terms: {t}, min_digits: {d}, max_digits: {d}}}"
                        for n, (t, d) in CHAIN_SUM.items() if n in a.levels)
     return (f"kind: reasoning_gym, dataset: chain_sum, config: {{}}, levels: {{{levels}}}, {size}, "
@@ -66,10 +74,42 @@ def data(a) -> str:
 
 def overrides(a, demos: bool = True) -> list[str]:
     name = f"climb-{a.train}" if a.task == "addition" else f"climb-{a.task}-{a.train}"
+    name += "-worked" if a.worked else ""
+    cold = f"cold_start={{demonstrations: {demonstrations_file(a)}"
+    cold += f", train: {{epochs: 3, max_length: {WORKED_LENGTH}}}}}" if a.worked else "}"
     return [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name={name}", f"data={{{data(a)}}}",
             f"curriculum={{prompts: {a.prompts}, advance_at: {a.advance_at}, patience: {a.patience}}}",
-            *method_overrides(a, TRAIN_METHOD[a.train]),
-            *([f"cold_start.demonstrations={demonstrations_file(a)}"] if demos and getattr(a, "demos", 0) else [])]
+            *method_overrides(a, TRAIN_METHOD[a.train]), *(worked_overrides() if a.worked else []),
+            *([cold] if demos and getattr(a, "demos", 0) else [])]
+
+
+# --worked: room for the working of an 8-digit sum (316 tokens) in samples, evaluation and training; the
+# right samples kept at random, not the shortest (a bare answer is shorter, and right on short sums)
+WORKED_TOKENS, WORKED_LENGTH, WORKED_NUMBERS = 384, 448, 96
+
+
+def worked_overrides() -> list[str]:
+    return [f"sample.max_tokens={WORKED_TOKENS}", f"evaluate.max_tokens={WORKED_TOKENS}",
+            f"train.max_length={WORKED_LENGTH}", "filter.prefer=random"]
+
+
+def worked(a: int, b: int) -> str:
+    """a + b worked a digit at a time from the right; its last number is the sum.
+
+    4 + 9 carry 0: 4+9+0=13, so far 3
+    carry 1, so far 13
+    So 4 + 9 = 13."""
+    x_s, y_s, carry, done, lines = str(a), str(b), 0, "", []
+    while x_s or y_s:
+        x, y = int(x_s[-1]) if x_s else 0, int(y_s[-1]) if y_s else 0
+        total = x + y + carry
+        done = str(total % 10) + done
+        lines.append(f"{x_s or 0} + {y_s or 0} carry {carry}: {x}+{y}+{carry}={total}, so far {done}")
+        x_s, y_s, carry = x_s[:-1], y_s[:-1], total // 10
+    if carry:
+        done = "1" + done
+        lines.append(f"carry 1, so far {done}")
+    return "\n".join(lines) + f"\nSo {a} + {b} = {done}."
 
 
 def demonstrations_file(a) -> Path:
@@ -78,7 +118,8 @@ def demonstrations_file(a) -> Path:
 
 def write_demonstrations(a) -> str:
     """--demos N: N of the first level's train problems (seeded), each with its reference answer as the
-    completion, written for the cold start. Returns what they hold."""
+    completion, written for the cold start; with --worked, N spread evenly over --demo-levels, each
+    worked (`worked`). Returns what they hold."""
     import json
     import random
 
@@ -86,7 +127,10 @@ def write_demonstrations(a) -> str:
     from ratchet.flows.config import load_config
 
     cfg = load_config(config(a), overrides(a, demos=False))
-    first = [p for p in load_split(cfg.data, cfg.seed).train if p.level == min(a.levels)]
+    train = load_split(cfg.data, cfg.seed).train
+    if a.worked:
+        return write_worked(a, train)
+    first = [p for p in train if p.level == min(a.levels)]
     random.Random(0).shuffle(first)
     rows = [{"prompt": p.prompt, "completion": p.answer, "answer": p.answer} for p in first[: a.demos]]
     if a.task != "addition":  # a reasoning-gym problem of one's own is scored by its dataset entry
@@ -103,6 +147,24 @@ def write_demonstrations(a) -> str:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     negative = sum(r["answer"].startswith("-") for r in rows)
     return f"{len(rows)} demonstrations of level {min(a.levels)} in {path} ({negative} with a negative answer)"
+
+
+def write_worked(a, train: list) -> str:
+    import json
+    import random
+
+    levels = a.demo_levels or [min(a.levels)]
+    rows = []
+    for i, n in enumerate(levels):
+        pool = [p for p in train if p.level == n]
+        random.Random(n).shuffle(pool)
+        for p in pool[: a.demos // len(levels) + (i < a.demos % len(levels))]:
+            x, y = (int(v) for v in p.id.removeprefix("add-").split("-"))
+            rows.append({"prompt": p.prompt, "completion": worked(x, y), "answer": p.answer})
+    path = demonstrations_file(a)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f"{len(rows)} worked demonstrations of levels {levels} in {path}"
 
 
 # --train and an arm's method: the overrides of bench/method_bench.py's cell of that name
@@ -206,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train", choices=["rft", "dpo", "grpo"], default="rft")
     ap.add_argument("--demos", type=int, default=0, help="begin with a cold start on this many of the first "
                     "level's train problems, each answered with its reference answer")
+    ap.add_argument("--worked", action="store_true", help="addition: answers with working, taught by a cold "
+                    "start on --demos worked demonstrations of --demo-levels")
+    ap.add_argument("--demo-levels", type=int, nargs="+", help="with --worked, the levels the demonstrations are "
+                    "drawn from (default: the first)")
     ap.add_argument("--table-only", action="store_true", help="print the table of the run in --workdir")
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), help="run these arms at equal wall time (--budget-min)")
     ap.add_argument("--budget-min", type=float, default=15.0, help="an arm's wall-time budget, less evaluation")
@@ -213,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/ratchet-arms"), help="the arms' cells")
     ap.add_argument("--merge", type=Path, help="print the table of the arms in this directory, run nothing")
     a = ap.parse_args(argv)
+    if a.worked and (a.task != "addition" or not a.demos):
+        ap.error("--worked is for --task addition, with --demos N (the cold start that teaches the working)")
     if a.merge:
         print(merge(a.merge))
         return 0

@@ -66,7 +66,7 @@ def test_the_curriculum_bench_s_runs_and_arms_are_configs_the_product_takes(task
 
     bench = runpy.run_path(str(BENCH / "curriculum_bench.py"))
     a = Namespace(task=task, levels=[1, 2, 3], eval_size=4, train_size=20, prompts=8, advance_at=0.9, patience=2,
-                  workdir="/tmp/unused", rounds=2)
+                  workdir="/tmp/unused", rounds=2, worked=False, demos=0)
     for train in bench["TRAIN_METHOD"]:
         cfg = load_config(bench["config"](a), bench["overrides"](Namespace(**vars(a), train=train)))
         assert cfg.curriculum is not None and cfg.train.kind == train and cfg.data.level_list() == [1, 2, 3]
@@ -74,3 +74,33 @@ def test_the_curriculum_bench_s_runs_and_arms_are_configs_the_product_takes(task
         overrides = bench["method_overrides"](a, method) + bench["arm_overrides"](a, curriculum)
         cfg = load_config(bench["config"](a), overrides)
         assert (cfg.curriculum is not None) == curriculum and cfg.data.prompts_per_round == (None if curriculum else 8)
+
+
+def test_the_curriculum_bench_s_worked_demonstrations_pass_the_run_s_own_check(tmp_path):
+    """--worked: every demonstration's working ends on the sum, and the run it configures (the check's
+    max_numbers, the cold start) takes them: `ratchet check`'s own checks, up to 8-digit sums."""
+    import random
+
+    from ratchet.data.prompts import load_split
+    from ratchet.flows.config import load_config
+    from ratchet.tasks import cold_start
+
+    bench = runpy.run_path(str(BENCH / "curriculum_bench.py"))
+    rng = random.Random(0)
+    check = None
+    for n in range(1, 9):
+        for _ in range(20):
+            x, y = rng.randint(10 ** (n - 1), 10 ** n - 1), rng.randint(0, 10 ** n - 1)
+            text = bench["worked"](x, y)
+            assert text.endswith(f"So {x} + {y} = {x + y}.") and text.count("\n") == len(str(max(x, y))) + (
+                len(str(x + y)) > len(str(max(x, y))))
+    a = Namespace(task="addition", levels=[1, 2, 8], eval_size=4, train_size=20, prompts=8, advance_at=0.9,
+                  patience=2, workdir=str(tmp_path), rounds=2, worked=True, demos=9, demo_levels=[1, 8], train="rft")
+    assert bench["write_demonstrations"](a).startswith("9 worked demonstrations of levels [1, 8]")
+    cfg = load_config(bench["config"](a), bench["overrides"](a))
+    check = cfg.data.check
+    assert check.max_numbers == bench["WORKED_NUMBERS"] and cfg.sample.max_tokens == bench["WORKED_TOKENS"]
+    held = load_split(cfg.data, cfg.seed).eval
+    rows, _ = cold_start.check(cfg.cold_start, cfg.sample.rollout, check, held)
+    assert len(rows) == 9 and sum("so far" in r.final for r in rows) == 9
+    assert check.check(bench["worked"](99999999, 99999999), "199999998").correct  # the most numbers working names
