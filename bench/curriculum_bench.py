@@ -15,8 +15,8 @@ a + b?", the last number of the answer is read). Not a test: it takes hours on 2
 
 `--worked` (addition): the model is taught, by a cold start on `--demos` demonstrations of the
 `--demo-levels` (`worked` below writes them), to write its working before the answer: a digit at
-a time from the right, each line the operands left, the carry, the digit sum and the answer so
-far; the last line states the sum, which is the number the check reads. The prompt stays "What
+a time from the right, each line the digit sum, the carry, the answer so far and the digits left;
+the last line states the sum, which is the number the check reads. The prompt stays "What
 is a + b?"; the levels above the demonstrations' are learnt from the model's own samples alone.
 
 At equal wall time (`--arms`), each arm a cell of bench/method_bench.py, run alone, a round more at
@@ -83,7 +83,7 @@ def overrides(a, demos: bool = True) -> list[str]:
             *([cold] if demos and getattr(a, "demos", 0) else [])]
 
 
-# --worked: room for the working of an 8-digit sum (316 tokens) in samples, evaluation and training; the
+# --worked: room for the working of an 8-digit sum (335 tokens) in samples, evaluation and training; the
 # right samples kept at random, not the shortest (a bare answer is shorter, and right on short sums)
 WORKED_TOKENS, WORKED_LENGTH, WORKED_NUMBERS = 384, 448, 96
 
@@ -94,21 +94,26 @@ def worked_overrides() -> list[str]:
 
 
 def worked(a: int, b: int) -> str:
-    """a + b worked a digit at a time from the right; its last number is the sum.
+    """a + b worked a digit at a time from the right; its last number is the sum. Each step's inputs
+    sit at the end of the line before it (the digits left, the carry), and each line says what is
+    left, so no step needs to count digits:
 
-    4 + 9 carry 0: 4+9+0=13, so far 3
-    carry 1, so far 13
-    So 4 + 9 = 13."""
-    x_s, y_s, carry, done, lines = str(a), str(b), 0, "", []
+    45 + 87, carry 0
+    5+7+0=12, carry 1, so far 2, left 4 + 8
+    4+8+1=13, carry 1, so far 32, left none
+    the carry: so far 132
+    So 45 + 87 = 132."""
+    x_s, y_s, carry, done, lines = str(a), str(b), 0, "", [f"{a} + {b}, carry 0"]
     while x_s or y_s:
         x, y = int(x_s[-1]) if x_s else 0, int(y_s[-1]) if y_s else 0
         total = x + y + carry
-        done = str(total % 10) + done
-        lines.append(f"{x_s or 0} + {y_s or 0} carry {carry}: {x}+{y}+{carry}={total}, so far {done}")
-        x_s, y_s, carry = x_s[:-1], y_s[:-1], total // 10
+        done, carry_in, carry = str(total % 10) + done, carry, total // 10
+        x_s, y_s = x_s[:-1], y_s[:-1]
+        left = f"{x_s or 0} + {y_s or 0}" if x_s or y_s else "none"
+        lines.append(f"{x}+{y}+{carry_in}={total}, carry {carry}, so far {done}, left {left}")
     if carry:
         done = "1" + done
-        lines.append(f"carry 1, so far {done}")
+        lines.append(f"the carry: so far {done}")
     return "\n".join(lines) + f"\nSo {a} + {b} = {done}."
 
 

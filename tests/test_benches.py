@@ -92,7 +92,7 @@ def test_the_curriculum_bench_s_worked_demonstrations_pass_the_run_s_own_check(t
         for _ in range(20):
             x, y = rng.randint(10 ** (n - 1), 10 ** n - 1), rng.randint(0, 10 ** n - 1)
             text = bench["worked"](x, y)
-            assert text.endswith(f"So {x} + {y} = {x + y}.") and text.count("\n") == len(str(max(x, y))) + (
+            assert text.endswith(f"So {x} + {y} = {x + y}.") and text.count("\n") == 1 + len(str(max(x, y))) + (
                 len(str(x + y)) > len(str(max(x, y))))
     a = Namespace(task="addition", levels=[1, 2, 8], eval_size=4, train_size=20, prompts=8, advance_at=0.9,
                   patience=2, workdir=str(tmp_path), rounds=2, worked=True, demos=9, demo_levels=[1, 8], train="rft")
