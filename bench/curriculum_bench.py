@@ -72,14 +72,19 @@ def data(a) -> str:
             "instruction: Give only the final answer., check: {read: auto}")
 
 
+def curriculum_of(a) -> str:
+    review = f", review: {a.review}" if getattr(a, "review", 0) else ""
+    return f"prompts: {a.prompts}, advance_at: {a.advance_at}, patience: {a.patience}{review}"
+
+
 def overrides(a, demos: bool = True) -> list[str]:
     name = f"climb-{a.train}" if a.task == "addition" else f"climb-{a.task}-{a.train}"
     name += "-worked" if a.worked else ""
     cold = f"cold_start={{demonstrations: {demonstrations_file(a)}"
     cold += f", train: {{epochs: 3, max_length: {WORKED_LENGTH}}}}}" if a.worked else "}"
     return [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name={name}", f"data={{{data(a)}}}",
-            f"curriculum={{prompts: {a.prompts}, advance_at: {a.advance_at}, patience: {a.patience}}}",
-            *method_overrides(a, TRAIN_METHOD[a.train]), *(worked_overrides() if a.worked else []),
+            f"curriculum={{{curriculum_of(a)}}}", *method_overrides(a, TRAIN_METHOD[a.train]),
+            *(worked_overrides() if a.worked else []),
             *([cold] if demos and getattr(a, "demos", 0) else [])]
 
 
@@ -186,8 +191,7 @@ def arm_overrides(a, curriculum: bool) -> list[str]:
     """The levels, and the curriculum or (without one) the same number of prompts a round drawn from every
     level's train prompts."""
     if curriculum:
-        return [f"data={{{data(a)}}}", f"curriculum={{prompts: {a.prompts}, advance_at: {a.advance_at}, "
-                f"patience: {a.patience}}}"]
+        return [f"data={{{data(a)}}}", f"curriculum={{{curriculum_of(a)}}}"]
     return [f"data={{{data(a)}, prompts_per_round: {a.prompts}}}"]
 
 
@@ -270,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=64, help="curriculum.prompts")
     ap.add_argument("--advance-at", type=float, default=0.9, help="curriculum.advance_at")
     ap.add_argument("--patience", type=int, default=4, help="curriculum.patience")
+    ap.add_argument("--review", type=float, default=0.0, help="curriculum.review: the share of a round's prompts "
+                    "drawn from the levels below the current one")
     ap.add_argument("--train", choices=["rft", "dpo", "grpo"], default="rft")
     ap.add_argument("--demos", type=int, default=0, help="begin with a cold start on this many of the first "
                     "level's train problems, each answered with its reference answer")

@@ -293,7 +293,7 @@ def curriculum_task(cfg: PipelineConfig, ctx: RunContext, k: int, prompts: Stage
     m, reused = ses.calls.curriculum(k, prompts, before, last)
     if ses.tracker.log_stage(ctx.parent_run_id, m, reused):
         ses.tracker.log_metrics(ctx.parent_run_id, {k_: v for k_, v in m.metrics.items()
-                                                    if k_ in ("level", "band", "unseen", "retried", "advanced")},
+                                                    if k_ in ("level", "band", "unseen", "retried", "review", "advanced")},
                                 prefix="curriculum.", step=k)
     return finished(m, reused)
 

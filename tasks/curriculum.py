@@ -13,7 +13,12 @@ stage). Then:
 - **the prompts**: the band first, the prompts of the levels reached whose samples passed
   sometimes (0 < passed < n), then prompts of the current level no round has sampled yet, up to
   `prompts`, each part in a seeded order; where both are spent, the current level's prompts
-  that no sample passed yet.
+  that no sample passed yet. With `review` (a share of `prompts`), that share comes first from
+  the levels below the current one, outside the band: prompts whose samples all passed, or none
+  sampled yet. A model trained on one level's prompts alone forgets the levels before it (a worked
+  answer of 2 lines comes to be written for 1-digit sums too); RFT keeps their right samples, so the
+  rounds go on rehearsing them. (DPO and GRPO learn nothing from a prompt whose samples all pass:
+  no pair, no advantage.)
 
 The stage is keyed by what it read (the round before's curriculum, its scored samples and its
 evaluation, by their digests) and its settings, so `ratchet plan` and a resume treat it as any
@@ -50,6 +55,9 @@ class CurriculumConfig(BaseModel):
                          "passed sometimes) first, then prompts of the current level not sampled yet")
     patience: int = Field(default=3, ge=1, description="rounds a level may go without its held-out accuracy rising "
                           "above its best before the run ends there")
+    review: float = Field(default=0.0, ge=0, lt=1, description="share of a round's prompts drawn first from the levels "
+                          "below the current one, outside the band (all samples passed, or not sampled yet), so "
+                          "RFT goes on rehearsing them; 0: none")
 
 
 class CurriculumJob(BaseModel):
@@ -64,8 +72,9 @@ class CurriculumJob(BaseModel):
         if m.get("done"):
             return [f"the run ends at level {int(m['level'])}: {_why(m)}"]
         moved = f" (up from level {int(m['from_level'])})" if m.get("advanced") else ""
+        review = f", {n(m['review'])} reviewed" if m.get("review") else ""
         return [f"level {int(m['level'])}{moved} · {n(m.get('band', 0))} prompt(s) in the band, "
-                f"{n(m.get('unseen', 0))} unseen, {n(m.get('retried', 0))} retried"]
+                f"{n(m.get('unseen', 0))} unseen, {n(m.get('retried', 0))} retried{review}"]
 
 
 def describe(cfg: CurriculumConfig, levels: dict[int, int]) -> str:
@@ -75,7 +84,8 @@ def describe(cfg: CurriculumConfig, levels: dict[int, int]) -> str:
     each = ", ".join(f"{n}: {c}" for n, c in sorted(levels.items()))
     return (f"curriculum: levels {sorted(levels)} (train prompts {each}); starts at level {start} and moves to the "
             f"next once the current level's held-out accuracy reaches {cfg.advance_at:.0%} (the starting model's "
-            f"counts); {cfg.prompts} prompts a round: the band, then the level's unseen, then its not yet passed; the "
+            f"counts); {cfg.prompts} prompts a round: " + (f"{round(cfg.review * cfg.prompts)} of the levels below "
+            "(review), " if cfg.review else "") + "the band, then the level's unseen, then its not yet passed; the "
             f"run ends at the top level or after {cfg.patience} round(s) without a rise")
 
 
@@ -112,17 +122,24 @@ def decide(cfg: CurriculumConfig, levels: list[int], state: dict, accuracy: floa
 
 
 def choose(pool: list[Prompt], seen: dict[str, list[int]], level: int, levels: list[int], count: int,
-           seed: int) -> tuple[list[Prompt], dict[str, int]]:
-    """The round's prompts: the band, then the unseen of `level`, then its never-passed ones."""
+           seed: int, review: float = 0.0) -> tuple[list[Prompt], dict[str, int]]:
+    """The round's prompts: `review` x `count` of the levels below `level` outside the band, then the
+    band, then the unseen of `level`, then its never-passed ones."""
     reached = set(levels[: levels.index(level) + 1])
     band = [p for p in pool if p.level in reached and p.id in seen and 0 < seen[p.id][0] < seen[p.id][1]]
     unseen = [p for p in pool if p.level == level and p.id not in seen]
     hard = [p for p in pool if p.level == level and p.id in seen and seen[p.id][0] == 0]
+    below = [p for p in pool if p.level in reached and p.level != level
+             and (p.id not in seen or seen[p.id][0] == seen[p.id][1])]
     rng = random.Random(seed)
     out, counts = [], {}
-    for name, part in (("band", band), ("unseen", unseen), ("retried", hard)):
+    for name, part, limit in (("review", below, round(review * count)), ("band", band, count),
+                              ("unseen", unseen, count), ("retried", hard, count)):
+        if not limit:  # no review: the seeded order of the rest is what it was without the setting
+            counts[name] = 0
+            continue
         rng.shuffle(part)
-        took = part[: count - len(out)]
+        took = part[: min(limit, count - len(out))]
         counts[name] = len(took)
         out += took
     return out, counts
@@ -142,8 +159,8 @@ def curriculum_body(req: StageRequest[CurriculumJob], store: ArtifactStore) -> S
         seen.update(passes(scored_rows(store, scored), job.top))
     held = next((p for p in req.parents if p.stage == f"evaluate.level_{state['level']}"), None)
     now = decide(cfg, job.levels, state, None if held is None else held.metrics["accuracy"])
-    rows, counts = ([], {"band": 0, "unseen": 0, "retried": 0}) if now["done"] else \
-        choose(pool, seen, now["level"], job.levels, cfg.prompts, job.seed)
+    rows, counts = ([], {"review": 0, "band": 0, "unseen": 0, "retried": 0}) if now["done"] else \
+        choose(pool, seen, now["level"], job.levels, cfg.prompts, job.seed, cfg.review)
     if not rows and not now["done"]:
         raise EmptyStageError(f"level {now['level']} has no train prompt left to draw: every one was sampled and "
                               "none is in the band. Give the level more prompts (data.train_size), or lower "

@@ -34,13 +34,27 @@ def test_a_round_draws_the_band_first_then_unseen_prompts_of_its_level_then_thos
     pool = [Prompt(id=f"l{n}-{i}", prompt=f"q{n}-{i}", level=n) for n in LEVELS for i in range(6)]
     seen = {"l1-0": [1, 4], "l1-1": [4, 4], "l1-2": [0, 4], "l2-0": [2, 4], "l2-1": [0, 4], "l3-0": [1, 4]}
     rows, counts = choose(pool, seen, 2, LEVELS, 6, seed=0)
-    assert counts == {"band": 2, "unseen": 4, "retried": 0}
+    assert counts == {"review": 0, "band": 2, "unseen": 4, "retried": 0}
     assert {p.id for p in rows[:2]} == {"l1-0", "l2-0"}  # passed sometimes, at a level reached (not level 3)
     assert all(p.level == 2 and p.id not in seen for p in rows[2:])
     more, counts = choose(pool, seen, 2, LEVELS, 8, seed=0)
-    assert counts == {"band": 2, "unseen": 4, "retried": 1} and len(more) == 7 and more[-1].id == "l2-1"
-    assert choose(pool, seen, 2, LEVELS, 6, seed=0) == (rows, {"band": 2, "unseen": 4, "retried": 0})  # seeded
+    assert counts == {"review": 0, "band": 2, "unseen": 4, "retried": 1} and len(more) == 7 and more[-1].id == "l2-1"
+    assert choose(pool, seen, 2, LEVELS, 6, seed=0) == (rows, {"review": 0, "band": 2, "unseen": 4, "retried": 0})
     assert choose(pool, seen, 2, LEVELS, 6, seed=1)[0] != rows
+
+
+def test_review_draws_its_share_first_from_the_levels_below_outside_the_band():
+    """Level 1's prompts whose samples all passed, or that no round sampled, come back at level 3; its
+    band prompt comes as band, its never-passed one not at all, and level 3's own never as review."""
+    pool = [Prompt(id=f"l{n}-{i}", prompt=f"q{n}-{i}", level=n) for n in LEVELS for i in range(4)]
+    seen = {"l1-0": [4, 4], "l1-1": [2, 4], "l1-2": [0, 4], "l2-0": [4, 4], "l2-1": [3, 4], "l3-0": [4, 4]}
+    rows, counts = choose(pool, seen, 3, LEVELS, 8, seed=0, review=0.5)
+    assert counts == {"review": 4, "band": 2, "unseen": 2, "retried": 0}
+    assert {p.id for p in rows[:4]} <= {"l1-0", "l1-3", "l2-0", "l2-2", "l2-3"}  # all passed, or unseen, below 3
+    assert {p.id for p in rows[4:6]} == {"l1-1", "l2-1"} and all(p.id in {"l3-1", "l3-2", "l3-3"} for p in rows[6:])
+    few, counts = choose(pool, {}, 2, LEVELS, 8, seed=0, review=0.9)  # the levels below have fewer than the share
+    assert counts == {"review": 4, "band": 0, "unseen": 4, "retried": 0} and len(few) == 8
+    assert choose(pool, seen, 1, LEVELS, 8, seed=0, review=0.5)[1]["review"] == 0  # nothing below level 1
 
 
 @pytest.mark.parametrize("settings, says", [
@@ -50,6 +64,7 @@ def test_a_round_draws_the_band_first_then_unseen_prompts_of_its_level_then_thos
     ({"sample": {"n": 1}}, "sample.n=1 cannot form a band"),
     ({"curriculum": {"advance_at": 1.5}}, "curriculum.advance_at"),
     ({"curriculum": {"advance_at": 0}}, "curriculum.advance_at"),
+    ({"curriculum": {"review": 1}}, "curriculum.review"),
 ])
 def test_a_curriculum_that_cannot_work_is_refused_with_the_fix(settings, says):
     base = {"data": {"kind": "addition", "levels": LEVELS, "eval_size": 4, "train_size": 8}, "curriculum": {}}
