@@ -292,8 +292,8 @@ def curriculum_task(cfg: PipelineConfig, ctx: RunContext, k: int, prompts: Stage
     ses = Session(cfg, ctx)
     m, reused = ses.calls.curriculum(k, prompts, before, last)
     if ses.tracker.log_stage(ctx.parent_run_id, m, reused):
-        ses.tracker.log_metrics(ctx.parent_run_id, {k_: v for k_, v in m.metrics.items()
-                                                    if k_ in ("level", "band", "unseen", "retried", "review", "advanced")},
+        shown = ("level", "band", "unseen", "retried", "review", "advanced")
+        ses.tracker.log_metrics(ctx.parent_run_id, {k_: v for k_, v in m.metrics.items() if k_ in shown},
                                 prefix="curriculum.", step=k)
     return finished(m, reused)
 
