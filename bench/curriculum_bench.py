@@ -40,6 +40,7 @@ accuracy at the last round finished within the budget, and the curve.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import time
@@ -120,6 +121,50 @@ def worked(a: int, b: int) -> str:
         done = "1" + done
         lines.append(f"the carry: so far {done}")
     return "\n".join(lines) + f"\nSo {a} + {b} = {done}."
+
+
+STEP = re.compile(r"(\d)\+(\d)\+(\d)=(\d+), carry (\d), so far (\d+), left (.*)$")
+
+
+def first_miss(a: int, b: int, text: str, right: bool) -> str:
+    """Where an answer worked as `worked` does first goes wrong, replayed a line at a time: the digits
+    it adds (`wrong digits`), the carry it brings in, the digit sum, the carry out, the answer so far,
+    the digits left (`left: copy`, or `left: stopped early`), a line of another form, or (every line
+    right) the last line's sum."""
+    if right:
+        return "right"
+    x_s, y_s, carry, done = str(a), str(b), 0, ""
+    for line in text.split("\n")[1:]:
+        if not x_s and not y_s:
+            break
+        m = STEP.match(line.strip())
+        if not m:
+            return "form"
+        x, y = int(x_s[-1]) if x_s else 0, int(y_s[-1]) if y_s else 0
+        total = x + y + carry
+        done = str(total % 10) + done
+        x_s, y_s = x_s[:-1], y_s[:-1]
+        left = f"{x_s or 0} + {y_s or 0}" if x_s or y_s else "none"
+        for kind, said, want in (("wrong digits", (m[1], m[2]), (str(x), str(y))), ("carry in", m[3], str(carry)),
+                                 ("digit sum", m[4], str(total)), ("carry out", m[5], str(total // 10)),
+                                 ("so far", m[6], done)):
+            if said != want:
+                return kind
+        if m[7] != left:
+            return "left: stopped early" if m[7] == "none" else "left: copy"
+        carry = total // 10
+    return "the last lines" if not x_s and not y_s else "form"
+
+
+def misses(answers: list[dict]) -> str:
+    """Each level's answers (the gate's held-out set, every level) by where they first went wrong."""
+    from collections import Counter, defaultdict
+
+    by: dict[int, Counter] = defaultdict(Counter)
+    for r in answers:
+        x, y = (int(v) for v in r["prompt_id"].removeprefix("add-").split("-"))
+        by[len(str(max(x, y)))][first_miss(x, y, r.get("text") or "", bool(r.get("correct")))] += 1
+    return "\n".join(f"L{n}: " + ", ".join(f"{k} {c}" for k, c in by[n].most_common()) for n in sorted(by))
 
 
 def demonstrations_file(a) -> Path:
@@ -258,6 +303,9 @@ def table(a) -> str:
                          for n in levels)
         rows.append(f"{r.round:>5} {r.level if r.level is not None else '-':>5} "
                     f"{r.band if r.band is not None else '-':>5} {cells}")
+    if a.worked and rep.rounds and rep.rounds[-1].answers:
+        rows += ["", f"round {rep.rounds[-1].round}'s held-out answers, by where each first went wrong:",
+                 misses(rep.rounds[-1].answers)]
     return "\n".join(rows)
 
 

@@ -104,3 +104,23 @@ def test_the_curriculum_bench_s_worked_demonstrations_pass_the_run_s_own_check(t
     rows, _ = cold_start.check(cfg.cold_start, cfg.sample.rollout, check, held)
     assert len(rows) == 9 and sum("so far" in r.final for r in rows) == 9
     assert check.check(bench["worked"](99999999, 99999999), "199999998").correct  # the most numbers working names
+
+
+def test_the_curriculum_bench_finds_where_a_worked_answer_first_goes_wrong():
+    """Each kind of miss the climb's figures count, on one edit of a right working of 458 + 867."""
+    bench = runpy.run_path(str(BENCH / "curriculum_bench.py"))
+    right = bench["worked"](458, 867)  # 8+7+0=15 carry 1 | 5+6+1=12 carry 1 | 4+8+1=13 carry 1 | the carry
+    assert right.splitlines()[1:3] == ["8+7+0=15, carry 1, so far 5, left 45 + 86",
+                                        "5+6+1=12, carry 1, so far 25, left 4 + 8"]
+    edits = {"wrong digits": ("5+6+1=12", "4+6+1=11"), "carry in": ("5+6+1=12", "5+6+0=11"),
+             "digit sum": ("8+7+0=15", "8+7+0=14"), "carry out": ("15, carry 1", "15, carry 0"),
+             "so far": ("so far 25,", "so far 35,"), "left: copy": ("left 45 + 86", "left 4 + 8"),
+             "left: stopped early": ("left 4 + 8", "left none"), "form": ("8+7+0=15,", "8 plus 7 is 15,"),
+             "the last lines": ("So 458 + 867 = 1325.", "So 458 + 867 = 1335.")}
+    for kind, (old, new) in edits.items():
+        assert old in right and bench["first_miss"](458, 867, right.replace(old, new), False) == kind, kind
+    assert bench["first_miss"](458, 867, right, True) == "right"
+    assert bench["first_miss"](458, 867, "1325", False) == "form"  # no working at all
+    answers = [{"prompt_id": "add-458-867", "text": right, "correct": True},
+               {"prompt_id": "add-45-86", "text": "", "correct": False}]
+    assert bench["misses"](answers) == "L2: form 1\nL3: right 1"
