@@ -15,7 +15,7 @@ a + b?", the last number of the answer is read). Not a test: it takes hours on 2
 
 `--worked` (addition): the model is taught, by a cold start on `--demos` demonstrations of the
 `--demo-levels` (`worked` below writes them), to write its working before the answer: a digit at
-a time from the right, each line the digit sum, the carry, the answer so far and the digits left;
+a time from the right, each line the digit sum, the carry added, the answer so far and the digits left;
 the last line states the sum, which is the number the check reads. The prompt stays "What
 is a + b?"; the levels above the demonstrations' are learnt from the model's own samples alone.
 
@@ -89,7 +89,7 @@ def overrides(a, demos: bool = True) -> list[str]:
             *([cold] if demos and getattr(a, "demos", 0) else [])]
 
 
-# --worked: room for the working of an 8-digit sum (335 tokens) in samples, evaluation and training; the
+# --worked: room for the working of an 8-digit sum (369 tokens at most) in samples, evaluation and training; the
 # right samples kept at random, not the shortest (a bare answer is shorter, and right on short sums)
 WORKED_TOKENS, WORKED_LENGTH, WORKED_NUMBERS = 384, 448, 96
 
@@ -101,12 +101,13 @@ def worked_overrides() -> list[str]:
 
 def worked(a: int, b: int) -> str:
     """a + b worked a digit at a time from the right; its last number is the sum. Each step's inputs
-    sit at the end of the line before it (the digits left, the carry), and each line says what is
-    left, so no step needs to count digits:
+    sit at the end of the line before it (the digits left, the carry), each line says what is left,
+    so no step needs to count digits, and the carry is added apart (`+1`), where three digits at once
+    were the model's most frequent slip:
 
     45 + 87, carry 0
-    5+7+0=12, carry 1, so far 2, left 4 + 8
-    4+8+1=13, carry 1, so far 32, left none
+    5+7=12, +0=12, carry 1, so far 2, left 4 + 8
+    4+8=12, +1=13, carry 1, so far 32, left none
     the carry: so far 132
     So 45 + 87 = 132."""
     x_s, y_s, carry, done, lines = str(a), str(b), 0, "", [f"{a} + {b}, carry 0"]
@@ -116,21 +117,21 @@ def worked(a: int, b: int) -> str:
         done, carry_in, carry = str(total % 10) + done, carry, total // 10
         x_s, y_s = x_s[:-1], y_s[:-1]
         left = f"{x_s or 0} + {y_s or 0}" if x_s or y_s else "none"
-        lines.append(f"{x}+{y}+{carry_in}={total}, carry {carry}, so far {done}, left {left}")
+        lines.append(f"{x}+{y}={x + y}, +{carry_in}={total}, carry {carry}, so far {done}, left {left}")
     if carry:
         done = "1" + done
         lines.append(f"the carry: so far {done}")
     return "\n".join(lines) + f"\nSo {a} + {b} = {done}."
 
 
-STEP = re.compile(r"(\d)\+(\d)\+(\d)=(\d+), carry (\d), so far (\d+), left (.*)$")
+STEP = re.compile(r"(\d)\+(\d)=(\d+), \+(\d)=(\d+), carry (\d), so far (\d+), left (.*)$")
 
 
 def first_miss(a: int, b: int, text: str, right: bool) -> str:
     """Where an answer worked as `worked` does first goes wrong, replayed a line at a time: the digits
-    it adds (`wrong digits`), the carry it brings in, the digit sum, the carry out, the answer so far,
-    the digits left (`left: copy`, or `left: stopped early`), a line of another form, or (every line
-    right) the last line's sum."""
+    it adds (`wrong digits`), their sum, the carry it brings in, the sum with it, the carry out, the
+    answer so far, the digits left (`left: copy`, or `left: stopped early`), a line of another form,
+    or (every line right) the last lines."""
     if right:
         return "right"
     x_s, y_s, carry, done = str(a), str(b), 0, ""
@@ -145,13 +146,13 @@ def first_miss(a: int, b: int, text: str, right: bool) -> str:
         done = str(total % 10) + done
         x_s, y_s = x_s[:-1], y_s[:-1]
         left = f"{x_s or 0} + {y_s or 0}" if x_s or y_s else "none"
-        for kind, said, want in (("wrong digits", (m[1], m[2]), (str(x), str(y))), ("carry in", m[3], str(carry)),
-                                 ("digit sum", m[4], str(total)), ("carry out", m[5], str(total // 10)),
-                                 ("so far", m[6], done)):
+        for kind, said, want in (("wrong digits", (m[1], m[2]), (str(x), str(y))), ("digit sum", m[3], str(x + y)),
+                                 ("carry in", m[4], str(carry)), ("adding the carry", m[5], str(total)),
+                                 ("carry out", m[6], str(total // 10)), ("so far", m[7], done)):
             if said != want:
                 return kind
-        if m[7] != left:
-            return "left: stopped early" if m[7] == "none" else "left: copy"
+        if m[8] != left:
+            return "left: stopped early" if m[8] == "none" else "left: copy"
         carry = total // 10
     return "the last lines" if not x_s and not y_s else "form"
 

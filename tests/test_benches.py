@@ -109,13 +109,14 @@ def test_the_curriculum_bench_s_worked_demonstrations_pass_the_run_s_own_check(t
 def test_the_curriculum_bench_finds_where_a_worked_answer_first_goes_wrong():
     """Each kind of miss the climb's figures count, on one edit of a right working of 458 + 867."""
     bench = runpy.run_path(str(BENCH / "curriculum_bench.py"))
-    right = bench["worked"](458, 867)  # 8+7+0=15 carry 1 | 5+6+1=12 carry 1 | 4+8+1=13 carry 1 | the carry
-    assert right.splitlines()[1:3] == ["8+7+0=15, carry 1, so far 5, left 45 + 86",
-                                        "5+6+1=12, carry 1, so far 25, left 4 + 8"]
-    edits = {"wrong digits": ("5+6+1=12", "4+6+1=11"), "carry in": ("5+6+1=12", "5+6+0=11"),
-             "digit sum": ("8+7+0=15", "8+7+0=14"), "carry out": ("15, carry 1", "15, carry 0"),
+    right = bench["worked"](458, 867)  # 8+7=15 carry 1 | 5+6=11 +1=12 carry 1 | 4+8=12 +1=13 carry 1 | the carry
+    assert right.splitlines()[1:3] == ["8+7=15, +0=15, carry 1, so far 5, left 45 + 86",
+                                        "5+6=11, +1=12, carry 1, so far 25, left 4 + 8"]
+    edits = {"wrong digits": ("5+6=11, +1=12", "4+6=10, +1=11"), "carry in": ("+1=12", "+0=11"),
+             "digit sum": ("8+7=15", "8+7=14"), "adding the carry": ("+1=12", "+1=13"),
+             "carry out": ("15, carry 1", "15, carry 0"),
              "so far": ("so far 25,", "so far 35,"), "left: copy": ("left 45 + 86", "left 4 + 8"),
-             "left: stopped early": ("left 4 + 8", "left none"), "form": ("8+7+0=15,", "8 plus 7 is 15,"),
+             "left: stopped early": ("left 4 + 8", "left none"), "form": ("8+7=15,", "8 plus 7 is 15,"),
              "the last lines": ("So 458 + 867 = 1325.", "So 458 + 867 = 1335.")}
     for kind, (old, new) in edits.items():
         assert old in right and bench["first_miss"](458, 867, right.replace(old, new), False) == kind, kind
