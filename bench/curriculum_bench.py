@@ -176,7 +176,6 @@ def write_demonstrations(a) -> str:
     """--demos N: N of the first level's train problems (seeded), each with its reference answer as the
     completion, written for the cold start; with --worked, N spread evenly over --demo-levels, each
     worked (`worked`). Returns what they hold."""
-    import json
     import random
 
     from ratchet.data.prompts import load_split
@@ -185,7 +184,9 @@ def write_demonstrations(a) -> str:
     cfg = load_config(config(a), overrides(a, demos=False))
     train = load_split(cfg.data, cfg.seed).train
     if a.worked:
-        return write_worked(a, train)
+        levels = a.demo_levels or [min(a.levels)]
+        rows = worked_rows(a.demos, train, levels)
+        return f"{len(rows)} worked demonstrations of levels {levels} in {write_rows(a, rows)}"
     first = [p for p in train if p.level == min(a.levels)]
     random.Random(0).shuffle(first)
     rows = [{"prompt": p.prompt, "completion": p.answer, "answer": p.answer} for p in first[: a.demos]]
@@ -198,29 +199,33 @@ def write_demonstrations(a) -> str:
             dataset = open_dataset(check.dataset, {**check.config, **check.levels[level]}, check.dataset_seed,
                                    check.size)
             r["entry"] = dataset[index]
-    path = demonstrations_file(a)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     negative = sum(r["answer"].startswith("-") for r in rows)
-    return f"{len(rows)} demonstrations of level {min(a.levels)} in {path} ({negative} with a negative answer)"
+    return (f"{len(rows)} demonstrations of level {min(a.levels)} in {write_rows(a, rows)} ({negative} with a "
+            "negative answer)")
 
 
-def write_worked(a, train: list) -> str:
-    import json
+def worked_rows(count: int, train: list, levels: list[int]) -> list[dict]:
+    """`count` train problems spread evenly over `levels` (each level's seeded), each answered by `worked`."""
     import random
 
-    levels = a.demo_levels or [min(a.levels)]
     rows = []
     for i, n in enumerate(levels):
         pool = [p for p in train if p.level == n]
         random.Random(n).shuffle(pool)
-        for p in pool[: a.demos // len(levels) + (i < a.demos % len(levels))]:
+        for p in pool[: count // len(levels) + (i < count % len(levels))]:
             x, y = (int(v) for v in p.id.removeprefix("add-").split("-"))
             rows.append({"prompt": p.prompt, "completion": worked(x, y), "answer": p.answer})
+    return rows
+
+
+def write_rows(a, rows: list[dict]) -> Path:
+    """The demonstrations file, written."""
+    import json
+
     path = demonstrations_file(a)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return f"{len(rows)} worked demonstrations of levels {levels} in {path}"
+    return path
 
 
 # --train and an arm's method: the overrides of bench/method_bench.py's cell of that name
