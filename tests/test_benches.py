@@ -87,7 +87,6 @@ def test_the_curriculum_bench_s_worked_demonstrations_pass_the_run_s_own_check(t
 
     bench = runpy.run_path(str(BENCH / "curriculum_bench.py"))
     rng = random.Random(0)
-    check = None
     for n in range(1, 9):
         for _ in range(20):
             x, y = rng.randint(10 ** (n - 1), 10 ** n - 1), rng.randint(0, 10 ** n - 1)
