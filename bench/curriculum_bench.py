@@ -75,7 +75,8 @@ def data(a) -> str:
 
 def curriculum_of(a) -> str:
     review = f", review: {a.review}" if getattr(a, "review", 0) else ""
-    return f"prompts: {a.prompts}, advance_at: {a.advance_at}, patience: {a.patience}{review}"
+    start = f", start: {a.start}" if getattr(a, "start", None) else ""
+    return f"prompts: {a.prompts}, advance_at: {a.advance_at}, patience: {a.patience}{review}{start}"
 
 
 def overrides(a, demos: bool = True) -> list[str]:
@@ -330,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--patience", type=int, default=4, help="curriculum.patience")
     ap.add_argument("--review", type=float, default=0.0, help="curriculum.review: the share of a round's prompts "
                     "drawn from the levels below the current one")
+    ap.add_argument("--start", type=int, help="curriculum.start: the level the first curriculum round trains at "
+                    "(default: the first); every level below it counts as reached")
     ap.add_argument("--train", choices=["rft", "dpo", "grpo"], default="rft")
     ap.add_argument("--demos", type=int, default=0, help="begin with a cold start on this many of the first "
                     "level's train problems, each answered with its reference answer")
