@@ -87,6 +87,7 @@ def overrides(a, demos: bool = True) -> list[str]:
     return [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name={name}", f"data={{{data(a)}}}",
             f"curriculum={{{curriculum_of(a)}}}", *method_overrides(a, TRAIN_METHOD[a.train]),
             *(worked_overrides() if a.worked else []),
+            *([f"sample.temperature={a.temperature}"] if getattr(a, "temperature", None) is not None else []),
             *([cold] if demos and getattr(a, "demos", 0) else [])]
 
 
@@ -331,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--patience", type=int, default=4, help="curriculum.patience")
     ap.add_argument("--review", type=float, default=0.0, help="curriculum.review: the share of a round's prompts "
                     "drawn from the levels below the current one")
+    ap.add_argument("--temperature", type=float, help="sample.temperature (default: the config's, 0.8)")
     ap.add_argument("--start", type=int, help="curriculum.start: the level the first curriculum round trains at "
                     "(default: the first); every level below it counts as reached")
     ap.add_argument("--train", choices=["rft", "dpo", "grpo"], default="rft")
