@@ -6,6 +6,8 @@
     python bench/curriculum_bench.py --task chain_sum --levels 1 2 3 4 --eval-size 25 --rounds 10 --workdir /tmp/chain
     python bench/curriculum_bench.py --task chain_sum --levels 1 2 3 4 --eval-size 25 --demos 100 --workdir /tmp/demo
     python bench/curriculum_bench.py --worked --demos 240 --demo-levels 1 2 3 --eval-size 25 --workdir /tmp/worked
+    python bench/curriculum_bench.py --worked --demos 320 --demo-levels 1 2 3 4 5 6 7 8 --start 8 --review 0.7 \
+        --temperature 0.3 --advance-at 0.9 --eval-size 25 --workdir /tmp/allworked
 
 It runs `ratchet run` on flows/configs/default.yaml with the addition task's levels (digit
 counts) and a curriculum, every round keyed and resumable (run the same command again after a
