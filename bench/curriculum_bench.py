@@ -51,6 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import method_bench  # noqa: E402  (its cells run the arms; its overrides are each method's)
+from worked import first_miss, worked  # noqa: E402  (the working's form, and where an answer's first goes wrong)
 CONFIGS = ROOT / "flows" / "configs"
 # reasoning-gym's chain_sum (sums and differences of whole numbers), a level per number of terms and digits
 CHAIN_SUM = {1: (2, 1), 2: (3, 1), 3: (2, 2), 4: (3, 2), 5: (4, 2), 6: (3, 3)}
@@ -84,11 +85,14 @@ def curriculum_of(a) -> str:
 def overrides(a, demos: bool = True) -> list[str]:
     name = f"climb-{a.train}" if a.task == "addition" else f"climb-{a.task}-{a.train}"
     name += "-worked" if a.worked else ""
+    name += "-checked" if getattr(a, "check_working", False) else ""
     cold = f"cold_start={{demonstrations: {demonstrations_file(a)}"
     cold += f", train: {{epochs: 3, max_length: {WORKED_LENGTH}}}}}" if a.worked else "}"
     return [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name={name}", f"data={{{data(a)}}}",
             f"curriculum={{{curriculum_of(a)}}}", *method_overrides(a, TRAIN_METHOD[a.train]),
             *(worked_overrides() if a.worked else []),
+            *([f"label.check={{kind: python, function: '{ROOT / 'bench' / 'worked.py'}:working'}}"]
+              if getattr(a, "check_working", False) else []),
             *([f"sample.temperature={a.temperature}"] if getattr(a, "temperature", None) is not None else []),
             *([cold] if demos and getattr(a, "demos", 0) else [])]
 
@@ -101,64 +105,6 @@ WORKED_TOKENS, WORKED_LENGTH, WORKED_NUMBERS = 384, 448, 96
 def worked_overrides() -> list[str]:
     return [f"sample.max_tokens={WORKED_TOKENS}", f"evaluate.max_tokens={WORKED_TOKENS}",
             f"train.max_length={WORKED_LENGTH}", "filter.prefer=random"]
-
-
-def worked(a: int, b: int) -> str:
-    """a + b worked a digit at a time from the right; its last number is the sum. Each step's inputs
-    sit at the end of the line before it (the digits left, the carry), each line says what is left,
-    so no step needs to count digits, and the carry is added apart (`+1`), where three digits at once
-    were the model's most frequent slip:
-
-    45 + 87, carry 0
-    5+7=12, +0=12, carry 1, so far 2, left 4 + 8
-    4+8=12, +1=13, carry 1, so far 32, left none
-    the carry: so far 132
-    So 45 + 87 = 132."""
-    x_s, y_s, carry, done, lines = str(a), str(b), 0, "", [f"{a} + {b}, carry 0"]
-    while x_s or y_s:
-        x, y = int(x_s[-1]) if x_s else 0, int(y_s[-1]) if y_s else 0
-        total = x + y + carry
-        done, carry_in, carry = str(total % 10) + done, carry, total // 10
-        x_s, y_s = x_s[:-1], y_s[:-1]
-        left = f"{x_s or 0} + {y_s or 0}" if x_s or y_s else "none"
-        lines.append(f"{x}+{y}={x + y}, +{carry_in}={total}, carry {carry}, so far {done}, left {left}")
-    if carry:
-        done = "1" + done
-        lines.append(f"the carry: so far {done}")
-    return "\n".join(lines) + f"\nSo {a} + {b} = {done}."
-
-
-STEP = re.compile(r"(\d)\+(\d)=(\d+), \+(\d)=(\d+), carry (\d), so far (\d+), left (.*)$")
-
-
-def first_miss(a: int, b: int, text: str, right: bool) -> str:
-    """Where an answer worked as `worked` does first goes wrong, replayed a line at a time: the digits
-    it adds (`wrong digits`), their sum, the carry it brings in, the sum with it, the carry out, the
-    answer so far, the digits left (`left: copy`, or `left: stopped early`), a line of another form,
-    or (every line right) the last lines."""
-    if right:
-        return "right"
-    x_s, y_s, carry, done = str(a), str(b), 0, ""
-    for line in text.split("\n")[1:]:
-        if not x_s and not y_s:
-            break
-        m = STEP.match(line.strip())
-        if not m:
-            return "form"
-        x, y = int(x_s[-1]) if x_s else 0, int(y_s[-1]) if y_s else 0
-        total = x + y + carry
-        done = str(total % 10) + done
-        x_s, y_s = x_s[:-1], y_s[:-1]
-        left = f"{x_s or 0} + {y_s or 0}" if x_s or y_s else "none"
-        for kind, said, want in (("wrong digits", (m[1], m[2]), (str(x), str(y))), ("digit sum", m[3], str(x + y)),
-                                 ("carry in", m[4], str(carry)), ("adding the carry", m[5], str(total)),
-                                 ("carry out", m[6], str(total // 10)), ("so far", m[7], done)):
-            if said != want:
-                return kind
-        if m[8] != left:
-            return "left: stopped early" if m[8] == "none" else "left: copy"
-        carry = total // 10
-    return "the last lines" if not x_s and not y_s else "form"
 
 
 def misses(answers: list[dict]) -> str:
@@ -342,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                     "level's train problems, each answered with its reference answer")
     ap.add_argument("--worked", action="store_true", help="addition: answers with working, taught by a cold "
                     "start on --demos worked demonstrations of --demo-levels")
+    ap.add_argument("--check-working", action="store_true", help="with --worked, label with a check of the "
+                    "working itself (bench/worked.py's `working`: right only when every line is), so RFT keeps only "
+                    "right workings; held-out accuracy still reads the last number")
     ap.add_argument("--demo-levels", type=int, nargs="+", help="with --worked, the levels the demonstrations are "
                     "drawn from (default: the first)")
     ap.add_argument("--table-only", action="store_true", help="print the table of the run in --workdir")
@@ -353,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.worked and (a.task != "addition" or not a.demos):
         ap.error("--worked is for --task addition, with --demos N (the cold start that teaches the working)")
+    if a.check_working and not a.worked:
+        ap.error("--check-working checks the working that --worked teaches; add --worked")
     if a.merge:
         print(merge(a.merge))
         return 0

@@ -221,6 +221,11 @@ def cmd_check(args) -> int:
           f"({sum(p.answer is not None for p in split.train)} with an answer), {len(split.eval)} held out; "
           f"check: {check.kind}" + (f" ({check.function})" if hasattr(check, "function") else "")
           + (f", {how}" if (how := getattr(check, "called_as", lambda: None)()) else ""))
+    if (own := cfg.label.scores_with(check)) is not check:
+        how = (getattr(own, "called_as", lambda: None)() or "").replace("data.check", "label.check")
+        print(f"label: {cfg.label.kind}, scored by label.check: {own.kind}"
+              + (f" ({own.function})" if hasattr(own, "function") else "") + (f", {how}" if how else "")
+              + f"; held-out accuracy by data.check ({check.kind})")
     print(model_line(cfg, cfg.sample.rollout.first_message(_in_text(cfg, split.train[0]))))
     if (search := cfg.prompt.search) is not None:
         draw = cfg.data.prompts_per_round or sum(p.answer is not None or not check.needs_answer for p in split.train)

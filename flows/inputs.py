@@ -27,7 +27,7 @@ from ratchet.data.procs.entry import entry
 
 def needs_train_answers(cfg: PipelineConfig) -> bool:
     """Whether the label needs a reference answer for every train prompt."""
-    return cfg.label.needs_reference() and cfg.data.check.needs_answer
+    return cfg.label.needs_reference() and cfg.label.scores_with(cfg.data.check).needs_answer
 
 
 def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
@@ -109,6 +109,9 @@ def check_data(cfg: PipelineConfig) -> tuple[Split, dict[str, Split]]:
         raise ConfigError(problems, source="sample.rollout" + (" and evaluate.sets" if len(rollouts) > 1 else ""))
     if problems := cfg.data.check.problems(columns(split.train + split.eval)):  # loaded once, as a stage will
         raise ConfigError(problems, source="data.check")
+    if (own := cfg.label.scores_with(cfg.data.check)) is not cfg.data.check:  # the label's own check (label.check)
+        if problems := own.problems(columns(split.train)):
+            raise ConfigError([p.replace("data.check", "label.check") for p in problems], source="label.check")
     if cfg.trains_weights() and not cfg.train.online and cfg.label.consumes == "samples":  # sample.n of each
         per_round = min(len(split.train), cfg.data.prompts_per_round or len(split.train))
         if problems := cfg.filter.ceiling_checks(per_round, cfg.sample.n):

@@ -95,7 +95,7 @@ def test_the_curriculum_bench_s_worked_demonstrations_pass_the_run_s_own_check(t
                 len(str(x + y)) > len(str(max(x, y))))
     a = Namespace(task="addition", levels=[1, 2, 8], eval_size=4, train_size=20, prompts=8, advance_at=0.9,
                   patience=2, workdir=str(tmp_path), rounds=2, worked=True, demos=9, demo_levels=[1, 8], train="rft",
-                  start=8, temperature=0.3, review=0.7)
+                  start=8, temperature=0.3, review=0.7, check_working=True)
     assert bench["write_demonstrations"](a).startswith("9 worked demonstrations of levels [1, 8]")
     cfg = load_config(bench["config"](a), bench["overrides"](a))
     check = cfg.data.check
@@ -105,6 +105,8 @@ def test_the_curriculum_bench_s_worked_demonstrations_pass_the_run_s_own_check(t
     rows, _ = cold_start.check(cfg.cold_start, cfg.sample.rollout, check, held)
     assert len(rows) == 9 and sum("so far" in r.final for r in rows) == 9
     assert check.check(bench["worked"](99999999, 99999999), "199999998").correct  # the most numbers working names
+    # --check-working: the label's check is the working's own, loaded as `ratchet check` loads it
+    assert cfg.label.check.function.endswith("bench/worked.py:working") and not cfg.label.check.problems()
 
 
 def test_the_curriculum_bench_finds_where_a_worked_answer_first_goes_wrong():
@@ -123,6 +125,14 @@ def test_the_curriculum_bench_finds_where_a_worked_answer_first_goes_wrong():
         assert old in right and bench["first_miss"](458, 867, right.replace(old, new), False) == kind, kind
     assert bench["first_miss"](458, 867, right, True) == "right"
     assert bench["first_miss"](458, 867, "1325", False) == "form"  # no working at all
+    # the label check of --check-working: only the working itself, line for line, on the task's prompt
+    working = runpy.run_path(str(BENCH / "worked.py"))["working"]
+    assert working(right, "1325", "What is 458 + 867?") == 1.0 and working(right + "\n", "1325", "What is 458 + 867?")
+    for old, new in edits.values():
+        assert working(right.replace(old, new), "1325", "What is 458 + 867?") == 0.0, new
+    for text in ("1325", right + "\nScore: 1.0", right.replace("So 458", "So, 458"), ""):
+        assert working(text, "1325", "What is 458 + 867?") == 0.0, text
+    assert working(right, "1325", "What is 458 + 868?") == 0.0 and working(right, "1325", "Add them.") is None
     answers = [{"prompt_id": "add-458-867", "text": right, "correct": True},
                {"prompt_id": "add-45-86", "text": "", "correct": False}]
     assert bench["misses"](answers) == "L2: form 1\nL3: right 1"

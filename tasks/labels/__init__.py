@@ -94,6 +94,11 @@ class Label(BaseModel):
     def reward_range(self) -> tuple[float, float]:
         return (0.0, 1.0)
 
+    def scores_with(self, data_check: Any) -> Any:
+        """The answer check behind this kind's rewards and verdicts, given the task's (data.check):
+        that one, unless the kind has a check of its own (the verifier's label.check)."""
+        return data_check
+
     def needs_reference(self) -> bool:
         """Whether every train prompt needs a reference answer."""
         return False

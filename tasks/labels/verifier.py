@@ -1,6 +1,12 @@
 """verifier: reward = the task's answer check (RFT / ReST-EM / STaR): 1.0 right or 0.0 wrong
 for the built-in checks, the user's score for `data.check.kind: python`.
 
+`label.check` gives the label a check of its own, in place of data.check, while held-out
+accuracy keeps data.check: the reward can ask more of a sample than the held-out count does
+(its working replayed line by line, a format, a length), and accuracy is still read from the
+final answer alone. RFT then keeps, DPO pairs, GRPO rewards and the curriculum's band counts by
+the label's check.
+
 Completions of prompts without a reference answer cannot be verified and are an error,
 with the fix named. Checked in units written as they finish (tasks/units.py), so a resumed
 stage checks only what is missing: a user's function that is slow or fails half way never
@@ -14,7 +20,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from ratchet.data.checkers import check_many, score_metrics, score_sums
+from ratchet.data.checkers import CheckConfig, check_many, score_metrics, score_sums
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.tasks.labels import Label, Labeled, item_of, labeled_row
@@ -27,15 +33,33 @@ class VerifierLabel(Label):
     kind: Literal["verifier"] = "verifier"
     online: ClassVar[str | None] = None  # the answer check scores an online step's completions (score)
     shard_size: int = Field(default=256, ge=1, description="completions checked per unit (the unit of resume)")
+    check: CheckConfig | None = Field(default=None, description=(
+        "the check the label scores with, in place of data.check (unset: data.check). Held-out accuracy keeps "
+        "data.check, so the reward may ask more than the held-out count does: e.g. {kind: python, function: "
+        "'checks.py:working'} that replays the working, while accuracy reads the final answer"))
 
     def run(self, req, store, rows: list[Completion], check_cfg) -> Labeled:
-        return Labeled(*verify(req, store, rows, check_cfg, self.shard_size))
+        return Labeled(*verify(req, store, rows, self.scores_with(check_cfg), self.shard_size))
 
     def scorer(self, model_dir=None):
-        return lambda rows, check_cfg: checked(check_cfg, rows)[0]
+        return lambda rows, check_cfg: checked(self.scores_with(check_cfg), rows)[0]
+
+    def scores_with(self, data_check):
+        return data_check if self.check is None else self.check
 
     def needs_reference(self) -> bool:
         return True
+
+    def title(self) -> str:
+        return self.kind if self.check is None else f"{self.kind} (label.check: {self.check.kind})"
+
+    def checks(self, pipeline) -> list[str]:
+        rollout = pipeline.sample.rollout
+        if self.check is not None and self.check.reads_return and not rollout.plays:
+            return [f"label.check.kind={self.check.kind!r} scores an environment episode's return, but "
+                    f"sample.rollout.kind={rollout.kind!r} plays no episode; set sample.rollout.kind='environment' "
+                    "(with its env), or give label.check a check of the answer's text"]
+        return []
 
 
 @dataclass
@@ -70,7 +94,8 @@ def verify(req, store, rows: list[Completion], check_cfg, shard_size: int) -> tu
     if missing and check_cfg.needs_answer:
         raise ConfigError(
             [f"label.kind='verifier' needs reference answers, but {len(missing)} prompt(s) have none "
-             f"(first: {missing[0]!r}); set data.answer_field to the answer column"]
+             f"(first: {missing[0]!r}); set data.answer_field to the answer column, or give the label a check "
+             "that reads none (label.check)"]
         )
     done = run_units(VerifyWork(check=check_cfg, items=rows, size=shard_size),
                      store.stage_dir(req.stage, req.key) / "shards", req.executor, req.engine)

@@ -1,0 +1,83 @@
+"""Addition worked a digit at a time, for the curriculum bench (bench/curriculum_bench.py --worked):
+the form its demonstrations write (`worked`), where an answer in that form first goes wrong
+(`first_miss`), and a label check that accepts only a right working (`working`):
+
+    label: {kind: verifier, check: {kind: python, function: "bench/worked.py:working"}}
+
+The task's own check (data.check) reads the last number alone, so a working that slips and still
+ends on the right sum is right by it; `working` scores such an answer 0. As the label's check it
+decides what RFT keeps, while held-out accuracy still reads the last number.
+"""
+
+from __future__ import annotations
+
+import re
+
+def worked(a: int, b: int) -> str:
+    """a + b worked a digit at a time from the right; its last number is the sum. Each step's inputs
+    sit at the end of the line before it (the digits left, the carry), each line says what is left,
+    so no step needs to count digits, and the carry is added apart (`+1`), where three digits at once
+    were the model's most frequent slip:
+
+    45 + 87, carry 0
+    5+7=12, +0=12, carry 1, so far 2, left 4 + 8
+    4+8=12, +1=13, carry 1, so far 32, left none
+    the carry: so far 132
+    So 45 + 87 = 132."""
+    x_s, y_s, carry, done, lines = str(a), str(b), 0, "", [f"{a} + {b}, carry 0"]
+    while x_s or y_s:
+        x, y = int(x_s[-1]) if x_s else 0, int(y_s[-1]) if y_s else 0
+        total = x + y + carry
+        done, carry_in, carry = str(total % 10) + done, carry, total // 10
+        x_s, y_s = x_s[:-1], y_s[:-1]
+        left = f"{x_s or 0} + {y_s or 0}" if x_s or y_s else "none"
+        lines.append(f"{x}+{y}={x + y}, +{carry_in}={total}, carry {carry}, so far {done}, left {left}")
+    if carry:
+        done = "1" + done
+        lines.append(f"the carry: so far {done}")
+    return "\n".join(lines) + f"\nSo {a} + {b} = {done}."
+
+
+STEP = re.compile(r"(\d)\+(\d)=(\d+), \+(\d)=(\d+), carry (\d), so far (\d+), left (.*)$")
+
+
+def first_miss(a: int, b: int, text: str, right: bool) -> str:
+    """Where an answer worked as `worked` does first goes wrong, replayed a line at a time: the digits
+    it adds (`wrong digits`), their sum, the carry it brings in, the sum with it, the carry out, the
+    answer so far, the digits left (`left: copy`, or `left: stopped early`), a line of another form,
+    or (every line right) the last lines."""
+    if right:
+        return "right"
+    x_s, y_s, carry, done = str(a), str(b), 0, ""
+    for line in text.split("\n")[1:]:
+        if not x_s and not y_s:
+            break
+        m = STEP.match(line.strip())
+        if not m:
+            return "form"
+        x, y = int(x_s[-1]) if x_s else 0, int(y_s[-1]) if y_s else 0
+        total = x + y + carry
+        done = str(total % 10) + done
+        x_s, y_s = x_s[:-1], y_s[:-1]
+        left = f"{x_s or 0} + {y_s or 0}" if x_s or y_s else "none"
+        for kind, said, want in (("wrong digits", (m[1], m[2]), (str(x), str(y))), ("digit sum", m[3], str(x + y)),
+                                 ("carry in", m[4], str(carry)), ("adding the carry", m[5], str(total)),
+                                 ("carry out", m[6], str(total // 10)), ("so far", m[7], done)):
+            if said != want:
+                return kind
+        if m[8] != left:
+            return "left: stopped early" if m[8] == "none" else "left: copy"
+        carry = total // 10
+    return "the last lines" if not x_s and not y_s else "form"
+
+
+PROMPT = re.compile(r"(\d+) \+ (\d+)\?\s*$")
+
+
+def working(completion: str, answer: str | None = None, prompt: str | None = None, **fields) -> float | None:
+    """1.0 when the answer is `worked`'s working of the prompt's sum, line for line, else 0.0; None
+    (unscored) for a prompt that is not "... a + b?". The answer is model text: it is only compared."""
+    m = PROMPT.search(prompt or "")
+    if m is None:
+        return None
+    return float(completion.strip() == worked(int(m[1]), int(m[2])))
