@@ -94,6 +94,7 @@ def overrides(a, demos: bool = True) -> list[str]:
             *([f"label.check={{kind: python, function: '{ROOT / 'bench' / 'worked.py'}:working'}}"]
               if getattr(a, "check_working", False) else []),
             *([f"sample.temperature={a.temperature}"] if getattr(a, "temperature", None) is not None else []),
+            *([f"train.learning_rate={a.lr}"] if getattr(a, "lr", None) is not None else []),
             *([cold] if demos and getattr(a, "demos", 0) else [])]
 
 
@@ -281,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--review", type=float, default=0.0, help="curriculum.review: the share of a round's prompts "
                     "drawn from the levels below the current one")
     ap.add_argument("--temperature", type=float, help="sample.temperature (default: the config's, 0.8)")
+    ap.add_argument("--lr", type=float, help="train.learning_rate of the rounds (default: the method's, 2e-4 for "
+                    "RFT); the cold start keeps its own")
     ap.add_argument("--start", type=int, help="curriculum.start: the level the first curriculum round trains at "
                     "(default: the first); every level below it counts as reached")
     ap.add_argument("--train", choices=["rft", "dpo", "grpo"], default="rft")

@@ -15,7 +15,8 @@ stage). Then:
   `prompts`, each part in a seeded order; where both are spent, the current level's prompts
   that no sample passed yet. With `review` (a share of `prompts`), that share comes first from
   the levels below the current one, outside the band: prompts whose samples all passed, or none
-  sampled yet. A model trained on one level's prompts alone forgets the levels before it (a worked
+  sampled yet, each level an even share of it (drawn by prompt, the levels with the most prompts
+  would take it all: 1-digit sums are a hundred, 4-digit ones millions). A model trained on one level's prompts alone forgets the levels before it (a worked
   answer of 2 lines comes to be written for 1-digit sums too); RFT keeps their right samples, so the
   rounds go on rehearsing them. (DPO and GRPO learn nothing from a prompt whose samples all pass:
   no pair, no advantage.)
@@ -27,6 +28,7 @@ other: it runs again only where one of those changed.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -56,8 +58,8 @@ class CurriculumConfig(BaseModel):
     patience: int = Field(default=3, ge=1, description="rounds a level may go without its held-out accuracy rising "
                           "above its best before the run ends there")
     review: float = Field(default=0.0, ge=0, lt=1, description="share of a round's prompts drawn first from the levels "
-                          "below the current one, outside the band (all samples passed, or not sampled yet), so "
-                          "RFT goes on rehearsing them; 0: none")
+                          "below the current one, outside the band (all samples passed, or not sampled yet), each "
+                          "level an even share, so RFT goes on rehearsing them; 0: none")
 
 
 class CurriculumJob(BaseModel):
@@ -123,8 +125,8 @@ def decide(cfg: CurriculumConfig, levels: list[int], state: dict, accuracy: floa
 
 def choose(pool: list[Prompt], seen: dict[str, list[int]], level: int, levels: list[int], count: int,
            seed: int, review: float = 0.0) -> tuple[list[Prompt], dict[str, int]]:
-    """The round's prompts: `review` x `count` of the levels below `level` outside the band, then the
-    band, then the unseen of `level`, then its never-passed ones."""
+    """The round's prompts: `review` x `count` of the levels below `level` outside the band (each level
+    an even share), then the band, then the unseen of `level`, then its never-passed ones."""
     reached = set(levels[: levels.index(level) + 1])
     band = [p for p in pool if p.level in reached and p.id in seen and 0 < seen[p.id][0] < seen[p.id][1]]
     unseen = [p for p in pool if p.level == level and p.id not in seen]
@@ -138,11 +140,25 @@ def choose(pool: list[Prompt], seen: dict[str, list[int]], level: int, levels: l
         if not limit:  # no review: the seeded order of the rest is what it was without the setting
             counts[name] = 0
             continue
-        rng.shuffle(part)
+        if name == "review":  # an even share of each level below, whatever its size
+            part = by_level(part, rng)
+        else:
+            rng.shuffle(part)
         took = part[: min(limit, count - len(out))]
         counts[name] = len(took)
         out += took
     return out, counts
+
+
+def by_level(prompts: list[Prompt], rng: random.Random) -> list[Prompt]:
+    """`prompts` a level at a time, lowest first, each level's in a seeded order: the first k of them
+    share k evenly between the levels (a level that runs out leaves its share to the rest), however
+    many prompts each level holds (1-digit sums are a hundred, 8-digit ones millions)."""
+    levels = sorted({p.level for p in prompts})
+    each = [[p for p in prompts if p.level == n] for n in levels]
+    for part in each:
+        rng.shuffle(part)
+    return [p for row in itertools.zip_longest(*each) for p in row if p is not None]
 
 
 def curriculum_body(req: StageRequest[CurriculumJob], store: ArtifactStore) -> StageManifest:

@@ -57,6 +57,18 @@ def test_review_draws_its_share_first_from_the_levels_below_outside_the_band():
     assert choose(pool, seen, 1, LEVELS, 8, seed=0, review=0.5)[1]["review"] == 0  # nothing below level 1
 
 
+def test_review_gives_each_level_below_an_even_share_whatever_its_size():
+    """Level 1 holds 3 prompts and level 2 forty: drawn by prompt, level 1 would come back about once
+    in 6 draws of 8; by level it takes half the share, and leaves what it lacks to level 2."""
+    pool = [Prompt(id=f"l{n}-{i}", prompt=f"q{n}-{i}", level=n) for n, size in ((1, 3), (2, 40), (3, 8))
+            for i in range(size)]
+    for seed in range(6):
+        rows, counts = choose(pool, {}, 3, LEVELS, 8, seed=seed, review=0.5)
+        assert counts["review"] == 4 and sorted(p.level for p in rows[:4]) == [1, 1, 2, 2]
+    rows, _ = choose(pool, {}, 3, LEVELS, 16, seed=0, review=0.5)
+    assert sorted(p.level for p in rows[:8]) == [1, 1, 1, 2, 2, 2, 2, 2]  # level 1 has 3: level 2 takes the rest
+
+
 @pytest.mark.parametrize("settings, says", [
     ({"data": {"kind": "addition"}}, "has no levels; set data.levels"),
     ({"curriculum": {"start": 5}}, "curriculum.start=5 is not one of data.levels [1, 2, 3]"),
