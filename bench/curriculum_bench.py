@@ -8,6 +8,8 @@
     python bench/curriculum_bench.py --worked --demos 240 --demo-levels 1 2 3 --eval-size 25 --workdir /tmp/worked
     python bench/curriculum_bench.py --worked --demos 320 --demo-levels 1 2 3 4 5 6 7 8 --start 8 --review 0.7 \
         --temperature 0.3 --advance-at 0.9 --eval-size 25 --workdir /tmp/allworked
+    python bench/curriculum_bench.py --worked --demos 320 --demo-levels 1 2 3 4 5 6 7 8 --start 8 --review 0.7 \
+        --temperature 0.3 --advance-at 0.9 --eval-size 25 --check-working --workdir /tmp/allworked
 
 It runs `ratchet run` on flows/configs/default.yaml with the addition task's levels (digit
 counts) and a curriculum, every round keyed and resumable (run the same command again after a
@@ -20,6 +22,8 @@ a + b?", the last number of the answer is read). Not a test: it takes hours on 2
 a time from the right, each line the digit sum, the carry added, the answer so far and the digits left;
 the last line states the sum, which is the number the check reads. The prompt stays "What
 is a + b?"; the levels above the demonstrations' are learnt from the model's own samples alone.
+With `--check-working`, the label scores with bench/worked.py's `working` (label.check): a sample
+counts only when its working is right on every line; held-out accuracy still reads the last number.
 
 At equal wall time (`--arms`), each arm a cell of bench/method_bench.py, run alone, a round more at
 a time until its rounds have taken the budget:

@@ -7,11 +7,15 @@ the form its demonstrations write (`worked`), where an answer in that form first
 The task's own check (data.check) reads the last number alone, so a working that slips and still
 ends on the right sum is right by it; `working` scores such an answer 0. As the label's check it
 decides what RFT keeps, while held-out accuracy still reads the last number.
+
+    python bench/worked.py 458 867        # the working of 458 + 867, as the demonstrations write it
 """
 
 from __future__ import annotations
 
+import argparse
 import re
+import sys
 
 def worked(a: int, b: int) -> str:
     """a + b worked a digit at a time from the right; its last number is the sum. Each step's inputs
@@ -81,3 +85,16 @@ def working(completion: str, answer: str | None = None, prompt: str | None = Non
     if m is None:
         return None
     return float(completion.strip() == worked(int(m[1]), int(m[2])))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Print the working of a + b, as the worked demonstrations write it.")
+    ap.add_argument("a", type=int)
+    ap.add_argument("b", type=int)
+    a = ap.parse_args(argv)
+    print(worked(a.a, a.b))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
