@@ -16,10 +16,10 @@ stage). Then:
   that no sample passed yet. With `review` (a share of `prompts`), that share comes first from
   the levels below the current one, outside the band: prompts whose samples all passed, or none
   sampled yet, each level an even share of it (drawn by prompt, the levels with the most prompts
-  would take it all: 1-digit sums are a hundred, 4-digit ones millions). A model trained on one level's prompts alone forgets the levels before it (a worked
-  answer of 2 lines comes to be written for 1-digit sums too); RFT keeps their right samples, so the
-  rounds go on rehearsing them. (DPO and GRPO learn nothing from a prompt whose samples all pass:
-  no pair, no advantage.)
+  would take it all: 1-digit sums are a hundred, 4-digit ones millions). A model trained on one
+  level's prompts alone forgets the levels before it (a worked answer of 2 lines comes to be
+  written for 1-digit sums too); RFT keeps their right samples, so the rounds go on rehearsing
+  them. (DPO and GRPO learn nothing from a prompt whose samples all pass: no pair, no advantage.)
 
 The stage is keyed by what it read (the round before's curriculum, its scored samples and its
 evaluation, by their digests) and its settings, so `ratchet plan` and a resume treat it as any
