@@ -15,12 +15,14 @@ pays twice for rows it already scored.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from ratchet.data.checkers import CheckConfig, check_many, score_metrics, score_sums
+from ratchet.data.checks.python import CheckFailedError
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.tasks.labels import Label, Labeled, item_of, labeled_row
@@ -39,10 +41,25 @@ class VerifierLabel(Label):
         "'checks.py:working'} that replays the working, while accuracy reads the final answer"))
 
     def run(self, req, store, rows: list[Completion], check_cfg) -> Labeled:
-        return Labeled(*verify(req, store, rows, self.scores_with(check_cfg), self.shard_size))
+        with self._named():
+            return Labeled(*verify(req, store, rows, self.scores_with(check_cfg), self.shard_size))
 
     def scorer(self, model_dir=None):
-        return lambda rows, check_cfg: checked(self.scores_with(check_cfg), rows)[0]
+        def score(rows, check_cfg):
+            with self._named():
+                return checked(self.scores_with(check_cfg), rows)[0]
+        return score
+
+    @contextmanager
+    def _named(self):
+        """A user's function that fails as label.check is named so: the check's own messages say
+        data.check, where it usually sits."""
+        try:
+            yield
+        except CheckFailedError as e:
+            if self.check is None:
+                raise
+            raise CheckFailedError(str(e).replace("data.check", "label.check")) from None
 
     def scores_with(self, data_check):
         return data_check if self.check is None else self.check

@@ -54,6 +54,16 @@ def test_the_label_scores_with_its_own_check_and_is_keyed_by_it(tmp_path):
     again, reused = label(store, sample, VerifierLabel(check={"kind": "python", "function": f"{checks}:score"}),
                           source, round=1)
     assert reused and again.key == strict.key
+    # an edited function re-keys the label (its file's digest is in label.check); one that raises stops
+    # the stage naming label.check, where the user put it
+    checks.write_text(textwrap.dedent(WORKING).replace("return float(", "return 1 / 0 + float("))
+    edited = VerifierLabel(check={"kind": "python", "function": f"{checks}:score"})
+    assert edited.check.source != own.check.source
+    with pytest.raises(Exception) as e:
+        label(store, sample, edited, source, round=1)
+    said = str(e.value)
+    assert f"label.check.function='{checks}:score' failed on row" in said and "ZeroDivisionError" in said, said
+    assert "label.check.max_failed_frac" in said and "data.check" not in said
 
 
 def test_an_online_step_scores_with_the_label_s_check():
