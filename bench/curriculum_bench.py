@@ -46,7 +46,6 @@ accuracy at the last round finished within the budget, and the curve.
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 import time

@@ -9,8 +9,7 @@ import pytest
 
 from ratchet.data.checkers import ExactCheck, NumberCheck
 from ratchet.data.errors import ConfigError
-from ratchet.data.records import Completion, read_jsonl
-from ratchet.data.records import LabeledCompletion
+from ratchet.data.records import Completion, LabeledCompletion, read_jsonl
 from ratchet.data.sources.addition import AdditionSource
 from ratchet.data.store import ArtifactStore
 from ratchet.flows.config import load_config
