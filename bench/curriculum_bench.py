@@ -90,7 +90,13 @@ def overrides(a, demos: bool = True) -> list[str]:
     name += "-worked" if a.worked else ""
     name += "-checked" if getattr(a, "check_working", False) else ""
     cold = f"cold_start={{demonstrations: {demonstrations_file(a)}"
-    cold += f", train: {{epochs: 3, max_length: {WORKED_LENGTH}}}}}" if a.worked else "}"
+    if a.worked:
+        cold_train = [f"epochs: {getattr(a, 'demo_epochs', 3)}", f"max_length: {WORKED_LENGTH}",
+                      *([f"adapter: {a.demo_adapter}"] if getattr(a, "demo_adapter", None) else []),
+                      *([f"learning_rate: {a.demo_lr}"] if getattr(a, "demo_lr", None) else [])]
+        cold += f", train: {{{', '.join(cold_train)}}}}}"
+    else:
+        cold += "}"
     return [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name={name}", f"data={{{data(a)}}}",
             f"curriculum={{{curriculum_of(a)}}}", *method_overrides(a, TRAIN_METHOD[a.train]),
             *(worked_overrides() if a.worked else []),
@@ -299,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
                     "right workings; held-out accuracy still reads the last number")
     ap.add_argument("--demo-levels", type=int, nargs="+", help="with --worked, the levels the demonstrations are "
                     "drawn from (default: the first)")
+    ap.add_argument("--demo-epochs", type=float, default=3, help="with --worked, the cold start's epochs")
+    ap.add_argument("--demo-adapter", choices=["lora", "full"], help="with --worked, the cold start's adapter "
+                    "(default: LoRA)")
+    ap.add_argument("--demo-lr", type=float, help="with --worked, the cold start's learning rate (default: "
+                    "2e-4; ~1e-5 suits --demo-adapter full)")
     ap.add_argument("--table-only", action="store_true", help="print the table of the run in --workdir")
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), help="run these arms at equal wall time (--budget-min)")
     ap.add_argument("--budget-min", type=float, default=15.0, help="an arm's wall-time budget, less evaluation")

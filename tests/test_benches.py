@@ -95,13 +95,15 @@ def test_the_curriculum_bench_s_worked_demonstrations_pass_the_run_s_own_check(t
                 len(str(x + y)) > len(str(max(x, y))))
     a = Namespace(task="addition", levels=[1, 2, 8], eval_size=4, train_size=20, prompts=8, advance_at=0.9,
                   patience=2, workdir=str(tmp_path), rounds=2, worked=True, demos=9, demo_levels=[1, 8], train="rft",
-                  start=8, temperature=0.3, review=0.7, check_working=True, lr=5e-5)
+                  start=8, temperature=0.3, review=0.7, check_working=True, lr=5e-5,
+                  demo_epochs=1.5, demo_adapter="full", demo_lr=2e-5)
     assert bench["write_demonstrations"](a).startswith("9 worked demonstrations of levels [1, 8]")
     cfg = load_config(bench["config"](a), bench["overrides"](a))
     check = cfg.data.check
     assert check.max_numbers == bench["WORKED_NUMBERS"] and cfg.sample.max_tokens == bench["WORKED_TOKENS"]
     assert (cfg.curriculum.start, cfg.curriculum.review, cfg.sample.temperature) == (8, 0.7, 0.3)
-    assert cfg.train.learning_rate == 5e-5 and cfg.cold_start.train.learning_rate != 5e-5  # the rounds' alone
+    assert cfg.train.learning_rate == 5e-5 and cfg.cold_start.train.learning_rate == 2e-5  # each its own
+    assert (cfg.cold_start.train.epochs, cfg.cold_start.train.adapter) == (1.5, "full")
     held = load_split(cfg.data, cfg.seed).eval
     rows, _ = cold_start.check(cfg.cold_start, cfg.sample.rollout, check, held)
     assert len(rows) == 9 and sum("so far" in r.final for r in rows) == 9
