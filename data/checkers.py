@@ -103,13 +103,14 @@ def score_metrics(sums: dict[str, float]) -> dict[str, float]:
 # a check's rules of form, as the console says them, and what to say when most answers break one
 FORM_RULES = {"no_number": ("no number", "most answers give no number: does the prompt ask for one?"),
               "too_many_numbers": ("over max_numbers numbers",
-                                   "most answers state more numbers than data.check.max_numbers: raise it"),
-              "no_match": ("no pattern match", "most answers miss data.check.pattern: check it")}
+                                   "most answers state more numbers than {place}.max_numbers: raise it"),
+              "no_match": ("no pattern match", "most answers miss {place}.pattern: check it")}
 
 
-def form_refusals(m: dict[str, float], rows: float | None) -> list[str]:
+def form_refusals(m: dict[str, float], rows: float | None, place: str = "data.check") -> list[str]:
     """What a stage's metrics say of answers read as wrong for their form (`form_<rule>` counts): a
-    line naming each rule and its count, and, when they are most of the `rows`, what to do."""
+    line naming each rule and its count, and, when they are most of the `rows`, what to do to the
+    check at `place` (its place in the config)."""
     found = {k[len("form_"):]: v for k, v in m.items() if k.startswith("form_") and v}
     if not found:
         return []
@@ -118,5 +119,6 @@ def form_refusals(m: dict[str, float], rows: float | None) -> list[str]:
     out = [f"{count(total)}{f'/{count(rows)}' if rows else ''} wrong for their form ({parts})"]
     if rows and total >= rows / 2:
         worst = max(found, key=found.get)
-        out.append(FORM_RULES.get(worst, (worst, f"most answers broke the check's rule {worst}"))[1])
+        said = FORM_RULES[worst][1] if worst in FORM_RULES else f"most answers broke the check's rule {worst}"
+        out.append(said.replace("{place}", place))
     return out

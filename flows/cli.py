@@ -222,7 +222,7 @@ def cmd_check(args) -> int:
           f"check: {check.kind}" + (f" ({check.function})" if hasattr(check, "function") else "")
           + (f", {how}" if (how := getattr(check, "called_as", lambda: None)()) else ""))
     if (own := cfg.label.scores_with(check)) is not check:
-        how = (getattr(own, "called_as", lambda: None)() or "").replace("data.check", "label.check")
+        how = getattr(own, "called_as", lambda: None)()
         print(f"label: {cfg.label.kind}, scored by label.check: {own.kind}"
               + (f" ({own.function})" if hasattr(own, "function") else "") + (f", {how}" if how else "")
               + f"; held-out accuracy by data.check ({check.kind})")

@@ -111,7 +111,7 @@ def check_data(cfg: PipelineConfig) -> tuple[Split, dict[str, Split]]:
         raise ConfigError(problems, source="data.check")
     if (own := cfg.label.scores_with(cfg.data.check)) is not cfg.data.check:  # the label's own check (label.check)
         if problems := own.problems(columns(split.train)):
-            raise ConfigError([p.replace("data.check", "label.check") for p in problems], source="label.check")
+            raise ConfigError(problems, source="label.check")
     if cfg.trains_weights() and not cfg.train.online and cfg.label.consumes == "samples":  # sample.n of each
         per_round = min(len(split.train), cfg.data.prompts_per_round or len(split.train))
         if problems := cfg.filter.ceiling_checks(per_round, cfg.sample.n):
@@ -294,20 +294,19 @@ def held_out_sets(cfg: PipelineConfig, split: Split) -> dict[str, Split]:
         where = f"evaluate.sets[{i}] ({s.name})" if i < len(cfg.evaluate.sets) else f"data.levels ({stage})"
         if s.data is None:
             if s.check is not None and (bad := s.check.problems(columns(split.eval))):
-                problems += [f"{where}.check: {x}" for x in bad]
+                problems += [f"{where}: {x}" for x in bad]  # each names the check's place
             continue
         try:
             held = s.source(cfg.data).held_out(cfg.seed)
         except ConfigError as e:
             problems += [f"{where}.data: {x}" for x in e.problems]
             if s.check is not None:
-                problems += [f"{where}.check: {x}" for x in s.check.problems()]
+                problems += [f"{where}: {x}" for x in s.check.problems()]
             continue
         if not held.eval:
             problems.append(f"{where}.data: the source holds out no prompts; give it at least one answered prompt")
-        check, at = (s.data.check, "data.check") if s.check is None else (s.check, "check")
-        if bad := check.problems(columns(held.eval)):
-            problems += [f"{where}.{at}: {x}" for x in bad]
+        if bad := (s.check or s.data.check).problems(columns(held.eval)):
+            problems += [f"{where}: {x}" for x in bad]
         trained = [p.id for p in held.eval if prompt_key(p.prompt) in train]
         if trained and not s.allow_overlap:
             problems.append(f"{where}: {len(trained)} of its prompts are train prompts of the task (ids "

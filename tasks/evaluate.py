@@ -94,6 +94,11 @@ class EvaluateConfig(EvalRun):
             raise ValueError(f"evaluate.sets names {dup} more than once; give every set its own name")
         if self.gate is not None and self.gate not in names:
             raise ValueError(f"evaluate.gate={self.gate!r} is not a set; name one of {names}")
+        for i, x in enumerate(self.sets):  # each check's messages name where it sits
+            if x.check is not None:
+                x.check.placed(f"evaluate.sets[{i}].check")
+            if x.data is not None:
+                x.data.check.placed(f"evaluate.sets[{i}].data.check")
         return self
 
     @property
@@ -119,7 +124,7 @@ class EvaluateJob(SparseRollout):
             out.append(f"{m['worked_accuracy']:.1%} with every step shown")
         if "score_mean" in m:  # a check that scores (a user's function): its mean beside the accuracy
             out.append(f"mean score {m['score_mean']:.3g}")
-        return out + form_refusals(m, m.get("eval_prompts"))
+        return out + form_refusals(m, m.get("eval_prompts"), self.data.check.place)
 
 
 def eval_set_id(prompts: StageManifest, job: EvaluateJob) -> str:

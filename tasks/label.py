@@ -72,7 +72,7 @@ class LabelJob(BaseModel):
             out.append(f"AUC vs verifier {m['verifier_auc']:.2f}")
         if m.get("check_failed"):
             out.append(f"{events.count(m['check_failed'])} rows the check failed on (unscored)")
-        out += form_refusals(m, m.get("labeled"))
+        out += form_refusals(m, m.get("labeled"), self.label.scores_with(self.data.check).place)
         if m.get("injection_suspects"):
             out.append(f"{events.count(m['injection_suspects'])} injection suspects")
         return out

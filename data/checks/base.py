@@ -10,7 +10,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 NUM = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w])")
 
@@ -76,6 +76,18 @@ class Check(BaseModel):
     needs_answer: ClassVar[bool] = True
     reads_fields: ClassVar[bool] = False
     reads_return: ClassVar[bool] = False
+    _place: str = PrivateAttr(default="data.check")  # where it sits in the config; not part of any key
+
+    @property
+    def place(self) -> str:
+        """Where this check sits in the config, as its messages name it: data.check unless the section
+        that holds it placed it elsewhere (label.check, evaluate.sets[1].check)."""
+        return self._place
+
+    def placed(self, place: str) -> Check:
+        """This check, named `place` in every message it gives from now on."""
+        self._place = place
+        return self
 
     @abstractmethod
     def check(self, response: str, answer: str) -> Verdict: ...

@@ -105,7 +105,7 @@ class CodeCheck(Check, SandboxSettings):
                                                 "0; fraction: the share of tests that passed")
 
     def problems(self, fields=()) -> list[str]:
-        return self.probe("data.check")
+        return self.probe(self.place)
 
     def check(self, response: str, answer: str) -> Verdict:
         return self.check_many([Item(response, answer)])[0]

@@ -42,4 +42,5 @@ class ReturnCheck(Check):
                 for i in items]
 
     def graded(self, response: str, answer: str, partial: float) -> float:
-        raise ValueError("data.check.kind='return' scores episodes, not texts; a tree search over texts cannot use it")
+        raise ValueError(f"{self.place}.kind='return' scores episodes, not texts; a tree search over texts cannot "
+                         "use it")

@@ -54,7 +54,7 @@ class MathCheck(Check):
         import importlib.util
 
         if importlib.util.find_spec("math_verify") is None:
-            return ["data.check.kind='math' needs the math-verify package: pip install math-verify"]
+            return [f"{self.place}.kind='math' needs the math-verify package: pip install math-verify"]
         return []
 
 

@@ -107,7 +107,7 @@ class PythonCheck(Check):
         try:
             s.start()
         except ScorerError as e:
-            return [f"data.check.function={self.function!r}: {e}"]
+            return [f"{self.place}.function={self.function!r}: {e}"]
         finally:
             s.close()
         shape = {"ratchet": "with a row's fields by name" + (", a list of rows a call" if s.batched else ""),
@@ -115,7 +115,7 @@ class PythonCheck(Check):
                      ", each completion a list of chat messages" if s.messages else ""),
                  "verl": "as verl calls compute_score"}[s.convention]
         why = ": from its signature" if self.convention == "auto" else ""
-        self._called_as = f"called {shape} (data.check.convention={self.convention}{why})"
+        self._called_as = f"called {shape} ({self.place}.convention={self.convention}{why})"
         return []
 
     def called_as(self) -> str | None:
@@ -144,10 +144,10 @@ class PythonCheck(Check):
         if tally.failed and len(tally.failed) > self.max_failed_frac * tally.rows:
             row, failure = tally.failed[0]
             raise CheckFailedError(
-                f"data.check.function={self.function!r} failed on row {row!r}: {failure}\n"
+                f"{self.place}.function={self.function!r} failed on row {row!r}: {failure}\n"
                 f"({len(tally.failed)} of {tally.rows} rows failed"
-                f"{', and the rest were not called' if stopped else ''}; data.check.max_failed_frac="
-                f"{self.max_failed_frac:g}). Fix the function (or raise data.check.timeout_s / max_failed_frac) and "
+                f"{', and the rest were not called' if stopped else ''}; {self.place}.max_failed_frac="
+                f"{self.max_failed_frac:g}). Fix the function (or raise {self.place}.timeout_s / max_failed_frac) and "
                 "re-run the same command: finished stages are kept")
 
     def _verdict(self, c: Call) -> Verdict:
@@ -220,7 +220,7 @@ def _scorer(cfg: PythonCheck, k: int = 0, fields: tuple[str, ...] = ()) -> Score
     def same_source() -> None:
         now = source_digest(cfg.function)
         if now != cfg.source:
-            raise CheckFailedError(f"data.check.function={cfg.function!r}: the file (or a module it imports from "
+            raise CheckFailedError(f"{cfg.place}.function={cfg.function!r}: the file (or a module it imports from "
                                    f"its folder) changed while this run used it (sha256 {cfg.source[:12]} then, "
                                    f"{now[:12]} now); the stage stops rather than score with two versions. Run the "
                                    "same command again: it continues with the file as it is now, and the stages "
@@ -230,4 +230,4 @@ def _scorer(cfg: PythonCheck, k: int = 0, fields: tuple[str, ...] = ()) -> Score
         return shared(cfg.function, batched=cfg.batched, timeout_s=cfg.timeout_s, tag=f"{cfg.source or ''}#{k}",
                       before_load=same_source, convention=cfg.convention, messages=cfg.messages, fields=fields)
     except ScorerError as e:
-        raise CheckFailedError(f"data.check.function={cfg.function!r}: {e}") from None
+        raise CheckFailedError(f"{cfg.place}.function={cfg.function!r}: {e}") from None

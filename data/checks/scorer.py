@@ -185,9 +185,9 @@ def found_messages(fn, asked: bool | str, convention: str) -> bool:
     `auto` what its `completions` annotation says (TRL's own reward functions annotate
     `list[list[dict[str, str]]]`). Raises ScorerError for messages asked of another convention."""
     if asked is True and convention != "trl":
-        raise ScorerError(f"data.check.messages: true gives TRL's reward functions chat messages, but "
+        raise ScorerError(f"messages: true gives TRL's reward functions chat messages, but "
                           f"{getattr(fn, '__name__', fn)!r} is called in the {convention} convention; remove messages "
-                          "or set data.check.convention: trl")
+                          "or set the check's convention: trl")
     if asked != "auto" or convention != "trl":
         return asked is True
     import inspect
@@ -368,7 +368,7 @@ def scorer_host(channel: Channel, spec: str, batched: bool, fields: list[str], a
 
     def failed(call: dict, e: BaseException) -> dict:
         hint = ("\n(a TRL reward function written for a conversational dataset reads completion[0]['content']: "
-                "set data.check.messages: true to pass each completion as a list of chat messages)"
+                "set the check's messages: true to pass each completion as a list of chat messages)"
                 if convention == "trl" and not chat and isinstance(e, TypeError) and "string indices" in str(e)
                 else "")
         failure = {"failure": f"raised {type(e).__name__}: {e}\n{_user_traceback(e)}{hint}"}

@@ -15,14 +15,12 @@ pays twice for rows it already scored.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ratchet.data.checkers import CheckConfig, check_many, score_metrics, score_sums
-from ratchet.data.checks.python import CheckFailedError
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.tasks.labels import Label, Labeled, item_of, labeled_row
@@ -40,26 +38,19 @@ class VerifierLabel(Label):
         "data.check, so the reward may ask more than the held-out count does: e.g. {kind: python, function: "
         "'checks.py:working'} that replays the working, while accuracy reads the final answer"))
 
+    @model_validator(mode="after")
+    def _place(self) -> VerifierLabel:
+        if self.check is not None:  # its messages (a function that fails, cannot load) name label.check
+            self.check.placed("label.check")
+        return self
+
     def run(self, req, store, rows: list[Completion], check_cfg) -> Labeled:
-        with self._named():
-            return Labeled(*verify(req, store, rows, self.scores_with(check_cfg), self.shard_size))
+        return Labeled(*verify(req, store, rows, self.scores_with(check_cfg), self.shard_size))
 
     def scorer(self, model_dir=None):
         def score(rows, check_cfg):
-            with self._named():
-                return checked(self.scores_with(check_cfg), rows)[0]
+            return checked(self.scores_with(check_cfg), rows)[0]
         return score
-
-    @contextmanager
-    def _named(self):
-        """A user's function that fails as label.check is named so: the check's own messages say
-        data.check, where it usually sits."""
-        try:
-            yield
-        except CheckFailedError as e:
-            if self.check is None:
-                raise
-            raise CheckFailedError(str(e).replace("data.check", "label.check")) from None
 
     def scores_with(self, data_check):
         return data_check if self.check is None else self.check

@@ -175,6 +175,7 @@ def test_answers_refused_for_their_form_are_counted_and_said_never_silent():
     most = {"form_too_many_numbers": 7.0, "accuracy": 0.1, "eval_prompts": 10.0}
     said = form_refusals(most, 10)
     assert said[1] == "most answers state more numbers than data.check.max_numbers: raise it"
+    assert form_refusals(most, 10, "label.check")[1].endswith("than label.check.max_numbers: raise it")
     assert form_refusals({"accuracy": 1.0}, 10) == []
     # the stages' console lines carry them
     cfg = load_config(Path(__file__).parents[2] / "flows" / "configs" / "default.yaml", [])

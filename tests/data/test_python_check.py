@@ -547,7 +547,7 @@ def test_trl_s_own_reward_functions_and_conversational_ones_get_chat_messages(tm
     """)
     assert [v.score for v in check_many(PythonCheck(function=f"{f}:chat", messages=True), rows)] == [0, 0, 1]
     # without it, the function's own error, and what to set
-    with pytest.raises(CheckFailedError, match=r"(?s)string indices.*set data.check.messages: true"):
+    with pytest.raises(CheckFailedError, match=r"(?s)string indices.*set the check.s messages: true"):
         check_many(PythonCheck(function=f"{f}:chat"), rows)
     [bad] = PythonCheck(function=f"{f}:verl", messages=True).problems()
     assert "messages: true gives TRL's reward functions chat messages" in bad and "verl convention" in bad

@@ -50,7 +50,8 @@ def test_a_sets_file_is_read_whole_and_checked_against_the_task(tmp_path):
     text = str(e.value)
     assert "evaluate.sets[3] (blank).data: " in text and "eval rows without a reference answer" in text
     assert "evaluate.sets[1] (bad): 1 of its prompts are train prompts of the task" in text
-    assert "allow_overlap=true" in text and "evaluate.sets[2] (scored).check: " in text and "other.py" in text
+    assert "allow_overlap=true" in text and "other.py" in text
+    assert "evaluate.sets[2] (scored): evaluate.sets[2].check.function=" in text  # the check names its place
     cfg = load_config(CONFIG, [_sets({"name": "task"}, {"name": "ok", "allow_overlap": True, "data": {
         "kind": "file", "path": str(_rows(tmp_path / "ok.jsonl", [{"prompt": train.prompt, "answer": "1"}]))}})])
     assert len(held_out_sets(cfg, split)["ok"].eval) == 1

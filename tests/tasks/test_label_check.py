@@ -3,6 +3,7 @@ data.check. The label stage and an online step score by it, row by row on advers
 keys the label (and nothing that does not read it); the config and `ratchet check` refuse what
 cannot work, naming label.check."""
 
+import pickle
 import textwrap
 
 import pytest
@@ -91,3 +92,12 @@ def test_what_cannot_work_is_refused_naming_label_check(tmp_path):
     ok = load_config(None, [f"label.check={{kind: python, function: '{checks}:score'}}"])
     assert not needs_train_answers(ok) and needs_train_answers(load_config(None, []))  # a function may need none
     assert ok.label.title() == "verifier (label.check: python)" and ok.data.check.kind == "number"
+    # every check names its own place, in a child process too (a stage's job crosses by pickle)
+    assert not ok.label.check.problems() and "(label.check.convention=auto" in ok.label.check.called_as()
+    assert pickle.loads(pickle.dumps(ok)).label.check.place == "label.check" == ok.model_copy().label.check.place
+    sets = load_config(None, [f"evaluate.sets=[{{name: a}}, {{name: b, check: {{kind: python, function: "
+                              f"'{checks}:nope'}}}}, {{name: c, data: {{kind: addition}}}}]"])
+    assert [p.split(": ")[0] for p in sets.evaluate.sets[1].check.problems()] == [
+        f"evaluate.sets[1].check.function='{checks}:nope'"]
+    assert sets.data.check.place == "data.check" and sets.evaluate.sets[2].data.check.place == (
+        "evaluate.sets[2].data.check")
