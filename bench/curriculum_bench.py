@@ -10,6 +10,8 @@
         --temperature 0.3 --advance-at 0.9 --eval-size 25 --workdir /tmp/allworked
     python bench/curriculum_bench.py --worked --demos 320 --demo-levels 1 2 3 4 5 6 7 8 --start 8 --review 0.7 \
         --temperature 0.3 --advance-at 0.9 --eval-size 25 --check-working --workdir /tmp/allworked
+    python bench/curriculum_bench.py --worked --demos 960 --demo-levels 1 2 3 4 5 6 7 8 --demo-epochs 3 --start 8 \
+        --review 0.7 --temperature 0.3 --advance-at 0.9 --eval-size 25 --rounds 1 --workdir /tmp/worked960
 
 It runs `ratchet run` on flows/configs/default.yaml with the addition task's levels (digit
 counts) and a curriculum, every round keyed and resumable (run the same command again after a
