@@ -24,7 +24,7 @@ a + b?", the last number of the answer is read). Not a test: it takes hours on 2
 a time from the right, each line the digit sum, the carry added, the answer so far and the digits left;
 the last line states the sum, which is the number the check reads. The prompt stays "What
 is a + b?"; the levels above the demonstrations' are learnt from the model's own samples alone.
-With `--check-working`, the label scores with bench/worked.py's `working` (label.check): a sample
+With `--check-working`, the label scores with examples/addition/worked.py's `working` (label.check): a sample
 counts only when its working is right on every line; held-out accuracy still reads the last number.
 
 At equal wall time (`--arms`), each arm a cell of bench/method_bench.py, run alone, a round more at
@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "examples" / "addition")]
 import method_bench  # noqa: E402  (its cells run the arms; its overrides are each method's)
 from worked import first_miss, worked  # noqa: E402  (the working's form, and where an answer's first goes wrong)
 CONFIGS = ROOT / "flows" / "configs"
@@ -102,7 +102,7 @@ def overrides(a, demos: bool = True) -> list[str]:
     return [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name={name}", f"data={{{data(a)}}}",
             f"curriculum={{{curriculum_of(a)}}}", *method_overrides(a, TRAIN_METHOD[a.train]),
             *(worked_overrides() if a.worked else []),
-            *([f"label.check={{kind: python, function: '{ROOT / 'bench' / 'worked.py'}:working'}}"]
+            *([f"label.check={{kind: python, function: '{ROOT / 'examples' / 'addition' / 'worked.py'}:working'}}"]
               if getattr(a, "check_working", False) else []),
             *([f"sample.temperature={a.temperature}"] if getattr(a, "temperature", None) is not None else []),
             *([f"train.learning_rate={a.lr}"] if getattr(a, "lr", None) is not None else []),
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worked", action="store_true", help="addition: answers with working, taught by a cold "
                     "start on --demos worked demonstrations of --demo-levels")
     ap.add_argument("--check-working", action="store_true", help="with --worked, label with a check of the "
-                    "working itself (bench/worked.py's `working`: right only when every line is), so RFT keeps only "
+                    "working itself (examples/addition/worked.py's `working`: right only when every line is), so RFT keeps only "
                     "right workings; held-out accuracy still reads the last number")
     ap.add_argument("--demo-levels", type=int, nargs="+", help="with --worked, the levels the demonstrations are "
                     "drawn from (default: the first)")

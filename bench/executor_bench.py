@@ -58,7 +58,7 @@ def one(kind: str, engines: int, threads: int, a) -> dict:
     from ratchet.models.sampler import SamplerConfig, SamplingParams
     from ratchet.tasks.sample import SampleWork
     from ratchet.data.kinds import member
-    from ratchet.tasks.units import ExecutorConfig, run_units
+    from ratchet.tasks.runner.units import ExecutorConfig, run_units
 
     ex = member(ExecutorConfig, kind, "executor.kind")(engines=engines, threads_per_engine=threads)
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,7 +13,7 @@ import time
 
 from ratchet.data.checkers import ExactCheck, MathCheck, NumberCheck, RegexCheck, StepsCheck, check, extract, graded
 from ratchet.data.checks.code import program_of
-from ratchet.tasks.guard import guard
+from ratchet.tasks.labels.guard import guard
 from ratchet.tasks.labels.judging import copied_mask, parse_verdict
 from ratchet.tasks.labels.tree_search import step_text
 

@@ -53,7 +53,7 @@ def main() -> None:
     from ratchet.models.sampler import SamplingParams, open_sampler
     from ratchet.tasks.labels.mcts import reference_values
     from ratchet.tasks.labels.tree_search import Tree, wave
-    from ratchet.tasks.units import unit_seed
+    from ratchet.tasks.runner.units import unit_seed
 
     base = a.overrides + ([f"sampler.backend={a.backend}"] if a.backend else [])
     cfg = load_config(a.config, base)

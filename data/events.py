@@ -2,7 +2,7 @@
 
 Two channels, both small and safe to ignore:
 
-- Stage events. `run_stage` (tasks/stage.py) and the flow emit an `Event` when a stage
+- Stage events. `run_stage` (tasks/runner/stage.py) and the flow emit an `Event` when a stage
   starts, is reused, finishes or fails, and when a round is decided. Listeners (the
   console, flows/console.py) subscribe in the orchestrator's process. A listener that
   raises is logged and dropped from nothing else: a display bug never fails a run.
@@ -120,7 +120,7 @@ def emit(event: Event) -> None:
 class Progress:
     """Writes a stage's progress file: `done` of `total` `unit`s plus counters, since `started`;
     `rate` (count counter, seconds counter, unit): which counters give the stage's rate, as the
-    stage's work declares it (tasks/units.py UnitWork.rate)."""
+    stage's work declares it (tasks/runner/units.py UnitWork.rate)."""
 
     def __init__(self, stage_dir: Path, total: int, unit: str, done: int = 0,
                  counters: dict[str, float] | None = None, every_s: float = 0.5,

@@ -8,7 +8,7 @@ kinds and the executors. Each family is written in its own module, once, as
 
 which is the whole of its registration: the config field's type, the dispatch (a config holds
 an instance of its kind's class, which does the work), and, read back by `members`, every table
-of kinds a check or a message needs. The form is also what tasks/code_reach.py recognises as a
+of kinds a check or a message needs. The form is also what tasks/runner/code_reach.py recognises as a
 family: a stage that holds one kind is keyed by that kind's code alone, never by its siblings'.
 """
 

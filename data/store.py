@@ -38,7 +38,7 @@ def stage_key(stage: str, code_version: str, config: dict[str, Any], parents: li
 class ArtifactStore:
     def __init__(self, root: Path, create: bool = True, planner: Any = None):
         """`create=False`: a reader that writes nothing: a store not made yet is empty. `planner`
-        (tasks/plan.py, `ratchet plan`): `run_stage` hands it each stage to key and look up, and
+        (tasks/runner/plan.py, `ratchet plan`): `run_stage` hands it each stage to key and look up, and
         runs none."""
         self.root = Path(root).resolve()
         self.planner = planner

@@ -36,7 +36,7 @@ from ratchet.tasks.text_search import SearchConfig
 from ratchet.tasks.sample import SampleConfig
 from ratchet.tasks.text import SLOT, slot_problem
 from ratchet.tasks.train import RFTTrainConfig, TrainConfig
-from ratchet.tasks.units import ExecutorConfig, LocalExecutorConfig
+from ratchet.tasks.runner.units import ExecutorConfig, LocalExecutorConfig
 
 
 MAX_SEED = 4_000_000

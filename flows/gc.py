@@ -42,7 +42,7 @@ def drop_models(workdir: Path, tracker, dry_run: bool = False) -> list[Leftover]
     from ratchet.data.store import ArtifactStore
     from ratchet.models.trainer import WEIGHTS
     from ratchet.data.errors import ArtifactError
-    from ratchet.tasks.stage import MODEL_STAGES, TEXT_STAGES
+    from ratchet.tasks.runner.stage import MODEL_STAGES, TEXT_STAGES
     from ratchet.tasks.text import weights_of
 
     store = ArtifactStore(workdir)

@@ -61,7 +61,7 @@ def checked_run(cfg: PipelineConfig) -> Iterator[Split]:
     import sys
 
     from ratchet.data.procs import forkserver
-    from ratchet.tasks.stage import READS_MODELS
+    from ratchet.tasks.runner.stage import READS_MODELS
 
     split, sets = check_data(cfg)  # a bad row is reported before any model library is imported
     if cfg.sampler.backend == "served":  # no model here: its server counts the prompts
@@ -78,10 +78,11 @@ def checked_run(cfg: PipelineConfig) -> Iterator[Split]:
 
 def run_preload() -> tuple[str, ...]:
     """What the run's fork server imports before its children are forked, in order: the libraries
-    a stage's worker imports (tasks/stage.py), the modules of the stages it runs, and what the
+    a stage's worker imports (tasks/runner/stage.py), the modules of the stages it runs, and what the
     run's own calls need (its base model saved for MLflow, the report's figures)."""
     from ratchet.models import mlflow_model, trainer, warm
-    from ratchet.tasks import evaluate, label, sample, stage, train
+    from ratchet.tasks import evaluate, label, sample, train
+    from ratchet.tasks.runner import stage
 
     stages = (stage, sample, evaluate, label, train, trainer, warm, mlflow_model)
     return (*stage.WORKER_LIBRARIES, *(m.__name__ for m in stages), "mlflow.transformers", "matplotlib.pyplot")
@@ -216,7 +217,7 @@ def device_problems(cfg: PipelineConfig) -> list[str]:
     """What this machine's GPUs cannot give the run: each local engine holder its own
     (tasks/units.holder_devices), and each training process one GPU (torchrun gives process k
     device k, and there is no device k past the last). Nothing on a machine without GPUs."""
-    from ratchet.data.procs.executors import visible_gpus
+    from ratchet.models.dtype import visible_gpus
 
     visible = visible_gpus()
     if not visible:
@@ -250,7 +251,8 @@ def devices_line(cfg: PipelineConfig) -> str:
     """What `ratchet check` says of this machine's GPUs and who takes them: the engine holders
     (local ones each their own), and the training processes, one GPU each, naming the GPUs that
     training would leave idle and the setting that uses them."""
-    from ratchet.data.procs.executors import holder_devices, visible_gpus
+    from ratchet.data.procs.executors import holder_devices
+    from ratchet.models.dtype import visible_gpus
 
     visible = visible_gpus()
     if not visible:

@@ -334,7 +334,7 @@ def as_json(links: list[Link]) -> list[dict[str, Any]]:
 
 def _text_summary(m: StageManifest) -> str | None:
     """A pair's text (tasks/text.py), where it is one: what its stage chose or carried, and from what."""
-    from ratchet.tasks.stage import TEXT_STAGES
+    from ratchet.tasks.runner.stage import TEXT_STAGES
 
     if m.stage not in TEXT_STAGES or "template" not in (m.info or {}):
         return None

@@ -8,7 +8,7 @@ of `terraform plan`, `dvc status` and `snakemake -n --reason`.
 It reads the data (the checks `ratchet check` makes of it, not those that need the tokenizer),
 the store's manifests and the code; it loads no model, imports neither torch nor vLLM, and
 writes nothing in the workdir or in MLflow. Each stage is keyed by `run_stage` itself, handed to
-a planner (tasks/plan.py) instead of run, so the plan and the run cannot key a stage differently.
+a planner (tasks/runner/plan.py) instead of run, so the plan and the run cannot key a stage differently.
 The walk is the flow's own: flows/shape.py, which both walk, each with its own steps.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore
 from ratchet.flows.config import PipelineConfig
-from ratchet.tasks.plan import Planner, Step, pending
+from ratchet.tasks.runner.plan import Planner, Step, pending
 
 
 @dataclass

@@ -189,7 +189,7 @@ def _search_of(store: ArtifactStore, rel: str, where: str) -> dict:
     try:
         d = store.recorded_dir(rel, where)
         m = read_manifest(d)
-        if (d / "versions.jsonl").is_file():  # a beliefs search (tasks/beliefs.py)
+        if (d / "versions.jsonl").is_file():  # a beliefs search (tasks/searches/beliefs.py)
             return {"versions": list(_rows(d / "versions.jsonl")), "metrics": dict(m.metrics) if m else {}}
         told = json.loads((d / "refused.json").read_text())
         return {"nodes": list(_rows(d / "nodes.jsonl")), "refused": told["refused"], "unexpanded": told["unexpanded"],

@@ -24,7 +24,7 @@ from ratchet.data.prompts import Split
 from ratchet.flows.config import PipelineConfig
 from ratchet.flows.inputs import check_inputs, sources_of
 from ratchet.flows.tracking import Tracker
-from ratchet.tasks.code_reach import syntax_tree
+from ratchet.tasks.runner.code_reach import syntax_tree
 
 
 class RunContext(BaseModel):
@@ -48,7 +48,7 @@ def code_digest(root: Path | None = None) -> str:
     """Digest of every module of the installed package (the folders under `root`, this package by
     default): the code a run's results came from. Each module counts as its syntax tree, so an edit
     to a comment, a docstring or the layout leaves the digest as it was."""
-    from ratchet.tasks.code_reach import keep_answer, kept_answer
+    from ratchet.tasks.runner.code_reach import keep_answer, kept_answer
 
     root = root or Path(__file__).parents[1]
     texts = {}

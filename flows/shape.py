@@ -215,7 +215,7 @@ class RoundSteps(Protocol):
 
 def carries_text(policy) -> bool:
     """Whether a policy is a pair whose text the weights a round trains under it keep."""
-    from ratchet.tasks.stage import TEXT_STAGES
+    from ratchet.tasks.runner.stage import TEXT_STAGES
 
     return getattr(policy, "stage", None) in TEXT_STAGES
 

@@ -29,7 +29,7 @@ from ratchet.flows.tracking import Gate, SetScore, Tracker, TrackingError
 from ratchet.models.prompt_format import written_template
 from ratchet.data.procs import forkserver
 from ratchet.tasks import prepare
-from ratchet.tasks.stage import READS_MODELS
+from ratchet.tasks.runner.stage import READS_MODELS
 
 
 class RoundResult(BaseModel):

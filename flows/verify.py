@@ -98,8 +98,8 @@ def verify_stage(store: ArtifactStore, m: StageManifest, scratch: Path, upstream
     `upstream`: the stage directories above it (default: its chain, walked and verified here),
     linked into the scratch store: a body may read past its parents (a search's weights are its
     template's)."""
-    from ratchet.tasks import code_reach
-    from ratchet.tasks.stage import keyed, request_type, resolved, run_stage
+    from ratchet.tasks.runner import code_reach
+    from ratchet.tasks.runner.stage import keyed, request_type, resolved, run_stage
 
     head = {"stage": m.stage, "round": m.round, "dir": m.dir}
     if (server := _served(m.config)) is not None:

@@ -15,7 +15,7 @@
   ran at least `MARGIN` times fp32's rate; a closer race keeps float32, so a probe repeated
   after the cache is cleared cannot flip on noise.
 
-A stage's key holds what `auto` resolved to (tasks/stage.py `resolved`), so the answer must not
+A stage's key holds what `auto` resolved to (tasks/runner/stage.py `resolved`), so the answer must not
 change between two runs on one machine: a rule read from the hardware, or a measurement taken once
 and then read back. It is read without importing torch (the CPU's flags from /proc/cpuinfo, the
 GPUs' compute capability from `nvidia-smi`, or from torch where this process has it loaded).
@@ -246,6 +246,20 @@ def on_gpu(capabilities: list[tuple[int, int]]) -> Choice:
     if low >= (8, 0):
         return Choice("bfloat16", f"this GPU (compute capability {cc}) runs bf16 natively")
     return Choice("float16", f"this GPU (compute capability {cc}) has no native bf16; float16 is native")
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA devices this process may use: CUDA_VISIBLE_DEVICES where set, else every one torch
+    counts (none on a machine without CUDA)."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return [d.strip() for d in given.split(",") if d.strip() and d.strip() != "-1"]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001 - no torch, or no driver: no GPU
+        return []
 
 
 def gpu_capabilities() -> list[tuple[int, int]]:

@@ -33,7 +33,7 @@ from ratchet.data.store import ArtifactStore
 from ratchet.data.userfiles import UserPath
 from ratchet.models.train_kinds import RFTTrainConfig
 from ratchet.tasks.sample import RolloutConfig
-from ratchet.tasks.stage import StageRequest, run_stage
+from ratchet.tasks.runner.stage import StageRequest, run_stage
 
 FIELD = "cold_start.demonstrations"
 

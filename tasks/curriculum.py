@@ -39,7 +39,7 @@ from ratchet.data.errors import EmptyStageError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.records import Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
-from ratchet.tasks.stage import StageRequest, run_stage
+from ratchet.tasks.runner.stage import StageRequest, run_stage
 
 STATE = "state.json"
 

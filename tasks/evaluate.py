@@ -31,8 +31,8 @@ from ratchet.models.sampler import SamplerConfig, SamplingParams
 from ratchet.tasks.labels import labeled_row
 from ratchet.tasks.rollouts.single import SingleRollout
 from ratchet.tasks.sample import PolicyWork, RolloutConfig, SparseRollout, policy_of
-from ratchet.tasks.stage import StageRequest, run_stage
-from ratchet.tasks.units import ExecutorConfig, run_units
+from ratchet.tasks.runner.stage import StageRequest, run_stage
+from ratchet.tasks.runner.units import ExecutorConfig, run_units
 
 
 

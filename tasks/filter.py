@@ -22,7 +22,7 @@ from ratchet.data.store import ArtifactStore
 from ratchet.tasks.filters.pairs import PairFilter
 from ratchet.tasks.filters.rft import RFTFilter
 from ratchet.tasks.filters.step_pairs import StepPairFilter
-from ratchet.tasks.stage import StageRequest, run_stage
+from ratchet.tasks.runner.stage import StageRequest, run_stage
 
 # The registration of every filter kind: its module's class, one member each.
 FilterConfig = Annotated[RFTFilter | PairFilter | StepPairFilter, Field(discriminator="kind")]

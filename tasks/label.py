@@ -41,8 +41,8 @@ from ratchet.tasks.labels.verifier import VerifierLabel
 from ratchet.tasks.prepare import train_prompts
 from ratchet.tasks.sample import RolloutConfig
 from ratchet.data.kinds import members
-from ratchet.tasks.stage import StageRequest, run_stage
-from ratchet.tasks.units import ExecutorConfig
+from ratchet.tasks.runner.stage import StageRequest, run_stage
+from ratchet.tasks.runner.units import ExecutorConfig
 
 # The registration of every label kind (data/kinds.py): its module's class, one member each. The
 # dispatch and every check the flow makes ask these classes.

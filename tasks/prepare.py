@@ -24,7 +24,7 @@ from ratchet.data.prompts import SourceConfig, Split, load_split, pool_slice
 from ratchet.data.records import LabeledCompletion, Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.prompt_format import TEMPLATE_FILE
-from ratchet.tasks.stage import StageRequest, run_stage
+from ratchet.tasks.runner.stage import StageRequest, run_stage
 
 
 
@@ -313,7 +313,7 @@ def remade(store: ArtifactStore, m: StageManifest, here: bool = True) -> None:
     from ratchet.data.errors import ArtifactError
     from ratchet.data.manifest import read_manifest
     from ratchet.models.trainer import remake
-    from ratchet.tasks.stage import MODEL_STAGES, TEXT_STAGES
+    from ratchet.tasks.runner.stage import MODEL_STAGES, TEXT_STAGES
 
     parent = next((p for p in m.parents if p.stage in MODEL_STAGES or p.stage in TEXT_STAGES), None)
     if m.stage != "train" or parent is None or not (store.dir_of(m) / "adapter").is_dir():

@@ -1,6 +1,6 @@
 """sample: n completions per train prompt from the current policy.
 
-Prompts are cut into units (tasks/units.py); each finished unit is written atomically
+Prompts are cut into units (tasks/runner/units.py); each finished unit is written atomically
 to shards/NNNNN.jsonl, seeded by (seed, unit index), so a resumed stage generates only
 the missing units and gets the same text it would have.
 
@@ -29,8 +29,8 @@ from ratchet.tasks.rollouts.roles import RolesRollout
 from ratchet.tasks.rollouts.single import SingleRollout
 from ratchet.tasks.rollouts.tool import ToolRollout
 from ratchet.data.kinds import members
-from ratchet.tasks.stage import StageRequest, run_stage
-from ratchet.tasks.units import ExecutorConfig, UnitWork, run_units
+from ratchet.tasks.runner.stage import StageRequest, run_stage
+from ratchet.tasks.runner.units import ExecutorConfig, UnitWork, run_units
 
 # The rollout kinds (tasks/rollouts/), one line each: how a prompt becomes a completion or a trajectory
 RolloutConfig = Annotated[SingleRollout | ToolRollout | EnvironmentRollout | ReflectionRollout | RolesRollout,

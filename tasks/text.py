@@ -3,7 +3,7 @@
 A version is a pair, weights and text. The text is a template with one `{prompt}` slot (an
 instruction, worked examples, the task's prompt where the slot is); every other character is
 literal, so text an optimiser writes cannot break it with a brace. Version 1 is the config's
-`prompt.template`; a prompt search (tasks/prompt_search.py) writes the next.
+`prompt.template`; a prompt search (tasks/searches/prompt_agent.py) writes the next.
 
 A policy in a run is a stage manifest: a model stage (base, train) alone reads each prompt as
 it is; a text stage (TEXT_STAGES) is a pair, its prompt.json holding the template and the
@@ -28,7 +28,7 @@ from ratchet.data.errors import ArtifactError
 from ratchet.data.manifest import StageManifest, read_manifest
 from ratchet.data.records import Prompt
 from ratchet.data.store import ArtifactStore
-from ratchet.tasks.stage import MODEL_STAGES, TEXT_STAGES, StageRequest, run_stage
+from ratchet.tasks.runner.stage import MODEL_STAGES, TEXT_STAGES, StageRequest, run_stage
 
 SLOT = "{prompt}"
 FILE = "prompt.json"

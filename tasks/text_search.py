@@ -3,10 +3,10 @@
 Its kinds, one module each, one class with its settings and its body:
 
     prompt_agent  PromptAgent's tree search over prompts, each revision written from the errors
-                  of the prompt it revises (tasks/prompt_search.py)
+                  of the prompt it revises (tasks/searches/prompt_agent.py)
     beliefs       FinCon's verbal reinforcement: a roles rollout's episodes compared in better and
                   worse pairs, and the beliefs that separate them written into the roles they
-                  concern (tasks/beliefs.py)
+                  concern (tasks/searches/beliefs.py)
 
 Either way the stage's parents are the policy (weights, or a pair whose text it starts from)
 and the round's train prompts, and it writes a pair: the same weights and the text it chose.
@@ -22,10 +22,10 @@ from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig
-from ratchet.tasks.beliefs import BeliefsSearch, beliefs_body
-from ratchet.tasks.prompt_search import PromptAgentSearch, prompt_agent_body
+from ratchet.tasks.searches.beliefs import BeliefsSearch, beliefs_body
+from ratchet.tasks.searches.prompt_agent import PromptAgentSearch, prompt_agent_body
 from ratchet.tasks.sample import RolloutConfig
-from ratchet.tasks.stage import StageRequest, run_stage
+from ratchet.tasks.runner.stage import StageRequest, run_stage
 
 # the search kinds: one member each
 SearchConfig = Annotated[PromptAgentSearch | BeliefsSearch, Field(discriminator="kind")]

@@ -25,7 +25,7 @@ from ratchet.models.train_kinds import RFTTrainConfig, TrainConfig  # noqa: F401
 from ratchet.models.sampler import SamplerConfig
 from ratchet.tasks.label import LabelConfig
 from ratchet.tasks.sample import SampleConfig
-from ratchet.tasks.stage import StageRequest, run_stage
+from ratchet.tasks.runner.stage import StageRequest, run_stage
 
 
 class TrainJob(BaseModel):

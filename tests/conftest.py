@@ -152,7 +152,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_runtest_logreport(report):
     """With RATCHET_TEST_TIMELINE=FILE, each test phase's worker, start and stop, a JSON line each
-    (bench/suite_order.py replays the scheduling from them). Written where the test ran: xdist's
+    (tests/suite_order.py replays the scheduling from them). Written where the test ran: xdist's
     controller gets every report again, with the worker that sent it."""
     out = os.environ.get("RATCHET_TEST_TIMELINE")
     if not out or getattr(report, "node", None) is not None:

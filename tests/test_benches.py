@@ -109,7 +109,7 @@ def test_the_curriculum_bench_s_worked_demonstrations_pass_the_run_s_own_check(t
     assert len(rows) == 9 and sum("so far" in r.final for r in rows) == 9
     assert check.check(bench["worked"](99999999, 99999999), "199999998").correct  # the most numbers working names
     # --check-working: the label's check is the working's own, loaded as `ratchet check` loads it
-    assert cfg.label.check.function.endswith("bench/worked.py:working") and not cfg.label.check.problems()
+    assert cfg.label.check.function.endswith("examples/addition/worked.py:working") and not cfg.label.check.problems()
 
 
 def test_the_curriculum_bench_finds_where_a_worked_answer_first_goes_wrong():
@@ -129,7 +129,7 @@ def test_the_curriculum_bench_finds_where_a_worked_answer_first_goes_wrong():
     assert bench["first_miss"](458, 867, right, True) == "right"
     assert bench["first_miss"](458, 867, "1325", False) == "form"  # no working at all
     # the label check of --check-working: only the working itself, line for line, on the task's prompt
-    working = runpy.run_path(str(BENCH / "worked.py"))["working"]
+    working = runpy.run_path(str(BENCH.parent / "examples" / "addition" / "worked.py"))["working"]
     assert working(right, "1325", "What is 458 + 867?") == 1.0 and working(right + "\n", "1325", "What is 458 + 867?")
     for old, new in edits.values():
         assert working(right.replace(old, new), "1325", "What is 458 + 867?") == 0.0, new

@@ -177,6 +177,19 @@ def test_no_import_runs_back_up_the_layers_and_at_most_one_circle_remains():
         "the engine room imports from above the data layer"
 
 
+def test_nothing_in_data_imports_torch_prefect_or_mlflow():
+    """data/'s promise (data/__init__.py), inside functions too: the engine room asks a stage's work
+    to set its engine's threads and is handed the visible GPUs, rather than asking torch."""
+    heavy = ("torch", "prefect", "mlflow", "transformers", "vllm")
+    found = []
+    for path in sorted((ROOT / "data").rglob("*.py")):
+        for n in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
+                [n.module or ""] if isinstance(n, ast.ImportFrom) and not n.level else []
+            found += [f"{path.relative_to(ROOT)}:{n.lineno}: {x}" for x in names if x.split(".")[0] in heavy]
+    assert found == []
+
+
 def test_no_module_of_the_package_is_named_by_a_string():
     """A child's code is handed over as an object (an entry, a function, a class), which a stage's
     key reaches; a string naming a module of ours would be code no key sees. The engine room's own

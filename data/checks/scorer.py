@@ -14,7 +14,7 @@ goes to a call it was not for.
 The function is named by a user's file ('path/to/rewards.py:score', keyed by its digest), an
 installed module outside Ratchet ('package.module:score'), or, for Ratchet's own scorers, the
 function object itself (`target`): a stage that scores with it then reaches its code, and its
-key changes with it (tasks/code_reach.py).
+key changes with it (tasks/runner/code_reach.py).
 
 Calls are (completion, answer=, prompt=, **fields) for one row, or, batched, lists under
 TRL's names (completions, prompts=, answer=, ...) returning a list. Two other conventions

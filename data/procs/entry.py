@@ -7,7 +7,7 @@
 An entry is a module-level function, wrapped in an `Entry` by the decorator. The engine room starts a child only for an `Entry` object (spawn.start, the fork
 server, the pool's holders, a launcher such as torchrun); the child finds it again by the name
 the object gives (`module:qualname`), and refuses a name that is not an entry. A caller hands the
-object itself, a name its own code loads, so a stage's code version (tasks/code_reach.py)
+object itself, a name its own code loads, so a stage's code version (tasks/runner/code_reach.py)
 reaches the entry and, through it, every definition the child runs: no string names a child's
 code where a key cannot see it.
 

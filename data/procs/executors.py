@@ -1,4 +1,4 @@
-"""Executors: where a stage's units run (the `executor:` settings; tasks/units.py says what a
+"""Executors: where a stage's units run (the `executor:` settings; tasks/runner/units.py says what a
 unit is).
 
 - `LocalExecutor` (local, engines=1, the default): the missing units one after another on one
@@ -83,15 +83,13 @@ class LocalExecutor:
         self.threads, self.engine = threads, engine
 
     def run(self, work, shards: Shards, missing: list[int]) -> float:
-        import torch
-
-        before = torch.get_num_threads()
+        before = work.threads(None)
         progress = _progress(work, shards, missing)
         t = time.time()
         engine = work.open(Lent(self.engine, self.threads) if self.engine else None)
         load_s = time.time() - t
         if self.threads:
-            torch.set_num_threads(self.threads)  # after open: an engine may set its own on start
+            work.threads(self.threads)  # after open: an engine may set its own on start
         try:
             for i in missing:
                 _run_one(work, engine, shards, i)
@@ -99,7 +97,7 @@ class LocalExecutor:
                 failpoints.hit(f"{work.stage}:shard")
         finally:
             work.close(engine)
-            torch.set_num_threads(before)
+            work.threads(before)
         return load_s
 
 
@@ -112,12 +110,10 @@ def pool_holder(channel: Channel, work_file: str, folder: str, n: int, threads: 
     units it is handed (writing each to the shard folder) until its channel closes."""
     import pickle
 
-    import torch
-
-    torch.set_num_threads(threads)
     path, pickled = pickle.loads(Path(work_file).read_bytes())
     sys.path[:] = path  # the stage's own: the work's classes import as they did there
     work = pickle.loads(pickled)
+    work.threads(threads)
     shards = Shards(Path(folder), n)
     t = time.time()
     engine = work.open(None)
@@ -141,8 +137,8 @@ class PoolExecutor:
     once the holders are done, new ones are started for whatever is missing, up to `restarts`
     times."""
 
-    def __init__(self, cfg):
-        self.cfg = cfg
+    def __init__(self, cfg, visible: list[str]):
+        self.cfg, self.visible = cfg, visible  # the GPUs this machine shows (none: a CPU machine)
 
     def run(self, work, shards: Shards, missing: list[int]) -> float:
         import pickle
@@ -151,7 +147,7 @@ class PoolExecutor:
         from ratchet.data.errors import StageFailedError
 
         threads = self.cfg.threads_per_engine or max(1, (os.cpu_count() or 1) // self.cfg.engines)
-        devices = holder_devices(self.cfg, visible_gpus())
+        devices = holder_devices(self.cfg, self.visible)
         load_s, restarts, progress = 0.0, 0, _progress(work, shards, missing)
         with tempfile.TemporaryDirectory(prefix="ratchet-pool-") as t:
             work_file = Path(t) / "work.pkl"
@@ -220,20 +216,6 @@ class PoolExecutor:
         return load_s
 
 
-def visible_gpus() -> list[str]:
-    """The CUDA devices this process may use: CUDA_VISIBLE_DEVICES where set, else every one torch
-    counts (none on a machine without CUDA)."""
-    given = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if given is not None:
-        return [d.strip() for d in given.split(",") if d.strip() and d.strip() != "-1"]
-    try:
-        import torch
-
-        return [str(i) for i in range(torch.cuda.device_count())]
-    except Exception:  # noqa: BLE001 - no torch, or no driver: no GPU
-        return []
-
-
 def holder_devices(cfg, visible: list[str]) -> list[str | None]:
     """Each local holder's CUDA_VISIBLE_DEVICES, from the `visible` devices: `gpus_per_engine` of
     them each, distinct (0: the visible ones split evenly, at least one each, shared in turn when
@@ -260,13 +242,11 @@ class _RayHolder:
     it is handed, writing each to the stage's shard folder (storage every node mounts)."""
 
     def __init__(self, work, folder: str, n: int, threads: int):
-        import torch
-
-        torch.set_num_threads(threads)
+        work.threads(threads)
         self.work, self.shards, self.threads = work, Shards(Path(folder), n), threads
         t = time.time()
         self.engine = work.open(None)
-        torch.set_num_threads(threads)
+        work.threads(threads)
         self.load_s = time.time() - t
 
     def ready(self) -> float:

@@ -2,8 +2,8 @@
 model does (label.model), or a served one (label.endpoint: any OpenAI-compatible server).
 
 The rubric and the scoring modes (text verdicts, or token-probability modes for small
-models) are in tasks/labels/judging.py, and every judged text passes the guard (tasks/guard.py)
-first. A local judge runs through the unit loop (tasks/units.py), so a resumed stage judges
+models) are in tasks/labels/judging.py, and every judged text passes the guard (tasks/labels/guard.py)
+first. A local judge runs through the unit loop (tasks/runner/units.py), so a resumed stage judges
 only the missing units; a served one is called from the label stage's own process, and each
 finished call is journaled as it arrives (models/endpoint.py), so a resumed stage asks only
 for the calls it lacks.
@@ -24,11 +24,11 @@ from ratchet.data.prompts import check_placeholders
 from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.data.userfiles import UserFile
 from ratchet.models.endpoint import EndpointConfig
-from ratchet.tasks.guard import GuardConfig
+from ratchet.tasks.labels.guard import GuardConfig
 from ratchet.tasks.labels.judging import DEFAULT_TEMPLATES, judge_batch, template_wrap
 from ratchet.tasks.labels import Budget, Label, Labeled, agreement, injection_stats, labeled_row, truths
 from ratchet.tasks.sample import PolicyWork, policy_of
-from ratchet.tasks.units import run_units
+from ratchet.tasks.runner.units import run_units
 
 
 class JudgeLabel(Label):

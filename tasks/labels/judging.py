@@ -21,7 +21,7 @@ candidates at the verdict's own number; p_yes reads the first token's candidates
 need a server that returns log-probabilities (vLLM does); one that does not is told so
 at its first reply, with the mode it does support (text).
 
-Every mode reads the response through the guard (tasks/guard.py): text in it that
+Every mode reads the response through the guard (tasks/labels/guard.py): text in it that
 speaks to the judge (scores, verdicts, instructions, fences, roles) is cut out before
 the judge sees it, and the response is flagged and, by default, given the bottom of
 the scale.
@@ -33,7 +33,7 @@ import math
 import re
 from typing import TYPE_CHECKING
 
-from ratchet.tasks.guard import guard
+from ratchet.tasks.labels.guard import guard
 
 if TYPE_CHECKING:  # the judge kind's config (tasks/labels/judge.py) reads this module's templates
     from ratchet.tasks.labels.judge import JudgeLabel

@@ -1,7 +1,7 @@
 """mcts: no sample stage; a step-level tree search per prompt (tasks/labels/tree_search.py) generates its
 own rollouts, scores them with the verifier (or the judge), and writes the trees next to
 every trajectory it found (MCTS-DPO / ReST-MCTS* style). Runs through the unit loop
-(tasks/units.py), in units of prompts.
+(tasks/runner/units.py), in units of prompts.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ratchet.data.records import LabeledCompletion, Prompt
 from ratchet.tasks.labels import Budget, Label, Labeled, agreement, injection_stats
 from ratchet.tasks.labels.judge import JudgeLabel
 from ratchet.tasks.sample import PolicyWork, policy_of
-from ratchet.tasks.units import run_units
+from ratchet.tasks.runner.units import run_units
 
 
 class MctsLabel(Label):
@@ -193,7 +193,7 @@ def search_all(req, store, prompts: list[Prompt], check_cfg, cfg: MctsLabel) -> 
                                           text=text, n_tokens=tr.tokens(x), reward=x.value,
                                           extracted=extract(check_cfg, text), correct=x.correct))
     if cfg.value == "judge":  # what the guard found in the judged trajectories, reused shards included
-        from ratchet.tasks.guard import guard
+        from ratchet.tasks.labels.guard import guard
 
         flagged = [guard(tr.prompt, tr.trajectory(x))[1] for tr in trees for x in tr.nodes if x.value is not None]
     metrics = {**tree_stats(trees), "mcts_s": cost.get("mcts_s", 0.0), "mcts_load_s": done.load_s,

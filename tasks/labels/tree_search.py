@@ -216,7 +216,7 @@ def step_text(text: str, stop: str | None) -> str:
 
 
 def search(trees: list[Tree], sampler, cfg: MctsLabel, seed: int, score) -> None:
-    from ratchet.tasks.units import unit_seed
+    from ratchet.tasks.runner.units import unit_seed
 
     for w in range(cfg.simulations):
         wave(trees, sampler, cfg, unit_seed(seed, w), score)

@@ -2,7 +2,7 @@
 tasks/labels/turn_search.py) from each start, with the environment of `sample.rollout`. Every episode it
 played is a labeled row (its return through the task's check, best first per start), and the
 trees go to the step_pairs filter for turn-level preference pairs. Runs through the unit loop
-(tasks/units.py) in units of starts, so a resumed stage searches only what is missing.
+(tasks/runner/units.py) in units of starts, so a resumed stage searches only what is missing.
 
     sample:
       rollout: {kind: environment, env: {kind: textarena, game: GuessTheNumber-v0}, max_turns: 6}
@@ -25,7 +25,7 @@ from ratchet.data.events import Figure, Shows, count
 from ratchet.data.records import LabeledCompletion, Prompt
 from ratchet.tasks.labels import Budget, Label, Labeled, item_of
 from ratchet.tasks.sample import PolicyWork, policy_of
-from ratchet.tasks.units import run_units
+from ratchet.tasks.runner.units import run_units
 
 
 class TurnMctsLabel(Label):

@@ -223,7 +223,7 @@ def settle_turn(tree: TurnTree, x: Turn, e, max_depth: int) -> None:
 
 def search_turns(trees: list[TurnTree], sampler, cfg: TurnMctsLabel, rollout: EnvironmentRollout, turn_tokens: int,
                  seed: int, score) -> dict[str, float]:
-    from ratchet.tasks.units import unit_seed
+    from ratchet.tasks.runner.units import unit_seed
 
     open_trees(trees, rollout, sampler.tokenizer)
     cost = {"episodes": 0.0, "env_failed": 0.0, "env_wait_s": 0.0}

@@ -8,7 +8,7 @@ final answer alone. RFT then keeps, DPO pairs, GRPO rewards and the curriculum's
 the label's check.
 
 Completions of prompts without a reference answer cannot be verified and are an error,
-with the fix named. Checked in units written as they finish (tasks/units.py), so a resumed
+with the fix named. Checked in units written as they finish (tasks/runner/units.py), so a resumed
 stage checks only what is missing: a user's function that is slow or fails half way never
 pays twice for rows it already scored.
 """
@@ -24,7 +24,7 @@ from ratchet.data.checkers import CheckConfig, check_many, score_metrics, score_
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.tasks.labels import Label, Labeled, item_of, labeled_row
-from ratchet.tasks.units import UnitWork, run_units
+from ratchet.tasks.runner.units import UnitWork, run_units
 
 
 class VerifierLabel(Label):

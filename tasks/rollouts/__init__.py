@@ -46,7 +46,7 @@ class Rollout(BaseModel):
     offline: ClassVar[str | None] = None
     # why a text around each task prompt (prompt.template, a search's) cannot be its prompt; None: it can
     text_refused: ClassVar[str | None] = None
-    has_roles: ClassVar[bool] = False  # its agents are roles with beliefs a policy's text may carry (tasks/beliefs.py)
+    has_roles: ClassVar[bool] = False  # its agents are roles with beliefs a policy's text may carry (tasks/searches/beliefs.py)
     kind: str
 
     @abstractmethod

@@ -235,7 +235,7 @@ class EnvironmentRollout(Rollout):
     @property
     def spec(self) -> str | type:
         """What the host loads: the user's 'file.py:Class', or the adapter class itself (a stage that
-        plays it reaches its code: tasks/code_reach.py)."""
+        plays it reaches its code: tasks/runner/code_reach.py)."""
         return self.env.target
 
     @property

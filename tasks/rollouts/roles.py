@@ -11,7 +11,7 @@
              Answer buy, sell or hold."}
 
 Every role is an agent with its own text: its `instructions` and its `beliefs` (what it has
-learned; the config's are version 1, and a beliefs search, tasks/beliefs.py, writes the next,
+learned; the config's are version 1, and a beliefs search, tasks/searches/beliefs.py, writes the next,
 kept as the policy's text, tasks/text.py). The analysts (every role that does not act) each read
 their part of every observation (`reads`, a pattern: every match, one per line; unset: all of
 it) and report in a turn of their own, each from a fresh conversation. The one role that acts

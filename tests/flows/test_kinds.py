@@ -159,7 +159,7 @@ def test_every_family_registers_its_kinds_one_way():
     from ratchet.tasks.filter import FilterConfig
     from ratchet.tasks.label import LabelConfig
     from ratchet.tasks.sample import RolloutConfig
-    from ratchet.tasks.units import ExecutorConfig
+    from ratchet.tasks.runner.units import ExecutorConfig
 
     families = {"check": CheckConfig, "source": SourceConfig, "rollout": RolloutConfig, "label": LabelConfig,
                 "filter": FilterConfig, "train": TrainConfig, "executor": ExecutorConfig}

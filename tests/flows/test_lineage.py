@@ -6,7 +6,7 @@ from pydantic import BaseModel
 
 from ratchet.data.store import ArtifactStore
 from ratchet.flows.lineage import reads, render_mermaid, render_text, walk
-from ratchet.tasks.stage import StageRequest
+from ratchet.tasks.runner.stage import StageRequest
 
 
 def _stage(store, stage, rnd, parents, text):
@@ -91,8 +91,8 @@ def test_a_link_names_the_commit_that_ran_it_and_its_code_version_opens(tmp_path
 
     from ratchet.flows.cli import main
     from ratchet.flows.lineage import render_code
-    from ratchet.tasks import code_reach
-    from ratchet.tasks.stage import run_stage
+    from ratchet.tasks.runner import code_reach
+    from ratchet.tasks.runner.stage import run_stage
 
     monkeypatch.setattr(code_reach, "source", lambda: {"commit": "1a2b3c4d5e6f7a8b9c0d", "dirty": True,
                                                        "version": "0.1.0"})

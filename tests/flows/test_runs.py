@@ -175,7 +175,7 @@ def test_a_fixed_file_continues_the_same_run_and_a_resume_reads_it_as_it_is_now(
     from ratchet.flows.runs import resumed_config
     from ratchet.flows.config import config_from_dict
     from ratchet.flows.runs import run_name_for
-    from ratchet.tasks.stage import keyed
+    from ratchet.tasks.runner.stage import keyed
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "rewards.py").write_text("def score(completion, **fields):\n    return 1.0\n")

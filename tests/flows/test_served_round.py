@@ -101,7 +101,7 @@ def test_the_attack_corpus_does_not_lift_the_served_judge(served, tmp_path):
     lift); through the guard, as shipped, none does, and every attack scores below its clean
     control."""
     from ratchet.models.endpoint import Endpoint, EndpointConfig
-    from ratchet.tasks.guard import guard
+    from ratchet.tasks.labels.guard import guard
     from ratchet.tasks.labels.judge import JudgeLabel
     from ratchet.tasks.labels.judging import judge_values, rate
     from tests.tasks.test_judge_attacks import CORPUS, KIND_MEAN, SINGLE, _by_kind

@@ -79,7 +79,7 @@ def test_a_deployment_makes_every_user_file_absolute_wherever_it_is(tmp_path, mo
 def test_a_user_function_is_keyed_with_every_helper_it_imports(tmp_path):
     """Its folder's modules, their packages' relative imports, and a folder the file puts on the
     path from `__file__` (two spellings); not a folder named relative to where ratchet runs, and
-    not a module a folder earlier on the path shadows (bench/key_mutations.py edits each)."""
+    not a module a folder earlier on the path shadows (tests/key_mutations.py edits each)."""
     from ratchet.data.userfiles import helpers, source_digest
 
     files = {

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from ratchet.data.manifest import StageManifest, read_manifest
 from ratchet.data.store import ArtifactStore
 from ratchet.flows.verify import verify, verify_stage
-from ratchet.tasks.stage import StageRequest, run_stage
+from ratchet.tasks.runner.stage import StageRequest, run_stage
 
 
 class Job(BaseModel):

@@ -6,7 +6,7 @@ import pytest
 from pydantic import BaseModel
 
 from ratchet.models.sampler import SamplerConfig
-from ratchet.tasks.stage import StageRequest
+from ratchet.tasks.runner.stage import StageRequest
 
 from ratchet.models import dtype
 
@@ -186,7 +186,7 @@ def test_a_stage_is_keyed_and_recorded_by_the_dtype_auto_resolved_to(tmp_path, m
     """Two machines that resolve `auto` differently never share a key, and the manifest says which
     dtype ran; a dtype set explicitly is keyed as set, whatever the machine."""
     from ratchet.data.store import ArtifactStore
-    from ratchet.tasks.stage import run_stage
+    from ratchet.tasks.runner.stage import run_stage
 
     store = ArtifactStore(tmp_path)
 

@@ -167,8 +167,9 @@ def test_each_engine_holder_samples_on_the_gpus_it_is_given(tiny_model, tmp_path
     there are fewer), sees only those, opens its model on them, and every unit comes out."""
     from ratchet.data.records import Prompt
     from ratchet.models.sampler import SamplerConfig, SamplingParams
-    from ratchet.data.procs.executors import holder_devices, visible_gpus
-    from ratchet.tasks.units import LocalExecutorConfig, run_units
+    from ratchet.data.procs.executors import holder_devices
+    from ratchet.models.dtype import visible_gpus
+    from ratchet.tasks.runner.units import LocalExecutorConfig, run_units
 
     visible = visible_gpus()
     uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(len(visible))]
@@ -198,7 +199,7 @@ def test_training_processes_past_the_gpus_shown_are_refused_before_the_model_is_
     from ratchet.data.errors import ConfigError
     from ratchet.flows.config import config_from_dict
     from ratchet.flows.inputs import check_inputs, devices_line
-    from ratchet.data.procs.executors import visible_gpus
+    from ratchet.models.dtype import visible_gpus
 
     rows, held = tmp_path / "rows.jsonl", tmp_path / "held.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": i + 1}) + "\n" for i in range(4)))

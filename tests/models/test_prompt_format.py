@@ -10,7 +10,7 @@ from ratchet.flows.config import config_from_dict
 from ratchet.models import prompt_format
 from ratchet.models.sampler import chat_token_ids
 from ratchet.tasks import prepare
-from ratchet.tasks.stage import keyed
+from ratchet.tasks.runner.stage import keyed
 
 LAYOUT = "Question: {prompt}\nAnswer:"
 

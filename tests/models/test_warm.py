@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ratchet.models import warm
-from ratchet.tasks.stage import WORKER_LIBRARIES
+from ratchet.tasks.runner.stage import WORKER_LIBRARIES
 from ratchet.models.sampler import SamplerConfig, SamplingParams, open_sampler
 
 PROMPTS = [f"What is {a} + {b}?" for a in range(6) for b in range(3)]

@@ -1,4 +1,4 @@
-"""FinCon's beliefs search (tasks/beliefs.py) on an engine of the test's own: the pairs it compares,
+"""FinCon's beliefs search (tasks/searches/beliefs.py) on an engine of the test's own: the pairs it compares,
 the roles a belief reaches, what it refuses of an optimiser's text, the beliefs it gives, and
 its resume from the journal. The roles rollout it plays is tests/tasks/test_roles.py's."""
 
@@ -9,8 +9,8 @@ import json
 import pytest
 
 from ratchet.data.records import Prompt
-from ratchet.tasks.beliefs import BeliefsSearch, Search, beliefs_of, comparison_prompt, updated
-from ratchet.tasks.prompt_search import Journal
+from ratchet.tasks.searches.beliefs import BeliefsSearch, Search, beliefs_of, comparison_prompt, updated
+from ratchet.tasks.searches.prompt_agent import Journal
 
 STARTS = [Prompt(id=f"seed-{i}", prompt=f"seed {i}", fields={"seed": i}) for i in range(20)]
 ROLES = {"trend": "reads the closes and reports to manager", "book": "reads the position and reports to manager",

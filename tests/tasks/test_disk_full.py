@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore
-from ratchet.tasks.stage import StageRequest
+from ratchet.tasks.runner.stage import StageRequest
 
 
 def test_a_full_disk_mid_stage_names_the_path_loses_nothing_and_resumes(tmp_path):
@@ -79,7 +79,7 @@ def test_a_full_disk_in_a_worker_stage_is_reported_from_the_worker_and_resumes(t
         import resource, signal, sys
         from pathlib import Path
         from ratchet.data.store import ArtifactStore
-        from ratchet.tasks.stage import run_stage
+        from ratchet.tasks.runner.stage import run_stage
         from tests.tasks.test_disk_full import Rows, rows_body
 
         store = ArtifactStore(Path({str(tmp_path / 'w')!r}))

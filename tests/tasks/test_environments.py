@@ -13,7 +13,7 @@ import pytest
 from ratchet.data.records import Completion, Prompt, SFTRow, read_jsonl, write_jsonl
 from ratchet.models.sampler import Generation, SamplerConfig, SamplingParams
 from ratchet.tasks.rollouts.environment import EnvironmentFailedError, EnvironmentRollout, turn_pieces
-from ratchet.tasks.units import run_units
+from ratchet.tasks.runner.units import run_units
 from tests.tasks.test_sample import Given
 
 ROOT = Path(__file__).parents[2]

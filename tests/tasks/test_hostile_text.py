@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from ratchet.data.records import LabeledCompletion
 from ratchet.tasks.filters.pairs import PairFilter, build_pairs
 from ratchet.tasks.filters.rft import RFTFilter, accept
-from ratchet.tasks.guard import guard, neutralize, scan
+from ratchet.tasks.labels.guard import guard, neutralize, scan
 from ratchet.tasks.labels.judging import DEFAULT_TEMPLATES, copied_mask, judge_prompt, parse_verdict
 from ratchet.tasks.labels.tree_search import step_text
 

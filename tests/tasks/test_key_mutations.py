@@ -1,4 +1,4 @@
-"""Keys over all the code a stage runs, tested by mutation: bench/key_mutations.py edits a copy of
+"""Keys over all the code a stage runs, tested by mutation: tests/key_mutations.py edits a copy of
 the package and a user's project, one edit at a time, and takes every planned stage's key again
 (the real package is never touched). The suite runs a fixed sample of it:
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).parents[2] / "bench" / "key_mutations.py"
+BENCH = Path(__file__).parents[1] / "key_mutations.py"
 # the shipped configs whose stages the hand-named child code runs in, and the cold start's demonstrations
 CONFIGS = ["reasoning_gym.yaml", "guess_number_rft.yaml", "grpo.yaml", "default.yaml", "cold_start_tool.yaml"]
 
@@ -43,8 +43,9 @@ def test_a_library_upgrade_rekeys_the_stages_whose_code_imports_it(monkeypatch):
     from ratchet.data.checks.math_answer import MathCheck
     from ratchet.data.checks.number import NumberCheck
     from ratchet.data.prompts import AdditionSource
-    from ratchet.tasks import code_reach, label
-    from ratchet.tasks.stage import body_code
+    from ratchet.tasks import label
+    from ratchet.tasks.runner import code_reach
+    from ratchet.tasks.runner.stage import body_code
 
     def version(check):
         return body_code(label.label_body, config=label.LabelJob(label=label.VerifierLabel(),

@@ -1,4 +1,4 @@
-"""The plan (tasks/plan.py, flows/plan.py): each stage keyed by run_stage itself and looked up,
+"""The plan (tasks/runner/plan.py, flows/plan.py): each stage keyed by run_stage itself and looked up,
 never run; reused, stale (with what differs), to run, or waiting on a stage that will run. With
 toy stage bodies, no model."""
 
@@ -12,8 +12,8 @@ from pydantic import BaseModel, Field
 
 from ratchet.data.store import ArtifactStore
 from ratchet.data.userfiles import UserFile
-from ratchet.tasks.plan import Planner
-from ratchet.tasks.stage import StageRequest, run_stage
+from ratchet.tasks.runner.plan import Planner
+from ratchet.tasks.runner.stage import StageRequest, run_stage
 
 ROOT = Path(__file__).parents[2]
 
@@ -115,7 +115,7 @@ def test_an_online_round_scores_with_the_source_s_own_check():
     data section, as a label stage's does, and keys it. Before, the job took the shared checks only
     and refused reasoning-gym's, so a GRPO round on a reasoning-gym task could not even be planned."""
     from ratchet.flows.config import load_config
-    from ratchet.tasks.stage import keyed
+    from ratchet.tasks.runner.stage import keyed
     from ratchet.tasks.train import OnlineJob
 
     cfg = load_config(ROOT / "flows" / "configs" / "tool_rft.yaml", ["train={kind: grpo}", "sample.top_k=0"])

@@ -1,4 +1,4 @@
-"""PromptAgent's search (tasks/prompt_search.py) on an engine of the test's own: the tree it grows,
+"""PromptAgent's search (tasks/searches/prompt_agent.py) on an engine of the test's own: the tree it grows,
 what it refuses of an optimiser's text, the prompt it gives, and its resume from the journal. The
 search on a real model, in a run, is tests/flows/test_prompt_round.py."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from ratchet.data.records import Prompt
-from ratchet.tasks.prompt_search import (Journal, PromptAgentSearch, Search, feedback_prompt, refusal, revised,
+from ratchet.tasks.searches.prompt_agent import (Journal, PromptAgentSearch, Search, feedback_prompt, refusal, revised,
                                          revision_prompt)
 from ratchet.tasks.rollouts.single import SingleRollout
 from ratchet.tasks.text import SLOT, PromptText, render, slot_problem
@@ -190,7 +190,7 @@ def test_a_served_optimiser_is_called_once_per_revision_resumes_without_asking_t
     the search with what it said; the same search run again asks only for what it lacks, and ends
     with the tree of a search that was never stopped. The key is sent, and written nowhere."""
     from ratchet.models.endpoint import Endpoint, EndpointConfig, EndpointError
-    from ratchet.tasks.prompt_search import ServedWriter
+    from ratchet.tasks.searches.prompt_agent import ServedWriter
     from tests.openai_stub import Failure, Stub, verdict
 
     monkeypatch.setenv("OPT_KEY", "sk-opt-0123456789abcdef")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ratchet.data.errors import StageFailedError
-from ratchet.tasks.units import RayExecutorConfig, run_units, unit_seed
+from ratchet.tasks.runner.units import RayExecutorConfig, run_units, unit_seed
 from tests.tasks.test_units import PROMPTS, Arithmetic, _bytes
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ import pytest
 from ratchet.data.records import Completion, Prompt, read_jsonl
 from ratchet.models.sampler import Generation, SamplerConfig, SamplingParams
 from ratchet.tasks.sample import SampleWork
-from ratchet.tasks.units import run_units, unit_seed
+from ratchet.tasks.runner.units import run_units, unit_seed
 
 PROMPTS = [Prompt(id=f"p{i}", prompt=f"What is {i} + 1?", answer=str(i + 1)) for i in range(5)]
 

@@ -19,7 +19,7 @@ from ratchet.models.endpoint import EndpointConfig, EndpointError
 from ratchet.tasks.labels.judge import JudgeLabel
 from ratchet.tasks.labels.judging import p_yes_of_words, rating_at_verdict
 from ratchet.tasks.label import label
-from ratchet.tasks.stage import StageRequest, run_stage
+from ratchet.tasks.runner.stage import StageRequest, run_stage
 from tests.openai_stub import GARBAGE, NO_CHOICES, Failure, Stub, verdict
 
 

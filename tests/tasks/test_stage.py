@@ -8,7 +8,7 @@ from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore
 from ratchet.data.procs import helpers
 from ratchet.data.procs.entry import entry
-from ratchet.tasks.stage import StageRequest, body_code, run_stage
+from ratchet.tasks.runner.stage import StageRequest, body_code, run_stage
 
 CALLS: list[str] = []
 
@@ -132,7 +132,7 @@ def test_a_stage_is_keyed_by_the_definitions_its_body_can_run():
     from ratchet.models.sampler import SamplerConfig
     from ratchet.models.train_kinds import DPOTrainConfig, RFTTrainConfig
     from ratchet.tasks import label, sample, train
-    from ratchet.tasks.code_reach import reach, roots_of
+    from ratchet.tasks.runner.code_reach import reach, roots_of
 
     def modules(body, job):
         return {m for m, _ in reach(roots_of(body, job))}
@@ -160,7 +160,7 @@ def test_editing_code_a_body_cannot_run_keeps_its_key(tmp_path, monkeypatch):
     import importlib
     import sys
 
-    from ratchet.tasks import code_reach
+    from ratchet.tasks.runner import code_reach
 
     pkg = tmp_path / "reachpkg"
     pkg.mkdir()
@@ -204,13 +204,13 @@ def test_editing_code_a_body_cannot_run_keeps_its_key(tmp_path, monkeypatch):
 
 
 def test_a_kept_code_version_is_worked_out_again_when_anything_it_read_changes(tmp_path, monkeypatch):
-    """A stage's code version is kept in the user's cache between processes (tasks/code_reach.py
+    """A stage's code version is kept in the user's cache between processes (tasks/runner/code_reach.py
     `digest`); it is taken again only while every file it parsed is unchanged and every module
     name it looked up finds the same: here a new module where `sub.f` named a function."""
     import importlib
     import sys
 
-    from ratchet.tasks import code_reach
+    from ratchet.tasks.runner import code_reach
 
     monkeypatch.setenv("RATCHET_CACHE", str(tmp_path / "cache"))
     pkg = tmp_path / "keptpkg"
@@ -256,7 +256,7 @@ def test_a_file_edited_while_its_stage_runs_is_never_recorded_under_the_older_di
     import sys
 
     from ratchet.data.userfiles import source_digest
-    from ratchet.tasks import code_reach
+    from ratchet.tasks.runner import code_reach
 
     monkeypatch.setenv("RATCHET_CACHE", str(tmp_path / "cache"))
     pkg = tmp_path / "editpkg"
@@ -265,7 +265,7 @@ def test_a_file_edited_while_its_stage_runs_is_never_recorded_under_the_older_di
     (pkg / "helper.py").write_text("def touch():\n    return 1\n")
     (pkg / "body.py").write_text(
         "from typing import Annotated\n\nfrom pydantic import BaseModel\n\n"
-        "from ratchet.data.userfiles import UserFile, UserPath\nfrom ratchet.tasks.stage import StageRequest\n\n"
+        "from ratchet.data.userfiles import UserFile, UserPath\nfrom ratchet.tasks.runner.stage import StageRequest\n\n"
         "from editpkg.helper import touch\n\nEDITS = []\n\n\n"
         "class Job(BaseModel):\n    data: UserPath\n"
         "    function: Annotated[str, UserFile(spec=True, digest='source')]\n    source: str | None = None\n\n\n"
@@ -327,7 +327,7 @@ def test_two_processes_on_one_key_compute_it_once(tmp_path):
 
     script = (
         "import json, sys; from pathlib import Path; from ratchet.data.store import ArtifactStore; "
-        "from ratchet.tasks.stage import run_stage; from tests.tasks.test_stage import X, slow_body; "
+        "from ratchet.tasks.runner.stage import run_stage; from tests.tasks.test_stage import X, slow_body; "
         f"m, reused = run_stage(ArtifactStore(Path({str(tmp_path)!r})), stage='s', round=1, "
         "body=slow_body, code='c', config=X(x=3), parents=[]); "
         "print(json.dumps({'reused': reused, 'key': m.key}))"
@@ -357,7 +357,7 @@ def test_worker_dies_with_its_orchestrator(tmp_path):
 
     script = (
         "from pathlib import Path; from ratchet.data.store import ArtifactStore; "
-        "from ratchet.tasks.stage import run_stage; from tests.tasks.test_stage import X, orphan_body; "
+        "from ratchet.tasks.runner.stage import run_stage; from tests.tasks.test_stage import X, orphan_body; "
         f"run_stage(ArtifactStore(Path({str(tmp_path)!r})), stage='s', round=1, "
         "body=orphan_body, code='c', config=X(), parents=[], isolate=True)"
     )
@@ -382,7 +382,7 @@ def test_worker_dies_with_its_orchestrator(tmp_path):
 def fork_server(tmp_path_factory):
     """One fork server for this module's tests, as `ratchet run` holds one for a run."""
     from ratchet.data.procs import forkserver
-    from ratchet.tasks.stage import WORKER_LIBRARIES
+    from ratchet.tasks.runner.stage import WORKER_LIBRARIES
 
     with forkserver.for_run(True, tmp_path_factory.mktemp("fork") / "forkserver.log", WORKER_LIBRARIES) as server:
         yield server
@@ -580,7 +580,7 @@ def test_a_server_started_before_its_log_has_a_name_keeps_what_it_said_for_the_l
     import time
 
     from ratchet.data.procs import forkserver
-    from ratchet.tasks.stage import WORKER_LIBRARIES
+    from ratchet.tasks.runner.stage import WORKER_LIBRARIES
 
     with helpers.held(server=None), forkserver.for_run(True, None, WORKER_LIBRARIES) as server:  # a run's own
         got = forkserver.call(imported, "transformers", after=("torch", "transformers"))

@@ -14,7 +14,7 @@ from ratchet.tasks.evaluate import EvaluateConfig
 from ratchet.tasks.filters.rft import RFTFilter
 from ratchet.tasks.label import VerifierLabel
 from ratchet.tasks.sample import SampleConfig
-from ratchet.tasks.stage import body_code
+from ratchet.tasks.runner.stage import body_code
 
 pytestmark = pytest.mark.integration
 HF = SamplerConfig(backend="hf", dtype="float32")

@@ -16,7 +16,7 @@ from ratchet.models.sampler import Generation, SamplerConfig
 from ratchet.tasks.labels.turn_mcts import TurnMctsLabel, TurnMctsWork
 from ratchet.tasks.rollouts.environment import EnvironmentFailedError, EnvironmentRollout
 from ratchet.tasks.labels.turn_search import TurnTree, load_tree, search_turns
-from ratchet.tasks.units import run_units
+from ratchet.tasks.runner.units import run_units
 
 ROOT = Path(__file__).parents[2]
 GUESS = str(ROOT / "examples/environments/guess.py") + ":Guess"

@@ -14,7 +14,7 @@ from ratchet.data.errors import StageFailedError
 from ratchet.data.records import Prompt
 from ratchet.models.sampler import SamplerConfig, SamplingParams
 from ratchet.tasks.sample import SampleWork
-from ratchet.tasks.units import LocalExecutorConfig, UnitWork, run_units, unit_seed
+from ratchet.tasks.runner.units import LocalExecutorConfig, UnitWork, run_units, unit_seed
 
 PROMPTS = [Prompt(id=f"p{i}", prompt=f"What is {i} + {i}?", answer=str(2 * i)) for i in range(6)]
 
@@ -117,7 +117,8 @@ def test_each_local_holder_is_started_on_gpus_of_its_own(tmp_path, monkeypatch):
     """On a machine with GPUs every holder gets its own (this machine has none: the visible devices
     are given through CUDA_VISIBLE_DEVICES, as a scheduler gives them); on one without, none is set."""
     from ratchet.data.errors import ConfigError
-    from ratchet.data.procs.executors import holder_devices, visible_gpus
+    from ratchet.data.procs.executors import holder_devices
+    from ratchet.models.dtype import visible_gpus
 
     def started(engines, visible, **kw):
         seen = tmp_path / f"seen-{engines}-{visible}-{sorted(kw.items())}"

@@ -21,7 +21,7 @@ never read.
 A belief concerns the role it is written for (`ROLE: BELIEF`), or, in prose, the roles its
 sentence names; a sentence that names no role is not a belief. What the optimiser writes is
 untrusted text: a belief for the format's placeholder (`ROLE:`), one that is empty, longer than
-`max_chars`, one its role already holds, past `per_pair`, or aimed at a judge (tasks/guard.py) is
+`max_chars`, one its role already holds, past `per_pair`, or aimed at a judge (tasks/labels/guard.py) is
 refused; each refusal is kept with its reason and counted. Every computed result (an
 iteration's episodes, the optimiser's text, the reward scores) is appended to journal.jsonl as
 it is made, so a killed search continues where it stopped and, seeded, writes the same beliefs.
@@ -46,9 +46,9 @@ from ratchet.data.manifest import StageManifest
 from ratchet.data.records import Prompt
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplingParams
-from ratchet.tasks.prompt_search import (OPTIMISER, Journal, Optimised, OptimiserConfig, PolicyOptimiser,
+from ratchet.tasks.searches.prompt_agent import (OPTIMISER, Journal, Optimised, OptimiserConfig, PolicyOptimiser,
                                          open_writer, writer_fits)
-from ratchet.tasks.stage import StageRequest
+from ratchet.tasks.runner.stage import StageRequest
 from ratchet.tasks.text import PromptText, read_text, weights_of, write_pair
 
 CLIP = 120  # characters of one report or action shown to the optimiser
@@ -152,7 +152,7 @@ def beliefs_of(text: str, names: list[str], held: dict[str, str], max_chars: int
     A line `ROLE: BELIEF` concerns its role; in any other line, a sentence that names roles
     concerns each role it names, and one that names none is prose around the beliefs. At most
     `most` are kept; the rest are refused."""
-    from ratchet.tasks.guard import scan
+    from ratchet.tasks.labels.guard import scan
 
     by_name = {n.casefold(): n for n in names}
     named = re.compile(r"\b(" + "|".join(re.escape(n) for n in names) + r")\b", re.I)

@@ -104,8 +104,9 @@ class LocalExecutorConfig(Executor):
 
     def open(self, engine: str | None = None):
         from ratchet.data.procs.executors import LocalExecutor as InProcess, PoolExecutor
+        from ratchet.models.dtype import visible_gpus
 
-        return InProcess(self.threads_per_engine, engine) if self.engines == 1 else PoolExecutor(self)
+        return InProcess(self.threads_per_engine, engine) if self.engines == 1 else PoolExecutor(self, visible_gpus())
 
     def lends_warm_engine(self) -> bool:
         return self.warm_engine and self.engines == 1
@@ -176,6 +177,16 @@ class UnitWork(ABC, Generic[Item]):
 
     def close(self, engine: Any) -> None:
         engine.close()
+
+    def threads(self, n: int | None) -> int:
+        """Set the CPU threads this process's engine computes with (None: leave them); returns how
+        many it had. The executors (data/procs/) ask the work, so the engine room imports no torch."""
+        import torch
+
+        before = torch.get_num_threads()
+        if n is not None:
+            torch.set_num_threads(n)
+        return before
 
     @abstractmethod
     def run(self, engine: Any, items: list[Item], seed: int) -> tuple[list[BaseModel | dict], dict[str, float]]:

@@ -1,7 +1,7 @@
 """When the test suite's two workers end, under xdist's order of the groups and under ours.
 
     RATCHET_TEST_TIMELINE=/tmp/timeline.jsonl make test     # each test phase's worker, start and stop
-    python bench/suite_order.py /tmp/timeline.jsonl
+    python tests/suite_order.py /tmp/timeline.jsonl
 
 Replays pytest-xdist's LoadScope rule with the run's own per-test times: the groups of
 tests/conftest.py (`group_of`) are queued in an order, each worker starts with one, and a worker is

@@ -2,13 +2,13 @@
 the form its demonstrations write (`worked`), where an answer in that form first goes wrong
 (`first_miss`), and a label check that accepts only a right working (`working`):
 
-    label: {kind: verifier, check: {kind: python, function: "bench/worked.py:working"}}
+    label: {kind: verifier, check: {kind: python, function: "examples/addition/worked.py:working"}}
 
 The task's own check (data.check) reads the last number alone, so a working that slips and still
 ends on the right sum is right by it; `working` scores such an answer 0. As the label's check it
 decides what RFT keeps, while held-out accuracy still reads the last number.
 
-    python bench/worked.py 458 867        # the working of 458 + 867, as the demonstrations write it
+    python examples/addition/worked.py 458 867        # the working of 458 + 867, as the demonstrations write it
 """
 
 from __future__ import annotations

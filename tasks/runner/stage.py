@@ -43,7 +43,7 @@ from ratchet.data.procs import forkserver, spawn
 from ratchet.data.procs.entry import EntryError, entry, load_target, target_of
 from ratchet.data.procs.lifetime import die_with_parent
 from ratchet.data.store import ArtifactStore, stage_key
-from ratchet.tasks.units import ExecutorConfig
+from ratchet.tasks.runner.units import ExecutorConfig
 
 log = logging.getLogger("ratchet")
 # what a call that reads a model's config or tokenizer waits for (a fork-server call's `after`):
@@ -112,10 +112,10 @@ def resolved(config: BaseModel) -> BaseModel:
 
 
 def body_code(body: Body, config: BaseModel | None = None) -> str:
-    """The code version of a stage body: the definitions it can run (tasks/code_reach.py), from
+    """The code version of a stage body: the definitions it can run (tasks/runner/code_reach.py), from
     the body and the classes of its job's values (`config`: the kinds it holds), in its own
     process and in the children it starts, and the versions of the libraries they import."""
-    from ratchet.tasks.code_reach import digest, roots_of
+    from ratchet.tasks.runner.code_reach import digest, roots_of
 
     return digest(roots_of(body, config))
 
@@ -215,7 +215,7 @@ def changed_inputs(inputs: list[tuple[str, str, str]]) -> list[str]:
             if kind == "text":
                 return sha256_text(Path(what).read_text())
             if kind == "code":
-                from ratchet.tasks import code_reach
+                from ratchet.tasks.runner import code_reach
 
                 return code_reach.opened([tuple(r) for r in json.loads(what)])["digest"]
             return source_digest(what) if kind == "source" else sha256_file(Path(what))
@@ -292,7 +292,7 @@ def run_stage(
         return store.planner.stage(stage, round, body, config, keyed(config), code, parents)
     source, opened = None, None
     if code is None:  # worked out from the body; what it covers is kept in the store, once per digest
-        from ratchet.tasks import code_reach
+        from ratchet.tasks.runner import code_reach
 
         roots = code_reach.roots_of(body, config)
         opened = {**code_reach.opened(roots), "roots": roots}

@@ -1,9 +1,9 @@
 """The keys, tested by mutation: edit the code and files each stage kind can reach, one edit at a
 time, and see which stages' keys change.
 
-    python bench/key_mutations.py                 # a fixed sample (what CI runs, in a test)
-    python bench/key_mutations.py --full          # every definition any stage reaches
-    python bench/key_mutations.py --full --json out.json
+    python tests/key_mutations.py                 # a fixed sample (what CI runs, in a test)
+    python tests/key_mutations.py --full          # every definition any stage reaches
+    python tests/key_mutations.py --full --json out.json
 
 What it does:
 
@@ -204,13 +204,13 @@ sys.meta_path[:] = [f for f in sys.meta_path if "Editable" not in type(f).__name
 sys.path[:] = [p for p in sys.path if "__editable__" not in p]
 sys.path_importer_cache.clear()
 sys.path.insert(0, sys.argv[1])
-import ratchet.tasks.stage as stage
+import ratchet.tasks.runner.stage as stage
 assert stage.__file__.startswith(sys.argv[1]), stage.__file__
 from ratchet.data.store import stage_key
 from ratchet.flows import plan as plans
 from ratchet.flows.config import load_config
-from ratchet.tasks import code_reach
-from ratchet.tasks.plan import Planner
+from ratchet.tasks.runner import code_reach
+from ratchet.tasks.runner.plan import Planner
 
 noted = []
 real = Planner.stage
@@ -403,7 +403,7 @@ def behaviour_edit(pkg: Path, definition: str, turn: int) -> Edit | None:
                 return done
         return None
 
-    from ratchet.tasks.code_reach import _is_union  # a kind union, as the reach reads one
+    from ratchet.tasks.runner.code_reach import _is_union  # a kind union, as the reach reads one
 
     node = _definition(ast.parse(path.read_text()), name)
     union = isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _is_union(node.value)

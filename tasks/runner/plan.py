@@ -92,7 +92,7 @@ class Planner:
         self.steps.append(Step(stage, round, state, why))
 
     def code(self, body, config: BaseModel) -> dict:
-        from ratchet.tasks import code_reach
+        from ratchet.tasks.runner import code_reach
 
         roots = tuple(code_reach.roots_of(body, config))
         if roots not in self._opened:
