@@ -49,7 +49,7 @@ def main() -> None:
     from ratchet.data.checkers import NumberCheck, check, worked
     from ratchet.data.prompts import chain_values, load_split
     from ratchet.flows.config import load_config
-    from ratchet.flows.inputs import resolve_model
+    from ratchet.models.locate import find_model
     from ratchet.models.sampler import SamplingParams, open_sampler
     from ratchet.tasks.labels.mcts import reference_values
     from ratchet.tasks.labels.tree_search import Tree, wave
@@ -67,7 +67,7 @@ def main() -> None:
     if any([p.prompt for p in ps] != [p.prompt for p in prompts] for ps in asked.values()):
         raise SystemExit("--variant: every variant must ask the same prompts (vary label.* or data.check only)")
     t0 = time.time()
-    sampler = open_sampler(resolve_model(cfg.model.path), cfg.sampler, seed=cfg.seed)
+    sampler = open_sampler(find_model(cfg.model.path), cfg.sampler, seed=cfg.seed)
     mc = cfg.label
     print(f"model loaded in {time.time() - t0:.1f}s ({cfg.sampler.backend}); {len(prompts)} prompts; MCTS "
           f"{mc.selection} c={mc.c_explore} simulations={mc.simulations} k={mc.k} max_depth={mc.max_depth} "

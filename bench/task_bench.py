@@ -49,7 +49,7 @@ def main() -> None:
     from ratchet.data.errors import ConfigError
     from ratchet.data.prompts import load_split
     from ratchet.flows.config import load_config
-    from ratchet.flows.inputs import resolve_model
+    from ratchet.models.locate import find_model
     from ratchet.models.sampler import SamplingParams, open_sampler, resolve_dtype
 
     axes = [[f"{k}={v}" for v in vals.split(",")] for k, _, vals in (x.partition("=") for x in a.vary)]
@@ -58,7 +58,7 @@ def main() -> None:
     variants = variants or [[]]
     base = load_config(a.config, a.overrides)
     t0 = time.time()
-    sampler = open_sampler(resolve_model(base.model.path), base.sampler, seed=base.seed)
+    sampler = open_sampler(find_model(base.model.path), base.sampler, seed=base.seed)
     print(f"{base.model.path} on {base.sampler.backend} ({resolve_dtype(base.sampler.dtype)}), loaded in "
           f"{time.time() - t0:.0f}s; {a.prompts} train prompts x {a.n} samples at T={base.sample.temperature}, "
           f"max_tokens={base.sample.max_tokens}", flush=True)

@@ -11,9 +11,9 @@ import datetime as _dt
 import os
 import re
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ratchet.data.digest import sha256_json
 from ratchet.data.errors import ArtifactError
@@ -41,6 +41,19 @@ def _output_name(name: str) -> str:
 
 StageDir = Annotated[str, AfterValidator(_stage_dir)]
 OutputName = Annotated[str, AfterValidator(_output_name)]
+# What a stage's outputs are (its declaration says: tasks/runner/declare.py): weights (`model`), a
+# prompt's text over weights (`text`, a pair), rows (`data`: prompts, samples, labels, a training
+# set) or a held-out figure (`eval`). Readers ask this, never a stage's name.
+Role = Literal["model", "text", "data", "eval"]
+# Manifests written before stages declared a role name it by their stage alone: read so, once, here.
+_ROLE_BEFORE = {"base": "model", "train": "model", "label-model": "model", "optimiser-model": "model",
+                "template": "text", "search": "text", "evaluate": "eval"}
+
+
+def _role_before(data: Any) -> Any:
+    if isinstance(data, dict) and "role" not in data and isinstance(data.get("stage"), str):
+        data = {**data, "role": _ROLE_BEFORE.get(data["stage"].partition(".")[0], "data")}
+    return data
 
 
 class FileRef(BaseModel):
@@ -55,9 +68,15 @@ class ParentRef(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     stage: str
+    role: Role = Field(description="what its outputs are: model, text, data or eval")
     key: str
     dir: StageDir = Field(description="stage directory relative to the store root")
     content: str = Field(description="digest over the parent's output digests")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _before_roles(cls, data: Any) -> Any:
+        return _role_before(data)
 
 
 class StageManifest(BaseModel):
@@ -65,6 +84,8 @@ class StageManifest(BaseModel):
     # the default (null) could not be read back, so the stage failed after its work was done
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="strings")
     stage: str = Field(description="stage name: base, sample, label, filter, train, evaluate")
+    role: Role = Field(description="what its outputs are: model (weights), text (a prompt's text over weights), "
+                       "data (rows) or eval (a held-out figure)")
     round: int = Field(ge=0)
     key: str = Field(description="cache key: stage + code version + config + parent contents")
     dir: StageDir = Field(description="stage directory relative to the store root")
@@ -81,13 +102,18 @@ class StageManifest(BaseModel):
     created_at: str = ""
     wall_s: float = 0.0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _before_roles(cls, data: Any) -> Any:
+        return _role_before(data)
+
     @property
     def content(self) -> str:
         """Digest over output digests: what a child stage keys on."""
         return sha256_json({k: v.sha256 for k, v in self.outputs.items()})
 
     def as_parent(self) -> ParentRef:
-        return ParentRef(stage=self.stage, key=self.key, dir=self.dir, content=self.content)
+        return ParentRef(stage=self.stage, role=self.role, key=self.key, dir=self.dir, content=self.content)
 
 
 def now_iso() -> str:

@@ -21,7 +21,7 @@ from typing import Any
 from ratchet.data import failpoints
 from ratchet.data.digest import fsync_dir, sha256_file, sha256_json
 from ratchet.data.errors import ArtifactError, TamperedArtifactError
-from ratchet.data.manifest import MANIFEST, FileRef, StageManifest, now_iso, read_manifest, write_manifest
+from ratchet.data.manifest import MANIFEST, FileRef, Role, StageManifest, now_iso, read_manifest, write_manifest
 
 
 def stage_key(stage: str, code_version: str, config: dict[str, Any], parents: list[StageManifest]) -> str:
@@ -244,6 +244,7 @@ class ArtifactStore:
         round: int,
         key: str,
         code_version: str,
+        role: Role | None = None,
         config: dict[str, Any],
         parents: list[StageManifest],
         outputs: dict[str, int | None],
@@ -273,6 +274,7 @@ class ArtifactStore:
             fsync_dir(folder)
         m = StageManifest(
             stage=stage,
+            **({"role": role} if role is not None else {}),  # unsaid: read as a manifest written before roles
             round=round,
             key=key,
             dir=d.relative_to(self.root).as_posix(),

@@ -26,7 +26,7 @@ from ratchet.models.sampler import SamplerConfig
 from ratchet.tasks.agreement import AgreementConfig
 from ratchet.tasks.cold_start import ColdStartConfig
 from ratchet.tasks.curriculum import CurriculumConfig
-from ratchet.tasks.evaluate import EvalSet, EvaluateConfig
+from ratchet.tasks.evaluate import EvalSet, EvaluateConfig, level_set
 from ratchet.tasks import label as label_kinds
 from ratchet.tasks.filter import FilterConfig
 from ratchet.tasks.filters import ROWS
@@ -167,14 +167,9 @@ class PipelineConfig(BaseModel):
         """Every held-out set with its stage name: evaluate.sets (`evaluate`, `evaluate.<name>`),
         then, for a task with levels (data.levels), one set per level: `level_<N>`, that level's
         held-out prompts, in stage `evaluate.level_<N>`."""
-        levels = [(EvalSet(name=f"level_{n}", data=self.data.at_level(n)), level_stage(n))
+        levels = [(EvalSet(name=level_set(n), data=self.data.at_level(n)), f"evaluate.{level_set(n)}")
                   for n in self.data.level_list()]
         return self.evaluate.stages() + levels
-
-
-def level_stage(n: int) -> str:
-    """The stage that evaluates level `n`'s held-out prompts (data.levels)."""
-    return f"evaluate.level_{n}"
 
 
 def _curriculum_checks(cfg: PipelineConfig) -> list[str]:

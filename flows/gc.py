@@ -42,7 +42,6 @@ def drop_models(workdir: Path, tracker, dry_run: bool = False) -> list[Leftover]
     from ratchet.data.store import ArtifactStore
     from ratchet.models.trainer import WEIGHTS
     from ratchet.data.errors import ArtifactError
-    from ratchet.tasks.runner.stage import MODEL_STAGES, TEXT_STAGES
     from ratchet.tasks.text import weights_of
 
     store = ArtifactStore(workdir)
@@ -50,7 +49,7 @@ def drop_models(workdir: Path, tracker, dry_run: bool = False) -> list[Leftover]
     def weights_at(rel: str | None):
         """The manifest of the weights a stage directory holds (a pair's: its weights'), if any."""
         m = read_manifest(store.root / rel) if rel else None
-        if m is not None and m.stage in TEXT_STAGES:
+        if m is not None and m.role == "text":
             with contextlib.suppress(ArtifactError):
                 return weights_of(store, m)
             return None
@@ -74,7 +73,7 @@ def drop_models(workdir: Path, tracker, dry_run: bool = False) -> list[Leftover]
             continue
         keep.setdefault(m.dir, f"version {version}: {why}")
         for p in m.parents:
-            if p.stage in MODEL_STAGES or p.stage in TEXT_STAGES:
+            if p.role in ("model", "text"):
                 if (w := weights_at(p.dir)) is not None:
                     keep.setdefault(w.dir, f"the model version {version} was trained from (its adapter loads "
                                     "against it)")
@@ -82,7 +81,7 @@ def drop_models(workdir: Path, tracker, dry_run: bool = False) -> list[Leftover]
     for mv in sorted(versions, key=lambda v: int(v.version)):
         m = weights_at(mv.tags.get("ratchet.stage_dir"))
         rel = m.dir if m is not None else None
-        if m is None or m.stage != "train" or not (store.dir_of(m) / "adapter").is_dir():
+        if m is None or not (store.dir_of(m) / "adapter").is_dir():  # only a LoRA training's weights are made again
             continue
         weights = [k for k in m.outputs if k.startswith("model/") and
                    any(fnmatch.fnmatch(k.removeprefix("model/"), w) for w in WEIGHTS)]

@@ -21,6 +21,8 @@ from ratchet.data.errors import ConfigError, ProblemReport
 from ratchet.data.prompts import Split, check_draw, prompt_key, load_split
 from ratchet.flows.config import PipelineConfig
 from ratchet.models import prompt_format
+from ratchet.models.locate import find_model
+from ratchet.tasks.prepare import DEMOS, SETS, sources_of  # noqa: F401 - a run's sources, read by its stages
 from ratchet.tasks.labels import Budget
 from ratchet.data.procs.entry import entry
 
@@ -141,7 +143,7 @@ def check_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model
     run's fork server, which imports them for the stages anyway. Raises ConfigError."""
     if problems := device_problems(cfg):
         raise ConfigError(problems, source="executor and train")
-    policy = model_dir if model_dir is not None else resolve_model(cfg.model.path)
+    policy = model_dir if model_dir is not None else find_model(cfg.model.path)
     field = f"model.path={cfg.model.path!r}"
     if problems := model_problems(policy, field) or lora_problems(cfg, policy) or engine_problems(cfg, policy, field):
         raise ConfigError(problems, source="model")
@@ -154,7 +156,7 @@ def check_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model
         raise ConfigError(problems, source="model")
     # the model that reads each budget's prompts tokenizes them: a label's fixed model its own way
     fixed = cfg.label.fixed_model()
-    readers = {"policy": tok, "label": label_tokenizer(cfg, resolve_model(fixed)) if fixed else tok}
+    readers = {"policy": tok, "label": label_tokenizer(cfg, find_model(fixed)) if fixed else tok}
     report = ProblemReport()
     # a generated prompt (a task's, an episode's seed) is not the user's to edit
     rows = "shorten or drop these rows, or " if cfg.data.users_rows else ""
@@ -278,7 +280,7 @@ def devices_line(cfg: PipelineConfig) -> str:
 
 def with_sets(split: Split, sets: dict[str, Split]) -> Split:
     """The task's split with every held-out set's file digests added to its own (a run's `sources`)."""
-    digests = {f"{_SETS}{name}.{field}": d for name, s in sets.items() for field, d in s.digests.items()}
+    digests = {f"{SETS}{name}.{field}": d for name, s in sets.items() for field, d in s.digests.items()}
     return Split(split.train, split.eval, {**split.digests, **digests}, split.places)
 
 
@@ -325,17 +327,6 @@ def columns(prompts) -> list[str]:
     return sorted({k for p in prompts for k in p.fields})
 
 
-def sources_of(sources: dict[str, str], name: str | None = None) -> dict[str, str]:
-    """The file digests of the task's data (name None) or of one held-out set, out of a run's
-    `sources` (check_inputs's digests)."""
-    if name is None:
-        return {k: v for k, v in sources.items() if not k.startswith(_SETS) and k != DEMOS}
-    head = f"{_SETS}{name}."
-    return {k[len(head):]: v for k, v in sources.items() if k.startswith(head)}
-
-
-_SETS = "evaluate."  # a held-out set's file digests in a run's sources: evaluate.<set name>.<config field>
-DEMOS = "cold_start.demonstrations"  # the demonstrations file's digest in a run's sources
 
 
 def check_label_model(cfg: PipelineConfig) -> None:
@@ -344,7 +335,7 @@ def check_label_model(cfg: PipelineConfig) -> None:
     src = cfg.label.fixed_model()
     if src is None:
         return
-    path = resolve_model(src)
+    path = find_model(src)
     if not (path / "config.json").is_file():
         raise ConfigError([f"label.model={src!r}: {path} has no config.json; give a Hugging Face model directory"])
     if (wrong := cfg.label.check_model(path)) is not None:
@@ -360,10 +351,10 @@ def check_optimiser_model(cfg: PipelineConfig) -> None:
     if src is None:
         return
     field = f"prompt.search.optimiser.path={src!r}"
-    problems = model_problems(resolve_model(src, "prompt.search.optimiser.path"), field)
+    problems = model_problems(find_model(src, "prompt.search.optimiser.path"), field)
     if not problems and cfg.prompt.search.optimiser.backend == "vllm":
         problems = engine_problems(cfg.model_copy(update={"sampler": cfg.sampler.model_copy(
-            update={"backend": "vllm"})}), resolve_model(src), field)
+            update={"backend": "vllm"})}), find_model(src), field)
     if problems:
         raise ConfigError(problems, source="prompt.search.optimiser")
 
@@ -559,33 +550,6 @@ def label_tokenizer(cfg: PipelineConfig, path: Path):
 def policy_tokenizer(cfg: PipelineConfig):
     """The configured model's tokenizer, reading prompts in the run's prompt format, and that format
     ('chat' or 'plain')."""
-    tok = _tokenizer(resolve_model(cfg.model.path), f"model.path={cfg.model.path!r}")
+    tok = _tokenizer(find_model(cfg.model.path), f"model.path={cfg.model.path!r}")
     used = prompt_format.resolve(tok, cfg.model.prompt_format)
     return prompt_format.use(tok, cfg.model.prompt_format, cfg.model.plain_layout), used
-
-
-def resolve_model(src: str, field: str = "model.path") -> Path:
-    """The model directory a config names (at `field`): the embedded default, a local directory, or a hub id."""
-    if src == "default":
-        from ratchet.models.default_model import default_model_dir
-
-        return default_model_dir()
-    p = Path(src).expanduser()
-    if p.is_dir():
-        return p
-    from huggingface_hub import snapshot_download
-
-    repo, revision = hub_id(src)
-    try:
-        return Path(snapshot_download(repo, revision=revision))
-    except Exception as e:  # offline, unknown repo, auth: all mean the same thing to the user
-        raise ConfigError([f"{field}={src!r} is not a local directory and could not be fetched from a hub "
-                           f"({type(e).__name__}); give a local Hugging Face model directory, or 'default' (a gated "
-                           "model needs HF_TOKEN in the environment)"]) from e
-
-
-def hub_id(src: str) -> tuple[str, str | None]:
-    """A hub model as a config names it: 'org/name', or 'org/name@REVISION' pinned to a commit (or a
-    tag or branch), so a later run reads the same weights."""
-    repo, sep, revision = src.partition("@")
-    return repo, (revision or None) if sep else None

@@ -33,6 +33,8 @@ class Link(BaseModel):
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")  # as the manifest writes metrics
     stage: str = Field(description="the stage's name: prompts, base, sample, label, filter, train, evaluate, ...")
+    role: str = Field(default="data", description="what its outputs are: model (weights), text (a prompt's text over "
+                      "weights), data (rows) or eval (a held-out figure)")
     round: int = Field(description="the round it belongs to (0: the prompts, the base model); -1 for a parent whose "
                        "manifest is missing")
     key: str = Field(description="its cache key (sha256): stage, code version, config and parents' contents")
@@ -126,7 +128,7 @@ def ledger_of(store: ArtifactStore, m: StageManifest) -> tuple[list[dict[str, An
 
 
 def _link(m: StageManifest, problem: str | None, dropped: list[str] = (), ledger: list[dict] = ()) -> Link:
-    return Link(stage=m.stage, round=m.round, key=m.key, dir=m.dir, code_version=m.code_version,
+    return Link(stage=m.stage, role=m.role, round=m.round, key=m.key, dir=m.dir, code_version=m.code_version,
                 config_hash=sha256_json(m.config)[:16], outputs={k: v.sha256 for k, v in m.outputs.items()},
                 parents=[p.key for p in m.parents], verified=problem is None, problem=problem, metrics=m.metrics,
                 summary=(m.info or {}).get("summary") or _text_summary(m), reads=reads(m.config),
@@ -160,11 +162,11 @@ def walk(store: ArtifactStore, start: StageManifest) -> list[Link]:
         ledger, wrong = ledger_of(store, m) if problem is None else ([], None)
         links.append(_link(m, problem or wrong, [x for x in store.dropped(m).get("outputs", [])
                                                  if not (store.dir_of(m) / x).is_file()], ledger))
-        model_last = sorted(m.parents, key=lambda p: p.stage in ("base", "train"))
+        model_last = sorted(m.parents, key=lambda p: p.role == "model")
         for p in reversed(model_last):  # the stack pops the last pushed first
             parent = read_manifest(store.root / p.dir)
             if parent is None:
-                links.append(Link(stage=p.stage, round=-1, key=p.key, dir=p.dir, code_version="?",
+                links.append(Link(stage=p.stage, role=p.role, round=-1, key=p.key, dir=p.dir, code_version="?",
                                   config_hash="?", outputs={}, parents=[], verified=False,
                                   problem=f"{store.root / p.dir}: manifest missing"))
                 seen.add(p.key)
@@ -178,7 +180,7 @@ def annotate(links: list[Link], tracker) -> None:
     check what the registry recorded for each version against the store: a version whose
     recorded stage key or file digest differs from the stage on disk is a problem."""
     for link in links:
-        if link.stage not in ("base", "train"):
+        if link.role != "model":
             continue
         v = tracker.version_of(link.key)
         if v is None:
@@ -334,15 +336,13 @@ def as_json(links: list[Link]) -> list[dict[str, Any]]:
 
 def _text_summary(m: StageManifest) -> str | None:
     """A pair's text (tasks/text.py), where it is one: what its stage chose or carried, and from what."""
-    from ratchet.tasks.runner.stage import TEXT_STAGES
-
-    if m.stage not in TEXT_STAGES or "template" not in (m.info or {}):
+    if m.role != "text" or "template" not in (m.info or {}):
         return None
     t = m.info["template"]
     shown = json.dumps(t if len(t) <= 120 else t[:117] + "...")
     if beliefs := m.info.get("beliefs"):
         shown = "beliefs of " + ", ".join(f"{role} ({len(b.splitlines())})" for role, b in sorted(beliefs.items()))
-    if m.stage == "search":
+    if "optimiser" in m.info:  # a search chose it
         return (f"prompt {shown}, chosen by {m.info.get('optimiser', '?')}'s revisions: node "
                 f"{m.info.get('chosen', '?')} of {int(m.metrics.get('nodes', 0))}, reward prompts "
                 f"{m.metrics.get('chosen_reward', 0):.1%} against the base's {m.metrics.get('base_reward', 0):.1%}")
@@ -351,7 +351,7 @@ def _text_summary(m: StageManifest) -> str | None:
 
 
 def _served(store: ArtifactStore, w: StageManifest) -> str:
-    from ratchet.tasks.prepare import SERVED
+    from ratchet.tasks.prepare import SERVED_FILE as SERVED
 
     at = json.loads(store.path(w, SERVED).read_text())
     return f"{at['model']!r} at {at['base_url']}"
@@ -375,7 +375,7 @@ def export(store: ArtifactStore, tracker, version: str, out: Path) -> Path:
     store.verify(w)
     links = walk(store, m)
     annotate(links, tracker)
-    from ratchet.tasks.prepare import SERVED
+    from ratchet.tasks.prepare import SERVED_FILE as SERVED
 
     served = SERVED in w.outputs  # a served policy: its text and where it is served, not weights
     files = sorted(k for k in w.outputs if k.startswith("model/") or k == SERVED)

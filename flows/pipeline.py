@@ -10,9 +10,9 @@ A run that continues from a registered model version numbers its rounds on from 
 model's round (rounds count generations); `continue_improve` is the flow a scheduled
 deployment runs (flows/schedule.py).
 
-Prefect shows one subflow per round and one task per stage (flows/stages.py). Stages
-exchange manifests only; heavy stages run in worker processes. Run identity and records
-are in flows/runs.py.
+Prefect shows one subflow per round and one task per stage (each stage's own, made from its
+declaration: tasks/runner/declare.py). Stages exchange manifests only; heavy stages run in
+worker processes. Run identity and records are in flows/runs.py.
 """
 
 from __future__ import annotations
@@ -27,16 +27,15 @@ from ratchet.data.manifest import StageManifest
 from ratchet.flows.config import PipelineConfig
 from ratchet.flows.inputs import run_preload
 from ratchet.flows.runs import RunContext, set_state, start
-from ratchet.flows.shape import EvalTarget, carries_text, round_shape, run_shape
-from ratchet.flows.stages import (RoundResult, Session, agreement_task, base_task, bind_task, cold_start_task,
-                                  curriculum_task, demonstrations_task, drop_task, eval_targets_task, evaluate_task,
-                                  filter_task, label_model_task, label_task, optimiser_model_task, lineage_task,
-                                  online_train_task, prompts_task, register_task, report_task, retire_task, sample_task,
-                                  search_task, slice_task, start_model_task, train_task, unwrap)
+from ratchet.flows.shape import cold_start_shape, round_shape, run_shape
+from ratchet.flows.stages import (RoundResult, Session, agreement_task, drop_task, lineage_task, register_task,
+                                  report_task, start_model_task, unwrap)
 from ratchet.flows.tracking import Tracker, verdict
 from ratchet.models import warm
 from ratchet.data.procs import forkserver
-from ratchet.tasks.evaluate import EvaluateConfig
+from ratchet.tasks import evaluate
+from ratchet.tasks.evaluate import EvalTarget, EvaluateConfig
+from ratchet.tasks.runner.declare import Stage
 
 
 def trains_from(results: list[RoundResult], rule: EvaluateConfig) -> RoundResult:
@@ -55,10 +54,9 @@ def trains_from(results: list[RoundResult], rule: EvaluateConfig) -> RoundResult
     return best
 
 
-def evaluate_all(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, targets: list[EvalTarget],
-                 child: str) -> list[StageManifest]:
+def evaluate_all(steps: FlowSteps, k: int, policy: StageManifest, targets: list[EvalTarget]) -> list[StageManifest]:
     """The policy on every held-out set (evaluate.sets), in order."""
-    return [unwrap(evaluate_task(cfg, ctx, k, policy, t, child)) for t in targets]
+    return [steps.run(evaluate.STAGE, k, policy, t) for t in targets]
 
 
 def set_aside(k: int, start: RoundResult, last: RoundResult) -> None:
@@ -68,72 +66,31 @@ def set_aside(k: int, start: RoundResult, last: RoundResult) -> None:
                 f"{last.round}'s version {last.version} did not beat it (evaluate.next_round_from=best)"}))
 
 
-class FlowRound:
-    """A round's stages as the flow runs them (flows/shape.py `round_shape`): each a Prefect task,
-    tracked on the round's MLflow run `child`."""
+class FlowSteps:
+    """The run's steps as the flow runs them (flows/shape.py `run_shape`, and `round_shape` for a
+    round): each stage as its Prefect task, tracked on the round's MLflow run `child` (None: the
+    run's parent), and one subflow per round."""
 
-    def __init__(self, cfg: PipelineConfig, ctx: RunContext, child: str):
+    def __init__(self, cfg: PipelineConfig, ctx: RunContext, child: str | None = None,
+                 session: Session | None = None):
         self.cfg, self.ctx, self.child = cfg, ctx, child
+        self.session = session or Session(cfg, ctx)
+        self.started = bool(ctx.start_version)
 
-    def slice(self, k, first, prompts):
-        return unwrap(slice_task(self.cfg, self.ctx, k, first, prompts, self.child))
-
-    def online_train(self, k, policy, prompts, label_model):
-        return unwrap(online_train_task(self.cfg, self.ctx, k, policy, prompts, self.child, label_model))
-
-    def sample(self, k, policy, prompts):
-        return unwrap(sample_task(self.cfg, self.ctx, k, policy, prompts, self.child))
-
-    def label(self, k, source, policy, label_model):
-        return unwrap(label_task(self.cfg, self.ctx, k, source, policy, self.child, label_model))
-
-    def filter(self, k, labels):
-        return unwrap(filter_task(self.cfg, self.ctx, k, labels, self.child))
+    def run(self, stage: Stage, k: int, *inputs):
+        return unwrap(stage.task(self.session, k, inputs, self.child))
 
     def agreement(self, k, labels, train_set):
         return agreement_task(self.cfg, self.ctx, k, labels, train_set, self.child)  # may stop the round
 
-    def train(self, k, policy, train_set):
-        return unwrap(train_task(self.cfg, self.ctx, k, policy, train_set, self.child))
+    def start(self):
+        return unwrap(start_model_task(self.cfg, self.ctx))
 
-    def search(self, k, policy, prompts, optimiser):
-        return unwrap(search_task(self.cfg, self.ctx, k, policy, prompts, self.child, optimiser))
-
-    def bind(self, k, weights, carried):
-        return unwrap(bind_task(self.cfg, self.ctx, k, weights, carried, self.child))
-
-
-class FlowRun:
-    """The run's steps as the flow runs them (flows/shape.py `run_shape`): Prefect tasks on the
-    run's MLflow parent, and one subflow per round."""
-
-    def __init__(self, cfg: PipelineConfig, ctx: RunContext):
-        self.cfg, self.ctx = cfg, ctx
-        self.started = bool(ctx.start_version)
-
-    def prompts(self):
-        return unwrap(prompts_task(self.cfg, self.ctx))
-
-    def base(self):
-        return unwrap(start_model_task(self.cfg, self.ctx) if self.started else base_task(self.cfg, self.ctx))
-
-    def bind(self, k, weights, carried):
-        return unwrap(bind_task(self.cfg, self.ctx, k, weights, carried, self.ctx.parent_run_id))
-
-    def label_model(self):
-        return unwrap(label_model_task(self.cfg, self.ctx))
-
-    def optimiser_model(self):
-        return unwrap(optimiser_model_task(self.cfg, self.ctx))
-
-    def targets(self, prompts):
-        return eval_targets_task(self.cfg, self.ctx, prompts)
+    def known(self, m) -> bool:
+        return True  # the flow has every stage's output before the next begins
 
     def round_zero(self, base, targets, k):
         return round_zero(self.cfg, self.ctx, base, targets, k)
-
-    def demonstrations(self):
-        return unwrap(demonstrations_task(self.cfg, self.ctx))
 
     def cold_start_round(self, k, base, demos, targets, before):
         return cold_start_round(self.cfg, self.ctx, k, base, demos, targets, before.version)
@@ -143,12 +100,6 @@ class FlowRun:
         if start is not results[-1]:
             set_aside(k, start, results[-1])
         return start
-
-    def retire(self, k, pool, scored):
-        return unwrap(retire_task(self.cfg, self.ctx, k, pool, scored))
-
-    def curriculum(self, k, prompts, before, last):
-        return unwrap(curriculum_task(self.cfg, self.ctx, k, prompts, before, last))
 
     def ends(self, k, curriculum):
         from ratchet.tasks.curriculum import CurriculumJob
@@ -164,6 +115,12 @@ class FlowRun:
         raise AssertionError("the flow knows every round's result before the next begins")
 
 
+def _round_steps(cfg: PipelineConfig, ctx: RunContext, k: int, tags: dict[str, str]) -> FlowSteps:
+    """Steps on round k's own MLflow run (made here: the round's child of the run's parent)."""
+    ses = Session(cfg, ctx)
+    return FlowSteps(cfg, ctx, ses.tracker.child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name, **tags}), ses)
+
+
 # flows ----------------------------------------------------------------------
 
 @flow(name="round", flow_run_name="round-{k}", validate_parameters=False)
@@ -173,20 +130,32 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
                optimiser_model: StageManifest | None = None) -> RoundResult:
     """Round k (this run's first round is first + 1): its stages as flows/shape.py shapes them,
     then its evaluations and registration; `targets`: the held-out sets; `label_model`: the
-    label's fixed model, if any; `optimiser_model`: the search's optimiser model, if any."""
-    child = Session(cfg, ctx).tracker.child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
+    label's fixed model, if any; `optimiser_model`: the search's optimiser model, if any;
+    `prompts`: its pool, or what its curriculum chose before it."""
+    steps = _round_steps(cfg, ctx, k, {})
     try:
-        made = round_shape(cfg, FlowRound(cfg, ctx, child), k, policy, prompts, first, label_model, optimiser_model)
-        evaluations = evaluate_all(cfg, ctx, k, made.candidate, targets, child)
-        taught = [prompts] if prompts.stage == "curriculum" else []  # the round's prompts and level, chosen before it
-        result = register_task(cfg, ctx, k, made.candidate, evaluations, targets, parent_version, child,
-                               [*taught, *made.done, *evaluations], made.note)
-        if cfg.drop_models:
-            drop_task(cfg, ctx, k)
-        return result.model_copy(update={"scored": made.scored, "evaluations": evaluations})
+        made = round_shape(cfg, steps, k, policy, prompts, first, label_model, optimiser_model)
+        taught = [prompts] if cfg.curriculum is not None else []  # the round's prompts and level, chosen before it
+        return _registered(steps, k, made.candidate, targets, parent_version, [*taught, *made.done], made.note,
+                           scored=made.scored)
     except BaseException:
-        Session(cfg, ctx).tracker.end(child, "FAILED")
+        steps.session.tracker.end(steps.child, "FAILED")
         raise
+
+
+def _registered(steps: FlowSteps, k: int, candidate: StageManifest, targets: list[EvalTarget],
+                parent_version: str | None, made: list[StageManifest], note: str = "", trained: bool = True,
+                **result) -> RoundResult:
+    """Round k's candidate evaluated on every held-out set, registered and put to the champion gate
+    (its stages: `made`, the evaluations after them), and, where it `trained` a model, the merged
+    weights the run drops (drop_models) dropped."""
+    cfg, ctx = steps.cfg, steps.ctx
+    evaluations = evaluate_all(steps, k, candidate, targets)
+    r = register_task(cfg, ctx, k, candidate, evaluations, targets, parent_version, steps.child,
+                      [*made, *evaluations], note)
+    if cfg.drop_models and trained:
+        drop_task(cfg, ctx, k)
+    return r.model_copy(update={"evaluations": {t.name: m for t, m in zip(targets, evaluations)}, **result})
 
 
 @flow(name="round", flow_run_name="round-{k}", validate_parameters=False)
@@ -194,13 +163,11 @@ def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, target
                k: int = 0) -> RoundResult:
     """The starting model's held-out accuracy: the bar the next round must clear. k is the
     starting model's generation: 0 for the base model, the round that trained it otherwise."""
-    child = Session(cfg, ctx).tracker.child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name})
+    steps = _round_steps(cfg, ctx, k, {})
     try:
-        evaluations = evaluate_all(cfg, ctx, k, base, targets, child)
-        result = register_task(cfg, ctx, k, base, evaluations, targets, None, child, evaluations)
-        return result.model_copy(update={"evaluations": evaluations})
+        return _registered(steps, k, base, targets, None, [], trained=False)
     except BaseException:
-        Session(cfg, ctx).tracker.end(child, "FAILED")
+        steps.session.tracker.end(steps.child, "FAILED")
         raise
 
 
@@ -209,26 +176,19 @@ def cold_start_round(cfg: PipelineConfig, ctx: RunContext, k: int, base: StageMa
                      targets: list[EvalTarget], parent_version: str) -> RoundResult:
     """Generation k (the run's first): the base model fine-tuned on the demonstrations
     (cold_start), evaluated and registered as a round's model is."""
-    child = Session(cfg, ctx).tracker.child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name,
-                                                                   "ratchet.cold_start": "true"})
+    steps = _round_steps(cfg, ctx, k, {"ratchet.cold_start": "true"})
     try:
-        trained = unwrap(cold_start_task(cfg, ctx, k, base, demos, child))
-        candidate = unwrap(bind_task(cfg, ctx, k, trained, base, child)) if carries_text(base) else trained
-        evaluations = evaluate_all(cfg, ctx, k, candidate, targets, child)
-        result = register_task(cfg, ctx, k, candidate, evaluations, targets, parent_version, child,
-                               [demos, trained, *([candidate] if candidate is not trained else []), *evaluations])
-        if cfg.drop_models:
-            drop_task(cfg, ctx, k)
-        return result.model_copy(update={"evaluations": evaluations})
+        made = cold_start_shape(cfg, steps, k, base, demos)
+        return _registered(steps, k, made.candidate, targets, parent_version, [demos, *made.done])
     except BaseException:
-        Session(cfg, ctx).tracker.end(child, "FAILED")
+        steps.session.tracker.end(steps.child, "FAILED")
         raise
 
 
 @flow(name="self_improve", flow_run_name="{cfg.name}", validate_parameters=False)
 def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
     """The run as flows/shape.py shapes it, then its lineage and report."""
-    results = run_shape(cfg, FlowRun(cfg, ctx))
+    results = run_shape(cfg, FlowSteps(cfg, ctx))
     lineage_task(cfg, ctx, results[-1])
     report_task(cfg, ctx)
     return results

@@ -37,10 +37,15 @@ from ratchet.flows.runs import RunSummary, list_runs
 from ratchet.flows.tracking import Tracker
 from ratchet.data.procs.entry import entry
 from ratchet.models.trainer import read_steps
+from ratchet.tasks import registry
 
-STAGES = ("search", "sample", "label", "filter", "train", "evaluate")
-COLORS = {"search": "#8172B3", "sample": "#4C72B0", "label": "#DD8452", "filter": "#937860", "train": "#C44E52",
-          "evaluate": "#55A868"}
+PALETTE = ("#CCB974", "#8172B3", "#4C72B0", "#DD8452", "#937860", "#C44E52", "#DA8BC3", "#55A868", "#8C8C8C", "#64B5CD")
+
+
+def round_stages() -> dict[str, str]:
+    """The stages a round's MLflow run holds the wall time of (tasks/registry.py), in the order a round
+    runs them, each with its colour."""
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(registry.names(on="round"))}
 
 
 @dataclass
@@ -74,12 +79,12 @@ class Round:
 
     def wall_s(self) -> dict[str, float]:
         """Wall time by kind of stage (every held-out set's evaluation counts as evaluate)."""
-        out: dict[str, float] = {}
+        out: dict[str, float] = dict.fromkeys(round_stages(), 0.0)
         for k, v in self.metrics.items():
             stage, _, rest = k.partition(".")
-            if stage in STAGES and rest.split(".")[-1] == "wall_s":
-                out[stage] = out.get(stage, 0.0) + v
-        return out
+            if stage in out and rest.split(".")[-1] == "wall_s":
+                out[stage] += v
+        return {s: v for s, v in out.items() if v}
 
 
 @dataclass
@@ -320,6 +325,7 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
     ks = [r.round for r in rs]
     cold = {r.round for r in rs if r.cold_start}
     figs: dict[str, Path] = {}
+    colors = round_stages()
 
     scored = [r for r in rs if r.accuracy is not None]
     if scored:
@@ -356,7 +362,7 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
         ks_r = [r.round for r in with_rewards]
         ones = [sum(r.rewards) for r in with_rewards]
         zeros = [len(r.rewards) - o for r, o in zip(with_rewards, ones)]
-        ax.bar(ks_r, ones, color=COLORS["evaluate"], width=0.6, label="reward 1")
+        ax.bar(ks_r, ones, color=colors["evaluate"], width=0.6, label="reward 1")
         ax.bar(ks_r, zeros, bottom=ones, color="#BBBBBB", width=0.6, label="reward 0")
         for k, o, z in zip(ks_r, ones, zeros):
             ax.annotate(f"{o / (o + z):.0%}", (k, o), textcoords="offset points", xytext=(0, -12), ha="center",
@@ -368,7 +374,7 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
         parts = ax.violinplot([r.rewards for r in with_rewards], positions=[r.round for r in with_rewards],
                               showmeans=True, widths=0.7)
         for b in parts["bodies"]:
-            b.set_facecolor(COLORS["label"])
+            b.set_facecolor(colors["label"])
             b.set_alpha(0.5)
         ax.set_xticks([r.round for r in with_rewards],
                       [f"{r.round}\nmean {sum(r.rewards) / len(r.rewards):.2f}, n={len(r.rewards)}" for r in with_rewards])
@@ -382,7 +388,7 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
     if kept:
         what = " / ".join(dict.fromkeys(w for _, _, w in kept))
         fig, ax = _axes(f"Training data per round ({what})", what, [k for k, _, _ in kept], cold)
-        ax.bar([k for k, _, _ in kept], [v for _, v, _ in kept], color=COLORS["filter"], width=0.6)
+        ax.bar([k for k, _, _ in kept], [v for _, v, _ in kept], color=colors["filter"], width=0.6)
         for k, v, _ in kept:
             ax.annotate(f"{v:.0f}", (k, v), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
         ax.set_ylim(0, max(v for _, v, _ in kept) * 1.15 or 1)
@@ -409,7 +415,7 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
             if not pts or f.title in figs:
                 continue
             fig, ax = _axes(f.title, f.ylabel, [r.round for r in pts], cold)
-            ax.bar([r.round for r in pts], [r.metrics[bars] for r in pts], color=COLORS[sec], width=0.6,
+            ax.bar([r.round for r in pts], [r.metrics[bars] for r in pts], color=colors[sec], width=0.6,
                    label=f.bars[1])
             if f.line and any(f"{sec}.{f.line[0]}" in r.metrics for r in pts):
                 ax2 = ax.twinx()
@@ -426,12 +432,13 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
     if walls:
         fig, ax = _axes("Wall time per stage", "seconds", [k for k, _ in walls], cold)
         bottom = [0.0] * len(walls)
-        for s in STAGES:
+        ran = list(dict.fromkeys(s for _, w in walls for s in w))  # in a round's order (Round.wall_s)
+        for s in ran:
             h = [w.get(s, 0.0) for _, w in walls]
             if any(h):
-                ax.bar([k for k, _ in walls], h, bottom=bottom, color=COLORS[s], label=s, width=0.6)
+                ax.bar([k for k, _ in walls], h, bottom=bottom, color=colors.get(s, PALETTE[-1]), label=s, width=0.6)
                 bottom = [b + x for b, x in zip(bottom, h)]
-        ax.legend(fontsize=8, ncols=len(STAGES))
+        ax.legend(fontsize=8, ncols=len(ran))
         ax.set_ylim(0, max(bottom) * 1.2 if max(bottom) > 0 else 1)
         figs["Wall time per stage"] = _save(fig, out / "wall_time.png")
 
@@ -442,7 +449,7 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
         fig, ax = _axes("Throughput", "tokens per second", ks, cold)
         for k, name in tput:
             pts = [(r.round, r.metrics[k]) for r in rs if k in r.metrics]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, color=COLORS[name])
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, color=colors[name])
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
         figs["Throughput"] = _save(fig, out / "throughput.png")

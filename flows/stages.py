@@ -1,6 +1,7 @@
-"""The stage tasks of a round: one Prefect task per stage, each a call into tasks/ and then
-its tracking (metrics, datasets and artifacts on the round's MLflow run), plus the task
-that registers the round's model and puts it to the champion gate.
+"""What the flow tracks of the stages it runs: a stage's records on MLflow (`Session.record`,
+which each stage's Prefect task hands its result to: tasks/runner/declare.py), and the tasks
+that are not stages: the start of a continuation, the agreement gate, the registration of a
+round's model and its champion gate, dropping merged weights, the lineage and the report.
 
 A task gets the pipeline config, the run context and manifests, and returns a manifest:
 datasets and weights never travel through Prefect. A reused stage ends its task in a
@@ -22,14 +23,11 @@ from ratchet.data.errors import RatchetError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore
 from ratchet.flows.config import PipelineConfig
-from ratchet.flows.inputs import resolve_model, sources_of
 from ratchet.flows.runs import RunContext
-from ratchet.flows.shape import Calls, EvalTarget
 from ratchet.flows.tracking import Gate, SetScore, Tracker, TrackingError
-from ratchet.models.prompt_format import written_template
-from ratchet.data.procs import forkserver
-from ratchet.tasks import prepare
-from ratchet.tasks.runner.stage import READS_MODELS
+from ratchet.tasks import evaluate, registry
+from ratchet.tasks.evaluate import EvalTarget
+from ratchet.tasks.runner.declare import At, Stage, finished
 
 
 class RoundResult(BaseModel):
@@ -49,13 +47,13 @@ class RoundResult(BaseModel):
     scored: StageManifest | None = Field(default=None, description="the stage holding the round's samples with "
                                          "their rewards (its label stage, or its online train stage), which "
                                          "data.retire_solved and the curriculum read")
-    evaluations: list[StageManifest] = Field(default=[], description="its evaluation stages (the curriculum reads "
-                                             "its level's)")
+    evaluations: dict[str, StageManifest] = Field(default={}, description="its evaluation stages by held-out "
+                                                  "set (the curriculum reads its level's)")
 
 
 class Session:
-    """What one task works with, opened once: the run's config and context, its store and its
-    tracker (made when first used)."""
+    """What the flow's tasks work with, opened once: the run's config and context, its store and its
+    tracker (made when first used). A stage's Prefect task hands it what the stage made (`record`)."""
 
     def __init__(self, cfg: PipelineConfig, ctx: RunContext):
         self.cfg, self.ctx = cfg, ctx
@@ -65,107 +63,45 @@ class Session:
         return ArtifactStore(Path(self.ctx.workdir))
 
     @functools.cached_property
-    def calls(self) -> Calls:
-        """Each stage's call into tasks/ (flows/shape.py), recorded for this run."""
-        return Calls(self.cfg, self.store, self.ctx.run_name)
+    def at(self) -> At:
+        """Where the stages are called from: this run, its store, and what it checked of its data."""
+        return At(self.cfg, self.store, self.ctx.run_name, self.ctx.pool_start, self.ctx.sources)
 
     @functools.cached_property
     def tracker(self) -> Tracker:
         return Tracker(self.cfg.tracking, Path(self.ctx.workdir), self.cfg.name)
 
-    def logged(self, child: str, m: StageManifest, reused: bool) -> bool:
-        """Log a stage's metrics on the round's run (once), and its worker's log as `logs/<stage>.log`."""
-        if not self.tracker.log_stage(child, m, reused):
-            return False
-        log = self.store.dir_of(m) / events.STAGE_LOG
-        if log.exists():
-            self.tracker.log_file(child, log, f"logs/{m.stage}.log")
-        return True
-
-
-def finished(m: StageManifest, reused: bool):
-    """A reused stage ends its Prefect task in a Completed state named "Cached".
-
-    The cache is the artifact store, keyed by stage + code version + config slice +
-    input digests and verified on every hit; Prefect's own cache policies (which
-    include the flow run) are off. Callers unwrap the state with `unwrap`.
-    """
-    if not reused:
-        return m
-    from prefect.states import Completed
-
-    return Completed(name="Cached", data=m, message=f"{m.stage} reused from {m.dir} (key {m.key[:16]}, verified)")
+    def record(self, stage: Stage, m: StageManifest, reused: bool, k: int, child: str | None) -> None:
+        """What a stage's declaration says it records (its `records`), on the round's MLflow run
+        (`child`) or the run's parent: its metrics once per run, its worker's log as
+        `logs/<stage>.log`, its datasets, artifacts and training curve, and metrics again on the
+        parent at step k."""
+        rec, t, store = stage.records, self.tracker, self.store
+        parent = self.ctx.parent_run_id
+        on = parent if rec.on == "run" or child is None else child
+        if rec.on == "none" or not t.log_stage(on, m, reused):
+            return
+        suffix = m.stage.partition(".")[2]  # one of several: the held-out set it is for
+        if rec.log and (log := store.dir_of(m) / events.STAGE_LOG).exists():
+            t.log_file(on, log, f"logs/{m.stage}.log")
+        for name, context in rec.datasets:
+            if name in m.outputs:
+                t.log_dataset(on, store, m, name, context.format(suffix=suffix))
+        for name in rec.artifacts:
+            if name in m.outputs:
+                t.client.log_artifact(on, str(store.path(m, name)), artifact_path=rec.artifact_path)
+        if rec.curve:
+            t.log_train_curve(on, store, m)
+        if rec.metrics:
+            t.log_metrics(parent, {x: m.metrics[x] for x in rec.metrics if x in m.metrics},
+                          prefix=f"{rec.prefix}{suffix}." if suffix else rec.prefix, step=k)
 
 
 def unwrap(x):
+    """A task's manifest, out of the Completed "Cached" state a reused stage's task returns."""
     from prefect.client.schemas.objects import State
 
     return x.result() if isinstance(x, State) else x
-
-
-@task(name="prompts", cache_policy=NONE, retries=0)
-def prompts_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
-    ses = Session(cfg, ctx)
-    m, reused = ses.calls.prompts(sources_of(ctx.sources))
-    t = ses.tracker
-    if t.log_stage(ctx.parent_run_id, m, reused):
-        t.log_dataset(ctx.parent_run_id, ses.store, m, "train.jsonl", "train-prompts")
-        t.log_dataset(ctx.parent_run_id, ses.store, m, "eval.jsonl", "eval-prompts")
-    return finished(m, reused)
-
-
-@task(name="slice", cache_policy=NONE, retries=0)
-def slice_task(cfg: PipelineConfig, ctx: RunContext, k: int, first: int, prompts: StageManifest,
-               child: str) -> StageManifest:
-    """Round k's train prompts: the next data.prompts_per_round of the pool's stream (this run
-    starts at ctx.pool_start; its first round is first + 1)."""
-    ses = Session(cfg, ctx)
-    m, reused = ses.calls.slice(k, first, ctx.pool_start, prompts)
-    t = ses.tracker
-    if t.log_stage(child, m, reused):
-        t.log_dataset(child, ses.store, m, "train.jsonl", "round-prompts")
-        t.client.set_tag(child, "ratchet.prompts", m.info["summary"])
-    return finished(m, reused)
-
-
-def _written_template(path: Path, fmt: str, layout: str) -> str | None:
-    """prompt_format.written_template; for `auto`, which reads the model's tokenizer, in a child of
-    the run's fork server: transformers imports torch, which the run's own process otherwise never does."""
-    if fmt != "auto":  # no tokenizer read: nothing to fork for
-        return written_template(path, fmt, layout)
-    return forkserver.call(written_template, path, fmt, layout, after=READS_MODELS)
-
-
-@task(name="base-model", cache_policy=NONE, retries=0)
-def base_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
-    ses = Session(cfg, ctx)
-    if (served := cfg.sampler.endpoint) is not None:  # the policy is served elsewhere: its identity, no weights
-        return finished(*prepare.served_model(ses.store, served.base_url, served.model, run=ctx.run_name))
-    path = resolve_model(cfg.model.path)
-    template = _written_template(path, cfg.model.prompt_format, cfg.model.plain_layout)
-    return finished(*prepare.base_model(ses.store, cfg.model.path, path, run=ctx.run_name, template=template))
-
-
-@task(name="label-model", cache_policy=NONE, retries=0)
-def label_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
-    """The label's own fixed model (a judge or a reward model, label.model) as a store stage."""
-    ses = Session(cfg, ctx)
-    src = cfg.label.fixed_model()
-    path = resolve_model(src)
-    template = _written_template(path, "auto", cfg.model.plain_layout) if cfg.label.chats else None
-    return finished(*prepare.base_model(ses.store, src, path, run=ctx.run_name, stage="label-model",
-                                         field="label.model", template=template))
-
-
-@task(name="optimiser-model", cache_policy=NONE, retries=0)
-def optimiser_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
-    """The search's optimiser model (prompt.search.optimiser.kind=model) as a store stage."""
-    ses = Session(cfg, ctx)
-    src = cfg.prompt.optimiser_model()
-    path = resolve_model(src)
-    return finished(*prepare.base_model(ses.store, src, path, run=ctx.run_name, stage="optimiser-model",
-                                         field="prompt.search.optimiser.path",
-                                         template=_written_template(path, "auto", cfg.model.plain_layout)))
 
 
 @task(name="start-model", cache_policy=NONE, retries=0)
@@ -185,43 +121,6 @@ def start_manifest(store: ArtifactStore, tracker: Tracker, version: str) -> Stag
     return m
 
 
-@task(name="sample", cache_policy=NONE, retries=0)
-def sample_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
-                child: str) -> StageManifest:
-    ses = Session(cfg, ctx)
-    m, reused = ses.calls.sample(k, policy, prompts)
-    t = ses.tracker
-    if ses.logged(child, m, reused):
-        t.log_dataset(child, ses.store, m, "samples.jsonl", "samples")
-    return finished(m, reused)
-
-
-@task(name="label", cache_policy=NONE, retries=0)
-def label_task(cfg: PipelineConfig, ctx: RunContext, k: int, source: StageManifest, policy: StageManifest,
-               child: str, label_model: StageManifest | None = None) -> StageManifest:
-    """Label the round's samples, or search from its prompts (a kind that consumes prompts);
-    with the label's fixed model (`label_model`) where it has one, else the policy."""
-    ses = Session(cfg, ctx)
-    store = ses.store
-    m, reused = ses.calls.label(k, source, policy, label_model)
-    t = ses.tracker
-    if ses.logged(child, m, reused):
-        for name in cfg.label.outputs:  # a kind's own files (the search trees), for inspection
-            if name in m.outputs:
-                t.client.log_artifact(child, str(store.path(m, name)), artifact_path="label")
-    return finished(m, reused)
-
-
-@task(name="filter", cache_policy=NONE, retries=0)
-def filter_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageManifest, child: str) -> StageManifest:
-    ses = Session(cfg, ctx)
-    m, reused = ses.calls.filter(k, labels)
-    t = ses.tracker
-    if ses.logged(child, m, reused):
-        t.log_dataset(child, ses.store, m, "train_set.jsonl", "training")
-    return finished(m, reused)
-
-
 @task(name="agreement", cache_policy=NONE, retries=0)
 def agreement_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageManifest, train_set: StageManifest,
                    child: str) -> str:
@@ -232,7 +131,7 @@ def agreement_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageMa
     ses = Session(cfg, ctx)
     t = ses.tracker
     try:
-        verdict = ses.calls.agreement(k, labels, train_set)
+        verdict = agreement.check(cfg.agreement, cfg.label.title(), k, labels.metrics, train_set.metrics)
     except agreement.LabelDisagreesError as e:
         t.client.set_tag(child, "ratchet.agreement", str(e)[:5000])
         raise
@@ -243,135 +142,6 @@ def agreement_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageMa
                           prefix="agreement.", step=k)
         events.emit(events.Event("note", round=k, stage="agreement", data={"text": verdict.note}))
     return verdict.note
-
-
-@task(name="train", cache_policy=NONE, retries=0)
-def train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, train_set: StageManifest,
-               child: str) -> StageManifest:
-    ses = Session(cfg, ctx)
-    store = ses.store
-    m, reused = ses.calls.train(k, policy, train_set)
-    t = ses.tracker
-    if ses.logged(child, m, reused):
-        t.log_train_curve(child, store, m)
-    return finished(m, reused)
-
-
-@task(name="train", cache_policy=NONE, retries=0)
-def online_train_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
-                      child: str, label_model: StageManifest | None = None) -> StageManifest:
-    """An online train kind's stage (train.kind=grpo): it samples the round's prompts on the run's
-    engine, scores them with the label kind (on its fixed model, `label_model`, if any) and trains,
-    in one stage."""
-    ses = Session(cfg, ctx)
-    store = ses.store
-    m, reused = ses.calls.online_train(k, policy, prompts, label_model)
-    t = ses.tracker
-    if ses.logged(child, m, reused):
-        t.log_train_curve(child, store, m)
-    return finished(m, reused)
-
-
-@task(name="pool", cache_policy=NONE, retries=0)
-def retire_task(cfg: PipelineConfig, ctx: RunContext, k: int, pool: StageManifest, scored: StageManifest) -> StageManifest:
-    """Round k's pool (data.retire_solved): `pool` without the prompts every sample of the round
-    before solved (`scored`); its counts on the run's MLflow parent, at step k."""
-    ses = Session(cfg, ctx)
-    m, reused = ses.calls.retire(k, pool, scored)
-    if ses.tracker.log_stage(ctx.parent_run_id, m, reused):
-        ses.tracker.log_metrics(ctx.parent_run_id, {k_: m.metrics[k_] for k_ in ("retired", "left")}, prefix="pool.",
-                                step=k)
-    return finished(m, reused)
-
-
-@task(name="curriculum", cache_policy=NONE, retries=0)
-def curriculum_task(cfg: PipelineConfig, ctx: RunContext, k: int, prompts: StageManifest,
-                    before: StageManifest | None, last: RoundResult) -> StageManifest:
-    """Round k's prompts and level (curriculum:), from the round before's; its level, band and
-    choice on the run's MLflow parent, at step k."""
-    ses = Session(cfg, ctx)
-    m, reused = ses.calls.curriculum(k, prompts, before, last)
-    if ses.tracker.log_stage(ctx.parent_run_id, m, reused):
-        shown = ("level", "band", "unseen", "retried", "review", "advanced")
-        ses.tracker.log_metrics(ctx.parent_run_id, {k_: v for k_, v in m.metrics.items() if k_ in shown},
-                                prefix="curriculum.", step=k)
-    return finished(m, reused)
-
-
-@task(name="demonstrations", cache_policy=NONE, retries=0)
-def demonstrations_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
-    """The cold start's demonstrations (cold_start.demonstrations), as the run checked them."""
-    from ratchet.flows.inputs import DEMOS
-
-    ses = Session(cfg, ctx)
-    m, reused = ses.calls.demonstrations(ctx.sources[DEMOS])
-    if ses.tracker.log_stage(ctx.parent_run_id, m, reused):
-        ses.tracker.log_dataset(ctx.parent_run_id, ses.store, m, "demonstrations.jsonl", "demonstrations")
-    return finished(m, reused)
-
-
-@task(name="search", cache_policy=NONE, retries=0)
-def search_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
-                child: str, optimiser: StageManifest | None = None) -> StageManifest:
-    """Round k's search (prompt.search): the pair of the policy's weights and the text it chose."""
-    ses = Session(cfg, ctx)
-    m, reused = ses.calls.search(k, policy, prompts, optimiser)
-    if ses.logged(child, m, reused):
-        for name in ("nodes.jsonl", "refused.json", "versions.jsonl", "prompt.json"):  # the tree, or the beliefs
-            if name in m.outputs:
-                ses.tracker.client.log_artifact(child, str(ses.store.path(m, name)), artifact_path="search")
-    return finished(m, reused)
-
-
-@task(name="template", cache_policy=NONE, retries=0)
-def bind_task(cfg: PipelineConfig, ctx: RunContext, k: int, weights: StageManifest, carried: StageManifest | None,
-              child: str) -> StageManifest:
-    """The pair of `weights` and a text: the config's prompt.template (version 1), or the text of
-    `carried`, the pair the round trained under."""
-    ses = Session(cfg, ctx)
-    m, reused = ses.calls.bind(k, weights, carried)
-    ses.logged(child, m, reused)
-    return finished(m, reused)
-
-
-@task(name="train", cache_policy=NONE, retries=0)
-def cold_start_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, demos: StageManifest,
-                    child: str) -> StageManifest:
-    """Generation k's model (the first of the run): `policy` fine-tuned on the demonstrations."""
-    ses = Session(cfg, ctx)
-    m, reused = ses.calls.cold_start(k, policy, demos)
-    if ses.logged(child, m, reused):
-        ses.tracker.log_train_curve(child, ses.store, m)
-    return finished(m, reused)
-
-
-@task(name="held-out-sets", cache_policy=NONE, retries=0)
-def eval_targets_task(cfg: PipelineConfig, ctx: RunContext, prompts: StageManifest) -> list[EvalTarget]:
-    """Every held-out set of evaluate.sets: the task's own split (`prompts`), or a set's own
-    prompts stage (`prompts.<name>`), logged on the parent run beside the task's."""
-    ses = Session(cfg, ctx)
-    t, out = ses.tracker, []
-    for target, reused in ses.calls.held_out(prompts, ctx.sources):
-        if reused is not None and t.log_stage(ctx.parent_run_id, target.prompts, reused):
-            t.log_dataset(ctx.parent_run_id, ses.store, target.prompts, "eval.jsonl", f"eval-prompts-{target.name}")
-        out.append(target)
-    return out
-
-
-@task(name="evaluate", cache_policy=NONE, retries=0, task_run_name="{target.stage}-r{k}")
-def evaluate_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, target: EvalTarget,
-                  child: str) -> StageManifest:
-    ses = Session(cfg, ctx)
-    m, reused = evaluate_on(ses, policy, target, k)
-    t = ses.tracker
-    if ses.logged(child, m, reused):
-        prefix = "eval." if target.stage == "evaluate" else f"eval.{target.name}."
-        t.log_metrics(ctx.parent_run_id, {"accuracy": m.metrics["accuracy"]}, prefix=prefix, step=k)
-    return finished(m, reused)
-
-
-def evaluate_on(ses: Session, policy: StageManifest, target: EvalTarget, k: int) -> tuple[StageManifest, bool]:
-    return ses.calls.evaluate(k, policy, target)
 
 
 @task(name="register", cache_policy=NONE, retries=0)
@@ -397,13 +167,9 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     if len(scores) > 1:  # which eval set each name stood for, so a table of accuracies can be read later
         tags["ratchet.eval_sets"] = ", ".join(f"{s.name}={s.eval_set}" for s in scores)
         tags["ratchet.gate_set"] = gated.name
-    drawn = next((m for m in stages if m.stage == "slice"), None)
-    if drawn is not None:
-        tags["ratchet.prompts"] = drawn.info["summary"]
-    taught = next((m for m in stages if m.stage == "curriculum"), None)
-    level = None if taught is None else int(taught.metrics["level"])
-    if level is not None:
-        tags["ratchet.level"] = str(level)
+    said = {k_: v for m in stages if (st := registry.of(m.stage)) is not None for k_, v in st.tags(m).items()}
+    tags.update(said)  # what the round's stages say of its model: its prompts, its level
+    level = int(said["ratchet.level"]) if "ratchet.level" in said else None
     if agreement:
         tags["ratchet.agreement"] = agreement
     version = t.register(child, store, policy, tags)
@@ -413,8 +179,8 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     per_set = {f"accuracy.{s.name}": s.accuracy for s in scores} if len(scores) > 1 else {}
     if per_set:  # the report reads which of round.accuracy.<set> is the gate's
         t.client.set_tag(child, "ratchet.gate_set", gated.name)
-    if level is not None:  # and the level the curriculum trained the round at
-        t.client.set_tag(child, "ratchet.level", str(level))
+    for tag, value in said.items():  # and on the round's run: the level the curriculum trained it at, ...
+        t.client.set_tag(child, tag, value)
     t.log_once(child, "ratchet.model_version", version, {"accuracy": acc, "promoted": float(gate.promoted), **per_set},
                prefix="round.")
     accuracies = {s.name: s.accuracy for s in scores}
@@ -448,7 +214,7 @@ def champion_gate(ses: Session, version: str, scores: list[SetScore], targets: l
         for target in (x for x in targets if x.name in gate.needs_sets):
             get_run_logger().info("re-evaluating champion version %s on held-out set %s before comparing",
                                   gate.needs_eval, target.name)
-            m, _ = evaluate_on(ses, champ, target, champ.round)
+            m, _ = evaluate.STAGE.call(ses.at, champ.round, champ, target)
             t.record_accuracy(gate.needs_eval, m.info["eval_set"], m.metrics["accuracy"])
     raise TrackingError(f"the champion of {t.model_name} moved five times while version {version} was being "
                         "compared with it; re-run the same command to decide")

@@ -141,7 +141,7 @@ def verify_stage(store: ArtifactStore, m: StageManifest, scratch: Path, upstream
             link.symlink_to(store.root / d, target_is_directory=True)
     started = time.time()
     try:
-        again, _ = run_stage(here, stage=m.stage, round=m.round, body=body, config=config, parents=parents,
+        again, _ = run_stage(here, stage=m.stage, role=m.role, round=m.round, body=body, config=config, parents=parents,
                              isolate=True)
     except Exception as e:  # noqa: BLE001 - the verdict carries it
         return StageVerdict(**head, verdict="not re-runnable", why=f"it failed when run again: {type(e).__name__}: "

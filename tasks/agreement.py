@@ -30,10 +30,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from ratchet.data.errors import RatchetError
 
 # metric -> (the stage that measures it, the metric that counts what it was measured on, that count's unit)
+# each measure: whether the labels measure it (else the training set does), what it counts, in what
 MEASURES = {
-    "verifier_within_prompt_auc": ("label", "verifier_auc_prompts", "prompts with right and wrong samples"),
-    "verifier_auc": ("label", "verifier_auc_prompts", "prompts with right and wrong samples"),
-    "pair_accuracy": ("filter", "pairs", "pairs"),
+    "verifier_within_prompt_auc": (True, "verifier_auc_prompts", "prompts with right and wrong samples"),
+    "verifier_auc": (True, "verifier_auc_prompts", "prompts with right and wrong samples"),
+    "pair_accuracy": (False, "pairs", "pairs"),
 }
 MEANING = {
     "verifier_within_prompt_auc": "1.0 = within a prompt it always scores right answers above wrong ones, 0.5 = "
@@ -77,8 +78,8 @@ def check(cfg: AgreementConfig, label: str, k: int, label_metrics: dict[str, flo
     """The gate's verdict for round k; raises LabelDisagreesError when the round must stop."""
     if cfg.min is None:
         return Verdict(True, "")
-    stage, count_key, unit = MEASURES[cfg.metric]
-    metrics = label_metrics if stage == "label" else filter_metrics
+    on_labels, count_key, unit = MEASURES[cfg.metric]
+    metrics = label_metrics if on_labels else filter_metrics
     value, covered = metrics.get(cfg.metric), metrics.get(count_key, 0.0)
     if value is None or covered < cfg.min_prompts:
         why = ("no labeled prompt has a reference answer and both right and wrong samples"

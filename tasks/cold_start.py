@@ -33,7 +33,8 @@ from ratchet.data.store import ArtifactStore
 from ratchet.data.userfiles import UserPath
 from ratchet.models.train_kinds import RFTTrainConfig
 from ratchet.tasks.sample import RolloutConfig
-from ratchet.tasks.runner.stage import StageRequest, run_stage
+from ratchet.tasks.runner.declare import At, Made, Records, Stage
+from ratchet.tasks.runner.stage import StageRequest
 
 FIELD = "cold_start.demonstrations"
 
@@ -157,7 +158,7 @@ def cold_start_body(req: StageRequest[ColdStartJob], store: ArtifactStore) -> St
     base = model_dir(store, req.parent_model)
     from ratchet.tasks.text import read_text
 
-    rows = read_jsonl(store.path(req.parent("demonstrations"), "demonstrations.jsonl"), Demonstration)
+    rows = read_jsonl(store.path(req.holding("demonstrations.jsonl"), "demonstrations.jsonl"), Demonstration)
     if (text := read_text(req, store)) is not None:  # the demonstrations as the policy reads its prompts
         rows = [r.model_copy(update={"prompt": text.render(r.prompt)}) for r in rows]
     tok = AutoTokenizer.from_pretrained(base)
@@ -169,18 +170,34 @@ def cold_start_body(req: StageRequest[ColdStartJob], store: ArtifactStore) -> St
                       info={"adapter": job.train.adapter, "objective": "cold-start"}, scratch=("checkpoints",))
 
 
-def demonstrations(store: ArtifactStore, path: str, digest: str, run: str | None = None) -> tuple[StageManifest, bool]:
+def demonstrations(store: ArtifactStore, path: str, digest: str, run: str | None = None) -> Made:
     """The checked rows of the demonstrations file, keyed by its sha256 (`digest`, as checked)."""
-    return run_stage(store, stage="demonstrations", round=0, body=demonstrations_body,
-                     config=DemonstrationsJob(path=str(Path(path).expanduser().resolve()), digest=digest),
-                     parents=[], run=run)
+    return DEMONSTRATIONS.run(store, round=0, parents=[], run=run,
+                              config=DemonstrationsJob(path=str(Path(path).expanduser().resolve()), digest=digest))
+
+
+def demonstrations_step(at: At, k: int = 0) -> Made:
+    """The run's demonstrations (cold_start.demonstrations), by the digest the run checked."""
+    from ratchet.tasks.prepare import DEMOS
+
+    return demonstrations(at.store, at.cfg.cold_start.demonstrations, at.sources[DEMOS], run=at.run)
 
 
 def cold_start(store: ArtifactStore, policy: StageManifest, demos: StageManifest, cfg: ColdStartConfig,
-               rollout: RolloutConfig, seed: int, round: int, isolate: bool = True,
-               run: str | None = None) -> tuple[StageManifest, bool]:
+               rollout: RolloutConfig, seed: int, round: int, isolate: bool = True, run: str | None = None) -> Made:
     """Generation `round`'s model: the base model fine-tuned on the demonstrations. A train stage,
     so that everything that reads a round's model (evaluation, registration, `ratchet gc`) reads it."""
-    return run_stage(store, stage="train", round=round, body=cold_start_body,
-                     config=ColdStartJob(train=cfg.train, rollout=rollout, seed=seed), parents=[policy, demos],
-                     isolate=isolate, keep_partial=True, run=run)
+    return COLD_START.run(store, round=round, config=ColdStartJob(train=cfg.train, rollout=rollout, seed=seed),
+                          parents=[policy, demos], isolate=isolate, keep_partial=True, run=run)
+
+
+def cold_start_step(at: At, k: int, policy: StageManifest, demos: StageManifest) -> Made:
+    """Generation k (the run's first): `policy` fine-tuned on the run's demonstrations."""
+    cfg = at.cfg
+    return cold_start(at.store, policy, demos, cfg.cold_start, cfg.sample.rollout, at.seed(k), k, isolate=cfg.isolate,
+                      run=at.run)
+
+
+DEMONSTRATIONS = Stage("demonstrations", "data", demonstrations_body, demonstrations_step, Records(
+    on="run", datasets=(("demonstrations.jsonl", "demonstrations"),), log=False))
+COLD_START = Stage("train", "model", cold_start_body, cold_start_step, Records(curve=True))

@@ -39,7 +39,8 @@ from ratchet.data.errors import EmptyStageError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.records import Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
-from ratchet.tasks.runner.stage import StageRequest, run_stage
+from ratchet.tasks.runner.declare import At, Made, Records, Stage
+from ratchet.tasks.runner.stage import StageRequest
 
 STATE = "state.json"
 
@@ -162,18 +163,18 @@ def by_level(prompts: list[Prompt], rng: random.Random) -> list[Prompt]:
 
 
 def curriculum_body(req: StageRequest[CurriculumJob], store: ArtifactStore) -> StageManifest:
-    from ratchet.tasks.prepare import scored_rows
+    from ratchet.tasks.prepare import scored_parent, scored_rows
 
     job, cfg = req.config, req.config.curriculum
     pool = read_jsonl(store.path(req.parent("prompts"), "train.jsonl"), Prompt)
-    before = next((p for p in req.parents if p.stage == "curriculum"), None)
+    before = req.find(req.stage)  # the round before's choice, where there was one
     state = json.loads(store.path(before, STATE).read_text()) if before is not None else \
         {"level": cfg.start if cfg.start is not None else job.levels[0], "best": None, "stale": 0, "seen": {}}
     seen = dict(state["seen"])
-    scored = next((p for p in req.parents if p.stage in ("label", "train")), None)
+    scored = scored_parent(req)
     if scored is not None:
         seen.update(passes(scored_rows(store, scored), job.top))
-    held = next((p for p in req.parents if p.stage == f"evaluate.level_{state['level']}"), None)
+    held = next((p for p in req.parents if p.role == "eval"), None)  # the round before's level, evaluated
     now = decide(cfg, job.levels, state, None if held is None else held.metrics["accuracy"])
     rows, counts = ([], {"review": 0, "band": 0, "unseen": 0, "retried": 0}) if now["done"] else \
         choose(pool, seen, now["level"], job.levels, cfg.prompts, job.seed, cfg.review)
@@ -197,12 +198,30 @@ def curriculum_body(req: StageRequest[CurriculumJob], store: ArtifactStore) -> S
 
 def curriculum(store: ArtifactStore, cfg: CurriculumConfig, levels: list[int], top: float, prompts: StageManifest,
                before: StageManifest | None, scored: StageManifest | None, held: StageManifest | None, seed: int,
-               round: int, run: str | None = None) -> tuple[StageManifest, bool]:
+               round: int, run: str | None = None) -> Made:
     """Round `round`'s train prompts and level, from the round before's curriculum (`before`), its
     scored samples (`scored`) and its evaluation of the current level (`held`)."""
     parents = [prompts] + [p for p in (before, scored, held) if p is not None]
-    return run_stage(store, stage="curriculum", round=round, body=curriculum_body,
-                     config=CurriculumJob(curriculum=cfg, levels=levels, top=top, seed=seed), parents=parents, run=run)
+    return STAGE.run(store, round=round, config=CurriculumJob(curriculum=cfg, levels=levels, top=top, seed=seed),
+                     parents=parents, run=run)
+
+
+def curriculum_step(at: At, k: int, prompts: StageManifest, before: StageManifest | None, last) -> Made:
+    """Round k's train prompts and level (curriculum:), from the round before's curriculum stage
+    (`before`; None for the first), and what the round before (`last`: its result) made: its
+    scored samples and its evaluation of the level it trained at."""
+    from ratchet.tasks.evaluate import level_set
+
+    cfg, levels = at.cfg.curriculum, at.cfg.data.level_list()
+    held = (getattr(last, "evaluations", None) or {}).get(level_set(level_of(before, cfg, levels)))
+    return curriculum(at.store, cfg, levels, at.cfg.label.reward_range()[1], prompts, before,
+                      getattr(last, "scored", None), held, at.seed(k), k, run=at.run)
+
+
+SHOWN = ("level", "band", "unseen", "retried", "review", "advanced")  # on the run's parent, at step k
+STAGE = Stage("curriculum", "data", curriculum_body, curriculum_step,
+              Records(on="run", metrics=SHOWN, prefix="curriculum.", log=False),
+              tags=lambda m: {"ratchet.level": str(int(m.metrics["level"]))})
 
 
 def level_of(m: StageManifest | None, cfg: CurriculumConfig, levels: list[int]) -> int:

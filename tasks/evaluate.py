@@ -31,7 +31,8 @@ from ratchet.models.sampler import SamplerConfig, SamplingParams
 from ratchet.tasks.labels import labeled_row
 from ratchet.tasks.rollouts.single import SingleRollout
 from ratchet.tasks.sample import PolicyWork, RolloutConfig, SparseRollout, policy_of
-from ratchet.tasks.runner.stage import StageRequest, run_stage
+from ratchet.tasks.runner.declare import At, Made, Records, Stage
+from ratchet.tasks.runner.stage import StageRequest
 from ratchet.tasks.runner.units import ExecutorConfig, run_units
 
 
@@ -163,7 +164,7 @@ class EvaluateWork(PolicyWork):
 
 def held_out_of(req: StageRequest) -> StageManifest:
     """The parent holding the held-out prompts: the task's split (`prompts`) or a set's (`prompts.<name>`)."""
-    return next(p for p in req.parents if p.stage.split(".")[0] == "prompts")
+    return req.holding("eval.jsonl")
 
 
 def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> StageManifest:
@@ -191,13 +192,43 @@ def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> Stage
                       scratch=("shards",))
 
 
+@dataclass(frozen=True)
+class EvalTarget:
+    """One held-out set as a run evaluates it (evaluate.sets, and one per level of data.levels): its
+    name, its evaluation stage's name, the stage holding its prompts, the source that scores them,
+    how its prompts are rolled out, and the level it is (None: no level's)."""
+
+    name: str
+    stage: str
+    prompts: StageManifest
+    source: SourceConfig
+    rollout: RolloutConfig  # the set's own, or the samples' (sample.rollout)
+    level: int | None = None
+
+
+def level_set(n: int) -> str:
+    """The name of level `n`'s held-out set (data.levels): its stage is `evaluate.level_<n>`."""
+    return f"level_{n}"
+
+
 def evaluate(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: EvaluateConfig,
              sampler: SamplerConfig, data_cfg: SourceConfig, seed: int, round: int,
              isolate: bool = True, run: str | None = None, executor: ExecutorConfig | None = None,
-             stage: str = "evaluate", rollout: RolloutConfig | None = None) -> tuple[StageManifest, bool]:
+             stage: str = "evaluate", rollout: RolloutConfig | None = None) -> Made:
     """Held-out accuracy of `policy` on the held-out prompts of `prompts`, scored by `data_cfg`'s check,
-    rolled out by `rollout` (unset: single answers)."""
+    rolled out by `rollout` (unset: single answers), as stage `stage` (`evaluate.<set>`)."""
     run_cfg = EvalRun.model_validate(cfg.model_dump(include=set(EvalRun.model_fields)))  # the gate's keys stay out
     job = EvaluateJob(evaluate=run_cfg, sampler=sampler, data=data_cfg, seed=seed, rollout=rollout or SingleRollout())
-    return run_stage(store, stage=stage, round=round, body=evaluate_body, config=job,
-                     parents=[policy, prompts], isolate=isolate, keep_partial=True, run=run, executor=executor)
+    return STAGE.run(store, name=stage, round=round, config=job, parents=[policy, prompts], isolate=isolate,
+                     keep_partial=True, run=run, executor=executor)
+
+
+def evaluate_step(at: At, k: int, policy: StageManifest, target: EvalTarget) -> Made:
+    """Round k's model on a held-out set, seeded by the run's seed alone: every round and every run
+    answers the same prompts the same way where the model is the same."""
+    cfg = at.cfg
+    return evaluate(at.store, policy, target.prompts, cfg.evaluate, cfg.sampler, target.source, cfg.seed, k,
+                    isolate=cfg.isolate, run=at.run, executor=cfg.executor, stage=target.stage, rollout=target.rollout)
+
+
+STAGE = Stage("evaluate", "eval", evaluate_body, evaluate_step, Records(metrics=("accuracy",), prefix="eval."))

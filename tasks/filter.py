@@ -22,7 +22,8 @@ from ratchet.data.store import ArtifactStore
 from ratchet.tasks.filters.pairs import PairFilter
 from ratchet.tasks.filters.rft import RFTFilter
 from ratchet.tasks.filters.step_pairs import StepPairFilter
-from ratchet.tasks.runner.stage import StageRequest, run_stage
+from ratchet.tasks.runner.declare import At, Made, Records, Stage
+from ratchet.tasks.runner.stage import StageRequest
 
 # The registration of every filter kind: its module's class, one member each.
 FilterConfig = Annotated[RFTFilter | PairFilter | StepPairFilter, Field(discriminator="kind")]
@@ -47,6 +48,13 @@ def filter_body(req: StageRequest[FilterJob], store: ArtifactStore) -> StageMani
 
 
 def filter_rows(store: ArtifactStore, labels: StageManifest, cfg: FilterConfig, seed: int, round: int,
-                run: str | None = None) -> tuple[StageManifest, bool]:
-    return run_stage(store, stage="filter", round=round, body=filter_body,
-                     config=FilterJob(filter=cfg, seed=seed), parents=[labels], run=run)
+                run: str | None = None) -> Made:
+    return STAGE.run(store, round=round, config=FilterJob(filter=cfg, seed=seed), parents=[labels], run=run)
+
+
+def filter_step(at: At, k: int, labels: StageManifest) -> Made:
+    """Round k's training set from its labels (filter:)."""
+    return filter_rows(at.store, labels, at.cfg.filter, at.seed(k), k, run=at.run)
+
+
+STAGE = Stage("filter", "data", filter_body, filter_step, Records(datasets=(("train_set.jsonl", "training"),)))

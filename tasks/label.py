@@ -41,7 +41,8 @@ from ratchet.tasks.labels.verifier import VerifierLabel
 from ratchet.tasks.prepare import train_prompts
 from ratchet.tasks.sample import RolloutConfig
 from ratchet.data.kinds import members
-from ratchet.tasks.runner.stage import StageRequest, run_stage
+from ratchet.tasks.runner.declare import At, Made, Records, Stage
+from ratchet.tasks.runner.stage import StageRequest
 from ratchet.tasks.runner.units import ExecutorConfig
 
 # The registration of every label kind (data/kinds.py): its module's class, one member each. The
@@ -83,7 +84,7 @@ def label_body(req: StageRequest[LabelJob], store: ArtifactStore) -> StageManife
     if cfg.consumes == "prompts":
         items = train_prompts(req, store)
     else:
-        items = read_jsonl(store.path(req.parent("sample"), "samples.jsonl"), Completion)
+        items = read_jsonl(store.path(req.holding("samples.jsonl"), "samples.jsonl"), Completion)
     out = cfg.run(req, store, items, req.config.data.check)
     n = write_jsonl(store.stage_dir(req.stage, req.key) / "labels.jsonl", out.rows)
     return req.finish(store, outputs={"labels.jsonl": n, **out.outputs},
@@ -93,27 +94,41 @@ def label_body(req: StageRequest[LabelJob], store: ArtifactStore) -> StageManife
 def label(store: ArtifactStore, source: StageManifest, cfg: LabelConfig, data_cfg: SourceConfig, round: int,
           policy: StageManifest | None = None, sampler: SamplerConfig | None = None, seed: int = 0,
           isolate: bool = True, run: str | None = None, executor: ExecutorConfig | None = None,
-          rollout: RolloutConfig | None = None, turn_tokens: int | None = None) -> tuple[StageManifest, bool]:
-    """Label `source`: the sample stage, or the prompts stage for a kind that consumes prompts.
-    A kind that runs a model needs it as `policy` (the round's starting model, or the
-    label's fixed `label-model` stage), the sampler settings and a seed, and runs in a
-    worker process like sampling; one that plays episodes itself needs the sample stage's
-    `rollout` and `turn_tokens` (they key it)."""
-    want = ("sample",) if cfg.consumes == "samples" else ("prompts", "slice", "curriculum")
-    if source.stage not in want:
-        raise ValueError(f"label.kind={cfg.kind!r} labels the {' or '.join(want)} stage, not {source.stage}")
+          rollout: RolloutConfig | None = None, turn_tokens: int | None = None) -> Made:
+    """Label `source`: the samples, or the prompts for a kind that consumes prompts (a tree search).
+    A kind that runs a model needs it as `policy` (the round's starting model, or the label's fixed
+    `label-model` stage), the sampler settings and a seed, and runs in a worker process like
+    sampling; one that plays episodes itself needs the sample stage's `rollout` and `turn_tokens`
+    (they key it)."""
+    want = "samples.jsonl" if cfg.consumes == "samples" else "train.jsonl"
+    if source.outputs and want not in source.outputs:  # (a stage the plan only expects has no outputs yet)
+        raise ValueError(f"label.kind={cfg.kind!r} labels {cfg.consumes}: the {source.stage} stage holds no {want}")
     if cfg.served():  # its model is elsewhere: called from here, resumable call by call
-        return run_stage(store, stage="label", round=round, body=label_body,
-                         config=LabelJob(label=cfg, data=data_cfg, seed=seed), parents=[source], keep_partial=True,
-                         run=run)
+        return STAGE.run(store, round=round, config=LabelJob(label=cfg, data=data_cfg, seed=seed), parents=[source],
+                         keep_partial=True, run=run)
     if not cfg.uses_policy:
-        return run_stage(store, stage="label", round=round, body=label_body,
-                         config=LabelJob(label=cfg, data=data_cfg), parents=[source], keep_partial=True, run=run)
+        return STAGE.run(store, round=round, config=LabelJob(label=cfg, data=data_cfg), parents=[source],
+                         keep_partial=True, run=run)
     if policy is None or sampler is None:
         raise ValueError(f"label.kind={cfg.kind!r} needs the round's policy and the sampler settings")
     if cfg.plays_rollout and (rollout is None or turn_tokens is None):
         raise ValueError(f"label.kind={cfg.kind!r} plays episodes: it needs the sample stage's rollout and turn_tokens")
     job = LabelJob(label=cfg, data=data_cfg, sampler=sampler, seed=seed, rollout=rollout if cfg.plays_rollout else None,
                    turn_tokens=turn_tokens if cfg.plays_rollout else None)
-    return run_stage(store, stage="label", round=round, body=label_body, config=job, parents=[source, policy],
-                     isolate=isolate, keep_partial=True, run=run, executor=executor)
+    return STAGE.run(store, round=round, config=job, parents=[source, policy], isolate=isolate, keep_partial=True,
+                     run=run, executor=executor)
+
+
+def label_step(at: At, k: int, source: StageManifest, policy: StageManifest,
+               label_model: StageManifest | None = None) -> Made:
+    """Round k's labels of `source` (its samples, or its prompts), with the label's fixed model
+    (`label_model`) where it has one, else the round's `policy`."""
+    cfg = at.cfg
+    return label(at.store, source, cfg.label, cfg.data.pool(), k, policy=label_model or policy, sampler=cfg.sampler,
+                 seed=at.seed(k), isolate=cfg.isolate, run=at.run, executor=cfg.executor, rollout=cfg.sample.rollout,
+                 turn_tokens=cfg.sample.max_tokens)
+
+
+# a kind's own files (the search trees), for inspection
+STAGE = Stage("label", "data", label_body, label_step, Records(
+    artifacts=tuple(dict.fromkeys(n for kind in KINDS.values() for n in kind.outputs)), artifact_path="label"))

@@ -24,7 +24,22 @@ from ratchet.data.prompts import SourceConfig, Split, load_split, pool_slice
 from ratchet.data.records import LabeledCompletion, Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.prompt_format import TEMPLATE_FILE
-from ratchet.tasks.runner.stage import StageRequest, run_stage
+from ratchet.tasks.runner.declare import At, Made, Records, Stage
+from ratchet.tasks.runner.stage import StageRequest
+
+# A run's sources (the digests of the files its data reads, as the run checked them): the task's
+# own under their config fields, a held-out set's under SETS<name>.<field>, the demonstrations' DEMOS.
+SETS = "evaluate."
+DEMOS = "cold_start.demonstrations"
+
+
+def sources_of(sources: dict[str, str], name: str | None = None) -> dict[str, str]:
+    """The file digests of the task's data (name None) or of one held-out set, out of a run's
+    `sources` (flows/inputs.py check_inputs's digests)."""
+    if name is None:
+        return {k: v for k, v in sources.items() if not k.startswith(SETS) and k != DEMOS}
+    head = f"{SETS}{name}."
+    return {k[len(head):]: v for k, v in sources.items() if k.startswith(head)}
 
 
 
@@ -77,11 +92,20 @@ def prompts_body(req: StageRequest[PromptsJob], store: ArtifactStore) -> StageMa
 
 
 def prompts(store: ArtifactStore, data_cfg: SourceConfig, seed: int, sources: dict[str, str],
-            run: str | None = None) -> tuple[StageManifest, bool]:
+            run: str | None = None) -> Made:
     """The train/eval split. `sources`: the content digest of every file the data config reads
     (load_split's digests), so an edited file, directory or dataset is a new stage."""
-    return run_stage(store, stage="prompts", round=0, body=prompts_body,
-                     config=PromptsJob(data=data_cfg, seed=seed, sources=sources), parents=[], run=run)
+    return PROMPTS.run(store, round=0, config=PromptsJob(data=data_cfg, seed=seed, sources=sources), parents=[],
+                       run=run)
+
+
+def prompts_step(at: At, k: int = 0) -> Made:
+    """The run's split of the task's data (data:, its pool), by the digests the run checked."""
+    return prompts(at.store, at.cfg.data.pool(), at.cfg.seed, sources_of(at.sources), run=at.run)
+
+
+PROMPTS = Stage("prompts", "data", prompts_body, prompts_step, Records(
+    on="run", datasets=(("train.jsonl", "train-prompts"), ("eval.jsonl", "eval-prompts")), log=False))
 
 
 def unchanged(req: StageRequest[PromptsJob], split: Split, field: str) -> Split:
@@ -101,10 +125,19 @@ def held_out_body(req: StageRequest[PromptsJob], store: ArtifactStore) -> StageM
 
 
 def held_out(store: ArtifactStore, name: str, data_cfg: SourceConfig, seed: int, sources: dict[str, str],
-             run: str | None = None) -> tuple[StageManifest, bool]:
+             run: str | None = None) -> Made:
     """An extra held-out set's prompts (evaluate.sets): stage `prompts.<name>`, eval.jsonl only."""
-    return run_stage(store, stage=f"prompts.{name}", round=0, body=held_out_body,
-                     config=PromptsJob(data=data_cfg, seed=seed, sources=sources), parents=[], run=run)
+    return HELD_OUT.run(store, name=f"prompts.{name}", round=0, parents=[], run=run,
+                        config=PromptsJob(data=data_cfg, seed=seed, sources=sources))
+
+
+def held_out_step(at: At, k: int, name: str, data_cfg: SourceConfig) -> Made:
+    """A held-out set's own prompts in a run (evaluate.sets[i].data), by the digests the run checked."""
+    return held_out(at.store, name, data_cfg, at.cfg.seed, sources_of(at.sources, name), run=at.run)
+
+
+HELD_OUT = Stage("prompts", "data", held_out_body, held_out_step, Records(
+    on="run", datasets=(("eval.jsonl", "eval-prompts-{suffix}"),), log=False))
 
 
 def slice_body(req: StageRequest[SliceJob], store: ArtifactStore) -> StageManifest:
@@ -117,10 +150,21 @@ def slice_body(req: StageRequest[SliceJob], store: ArtifactStore) -> StageManife
 
 
 def round_prompts(store: ArtifactStore, prompts: StageManifest, start: int, count: int, seed: int, round: int,
-                  run: str | None = None) -> tuple[StageManifest, bool]:
+                  run: str | None = None) -> Made:
     """One round's train prompts: `count` of the pool's stream from position `start`."""
-    return run_stage(store, stage="slice", round=round, body=slice_body,
-                     config=SliceJob(start=start, count=count, seed=seed), parents=[prompts], run=run)
+    return SLICE.run(store, round=round, config=SliceJob(start=start, count=count, seed=seed), parents=[prompts],
+                     run=run)
+
+
+def slice_step(at: At, k: int, first: int, prompts: StageManifest) -> Made:
+    """Round k's train prompts: the next data.prompts_per_round of the pool's stream (the run starts
+    at `at.pool_start`; its first round is first + 1)."""
+    count = at.cfg.data.prompts_per_round
+    return round_prompts(at.store, prompts, at.pool_start + (k - first - 1) * count, count, at.cfg.seed, k, run=at.run)
+
+
+SLICE = Stage("slice", "data", slice_body, slice_step, Records(datasets=(("train.jsonl", "round-prompts"),), log=False),
+              tags=lambda m: {"ratchet.prompts": m.info["summary"]})
 
 
 def train_prompts(req: StageRequest, store: ArtifactStore, as_read: bool = True) -> list[Prompt]:
@@ -129,15 +173,14 @@ def train_prompts(req: StageRequest, store: ArtifactStore, as_read: bool = True)
     gives it, for a search that puts each node's text around them)."""
     from ratchet.tasks.text import read_text, render
 
-    drawn = ("slice", "pool", "curriculum")  # the round's own draw, what is left of the pool, or the curriculum's
-    source = next((p for p in req.parents if p.stage in drawn), None) or req.parent("prompts")
+    source = req.holding("train.jsonl")  # the round's draw, what is left of the pool, its curriculum's, or the pool
     rows = read_jsonl(store.path(source, "train.jsonl"), Prompt)
     return render(rows, read_text(req, store)) if as_read else rows
 
 
 def pool_of(req: StageRequest) -> StageManifest:
     """The pool a stage draws from: what is left of it (a `pool` stage), or the prompts stage's."""
-    return next((p for p in req.parents if p.stage == "pool"), None) or req.parent("prompts")
+    return req.holding("train.jsonl")
 
 
 # solved prompts leave the pool (data.retire_solved) -----------------------------------------------
@@ -160,18 +203,26 @@ def solved(rows, top: float) -> set[str]:
     return {k for k, v in best.items() if v}
 
 
+def _scored_files(m: StageManifest) -> list[str]:
+    return sorted(n for n in m.outputs if n == "labels.jsonl" or (n.startswith("rollouts/") and n.endswith(".jsonl")))
+
+
 def scored_rows(store: ArtifactStore, scored: StageManifest) -> list[LabeledCompletion]:
     """A round's samples with their rewards: its label stage's rows, or every step's rollouts of an
     online train stage."""
-    names = [n for n in scored.outputs if n == "labels.jsonl" or (n.startswith("rollouts/") and n.endswith(".jsonl"))]
-    return [r for n in sorted(names) for r in read_jsonl(store.path(scored, n), LabeledCompletion)]
+    return [r for n in _scored_files(scored) for r in read_jsonl(store.path(scored, n), LabeledCompletion)]
+
+
+def scored_parent(req: StageRequest) -> StageManifest | None:
+    """The parent holding a round's samples with their rewards (`scored_rows`), if one was given."""
+    return next((p for p in req.parents if _scored_files(p)), None)
 
 
 def retire_body(req: StageRequest[RetireJob], store: ArtifactStore) -> StageManifest:
     from ratchet.data.errors import EmptyStageError
 
     pool = read_jsonl(store.path(pool_of(req), "train.jsonl"), Prompt)
-    scored = next(p for p in req.parents if p.stage in ("label", "train"))
+    scored = scored_parent(req)
     done = solved(scored_rows(store, scored), req.config.top)
     left = [p for p in pool if p.id not in done]
     if not left:
@@ -186,11 +237,20 @@ def retire_body(req: StageRequest[RetireJob], store: ArtifactStore) -> StageMani
 
 
 def retire(store: ArtifactStore, pool: StageManifest, scored: StageManifest, top: float, round: int,
-           run: str | None = None) -> tuple[StageManifest, bool]:
+           run: str | None = None) -> Made:
     """Round `round`'s pool: `pool` without the prompts every sample of the round before solved
     (`scored`: its label stage, or its online train stage), keyed by that stage."""
-    return run_stage(store, stage="pool", round=round, body=retire_body, config=RetireJob(top=top),
-                     parents=[pool, scored], run=run)
+    return POOL.run(store, round=round, config=RetireJob(top=top), parents=[pool, scored], run=run)
+
+
+def retire_step(at: At, k: int, pool: StageManifest, scored: StageManifest) -> Made:
+    """Round k's pool (data.retire_solved): a prompt whose every sample earned the label's top reward
+    is solved."""
+    return retire(at.store, pool, scored, at.cfg.label.reward_range()[1], k, run=at.run)
+
+
+POOL = Stage("pool", "data", retire_body, retire_step, Records(on="run", metrics=("retired", "left"), prefix="pool.",
+                                                          log=False))
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -218,22 +278,79 @@ def base_body(req: StageRequest[BaseJob], store: ArtifactStore) -> StageManifest
 
 
 def base_model(store: ArtifactStore, source: str, model_dir: Path, run: str | None = None,
-               stage: str = "base", field: str = "model.path", template: str | None = None,
-               ) -> tuple[StageManifest, bool]:
-    """The starting policy as a store stage; keyed by the weights' digest, not the path.
-    stage="label-model": a label's fixed model (a judge or a reward model), the same way.
-    `template`: a chat template the copy reads prompts with instead of its own (the plain format)."""
+               stage: Stage | None = None, field: str = "model.path", template: str | None = None) -> Made:
+    """A model as a store stage (BASE, or a label's or search's own model: LABEL_MODEL,
+    OPTIMISER_MODEL); keyed by the weights' digest, not the path. `template`: a chat template the
+    copy reads prompts with instead of its own (the plain format)."""
     weights = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
     if not weights:
         raise ConfigError([f"{field}={str(model_dir)!r} has no *.safetensors or *.bin weights; "
                            f"point {field} at a Hugging Face model directory"])
     digests = {f.name: sha256_file(f) for f in model_files(model_dir)}
-    return run_stage(store, stage=stage, round=0, body=base_body,
-                     config=BaseJob(source=source, path=str(model_dir), files=digests, template=template),
-                     parents=[], run=run)
+    return (stage or BASE).run(store, round=0, parents=[], run=run,
+                               config=BaseJob(source=source, path=str(model_dir), files=digests, template=template))
 
 
-SERVED = "served.json"  # a served policy's base stage holds this, not weights
+def model_stage(at: At, stage: Stage, src: str, field: str, fmt: str | None) -> Made:
+    """A model the config names (`src`, at config field `field`) as its stage: found (made or
+    fetched by a run; looked for by the plan), keyed by its weights and by the template its copy
+    reads prompts with: `fmt` (model.prompt_format, or "auto" for a model that chats; None: its
+    own, unread)."""
+    from ratchet.models.locate import find_model
+
+    path = find_model(src, field, fetch=not at.planning)
+    if path is None:
+        return at.unknown(stage, 0, f"{field}={src!r} is converted (the embedded default) or fetched on first "
+                                    "use; nothing of it is here yet")
+    template = None if fmt is None else written_template(path, fmt, at.cfg.model.plain_layout)
+    return base_model(at.store, src, path, run=at.run, stage=stage, field=field, template=template)
+
+
+def written_template(path: Path, fmt: str, layout: str) -> str | None:
+    """models/prompt_format.written_template: the template a model's copy reads prompts with. For
+    `auto`, where its files do not say the tokenizer chats, from its tokenizer, loaded in another
+    process (a child of the run's fork server, or a fresh one for `ratchet plan`): transformers
+    imports torch, which the run's own process never does."""
+    from ratchet.models import prompt_format
+
+    if fmt != "auto":  # no tokenizer read
+        return prompt_format.written_template(path, fmt, layout)
+    if prompt_format.chats_by_its_files(path):  # what loading its tokenizer would say
+        return None
+    return apart(prompt_format.written_template, path, fmt, layout)
+
+
+def apart(fn, *args):
+    """`fn(*args)` in another process: a child of the run's fork server where there is one (`ratchet
+    run`), else a fresh one (`ratchet plan`)."""
+    from ratchet.data.procs import forkserver
+    from ratchet.tasks.runner.stage import READS_MODELS
+
+    if forkserver.current() is not None:
+        return forkserver.call(fn, *args, after=READS_MODELS)
+    return forkserver.call_apart(fn, *args)
+
+
+def base_step(at: At, k: int = 0) -> Made:
+    """The run's starting policy: the model.path model, or a served one (its endpoint)."""
+    cfg = at.cfg
+    if (served := cfg.sampler.endpoint) is not None:
+        return served_model(at.store, served.base_url, served.model, run=at.run)
+    return model_stage(at, BASE, cfg.model.path, "model.path", cfg.model.prompt_format)
+
+
+def label_model_step(at: At, k: int = 0) -> Made:
+    """The label's own fixed model (a judge or a reward model, label.model)."""
+    cfg = at.cfg
+    return model_stage(at, LABEL_MODEL, cfg.label.fixed_model(), "label.model", "auto" if cfg.label.chats else None)
+
+
+def optimiser_model_step(at: At, k: int = 0) -> Made:
+    """The search's optimiser model (prompt.search.optimiser.kind=model)."""
+    return model_stage(at, OPTIMISER_MODEL, at.cfg.prompt.optimiser_model(), "prompt.search.optimiser.path", "auto")
+
+
+SERVED_FILE = "served.json"  # a served policy's base stage holds this, not weights
 
 
 class ServedJob(BaseModel):
@@ -250,24 +367,30 @@ def served_body(req: StageRequest[ServedJob], store: ArtifactStore) -> StageMani
     import json
 
     d = store.stage_dir(req.stage, req.key)
-    (d / SERVED).write_text(json.dumps({"base_url": req.config.base_url, "model": req.config.model}, indent=2) + "\n")
-    return req.finish(store, outputs={SERVED: None}, info={
+    (d / SERVED_FILE).write_text(json.dumps({"base_url": req.config.base_url, "model": req.config.model}, indent=2) + "\n")
+    return req.finish(store, outputs={SERVED_FILE: None}, info={
         "source": "served", "summary": f"the policy {req.config.model!r} served at {req.config.base_url} (its "
                                        "weights are not here: a round improves its text alone)"})
 
 
-def served_model(store: ArtifactStore, base_url: str, model: str, run: str | None = None) -> tuple[StageManifest, bool]:
+def served_model(store: ArtifactStore, base_url: str, model: str, run: str | None = None) -> Made:
     """The base stage of a run whose policy is served elsewhere: keyed by its endpoint and model
     name, as a local base is by its weights' digests."""
-    return run_stage(store, stage="base", round=0, body=served_body,
-                     config=ServedJob(base_url=base_url, model=model), parents=[], run=run)
+    return SERVED.run(store, round=0, config=ServedJob(base_url=base_url, model=model), parents=[], run=run)
+
+
+NO_RECORDS = Records(on="none")
+BASE = Stage("base", "model", base_body, base_step, NO_RECORDS)
+SERVED = Stage("base", "model", served_body, None, NO_RECORDS)  # made by BASE's call for a served policy
+LABEL_MODEL = Stage("label-model", "model", base_body, label_model_step, NO_RECORDS)
+OPTIMISER_MODEL = Stage("optimiser-model", "model", base_body, optimiser_model_step, NO_RECORDS)
 
 
 def is_served(store: ArtifactStore, m: StageManifest) -> bool:
     """Whether a policy (a model, or a pair) is a served one: its weights are elsewhere."""
     from ratchet.tasks.text import weights_of
 
-    return SERVED in weights_of(store, m).outputs
+    return SERVED_FILE in weights_of(store, m).outputs
 
 
 def open_policy(store: ArtifactStore, policy: StageManifest, sampler, seed: int, calls: Path):
@@ -313,10 +436,9 @@ def remade(store: ArtifactStore, m: StageManifest, here: bool = True) -> None:
     from ratchet.data.errors import ArtifactError
     from ratchet.data.manifest import read_manifest
     from ratchet.models.trainer import remake
-    from ratchet.tasks.runner.stage import MODEL_STAGES, TEXT_STAGES
 
-    parent = next((p for p in m.parents if p.stage in MODEL_STAGES or p.stage in TEXT_STAGES), None)
-    if m.stage != "train" or parent is None or not (store.dir_of(m) / "adapter").is_dir():
+    parent = next((p for p in m.parents if p.role in ("model", "text")), None)
+    if parent is None or not (store.dir_of(m) / "adapter").is_dir():
         raise ArtifactError(f"{store.dir_of(m)}: its dropped outputs {store.dropped(m)['outputs']} cannot be made "
                             "again (only a LoRA train stage's merged weights can)")
     base = read_manifest(store.root / parent.dir)

@@ -29,7 +29,8 @@ from ratchet.tasks.rollouts.roles import RolesRollout
 from ratchet.tasks.rollouts.single import SingleRollout
 from ratchet.tasks.rollouts.tool import ToolRollout
 from ratchet.data.kinds import members
-from ratchet.tasks.runner.stage import StageRequest, run_stage
+from ratchet.tasks.runner.declare import At, Made, Records, Stage
+from ratchet.tasks.runner.stage import StageRequest
 from ratchet.tasks.runner.units import ExecutorConfig, UnitWork, run_units
 
 # The rollout kinds (tasks/rollouts/), one line each: how a prompt becomes a completion or a trajectory
@@ -163,7 +164,16 @@ def sample_body(req: StageRequest[SampleJob], store: ArtifactStore) -> StageMani
 
 def sample(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: SampleConfig,
            sampler: SamplerConfig, seed: int, round: int, isolate: bool = True,
-           run: str | None = None, executor: ExecutorConfig | None = None) -> tuple[StageManifest, bool]:
-    return run_stage(store, stage="sample", round=round, body=sample_body,
-                     config=SampleJob(sample=cfg, sampler=sampler, seed=seed), parents=[policy, prompts],
-                     isolate=isolate, keep_partial=True, run=run, executor=executor)
+           run: str | None = None, executor: ExecutorConfig | None = None) -> Made:
+    return STAGE.run(store, round=round, config=SampleJob(sample=cfg, sampler=sampler, seed=seed),
+                     parents=[policy, prompts], isolate=isolate, keep_partial=True, run=run, executor=executor)
+
+
+def sample_step(at: At, k: int, policy: StageManifest, prompts: StageManifest) -> Made:
+    """Round k's samples of `policy` on its train prompts (sample:, sampler:)."""
+    cfg = at.cfg
+    return sample(at.store, policy, prompts, cfg.sample, cfg.sampler, at.seed(k), k, isolate=cfg.isolate, run=at.run,
+                  executor=cfg.executor)
+
+
+STAGE = Stage("sample", "data", sample_body, sample_step, Records(datasets=(("samples.jsonl", "samples"),)))

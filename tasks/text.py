@@ -5,8 +5,8 @@ instruction, worked examples, the task's prompt where the slot is); every other 
 literal, so text an optimiser writes cannot break it with a brace. Version 1 is the config's
 `prompt.template`; a prompt search (tasks/searches/prompt_agent.py) writes the next.
 
-A policy in a run is a stage manifest: a model stage (base, train) alone reads each prompt as
-it is; a text stage (TEXT_STAGES) is a pair, its prompt.json holding the template and the
+A policy in a run is a stage manifest: a model stage (role `model`: base, train) alone reads each prompt as
+it is; a text stage (role `text`) is a pair, its prompt.json holding the template and the
 content digest of its weights, so a stage that keys on the pair keys on both:
 
     template   the config's template over a model's weights (round 0), or a pair's text carried
@@ -28,7 +28,8 @@ from ratchet.data.errors import ArtifactError
 from ratchet.data.manifest import StageManifest, read_manifest
 from ratchet.data.records import Prompt
 from ratchet.data.store import ArtifactStore
-from ratchet.tasks.runner.stage import MODEL_STAGES, TEXT_STAGES, StageRequest, run_stage
+from ratchet.tasks.runner.declare import At, Made, Records, Stage
+from ratchet.tasks.runner.stage import StageRequest
 
 SLOT = "{prompt}"
 FILE = "prompt.json"
@@ -72,9 +73,9 @@ class PromptText(BaseModel):
 def weights_of(store: ArtifactStore, policy: StageManifest) -> StageManifest:
     """The model stage holding a policy's weights: itself, or a pair's weights."""
     seen = 0
-    while policy.stage in TEXT_STAGES:
-        ref = (next((p for p in policy.parents if p.stage in MODEL_STAGES), None)
-               or next((p for p in policy.parents if p.stage in TEXT_STAGES), None))
+    while policy.role == "text":
+        ref = (next((p for p in policy.parents if p.role == "model"), None)
+               or next((p for p in policy.parents if p.role == "text"), None))
         found = read_manifest(store.root / ref.dir) if ref is not None else None
         if found is None or (seen := seen + 1) > 64:
             raise ArtifactError(f"{store.dir_of(policy)}: the weights of this {policy.stage} stage "
@@ -85,7 +86,7 @@ def weights_of(store: ArtifactStore, policy: StageManifest) -> StageManifest:
 
 def text_of(store: ArtifactStore, policy: StageManifest) -> PromptText | None:
     """A policy's text; None for a model alone (each prompt as it is)."""
-    if policy.stage not in TEXT_STAGES:
+    if policy.role != "text":
         return None
     return PromptText.model_validate(json.loads(store.path(policy, FILE).read_text())["text"])
 
@@ -99,7 +100,7 @@ def render(prompts: list[Prompt], text: PromptText | None) -> list[Prompt]:
 
 def policy_of(req: StageRequest) -> StageManifest | None:
     """The policy a stage's request runs: its model or pair parent (None: it has none)."""
-    return next((p for p in req.parents if p.stage in (*MODEL_STAGES, *TEXT_STAGES)), None)
+    return next((p for p in req.parents if p.role in ("model", "text")), None)
 
 
 def read_text(req: StageRequest, store: ArtifactStore) -> PromptText | None:
@@ -132,20 +133,29 @@ class TextJob(BaseModel):
 
 
 def template_body(req: StageRequest[TextJob], store: ArtifactStore) -> StageManifest:
-    weights = next(p for p in req.parents if p.stage in MODEL_STAGES)
+    weights = next(p for p in req.parents if p.role == "model")
     if req.config.template is not None:
         text = PromptText(template=req.config.template)
     else:
-        text = text_of(store, next(p for p in req.parents if p.stage in TEXT_STAGES))
+        text = text_of(store, next(p for p in req.parents if p.role == "text"))
     return write_pair(req, store, text, weights_of(store, weights))
 
 
 def bind(store: ArtifactStore, weights: StageManifest, round: int, *, template: str | None = None,
-         carried: StageManifest | None = None, run: str | None = None) -> tuple[StageManifest, bool]:
+         carried: StageManifest | None = None, run: str | None = None) -> Made:
     """The pair of `weights` and a text: the config's `template`, or the text of `carried` (a pair
     whose text the round trained under)."""
     if (template is None) == (carried is None):
         raise TypeError("bind: give a template or the pair whose text is carried, not both")
     parents = [weights] if carried is None else [weights, carried]
-    return run_stage(store, stage="template", round=round, body=template_body, config=TextJob(template=template),
-                     parents=parents, run=run)
+    return STAGE.run(store, round=round, config=TextJob(template=template), parents=parents, run=run)
+
+
+def bind_step(at: At, k: int, weights: StageManifest, carried: StageManifest | None = None) -> Made:
+    """The pair of `weights` and a text: the config's prompt.template (version 1, `carried` None),
+    or the text of `carried`, the pair whose text round k trained under."""
+    template = at.cfg.prompt.template if carried is None else None
+    return bind(at.store, weights, k, template=template, carried=carried, run=at.run)
+
+
+STAGE = Stage("template", "text", template_body, bind_step, Records())

@@ -25,7 +25,8 @@ from ratchet.models.sampler import SamplerConfig
 from ratchet.tasks.searches.beliefs import BeliefsSearch, beliefs_body
 from ratchet.tasks.searches.prompt_agent import PromptAgentSearch, prompt_agent_body
 from ratchet.tasks.sample import RolloutConfig
-from ratchet.tasks.runner.stage import StageRequest, run_stage
+from ratchet.tasks.runner.declare import At, Made, Records, Stage
+from ratchet.tasks.runner.stage import StageRequest
 
 # the search kinds: one member each
 SearchConfig = Annotated[PromptAgentSearch | BeliefsSearch, Field(discriminator="kind")]
@@ -51,12 +52,23 @@ def search_body(req: StageRequest[SearchJob], store: ArtifactStore) -> StageMani
 
 def search(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: SearchConfig,
            data: SourceConfig, rollout: RolloutConfig, max_tokens: int, sampler: SamplerConfig, seed: int, round: int,
-           isolate: bool = True, run: str | None = None,
-           optimiser: StageManifest | None = None) -> tuple[StageManifest, bool]:
+           isolate: bool = True, run: str | None = None, optimiser: StageManifest | None = None) -> Made:
     """The text a search finds from `policy` on the round's train prompts: a pair of the policy's
     weights and the chosen text; `optimiser`: the optimiser's own model (an optimiser-model
     stage), where it is one."""
     job = SearchJob(search=cfg, data=data.pool(), rollout=rollout, max_tokens=max_tokens, sampler=sampler, seed=seed)
-    return run_stage(store, stage="search", round=round, body=search_body, config=job,
-                     parents=[policy, prompts, *([optimiser] if optimiser is not None else [])],
+    return STAGE.run(store, round=round, config=job, parents=[policy, prompts, *([optimiser] if optimiser else [])],
                      isolate=isolate, keep_partial=True, run=run)
+
+
+def search_step(at: At, k: int, policy: StageManifest, prompts: StageManifest,
+                optimiser: StageManifest | None = None) -> Made:
+    """Round k's search (prompt.search), on its train prompts; answers greedy, as evaluated."""
+    cfg = at.cfg
+    return search(at.store, policy, prompts, cfg.prompt.search, cfg.data, cfg.sample.rollout, cfg.evaluate.max_tokens,
+                  cfg.sampler, at.seed(k), k, isolate=cfg.isolate, run=at.run, optimiser=optimiser)
+
+
+# the tree of prompts, or the beliefs, for inspection
+STAGE = Stage("search", "text", search_body, search_step, Records(
+    artifacts=("nodes.jsonl", "refused.json", "versions.jsonl", "prompt.json"), artifact_path="search"))

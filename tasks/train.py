@@ -25,7 +25,8 @@ from ratchet.models.train_kinds import RFTTrainConfig, TrainConfig  # noqa: F401
 from ratchet.models.sampler import SamplerConfig
 from ratchet.tasks.label import LabelConfig
 from ratchet.tasks.sample import SampleConfig
-from ratchet.tasks.runner.stage import StageRequest, run_stage
+from ratchet.tasks.runner.declare import At, Made, Records, Stage
+from ratchet.tasks.runner.stage import StageRequest
 
 
 class TrainJob(BaseModel):
@@ -42,7 +43,7 @@ def train_body(req: StageRequest[TrainJob], store: ArtifactStore) -> StageManife
     from ratchet.tasks.prepare import model_dir
 
     d = store.stage_dir(req.stage, req.key)
-    data = store.path(req.parent("filter"), "train_set.jsonl")
+    data = store.path(req.holding("train_set.jsonl"), "train_set.jsonl")
     base = model_dir(store, req.parent_model)
     cfg = req.config.train
     rows = cfg.rows_of(data)
@@ -121,7 +122,7 @@ def online_body(req: StageRequest[OnlineJob], store: ArtifactStore) -> StageMani
     d = store.stage_dir(req.stage, req.key)
     base = model_dir(store, req.parent_model)
     prompts = train_prompts(req, store)
-    fixed = next((p for p in req.parents if p.stage == "label-model"), None)
+    fixed = req.find("label-model")
     metrics = train(base, [p.model_dump(mode="json") for p in prompts], job.train, d, req.seed,
                     online=online_of(job, req.seed, model_dir(store, fixed) if fixed else None))
     outputs = {p.relative_to(d).as_posix(): None for p in sorted(d.rglob("*"))
@@ -136,20 +137,36 @@ def online_body(req: StageRequest[OnlineJob], store: ArtifactStore) -> StageMani
 
 
 def train(store: ArtifactStore, policy: StageManifest, train_set: StageManifest, cfg: TrainConfig,
-          seed: int, round: int, isolate: bool = True, run: str | None = None) -> tuple[StageManifest, bool]:
-    return run_stage(store, stage="train", round=round, body=train_body,
-                     config=TrainJob(train=cfg, seed=seed), parents=[policy, train_set], isolate=isolate,
-                     keep_partial=True, run=run)
+          seed: int, round: int, isolate: bool = True, run: str | None = None) -> Made:
+    return STAGE.run(store, round=round, config=TrainJob(train=cfg, seed=seed), parents=[policy, train_set],
+                     isolate=isolate, keep_partial=True, run=run)
+
+
+def train_step(at: At, k: int, policy: StageManifest, train_set: StageManifest) -> Made:
+    """Round k's model: `policy` trained on its training set (train:)."""
+    return train(at.store, policy, train_set, at.cfg.train, at.seed(k), k, isolate=at.cfg.isolate, run=at.run)
 
 
 def train_online(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: TrainConfig,
                  sample: SampleConfig, sampler: SamplerConfig, label: LabelConfig, data: SourceConfig, seed: int,
-                 round: int,
-                 isolate: bool = True, run: str | None = None,
-                 label_model: StageManifest | None = None) -> tuple[StageManifest, bool]:
+                 round: int, isolate: bool = True, run: str | None = None,
+                 label_model: StageManifest | None = None) -> Made:
     """An online kind's train stage: its parents are the policy, the round's prompts and the
     label's fixed model where it has one (a reward model)."""
-    return run_stage(store, stage="train", round=round, body=online_body,
-                     config=OnlineJob(train=cfg, seed=seed, sample=sample, sampler=sampler, label=label, data=data),
-                     parents=[policy, prompts, *([label_model] if label_model else [])], isolate=isolate,
-                     keep_partial=True, run=run)
+    return ONLINE.run(store, round=round,
+                      config=OnlineJob(train=cfg, seed=seed, sample=sample, sampler=sampler, label=label, data=data),
+                      parents=[policy, prompts, *([label_model] if label_model else [])], isolate=isolate,
+                      keep_partial=True, run=run)
+
+
+def online_step(at: At, k: int, policy: StageManifest, prompts: StageManifest,
+                label_model: StageManifest | None = None) -> Made:
+    """An online kind's stage in round k (train.kind=grpo): it samples the round's prompts on the
+    run's engine, scores them with the label kind (on its fixed model, if any) and trains."""
+    cfg = at.cfg
+    return train_online(at.store, policy, prompts, cfg.train, cfg.sample, cfg.sampler, cfg.label, cfg.data, at.seed(k),
+                        k, isolate=cfg.isolate, run=at.run, label_model=label_model)
+
+
+STAGE = Stage("train", "model", train_body, train_step, Records(curve=True))
+ONLINE = Stage("train", "model", online_body, online_step, Records(curve=True))

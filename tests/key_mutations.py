@@ -215,9 +215,9 @@ from ratchet.tasks.runner.plan import Planner
 noted = []
 real = Planner.stage
 
-def note(self, name, round, body, config, keyed, code, parents):
+def note(self, name, round, body, config, keyed, code, parents, role=None):
     noted.append((name, round, body, config, keyed))
-    return real(self, name, round, body, config, keyed, code, parents)
+    return real(self, name, round, body, config, keyed, code, parents, role)
 
 Planner.stage = note
 records = {}  # (config, stage, round) -> (body, job, keyed)

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from ratchet.data.manifest import MANIFEST, StageManifest, read_manifest
+from ratchet.data.manifest import MANIFEST, Role, StageManifest, read_manifest
 from ratchet.data.store import ArtifactStore, stage_key
 
 State = Literal["reused", "stale", "to run", "waits"]
@@ -82,9 +82,9 @@ class Planner:
     _opened: dict[tuple, dict] = field(default_factory=dict)
     _count: int = 0
 
-    def placeholder(self, stage: str, round: int) -> StageManifest:
+    def placeholder(self, stage: str, round: int, role: Role | None = None) -> StageManifest:
         self._count += 1
-        return StageManifest(stage=stage, round=round, key=f"{PLACEHOLDER}{self._count}",
+        return StageManifest(stage=stage, **({"role": role} if role else {}), round=round, key=f"{PLACEHOLDER}{self._count}",
                              dir=f"stages/{stage}-planned{self._count:09d}", code_version="", config={})
 
     def note(self, stage: str, round: int, state: State, why: str) -> None:
@@ -100,14 +100,14 @@ class Planner:
         return self._opened[roots]
 
     def stage(self, stage: str, round: int, body, config: BaseModel, keyed: dict, code: str | None,
-              parents: list[StageManifest]) -> tuple[StageManifest, bool]:
+              parents: list[StageManifest], role: Role | None = None) -> tuple[StageManifest, bool]:
         """What `run_stage` would do with this stage: its key from the same pieces (`keyed`: the
         config as it keys the stage), then reused, stale, to run or waits."""
         waiting = [p for p in parents if pending(p)]
         if waiting:
             on = ", ".join(f"{p.stage} (round {p.round})" for p in waiting)
             self.steps.append(Step(stage, round, "waits", f"on {on}: its key needs that output"))
-            return self.placeholder(stage, round), False
+            return self.placeholder(stage, round, role), False
         opened = self.code(body, config) if code is None else {"digest": code, "definitions": [], "libraries": {}}
         key = stage_key(stage, opened["digest"], keyed, parents)
         found = self.store.find(stage, key, verify=False)
@@ -125,7 +125,7 @@ class Planner:
                            key=lambda t: len(t[0]))
             since = "" if mine else f"since run {self._owner(old)}: "
             self.steps.append(Step(stage, round, "stale", since + ("; ".join(why) or "its key differs"), key, old.dir))
-        return self.placeholder(stage, round), False
+        return self.placeholder(stage, round, role), False
 
     def _earlier(self, stage: str, round: int) -> tuple[list[StageManifest], list[StageManifest]]:
         """The finished stages of this name and round that this run computed, and those that other

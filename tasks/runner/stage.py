@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ratchet.data import events
 from ratchet.data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError, out_of_space
-from ratchet.data.manifest import StageManifest
+from ratchet.data.manifest import Role, StageManifest
 from ratchet.data.procs import forkserver, spawn
 from ratchet.data.procs.entry import EntryError, entry, load_target, target_of
 from ratchet.data.procs.lifetime import die_with_parent
@@ -54,9 +54,6 @@ READS_MODELS = ("torch", "transformers", "transformers.models.auto.modeling_auto
 # fork server is what a fork saves
 WORKER_LIBRARIES = (*READS_MODELS, "peft", "trl", "datasets", "accelerate")
 ERROR_FILE = "worker-error.json"
-MODEL_STAGES = ("base", "train", "label-model", "optimiser-model")
-# stages whose output is a policy's text over a model's weights: a pair (tasks/text.py)
-TEXT_STAGES = ("template", "search")
 
 
 def keyed(config: BaseModel) -> dict:
@@ -134,6 +131,7 @@ class StageRequest(BaseModel, Generic[Job]):
     code_version: str
     config: Job
     parents: list[StageManifest]
+    role: Role | None = None  # what its outputs are (tasks/runner/declare.py), written into its manifest
     started: float = 0.0
     source: dict[str, Any] | None = None  # the commit, tree state and version that ran it (code_reach.source)
     executor: ExecutorConfig | None = None  # where fan-out units run; not part of the key
@@ -143,17 +141,29 @@ class StageRequest(BaseModel, Generic[Job]):
 
 
     def parent(self, stage: str) -> StageManifest:
-        for p in self.parents:
-            if p.stage == stage:
-                return p
+        """The parent this stage was given under that stage name."""
+        if (p := self.find(stage)) is not None:
+            return p
         raise KeyError(f"{self.stage} stage was given no {stage!r} parent")
+
+    def find(self, stage: str) -> StageManifest | None:
+        """The parent given under that stage name, if one was."""
+        return next((p for p in self.parents if p.stage == stage), None)
+
+    def holding(self, output: str) -> StageManifest:
+        """The parent whose outputs include `output` (a stage reads its input by the file it needs,
+        whichever stage made it: a stage placed after another stands in for it)."""
+        for p in self.parents:
+            if output in p.outputs:
+                return p
+        raise KeyError(f"{self.stage} stage was given no parent holding {output!r}")
 
     @property
     def parent_model(self) -> StageManifest:
         """The policy this stage works with: the base model, a round's trained model, or a pair of
         weights and text (tasks/text.py: its weights are `weights_of` it)."""
         for p in self.parents:
-            if p.stage in MODEL_STAGES or p.stage in TEXT_STAGES:
+            if p.role in ("model", "text"):
                 return p
         raise KeyError(f"{self.stage} stage was given no model parent")
 
@@ -171,8 +181,8 @@ class StageRequest(BaseModel, Generic[Job]):
                 f"{self.stage} stage (round {self.round}): {'; '.join(changed)} while the stage ran, so its outputs "
                 "are not recorded under the key the older content made. Run the same command again when the file "
                 "is as you want it: the stage runs again, keyed by it as it is then")
-        return store.finish(stage=self.stage, round=self.round, key=self.key, code_version=self.code_version,
-                            config=self.config.model_dump(mode="json"),
+        return store.finish(stage=self.stage, role=self.role, round=self.round, key=self.key,
+                            code_version=self.code_version, config=self.config.model_dump(mode="json"),
                             parents=self.parents if parents is None else parents, outputs=outputs, metrics=metrics,
                             info=info, started=self.started, scratch=scratch, ran_by=self.source)
 
@@ -270,6 +280,7 @@ def run_stage(
     round: int,
     body: Body,
     config: BaseModel,
+    role: Role | None = None,
     code: str | None = None,
     parents: list[StageManifest],
     isolate: bool = False,
@@ -289,7 +300,7 @@ def run_stage(
     name = body_name(body) if isolate else None
     config = resolved(config)
     if store.planner is not None:  # `ratchet plan`: keyed and looked up, never run
-        return store.planner.stage(stage, round, body, config, keyed(config), code, parents)
+        return store.planner.stage(stage, round, body, config, keyed(config), code, parents, role)
     source, opened = None, None
     if code is None:  # worked out from the body; what it covers is kept in the store, once per digest
         from ratchet.tasks.runner import code_reach
@@ -306,7 +317,7 @@ def run_stage(
             return _reused(store, claim.found, config), True
         d = claim.dir
         req = request(stage=stage, round=round, key=key, code_version=code, config=config, parents=parents,
-                      started=time.time(), source=source, executor=executor, inputs=input_digests(config, opened))
+                      role=role, started=time.time(), source=source, executor=executor, inputs=input_digests(config, opened))
         events.emit(events.Event("start", stage, round, d))
         try:
             try:

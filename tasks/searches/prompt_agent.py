@@ -134,7 +134,7 @@ def open_writer(optimiser, req: StageRequest, store: ArtifactStore, sampler, cal
         from ratchet.models.sampler import open_sampler
         from ratchet.tasks.prepare import model_dir
 
-        own = next(p for p in req.parents if p.stage == "optimiser-model")
+        own = req.parent("optimiser-model")
         cfg = req.config.sampler.model_copy(update={"backend": optimiser.backend, "endpoint": None})
         engine = open_sampler(model_dir(store, own), cfg, seed=req.seed + 1)
         return PolicyWriter(engine), None, engine

@@ -399,12 +399,12 @@ def test_episodes_too_long_for_the_context_name_the_rollouts_budget(tmp_path, de
 def test_a_hub_model_is_fetched_at_the_revision_it_is_pinned_to(monkeypatch, tmp_path):
     import huggingface_hub
 
-    from ratchet.flows.inputs import resolve_model
+    from ratchet.models.locate import find_model
 
     asked = []
     monkeypatch.setattr(huggingface_hub, "snapshot_download",
                         lambda repo, revision=None: asked.append((repo, revision)) or str(tmp_path))
-    assert resolve_model("org/model@0a1b2c") == tmp_path and resolve_model("org/model") == tmp_path
+    assert find_model("org/model@0a1b2c") == tmp_path and find_model("org/model") == tmp_path
     assert asked == [("org/model", "0a1b2c"), ("org/model", None)]
 
 

@@ -125,7 +125,7 @@ def test_one_round_end_to_end(reference):
         subflows = {f.id for f in flow_runs if f.parent_task_run_id is not None and f.created >= latest.created}
         states = {(t.name.rsplit("-", 1)[0], t.state.name) for t in pc.read_task_runs()
                   if t.flow_run_id in subflows | {latest.id}}
-    assert {("prompts", "Cached"), ("base-model", "Cached"), ("sample", "Cached"), ("label", "Cached"),
+    assert {("prompts", "Cached"), ("base", "Cached"), ("sample", "Cached"), ("label", "Cached"),
             ("filter", "Cached"), ("train", "Cached"), ("evaluate", "Cached")} <= states, states
     assert not {s for s in states if s[0] in ("sample", "train") and s[1] != "Cached"}
     # ... in the same MLflow runs, with nothing logged twice

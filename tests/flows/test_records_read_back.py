@@ -82,11 +82,11 @@ def test_each_record_reads_back_to_the_config_that_ran(recorded, monkeypatch):
 
 
 def test_each_record_passes_every_command_that_reads_a_run(recorded, monkeypatch, capsys, tmp_path):
-    from ratchet.flows import plan
+    from ratchet.tasks import prepare
 
     work, runs = recorded
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(plan, "_apart", lambda fn, *args: fn(*args))  # the template read here, not in a child
+    monkeypatch.setattr(prepare, "apart", lambda fn, *args: fn(*args))  # the template read here, not in a child
     planned = {}  # a plan loads the model's tokenizer: one run of each kind of train stage
     for name, (_, config) in runs.items():
         planned.setdefault((config["train"]["kind"], config["filter"]["kind"]), name)

@@ -133,9 +133,10 @@ def test_a_served_policy_s_prompt_round(served, tmp_path):
     is tests/flows/test_served_policy.py's, against a scripted server."""
     from ratchet.data.store import ArtifactStore
     from ratchet.flows.config import load_config
-    from ratchet.flows.inputs import check_inputs, sources_of
-    from ratchet.flows.shape import Calls
-    from ratchet.tasks import prepare
+    from ratchet.flows.inputs import check_inputs
+    from ratchet.flows.shape import held_out
+    from ratchet.tasks import evaluate, prepare, text_search
+    from ratchet.tasks.runner.declare import At
     from tests.flows.test_served_policy import CONFIG, SEARCH
 
     url = served
@@ -145,14 +146,24 @@ def test_a_served_policy_s_prompt_round(served, tmp_path):
                                f"sampler={{backend: served, endpoint: {{base_url: '{url}', model: judge}}}}"])
     split = check_inputs(cfg)  # the server counts the longest prompts against its context
     store = ArtifactStore(tmp_path)
-    calls = Calls(cfg, store)
-    prompts, _ = calls.prompts(sources_of(split.digests))
-    base, _ = prepare.served_model(store, url, "judge")
-    ((target, _),) = calls.held_out(prompts, split.digests)
-    before, _ = calls.evaluate(0, base, target)
-    pair, _ = calls.search(1, base, prompts)
-    after, _ = calls.evaluate(1, pair, target)
+    at = At(cfg, store, sources=split.digests)  # each stage's own call, as the run makes it
+    prompts, _ = prepare.PROMPTS.call(at, 0)
+    base, _ = prepare.BASE.call(at, 0)  # the served policy: its endpoint
+    (target,) = held_out(cfg, Steps(at), prompts)
+    before, _ = evaluate.STAGE.call(at, 0, base, target)
+    pair, _ = text_search.STAGE.call(at, 1, base, prompts)
+    after, _ = evaluate.STAGE.call(at, 1, pair, target)
     assert not (store.dir_of(base) / "model").exists() and before.metrics["eval_prompts"] == 4
     # the policy answered the score, batch and reward prompts and, as its own optimiser, wrote the feedback
     assert pair.metrics["policy_calls"] >= 3 + 3 + 3 + 1 and pair.metrics["answers"] > 0
     assert 0 <= after.metrics["accuracy"] <= 1 and after.parents[0].dir == pair.dir
+
+
+class Steps:
+    """A walk's steps that make each stage's own call in this process."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def run(self, stage, k, *inputs):
+        return stage.call(self.at, k, *inputs)[0]

@@ -34,7 +34,7 @@ class R:
 
 
 class Recorder:
-    """RunSteps and RoundSteps at once: each call is recorded as (what, round)."""
+    """RunSteps and RoundSteps at once: each call is recorded as (what, round), a stage by its name."""
 
     def __init__(self, started=False, waits_from=None):
         self.calls, self.started, self.waits_from, self.optimisers = [], started, waits_from, []
@@ -43,25 +43,27 @@ class Recorder:
         self.calls.append((what, k))
         return out if out is not None else f"{what}-{k}"
 
-    def prompts(self):
-        return self._did("prompts")
+    def run(self, stage, k, *inputs):
+        if stage.name == "search":
+            self.optimisers.append(inputs[-1])
+        if stage.role == "text":
+            return self._did(stage.name, k, Pair(stage.name, k))
+        if stage.name == "base":
+            self._did("base")
+            return R(0, "base")
+        if k == 0 and stage.name in ("prompts", "label-model", "optimiser-model", "demonstrations"):
+            return self._did(stage.name)
+        return self._did(stage.name, k)
 
-    def base(self):
-        self._did("base")
-        return R(5 if self.started else 0, "base")
+    def start(self):
+        self._did("start")
+        return R(5, "base")
 
-    def label_model(self):
-        return self._did("label-model")
-
-    def targets(self, prompts):
-        self._did("targets")
-        return ["evaluate"]
+    def known(self, m):
+        return True
 
     def round_zero(self, base, targets, k):
         return self._did("round-zero", k, R(k, base.policy))
-
-    def demonstrations(self):
-        return self._did("demonstrations")
 
     def cold_start_round(self, k, base, demos, targets, before):
         return self._did("cold-start", k, R(k, "cold"))
@@ -70,12 +72,6 @@ class Recorder:
         self._did("begin", k)
         return None if self.waits_from is not None and k >= self.waits_from else results[-1]
 
-    def retire(self, k, pool, scored):
-        return self._did("pool", k)
-
-    def optimiser_model(self):
-        return self._did("optimiser-model")
-
     def round(self, k, start, pool, targets, first, label_model, optimiser_model):
         made = round_shape(self.cfg, self, k, start.policy, pool, first, label_model, optimiser_model)
         return self._did("round", k, R(k, made.candidate, made.scored))
@@ -83,35 +79,12 @@ class Recorder:
     def waits(self, k):
         self._did("waits", k)
 
-    # a round's own steps
-    def slice(self, k, first, prompts):
-        return self._did("slice", k)
-
-    def online_train(self, k, policy, prompts, label_model):
-        return self._did("train", k)
-
-    def sample(self, k, policy, prompts):
-        return self._did("sample", k)
-
-    def label(self, k, source, policy, label_model):
-        return self._did("label", k)
-
-    def filter(self, k, labels):
-        return self._did("filter", k)
+    def ends(self, k, taught):
+        self._did("ends", k)
 
     def agreement(self, k, labels, train_set):
         self._did("agreement", k)
         return ""
-
-    def train(self, k, policy, train_set):
-        return self._did("train", k)
-
-    def search(self, k, policy, prompts, optimiser):
-        self.optimisers.append(optimiser)
-        return self._did("search", k, Pair("search", k))
-
-    def bind(self, k, weights, carried):
-        return self._did("bind", k, Pair("template", k))
 
 
 @dataclass
@@ -120,6 +93,7 @@ class Pair:
 
     stage: str
     round: int
+    role: str = "text"
 
     @property
     def policy(self):
@@ -135,7 +109,7 @@ def walk(overrides, **kw):
 
 def test_a_run_walks_round_zero_then_each_round_on_the_model_begin_picks():
     calls, results = walk([])
-    assert calls == ["prompts", "base", "targets", "round-zero@0",
+    assert calls == ["prompts", "base", "round-zero@0",
                      "begin@1", "sample@1", "label@1", "filter@1", "agreement@1", "train@1", "round@1",
                      "begin@2", "sample@2", "label@2", "filter@2", "agreement@2", "train@2", "round@2"]
     assert [r.round for r in results] == [0, 1, 2] and results[-1].scored == "label-2"
@@ -145,7 +119,7 @@ def test_a_cold_start_is_generation_1_and_a_continuation_numbers_on_past_it(tmp_
     demos = tmp_path / "d.jsonl"
     demos.write_text('{"prompt": "What is 1 + 1?", "completion": "2"}\n')
     calls, results = walk([f"cold_start.demonstrations={demos}"])
-    assert calls[3:7] == ["round-zero@0", "demonstrations", "cold-start@1", "begin@2"]
+    assert calls[2:6] == ["round-zero@0", "demonstrations", "cold-start@1", "begin@2"]
     assert [r.round for r in results] == [0, 1, 2, 3]
     calls, results = walk([f"cold_start.demonstrations={demos}"], started=True)  # from version of round 5
     assert "demonstrations" not in calls and [r.round for r in results] == [5, 6, 7]
@@ -162,12 +136,12 @@ def test_a_text_is_version_1_and_stays_with_the_weights_trained_under_it():
     """prompt.template: the base weights are paired with it before round 0; each round's search starts
     from the pair, samples and trains under the text it found, and pairs the new weights with it."""
     calls, results = walk(["prompt.template='Q: {prompt}'", "improve=both", "prompt.search={kind: prompt_agent}"])
-    assert calls[:5] == ["prompts", "base", "bind@0", "targets", "round-zero@0"]
-    assert calls[5:13] == ["begin@1", "search@1", "sample@1", "label@1", "filter@1", "agreement@1", "train@1",
-                           "bind@1"]
+    assert calls[:4] == ["prompts", "base", "template@0", "round-zero@0"]
+    assert calls[4:12] == ["begin@1", "search@1", "sample@1", "label@1", "filter@1", "agreement@1", "train@1",
+                           "template@1"]
     assert results[1].policy.stage == "template"
     calls, results = walk(["improve=prompt", "prompt.search={kind: prompt_agent}"])  # the prompt alone
-    assert calls == ["prompts", "base", "targets", "round-zero@0", "begin@1", "search@1", "round@1", "begin@2",
+    assert calls == ["prompts", "base", "round-zero@0", "begin@1", "search@1", "round@1", "begin@2",
                      "search@2", "round@2"]
     assert results[2].policy.stage == "search" and results[2].scored is None
 

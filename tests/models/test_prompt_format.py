@@ -56,7 +56,6 @@ def test_a_plan_reads_a_chat_template_from_the_files_only_where_they_say_it_for_
     import json
     import shutil
 
-    from ratchet.flows.plan import _has_chat_template_file
 
     in_config = tmp_path / "in-config"  # the template in tokenizer_config.json only
     shutil.copytree(tiny_base_model, in_config)
@@ -66,7 +65,7 @@ def test_a_plan_reads_a_chat_template_from_the_files_only_where_they_say_it_for_
     shutil.copytree(tiny_base_model, empty)
     (empty / "chat_template.jinja").write_text("")
     for path, said in [(tiny_model, True), (in_config, True), (tiny_base_model, False), (empty, False)]:
-        assert _has_chat_template_file(path) is said, path
+        assert prompt_format.chats_by_its_files(path) is said, path
         assert prompt_format.has_template(AutoTokenizer.from_pretrained(path)) is said, path
 
 

@@ -132,7 +132,7 @@ def test_a_curriculum_climbs_the_levels_and_ends_the_run_at_the_top(tiny_model, 
     finally:
         stop()
     assert [r.round for r in results] == [0, 1, 2, 3] and "demonstrations" in results[1].stage_wall_s
-    assert [sorted(m.stage for m in r.evaluations) for r in results] == [
+    assert [sorted(m.stage for m in r.evaluations.values()) for r in results] == [
         ["evaluate", "evaluate.level_1", "evaluate.level_2"],
         ["evaluate", "evaluate.level_1", "evaluate.level_2"],
         ["evaluate", "evaluate.level_1", "evaluate.level_2", "evaluate.level_3"],

@@ -262,7 +262,7 @@ def test_an_optimiser_model_of_its_own_writes_on_its_own_engine_and_keys_the_sea
     base, _ = prepare.base_model(store, "tiny", tiny_model)
     from ratchet.models.prompt_format import written_template  # as the flow's stage writes it: a plain layout
 
-    own, _ = prepare.base_model(store, "tiny-base", tiny_base_model, stage="optimiser-model",
+    own, _ = prepare.base_model(store, "tiny-base", tiny_base_model, stage=prepare.OPTIMISER_MODEL,
                                 template=written_template(tiny_base_model, "auto", "Question: {prompt}\nAnswer:"))
     asked: dict[str, list[str]] = {}
     real = sampler_mod.open_sampler
