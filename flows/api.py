@@ -1,17 +1,23 @@
-"""Ratchet from Python: the same config, checks and runs as the commands, as functions.
+"""Ratchet from Python: what the commands do, as functions that return data; the CLI prints it.
 
-    from ratchet.flows.api import check, load, run
+    from ratchet.flows import api
 
-    cfg = load("flows/configs/default.yaml", ["rounds=1", "workdir=runs"])
-    check(cfg)                  # what `ratchet check` checks; raises ConfigError, nothing loaded
-    result = run(cfg)           # what `ratchet run` runs, without its console
-    for r in result.rounds:
-        print(r.round, r.version, r.accuracy, r.promoted)
+    cfg = api.load("flows/configs/default.yaml", ["rounds=1", "workdir=runs"])
+    api.check(cfg)              # what `ratchet check` checks; raises ConfigError, nothing loaded
+    result = api.run(cfg)       # what `ratchet run` runs, without its console
     print(result.champion, result.model_dir(result.champion))
+
+    api.plan("flows/configs/default.yaml").steps             # `ratchet plan`: each stage's state and why
+    api.runs(workdir="runs").runs                            # `ratchet runs`: every run, its versions
+    api.lineage("flows/configs/default.yaml", "3").links     # `ratchet lineage`: the verified chain
+    api.verify("flows/configs/default.yaml", "3").counts     # `ratchet verify`: its stages run again
+    api.export("flows/configs/default.yaml", "champion", "out").path   # `ratchet export`
 
 `run` is `ratchet run`: the same stages, keys and store, so calling it again with the same
 config continues the same run, and the CLI sees what it made (`ratchet runs`, `ratchet
-report`). Its output goes to the process's own streams and logging.
+report`). Its output goes to the process's own streams and logging. The reading functions
+choose their run as the commands do (`find_run`: a config's run, `run=` by name, `workdir=`);
+each takes a run `find_run` chose already in its first argument's place.
 """
 
 from __future__ import annotations
@@ -102,3 +108,233 @@ def run(cfg: PipelineConfig, start_from: str | None = None) -> RunResult:
                      rounds=[RoundOutcome(r.round, r.version, r.accuracy, dict(r.accuracies), r.promoted)
                              for r in results],
                      champion=tracker.champion(), _tracker=tracker)
+
+
+# reading a run: what `ratchet plan`, `runs`, `lineage`, `verify` and `export` print -------------------
+
+Where = Any  # a run as find_run chose it (flows/runs.py Chosen), or a config file's path, or None
+
+
+def find_run(config: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), workdir: str | Path | None = None,
+             run: str | None = None, *, need: bool = True):
+    """The run a reading function reads, chosen as every command chooses it (flows/runs.py
+    `choose_run`): `run` by name; else the run `config` names (with its overrides), or its
+    newest; with no config, the newest run in `workdir`. `need` False: none is needed (a question
+    about the whole workdir). Its `.line()` says which it is and how it was found."""
+    from ratchet.flows.runs import choose_run
+
+    return choose_run(None if config is None else str(config), list(overrides),
+                      None if workdir is None else str(workdir), run, need=need)
+
+
+def _chosen(where: Where, overrides, workdir, run, need: bool = True):
+    from ratchet.flows.runs import Chosen
+
+    return where if isinstance(where, Chosen) else find_run(where, overrides, workdir, run, need=need)
+
+
+def _tracker(chosen):
+    from ratchet.flows.tracking import Tracker
+
+    return Tracker(chosen.cfg.tracking, chosen.workdir, chosen.cfg.name)
+
+
+def _store(chosen):
+    from ratchet.data.errors import RatchetError
+    from ratchet.data.store import ArtifactStore
+
+    if not (chosen.workdir / "stages").is_dir():
+        raise RatchetError(f"no artifact store at {chosen.workdir}/stages; run the pipeline first or pass --workdir W")
+    return ArtifactStore(chosen.workdir)
+
+
+def plan(where: Where = None, overrides: list[str] | tuple[str, ...] = (), *, workdir: str | Path | None = None,
+         run: str | None = None):
+    """`ratchet plan`: what the run would do if it started now, each stage reused, stale (and why),
+    to run, or waiting (flows/plan.py `Plan`: `.steps`, `.counts()`, `.render()`, `.as_json()`).
+    Loads no model and writes nothing."""
+    from ratchet.flows.plan import plan as plan_of, start_of
+    from ratchet.flows.runs import read_record, recorded_name
+
+    chosen = _chosen(where, overrides, workdir, run, need=where is None)
+    name = chosen.run or recorded_name(chosen.cfg, chosen.workdir)
+    record = chosen.workdir / "runs" / f"{name}.json"
+    ctx = read_record(record).ctx if record.is_file() else None
+    start = start_of(chosen.cfg, chosen.workdir, ctx.start_version) if ctx and ctx.start_version else None
+    return plan_of(chosen.cfg, run=name, start=start, pool_start=ctx.pool_start if ctx else None)
+
+
+@dataclass(frozen=True)
+class Runs:
+    """The runs recorded in a workdir (`ratchet runs`): each a flows/runs.py RunSummary (state,
+    rounds, versions with their accuracy, how to resume it)."""
+
+    workdir: Path
+    model: str  # the MLflow registered model
+    tracking: str  # the MLflow store, its secrets hidden
+    champion: str | None
+    runs: list
+
+
+def runs(where: Where = None, overrides: list[str] | tuple[str, ...] = (), *, workdir: str | Path | None = None,
+         run: str | None = None) -> Runs:
+    """`ratchet runs`: every pipeline run recorded in the workdir (`run`: that one alone)."""
+    from ratchet.data.errors import RatchetError
+    from ratchet.flows.runs import list_runs
+    from ratchet.flows.tracking import redact
+
+    chosen = _chosen(where, overrides, workdir, None, need=False)
+    if not (chosen.workdir / "runs").is_dir():
+        raise RatchetError(f"no pipeline runs recorded in {chosen.workdir}/runs; run the pipeline first or pass "
+                           "--workdir W")
+    tracker = _tracker(chosen)
+    found = list_runs(chosen.workdir, tracker)
+    if run is not None:
+        found = [r for r in found if r.run == run]
+        if not found:
+            raise RatchetError(f"no pipeline run {run!r} in {chosen.workdir}/runs; `ratchet runs` without --run lists "
+                               "them")
+    return Runs(chosen.workdir, tracker.model_name, redact(tracker.uri), tracker.champion(), found)
+
+
+def _versions(chosen, tracker) -> list[str]:
+    """The versions the chosen run registered, oldest first."""
+    from ratchet.flows.runs import list_runs
+
+    return next(([e.version for e in r.entries] for r in list_runs(chosen.workdir, tracker) if r.run == chosen.run),
+                [])
+
+
+def version_number(tracker, target: str) -> str:
+    """The registered version a command names: N, models:/NAME/N (this run's model's) or 'champion'."""
+    from ratchet.data.errors import RatchetError
+    from ratchet.flows.lineage import own_model
+
+    own_model(target, tracker)
+    version = tracker.champion() if target == "champion" else target.rsplit("/", 1)[-1]
+    if version is None:
+        raise RatchetError(f"{tracker.model_name} has no champion yet; name a version (see `ratchet runs`)")
+    return version
+
+
+def made_by(tracker, version: str, run: str | None) -> str:
+    """Which run and round made a registered version (its `ratchet.run` and `ratchet.round` tags),
+    refused when `run` names another run."""
+    from ratchet.data.errors import RatchetError
+
+    tags = tracker.version(version).tags
+    made = tags.get("ratchet.run")
+    if run is not None and made is not None and made != run:
+        raise RatchetError(f"{tracker.model_name} version {version} was made by run {made}, not {run}; leave out "
+                           "--run (a version names its run) or name that run's version")
+    where = f"run {made}, round {tags.get('ratchet.round', '?')}" if made else "a run that left no ratchet.run tag"
+    return f"{tracker.model_name} version {version}: made by {where}"
+
+
+def _newest_version(chosen, tracker, how: str) -> str:
+    from ratchet.data.errors import RatchetError
+
+    versions = _versions(chosen, tracker)
+    if not versions:
+        raise RatchetError(f"run {chosen.run} has registered no model version yet; {how}")
+    return versions[-1]
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """The chain behind a version (`ratchet lineage`): its links, the model's own stage first, each
+    verified against its manifest (flows/lineage.py Link)."""
+
+    version: str | None  # the registered version, where the target was one
+    made_by: str | None  # which run and round made it
+    links: list
+
+    @property
+    def verified(self) -> bool:
+        return all(x.verified for x in self.links)
+
+
+def lineage(where: Where = None, version: str | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+            workdir: str | Path | None = None, run: str | None = None) -> Lineage:
+    """`ratchet lineage`: the verified chain behind `version` (N, 'champion', models:/NAME/N, a round's
+    MLflow run id or a stage directory; None: the chosen run's newest version)."""
+    from ratchet.flows.lineage import annotate, resolve, walk
+
+    chosen = _chosen(where, overrides, workdir, run, need=version is None)
+    store, tracker = _store(chosen), _tracker(chosen)
+    target = version if version is not None else _newest_version(
+        chosen, tracker, "name a VERSION, 'champion', a round's MLflow run id or a stage dir")
+    number = tracker.champion() if target == "champion" else target.rsplit("/", 1)[-1]
+    said = made_by(tracker, number, run) if number is not None and number.isdigit() else None
+    links = walk(store, resolve(target, store, tracker))
+    annotate(links, tracker)
+    return Lineage(number if said else None, said, links)
+
+
+def code_version(where: Where = None, digest: str = "", *, workdir: str | Path | None = None,
+                 run: str | None = None) -> dict:
+    """`ratchet lineage --code DIGEST`: the definitions and libraries a stage's code version covers."""
+    return _store(_chosen(where, (), workdir, run, need=False)).code(digest)
+
+
+@dataclass(frozen=True)
+class Verification:
+    """`ratchet verify`: each stage behind a version run again in a scratch store, with its verdict
+    (flows/verify.py StageVerdict: identical, differs, not re-runnable) and the file that holds them."""
+
+    version: str
+    made_by: str
+    path: Path  # the verdicts, also logged to the run's MLflow parent run where it could be
+    verdicts: list
+    logged: str  # where the verdicts were logged, or why not
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {k: sum(v.verdict == k for v in self.verdicts) for k in ("identical", "differs", "not re-runnable")}
+
+
+def verify(where: Where = None, version: str | None = None, stages: list[str] | tuple[str, ...] = (),
+           overrides: list[str] | tuple[str, ...] = (), *, workdir: str | Path | None = None,
+           run: str | None = None) -> Verification:
+    """`ratchet verify`: run the stages behind `version` (None: the chosen run's newest) again and
+    compare every output's bytes; `stages`: only these (`train`, `label@2`, ...)."""
+    from ratchet.flows.lineage import version_manifest
+    from ratchet.flows.runs import load_record
+    from ratchet.flows.verify import chosen_stages, verify as verify_stages
+
+    chosen = _chosen(where, overrides, workdir, run, need=version is None)
+    store, tracker = _store(chosen), _tracker(chosen)
+    number = version_number(tracker, version or _newest_version(chosen, tracker, "name one with --version N"))
+    said = made_by(tracker, number, run)
+    owner = tracker.version(number).tags.get("ratchet.run") or chosen.run or "unknown-run"
+    picked, upstream = chosen_stages(store, version_manifest(store, tracker, number), list(stages))
+    path, verdicts = verify_stages(store, picked, chosen.workdir / "verify" / owner, upstream=upstream)
+    try:
+        tracker.client.log_artifact(load_record(chosen.workdir, owner).ctx.parent_run_id, str(path), "verify")
+        logged = " and the run's MLflow parent run (verify/)"
+    except Exception as e:  # noqa: BLE001 - the file holds the verdicts either way
+        logged = f" (not logged to MLflow: {type(e).__name__}: {str(e)[:200]})"
+    return Verification(number, said, path, verdicts, logged)
+
+
+@dataclass(frozen=True)
+class Exported:
+    model: str  # the MLflow registered model
+    version: str
+    made_by: str
+    path: Path  # a plain Hugging Face model directory, with a lineage card
+
+
+def export(where: Where, version: str, out: str | Path, overrides: list[str] | tuple[str, ...] = (), *,
+           workdir: str | Path | None = None, run: str | None = None) -> Exported:
+    """`ratchet export`: a registered version (N, 'champion', models:/NAME/N) as a plain Hugging
+    Face model directory `out`, with a card that gives its lineage."""
+    from ratchet.data.store import ArtifactStore
+    from ratchet.flows.lineage import export as export_version
+
+    chosen = _chosen(where, overrides, workdir, run, need=False)
+    tracker = _tracker(chosen)
+    number = version_number(tracker, version)
+    said = made_by(tracker, number, run)
+    return Exported(tracker.model_name, number, said,
+                    export_version(ArtifactStore(chosen.workdir), tracker, number, Path(out)))

@@ -322,72 +322,24 @@ def _chosen(args, command: str, names: list[str], required: int = 0, need: bool 
     return chosen, targets
 
 
-def _made_by(tracker, version: str, run: str | None) -> str:
-    """Which run and round made a registered version (its `ratchet.run` and `ratchet.round` tags),
-    refused when --run named another run."""
-    tags = tracker.version(version).tags
-    made = tags.get("ratchet.run")
-    if run is not None and made is not None and made != run:
-        raise RatchetError(f"{tracker.model_name} version {version} was made by run {made}, not {run}; leave out "
-                           "--run (a version names its run) or name that run's version")
-    where = f"run {made}, round {tags.get('ratchet.round', '?')}" if made else "a run that left no ratchet.run tag"
-    return f"{tracker.model_name} version {version}: made by {where}"
-
-
-def _version_number(tracker, target: str) -> str:
-    """The registered version a command names: N, models:/NAME/N (this run's model's) or 'champion'."""
-    from ratchet.flows.lineage import own_model
-
-    own_model(target, tracker)
-    version = tracker.champion() if target == "champion" else target.rsplit("/", 1)[-1]
-    if version is None:
-        raise RatchetError(f"{tracker.model_name} has no champion yet; name a version (see `ratchet runs`)")
-    return version
-
-
-def _run_versions(chosen, tracker) -> list[str]:
-    from ratchet.flows.runs import list_runs
-
-    for r in list_runs(chosen.workdir, tracker):
-        if r.run == chosen.run:
-            return [e.version for e in r.entries]
-    return []
-
-
 def cmd_lineage(args) -> int:
     """Print the chain behind a model version or round run; exit 1 if any link fails its check."""
     import json
 
-    from ratchet.data.store import ArtifactStore
-    from ratchet.flows.lineage import annotate, as_json, render_text, resolve, walk
-    from ratchet.flows.tracking import Tracker
+    from ratchet.flows import api
+    from ratchet.flows.lineage import as_json, render_code, render_text
 
     _, (target,), _ = _words(args, "lineage", ["VERSION"], required=0)
     chosen, _ = _chosen(args, "lineage", ["VERSION"], need=target is None and args.code is None)
-    cfg, workdir = chosen.cfg, chosen.workdir
-    if not (workdir / "stages").is_dir():
-        raise RatchetError(f"no artifact store at {workdir}/stages; run the pipeline first or pass --workdir W")
-    store = ArtifactStore(workdir)
     if args.code is not None:  # a code version, opened
-        from ratchet.flows.lineage import render_code
-
-        opened = store.code(args.code)
+        opened = api.code_version(chosen, args.code)
         print(json.dumps(opened, indent=2) if args.json else render_code(opened))
         return 0
-    tracker = Tracker(cfg.tracking, workdir, cfg.name)
-    if target is None:  # the chosen run's newest version
-        versions = _run_versions(chosen, tracker)
-        if not versions:
-            raise RatchetError(f"run {chosen.run} has registered no model version yet; name a VERSION, 'champion', a "
-                               "round's MLflow run id or a stage dir")
-        target = versions[-1]
-    version = tracker.champion() if target == "champion" else target.rsplit("/", 1)[-1]
-    if version is not None and version.isdigit():
-        print(_made_by(tracker, version, args.run), file=sys.stderr if args.json else sys.stdout)
-    links = walk(store, resolve(target, store, tracker))
-    annotate(links, tracker)
-    print(json.dumps(as_json(links), indent=2) if args.json else render_text(links))
-    return 0 if all(x.verified for x in links) else 1
+    found = api.lineage(chosen, target, run=args.run)
+    if found.made_by:
+        print(found.made_by, file=sys.stderr if args.json else sys.stdout)
+    print(json.dumps(as_json(found.links), indent=2) if args.json else render_text(found.links))
+    return 0 if found.verified else 1
 
 
 def cmd_runs(args) -> int:
@@ -395,27 +347,19 @@ def cmd_runs(args) -> int:
     import json
     import time
 
-    from ratchet.flows.runs import list_runs
-    from ratchet.flows.tracking import Tracker, redact
+    from ratchet.flows import api
 
     chosen, _ = _chosen(args, "runs", [], need=False)
-    workdir = chosen.workdir
-    if not (workdir / "runs").is_dir():
-        raise RatchetError(f"no pipeline runs recorded in {workdir}/runs; run the pipeline first or pass --workdir W")
-    tracker = Tracker(chosen.cfg.tracking, workdir, chosen.cfg.name)
-    runs, champ = list_runs(workdir, tracker), tracker.champion()
-    if args.run is not None:
-        runs = [r for r in runs if r.run == args.run]
-        if not runs:
-            raise RatchetError(f"no pipeline run {args.run!r} in {workdir}/runs; `ratchet runs` without --run lists them")
+    found = api.runs(chosen, run=args.run)
+    champ = found.champion
     if args.json:
-        print(json.dumps({"workdir": str(workdir), "model": tracker.model_name, "champion": champ,
-                          "runs": [r.model_dump() for r in runs]}, indent=2))
+        print(json.dumps({"workdir": str(found.workdir), "model": found.model, "champion": champ,
+                          "runs": [r.model_dump() for r in found.runs]}, indent=2))
         return 0
-    print(f"workdir {workdir} · MLflow {redact(tracker.uri)} · model {tracker.model_name} · champion "
+    print(f"workdir {found.workdir} · MLflow {found.tracking} · model {found.model} · champion "
           f"{'version ' + champ if champ else 'none yet'}")
     print(f"{'run':<34} {'state':<11} {'rounds':>6}  {'started':<16}  versions (held-out accuracy; * promoted)")
-    for r in runs:
+    for r in found.runs:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "?"
         versions = ", ".join(f"v{e.version}{'*' if e.promoted else ''} "
                              f"{'?' if e.accuracy is None else f'{e.accuracy:.1%}'}"
@@ -455,56 +399,28 @@ def _positional_run(args, command: str):
 
 def cmd_export(args) -> int:
     """Write a registered version as a plain Hugging Face model directory with a lineage card."""
-    from ratchet.data.store import ArtifactStore
-    from ratchet.flows.lineage import export
-    from ratchet.flows.tracking import Tracker
+    from ratchet.flows import api
 
     chosen, (target, out_dir) = _chosen(args, "export", ["VERSION", "DIR"], required=2, need=False)
-    cfg, workdir = chosen.cfg, chosen.workdir
-    tracker = Tracker(cfg.tracking, workdir, cfg.name)
-    version = _version_number(tracker, target)
-    print(_made_by(tracker, version, args.run))
-    out = export(ArtifactStore(workdir), tracker, version, Path(out_dir))
-    print(f"{tracker.model_name} version {version} -> {out} (transformers: AutoModelForCausalLM.from_pretrained("
+    done = api.export(chosen, target, out_dir, run=args.run)
+    out = done.path
+    print(done.made_by)
+    print(f"{done.model} version {done.version} -> {out} (transformers: AutoModelForCausalLM.from_pretrained("
           f"{str(out)!r}); vLLM: LLM(model={str(out)!r}))")
     return 0
 
 
 def cmd_verify(args) -> int:
     """Run the stages behind a version again in a scratch store; compare every output's digest."""
-    from ratchet.data.store import ArtifactStore
-    from ratchet.flows.lineage import version_manifest
-    from ratchet.flows.runs import load_record
-    from ratchet.flows.tracking import Tracker
-    from ratchet.flows.verify import chosen_stages, verify
+    from ratchet.flows import api
 
     chosen, _ = _chosen(args, "verify", [], need=args.version is None)
-    cfg, workdir = chosen.cfg, chosen.workdir
-    if not (workdir / "stages").is_dir():
-        raise RatchetError(f"no artifact store at {workdir}/stages; run the pipeline first or pass --workdir W")
-    tracker = Tracker(cfg.tracking, workdir, cfg.name)
-    target = args.version
-    if target is None:
-        versions = _run_versions(chosen, tracker)
-        if not versions:
-            raise RatchetError(f"run {chosen.run} has registered no model version yet; name one with --version N")
-        target = versions[-1]
-    version = _version_number(tracker, target)
-    print(_made_by(tracker, version, args.run))
-    store = ArtifactStore(workdir)
-    run = tracker.version(version).tags.get("ratchet.run") or chosen.run or "unknown-run"
-    stages, upstream = chosen_stages(store, version_manifest(store, tracker, version), args.stage or [])
-    path, verdicts = verify(store, stages, workdir / "verify" / run, upstream=upstream)
-    logged = ""
-    try:
-        tracker.client.log_artifact(load_record(workdir, run).ctx.parent_run_id, str(path), "verify")
-        logged = " and the run's MLflow parent run (verify/)"
-    except Exception as e:  # noqa: BLE001 - the file holds the verdicts either way
-        logged = f" (not logged to MLflow: {type(e).__name__}: {str(e)[:200]})"
-    counts = {k: sum(v.verdict == k for v in verdicts) for k in ("identical", "differs", "not re-runnable")}
-    print(", ".join(f"{n} {k}" for k, n in counts.items()) + f": verdicts in {path}{logged}")
+    done = api.verify(chosen, args.version, args.stage or [], run=args.run)
+    print(done.made_by)
+    counts = done.counts
+    print(", ".join(f"{n} {k}" for k, n in counts.items()) + f": verdicts in {done.path}{done.logged}")
     if counts["differs"]:
-        print(f"the re-run's files are kept in {path.with_name(path.stem + '-scratch')} to compare")
+        print(f"the re-run's files are kept in {done.path.with_name(done.path.stem + '-scratch')} to compare")
     return 1 if counts["differs"] else 0
 
 
@@ -512,21 +428,19 @@ def cmd_plan(args) -> int:
     """What a run would do, before it starts: each stage reused, stale (and why), to run, or waiting."""
     import json
 
-    from ratchet.flows.plan import plan, start_of
-    from ratchet.flows.runs import choose_run, read_record, recorded_name
+    from ratchet.flows import api
+    from ratchet.flows.runs import choose_run, recorded_name
 
     config, _, overrides = _words(args, "plan", [], required=0)
     chosen = choose_run(config, overrides, args.workdir, args.run, need=config is None)
     run = chosen.run or recorded_name(chosen.cfg, chosen.workdir)
-    record = chosen.workdir / "runs" / f"{run}.json"
-    ctx = read_record(record).ctx if record.is_file() else None
-    start = start_of(chosen.cfg, chosen.workdir, ctx.start_version) if ctx and ctx.start_version else None
     if chosen.run is not None:
         line = chosen.line()
     else:
-        line = f"run {run} (the run {config} names{'' if ctx else '; not run yet'}) · workdir {chosen.workdir}"
+        known = (chosen.workdir / "runs" / f"{run}.json").is_file()
+        line = f"run {run} (the run {config} names{'' if known else '; not run yet'}) · workdir {chosen.workdir}"
     print(f"reading {line}", file=sys.stderr if args.json else sys.stdout)
-    made = plan(chosen.cfg, run=run, start=start, pool_start=ctx.pool_start if ctx else None)
+    made = api.plan(chosen)
     print(json.dumps(made.as_json(), indent=2) if args.json else made.render())
     return 0
 

@@ -319,3 +319,24 @@ def test_every_option_of_a_run_command_is_run_against_the_recorded_run():
         options = {o for action in sub.choices[command]._actions for o in action.option_strings} - {"-h", "--help"}
         used = {w.strip("[]") for a in ran if a[0] == command for w in a}
         assert options <= used, f"ratchet {command}: {sorted(options - used)} run against no recorded run"
+
+
+@pytest.mark.integration
+def test_the_api_reads_the_recorded_run_as_the_commands_do(recorded_run, monkeypatch, tmp_path):
+    """flows/api.py's reading functions, one call each as docs/reference/python.md shows them: the
+    data the commands print."""
+    from ratchet.flows import api
+
+    rec = recorded_run
+    monkeypatch.chdir(rec.home)
+    made = api.plan(rec.config)
+    assert made.run == rec.run and made.steps and {s.state for s in made.steps} == {"reused"}
+    listing = api.runs(workdir=rec.work)
+    assert [r.run for r in listing.runs] == [rec.run] and listing.champion in [e.version for e in listing.runs[0].entries]
+    chain = api.lineage(rec.config, "2")
+    assert chain.verified and chain.version == "2" and chain.made_by.endswith(f"made by run {rec.run}, round 1")
+    assert chain.links[0].role == "text" and "model" in {x.role for x in chain.links}  # a pair, over its weights
+    checked = api.verify(api.find_run(rec.config), "2", ["filter"])
+    assert checked.counts == {"identical": 1, "differs": 0, "not re-runnable": 0} and checked.path.is_file()
+    done = api.export(rec.config, "champion", tmp_path / "out")
+    assert done.version == listing.champion and (done.path / "config.json").is_file()

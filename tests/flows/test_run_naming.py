@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from ratchet.data.errors import RatchetError
-from ratchet.flows.cli import _made_by, build_parser, main
+from ratchet.flows.api import made_by
+from ratchet.flows.cli import build_parser, main
 from ratchet.flows.config import load_config
 from ratchet.flows.runs import choose_run, run_name_for
 
@@ -98,10 +99,10 @@ def test_old_resume_form_still_names_the_run(workdir, capsys):
 def test_a_version_names_the_run_that_made_it():
     tags = {"ratchet.run": "default-aaaa", "ratchet.round": "2"}
     tracker = SimpleNamespace(model_name="m", version=lambda v: SimpleNamespace(tags=tags))
-    assert _made_by(tracker, "4", None) == "m version 4: made by run default-aaaa, round 2"
-    assert _made_by(tracker, "4", "default-aaaa").endswith("round 2")
+    assert made_by(tracker, "4", None) == "m version 4: made by run default-aaaa, round 2"
+    assert made_by(tracker, "4", "default-aaaa").endswith("round 2")
     with pytest.raises(RatchetError, match="was made by run default-aaaa, not default-bbbb"):
-        _made_by(tracker, "4", "default-bbbb")
+        made_by(tracker, "4", "default-bbbb")
 
 
 def test_a_run_is_found_under_any_spelling_of_its_folder(tmp_path, monkeypatch):
