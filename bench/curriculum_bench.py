@@ -56,7 +56,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "examples" / "addition")]
 import method_bench  # noqa: E402  (its cells run the arms; its overrides are each method's)
-from worked import first_miss, worked  # noqa: E402  (the working's form, and where an answer's first goes wrong)
+from worked import compact, first_miss, worked  # noqa: E402  (the working's forms; where an answer first goes wrong)
 CONFIGS = ROOT / "flows" / "configs"
 # reasoning-gym's chain_sum (sums and differences of whole numbers), a level per number of terms and digits
 CHAIN_SUM = {1: (2, 1), 2: (3, 1), 3: (2, 2), 4: (3, 2), 5: (4, 2), 6: (3, 3)}
@@ -89,7 +89,7 @@ def curriculum_of(a) -> str:
 
 def overrides(a, demos: bool = True) -> list[str]:
     name = f"climb-{a.train}" if a.task == "addition" else f"climb-{a.task}-{a.train}"
-    name += "-worked" if a.worked else ""
+    name += ("-worked" if getattr(a, "form", "worked") == "worked" else f"-{a.form}") if a.worked else ""
     name += "-checked" if getattr(a, "check_working", False) else ""
     cold = f"cold_start={{demonstrations: {demonstrations_file(a)}"
     if a.worked:
@@ -147,7 +147,7 @@ def write_demonstrations(a) -> str:
     train = load_split(cfg.data, cfg.seed).train
     if a.worked:
         levels = a.demo_levels or [min(a.levels)]
-        rows = worked_rows(a.demos, train, levels)
+        rows = worked_rows(a.demos, train, levels, FORMS[getattr(a, "form", "worked")])
         return f"{len(rows)} worked demonstrations of levels {levels} in {write_rows(a, rows)}"
     first = [p for p in train if p.level == min(a.levels)]
     random.Random(0).shuffle(first)
@@ -166,8 +166,9 @@ def write_demonstrations(a) -> str:
             "negative answer)")
 
 
-def worked_rows(count: int, train: list, levels: list[int]) -> list[dict]:
-    """`count` train problems spread evenly over `levels` (each level's seeded), each answered by `worked`."""
+def worked_rows(count: int, train: list, levels: list[int], form=worked) -> list[dict]:
+    """`count` train problems spread evenly over `levels` (each level's seeded), each answered by `form`
+    (`worked`, or `compact`)."""
     import random
 
     rows = []
@@ -176,7 +177,7 @@ def worked_rows(count: int, train: list, levels: list[int]) -> list[dict]:
         random.Random(n).shuffle(pool)
         for p in pool[: count // len(levels) + (i < count % len(levels))]:
             x, y = (int(v) for v in p.id.removeprefix("add-").split("-"))
-            rows.append({"prompt": p.prompt, "completion": worked(x, y), "answer": p.answer})
+            rows.append({"prompt": p.prompt, "completion": form(x, y), "answer": p.answer})
     return rows
 
 
@@ -188,6 +189,9 @@ def write_rows(a, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+FORMS = {"worked": worked, "compact": compact}  # --form: the working the demonstrations write
 
 
 # --train and an arm's method: the overrides of bench/method_bench.py's cell of that name
@@ -271,7 +275,7 @@ def table(a) -> str:
                          for n in levels)
         rows.append(f"{r.round:>5} {r.level if r.level is not None else '-':>5} "
                     f"{r.band if r.band is not None else '-':>5} {cells}")
-    if a.worked and rep.rounds and rep.rounds[-1].answers:
+    if a.worked and getattr(a, "form", "worked") == "worked" and rep.rounds and rep.rounds[-1].answers:
         rows += ["", f"round {rep.rounds[-1].round}'s held-out answers, by where each first went wrong:",
                  misses(rep.rounds[-1].answers)]
     return "\n".join(rows)
@@ -305,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-working", action="store_true", help="with --worked, label with a check of the "
                     "working itself (examples/addition/worked.py's `working`: right only when every line is), so RFT keeps only "
                     "right workings; held-out accuracy still reads the last number")
+    ap.add_argument("--form", choices=list(FORMS), default="worked", help="with --worked, the working's form: "
+                    "worked (what is left copied into every line) or compact (a short step a digit)")
     ap.add_argument("--demo-levels", type=int, nargs="+", help="with --worked, the levels the demonstrations are "
                     "drawn from (default: the first)")
     ap.add_argument("--demo-epochs", type=float, default=3, help="with --worked, the cold start's epochs")

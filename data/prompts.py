@@ -36,13 +36,30 @@ SourceConfig = Annotated[AdditionSource | ChainSource | FileSource | ReasoningGy
 
 
 def load_split(cfg: PoolSource, seed: int, *, train_answers: bool = False) -> Split:
-    """(train, eval), deterministic in seed, disjoint, every row checked.
+    """(train, eval), deterministic in seed, disjoint, every row checked: the train path's.
 
-    `train_answers`: every train prompt needs a reference answer (the verifier labels).
-    Eval prompts always need one: held-out accuracy, and so the champion gate, is
-    computed from them. Raises one ConfigError listing every problem.
+    `train_answers`: every train prompt needs a reference answer (the verifier labels). Eval
+    prompts always need one: held-out accuracy, and so the champion gate, is computed from them.
+    A train prompt of a level without labels (data.labeled_levels) comes without its answer:
+    from here on, no stage of the train path can read it (`references` can). Raises one
+    ConfigError listing every problem.
     """
-    return cfg.load(seed, train_answers)
+    split = cfg.load(seed, train_answers)
+    hidden = set(cfg.unlabeled_levels())
+    if not hidden:
+        return split
+    train = [p.model_copy(update={"answer": None}) if p.level in hidden else p for p in split.train]
+    return Split(train, split.eval, split.digests, split.places)
+
+
+def references(cfg: PoolSource, seed: int) -> dict[str, str]:
+    """The reference answers a run keeps from its train path (data.labeled_levels): each train prompt
+    of an unlabeled level that has one, by id. Read only to measure the labels a round made itself
+    (label precision); nothing a stage reads or keys on."""
+    hidden = set(cfg.unlabeled_levels())
+    if not hidden:
+        return {}
+    return {p.id: p.answer for p in cfg.load(seed, False).train if p.level in hidden and p.answer is not None}
 
 
 def check_draw(count: int, pool: int) -> None:

@@ -120,6 +120,7 @@ class Completion(_Turns):
     text: str
     n_tokens: int = Field(ge=0)
     finish_reason: str | None = None
+    level: int | None = Field(default=None, description="its prompt's difficulty level, where the task has levels")
     fields: dict[str, Any] = Field(default_factory=dict, description="the source row's other columns, "
                                    "for a check that reads them")
 
@@ -134,6 +135,7 @@ class LabeledCompletion(_Turns):
     index: int
     text: str
     n_tokens: int
+    level: int | None = Field(default=None, description="its prompt's difficulty level, where the task has levels")
     reward: float | None = Field(
         description="the label's reward: 1.0/0.0 (verifier, consistency), the judge's score; None = the judge's "
         "verdict could not be read"

@@ -194,6 +194,11 @@ def _curriculum_checks(cfg: PipelineConfig) -> list[str]:
     if cfg.sample.n < 2:
         out.append(f"curriculum: sample.n={cfg.sample.n} cannot form a band (prompts whose samples pass sometimes: "
                    "0 < passed < n needs n >= 2); raise sample.n")
+    if (hidden := cfg.data.unlabeled_levels()) and c.advance_by == "accuracy":
+        out.append(f"curriculum.advance_by='accuracy' moves on by a level's held-out accuracy, which at levels "
+                   f"{hidden} (not in data.labeled_levels) would make their references a label; move on by "
+                   "curriculum.advance_by=labels (the share of a level's prompts the round's label labeled) or rounds "
+                   "(one level a round)")
     return out
 
 
@@ -210,10 +215,16 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
         )
     problems += _served_checks(cfg)
     problems += _curriculum_checks(cfg)
+    if (hidden := cfg.data.unlabeled_levels()) and cfg.label.needs_reference() and \
+            cfg.label.scores_with(cfg.data.check).needs_answer:
+        problems.append(f"{cfg.label.setting()} scores with reference answers, and data.labeled_levels leaves levels "
+                        f"{hidden} without them on the train path; label those from the model's own answers "
+                        "(label.kind: vote or consistency), or name them in data.labeled_levels")
     levels = {f"level_{n}" for n in cfg.data.level_list()}
     problems += [f"evaluate.sets: {x.name!r} is the name of a level's own held-out set (data.levels); name the set "
                  "otherwise" for x in cfg.evaluate.sets if x.name in levels]
     problems += cfg.sample.rollout.checks(cfg)
+    problems += cfg.filter.checks(cfg)
     problems += _prompt_checks(cfg)
     problems += _return_checks(cfg)
     label = cfg.label

@@ -60,6 +60,8 @@ def drop_models(workdir: Path, tracker, dry_run: bool = False) -> list[Leftover]
     newest: dict[str, tuple[int, str]] = {}
     for mv in versions:
         run, k = mv.tags.get("ratchet.run"), mv.tags.get("ratchet.round", "")
+        if "ratchet.voter" in mv.tags:  # a model that votes beside a round's policy is not the round's model
+            continue
         if run and k.isdigit() and (run not in newest or int(k) > newest[run][0]):
             newest[run] = (int(k), str(mv.version))
     keep: dict[str, str] = {}  # stage dir -> why it keeps its weights

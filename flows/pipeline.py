@@ -107,9 +107,9 @@ class FlowSteps:
         why = CurriculumJob.model_validate(curriculum.config).summary(curriculum.metrics)[0]
         events.emit(events.Event("note", round=k, stage="curriculum", data={"text": f"{why}; round {k} is not run"}))
 
-    def round(self, k, start, pool, targets, first, label_model, optimiser_model):
+    def round(self, k, start, pool, targets, first, label_model, optimiser_model, voters):
         return round_flow(self.cfg, self.ctx, k, start.policy, pool, targets, start.version, first, label_model,
-                          optimiser_model)
+                          optimiser_model, voters)
 
     def waits(self, k):
         raise AssertionError("the flow knows every round's result before the next begins")
@@ -126,18 +126,19 @@ def _round_steps(cfg: PipelineConfig, ctx: RunContext, k: int, tags: dict[str, s
 @flow(name="round", flow_run_name="round-{k}", validate_parameters=False)
 def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
                targets: list[EvalTarget], parent_version: str, first: int = 0,
-               label_model: StageManifest | None = None,
-               optimiser_model: StageManifest | None = None) -> RoundResult:
+               label_model: StageManifest | None = None, optimiser_model: StageManifest | None = None,
+               voters: list[StageManifest] | None = None) -> RoundResult:
     """Round k (this run's first round is first + 1): its stages as flows/shape.py shapes them,
     then its evaluations and registration; `targets`: the held-out sets; `label_model`: the
     label's fixed model, if any; `optimiser_model`: the search's optimiser model, if any;
-    `prompts`: its pool, or what its curriculum chose before it."""
+    `prompts`: its pool, or what its curriculum chose before it; `voters`: the models a vote
+    across models asks beside the policy."""
     steps = _round_steps(cfg, ctx, k, {})
     try:
-        made = round_shape(cfg, steps, k, policy, prompts, first, label_model, optimiser_model)
+        made = round_shape(cfg, steps, k, policy, prompts, first, label_model, optimiser_model, voters or [])
         taught = [prompts] if cfg.curriculum is not None else []  # the round's prompts and level, chosen before it
         return _registered(steps, k, made.candidate, targets, parent_version, [*taught, *made.done], made.note,
-                           scored=made.scored)
+                           scored=made.scored, voters=made.voters)
     except BaseException:
         steps.session.tracker.end(steps.child, "FAILED")
         raise
@@ -151,8 +152,9 @@ def _registered(steps: FlowSteps, k: int, candidate: StageManifest, targets: lis
     weights the run drops (drop_models) dropped."""
     cfg, ctx = steps.cfg, steps.ctx
     evaluations = evaluate_all(steps, k, candidate, targets)
+    trained_voters = result.get("voters", []) if trained and cfg.label.trains_voters() else []
     r = register_task(cfg, ctx, k, candidate, evaluations, targets, parent_version, steps.child,
-                      [*made, *evaluations], note)
+                      [*made, *evaluations], note, trained_voters)
     if cfg.drop_models and trained:
         drop_task(cfg, ctx, k)
     return r.model_copy(update={"evaluations": {t.name: m for t, m in zip(targets, evaluations)}, **result})
@@ -179,7 +181,8 @@ def cold_start_round(cfg: PipelineConfig, ctx: RunContext, k: int, base: StageMa
     steps = _round_steps(cfg, ctx, k, {"ratchet.cold_start": "true"})
     try:
         made = cold_start_shape(cfg, steps, k, base, demos)
-        return _registered(steps, k, made.candidate, targets, parent_version, [demos, *made.done])
+        return _registered(steps, k, made.candidate, targets, parent_version, [demos, *made.done],
+                           voters=made.voters)
     except BaseException:
         steps.session.tracker.end(steps.child, "FAILED")
         raise

@@ -68,6 +68,7 @@ class _Round:
     accuracies: dict[str, float] | None
     scored: StageManifest | None = None  # its samples with their rewards (data.retire_solved reads them)
     evaluations: dict[str, StageManifest] = field(default_factory=dict)  # by set: the curriculum reads its level's
+    voters: list = field(default_factory=list)  # the models beside it a vote asks (label.kind=vote)
 
 
 def plan(cfg: PipelineConfig, run: str | None = None, start: StageManifest | None = None,
@@ -139,7 +140,8 @@ class PlanSteps:
     def cold_start_round(self, k, base, demos, targets, before):
         from ratchet.flows.shape import cold_start_shape
 
-        return self._evaluate(k, cold_start_shape(self.cfg, self, k, base, demos).candidate, targets)
+        made = cold_start_shape(self.cfg, self, k, base, demos)
+        return self._evaluate(k, made.candidate, targets, voters=made.voters)
 
     def begin(self, k, results):
         from ratchet.flows.pipeline import trains_from
@@ -152,11 +154,11 @@ class PlanSteps:
     def ends(self, k, curriculum):
         pass  # its stage's line says why (reused: its metrics hold the decision)
 
-    def round(self, k, start, pool, targets, first, label_model, optimiser_model):
+    def round(self, k, start, pool, targets, first, label_model, optimiser_model, voters):
         from ratchet.flows.shape import round_shape
 
-        made = round_shape(self.cfg, self, k, start.policy, pool, first, label_model, optimiser_model)
-        return self._evaluate(k, made.candidate, targets, made.scored)
+        made = round_shape(self.cfg, self, k, start.policy, pool, first, label_model, optimiser_model, voters)
+        return self._evaluate(k, made.candidate, targets, made.scored, made.voters)
 
     def waits(self, k):
         from ratchet.flows.shape import round_stage_names
@@ -168,14 +170,14 @@ class PlanSteps:
             if not (name == stage and on == k):  # that one has its own line already
                 self.planner.note(name, k, "waits", why)
 
-    def _evaluate(self, k, policy, targets, scored=None) -> _Round:
+    def _evaluate(self, k, policy, targets, scored=None, voters=()) -> _Round:
         from ratchet.tasks import evaluate
 
         made = {t.name: self.run(evaluate.STAGE, k, policy, t) for t in targets}
         scores = {name: None if pending(m) else m.metrics["accuracy"] for name, m in made.items()}
         if any(v is None for v in scores.values()):
-            return _Round(k, policy, None, None, scored, made)
-        return _Round(k, policy, scores[self.cfg.evaluate.gate_set], scores, scored, made)
+            return _Round(k, policy, None, None, scored, made, list(voters))
+        return _Round(k, policy, scores[self.cfg.evaluate.gate_set], scores, scored, made, list(voters))
 
 
 def _walk(cfg: PipelineConfig, planner: Planner, store: ArtifactStore, sources: dict[str, str],

@@ -355,6 +355,11 @@ def draw(report: Report, out: Path) -> dict[str, Path]:
                      if n.startswith("level_") and n.removeprefix("level_").isdigit()})
     if levels:
         figs["Held-out accuracy by level and round"] = _save(_levels_figure(scored, levels), out / "levels.png")
+    labeled = sorted({int(k.rsplit("_", 1)[1]) for r in rs for k in r.metrics if k.startswith("label.precision.level_")})
+    if labeled:  # of the labels a round made itself (data.labeled_levels), the share the hidden references call right
+        title = "Label precision (%) by level: its own labels the hidden references call right"
+        figs["Label precision by level and round"] = _save(_levels_figure(
+            rs, labeled, lambda r, n: r.metrics.get(f"label.precision.level_{n}"), title), out / "precision.png")
 
     with_rewards = [r for r in rs if r.rewards]
     if with_rewards and all(x in (0.0, 1.0) for r in with_rewards for x in r.rewards):  # a 0/1 label: counts
@@ -466,16 +471,18 @@ STEP_PANELS = (("reward", "reward mean"), ("groups_kept", "share of groups kept"
                ("gen_tokens_per_s", "generated tokens / s"))
 
 
-def _levels_figure(rounds: list[Round], levels: list[int]):
-    """A heat map: each level's held-out accuracy (rows) in each round (columns), blank where the
-    round did not evaluate it; under a curriculum, each round's level framed, its band below."""
+def _levels_figure(rounds: list[Round], levels: list[int], of=lambda r, n: r.sets.get(f"level_{n}"),
+                   title: str = "Held-out accuracy (%) by level"):
+    """A heat map: each level's held-out accuracy (rows) in each round (columns), or what `of` reads
+    of a round at a level, blank where the round has none; under a curriculum, each round's level
+    framed, its band below."""
     import numpy as np
 
     plt = _pyplot()
     grid = np.full((len(levels), len(rounds)), np.nan)
     for j, r in enumerate(rounds):
         for i, n in enumerate(levels):
-            if (a := r.sets.get(f"level_{n}")) is not None:
+            if (a := of(r, n)) is not None:
                 grid[i, j] = 100 * a
     fig, ax = plt.subplots(figsize=(max(4.0, 0.7 * len(rounds) + 2), max(2.4, 0.45 * len(levels) + 1.4)), dpi=110)
     im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=100, aspect="auto", origin="lower")
@@ -494,7 +501,7 @@ def _levels_figure(rounds: list[Round], levels: list[int]):
     framed = any(r.level is not None for r in rounds)
     ax.set_xlabel("round (framed: the level it trained at)" if framed else "round", fontsize=8)
     ax.set_ylabel("level")
-    ax.set_title("Held-out accuracy (%) by level", fontsize=9)
+    ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.04)
     return fig
 

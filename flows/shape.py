@@ -34,6 +34,7 @@ class Trained:
     done: list = field(default_factory=list)
     scored: Any = None
     note: str = ""
+    voters: list = field(default_factory=list)  # the models beside the candidate the next round's vote asks
 
 
 class RoundSteps(Protocol):
@@ -68,13 +69,15 @@ def carries_text(policy) -> bool:
 
 
 def round_shape(cfg: PipelineConfig, steps: RoundSteps, k: int, policy, prompts, first: int,
-                label_model=None, optimiser_model=None) -> Trained:
+                label_model=None, optimiser_model=None, voters: list = ()) -> Trained:
     """Round k's stages up to its candidate (its evaluations follow): its own draw of the pool
     (data.prompts_per_round); a prompt search (improve: prompt or both), whose pair is the
     candidate where the round improves the prompt alone; then sample, label, filter, the agreement
     gate and train; or an online train kind's one stage, which samples and scores inside it; or a
     label kind that consumes prompts (a tree search), which samples its own rollouts. Weights
-    trained under a text keep it: the candidate is their pair with it."""
+    trained under a text keep it: the candidate is their pair with it. A vote across models
+    (label.voters) samples each of `voters` too, and trains each beside the policy, with its own
+    seed (label.trains_voters), or passes the policy on as the next round's newest voter."""
     run = _Round(cfg, steps, k)
     train_prompts = prompts
     if cfg.data.prompts_per_round:
@@ -87,11 +90,17 @@ def round_shape(cfg: PipelineConfig, steps: RoundSteps, k: int, policy, prompts,
         trained = run(train.ONLINE, policy, train_prompts, label_model)
         return _kept(run, trained, policy, scored=trained)
     source = train_prompts if cfg.label.consumes == "prompts" else run(sample.STAGE, policy, train_prompts)
-    labels = run(label.STAGE, source, policy, label_model)
+    voted = tuple(run(sample.STAGE, v, train_prompts) for v in voters)  # each voter's answers to the same prompts
+    labels = run(label.STAGE, source, policy, label_model, voted)
     train_set = run(filter.STAGE, labels)
     note = steps.agreement(k, labels, run.own(filter.STAGE))  # the gate reads the filter's measures
     trained = run(train.STAGE, policy, train_set)
-    return _kept(run, trained, policy, scored=labels if cfg.label.consumes == "samples" else None, note=note or "")
+    if cfg.label.trains_voters():  # each voter trained on the same rows, with a seed of its own
+        voters = [run(train.STAGE, v, train_set, m) for m, v in enumerate(voters, 1)]
+    else:  # the versions before the next round's policy: this round's, then the older ones
+        voters = [policy, *voters][: len(voters)]
+    return _kept(run, trained, policy, scored=labels if cfg.label.consumes == "samples" else None, note=note or "",
+                 voters=voters)
 
 
 def _kept(run: _Round, trained, policy, **made) -> Trained:
@@ -103,14 +112,19 @@ def _kept(run: _Round, trained, policy, **made) -> Trained:
 
 def cold_start_shape(cfg: PipelineConfig, steps: RoundSteps, k: int, base, demos) -> Trained:
     """Generation k, the run's first: the base model fine-tuned on the demonstrations, with the
-    base's text where it has one."""
+    base's text where it has one; with a vote's voters trained beside it, each fine-tuned too, with
+    a seed of its own."""
     run = _Round(cfg, steps, k)
-    return _kept(run, run(cold_start.COLD_START, base, demos), base)
+    trained = run(cold_start.COLD_START, base, demos)
+    voters = [run(cold_start.COLD_START, base, demos, m) for m in range(1, cfg.label.voters() + 1)] \
+        if cfg.label.trains_voters() else [base] * cfg.label.voters()
+    return _kept(run, trained, base, voters=voters)
 
 
 class RunSteps(RoundSteps, Protocol):
     """What a walk does at each step of the run, beside its stages (`run`). A round's result (R) has
-    `.round`, `.policy`, `.scored` and `.evaluations` (by set name); `begin` returns the result round
+    `.round`, `.policy`, `.scored`, `.evaluations` (by set name) and `.voters` (the models a vote
+    asks beside it; none where nothing was trained beside it: copies of it); `begin` returns the result round
     k trains from, or None where that is not known yet (the plan, before the rounds it depends on
     are evaluated): the rounds from there wait, as they do where a stage's output is not `known`."""
 
@@ -122,7 +136,8 @@ class RunSteps(RoundSteps, Protocol):
     def cold_start_round(self, k: int, base, demos, targets: list[EvalTarget], before): ...
     def begin(self, k: int, results: list): ...
     def ends(self, k: int, curriculum) -> None: ...  # the curriculum ends the run before round k
-    def round(self, k: int, start, pool, targets: list[EvalTarget], first: int, label_model, optimiser_model): ...
+    def round(self, k: int, start, pool, targets: list[EvalTarget], first: int, label_model, optimiser_model,
+              voters: list): ...
     def waits(self, k: int) -> None: ...
 
 
@@ -163,7 +178,8 @@ def run_shape(cfg: PipelineConfig, steps: RunSteps) -> list:
         elif cfg.data.retire_solved and results[-1].scored is not None:  # what the last round solved leaves
             pool = steps.run(prepare.POOL, k, pool, results[-1].scored)
         round_targets = targets if taught is None else reached(cfg, targets, curriculum.level_of(taught, cfg.curriculum, []))
-        results.append(steps.round(k, start, pool, round_targets, last, fixed, optimiser))
+        voters = list(start.voters) or [start.policy] * cfg.label.voters()  # a vote's: those trained beside it
+        results.append(steps.round(k, start, pool, round_targets, last, fixed, optimiser, voters))
     return results
 
 
@@ -216,7 +232,8 @@ def round_stage_names(cfg: PipelineConfig) -> list[str]:
     """The stages a round runs, in order, as the shape walks them: its curriculum, or its pool
     (data.retire_solved), the round_shape's stages, then one evaluation per held-out set."""
     names = _Names()
-    round_shape(cfg, names, 1, SimpleNamespace(role="text") if cfg.prompt.has_text() else None, None, 0)
+    policy = SimpleNamespace(role="text") if cfg.prompt.has_text() else None
+    round_shape(cfg, names, 1, policy, None, 0, voters=[policy] * cfg.label.voters())
     drawn = [curriculum.STAGE.name] if cfg.curriculum is not None else \
         [prepare.POOL.name] if cfg.data.retire_solved else []
     return drawn + names.names + [stage for _, stage in cfg.eval_stages()]

@@ -27,6 +27,7 @@ from ratchet.flows.runs import RunContext
 from ratchet.flows.tracking import Gate, SetScore, Tracker, TrackingError
 from ratchet.tasks import evaluate, registry
 from ratchet.tasks.evaluate import EvalTarget
+from ratchet.tasks.labels.precision import said as said_precision
 from ratchet.tasks.runner.declare import At, Stage, finished
 
 
@@ -49,6 +50,8 @@ class RoundResult(BaseModel):
                                          "data.retire_solved and the curriculum read")
     evaluations: dict[str, StageManifest] = Field(default={}, description="its evaluation stages by held-out "
                                                   "set (the curriculum reads its level's)")
+    voters: list[StageManifest] = Field(default=[], description="the models trained beside it that a vote across "
+                                        "models asks with it (label.kind=vote)")
 
 
 class Session:
@@ -147,10 +150,12 @@ def agreement_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageMa
 @task(name="register", cache_policy=NONE, retries=0)
 def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest,
                   evaluations: list[StageManifest], targets: list[EvalTarget], parent_version: str | None,
-                  child: str, stages: list[StageManifest], agreement: str = "") -> RoundResult:
+                  child: str, stages: list[StageManifest], agreement: str = "",
+                  voters: list[StageManifest] = ()) -> RoundResult:
     """Register the round's model, record its accuracy on every held-out set (`evaluations`, one
     per target), and put it to the champion gate; the round table reports the decision the
-    registry holds."""
+    registry holds. `voters`: the models trained beside it for a vote across models, each
+    registered too, as a version that votes beside it (no gate: only the policy is evaluated)."""
     ses = Session(cfg, ctx)
     store, t = ses.store, ses.tracker
     scores = [SetScore(name=x.name, eval_set=m.info["eval_set"], accuracy=m.metrics["accuracy"])
@@ -172,7 +177,14 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     level = int(said["ratchet.level"]) if "ratchet.level" in said else None
     if agreement:
         tags["ratchet.agreement"] = agreement
+    if measured := label_precision(cfg, store, stages):  # of the labels it made itself, by references it never read
+        t.log_metrics(child, measured, prefix="label.", step=k)
+        events.emit(events.Event("note", round=k, stage="label", data={"text": said_precision(measured)}))
     version = t.register(child, store, policy, tags)
+    for m, voter in enumerate(voters, 1):
+        t.register(child, store, voter, {"ratchet.round": str(k), "ratchet.run": ctx.run_name,
+                                         "ratchet.voter": str(m), "ratchet.voter_of": version,
+                                         "ratchet.config_hash": ctx.config_hash, "ratchet.code_version": ctx.code_version})
     for s in scores:
         t.record_accuracy(version, s.eval_set, s.accuracy)
     gate = champion_gate(ses, version, scores, targets)
@@ -193,6 +205,25 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     return RoundResult(round=k, policy=policy, version=version, accuracy=acc, eval_set=eval_set,
                        accuracies=accuracies, gate_set=gated.name, promoted=gate.promoted, gate=gate.reason, child_run_id=child,
                        stage_wall_s=walls, agreement=agreement)
+
+
+def label_precision(cfg: PipelineConfig, store: ArtifactStore, stages: list[StageManifest]) -> dict[str, float]:
+    """Of the labels a round made itself at levels above data.labeled_levels, the share the hidden
+    references call right, by level (tasks/labels/precision.py); empty where every level is
+    labeled or the round labeled nothing. Read from the source here, after the round: no stage
+    sees the references."""
+    if not cfg.data.unlabeled_levels():
+        return {}
+    from ratchet.data.prompts import references
+    from ratchet.data.records import LabeledCompletion, read_jsonl
+    from ratchet.tasks.labels.precision import precision
+
+    made = next((m for m in stages if "labels.jsonl" in m.outputs), None)
+    if made is None:
+        return {}
+    rows = read_jsonl(store.path(made, "labels.jsonl"), LabeledCompletion)
+    refs = references(cfg.data.pool(), cfg.seed)
+    return precision(rows, refs, cfg.label.scores_with(cfg.data.check), cfg.label.reward_range()[1])
 
 
 def champion_gate(ses: Session, version: str, scores: list[SetScore], targets: list[EvalTarget]) -> Gate:

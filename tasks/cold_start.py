@@ -191,11 +191,12 @@ def cold_start(store: ArtifactStore, policy: StageManifest, demos: StageManifest
                           parents=[policy, demos], isolate=isolate, keep_partial=True, run=run)
 
 
-def cold_start_step(at: At, k: int, policy: StageManifest, demos: StageManifest) -> Made:
-    """Generation k (the run's first): `policy` fine-tuned on the run's demonstrations."""
+def cold_start_step(at: At, k: int, policy: StageManifest, demos: StageManifest, voter: int = 0) -> Made:
+    """Generation k (the run's first): `policy` fine-tuned on the run's demonstrations; a voter of a
+    vote across models (`voter` > 0) with a seed of its own."""
     cfg = at.cfg
-    return cold_start(at.store, policy, demos, cfg.cold_start, cfg.sample.rollout, at.seed(k), k, isolate=cfg.isolate,
-                      run=at.run)
+    return cold_start(at.store, policy, demos, cfg.cold_start, cfg.sample.rollout, at.seed(k, voter), k,
+                      isolate=cfg.isolate, run=at.run)
 
 
 DEMONSTRATIONS = Stage("demonstrations", "data", demonstrations_body, demonstrations_step, Records(

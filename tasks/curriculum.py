@@ -32,6 +32,8 @@ import itertools
 import json
 import random
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.data import events
@@ -61,6 +63,11 @@ class CurriculumConfig(BaseModel):
     review: float = Field(default=0.0, ge=0, lt=1, description="share of a round's prompts drawn first from the levels "
                           "below the current one, outside the band (all samples passed, or not sampled yet), each "
                           "level an even share, so RFT goes on rehearsing them; 0: none")
+    advance_by: Literal["accuracy", "labels", "rounds"] = Field(
+        default="accuracy", description="what moves a round to the next level: accuracy (the current level's held-out "
+        "accuracy reaches advance_at), labels (the share of the current level's sampled prompts that the round's "
+        "label labeled, a vote's agreement, reaches advance_at: no reference answer is read, for levels without "
+        "labels, data.labeled_levels) or rounds (one level a round, the run ending after the top level's round)")
 
 
 class CurriculumJob(BaseModel):
@@ -73,7 +80,7 @@ class CurriculumJob(BaseModel):
     def summary(self, m: dict[str, float]) -> list[str]:
         n = events.count
         if m.get("done"):
-            return [f"the run ends at level {int(m['level'])}: {_why(m)}"]
+            return [f"the run ends at level {int(m['level'])}: {_why(m, self.curriculum.advance_by)}"]
         moved = f" (up from level {int(m['from_level'])})" if m.get("advanced") else ""
         review = f", {n(m['review'])} reviewed" if m.get("review") else ""
         return [f"level {int(m['level'])}{moved} · {n(m.get('band', 0))} prompt(s) in the band, "
@@ -85,17 +92,26 @@ def describe(cfg: CurriculumConfig, levels: dict[int, int]) -> str:
     (A function, not a method: a curriculum stage keys CurriculumConfig's code, which this does not change.)"""
     start = cfg.start if cfg.start is not None else min(levels)
     each = ", ".join(f"{n}: {c}" for n, c in sorted(levels.items()))
+    moves = {"accuracy": f"once the current level's held-out accuracy reaches {cfg.advance_at:.0%} (the starting "
+                         "model's counts)",
+             "labels": f"once the round's label labels {cfg.advance_at:.0%} of the level's sampled prompts (no "
+                       "reference answer read)",
+             "rounds": "each round"}[cfg.advance_by]
     return (f"curriculum: levels {sorted(levels)} (train prompts {each}); starts at level {start} and moves to the "
-            f"next once the current level's held-out accuracy reaches {cfg.advance_at:.0%} (the starting model's "
-            f"counts); {cfg.prompts} prompts a round: " + (f"{round(cfg.review * cfg.prompts)} of the levels below "
+            f"next {moves}; {cfg.prompts} prompts a round: " + (f"{round(cfg.review * cfg.prompts)} of the levels below "
             "(review), " if cfg.review else "") + "the band, then the level's unseen, then its not yet passed; the "
             f"run ends at the top level or after {cfg.patience} round(s) without a rise")
 
 
-def _why(m: dict[str, float]) -> str:
+MEASURE = {"accuracy": "held-out accuracy", "labels": "share of prompts labeled", "rounds": "round"}
+
+
+def _why(m: dict[str, float], by: str = "accuracy") -> str:
     if m.get("done") == 1:
-        return f"the top level's held-out accuracy {m['accuracy']:.1%} reached curriculum.advance_at"
-    return f"its held-out accuracy has not risen above {m['best']:.1%} for {int(m['stale'])} round(s)"
+        if by == "rounds":
+            return "the top level's round is done (curriculum.advance_by=rounds)"
+        return f"the top level's {MEASURE[by]} {m['accuracy']:.1%} reached curriculum.advance_at"
+    return f"its {MEASURE[by]} has not risen above {m['best']:.1%} for {int(m['stale'])} round(s)"
 
 
 def passes(rows, top: float) -> dict[str, list[int]]:
@@ -109,9 +125,10 @@ def passes(rows, top: float) -> dict[str, list[int]]:
 
 
 def decide(cfg: CurriculumConfig, levels: list[int], state: dict, accuracy: float | None) -> dict:
-    """The next state from the last (`state`: level, best, stale) and the level's held-out accuracy
-    the round before (None: not evaluated there). `done`: 0, 1 (the top level is mastered) or 2
-    (patience spent)."""
+    """The next state from the last (`state`: level, best, stale) and what the round before said of
+    the level (`accuracy`: its held-out accuracy, or the share of its prompts labeled, as
+    `advance_by` reads it; None: not measured there). `done`: 0, 1 (the top level is mastered) or
+    2 (patience spent)."""
     level, best, stale = state["level"], state.get("best"), state.get("stale", 0)
     out = {"from_level": level, "level": level, "advanced": 0, "done": 0, "accuracy": accuracy}
     if accuracy is not None and accuracy >= cfg.advance_at:
@@ -172,10 +189,10 @@ def curriculum_body(req: StageRequest[CurriculumJob], store: ArtifactStore) -> S
         {"level": cfg.start if cfg.start is not None else job.levels[0], "best": None, "stale": 0, "seen": {}}
     seen = dict(state["seen"])
     scored = scored_parent(req)
-    if scored is not None:
-        seen.update(passes(scored_rows(store, scored), job.top))
-    held = next((p for p in req.parents if p.role == "eval"), None)  # the round before's level, evaluated
-    now = decide(cfg, job.levels, state, None if held is None else held.metrics["accuracy"])
+    rows = scored_rows(store, scored) if scored is not None else None
+    if rows is not None:
+        seen.update(passes(rows, job.top))
+    now = decide(cfg, job.levels, state, measured(cfg, req, state["level"], pool, rows, seen))
     rows, counts = ([], {"review": 0, "band": 0, "unseen": 0, "retried": 0}) if now["done"] else \
         choose(pool, seen, now["level"], job.levels, cfg.prompts, job.seed, cfg.review)
     if not rows and not now["done"]:
@@ -196,6 +213,24 @@ def curriculum_body(req: StageRequest[CurriculumJob], store: ArtifactStore) -> S
     return req.finish(store, outputs={"train.jsonl": n, STATE: 1}, metrics=metrics)
 
 
+def measured(cfg: CurriculumConfig, req: StageRequest, level: int, pool: list[Prompt], rows: list | None,
+             seen: dict[str, list[int]]) -> float | None:
+    """What the round before said of `level`, as `advance_by` reads it: its evaluation's held-out
+    accuracy; or of the level's prompts it sampled (`rows`: its scored samples), the share its label
+    labeled (a sample earned the top reward: a vote reached its share); or 1 (one level a round).
+    None: nothing was measured there (the first round, or an evaluation not given)."""
+    if cfg.advance_by == "accuracy":
+        held = next((p for p in req.parents if p.role == "eval"), None)  # the round before's level, evaluated
+        return None if held is None else held.metrics["accuracy"]
+    if rows is None:
+        return None
+    if cfg.advance_by == "rounds":
+        return 1.0
+    at_level = {p.id for p in pool if p.level == level}
+    sampled = {r.prompt_id for r in rows} & at_level
+    return sum(seen[i][0] > 0 for i in sampled) / len(sampled) if sampled else None
+
+
 def curriculum(store: ArtifactStore, cfg: CurriculumConfig, levels: list[int], top: float, prompts: StageManifest,
                before: StageManifest | None, scored: StageManifest | None, held: StageManifest | None, seed: int,
                round: int, run: str | None = None) -> Made:
@@ -213,7 +248,8 @@ def curriculum_step(at: At, k: int, prompts: StageManifest, before: StageManifes
     from ratchet.tasks.evaluate import level_set
 
     cfg, levels = at.cfg.curriculum, at.cfg.data.level_list()
-    held = (getattr(last, "evaluations", None) or {}).get(level_set(level_of(before, cfg, levels)))
+    held = (getattr(last, "evaluations", None) or {}).get(level_set(level_of(before, cfg, levels))) \
+        if cfg.advance_by == "accuracy" else None  # a level's held-out answers decide nothing else
     return curriculum(at.store, cfg, levels, at.cfg.label.reward_range()[1], prompts, before,
                       getattr(last, "scored", None), held, at.seed(k), k, run=at.run)
 

@@ -2,6 +2,7 @@
 (tasks/filters/): accepted samples for RFT, or preference pairs for DPO.
 
     rft         accepted samples for rejection-sampling fine-tuning
+    length      rft's, of the outputs whose length fits what their level implies
     pairs       best-vs-worst preference pairs per prompt for DPO
     step_pairs  step-level preference pairs from the tree search's trees
 
@@ -19,6 +20,7 @@ from ratchet.data import events
 from ratchet.data.manifest import StageManifest
 from ratchet.data.records import write_jsonl
 from ratchet.data.store import ArtifactStore
+from ratchet.tasks.filters.length import LengthFilter
 from ratchet.tasks.filters.pairs import PairFilter
 from ratchet.tasks.filters.rft import RFTFilter
 from ratchet.tasks.filters.step_pairs import StepPairFilter
@@ -26,7 +28,7 @@ from ratchet.tasks.runner.declare import At, Made, Records, Stage
 from ratchet.tasks.runner.stage import StageRequest
 
 # The registration of every filter kind: its module's class, one member each.
-FilterConfig = Annotated[RFTFilter | PairFilter | StepPairFilter, Field(discriminator="kind")]
+FilterConfig = Annotated[RFTFilter | LengthFilter | PairFilter | StepPairFilter, Field(discriminator="kind")]
 
 
 class FilterJob(BaseModel):

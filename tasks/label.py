@@ -2,6 +2,7 @@
 
     verifier     the task's answer check (RFT / ReST-EM / STaR)
     consistency  majority vote of a prompt's own samples (label-free)
+    vote         majority vote across models: the round's policy and its voters (label-free)
     judge        the policy rates its own completions (Self-Rewarding; tasks/labels/judging.py), or a
                  fixed judge model does (label.model), or a served one (label.endpoint)
     reward_model a sequence-classification reward model scores them (label.model)
@@ -38,6 +39,7 @@ from ratchet.tasks.labels.mcts import MctsLabel
 from ratchet.tasks.labels.reward_model import RewardModelLabel
 from ratchet.tasks.labels.turn_mcts import TurnMctsLabel
 from ratchet.tasks.labels.verifier import VerifierLabel
+from ratchet.tasks.labels.vote import VoteLabel
 from ratchet.tasks.prepare import train_prompts
 from ratchet.tasks.sample import RolloutConfig
 from ratchet.data.kinds import members
@@ -47,8 +49,8 @@ from ratchet.tasks.runner.units import ExecutorConfig
 
 # The registration of every label kind (data/kinds.py): its module's class, one member each. The
 # dispatch and every check the flow makes ask these classes.
-LabelConfig = Annotated[VerifierLabel | ConsistencyLabel | JudgeLabel | RewardModelLabel | MctsLabel | TurnMctsLabel,
-                        Field(discriminator="kind")]
+LabelConfig = Annotated[VerifierLabel | ConsistencyLabel | VoteLabel | JudgeLabel | RewardModelLabel | MctsLabel |
+                        TurnMctsLabel, Field(discriminator="kind")]
 KINDS: dict[str, type[Label]] = members(LabelConfig)
 
 
@@ -94,12 +96,13 @@ def label_body(req: StageRequest[LabelJob], store: ArtifactStore) -> StageManife
 def label(store: ArtifactStore, source: StageManifest, cfg: LabelConfig, data_cfg: SourceConfig, round: int,
           policy: StageManifest | None = None, sampler: SamplerConfig | None = None, seed: int = 0,
           isolate: bool = True, run: str | None = None, executor: ExecutorConfig | None = None,
-          rollout: RolloutConfig | None = None, turn_tokens: int | None = None) -> Made:
+          rollout: RolloutConfig | None = None, turn_tokens: int | None = None,
+          voted: list[StageManifest] | tuple = ()) -> Made:
     """Label `source`: the samples, or the prompts for a kind that consumes prompts (a tree search).
     A kind that runs a model needs it as `policy` (the round's starting model, or the label's fixed
     `label-model` stage), the sampler settings and a seed, and runs in a worker process like
     sampling; one that plays episodes itself needs the sample stage's `rollout` and `turn_tokens`
-    (they key it)."""
+    (they key it). `voted`: the voters' sample stages of a vote across models, read beside `source`."""
     want = "samples.jsonl" if cfg.consumes == "samples" else "train.jsonl"
     if source.outputs and want not in source.outputs:  # (a stage the plan only expects has no outputs yet)
         raise ValueError(f"label.kind={cfg.kind!r} labels {cfg.consumes}: the {source.stage} stage holds no {want}")
@@ -107,7 +110,7 @@ def label(store: ArtifactStore, source: StageManifest, cfg: LabelConfig, data_cf
         return STAGE.run(store, round=round, config=LabelJob(label=cfg, data=data_cfg, seed=seed), parents=[source],
                          keep_partial=True, run=run)
     if not cfg.uses_policy:
-        return STAGE.run(store, round=round, config=LabelJob(label=cfg, data=data_cfg), parents=[source],
+        return STAGE.run(store, round=round, config=LabelJob(label=cfg, data=data_cfg), parents=[source, *voted],
                          keep_partial=True, run=run)
     if policy is None or sampler is None:
         raise ValueError(f"label.kind={cfg.kind!r} needs the round's policy and the sampler settings")
@@ -120,13 +123,14 @@ def label(store: ArtifactStore, source: StageManifest, cfg: LabelConfig, data_cf
 
 
 def label_step(at: At, k: int, source: StageManifest, policy: StageManifest,
-               label_model: StageManifest | None = None) -> Made:
+               label_model: StageManifest | None = None, voted: tuple = ()) -> Made:
     """Round k's labels of `source` (its samples, or its prompts), with the label's fixed model
-    (`label_model`) where it has one, else the round's `policy`."""
+    (`label_model`) where it has one, else the round's `policy`; `voted`: the voters' samples of a
+    vote across models."""
     cfg = at.cfg
     return label(at.store, source, cfg.label, cfg.data.pool(), k, policy=label_model or policy, sampler=cfg.sampler,
                  seed=at.seed(k), isolate=cfg.isolate, run=at.run, executor=cfg.executor, rollout=cfg.sample.rollout,
-                 turn_tokens=cfg.sample.max_tokens)
+                 turn_tokens=cfg.sample.max_tokens, voted=voted)
 
 
 # a kind's own files (the search trees), for inspection

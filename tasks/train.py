@@ -142,9 +142,11 @@ def train(store: ArtifactStore, policy: StageManifest, train_set: StageManifest,
                      isolate=isolate, keep_partial=True, run=run)
 
 
-def train_step(at: At, k: int, policy: StageManifest, train_set: StageManifest) -> Made:
-    """Round k's model: `policy` trained on its training set (train:)."""
-    return train(at.store, policy, train_set, at.cfg.train, at.seed(k), k, isolate=at.cfg.isolate, run=at.run)
+def train_step(at: At, k: int, policy: StageManifest, train_set: StageManifest, voter: int = 0) -> Made:
+    """Round k's model: `policy` trained on its training set (train:); a voter of a vote across
+    models (`voter` > 0) with a seed of its own."""
+    return train(at.store, policy, train_set, at.cfg.train, at.seed(k, voter), k, isolate=at.cfg.isolate,
+                 run=at.run)
 
 
 def train_online(store: ArtifactStore, policy: StageManifest, prompts: StageManifest, cfg: TrainConfig,

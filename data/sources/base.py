@@ -8,7 +8,7 @@ from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ratchet.data.records import Prompt
 
@@ -27,6 +27,35 @@ class PoolSource(BaseModel):
         default=False, description="after each round, a train prompt whose every sample that round earned the "
         "label's top reward leaves the pool for the rounds after it (a `pool` stage keyed by that round's labels, or "
         "its GRPO rollouts); the console and MLflow count them")
+    labeled_levels: list[int] | None = Field(
+        default=None, exclude_if=lambda v: v is None,
+        description="the levels (data.levels) whose train prompts keep their reference answers; every other "
+        "level's train prompts reach no stage with one (the prompts stage writes them without), so a round labels "
+        "them itself (label.kind: vote or consistency), and each round says how often the references it never saw "
+        "agree (label precision). Held-out prompts keep theirs: they are for evaluation. Unset: every level; "
+        "[]: none (a run taught by demonstrations alone)")
+
+    @model_validator(mode="after")
+    def _labeled_levels_are_levels(self) -> "PoolSource":
+        if self.labeled_levels is None:
+            return self
+        levels = self.level_list()
+        if not levels:
+            raise ValueError(f"data.labeled_levels={self.labeled_levels}: data.kind={getattr(self, 'kind', '?')!r} "
+                             "has no levels here; give data.levels (the addition task: digit counts), or drop "
+                             "labeled_levels")
+        if bad := [n for n in self.labeled_levels if n not in levels]:
+            raise ValueError(f"data.labeled_levels names level(s) {bad} the task does not have (data.levels={levels}); "
+                             "name levels among them")
+        if self.labeled_levels != sorted(set(self.labeled_levels)):
+            raise ValueError(f"data.labeled_levels={self.labeled_levels} must rise, each once")
+        return self
+
+    def unlabeled_levels(self) -> list[int]:
+        """The levels whose train prompts carry no reference answer on the train path."""
+        if self.labeled_levels is None:
+            return []
+        return [n for n in self.level_list() if n not in self.labeled_levels]
 
     @abstractmethod
     def load(self, seed: int, train_answers: bool) -> "Split":
@@ -47,7 +76,8 @@ class PoolSource(BaseModel):
         same rows the whole source holds at that level."""
         if level not in self.level_list():
             raise ValueError(f"data has no level {level}; its levels are {self.level_list()}")
-        return self.model_copy(update={"levels": [level]})
+        labeled = None if self.labeled_levels is None else [n for n in self.labeled_levels if n == level]
+        return self.model_copy(update={"levels": [level], "labeled_levels": labeled})
 
     def eval_metrics(self, prompts: list[Prompt], rows: list) -> dict[str, float]:
         """What a source measures of an evaluation beyond its accuracy (`rows`: the checked

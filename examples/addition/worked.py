@@ -8,7 +8,13 @@ The task's own check (data.check) reads the last number alone, so a working that
 ends on the right sum is right by it; `working` scores such an answer 0. As the label's check it
 decides what RFT keeps, while held-out accuracy still reads the last number.
 
-    python examples/addition/worked.py 458 867        # the working of 458 + 867, as the demonstrations write it
+    python examples/addition/worked.py 458 867             # the working of 458 + 867, as the demonstrations write it
+    python examples/addition/worked.py 458 867 --compact   # the short form (`compact`): a step a digit
+
+Two forms. `worked` copies what is left of both numbers into every line, so each step reads its
+digits at the end of the line before it: easy to follow, but its length grows with the square of
+the digits (355 tokens at 8 digits). `compact` writes one short step a digit, reading each digit
+pair from the prompt, then reads the sum back from its steps: length linear in the digits.
 """
 
 from __future__ import annotations
@@ -40,6 +46,21 @@ def worked(a: int, b: int) -> str:
         done = "1" + done
         lines.append(f"the carry: so far {done}")
     return "\n".join(lines) + f"\nSo {a} + {b} = {done}."
+
+
+def compact(a: int, b: int) -> str:
+    """a + b a digit at a time from the right, the carry added in the step it goes into, then the sum
+    read back from the steps: the last step's sum, then each earlier step's last digit:
+
+    5+7=12 4+8+1=13 so 132"""
+    x_s, y_s, carry, steps, sums = str(a), str(b), 0, [], []
+    while x_s or y_s:
+        x, y = int(x_s[-1]) if x_s else 0, int(y_s[-1]) if y_s else 0
+        total = x + y + carry
+        steps.append(f"{x}+{y}" + (f"+{carry}" if carry else "") + f"={total}")
+        sums.append(total)
+        carry, x_s, y_s = total // 10, x_s[:-1], y_s[:-1]
+    return " ".join(steps) + " so " + str(sums[-1]) + "".join(str(t % 10) for t in reversed(sums[:-1]))
 
 
 STEP = re.compile(r"(\d)\+(\d)=(\d+), \+(\d)=(\d+), carry (\d), so far (\d+), left (.*)$")
@@ -91,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Print the working of a + b, as the worked demonstrations write it.")
     ap.add_argument("a", type=int)
     ap.add_argument("b", type=int)
+    ap.add_argument("--compact", action="store_true", help="the short form: a step a digit")
     a = ap.parse_args(argv)
-    print(worked(a.a, a.b))
+    print(compact(a.a, a.b) if a.compact else worked(a.a, a.b))
     return 0
 
 

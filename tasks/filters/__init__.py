@@ -7,6 +7,7 @@ builds the set, and how its result reads on the console. The filter stage (tasks
 and the config checks ask the kind; none of them has a special case for one.
 
     rft         accepted samples for rejection-sampling fine-tuning
+    length      rft's, of the outputs whose length fits what their level implies
     pairs       best-vs-worst preference pairs per prompt for DPO
     step_pairs  step-level preference pairs from the tree search's trees (label.kind='mcts')
 
@@ -47,6 +48,10 @@ class Filter(BaseModel):
 
     def reward_checks(self, lo: float, hi: float, label: str) -> list[str]:
         """Problems with this filter for a label whose rewards lie in [lo, hi] (`label`: its setting)."""
+        return []
+
+    def checks(self, pipeline) -> list[str]:
+        """Problems across sections (`pipeline`: the whole config), each with its fix."""
         return []
 
     def ceiling_checks(self, prompts: int, n: int) -> list[str]:

@@ -10,6 +10,7 @@ a special case for one.
 
     verifier     the task's answer check (RFT / ReST-EM / STaR)
     consistency  majority vote of a prompt's own samples (label-free)
+    vote         majority vote across models: the policy and its voters (label-free)
     judge        the policy rates its own completions (Self-Rewarding), or a fixed judge does
     reward_model a sequence-classification reward model scores them
     mcts         step-level tree search from the prompts (MCTS-DPO / ReST-MCTS*)
@@ -107,6 +108,16 @@ class Label(BaseModel):
         """A model it runs instead of the policy (the config's value), if any."""
         return None
 
+    def voters(self) -> int:
+        """Models beside the round's policy whose samples it reads (a vote across models): each samples
+        the round's prompts, and its samples are the label stage's parents too."""
+        return 0
+
+    def trains_voters(self) -> bool:
+        """Whether its voters are trained beside the policy, each with its own seed (else they are the
+        versions before the policy)."""
+        return False
+
     @classmethod
     def check_model(cls, path: Path) -> str | None:
         """What is wrong with that model's directory, if anything."""
@@ -151,7 +162,7 @@ def item_of(c: Completion) -> Item:
 def labeled_row(c: Completion, **label) -> LabeledCompletion:
     """A completion with its label (`reward`, and what else the kind records), its turns kept."""
     return LabeledCompletion(prompt_id=c.prompt_id, prompt=c.prompt, answer=c.answer, index=c.index, text=c.text,
-                             n_tokens=c.n_tokens, **c.turns(), **label)
+                             n_tokens=c.n_tokens, level=c.level, **c.turns(), **label)
 
 
 def truths(check_cfg: Any, rows: list[Completion]) -> list[bool | None]:

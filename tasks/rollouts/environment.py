@@ -481,6 +481,7 @@ class EnvironmentRollout(Rollout):
             outcome = Outcome(start=e.start, rewards=tuple(e.rewards), final=e.final, ret=ret, ended=e.ended,
                               failure=e.failure, reports=tuple(e.reports) or None)
             out.append(Completion(prompt_id=e.prompt.id, prompt=e.prompt.prompt, answer=e.prompt.answer,
+                                  level=e.prompt.level,
                                   fields=e.prompt.fields, index=e.index, text="".join(s.text for s in e.segments),
                                   n_tokens=e.generated, finish_reason=e.ended, prompt_ids=e.prompt_ids,
                                   segments=tuple(e.segments), outcome=outcome))

@@ -131,6 +131,7 @@ class ReflectionRollout(EnvironmentRollout):
                 text, ids, g = note
                 outcome = episode.outcome.model_copy(update={"attempt": episode.segments})
                 rows.append(Completion(prompt_id=e.prompt.id, prompt=e.prompt.prompt, answer=e.prompt.answer,
+                                       level=e.prompt.level,
                                        fields=e.prompt.fields, index=a.index, text=text, n_tokens=len(g.token_ids),
                                        finish_reason=g.finish_reason, prompt_ids=prompt_ids,
                                        segments=(Segment(role="model", text=text, token_ids=ids),),

@@ -19,7 +19,7 @@ class SingleRollout(Rollout):
         if params.logprobs:  # online RL trains on the ids and log-probabilities the engine sampled
             return self._tokens(sampler, prompts, params, seed)
         gens = sampler.generate([p.prompt for p in prompts], params, seed=seed)
-        rows = [Completion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, fields=p.fields, index=i,
+        rows = [Completion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, fields=p.fields, level=p.level, index=i,
                            text=g.text, n_tokens=g.n_tokens, finish_reason=g.finish_reason)
                 for p, gs in zip(prompts, gens) for i, g in enumerate(gs)]
         return rows, {"gen_tokens": sum(r.n_tokens for r in rows)}
@@ -31,7 +31,7 @@ class SingleRollout(Rollout):
         tok = sampler.tokenizer
         contexts = chat_token_ids(tok, [p.prompt for p in prompts])
         gens = ended_turns(tok, sampler.generate_ids, contexts, params, seed)
-        rows = [Completion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, fields=p.fields, index=i,
+        rows = [Completion(prompt_id=p.id, prompt=p.prompt, answer=p.answer, fields=p.fields, level=p.level, index=i,
                            text=g.text, n_tokens=g.n_tokens, finish_reason=g.finish_reason, prompt_ids=tuple(ids),
                            segments=(Segment(role="model", text=g.text, token_ids=g.token_ids,
                                              logprobs=g.logprobs or None),))

@@ -165,6 +165,7 @@ class ToolRollout(Rollout, SandboxSettings):
                                                     (seed * 1_000_003 + c * 7_919 + turn * 8_191) % (1 << 61)):
                         pending[c].append((e, pool.submit(self.call, program)))
         rows = [Completion(prompt_id=e.prompt.id, prompt=e.prompt.prompt, answer=e.prompt.answer,
+                           level=e.prompt.level,
                            fields=e.prompt.fields, index=e.index, text="".join(s.text for s in e.segments),
                            n_tokens=e.generated, finish_reason=e.finish, prompt_ids=tuple(ids),
                            segments=tuple(e.segments))

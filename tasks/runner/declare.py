@@ -157,9 +157,14 @@ class At:
     pool_start: int = 0
     sources: dict[str, str] = field(default_factory=dict)
 
-    def seed(self, k: int) -> int:
-        """Round k's seed."""
-        return self.cfg.seed * 1000 + k
+    def seed(self, k: int, voter: int = 0) -> int:
+        """Round k's seed; a voter's (a model trained beside the policy, label.kind=vote) its own."""
+        base = self.cfg.seed * 1000 + k
+        if not voter:
+            return base
+        import hashlib
+
+        return int(hashlib.sha256(f"{base}/voter-{voter}".encode()).hexdigest()[:8], 16)
 
     @property
     def planning(self) -> bool:

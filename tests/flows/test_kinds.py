@@ -68,7 +68,7 @@ def test_the_label_union_holds_each_label_kind_a_config_can_name():
     registration (or one registered twice under another name) fails it."""
     members = typing.get_args(typing.get_args(LabelConfig)[0])
     names = [m.model_fields["kind"].default for m in members]
-    assert sorted(names) == ["consistency", "judge", "mcts", "reward_model", "turn_mcts", "verifier"]
+    assert sorted(names) == ["consistency", "judge", "mcts", "reward_model", "turn_mcts", "verifier", "vote"]
     assert all(KINDS[m.model_fields["kind"].default] is m for m in members)  # the union is the registration
 
 

@@ -21,6 +21,10 @@ from ratchet.flows.shape import round_shape, round_stage_names, run_shape
     ("flows/configs/default.yaml", ["data.prompts_per_round=16", "data.retire_solved=true",
                                     "evaluate.sets=[{name: task}, {name: more, data: {kind: addition}}]"],
      ["pool", "slice", "sample", "label", "filter", "train", "evaluate", "evaluate.more"]),
+    ("flows/configs/default.yaml", ["label={kind: vote, models: 3}"],  # the policy and two voters sample, and train
+     ["sample", "sample", "sample", "label", "filter", "train", "train", "train", "evaluate"]),
+    ("flows/configs/default.yaml", ["label={kind: vote, models: 3, of: versions}"],  # the versions before: no training
+     ["sample", "sample", "sample", "label", "filter", "train", "evaluate"]),
 ])
 def test_a_round_s_stages_follow_its_kinds(config, overrides, names):
     assert round_stage_names(load_config(config, overrides)) == names
@@ -31,6 +35,7 @@ class R:
     round: int
     policy: str
     scored: str | None = None
+    voters: tuple = ()
 
 
 class Recorder:
@@ -72,9 +77,9 @@ class Recorder:
         self._did("begin", k)
         return None if self.waits_from is not None and k >= self.waits_from else results[-1]
 
-    def round(self, k, start, pool, targets, first, label_model, optimiser_model):
-        made = round_shape(self.cfg, self, k, start.policy, pool, first, label_model, optimiser_model)
-        return self._did("round", k, R(k, made.candidate, made.scored))
+    def round(self, k, start, pool, targets, first, label_model, optimiser_model, voters):
+        made = round_shape(self.cfg, self, k, start.policy, pool, first, label_model, optimiser_model, voters)
+        return self._did("round", k, R(k, made.candidate, made.scored, tuple(made.voters)))
 
     def waits(self, k):
         self._did("waits", k)
@@ -154,3 +159,14 @@ def test_a_search_s_own_optimiser_model_is_a_stage_of_the_run_given_to_every_rou
     run_shape(r.cfg, r)
     assert [w for w, _ in r.calls].count("optimiser-model") == 1 and r.optimisers == ["optimiser-model-None"] * 2
     assert walk(["improve=prompt", "prompt.search={kind: prompt_agent}"])[0].count("optimiser-model") == 0
+
+
+def test_a_vote_s_voters_are_trained_beside_the_policy_or_are_the_versions_before_it():
+    """of: seeds: every round trains each voter too (train@k once per model), and the next round's
+    voters are those; of: versions: the voters are the policies the rounds before started from."""
+    calls, results = walk(["label={kind: vote, models: 3}", "rounds=2"])
+    assert calls.count("train@1") == 3 and calls.count("sample@2") == 3
+    assert results[2].voters == ("train-2", "train-2")  # the recorder names each stage by its round
+    calls, results = walk(["label={kind: vote, models: 3, of: versions}", "rounds=2"])
+    assert calls.count("train@1") == 1 and calls.count("sample@2") == 3
+    assert results[1].voters == ("base", "base") and results[2].voters == ("train-1", "base")

@@ -1,0 +1,214 @@
+"""Growing past the labels (docs/guides/grow.md), measured: the default model taught addition up to
+--labeled-to digits by worked demonstrations (the cold start), then rounds with no labels past
+them: each round one level harder (curriculum.advance_by=rounds, or labels), a vote across
+--models models (label.kind=vote), the length filter, a share of the levels below in every round,
+and each round's label precision per level against references no stage reads.
+
+    python bench/grow_bench.py --workdir /tmp/grow                       # 1-8 taught, grown to 16
+    python bench/grow_bench.py --workdir /tmp/grow --table-only          # the table of that run
+    python bench/grow_bench.py --workdir /tmp/grow --labels reference    # the same with every level labeled
+
+It is `ratchet run` with overrides (printed first): killed, the same command resumes it, and a
+finished one reuses every stage. The table gives, per round, the level it trained at, each level's
+held-out accuracy (25 prompts a level by default; the target set, --target digits, 200 fresh
+prompts, with its 95% Wilson interval), and each level's label precision (the share of the round's
+own labels the hidden references call right, with how many labels). `--labels` compares at equal
+settings: vote (the models' own labels), self (a vote among one model's samples,
+label.kind=consistency), reference (every level labeled: the verifier; the ceiling).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples" / "addition"))
+from worked import compact, worked  # noqa: E402  (the working's forms)
+
+FORMS = {"compact": compact, "worked": worked}
+
+
+def tokens_per_digit(form, digits: list[int]) -> dict[int, float]:
+    """The form's answer tokens (the default model's tokenizer) per digit, at each digit count."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from ratchet.models.default_model import default_model_dir
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir())
+    rng = random.Random(0)
+    out = {}
+    for n in digits:
+        lo, hi = 10 ** (n - 1), 10 ** n - 1
+        pairs = [(rng.randint(lo, hi), rng.randint(lo, hi)) for _ in range(20)]
+        out[n] = sum(len(tok(form(a, b))["input_ids"]) for a, b in pairs) / len(pairs) / n
+    return out
+
+
+def demonstrations(a) -> Path:
+    """--demos worked answers spread evenly over the labeled levels, each level's train prompts drawn
+    (seeded), in --form."""
+    import random
+
+    from ratchet.data.prompts import load_split
+    from ratchet.flows.config import load_config
+
+    cfg = load_config(ROOT / "flows" / "configs" / "default.yaml", overrides(a, with_demos=False))
+    train = load_split(cfg.data, cfg.seed).train
+    levels = list(range(1, a.labeled_to + 1))
+    rows = []
+    for i, n in enumerate(levels):
+        pool = [p for p in train if p.level == n]
+        random.Random(n).shuffle(pool)
+        for p in pool[: a.demos // len(levels) + (i < a.demos % len(levels))]:
+            x, y = (int(v) for v in p.id.removeprefix("add-").split("-"))
+            rows.append({"prompt": p.prompt, "completion": FORMS[a.form](x, y), "answer": p.answer})
+    path = Path(a.workdir) / "demonstrations.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def target_set(a) -> Path:
+    """--fresh prompts of --target digits + --target digits, none a train or held-out pair of the run
+    (drawn with a seed of their own, checked against the run's split)."""
+    import random
+
+    from ratchet.data.prompts import load_split
+    from ratchet.flows.config import load_config
+
+    cfg = load_config(ROOT / "flows" / "configs" / "default.yaml", overrides(a, with_demos=False))
+    split = load_split(cfg.data, cfg.seed)
+    taken = {p.id for p in (*split.train, *split.eval)}
+    rng, rows, seen = random.Random(f"grow-target-{a.target}"), [], set()
+    lo, hi = 10 ** (a.target - 1), 10 ** a.target - 1
+    while len(rows) < a.fresh:
+        x, y = rng.randint(lo, hi), rng.randint(lo, hi)
+        if f"add-{x}-{y}" in taken or (x, y) in seen:
+            continue
+        seen.add((x, y))
+        rows.append({"id": f"fresh-{x}-{y}", "prompt": f"What is {x} + {y}?", "answer": str(x + y)})
+    path = Path(a.workdir) / f"target-{a.target}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def label_of(a) -> str:
+    if a.labels == "vote":
+        return f"label={{kind: vote, models: {a.models}, share: {a.share}, of: {a.of}}}"
+    if a.labels == "self":
+        return f"label={{kind: consistency, min_agreement: {a.share}}}"
+    return "label={kind: verifier}"
+
+
+def overrides(a, with_demos: bool = True) -> list[str]:
+    levels = list(range(1, a.levels_to + 1))
+    labeled = levels if a.labels == "reference" else list(range(1, a.labeled_to + 1))
+    check = "check: {kind: number, max_numbers: 200}"
+    out = [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name=grow-{a.labels}-{a.form}",
+           f"data={{kind: addition, levels: {levels}, labeled_levels: {labeled}, eval_size: {a.eval_size}, "
+           f"train_size: {a.train_size}, {check}}}", label_of(a),
+           f"filter={{kind: length, margin: {a.margin}, max_per_prompt: {a.per_prompt}, prefer: random, min_rows: 8}}",
+           f"curriculum={{prompts: {a.prompts}, advance_by: {a.advance_by}, advance_at: {a.advance_at}, "
+           f"review: {a.review}, start: {a.labeled_to + 1}, patience: 3}}",
+           f"sample.n={a.n}", f"sample.temperature={a.temperature}", f"sample.max_tokens={a.max_tokens}",
+           f"evaluate.max_tokens={a.max_tokens}", f"train.max_length={a.max_tokens + 64}", f"train.epochs={a.epochs}",
+           "agreement.min=null"]
+    if a.fresh:
+        out.append(f"evaluate.sets=[{{name: heldout}}, {{name: target, data: {{kind: file, "
+                   f"path: {Path(a.workdir) / f'target-{a.target}.jsonl'}, {check}}}}}]")
+    if with_demos:
+        out.append(f"cold_start={{demonstrations: {Path(a.workdir) / 'demonstrations.jsonl'}, train: {{epochs: "
+                   f"{a.demo_epochs}, max_length: {a.max_tokens + 64}}}}}")
+    return out
+
+
+def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 0.0
+    d = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / d
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return mid - half, mid + half
+
+
+def table(a) -> str:
+    from ratchet.flows.config import load_config
+    from ratchet.flows.report import gather
+    from ratchet.flows.tracking import Tracker
+
+    cfg = load_config(ROOT / "flows" / "configs" / "default.yaml", overrides(a))
+    rep = gather(Path(a.workdir), Tracker(cfg.tracking, Path(a.workdir), cfg.name))
+    levels = sorted({int(n.removeprefix("level_")) for r in rep.rounds for n in r.sets if n.startswith("level_")})
+    lines = [f"{'round':>5} {'level':>5} {'target':>16} " + " ".join(f"{'L' + str(n):>5}" for n in levels)]
+    for r in rep.rounds:
+        t = r.sets.get("target")
+        ci = wilson(t, a.fresh) if t is not None else None
+        target = f"{100 * t:5.1f} ({100 * ci[0]:.0f}-{100 * ci[1]:.0f})" if t is not None else ""
+        lines.append(f"{r.round:>5} {r.level if r.level is not None else '-':>5} {target:>16} " + " ".join(
+            f"{100 * r.sets[f'level_{n}']:5.0f}" if f"level_{n}" in r.sets else f"{'':>5}" for n in levels))
+    lines += ["", "label precision by level (the round's own labels the hidden references call right, of how many):"]
+    for r in rep.rounds:
+        p = {int(k.rsplit("_", 1)[1]): v for k, v in r.metrics.items() if k.startswith("label.precision.level_")}
+        if p:
+            lines.append(f"round {r.round}: " + ", ".join(
+                f"L{n} {100 * v:.0f}% of {int(r.metrics.get(f'label.self_labeled.level_{n}', 0))}"
+                for n, v in sorted(p.items())))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/ratchet-grow"))
+    ap.add_argument("--form", choices=list(FORMS), default="compact", help="the working's form")
+    ap.add_argument("--labeled-to", type=int, default=8, help="levels 1..N keep their labels (and the demonstrations)")
+    ap.add_argument("--levels-to", type=int, default=16, help="the task's levels: 1..N digits")
+    ap.add_argument("--labels", choices=["vote", "self", "reference"], default="vote")
+    ap.add_argument("--models", type=int, default=3, help="label.models of the vote")
+    ap.add_argument("--share", type=float, default=0.6, help="label.share (self: consistency's min_agreement)")
+    ap.add_argument("--of", choices=["seeds", "versions"], default="seeds")
+    ap.add_argument("--demos", type=int, default=800)
+    ap.add_argument("--demo-epochs", type=float, default=3)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=64, help="curriculum.prompts")
+    ap.add_argument("--review", type=float, default=0.3, help="curriculum.review")
+    ap.add_argument("--advance-by", choices=["rounds", "labels"], default="rounds")
+    ap.add_argument("--advance-at", type=float, default=0.5)
+    ap.add_argument("--n", type=int, default=4, help="sample.n")
+    ap.add_argument("--temperature", type=float, default=0.3)
+    ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--margin", type=float, default=0.25, help="the length filter's margin")
+    ap.add_argument("--per-prompt", type=int, default=1, help="filter.max_per_prompt")
+    ap.add_argument("--epochs", type=float, default=2, help="train.epochs of a round")
+    ap.add_argument("--eval-size", type=int, default=25)
+    ap.add_argument("--train-size", type=int, default=300)
+    ap.add_argument("--target", type=int, default=16, help="the target set's digits")
+    ap.add_argument("--fresh", type=int, default=200, help="the target set's prompts (0: none)")
+    ap.add_argument("--tokens", action="store_true", help="print the form's tokens per digit and stop")
+    ap.add_argument("--table-only", action="store_true")
+    a = ap.parse_args(argv)
+    if a.tokens:
+        for n, t in tokens_per_digit(FORMS[a.form], [1, 2, 4, 8, 16, 32]).items():
+            print(f"{n:>2} digits: {t:.1f} tokens a digit ({t * n:.0f} an answer)")
+        return 0
+    if not a.table_only:
+        t0 = time.time()
+        print(f"{demonstrations(a)}; target set {target_set(a) if a.fresh else 'none'}", flush=True)
+        cmd = [sys.executable, "-m", "ratchet.flows.cli", "run", str(ROOT / "flows" / "configs" / "default.yaml"),
+               *overrides(a)]
+        print(" ".join(cmd), flush=True)
+        done = subprocess.run(cmd)
+        print(f"ratchet run exited {done.returncode} after {time.time() - t0:.0f} s", flush=True)
+    print(table(a))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
