@@ -29,9 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "addition"))
-from worked import compact, worked  # noqa: E402  (the working's forms)
+from worked import compact, indexed, worked  # noqa: E402  (the working's forms)
 
-FORMS = {"compact": compact, "worked": worked}
+FORMS = {"compact": compact, "indexed": indexed, "worked": worked}
 
 
 def tokens_per_digit(form, digits: list[int]) -> dict[int, float]:
@@ -121,8 +121,9 @@ def overrides(a, with_demos: bool = True) -> list[str]:
            f"sample.n={a.n}", f"sample.temperature={a.temperature}", f"sample.max_tokens={a.max_tokens}",
            f"evaluate.max_tokens={a.max_tokens}", f"train.max_length={a.max_tokens + 64}", f"train.epochs={a.epochs}",
            "agreement.min=null"]
-    if a.fresh:
-        out.append(f"evaluate.sets=[{{name: heldout}}, {{name: target, data: {{kind: file, "
+    if a.fresh:  # the gate's set: the target (every level is evaluated on its own set besides; the task's own
+        # split would be their prompts again)
+        out.append(f"evaluate.sets=[{{name: target, data: {{kind: file, "
                    f"path: {Path(a.workdir) / f'target-{a.target}.jsonl'}, {check}}}}}]")
     if with_demos:
         out.append(f"cold_start={{demonstrations: {Path(a.workdir) / 'demonstrations.jsonl'}, train: {{epochs: "

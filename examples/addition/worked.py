@@ -63,6 +63,26 @@ def compact(a: int, b: int) -> str:
     return " ".join(steps) + " so " + str(sums[-1]) + "".join(str(t % 10) for t in reversed(sums[:-1]))
 
 
+def indexed(a: int, b: int) -> str:
+    """a + b with every digit given its place, so that each step finds its digits by their tag, never
+    by counting: each number's digits tagged from the left (d@ii, two digits a tag, so that a
+    place past 9 looks like the rest), then a step a place from the last (`ii: x+y+carry=sum`),
+    then the sum read from the steps (the last carry, then each step's last digit, from place 1 on):
+
+    a 4@01 5@02 b 8@01 7@02 02: 5+7=12 01: 4+8+1=13 so 132"""
+    x, y = str(a), str(b)
+    n = max(len(x), len(y))
+    x, y = x.rjust(n, "0"), y.rjust(n, "0")
+    tags = lambda s: " ".join(f"{d}@{i:02d}" for i, d in enumerate(s, 1))  # noqa: E731
+    steps, carry, digits = [], 0, {}
+    for i in range(n, 0, -1):
+        total = int(x[i - 1]) + int(y[i - 1]) + carry
+        steps.append(f"{i:02d}: {x[i - 1]}+{y[i - 1]}" + (f"+{carry}" if carry else "") + f"={total}")
+        digits[i], carry = total % 10, total // 10
+    return (f"a {tags(x)} b {tags(y)} " + " ".join(steps) + " so " + ("1" if carry else "")
+            + "".join(str(digits[i]) for i in range(1, n + 1)))
+
+
 STEP = re.compile(r"(\d)\+(\d)=(\d+), \+(\d)=(\d+), carry (\d), so far (\d+), left (.*)$")
 
 
@@ -113,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("a", type=int)
     ap.add_argument("b", type=int)
     ap.add_argument("--compact", action="store_true", help="the short form: a step a digit")
+    ap.add_argument("--indexed", action="store_true", help="every digit tagged with its place, a step a place")
     a = ap.parse_args(argv)
-    print(compact(a.a, a.b) if a.compact else worked(a.a, a.b))
+    print(compact(a.a, a.b) if a.compact else indexed(a.a, a.b) if a.indexed else worked(a.a, a.b))
     return 0
 
 
