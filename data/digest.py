@@ -1,7 +1,17 @@
-"""Full-content sha256 digests of files, directories and JSON-able values."""
+"""Full-content sha256 digests of files, directories and JSON-able values.
+
+`known_sha256` is `sha256_file` with a stat cache, as `git status` trusts its index: a file whose
+size, mtime, inode and ctime are what they were when it was last hashed is not read again. The
+ctime is the kernel's own (changing a file's contents sets it, and no call sets it back), so a
+file written in place and given its old mtime again (`touch -d`, `os.utime`) is hashed again. The
+cache is one JSON file in the user's cache (`RATCHET_CACHE`), a line per file, written atomically
+by whichever process hashes last; losing it costs a re-hash. `ratchet verify` and
+`RATCHET_VERIFY=full` hash every file.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import json
@@ -20,6 +30,76 @@ def sha256_file(path: Path, sync: bool = False) -> str:
         if sync:
             os.fsync(f.fileno())
     return h.hexdigest()
+
+
+_STATS = "digests.json"
+_known: dict[str, list] | None = None
+
+
+def _cache_path() -> Path:
+    root = os.environ.get("RATCHET_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                                                           os.path.expanduser("~/.cache"), "ratchet")
+    return Path(root) / _STATS
+
+
+def _stat_key(st: os.stat_result) -> list:
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
+def full_hashing() -> bool:
+    """RATCHET_VERIFY=full: every digest from the file's bytes, the stat cache unread."""
+    return os.environ.get("RATCHET_VERIFY", "") == "full"
+
+
+@contextlib.contextmanager
+def hashing_everything():
+    """Within it, every digest is made from the file's bytes (what `ratchet verify` checks with)."""
+    was = os.environ.get("RATCHET_VERIFY")
+    os.environ["RATCHET_VERIFY"] = "full"
+    try:
+        yield
+    finally:
+        if was is None:
+            os.environ.pop("RATCHET_VERIFY", None)
+        else:
+            os.environ["RATCHET_VERIFY"] = was
+
+
+def known_sha256(path: Path) -> str:
+    """`sha256_file`, skipped where the file's size, mtime, inode and ctime are those it had when it was
+    last hashed (module docstring)."""
+    global _known
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    if _known is None:
+        try:
+            _known = json.loads(_cache_path().read_text())
+        except (OSError, ValueError):
+            _known = {}
+    was = _known.get(real)
+    if not full_hashing() and isinstance(was, list) and was[:4] == _stat_key(st):
+        return was[4]
+    digest = sha256_file(Path(real))
+    if _stat_key(os.stat(real)) == _stat_key(st):  # unchanged while it was read
+        _known[real] = [*_stat_key(st), digest]
+        _save_known()
+    return digest
+
+
+def _save_known() -> None:
+    path = _cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # another process's entries, kept
+            others = json.loads(path.read_text())
+        except (OSError, ValueError):
+            others = {}
+        merged = {**others, **(_known or {})}
+        tmp = path.with_name(f"{_STATS}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(merged))
+        tmp.replace(path)
+    except OSError:  # a read-only cache costs a re-hash next time, nothing else
+        pass
 
 
 def fsync_dir(path: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.data import failpoints
-from ratchet.data.digest import fsync_dir, sha256_file, sha256_json
+from ratchet.data.digest import fsync_dir, known_sha256, sha256_file, sha256_json
 from ratchet.data.errors import ArtifactError, TamperedArtifactError
 from ratchet.data.manifest import MANIFEST, FileRef, Role, StageManifest, now_iso, read_manifest, write_manifest
 
@@ -93,7 +93,7 @@ class ArtifactStore:
                 continue
             if not p.is_file():
                 bad.append(f"{name}: missing")
-            elif p.stat().st_size != ref.bytes or sha256_file(p) != ref.sha256:
+            elif p.stat().st_size != ref.bytes or known_sha256(p) != ref.sha256:
                 bad.append(f"{name}: sha256 differs from the manifest")
         if bad:
             raise TamperedArtifactError(

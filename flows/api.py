@@ -307,8 +307,11 @@ def verify(where: Where = None, version: str | None = None, stages: list[str] | 
     number = version_number(tracker, version or _newest_version(chosen, tracker, "name one with --version N"))
     said = made_by(tracker, number, run)
     owner = tracker.version(number).tags.get("ratchet.run") or chosen.run or "unknown-run"
-    picked, upstream = chosen_stages(store, version_manifest(store, tracker, number), list(stages))
-    path, verdicts = verify_stages(store, picked, chosen.workdir / "verify" / owner, upstream=upstream)
+    from ratchet.data.digest import hashing_everything
+
+    with hashing_everything():  # every file read, whatever the stat cache says
+        picked, upstream = chosen_stages(store, version_manifest(store, tracker, number), list(stages))
+        path, verdicts = verify_stages(store, picked, chosen.workdir / "verify" / owner, upstream=upstream)
     try:
         tracker.client.log_artifact(load_record(chosen.workdir, owner).ctx.parent_run_id, str(path), "verify")
         logged = " and the run's MLflow parent run (verify/)"

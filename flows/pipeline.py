@@ -30,28 +30,13 @@ from ratchet.flows.runs import RunContext, set_state, start
 from ratchet.flows.shape import cold_start_shape, round_shape, run_shape
 from ratchet.flows.stages import (RoundResult, Session, agreement_task, drop_task, lineage_task, register_task,
                                   report_task, start_model_task, unwrap)
-from ratchet.flows.tracking import Tracker, verdict
+from ratchet.flows.shape import trains_from
+from ratchet.flows.tracking import Tracker
 from ratchet.models import warm
 from ratchet.data.procs import forkserver
 from ratchet.tasks import evaluate
-from ratchet.tasks.evaluate import EvalTarget, EvaluateConfig
+from ratchet.tasks.evaluate import EvalTarget
 from ratchet.tasks.runner.declare import Stage
-
-
-def trains_from(results: list[RoundResult], rule: EvaluateConfig) -> RoundResult:
-    """The model the next round trains: the last round's (`next_round_from: last`), or the
-    best so far (`best`): a round is built on only if it is better than the model it trained
-    from by the champion gate's rule (`verdict`: more than `min_improvement` on the gate's
-    held-out set, no other set down by more than `max_drop`); otherwise that model stays."""
-    if rule.next_round_from == "last":
-        return results[-1]
-    best = results[0]
-    for r in results[1:]:
-        scores = r.accuracies or {rule.gate_set: r.accuracy}
-        bars = best.accuracies or {rule.gate_set: best.accuracy}
-        if verdict(scores, bars, rule.gate_set, rule.min_improvement, rule.max_drop, "", "")[0]:
-            best = r
-    return best
 
 
 def evaluate_all(steps: FlowSteps, k: int, policy: StageManifest, targets: list[EvalTarget]) -> list[StageManifest]:

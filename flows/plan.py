@@ -144,7 +144,7 @@ class PlanSteps:
         return self._evaluate(k, made.candidate, targets, voters=made.voters)
 
     def begin(self, k, results):
-        from ratchet.flows.pipeline import trains_from
+        from ratchet.flows.shape import trains_from
 
         known = all(r.accuracy is not None for r in results)
         if self.cfg.evaluate.next_round_from == "best" and not known and len(results) > 1:

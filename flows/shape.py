@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from ratchet.flows.config import PipelineConfig
 from ratchet.tasks import cold_start, curriculum, filter, label, prepare, registry, sample, text, text_search, train
-from ratchet.tasks.evaluate import EvalTarget, level_set
+from ratchet.tasks.evaluate import EvalTarget, EvaluateConfig, level_set
 from ratchet.tasks.runner.declare import Stage
 from ratchet.tasks.text import SLOT
 
@@ -181,6 +181,25 @@ def run_shape(cfg: PipelineConfig, steps: RunSteps) -> list:
         voters = list(start.voters) or [start.policy] * cfg.label.voters()  # a vote's: those trained beside it
         results.append(steps.round(k, start, pool, round_targets, last, fixed, optimiser, voters))
     return results
+
+
+def trains_from(results: list, rule: EvaluateConfig):
+    """The model the next round trains: the last round's (`next_round_from: last`), or the
+    best so far (`best`): a round is built on only if it is better than the model it trained
+    from by the champion gate's rule (`verdict`: more than `min_improvement` on the gate's
+    held-out set, no other set down by more than `max_drop`); otherwise that model stays. The flow's
+    and the plan's `begin` both ask this (`rule`: evaluate: as the config sets it)."""
+    from ratchet.flows.tracking import verdict
+
+    if rule.next_round_from == "last":
+        return results[-1]
+    best = results[0]
+    for r in results[1:]:
+        scores = r.accuracies or {rule.gate_set: r.accuracy}
+        bars = best.accuracies or {rule.gate_set: best.accuracy}
+        if verdict(scores, bars, rule.gate_set, rule.min_improvement, rule.max_drop, "", "")[0]:
+            best = r
+    return best
 
 
 def held_out(cfg: PipelineConfig, steps: RoundSteps, prompts) -> list[EvalTarget]:

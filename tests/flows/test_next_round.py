@@ -4,7 +4,7 @@ the best this run has evaluated, so a round that made the model worse is set asi
 import pytest
 
 from ratchet.data.manifest import StageManifest
-from ratchet.flows.pipeline import trains_from
+from ratchet.flows.shape import trains_from
 from ratchet.flows.stages import RoundResult
 from ratchet.tasks.evaluate import EvaluateConfig
 

@@ -137,3 +137,28 @@ def test_one_run_whose_record_does_not_read_back_stops_no_listing(tmp_path, monk
     listed = {r.run: r for r in list_runs(work, Tracker(chosen.cfg.tracking, work, chosen.cfg.name))}
     assert listed["default-old"].problem is None and listed["default-old"].resume
     assert "its recorded config does not read back: rounds=0" in listed["default-new"].problem
+
+
+READING = {"plan": ("torch", "transformers", "vllm", "prefect", "mlflow"),
+           "runs": ("torch", "transformers", "vllm", "prefect"),
+           "gc": ("torch", "transformers", "vllm", "prefect")}
+
+
+def test_a_command_that_only_reads_imports_no_model_library(recorded):
+    """`ratchet plan` and `ratchet runs` in a fresh interpreter, as a user starts them: no torch,
+    transformers or vLLM (each seconds to import), no Prefect; plan no MLflow either."""
+    import subprocess
+    import sys
+
+    work, runs = recorded
+    name = next(iter(runs))
+    argv = {"plan": ["--run", name, "--json"], "runs": ["--json"], "gc": ["--dry-run"]}
+    for command, banned in READING.items():
+        code = ("import sys, io, contextlib\nfrom ratchet.flows import cli\n"
+                f"with contextlib.redirect_stdout(io.StringIO()):\n"
+                f"    code = cli.main({[command, '--workdir', str(work), *argv[command]]!r})\n"
+                "print(code, sorted(m for m in sys.modules if m.split('.')[0] in "
+                f"{list(banned)!r} and '.' not in m))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip().splitlines()[-1] == "0 []", (command, out.stdout[-500:])
