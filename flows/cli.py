@@ -88,8 +88,64 @@ def _execute(cfg, start_from: str | None = None, verbose: bool = False, run_name
     from ratchet.flows.launch import library_env
 
     library_env()
+    if start_from is None and (done := _reused_whole(cfg, run_name, verbose)) is not None:
+        return done
     with checked_run(cfg) as split:  # before anything is written: bad data leaves no workdir behind
         return _execute_checked(cfg, split, start_from, verbose, run_name)
+
+
+SAID = ("done", "reused", "note", "round", "report")  # the events whose lines a finished run keeps
+
+
+def _reused_whole(cfg, run_name: str | None, verbose: bool) -> int | None:
+    """A run whose every stage the plan finds finished and whose files still match their manifests
+    (stat-cached: data/digest.py) is a read, as `make` with nothing to do: it prints what the run
+    printed when it finished (every stage reused) and its round table, and starts nothing
+    (Prefect, MLflow, the fork server, an engine) and records nothing. None: anything to run, or
+    nothing kept to print (a run finished before runs kept it, or not on a SQLite MLflow store,
+    whose champion this reads without MLflow), and the run goes the usual way."""
+    from ratchet.data import events
+    from ratchet.data.errors import RatchetError
+    from ratchet.data.manifest import read_manifest
+    from ratchet.data.store import ArtifactStore
+    from ratchet.flows.console import RunConsole
+    from ratchet.flows.inputs import check_data, dtype_line, with_sets
+    from ratchet.flows.plan import plan
+    from ratchet.flows.runs import load_record, recorded_name
+    from ratchet.flows.tracking import redact, sqlite_champion
+
+    workdir = Path(cfg.workdir).resolve()
+    run = run_name or recorded_name(cfg, workdir)
+    try:
+        rec = load_record(workdir, run)
+    except RatchetError:
+        return None
+    said, uri = rec.said, cfg.tracking.uri or f"sqlite:///{workdir / 'mlflow.db'}"
+    if rec.state != "finished" or not said or rec.ctx.start_version or not uri.startswith("sqlite:///"):
+        return None
+    split, sets = check_data(cfg)
+    made = plan(cfg, run=run, pool_start=rec.ctx.pool_start, sources=with_sets(split, sets).digests)
+    if not made.steps or any(s.state != "reused" for s in made.steps):
+        return None
+    store = ArtifactStore(workdir, create=False)
+    for s in made.steps:  # each file checked against its manifest, as a reuse always is
+        store.verify(read_manifest(workdir / s.dir))
+    champion = sqlite_champion(uri, said["model"])
+    with RunConsole.for_streams(sys.stdout, sys.stderr, plain=True) as console:
+        console.header([f"ratchet run {run}: {cfg.rounds} round(s) from the base model",
+                        f"  {made.summary()}", f"  workdir  {workdir}",
+                        f"  MLflow   {redact(uri)} (parent run {rec.ctx.parent_run_id})",
+                        f"  dtype    {dtype_line(cfg).removeprefix('dtype: ')}",
+                        "  nothing to run: every stage is reused, its files checked; nothing is recorded"])
+        for e in said["events"]:
+            kind = "reused" if e["kind"] == "done" else e["kind"]
+            console.on_event(events.Event(kind, e["stage"], e["round"], summary=e["summary"], data=e["data"]))
+        console.text("\n" + said["table"])
+        if champion:
+            line = said["champion"] if champion == said.get("champion_version") else \
+                f"champion: {said['model']} version {champion}"
+            console.text(line)
+    return 0
 
 
 def _sigterm_interrupts() -> None:
@@ -112,7 +168,7 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool, run_name
     import time
     import traceback
 
-    from ratchet.data import failpoints
+    from ratchet.data import events, failpoints
     from ratchet.flows.console import RunConsole, redirect_output
     from ratchet.flows.launch import launcher, prepare_env
 
@@ -150,7 +206,12 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool, run_name
                 f"  log      {run_log} (each stage's own: stage.log in its directory)" if run_log else
                 "  verbose: every library's output follows",
             ])
-            _, results, _ = launch.execute(ctx)
+            said: list = []
+            unsubscribe = events.subscribe(lambda ev: said.append(ev) if ev.kind in SAID else None)
+            try:
+                _, results, _ = launch.execute(ctx)
+            finally:
+                unsubscribe()
         except BaseException as e:
             traceback.print_exc()  # into the run's log (the terminal with --verbose)
             resume = f"ratchet resume --run {ctx.run_name} --workdir {ctx.workdir}" if ctx else "re-run the same command"
@@ -159,11 +220,18 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool, run_name
                 return 143 if type(e).__name__ == "Terminated" else 130  # 128 + the signal, as a shell reports it
             return 2 if type(e).__name__ == "ConfigError" else 1
         champ = tracker.champion()
-        console.text("\n" + _summary(results, champ))
+        table, line = _summary(results, champ), ""
+        console.text("\n" + table)
         if champ:
             acc = tracker.accuracy(champ, results[-1].eval_set)
             on = f"held-out accuracy {acc:.3f}" if acc is not None else "not evaluated on this eval set"
-            console.text(f"champion: {tracker.model_name} version {champ} ({on})")
+            console.text(line := f"champion: {tracker.model_name} version {champ} ({on})")
+    from ratchet.flows.runs import record_said
+
+    record_said(Path(ctx.workdir), ctx.run_name, {
+        "events": [{"kind": e.kind, "stage": e.stage, "round": e.round, "summary": e.summary, "data": e.data}
+                   for e in said],
+        "table": table, "champion": line, "champion_version": champ, "model": tracker.model_name})
     return 0
 
 

@@ -93,6 +93,9 @@ class RunRecord(BaseModel):
     state: Literal["running", "finished", "failed", "interrupted"] = "running"
     host: str | None = None  # where the last attempt ran, and its process: a "running" record whose
     pid: int | None = None  # process is gone was interrupted (killed, or its machine lost)
+    # what its last finished attempt printed, for a run of the same command that finds every stage
+    # reused: each stage's and round's line (the events), and the round table (flows/cli.py)
+    said: dict | None = None
 
 
 def run_name_for(cfg: PipelineConfig) -> str:
@@ -350,9 +353,18 @@ def set_state(ctx: RunContext, tracker: Tracker, state: str) -> None:
     workdir = Path(ctx.workdir)
     with tracker.lock():
         rec = load_record(workdir, ctx.run_name)
-        write_record(workdir, rec.model_copy(update={"state": state}))
+        write_record(workdir, rec.model_copy(update={"state": state, "said": None}))
     if ctx._live is not None:
         ctx._live.release()
+
+
+def record_said(workdir: Path, run: str, said: dict) -> None:
+    """Keep in a finished run's record what it printed (its stages' and rounds' lines, its round
+    table): a run of the same command that finds every stage reused prints it again, reading no
+    other store (flows/cli.py)."""
+    rec = load_record(workdir, run)
+    if rec.state == "finished":
+        write_record(workdir, rec.model_copy(update={"said": said}))
 
 
 class RoundEntry(BaseModel):

@@ -310,6 +310,20 @@ def _fresh_sqlite_store(db: Path) -> None:
                                           db, type(e).__name__, e)
 
 
+def sqlite_champion(uri: str, model: str) -> str | None:
+    """The version the `champion` alias names in a SQLite MLflow store, read with sqlite3 alone (MLflow
+    takes seconds to import; `ratchet run` with nothing to run reads this). Its schema's alias
+    table (registered_model_aliases: name, alias, version); None where there is none, and an error
+    where the store cannot be read."""
+    import sqlite3
+
+    path = uri.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        row = db.execute("SELECT version FROM registered_model_aliases WHERE name = ? AND alias = ?",
+                         (model, CHAMPION)).fetchone()
+    return None if row is None else str(row[0])
+
+
 class Tracker:
     def __init__(self, cfg: TrackingConfig, workdir: Path, name: str):
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")

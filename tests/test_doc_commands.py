@@ -340,3 +340,25 @@ def test_the_api_reads_the_recorded_run_as_the_commands_do(recorded_run, monkeyp
     assert checked.counts == {"identical": 1, "differs": 0, "not re-runnable": 0} and checked.path.is_file()
     done = api.export(rec.config, "champion", tmp_path / "out")
     assert done.version == listing.champion and (done.path / "config.json").is_file()
+
+
+@pytest.mark.integration
+def test_a_run_with_every_stage_reused_is_a_read(recorded_run):
+    """The same `ratchet run` again, in a fresh interpreter as a user starts it: every stage reused and
+    its files checked, it prints the run's own lines (each stage reused), its round table and its
+    champion, and starts and imports nothing of Prefect, MLflow or a model library."""
+    import subprocess
+    import sys
+
+    rec = recorded_run
+    code = ("import sys\nfrom ratchet.flows import cli\ncode = cli.main(['run', sys.argv[1]])\n"
+            "print('EXIT', code, sorted(m for m in sys.modules if m in ('torch', 'transformers', 'vllm', 'prefect', "
+            "'mlflow')))")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PREFECT_API_URL"}
+    out = subprocess.run([sys.executable, "-c", code, str(rec.config)], capture_output=True, text=True, cwd=rec.home,
+                         env=env, timeout=300)
+    said = out.stdout
+    assert "EXIT 0 []" in said, said[-3000:] + out.stderr[-3000:]
+    assert f"ratchet run {rec.run}:" in said and "nothing to run: every stage is reused" in said
+    assert re.search(r"round 1\s+train\s+↺ reused", said) and "-> version" in said and "champion:" in said
+    assert re.search(r"round\s+accuracy\s+version\s+promoted", said)  # the round table
