@@ -152,6 +152,15 @@ class Label(BaseModel):
         return [f"{events.count(m.get('labeled', 0))} labeled", f"mean reward {m.get('reward_mean', 0):.2f}"]
 
 
+def voting_check(kind: str, pipeline) -> list[str]:
+    """What a kind that votes with the answers a check reads needs of data.check: that it reads one."""
+    if pipeline.data.check.extracts:
+        return []
+    return [f"label.kind={kind!r} votes with the answers a check reads, but data.check.kind="
+            f"{pipeline.data.check.kind!r} reads none; use a check that extracts an answer (number, exact, regex, "
+            "steps) or another label kind"]
+
+
 def item_of(c: Completion) -> Item:
     """What a check reads of a completion: its final answer (a trajectory's last model turn),
     the reference, the prompt, the row's id, its other columns and an episode's return."""

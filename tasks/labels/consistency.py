@@ -16,7 +16,7 @@ from pydantic import Field
 
 from ratchet.data.checkers import answer_key, extract
 from ratchet.data.records import Completion, LabeledCompletion
-from ratchet.tasks.labels import Label, Labeled, agreement, labeled_row, truths
+from ratchet.tasks.labels import Label, Labeled, agreement, labeled_row, truths, voting_check
 
 
 class ConsistencyLabel(Label):
@@ -37,11 +37,7 @@ class ConsistencyLabel(Label):
         return Labeled(labeled, {**metrics, **agreement(labeled)})
 
     def checks(self, pipeline) -> list[str]:
-        if not pipeline.data.check.extracts:
-            return [f"label.kind='consistency' votes with the answers a check reads, but data.check.kind="
-                    f"{pipeline.data.check.kind!r} reads none; use a check that extracts an answer (number, exact, "
-                    "regex, steps) or another label kind"]
-        return []
+        return voting_check(self.kind, pipeline)
 
 
 def majority_vote(rows: list[Completion], check_cfg, cfg: ConsistencyLabel

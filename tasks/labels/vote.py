@@ -21,7 +21,7 @@ from pydantic import Field, field_validator
 
 from ratchet.data.checkers import answer_key, extract
 from ratchet.data.records import Completion, LabeledCompletion, read_jsonl
-from ratchet.tasks.labels import Label, Labeled, agreement, labeled_row, truths
+from ratchet.tasks.labels import Label, Labeled, agreement, labeled_row, truths, voting_check
 
 SAMPLES = "samples.jsonl"
 
@@ -60,11 +60,7 @@ class VoteLabel(Label):
         return Labeled(labeled, {**metrics, **agreement(labeled)})
 
     def checks(self, pipeline) -> list[str]:
-        if not pipeline.data.check.extracts:
-            return [f"label.kind='vote' votes with the answers a check reads, but data.check.kind="
-                    f"{pipeline.data.check.kind!r} reads none; use a check that extracts an answer (number, exact, "
-                    "regex, steps) or another label kind"]
-        return []
+        return voting_check(self.kind, pipeline)
 
     def title(self) -> str:
         return f"vote of {self.models} models ({self.of})"
