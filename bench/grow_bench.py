@@ -29,9 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "addition"))
-from worked import compact, indexed, worked  # noqa: E402  (the working's forms)
+from worked import compact, indexed, shifted, worked  # noqa: E402  (the working's forms)
 
-FORMS = {"compact": compact, "indexed": indexed, "worked": worked}
+FORMS = {"compact": compact, "indexed": indexed, "shifted": shifted, "worked": worked}
 
 
 def tokens_per_digit(form, digits: list[int]) -> dict[int, float]:

@@ -63,24 +63,37 @@ def compact(a: int, b: int) -> str:
     return " ".join(steps) + " so " + str(sums[-1]) + "".join(str(t % 10) for t in reversed(sums[:-1]))
 
 
-def indexed(a: int, b: int) -> str:
+def indexed(a: int, b: int, first: int = 1) -> str:
     """a + b with every digit given its place, so that each step finds its digits by their tag, never
     by counting: each number's digits tagged from the left (d@ii, two digits a tag, so that a
     place past 9 looks like the rest), then a step a place from the last (`ii: x+y+carry=sum`),
     then the sum read from the steps (the last carry, then each step's last digit, from place 1 on):
 
-    a 4@01 5@02 b 8@01 7@02 02: 5+7=12 01: 4+8+1=13 so 132"""
+    a 4@01 5@02 b 8@01 7@02 02: 5+7=12 01: 4+8+1=13 so 132
+
+    `first`: the first place's tag (`shifted` starts each sum's tags elsewhere)."""
     x, y = str(a), str(b)
     n = max(len(x), len(y))
     x, y = x.rjust(n, "0"), y.rjust(n, "0")
-    tags = lambda s: " ".join(f"{d}@{i:02d}" for i, d in enumerate(s, 1))  # noqa: E731
+    at = lambda i: f"{first + i - 1:02d}"  # noqa: E731 - place i's tag
+    tags = lambda s: " ".join(f"{d}@{at(i)}" for i, d in enumerate(s, 1))  # noqa: E731
     steps, carry, digits = [], 0, {}
     for i in range(n, 0, -1):
         total = int(x[i - 1]) + int(y[i - 1]) + carry
-        steps.append(f"{i:02d}: {x[i - 1]}+{y[i - 1]}" + (f"+{carry}" if carry else "") + f"={total}")
+        steps.append(f"{at(i)}: {x[i - 1]}+{y[i - 1]}" + (f"+{carry}" if carry else "") + f"={total}")
         digits[i], carry = total % 10, total // 10
     return (f"a {tags(x)} b {tags(y)} " + " ".join(steps) + " so " + ("1" if carry else "")
             + "".join(str(digits[i]) for i in range(1, n + 1)))
+
+
+def shifted(a: int, b: int) -> str:
+    """`indexed`, its tags starting at a place of their own (10 to 60, fixed by the sum), so that no tag
+    says how long a number is: a model taught on 8 digits has seen tags up to 67, and a ninth digit
+    is one more tag, not the first 09 it ever wrote (randomized positions, as for length
+    generalization elsewhere)."""
+    import hashlib
+
+    return indexed(a, b, first=10 + int(hashlib.sha256(f"{a}+{b}".encode()).hexdigest(), 16) % 51)
 
 
 STEP = re.compile(r"(\d)\+(\d)=(\d+), \+(\d)=(\d+), carry (\d), so far (\d+), left (.*)$")
@@ -134,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("b", type=int)
     ap.add_argument("--compact", action="store_true", help="the short form: a step a digit")
     ap.add_argument("--indexed", action="store_true", help="every digit tagged with its place, a step a place")
+    ap.add_argument("--shifted", action="store_true", help="--indexed, the tags starting at a place of their own")
     a = ap.parse_args(argv)
-    print(compact(a.a, a.b) if a.compact else indexed(a.a, a.b) if a.indexed else worked(a.a, a.b))
+    form = compact if a.compact else indexed if a.indexed else shifted if a.shifted else worked
+    print(form(a.a, a.b))
     return 0
 
 

@@ -139,7 +139,7 @@ class Adder:
         pass
 
 
-def _run(workdir: Path, tiny_model: Path, poisoned: bool, monkeypatch):
+def _run(workdir: Path, tiny_model: Path, poisoned: bool, monkeypatch, rounds: int = 2):
     from ratchet.data.sources import addition
     from ratchet.flows.config import load_config
     from ratchet.flows.pipeline import execute
@@ -155,7 +155,7 @@ def _run(workdir: Path, tiny_model: Path, poisoned: bool, monkeypatch):
 
         monkeypatch.setattr(addition.AdditionSource, "load", wrong)
     cfg = load_config(ROOT / "flows" / "configs" / "default.yaml", [
-        f"workdir={workdir}", f"model.path={tiny_model}", "isolate=false", "rounds=2", "sampler.backend=hf",
+        f"workdir={workdir}", f"model.path={tiny_model}", "isolate=false", f"rounds={rounds}", "sampler.backend=hf",
         "sampler.dtype=float32", "data={kind: addition, levels: [1, 2, 3], labeled_levels: [1], eval_size: 3, "
         "train_size: 8}", "label={kind: vote, models: 2, share: 0.6}", "filter={kind: length, min_rows: 1}",
         "curriculum={prompts: 6, advance_by: labels, advance_at: 0.5, start: 2, review: 0.3}", "sample.n=2",
@@ -188,15 +188,16 @@ def test_a_run_grows_on_its_own_labels_and_never_reads_a_hidden_reference(tiny_m
                                                                           monkeypatch):
     """Two rounds at levels 2-3 with references at level 1 alone: a vote of two models (the second
     trained beside the policy, its own seed, registered), the length filter, the curriculum moving up
-    by its labels. With every hidden reference poisoned, every stage's key and output is the same,
-    byte for byte; only the label precision each round reports (which reads them) changes."""
+    by its labels. With every hidden reference poisoned, every stage's key and output of the first
+    round (its vote, filter and both models' training) is the same, byte for byte; only the label
+    precision it reports (which reads them) changes."""
     from ratchet.data.records import read_jsonl
 
     results, tracker, said = _run(tmp_path / "clean", tiny_model, False, monkeypatch)
-    poisoned, _, said_poisoned = _run(tmp_path / "poisoned", tiny_model, True, monkeypatch)
+    poisoned, _, said_poisoned = _run(tmp_path / "poisoned", tiny_model, True, monkeypatch, rounds=1)
     clean_out, poisoned_out = _outputs(tmp_path / "clean"), _outputs(tmp_path / "poisoned")
-    assert clean_out == poisoned_out  # same directory names (keys) and the same bytes in every one
-    assert [r.version for r in results] == [r.version for r in poisoned]
+    assert poisoned_out and all(clean_out.get(d) == files for d, files in poisoned_out.items())  # keys and bytes
+    assert [r.version for r in results[:2]] == [r.version for r in poisoned]
     # no row of the train path holds a reference above level 1
     stages = tmp_path / "clean" / "stages"
     for f in [*stages.glob("sample-*/samples.jsonl"), *stages.glob("label-*/labels.jsonl")]:
@@ -215,7 +216,7 @@ def test_a_run_grows_on_its_own_labels_and_never_reads_a_hidden_reference(tiny_m
     levels = [tracker.client.get_run(r.child_run_id).data.tags.get("ratchet.level") for r in results[1:]]
     assert levels == ["2", "3"]  # every level-2 prompt was labeled (2 models agree): share 1.0 >= advance_at
     # precision, from references no stage read: the adder is right on half of its sums, the poison on none
-    assert said and said_poisoned and said != said_poisoned
+    assert said and said_poisoned and said[0] != said_poisoned[0]
     m = tracker.client.get_run(r1.child_run_id).data.metrics
     assert 0 < m["label.precision"] < 1 and "label.precision.level_2" in m
     assert list((tmp_path / "clean" / "reports").rglob("precision.png"))  # the report draws it by level
