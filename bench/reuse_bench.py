@@ -1,0 +1,84 @@
+"""Nothing changed, nothing paid: what each command costs on a finished run, measured side by side in
+one go, as wall time, peak memory and the ratio to `ratchet --help` (so the table holds on any
+machine).
+
+    python bench/reuse_bench.py                        # a finished one-round run on the tiny model, made here
+    python bench/reuse_bench.py --config C --workdir W # a finished run of yours (C's run in W)
+    python bench/reuse_bench.py --repeat 5
+
+Each command runs in a fresh interpreter, as a user types it: `ratchet --help`, `ratchet run` with
+every stage reused (a read: it prints the run's lines and starts nothing), `ratchet plan`, `ratchet
+runs`, `ratchet lineage` (the newest version) and `ratchet check`. The median of --repeat runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RATCHET = [sys.executable, "-m", "ratchet.flows.cli"]
+
+
+def tiny_run(work: Path) -> list[str]:
+    """A finished one-round run on a tiny random model (the tests' own), made in `work`: the words
+    that name its config."""
+    sys.path.insert(0, str(ROOT))
+    from ratchet.models.default_model import default_model_dir
+    from tests.flows.tiny import tiny_causal_lm
+
+    model = tiny_causal_lm(work / "tiny", default_model_dir(), seed=0)
+    (work / "reward.py").write_text("import re\n\ndef score(completion, answer=None, prompt=None, **fields):\n"
+                                    "    return float(int(re.findall(r'\\d+', prompt)[0]) % 2 == 1)\n")
+    words = [str(ROOT / "flows" / "configs" / "default.yaml"), f"workdir={work / 'runs'}", f"model.path={model}",
+             "rounds=1", "sampler.backend=hf", "sampler.dtype=float32", "data.a_max=6", "data.b_max=4",
+             "data.train_size=12", "data.eval_size=4", "sample.n=2", "sample.max_tokens=6", "evaluate.max_tokens=6",
+             "train.epochs=1", "filter.min_rows=1", f"data.check={{kind: python, function: '{work / 'reward.py'}:score'}}"]
+    done = subprocess.run([*RATCHET, "run", *words], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"the tiny run failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return words
+
+
+def timed(argv: list[str], cwd: Path) -> tuple[float, float, int]:
+    """Wall seconds, peak resident MiB (GNU time's, of the command and what it waited for) and exit code
+    of one command in a fresh interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    t = time.perf_counter()
+    done = subprocess.run(["/usr/bin/time", "-f", "PEAK %M", *argv], capture_output=True, text=True, cwd=cwd, env=env)
+    wall = time.perf_counter() - t
+    peak = next((int(x.split()[1]) for x in reversed(done.stderr.splitlines()) if x.startswith("PEAK ")), 0)
+    return wall, peak / 1024, done.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", help="a finished run's config (with --workdir); default: a tiny run made here")
+    ap.add_argument("--workdir", help="where --config's run is")
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="ratchet-reuse-"))
+    words = [a.config, f"workdir={a.workdir}"] if a.config else tiny_run(work)
+    commands = {"ratchet --help": ["--help"], "ratchet run (every stage reused)": ["run", *words],
+                "ratchet plan": ["plan", *words], "ratchet runs": ["runs", *words],
+                "ratchet lineage": ["lineage", *words], "ratchet check": ["check", *words]}
+    rows = {}
+    for name, args in commands.items():  # one at a time, each alone: the peak is then its own
+        runs = [timed([*RATCHET, *args], work) for _ in range(a.repeat)]
+        rows[name] = (statistics.median(r[0] for r in runs), max(r[1] for r in runs), runs[-1][2])
+    base = rows["ratchet --help"][0]
+    print(f"{'command':<34} {'wall s':>7} {'x --help':>8} {'peak MiB':>9} {'exit':>4}")
+    for name, (wall, peak, code) in rows.items():
+        print(f"{name:<34} {wall:7.2f} {wall / base:8.1f} {peak:9.0f} {code:>4}")
+    print(f"\n(median of {a.repeat} runs; peak: the command's own process)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
