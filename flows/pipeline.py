@@ -185,7 +185,7 @@ def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
 def warm_engine_wanted(cfg: PipelineConfig) -> bool:
     """A run keeps one engine (models/warm.py) when its stages sample in workers on this machine
     with one engine each (a served policy is sampled on its server)."""
-    return cfg.isolate and cfg.executor.lends_warm_engine() and cfg.sampler.backend != "served"
+    return cfg.isolate and cfg.executor.lends_warm_engine() and cfg.sampler.backend_kind.local
 
 
 @contextlib.contextmanager

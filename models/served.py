@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 
 from ratchet.models.endpoint import Endpoint, EndpointConfig
-from ratchet.models.sampler import Generation, SamplingParams, cut_at_stop
+from ratchet.models.backends import Backend, Generation, SamplingParams, cut_at_stop
 
 FIELD = "sampler.endpoint"
 # what a rollout that needs more than text in and text out is told (tasks/rollouts/: multi_turn)
@@ -38,6 +38,57 @@ def call_seed(seed: int, place: int, index: int) -> int:
     """The seed of one call: the stage's seed, the prompt's place in its batch and the completion's index."""
     h = hashlib.sha256(f"{seed}:{place}:{index}".encode()).digest()
     return int.from_bytes(h[:4], "big") >> 1  # below 2**31: what every server takes
+
+
+class ServedBackend(Backend):
+    """`sampler.backend: served`: the policy is the model behind `sampler.endpoint`; nothing of it runs here."""
+
+    name, title = "served", "the served policy"
+    local = False
+
+    def open(self, model_dir, cfg, seed, sleep_mode=False, calls=None):
+        """The endpoint, each call journaled in `calls` (a stage's shards/calls: `model_dir` where the
+        stage gives its journals as the policy's place)."""
+        return ServedSampler(cfg.endpoint, Path(calls if calls is not None else model_dir))
+
+    def config_problems(self, cfg) -> list[str]:
+        if cfg.endpoint is None:
+            return ["backend='served' needs endpoint: {base_url: ..., model: ...} (where the policy is served); "
+                    "or set backend: vllm"]
+        return []
+
+    def run_problems(self, pipeline) -> list[str]:
+        """What a served policy cannot do: have its weights trained, start from weights of its own,
+        or play a rollout that feeds its own token ids back."""
+        cfg = pipeline
+        at = f"sampler.backend='served' ({cfg.sampler.endpoint.where()})"
+        out = []
+        if cfg.trains_weights():
+            out.append(f"{at}: the policy's weights are on its server and cannot be trained here, and improve="
+                       f"{cfg.improve!r} trains them each round; set improve: prompt with a prompt.search (a round "
+                       "then improves the text around each task prompt), or give a local model (model.path) with "
+                       "sampler.backend: vllm")
+        if cfg.cold_start is not None:
+            out.append(f"{at}: cold_start fine-tunes the policy's weights, which are on its server; remove "
+                       "cold_start")
+        if cfg.model.path != "default" or cfg.model.prompt_format != "auto":
+            out.append(f"{at}: the policy is the served model, so model.path={cfg.model.path!r} and "
+                       f"model.prompt_format={cfg.model.prompt_format!r} are not read (its server applies its own "
+                       "chat template); remove them from model, or set sampler.backend: vllm to run model.path here")
+        rollouts = [("sample.rollout", cfg.sample.rollout),
+                    *((f"evaluate.sets[{i}].rollout", s.rollout) for i, s in enumerate(cfg.evaluate.sets)
+                      if s.rollout is not None)]
+        for where, rollout in rollouts:
+            if rollout.multi_turn:
+                out.append(f"{where}.kind={rollout.kind!r} feeds the model's own token ids back each turn, and {at} "
+                           "answers through the chat API, text in and text out; use sample.rollout.kind: single "
+                           "(one answer a prompt), or a local model (sampler.backend: vllm)")
+        return out
+
+    def policy_mismatch(self, where) -> str:
+        return (f"sampler.backend='served', and the policy in {where} has weights of its own here: a run from a "
+                "local model samples it here; set sampler.backend: vllm (or hf), or start the run from the served "
+                "policy's own versions")
 
 
 class ServedSampler:

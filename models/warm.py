@@ -199,25 +199,21 @@ class _Engines:
         if h is not None and h.shape != shape:
             self.close()
             h = None
+        kind = cfg.backend_kind
         if h is not None and h.asleep:
-            h.engine.llm.wake_up()
+            kind.wake(h.engine)
             h.asleep = False
         if h is None:
-            sleep = cfg.backend == "vllm" and _on_gpu()  # started so, it can give the GPU back between stages
+            sleep = kind.sleeps and _on_gpu()  # started so, it can give the GPU back between stages
             self.held = h = _Held(shape, model, cfg, open_sampler(Path(model), cfg, seed, sleep_mode=sleep))
             self.default_threads = torch.get_num_threads()  # what the engine set for itself
             how = "opened"
         elif h.model != model:
-            if cfg.backend == "vllm":
-                h.engine.load_weights(Path(model))
-            else:  # transformers: the model is the engine; loading it again is the swap
-                h.engine.close()
-                h.engine = open_sampler(Path(model), cfg, seed)
+            h.engine = kind.swap(h.engine, Path(model), cfg, seed)
             h.model = model
             how = "swapped weights to"
         else:
-            if cfg.backend == "vllm":
-                h.engine.llm.reset_prefix_cache()  # a stage starts from an empty cache, as in an engine of its own
+            kind.fresh(h.engine)  # a stage starts from an empty cache, as in an engine of its own
             how = "kept"
         torch.set_num_threads(threads or self.default_threads or torch.get_num_threads())
         return {"how": how, "load_s": time.time() - t, "pid": os.getpid()}
@@ -227,10 +223,10 @@ class _Engines:
         h = self.held
         if h is None or not _on_gpu():
             return
-        if h.sampler.backend == "vllm":
-            if not h.asleep:
-                h.engine.llm.sleep(level=1)  # weights to CPU memory, KV cache freed
-                h.asleep = True
+        if h.asleep:
+            return
+        if h.sampler.backend_kind.release(h.engine):  # weights kept in CPU memory, KV cache freed
+            h.asleep = True
         else:  # transformers: loading again is quick; the model goes
             self.close()
             import torch
@@ -275,11 +271,9 @@ def serve(path: str, preload: str, key: str | None = None) -> int:
     listener = Listener(path, family="AF_UNIX")  # the key is checked by _accept, under a time bound
     print(f"warm engine (pid {os.getpid()}): listening; preloading {preload}", file=sys.stderr, flush=True)
     # the import is most of a start; done while the run prepares its first stage
-    if preload == "vllm":
-        import vllm  # noqa: F401
-    elif preload == "hf":
-        import torch  # noqa: F401
-        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+    from ratchet.models.sampler import backend_kind
+
+    backend_kind(preload).preload()
     engines = _Engines()
     while True:
         conn = _accept(listener, key)

@@ -396,25 +396,16 @@ def is_served(store: ArtifactStore, m: StageManifest) -> bool:
 def open_policy(store: ArtifactStore, policy: StageManifest, sampler, seed: int, calls: Path):
     """An engine on the policy: a local one on its weights, or, for a served policy, its endpoint,
     each call journaled in `calls` (models/served.py)."""
-    if (sampler.backend == "served") != is_served(store, policy):
-        raise ConfigError([served_mismatch(sampler.backend, store.dir_of(policy))])
-    if sampler.backend == "served":
-        from ratchet.models.served import ServedSampler
-
-        return ServedSampler(sampler.endpoint, calls)
-    from ratchet.models.sampler import open_sampler
-
-    return open_sampler(model_dir(store, policy), sampler, seed=seed)
+    sampler_fits(store, policy, sampler)
+    kind = sampler.backend_kind
+    return kind.open(model_dir(store, policy) if kind.local else calls, sampler, seed, calls=calls)
 
 
-def served_mismatch(backend: str, where) -> str:
-    """What is wrong when the policy and the sampler disagree on where the policy is."""
-    if backend == "served":
-        return (f"sampler.backend='served', and the policy in {where} has weights of its own here: a run from a "
-                "local model samples it here; set sampler.backend: vllm (or hf), or start the run from the served "
-                "policy's own versions")
-    return (f"sampler.backend={backend!r}, and the policy in {where} is served elsewhere (its weights are not "
-            "here); set sampler.backend: served with its endpoint")
+def sampler_fits(store: ArtifactStore, policy: StageManifest, sampler) -> None:
+    """The policy and the sampler agree on where the policy is: here, or served elsewhere."""
+    kind = sampler.backend_kind
+    if kind.local == is_served(store, policy):
+        raise ConfigError([kind.policy_mismatch(store.dir_of(policy))])
 
 
 def model_dir(store: ArtifactStore, m: StageManifest, remake_here: bool = True) -> Path:

@@ -98,28 +98,23 @@ class PolicyWork(UnitWork):
 
     def open(self, lent=None):
         from ratchet.models import warm
-        from ratchet.models.sampler import open_sampler
 
-        if self.sampler.backend == "served":  # the policy answers from its server: no engine here
-            from ratchet.models.served import ServedSampler
-
-            return ServedSampler(self.sampler.endpoint, self.calls)
-        if lent is not None:  # the run's engine, its weights swapped to this policy's if need be
+        kind = self.sampler.backend_kind
+        if lent is not None and kind.local:  # the run's engine, its weights swapped to this policy's if need be
             return warm.WarmSampler(self.model, self.sampler, seed=self.seed, address=lent.address,
                                     threads=lent.threads)
-        return open_sampler(self.model, self.sampler, seed=self.seed)
+        return kind.open(self.model, self.sampler, self.seed, calls=self.calls)
 
 
 def policy_of(req: StageRequest, store: ArtifactStore) -> dict:
     """The PolicyWork fields a stage's request decides: its policy's model directory (a served
     policy's: where its calls are journaled), the sampler settings and the stage seed."""
     from ratchet.data.errors import ConfigError
-    from ratchet.tasks.prepare import is_served, model_dir, served_mismatch
+    from ratchet.tasks.prepare import model_dir, sampler_fits
 
     sampler, policy = req.config.sampler, req.parent_model
-    if (sampler.backend == "served") != is_served(store, policy):
-        raise ConfigError([served_mismatch(sampler.backend, store.dir_of(policy))])
-    if sampler.backend == "served":
+    sampler_fits(store, policy, sampler)
+    if not sampler.backend_kind.local:
         calls = store.stage_dir(req.stage, req.key) / "shards" / "calls"
         return {"model": calls, "sampler": sampler, "seed": req.seed, "calls": calls}
     return {"model": model_dir(store, policy), "sampler": sampler, "seed": req.seed}

@@ -122,9 +122,11 @@ class JudgeLabel(Label):
                                     "raise sampler.max_model_len or lower sample.max_tokens", "label")}
 
     def checks(self, pipeline) -> list[str]:
-        if self.endpoint is None and pipeline.sampler.backend == "vllm" and self.top_logprobs > 20:
-            return [f"label.top_logprobs={self.top_logprobs}: vLLM returns at most 20 candidates; set it to 20 "
-                    "or less (or sampler.backend='hf', which reads the whole vocabulary)"]
+        most = pipeline.sampler.backend_kind.top_logprobs
+        if self.endpoint is None and most is not None and self.top_logprobs > most:
+            return [f"label.top_logprobs={self.top_logprobs}: {pipeline.sampler.backend_kind.title} returns at "
+                    f"most {most} candidates; set it to {most} or less (or sampler.backend='hf', which reads the "
+                    "whole vocabulary)"]
         return []
 
     def served(self) -> bool:
@@ -152,7 +154,7 @@ class JudgeWork(PolicyWork):
 
     def open(self, lent=None):
         sampler = super().open(lent)
-        if self.sampler.backend == "vllm":  # every judge prompt must fit the engine's context
+        if self.sampler.backend_kind.bounded_context:  # every judge prompt must fit the engine's context
             from ratchet.tasks.labels.judging import check_fits
 
             check_fits(sampler.tokenizer, self.cfg, [(c.prompt, c.text) for c in self.items],

@@ -9,7 +9,8 @@ import pytest
 
 from ratchet.data.errors import ConfigError
 from ratchet.flows.config import config_from_dict
-from ratchet.flows.inputs import check_inputs, devices_line, vllm_cpu_version
+from ratchet.flows.inputs import check_inputs, devices_line
+from ratchet.models.sampler import vllm_cpu_version
 
 ROOT = Path(__file__).parents[2]
 GOOD = [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(6)]

