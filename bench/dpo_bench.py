@@ -36,7 +36,8 @@ def main() -> None:
     from trl import DPOConfig, DPOTrainer
 
     from ratchet.models.default_model import default_model_dir
-    from ratchet.models.train_kinds.dpo import DPOTrainConfig, plain_lm_head
+    from ratchet.models.train_kinds.dpo import DPOTrainConfig
+    from ratchet.models.train_kinds.trainers import plain_lm_head
     from ratchet.models.trainer import chat_dataset, load_policy, resolve_precision, trainer_args
 
     cfg = DPOTrainConfig()

@@ -11,8 +11,8 @@ values; random weights rarely sample an end-of-sequence token, so completions ru
 max_tokens and the token counts say so.
 
 Training goes through the stage's own pieces (load_policy, the trainer arguments, the chat
-dataset, TRL's SFTTrainer and DPOTrainer) for `--steps` timed steps after 2 warm-up steps,
-with a CUDA sync at each step's end. MFU counts model FLOPs only, against the GPU's dense bf16
+dataset, the stages' trainer classes RatchetSFTTrainer and RatchetDPOTrainer) for `--steps`
+timed steps after 2 warm-up steps, with a CUDA sync at each step's end. MFU counts model FLOPs only, against the GPU's dense bf16
 peak (H100/H200 SXM: 989 TFLOP/s): per trained token 6N for full fine-tuning, 4N with LoRA
 (frozen weights need no weight gradient), plus the attention term 12*L*d*S; DPO adds the
 reference's forward (2N per token: LoRA's reference is the adapter switched off). N counts the
@@ -129,10 +129,11 @@ def _timer(steps_to_skip: int):
 
 def bench_training(kind: str, adapter: str, model_dir: Path, a, peak: float) -> dict:
     import torch
-    from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+    from trl import DPOConfig, SFTConfig
 
     from ratchet.models.train_kinds import DPOTrainConfig, RFTTrainConfig
-    from ratchet.models.trainer import chat_dataset, load_policy, resolve_precision, trainer_args, trainer_class
+    from ratchet.models.train_kinds.trainers import RatchetDPOTrainer, RatchetSFTTrainer
+    from ratchet.models.trainer import chat_dataset, load_policy, resolve_precision, trainer_args
 
     warm = 2
     rng = random.Random(1)
@@ -155,14 +156,14 @@ def bench_training(kind: str, adapter: str, model_dir: Path, a, peak: float) -> 
         if kind == "rft":
             args, _ = trainer_args(SFTConfig, cfg, Path(out), 0, completion_only_loss=True)
             args.num_train_epochs, args.save_strategy = 1, "no"
-            tr = trainer_class(SFTTrainer)(model=model, args=args, train_dataset=chat_dataset(rows),
-                                            processing_class=tok, peft_config=peft)
+            tr = RatchetSFTTrainer(model=model, args=args, train_dataset=chat_dataset(rows),
+                                   processing_class=tok, peft_config=peft)
             lengths = [len(x) for x in tr.train_dataset["input_ids"]]
         else:
             args, _ = trainer_args(DPOConfig, cfg, Path(out), 0, beta=cfg.beta, loss_type=list(cfg.loss_type))
             args.num_train_epochs, args.save_strategy = 1, "no"
-            tr = DPOTrainer(model=model, args=args, train_dataset=chat_dataset(rows), processing_class=tok,
-                            peft_config=peft)
+            tr = RatchetDPOTrainer(model=model, args=args, train_dataset=chat_dataset(rows), processing_class=tok,
+                                   peft_config=peft)
             d = tr.train_dataset
             lengths = [len(p) + len(c) + len(r) for p, c, r in zip(d["prompt_ids"], d["chosen_ids"], d["rejected_ids"])]
             # the sequences the model runs: prompt + chosen, prompt + rejected

@@ -324,36 +324,6 @@ def logged_mean(hist: list[dict]) -> float:
     return total / before if before else float(hist[-1]["loss"])
 
 
-def plain_loss(trainer_cls):
-    """`trainer_cls` with the model's own cross-entropy instead of TRL's fused LM head.
-
-    TRL patches in a tiled LM head that, off Triton devices, scores every position and
-    also computes entropy and top-1 for its metrics. On this project's 2-core CPU that
-    took a TRL step from ~2.1 s (plain forward/backward) to ~3.6 s for 8 rows of ~70
-    tokens; its memory saving only pays off on a GPU with a large vocabulary.
-    """
-
-    class PlainLoss(trainer_cls):
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            keep = {k: inputs[k] for k in ("input_ids", "attention_mask", "position_ids", "labels") if k in inputs}
-            out = model(**keep, use_cache=False, num_items_in_batch=num_items_in_batch)
-            loss = out.loss
-            if self.args.average_tokens_across_devices and num_items_in_batch is not None:
-                # As Trainer.compute_loss does: the token count is the global one, and DDP averages
-                # gradients over processes, so each process's share is scaled back up by their number.
-                loss = loss * self.accelerator.num_processes
-            return (loss, out) if return_outputs else loss
-
-    PlainLoss.__name__ = f"PlainLoss{trainer_cls.__name__}"
-    return PlainLoss
-
-
-def trainer_class(trainer_cls):
-    import torch
-
-    return trainer_cls if torch.cuda.is_available() else plain_loss(trainer_cls)
-
-
 def chat_dataset(rows: list[dict]):
     """TRL's conversational format: `prompt` becomes the user turn, every other field
     (completion, or chosen and rejected) an assistant turn. Rows of trajectories come as token

@@ -1,6 +1,6 @@
 """train.kind=dpo: DPO with TRL's DPOTrainer on (prompt, chosen, rejected) pairs, against the
-round's starting policy; off Triton devices with a plain LM head that scores only the
-completions (plain_lm_head)."""
+round's starting policy (RatchetDPOTrainer, models/train_kinds/trainers.py: trajectories with
+their loss masks, and off Triton devices a plain LM head that scores only the completions)."""
 
 from __future__ import annotations
 
@@ -63,134 +63,18 @@ class DPOTrainConfig(OptimSettings):
         return {"reference": start_model}  # DPO's reference policy: the weights this round started from
 
 
-def plain_lm_head(model) -> bool:
-    """Replace TRL's fused LM head on `model` with a plain one that scores only the labelled positions.
-
-    TRL's DPOTrainer patches the model so `model(..., fused_lm_head=True)` returns per-token
-    log-probabilities. Off Triton devices its tiled kernel scores every position, prompt
-    included, and recomputes the tiles in backward. This head projects only the positions
-    with a label (the completions) through the LM head, in fp32 so bf16 rounding of the
-    logits cannot bias the log-ratios, and returns the same fields. Returns False (and
-    leaves TRL's head) for models whose logits are scaled or soft-capped.
-    """
-    import types
-
-    import torch
-    from trl.trainer.utils import FusedCausalLMOutput
-
-    text = model.config.get_text_config()
-    if any(getattr(text, a, None) is not None
-           for a in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
-                     "logits_scaling")):
-        return False
-    original = types.MethodType(type(model).forward, model)
-
-    def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
-        if not fused_lm_head:
-            extra = {k: v for k, v in (("labels", labels), ("shift_labels", shift_labels),
-                                       ("num_items_in_batch", num_items_in_batch)) if v is not None}
-            return original(*args, **kwargs, **extra)
-        kwargs["use_cache"] = False
-        hidden = self.base_model(*args, **kwargs).last_hidden_state
-        if shift_labels is None:
-            hidden, labels = hidden[:, :-1], labels[:, 1:]
-        else:
-            labels = shift_labels
-        mask = labels != -100
-        head = self.get_output_embeddings()
-        with torch.autocast(hidden.device.type, enabled=False):
-            logits = torch.nn.functional.linear(hidden[mask].float(), head.weight.float(),
-                                                None if head.bias is None else head.bias.float())
-        logp = torch.log_softmax(logits, dim=-1)
-        target = labels[mask]
-        token_lp = logp.gather(1, target[:, None]).squeeze(1)
-        with torch.no_grad():
-            entropy = -(logp.exp() * logp).sum(-1)
-            mean_logits = logits.mean(-1)
-            is_top1 = logits.argmax(-1) == target
-
-        def spread(x):
-            return x.new_zeros(mask.shape).masked_scatter(mask, x)
-
-        log_probs = spread(token_lp)
-        denom = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
-        return FusedCausalLMOutput(loss=-log_probs.sum() / denom, log_probs=log_probs, entropy=spread(entropy),
-                                   log_sum_sq_probs=None, mean_logits=spread(mean_logits), is_top1=spread(is_top1),
-                                   label_mask=mask, aux_loss=None)
-
-    model.forward = types.MethodType(forward, model)
-    return True
-
-
-def masked_dpo(trainer_cls):
-    """`trainer_cls` (TRL's DPOTrainer) that also takes trajectories as token ids with a loss mask.
-
-    TRL scores every completion token of a pair. A row with `chosen_mask` / `rejected_mask` (1 on
-    the model's own tokens, 0 on a tool's or an environment's) is taken as tokenized, and its
-    collated `completion_mask`, which every log-probability and the loss are summed over, is
-    multiplied by them: a tool segment's tokens get no log-probability, so no gradient.
-    """
-
-    class MaskedDPO(trainer_cls):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.data_collator = masked_collator(self.data_collator)
-
-        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
-            if "chosen_mask" in dataset.column_names:  # tokenized by the rollout, token in, token out
-                return dataset
-            return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
-
-        def _set_signature_columns_if_needed(self):
-            super()._set_signature_columns_if_needed()
-            self._signature_columns = [*self._signature_columns, "chosen_mask", "rejected_mask"]
-
-    MaskedDPO.__name__ = f"Masked{trainer_cls.__name__}"
-    return MaskedDPO
-
-
-def masked_collator(collate):
-    """`collate` (TRL's preference collator) with the rows' own loss masks applied to its completion_mask."""
-    import torch
-
-    def call(examples):
-        masks = [e.pop("chosen_mask", None) for e in examples]
-        rmasks = [e.pop("rejected_mask", None) for e in examples]
-        out = collate(examples)
-        if masks[0] is None:
-            return out
-        cm = out["completion_mask"]
-        full = [[0] * len(e["prompt_ids"]) + list(m) for e, m in zip(examples, masks)]
-        full += [[0] * len(e["prompt_ids"]) + list(m) for e, m in zip(examples, rmasks)]
-        if collate.max_length is not None:  # cut as the collator cut the ids
-            cut = slice(None, collate.max_length) if collate.truncation_mode == "keep_start" else \
-                slice(-collate.max_length, None)
-            full = [m[cut] for m in full]
-        keep = torch.zeros_like(cm)
-        for i, m in enumerate(full):
-            keep[i, : len(m)] = torch.tensor(m, dtype=cm.dtype)
-        out["completion_mask"] = cm * keep
-        return out
-
-    call.max_length, call.truncation_mode = collate.max_length, collate.truncation_mode
-    return call
-
-
 def dpo_trainer(model_dir: Path, rows: list[dict], cfg: DPOTrainConfig, out: Path, seed: int):
     """The DPO trainer over `rows`, ready to train: (trainer, tokenizer, precision, plain LM head)."""
-    import torch
-    from trl import DPOConfig, DPOTrainer
+    from trl import DPOConfig
+
+    from ratchet.models.train_kinds.trainers import RatchetDPOTrainer
 
     model, tok, peft_config = load_policy(model_dir, cfg, resolve_precision(cfg.precision))
     args, prec = trainer_args(DPOConfig, cfg, out, seed, beta=cfg.beta, loss_type=list(cfg.loss_type),
                                loss_weights=cfg.loss_weights, label_smoothing=cfg.label_smoothing)
-    trainer = masked_dpo(DPOTrainer)(model=model, args=args, train_dataset=chat_dataset(rows), processing_class=tok,
-                                     peft_config=peft_config)
-    plain = False
-    if not torch.cuda.is_available():  # see plain_lm_head: TRL's tiled head is built for Triton devices
-        inner = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
-        plain = plain_lm_head(inner) and (trainer.ref_model is None or plain_lm_head(trainer.ref_model))
-    return trainer, tok, prec, plain
+    trainer = RatchetDPOTrainer(model=model, args=args, train_dataset=chat_dataset(rows), processing_class=tok,
+                                peft_config=peft_config)
+    return trainer, tok, prec, trainer.plain_head
 
 
 def train_dpo(model_dir: Path, rows: list[dict], cfg: DPOTrainConfig, out: Path, seed: int) -> dict[str, float]:

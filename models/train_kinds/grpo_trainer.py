@@ -4,9 +4,9 @@ the engine's log-probabilities go to TRL's importance-sampling correction (its v
 the engine stands in for). Imported only where a GRPO stage trains (it imports TRL).
 
 The seam, against the pinned TRL (1.16.0): this subclass overrides two of GRPOTrainer's private
-methods and its `compute_loss`, and sets four attributes of its vLLM path. `SEAM` names each
-method with the parameters used here; tests/models/test_grpo.py checks the installed TRL still has
-them, so a TRL that moved them fails that test instead of training differently.
+methods and its `compute_loss`, and sets four attributes of its vLLM path. Each is named in
+seam.py, with the parameters used here; tests/models/test_trl_seam.py checks the installed TRL
+still has them, so a TRL that moved them fails that test instead of training differently.
 
 - `_get_per_token_logps_and_entropies`: skips the chunks of rows a dropped group fills.
 - `_get_train_sampler`: each epoch's order seeded by the stage seed and the epoch (resumable).
@@ -20,14 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from trl import GRPOTrainer
-
-# each method this subclass overrides, with the parameters it passes or reads (after self)
-SEAM = {
-    "_get_per_token_logps_and_entropies": ("model", "input_ids", "attention_mask", "logits_to_keep", "batch_size"),
-    "_get_train_sampler": ("dataset",),
-    "compute_loss": ("model", "inputs", "return_outputs", "num_items_in_batch"),
-}
-ATTRIBUTES = ("use_vllm", "vllm_mode", "vllm_generation", "_last_loaded_step")  # set in __init__ by TRL, replaced here
 
 
 class RatchetGRPOTrainer(GRPOTrainer):

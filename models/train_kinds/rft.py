@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from ratchet.models.trainer import (OptimSettings, chat_dataset, load_policy, resolve_precision, run_training,
-                                    save_merged, token_rows, trainer_args, trainer_class, turn_ids, write_log)
+                                    save_merged, token_rows, trainer_args, turn_ids, write_log)
 
 
 class RFTTrainConfig(OptimSettings):
@@ -37,12 +37,14 @@ def rft_trainer(model_dir: Path, rows: list[dict], cfg: RFTTrainConfig, out: Pat
     """The SFT trainer over `rows`, ready to train: (trainer, tokenizer, precision). Rows of
     trajectories (`input_ids`, `completion_mask`) are taken as tokenized; TRL turns the mask into
     the labels it trains on (-100 off the model's own tokens)."""
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
+
+    from ratchet.models.train_kinds.trainers import RatchetSFTTrainer
 
     model, tok, peft_config = load_policy(model_dir, cfg, resolve_precision(cfg.precision))
     args, prec = trainer_args(SFTConfig, cfg, out, seed, completion_only_loss=True)
-    trainer = trainer_class(SFTTrainer)(model=model, args=args, train_dataset=chat_dataset(rows), processing_class=tok,
-                                        peft_config=peft_config)
+    trainer = RatchetSFTTrainer(model=model, args=args, train_dataset=chat_dataset(rows), processing_class=tok,
+                                peft_config=peft_config)
     return trainer, tok, prec
 
 

@@ -20,27 +20,6 @@ from tests.procs import killed_at
 LOSS_TYPES = ["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
 
 
-def test_the_trl_seam_the_trainer_subclass_rests_on_is_in_the_pinned_trl():
-    """RatchetGRPOTrainer overrides three of GRPOTrainer's methods (two private) and replaces four
-    attributes of its vLLM path: each must still be there, with the parameters it is called with,
-    or a TRL that moved them would train differently without a word."""
-    import importlib.metadata
-    import inspect
-
-    from trl import GRPOTrainer
-
-    from ratchet.models.train_kinds.grpo_trainer import ATTRIBUTES, SEAM, RatchetGRPOTrainer
-
-    assert importlib.metadata.version("trl") == "1.16.0"  # pyproject's pin: the version this seam was read from
-    for name, params in SEAM.items():
-        theirs = list(inspect.signature(getattr(GRPOTrainer, name)).parameters)[1:]
-        assert theirs[:len(params)] == list(params), f"GRPOTrainer.{name}{tuple(theirs)}"
-        assert name in RatchetGRPOTrainer.__dict__
-    source = inspect.getsource(GRPOTrainer)
-    assert all(f"self.{a} =" in source for a in ATTRIBUTES)
-    assert "if self.state.global_step != self._last_loaded_step:" in source  # the sync's trigger, read each step
-
-
 def test_advantages_of_one_group_by_hand():
     r = [1.0, 0.0, 0.0, 1.0]  # mean 0.5; unbiased std sqrt(1/3) = 0.57735
     z = 0.5 / (0.57735027 + 1e-4)

@@ -81,18 +81,19 @@ def test_train_rft_changes_the_weights(tiny_model, tmp_path, adapter):
 def test_plain_loss_matches_trl_loss(tiny_model):
     """The CPU loss override must compute the same completion-only loss as TRL's fused head."""
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
 
-    from ratchet.models.trainer import load_policy, plain_loss
+    from ratchet.models.train_kinds.trainers import RatchetSFTTrainer
+    from ratchet.models.trainer import load_policy
 
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}],
                              "completion": [{"role": "assistant", "content": r["completion"]}]} for r in ROWS[:4]])
     losses = []
-    for cls in (SFTTrainer, plain_loss(SFTTrainer)):
+    for plain in (False, True):
         model, tok, _ = load_policy(tiny_model, RFTTrainConfig(adapter="full"), "fp32")
         args = SFTConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, report_to="none",
                          per_device_train_batch_size=4, completion_only_loss=True)
-        tr = cls(model=model, args=args, train_dataset=ds, processing_class=tok)
+        tr = RatchetSFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, plain=plain)
         batch = next(iter(tr.get_train_dataloader()))
         with torch.no_grad():
             losses.append(float(tr.compute_loss(tr.model, dict(batch))))
@@ -157,7 +158,8 @@ def test_plain_lm_head_matches_trl_fused_head(tiny_model):
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from ratchet.models.train_kinds.dpo import DPOTrainConfig, plain_lm_head
+    from ratchet.models.train_kinds.dpo import DPOTrainConfig
+    from ratchet.models.train_kinds.trainers import plain_lm_head
     from ratchet.models.trainer import load_policy
 
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}],
