@@ -60,7 +60,7 @@ def main() -> None:
     from ratchet.data.sources.episodes import EpisodesSource
     from ratchet.models.default_model import default_model_dir
     from ratchet.models.sampler import SamplerConfig, SamplingParams, open_sampler
-    from ratchet.tasks.labels import item_of
+    from ratchet.tasks.label_kinds import item_of
     from ratchet.tasks.rollouts.environment import EnvironmentRollout
 
     starts = EpisodesSource(train_size=64, eval_size=a.episodes).load(0, False).eval

@@ -13,9 +13,9 @@ import time
 
 from ratchet.data.checkers import ExactCheck, MathCheck, NumberCheck, RegexCheck, StepsCheck, check, extract, graded
 from ratchet.data.checks.code import program_of
-from ratchet.tasks.labels.guard import guard
-from ratchet.tasks.labels.judging import copied_mask, parse_verdict
-from ratchet.tasks.labels.tree_search import step_text
+from ratchet.tasks.label_kinds.guard import guard
+from ratchet.tasks.label_kinds.judging import copied_mask, parse_verdict
+from ratchet.tasks.label_kinds.tree_search import step_text
 
 # (name, a piece that is repeated to the size; the keyword before it is what a pattern keys on)
 SHAPES = [("spaces after a keyword", "score", " "), ("newlines", "", "\n"), ("spaces and newlines", "verdict", " \n"),

@@ -33,9 +33,9 @@ def load(names: list[str]) -> list[dict]:
 
 def lifts(rows: list[dict], sampler, mode: str, seed: int) -> dict[str, list[float]]:
     """Per column, the lift of every attack (share of the scale), in corpus order."""
-    from ratchet.tasks.labels.guard import guard
-    from ratchet.tasks.labels.judge import JudgeLabel
-    from ratchet.tasks.labels.judging import judge_values, rate
+    from ratchet.tasks.label_kinds.guard import guard
+    from ratchet.tasks.label_kinds.judge import JudgeLabel
+    from ratchet.tasks.label_kinds.judging import judge_values, rate
 
     base = "rating" if mode.startswith("mcts") else mode
     cfg = JudgeLabel(mode=base, top_logprobs=20)
@@ -72,7 +72,7 @@ def main() -> None:
 
     from ratchet.models.default_model import default_model_dir
     from ratchet.models.sampler import SamplerConfig, open_sampler, resolve_dtype
-    from ratchet.tasks.labels.guard import guard
+    from ratchet.tasks.label_kinds.guard import guard
 
     rows = load(args.corpus)
     scfg = SamplerConfig(backend=args.backend, max_model_len=1024, kv_cache_gb=2)

@@ -51,8 +51,8 @@ def main() -> None:
     from ratchet.flows.config import load_config
     from ratchet.models.locate import find_model
     from ratchet.models.sampler import SamplingParams, open_sampler
-    from ratchet.tasks.labels.mcts import reference_values
-    from ratchet.tasks.labels.tree_search import Tree, wave
+    from ratchet.tasks.label_kinds.mcts import reference_values
+    from ratchet.tasks.label_kinds.tree_search import Tree, wave
     from ratchet.tasks.runner.units import unit_seed
 
     base = a.overrides + ([f"sampler.backend={a.backend}"] if a.backend else [])

@@ -30,7 +30,7 @@ import signal
 import time
 
 ENV = "RATCHET_FAILPOINTS"
-GROUP = "RATCHET_FAILPOINTS_GROUP"  # set for helpers started in a group of their own (torchrun's processes)
+GROUP = "RATCHET_FAILPOINTS_GROUP"  # set for processes started in a group of their own (torchrun's processes)
 KILL = "RATCHET_FAILPOINTS_KILL"  # "group" (the default), "orchestrator", "interrupt" or "terminate"
 ORCHESTRATOR = "RATCHET_ORCHESTRATOR_PID"  # set by `ratchet run` for the processes below it
 

@@ -29,8 +29,8 @@ from ratchet.tasks.curriculum import CurriculumConfig
 from ratchet.tasks.evaluate import EvalSet, EvaluateConfig, level_set
 from ratchet.tasks import label as label_kinds
 from ratchet.tasks.filter import FilterConfig
-from ratchet.tasks.filters import ROWS
-from ratchet.tasks.filters.rft import RFTFilter
+from ratchet.tasks.filter_kinds import ROWS
+from ratchet.tasks.filter_kinds.rft import RFTFilter
 from ratchet.tasks.label import LabelConfig, VerifierLabel
 from ratchet.tasks.text_search import SearchConfig
 from ratchet.tasks.sample import SampleConfig
@@ -204,7 +204,7 @@ def _curriculum_checks(cfg: PipelineConfig) -> list[str]:
 
 def _cross_checks(cfg: PipelineConfig) -> list[str]:
     """Problems across sections. What a kind needs of the rest of the config is the kind's own
-    declaration (tasks/labels/, tasks/filters/, models/train_kinds/); nothing here names a kind."""
+    declaration (tasks/label_kinds/, tasks/filter_kinds/, models/train_kinds/); nothing here names a kind."""
     problems = [f"{at}={value}: not a finite number; give a number (a NaN compares false with everything and an "
                 "infinite bound passes or refuses every row, so either would quietly decide the round)"
                 for at, _, _, value in config_fields(cfg) if isinstance(value, float) and not math.isfinite(value)]

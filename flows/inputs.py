@@ -24,7 +24,7 @@ from ratchet.models import prompt_format
 from ratchet.models.locate import find_model
 from ratchet.models.sampler import backend_kind
 from ratchet.tasks.prepare import DEMOS, SETS, sources_of  # noqa: F401 - a run's sources, read by its stages
-from ratchet.tasks.labels import Budget
+from ratchet.tasks.label_kinds import Budget
 from ratchet.data.procs.entry import entry
 
 
@@ -58,7 +58,7 @@ def checked_run(cfg: PipelineConfig) -> Iterator[Split]:
     for the run's length: the data here, then the model's checks in a child of the server once it
     has imported what they read models with (tasks/stage.READS_MODELS), which the stages import from it
     anyway (a run's own process imported them for the checks alone: 4-5 s of CPU). Nothing is
-    written before the checks pass: the server's log has no name until the run's helpers give it
+    written before the checks pass: the server's log has no name until the run's services give it
     one. Where the config has no fork server (`isolate`, `executor.warm_workers`), or this process
     has imported transformers already, the checks are all made here."""
     import sys

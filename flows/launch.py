@@ -4,12 +4,12 @@
     library_env()                  the libraries' settings, before the run's first process
     prepare_env(workdir)           Prefect's home in the workdir, before Prefect is imported
     with launcher(cfg, stamp) as launch:
-        ctx, tracker = launch.start(start_from, split)   the run's record; helpers' logs renamed
+        ctx, tracker = launch.start(start_from, split)   the run's record; services' logs renamed
         ...                                              (the console's header)
         ctx, results, tracker = launch.execute(ctx)      waits for Prefect, runs the flow
 
 `launcher` starts the temporary Prefect server in a thread, so its start overlaps with the run's
-own (MLflow's database, the records), and the run's helpers (its fork server, its warm engine)
+own (MLflow's database, the records), and the run's services (its fork server, its warm engine)
 for the run's length.
 """
 
@@ -117,7 +117,7 @@ class Launch:
     ready: object
 
     def start(self, start_from: str | None, split, say=None, run_name: str | None = None):
-        """The run's record (flows/runs.py `start`): (ctx, tracker); the helpers' logs then carry
+        """The run's record (flows/runs.py `start`): (ctx, tracker); the services' logs then carry
         the run's name."""
         from ratchet.flows.pipeline import name_helper_logs
         from ratchet.flows.runs import start
@@ -136,11 +136,11 @@ class Launch:
 
 @contextlib.contextmanager
 def launcher(cfg: PipelineConfig, stamp: str) -> Iterator[Launch]:
-    """The temporary Prefect server started meanwhile, and the run's helpers while the block
-    lasts (flows/pipeline.py `helpers`), their logs first named STAMP-PID."""
-    from ratchet.flows.pipeline import helpers
+    """The temporary Prefect server started meanwhile, and the run's services while the block
+    lasts (flows/pipeline.py `services`), their logs first named STAMP-PID."""
+    from ratchet.flows.pipeline import services
 
     workdir = Path(cfg.workdir).resolve()
     ready = started_meanwhile(ephemeral_server_dies_with_us())
-    with helpers(cfg, workdir / "logs", f"{stamp}-{os.getpid()}"):  # their imports overlap with the start
+    with services(cfg, workdir / "logs", f"{stamp}-{os.getpid()}"):  # their imports overlap with the start
         yield Launch(cfg, workdir, stamp, ready)

@@ -28,7 +28,7 @@ from ratchet.flows.config import PipelineConfig
 from ratchet.flows.inputs import run_preload
 from ratchet.flows.runs import RunContext, set_state, start
 from ratchet.flows.shape import cold_start_shape, round_shape, run_shape
-from ratchet.flows.stages import (RoundResult, Session, agreement_task, drop_task, lineage_task, register_task,
+from ratchet.flows.stages import (RoundResult, StoreTracker, agreement_task, drop_task, lineage_task, register_task,
                                   report_task, start_model_task, unwrap)
 from ratchet.flows.shape import trains_from
 from ratchet.flows.tracking import Tracker
@@ -57,13 +57,13 @@ class FlowSteps:
     run's parent), and one subflow per round."""
 
     def __init__(self, cfg: PipelineConfig, ctx: RunContext, child: str | None = None,
-                 session: Session | None = None):
+                 tracked: StoreTracker | None = None):
         self.cfg, self.ctx, self.child = cfg, ctx, child
-        self.session = session or Session(cfg, ctx)
+        self.tracked = tracked or StoreTracker(cfg, ctx)
         self.started = bool(ctx.start_version)
 
     def run(self, stage: Stage, k: int, *inputs):
-        return unwrap(stage.task(self.session, k, inputs, self.child))
+        return unwrap(stage.task(self.tracked, k, inputs, self.child))
 
     def agreement(self, k, labels, train_set):
         return agreement_task(self.cfg, self.ctx, k, labels, train_set, self.child)  # may stop the round
@@ -102,7 +102,7 @@ class FlowSteps:
 
 def _round_steps(cfg: PipelineConfig, ctx: RunContext, k: int, tags: dict[str, str]) -> FlowSteps:
     """Steps on round k's own MLflow run (made here: the round's child of the run's parent)."""
-    ses = Session(cfg, ctx)
+    ses = StoreTracker(cfg, ctx)
     return FlowSteps(cfg, ctx, ses.tracker.child(ctx.parent_run_id, k, {"ratchet.run": ctx.run_name, **tags}), ses)
 
 
@@ -125,7 +125,7 @@ def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManife
         return _registered(steps, k, made.candidate, targets, parent_version, [*taught, *made.done], made.note,
                            scored=made.scored, voters=made.voters)
     except BaseException:
-        steps.session.tracker.end(steps.child, "FAILED")
+        steps.tracked.tracker.end(steps.child, "FAILED")
         raise
 
 
@@ -154,7 +154,7 @@ def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, target
     try:
         return _registered(steps, k, base, targets, None, [], trained=False)
     except BaseException:
-        steps.session.tracker.end(steps.child, "FAILED")
+        steps.tracked.tracker.end(steps.child, "FAILED")
         raise
 
 
@@ -169,7 +169,7 @@ def cold_start_round(cfg: PipelineConfig, ctx: RunContext, k: int, base: StageMa
         return _registered(steps, k, made.candidate, targets, parent_version, [demos, *made.done],
                            voters=made.voters)
     except BaseException:
-        steps.session.tracker.end(steps.child, "FAILED")
+        steps.tracked.tracker.end(steps.child, "FAILED")
         raise
 
 
@@ -189,7 +189,7 @@ def warm_engine_wanted(cfg: PipelineConfig) -> bool:
 
 
 @contextlib.contextmanager
-def helpers(cfg: PipelineConfig, logs: Path, name: str):
+def services(cfg: PipelineConfig, logs: Path, name: str):
     """The run's helper processes while the run lasts, each where the config wants one: the fork
     server its stage workers start from (data/procs/forkserver.py) and its warm engine
     (models/warm.py), with their own output in logs/NAME.forkserver.log and logs/NAME.engine.log.
@@ -202,7 +202,7 @@ def helpers(cfg: PipelineConfig, logs: Path, name: str):
 
 
 def name_helper_logs(logs: Path, name: str) -> None:
-    """The running helpers' logs renamed to NAME.forkserver.log and NAME.engine.log: helpers start
+    """The running services' logs renamed to NAME.forkserver.log and NAME.engine.log: services start
     before the run has a name."""
     for helper, kind in ((forkserver.current(), "forkserver"), (warm.current(), "engine")):
         if helper is not None:
@@ -217,7 +217,7 @@ def execute(cfg: PipelineConfig, start_from: str | None = None,
     else:
         tracker = Tracker(cfg.tracking, Path(ctx.workdir), cfg.name)
     try:
-        with helpers(cfg, Path(ctx.workdir) / "logs", ctx.run_name):
+        with services(cfg, Path(ctx.workdir) / "logs", ctx.run_name):
             results = self_improve(cfg, ctx)
     except BaseException as e:
         tracker.end(ctx.parent_run_id, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")

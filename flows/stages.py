@@ -1,4 +1,4 @@
-"""What the flow tracks of the stages it runs: a stage's records on MLflow (`Session.record`,
+"""What the flow tracks of the stages it runs: a stage's records on MLflow (`StoreTracker.record`,
 which each stage's Prefect task hands its result to: tasks/runner/declare.py), and the tasks
 that are not stages: the start of a continuation, the agreement gate, the registration of a
 round's model and its champion gate, dropping merged weights, the lineage and the report.
@@ -27,7 +27,7 @@ from ratchet.flows.runs import RunContext
 from ratchet.flows.tracking import Gate, SetScore, Tracker, TrackingError
 from ratchet.tasks import evaluate, registry
 from ratchet.tasks.evaluate import EvalTarget
-from ratchet.tasks.labels.precision import said as said_precision
+from ratchet.tasks.label_kinds.precision import said as said_precision
 from ratchet.tasks.runner.declare import At, Stage, finished
 
 
@@ -54,7 +54,7 @@ class RoundResult(BaseModel):
                                         "models asks with it (label.kind=vote)")
 
 
-class Session:
+class StoreTracker:
     """What the flow's tasks work with, opened once: the run's config and context, its store and its
     tracker (made when first used). A stage's Prefect task hands it what the stage made (`record`)."""
 
@@ -110,7 +110,7 @@ def unwrap(x):
 @task(name="start-model", cache_policy=NONE, retries=0)
 def start_model_task(cfg: PipelineConfig, ctx: RunContext) -> StageManifest:
     """The registered model version this run continues from, its stage re-verified."""
-    ses = Session(cfg, ctx)
+    ses = StoreTracker(cfg, ctx)
     m = start_manifest(ses.store, ses.tracker, ctx.start_version)
     return finished(m, True)
 
@@ -131,7 +131,7 @@ def agreement_task(cfg: PipelineConfig, ctx: RunContext, k: int, labels: StageMa
     the round, or returns its note, which goes on the round's MLflow run and to the console."""
     from ratchet.tasks import agreement
 
-    ses = Session(cfg, ctx)
+    ses = StoreTracker(cfg, ctx)
     t = ses.tracker
     try:
         verdict = agreement.check(cfg.agreement, cfg.label.title(), k, labels.metrics, train_set.metrics)
@@ -156,7 +156,7 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     per target), and put it to the champion gate; the round table reports the decision the
     registry holds. `voters`: the models trained beside it for a vote across models, each
     registered too, as a version that votes beside it (no gate: only the policy is evaluated)."""
-    ses = Session(cfg, ctx)
+    ses = StoreTracker(cfg, ctx)
     store, t = ses.store, ses.tracker
     scores = [SetScore(name=x.name, eval_set=m.info["eval_set"], accuracy=m.metrics["accuracy"])
               for x, m in zip(targets, evaluations, strict=True)]
@@ -209,14 +209,14 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
 
 def label_precision(cfg: PipelineConfig, store: ArtifactStore, stages: list[StageManifest]) -> dict[str, float]:
     """Of the labels a round made itself at levels above data.labeled_levels, the share the hidden
-    references call right, by level (tasks/labels/precision.py); empty where every level is
+    references call right, by level (tasks/label_kinds/precision.py); empty where every level is
     labeled or the round labeled nothing. Read from the source here, after the round: no stage
     sees the references."""
     if not cfg.data.unlabeled_levels():
         return {}
     from ratchet.data.prompts import references
     from ratchet.data.records import LabeledCompletion, read_jsonl
-    from ratchet.tasks.labels.precision import precision
+    from ratchet.tasks.label_kinds.precision import precision
 
     made = next((m for m in stages if "labels.jsonl" in m.outputs), None)
     if made is None:
@@ -226,7 +226,7 @@ def label_precision(cfg: PipelineConfig, store: ArtifactStore, stages: list[Stag
     return precision(rows, refs, cfg.label.scores_with(cfg.data.check), cfg.label.reward_range()[1])
 
 
-def champion_gate(ses: Session, version: str, scores: list[SetScore], targets: list[EvalTarget]) -> Gate:
+def champion_gate(ses: StoreTracker, version: str, scores: list[SetScore], targets: list[EvalTarget]) -> Gate:
     """The registry's promotion decision for `version`. A champion never evaluated on a set the
     gate reads (another split, another scoring) is evaluated there first, each as a stage."""
     from prefect import get_run_logger
@@ -257,7 +257,7 @@ def drop_task(cfg: PipelineConfig, ctx: RunContext, k: int) -> int:
     would (flows/gc.py drop_models); returns the bytes freed, also on the console."""
     from ratchet.flows.gc import drop_models
 
-    ses = Session(cfg, ctx)
+    ses = StoreTracker(cfg, ctx)
     freed = sum(x.bytes for x in drop_models(Path(ctx.workdir), ses.tracker) if x.remove)
     if freed:
         events.emit(events.Event("note", round=k, stage="drop", data={
@@ -268,7 +268,7 @@ def drop_task(cfg: PipelineConfig, ctx: RunContext, k: int) -> int:
 @task(name="lineage", cache_policy=NONE, retries=0)
 def lineage_task(cfg: PipelineConfig, ctx: RunContext, final: RoundResult) -> bool:
     """Write the final model's verified lineage to MLflow and as a Prefect artifact; True if all verified."""
-    ses = Session(cfg, ctx)
+    ses = StoreTracker(cfg, ctx)
     import json
     import re
 
@@ -295,7 +295,7 @@ def report_task(cfg: PipelineConfig, ctx: RunContext) -> str | None:
     """The run's report (flows/report.py): PNGs and one HTML page under workdir/reports/RUN, on
     the MLflow parent run under `report/`, and its round table as a Prefect artifact. A report
     that cannot be drawn is a warning, not a failed run: every model is registered by now."""
-    ses = Session(cfg, ctx)
+    ses = StoreTracker(cfg, ctx)
     import re
 
     from prefect import get_run_logger

@@ -78,7 +78,7 @@ class OptimSettings(BaseModel):
                                "num_processes")
 
 
-    consumes: ClassVar[str]  # the rows it trains on, as a filter kind builds them (tasks/filters/ ROWS)
+    consumes: ClassVar[str]  # the rows it trains on, as a filter kind builds them (tasks/filter_kinds/ ROWS)
     online: ClassVar[bool] = False  # samples its own rows from the round's prompts (no sample, label or filter stage)
     kind: str
 

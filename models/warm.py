@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.data.errors import StageFailedError
-from ratchet.data.procs import forkserver, helpers, spawn
+from ratchet.data.procs import forkserver, services, spawn
 from ratchet.data.procs.entry import entry
 from ratchet.data.procs.lifetime import Spawner
 
@@ -453,8 +453,8 @@ class WarmEngine:
 
 
 def current() -> WarmEngine | None:
-    """The warm engine of the run this code runs in (data/procs/helpers.py), or None."""
-    return helpers.of_run().engine
+    """The warm engine of the run this code runs in (data/procs/services.py), or None."""
+    return services.of_run().engine
 
 
 def worker_env() -> dict[str, str]:
@@ -467,7 +467,7 @@ def worker_env() -> dict[str, str]:
 def for_run(enabled: bool, log_path: Path, preload: str):
     """The run's warm engine while the run lasts (nothing if not `enabled`, or if this run has one
     already), forked from the run's fork server where it has one. It is the run's
-    (data/procs/helpers.py): the run's stages find it with `current()`; nothing outside the block does."""
+    (data/procs/services.py): the run's stages find it with `current()`; nothing outside the block does."""
     if not enabled or current() is not None:
         yield None
         return
@@ -475,7 +475,7 @@ def for_run(enabled: bool, log_path: Path, preload: str):
     try:
         with w.lock:
             w.start()  # now: its imports overlap with the run's first stages, which wait for it in `env`
-        with helpers.held(engine=w):
+        with services.held(engine=w):
             yield w
     finally:
         w.stop()

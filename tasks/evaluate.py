@@ -28,7 +28,7 @@ from ratchet.data.prompts import SourceConfig
 from ratchet.data.records import LabeledCompletion, Prompt, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig, SamplingParams
-from ratchet.tasks.labels import labeled_row
+from ratchet.tasks.label_kinds import labeled_row
 from ratchet.tasks.rollouts.single import SingleRollout
 from ratchet.tasks.sample import PolicyWork, RolloutConfig, SparseRollout, policy_of
 from ratchet.tasks.runner.declare import At, Made, Records, Stage

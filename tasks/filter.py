@@ -1,5 +1,5 @@
 """filter: labeled completions -> the round's training set, with the configured kind
-(tasks/filters/): accepted samples for RFT, or preference pairs for DPO.
+(tasks/filter_kinds/): accepted samples for RFT, or preference pairs for DPO.
 
     rft         accepted samples for rejection-sampling fine-tuning
     length      rft's, of the outputs whose length fits what their level implies
@@ -20,10 +20,10 @@ from ratchet.data import events
 from ratchet.data.manifest import StageManifest
 from ratchet.data.records import write_jsonl
 from ratchet.data.store import ArtifactStore
-from ratchet.tasks.filters.length import LengthFilter
-from ratchet.tasks.filters.pairs import PairFilter
-from ratchet.tasks.filters.rft import RFTFilter
-from ratchet.tasks.filters.step_pairs import StepPairFilter
+from ratchet.tasks.filter_kinds.length import LengthFilter
+from ratchet.tasks.filter_kinds.pairs import PairFilter
+from ratchet.tasks.filter_kinds.rft import RFTFilter
+from ratchet.tasks.filter_kinds.step_pairs import StepPairFilter
 from ratchet.tasks.runner.declare import At, Made, Records, Stage
 from ratchet.tasks.runner.stage import StageRequest
 

@@ -1,13 +1,13 @@
-"""label: give every sampled completion a reward, with the configured kind (tasks/labels/).
+"""label: give every sampled completion a reward, with the configured kind (tasks/label_kinds/).
 
     verifier     the task's answer check (RFT / ReST-EM / STaR)
     consistency  majority vote of a prompt's own samples (label-free)
     vote         majority vote across models: the round's policy and its voters (label-free)
-    judge        the policy rates its own completions (Self-Rewarding; tasks/labels/judging.py), or a
+    judge        the policy rates its own completions (Self-Rewarding; tasks/label_kinds/judging.py), or a
                  fixed judge model does (label.model), or a served one (label.endpoint)
     reward_model a sequence-classification reward model scores them (label.model)
-    mcts         step-level tree search from the prompts (tasks/labels/tree_search.py)
-    turn_mcts    tree search over the turns of environment episodes (tasks/labels/turn_search.py)
+    mcts         step-level tree search from the prompts (tasks/label_kinds/tree_search.py)
+    turn_mcts    tree search over the turns of environment episodes (tasks/label_kinds/turn_search.py)
 
 A kind says what it consumes (the sample stage's completions, or the prompts) and whether
 it runs a model: the round's policy, or a fixed model of its own (`label.model`: a judge
@@ -32,14 +32,14 @@ from ratchet.data.prompts import SourceConfig
 from ratchet.data.records import Completion, read_jsonl, write_jsonl
 from ratchet.data.store import ArtifactStore
 from ratchet.models.sampler import SamplerConfig
-from ratchet.tasks.labels import Label, reward_stats
-from ratchet.tasks.labels.consistency import ConsistencyLabel
-from ratchet.tasks.labels.judge import JudgeLabel
-from ratchet.tasks.labels.mcts import MctsLabel
-from ratchet.tasks.labels.reward_model import RewardModelLabel
-from ratchet.tasks.labels.turn_mcts import TurnMctsLabel
-from ratchet.tasks.labels.verifier import VerifierLabel
-from ratchet.tasks.labels.vote import VoteLabel
+from ratchet.tasks.label_kinds import Label, reward_stats
+from ratchet.tasks.label_kinds.consistency import ConsistencyLabel
+from ratchet.tasks.label_kinds.judge import JudgeLabel
+from ratchet.tasks.label_kinds.mcts import MctsLabel
+from ratchet.tasks.label_kinds.reward_model import RewardModelLabel
+from ratchet.tasks.label_kinds.turn_mcts import TurnMctsLabel
+from ratchet.tasks.label_kinds.verifier import VerifierLabel
+from ratchet.tasks.label_kinds.vote import VoteLabel
 from ratchet.tasks.prepare import train_prompts
 from ratchet.tasks.sample import RolloutConfig
 from ratchet.data.kinds import members

@@ -141,21 +141,21 @@ def template_body(req: StageRequest[TextJob], store: ArtifactStore) -> StageMani
     return write_pair(req, store, text, weights_of(store, weights))
 
 
-def bind(store: ArtifactStore, weights: StageManifest, round: int, *, template: str | None = None,
+def pair_text(store: ArtifactStore, weights: StageManifest, round: int, *, template: str | None = None,
          carried: StageManifest | None = None, run: str | None = None) -> Made:
     """The pair of `weights` and a text: the config's `template`, or the text of `carried` (a pair
     whose text the round trained under)."""
     if (template is None) == (carried is None):
-        raise TypeError("bind: give a template or the pair whose text is carried, not both")
+        raise TypeError("pair_text: give a template or the pair whose text is carried, not both")
     parents = [weights] if carried is None else [weights, carried]
     return STAGE.run(store, round=round, config=TextJob(template=template), parents=parents, run=run)
 
 
-def bind_step(at: At, k: int, weights: StageManifest, carried: StageManifest | None = None) -> Made:
+def pair_text_step(at: At, k: int, weights: StageManifest, carried: StageManifest | None = None) -> Made:
     """The pair of `weights` and a text: the config's prompt.template (version 1, `carried` None),
     or the text of `carried`, the pair whose text round k trained under."""
     template = at.cfg.prompt.template if carried is None else None
-    return bind(at.store, weights, k, template=template, carried=carried, run=at.run)
+    return pair_text(at.store, weights, k, template=template, carried=carried, run=at.run)
 
 
-STAGE = Stage("template", "text", template_body, bind_step, Records())
+STAGE = Stage("template", "text", template_body, pair_text_step, Records())

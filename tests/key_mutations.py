@@ -471,8 +471,8 @@ CHILD_CODE = [
 NEVER = [
     ("ratchet.models.train_kinds.dpo", {"prompts", "base", "sample", "label", "filter", "evaluate", "held-out"}),
     ("ratchet.models.train_kinds.grpo", {"prompts", "base", "sample", "label", "filter", "evaluate", "held-out"}),
-    ("ratchet.tasks.labels.judge", {"prompts", "base", "sample", "filter", "evaluate", "held-out"}),
-    ("ratchet.tasks.filters", {"prompts", "base", "sample", "label", "evaluate", "held-out"}),
+    ("ratchet.tasks.label_kinds.judge", {"prompts", "base", "sample", "filter", "evaluate", "held-out"}),
+    ("ratchet.tasks.filter_kinds", {"prompts", "base", "sample", "label", "evaluate", "held-out"}),
     ("ratchet.flows.report", {"prompts", "base", "sample", "label", "filter", "train", "evaluate", "held-out"}),
     ("ratchet.flows.cli", {"prompts", "base", "sample", "label", "filter", "train", "evaluate", "held-out"}),
 ]

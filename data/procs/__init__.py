@@ -14,7 +14,7 @@ an object, found again in the child by the name the object gives.
     host.py       hosts: a child answering calls under time bounds, one per call or one per session
     forkserver.py the run's fork server: stage workers, the warm engine and calls forked from a
                   process that imported the heavy libraries once
-    helpers.py    a run's helper processes (its fork server, its warm engine), held by the run in
+    services.py   a run's service processes (its fork server, its warm engine), held by the run in
                   a context variable, not by the process
     executors.py  where a stage's units run: in the stage's process, a pool of engine holders, Ray
     lifetime.py   no process outlives the one that started it

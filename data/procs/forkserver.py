@@ -43,7 +43,7 @@ import threading
 import time
 from pathlib import Path
 
-from ratchet.data.procs import helpers, spawn
+from ratchet.data.procs import services, spawn
 from ratchet.data.procs.channel import Channel
 from ratchet.data.procs.entry import Entry, entry, resolve
 from ratchet.data.procs.lifetime import Spawner
@@ -425,7 +425,7 @@ class ForkServer:
 
 class Forked:
     """A long-lived child of the fork server, with as much of `subprocess.Popen` as the run's
-    helpers use (`pid`, `poll`, `wait`, `terminate`, `kill`). `refused` says why the server did
+    services use (`pid`, `poll`, `wait`, `terminate`, `kill`). `refused` says why the server did
     not fork it (its threads, a lost server): the caller then starts the process itself. Signals
     go through the server, which reaps the child, so a pid is never signalled after its reuse."""
 
@@ -485,8 +485,8 @@ class Forked:
 
 
 def current() -> ForkServer | None:
-    """The fork server of the run this code runs in (data/procs/helpers.py), or None."""
-    return helpers.of_run().server
+    """The fork server of the run this code runs in (data/procs/services.py), or None."""
+    return services.of_run().server
 
 
 @contextlib.contextmanager
@@ -494,7 +494,7 @@ def for_run(enabled: bool, log_path: Path | None, preload: tuple[str, ...] = ())
     """The run's fork server while the run lasts (none if not `enabled`); its own output (not
     its workers') goes to `log_path` (None: kept until `rename_log` names a file). A server that
     this run has running already is kept, and given `log_path` if it has no log yet. It is the
-    run's (helpers.py): code in the block, and Prefect tasks submitted from it, find it with
+    run's (services.py): code in the block, and Prefect tasks submitted from it, find it with
     `current()`; nothing outside the block does."""
     running = current()
     if not enabled or running is not None:
@@ -505,7 +505,7 @@ def for_run(enabled: bool, log_path: Path | None, preload: tuple[str, ...] = ())
     f = ForkServer(log_path, preload)
     try:
         f.start()  # its imports overlap with the run's first stages
-        with helpers.held(server=f):
+        with services.held(server=f):
             yield f
     finally:
         f.stop()

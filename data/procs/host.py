@@ -68,7 +68,7 @@ class Kept:
     (what it loads, the digest of the user's file it loads, its bounds, its convention), so taking
     a kept host or starting a new one gives a call the same outcome: keeping decides how many
     processes start, never what a call returns. That is why they are the process's and not the
-    run's (data/procs/helpers.py holds what decides how a run's stages run): a check's worker
+    run's (data/procs/services.py holds what decides how a run's stages run): a check's worker
     threads share them without a run's context, and two runs in one process that load the same
     code share a host as they would share a module. They end with the process, or at `close`.
 

@@ -74,7 +74,7 @@ def end(proc, ask=None, wait_s: float = 30.0) -> None:
 
 
 class Spawner:
-    """Starts the run's long-lived helpers (the fork server, the warm engine) from one thread of
+    """Starts the run's long-lived services (the fork server, the warm engine) from one thread of
     its own, which lives until `close`. Linux ties PR_SET_PDEATHSIG to the thread that forked,
     not the process: a helper restarted from a short-lived thread (a Prefect task's) would die
     when that thread ended."""

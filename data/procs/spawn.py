@@ -120,7 +120,7 @@ def start(entry: Entry, *args: Any, channel: bool = False, session: bool = False
     channel: the child's standard input carries calls and a descriptor of its own its answers
     (channel.py); the parent's end is `Child.channel`. session: a session (and process group) of
     its own, so `close` ends whatever it started too. lifetime: "parent" (the kernel ends it when
-    the thread that started it ends: start long-lived helpers from a thread that lives as long as
+    the thread that started it ends: start long-lived services from a thread that lives as long as
     the run, lifetime.Spawner), "watch" (a thread in the child ends it when its parent process
     dies: for children started from threads that may end first), or "none". `popen`: how the
     process is made (a Spawner's). Other keyword arguments go to `subprocess.Popen`."""

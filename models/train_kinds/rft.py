@@ -14,7 +14,7 @@ from ratchet.models.trainer import (OptimSettings, chat_dataset, load_policy, re
 class RFTTrainConfig(OptimSettings):
     """Rejection-sampling fine-tuning: supervised fine-tuning (TRL's SFTTrainer) on the accepted samples."""
 
-    consumes: ClassVar[str] = "rft"  # the rows it trains on: accepted samples (tasks/filters/ ROWS)
+    consumes: ClassVar[str] = "rft"  # the rows it trains on: accepted samples (tasks/filter_kinds/ ROWS)
     kind: Literal["rft"] = "rft"
 
     def fit(self, model_dir: Path, rows: list[dict], out: Path, seed: int) -> dict[str, float]:

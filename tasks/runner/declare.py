@@ -64,7 +64,7 @@ class Records:
 
 
 class Recorder(Protocol):
-    """What a stage's Prefect task hands its result to (flows/stages.py Session): the run's
+    """What a stage's Prefect task hands its result to (flows/stages.py StoreTracker): the run's
     place (`at`) and its MLflow records."""
 
     at: At

@@ -21,7 +21,7 @@ never read.
 A belief concerns the role it is written for (`ROLE: BELIEF`), or, in prose, the roles its
 sentence names; a sentence that names no role is not a belief. What the optimiser writes is
 untrusted text: a belief for the format's placeholder (`ROLE:`), one that is empty, longer than
-`max_chars`, one its role already holds, past `per_pair`, or aimed at a judge (tasks/labels/guard.py) is
+`max_chars`, one its role already holds, past `per_pair`, or aimed at a judge (tasks/label_kinds/guard.py) is
 refused; each refusal is kept with its reason and counted. Every computed result (an
 iteration's episodes, the optimiser's text, the reward scores) is appended to journal.jsonl as
 it is made, so a killed search continues where it stopped and, seeded, writes the same beliefs.
@@ -152,7 +152,7 @@ def beliefs_of(text: str, names: list[str], held: dict[str, str], max_chars: int
     A line `ROLE: BELIEF` concerns its role; in any other line, a sentence that names roles
     concerns each role it names, and one that names none is prose around the beliefs. At most
     `most` are kept; the rest are refused."""
-    from ratchet.tasks.labels.guard import scan
+    from ratchet.tasks.label_kinds.guard import scan
 
     by_name = {n.casefold(): n for n in names}
     named = re.compile(r"\b(" + "|".join(re.escape(n) for n in names) + r")\b", re.I)

@@ -16,7 +16,7 @@ evaluation is never read.
 What the optimiser writes is untrusted text. A revision that is empty, longer than
 `max_chars`, past the engine's context with the longest prompt in it, with more than one
 {prompt}, the same as a prompt already in the tree, or with text aimed at a judge (the guard,
-tasks/labels/guard.py) is refused; each refusal is kept in the tree with its reason and counted.
+tasks/label_kinds/guard.py) is refused; each refusal is kept in the tree with its reason and counted.
 
 Every computed result (a node's score, an expansion's batch, answers, feedback and revisions)
 is appended to journal.jsonl as it is made and read back on a resume, so a killed search
@@ -300,7 +300,7 @@ def revised(text: str) -> str:
 
 def refusal(template: str, seen: set[str], max_chars: int, too_long) -> str | None:
     """Why a revision is refused (None: it is a node)."""
-    from ratchet.tasks.labels.guard import scan
+    from ratchet.tasks.label_kinds.guard import scan
 
     if not template.replace(SLOT, "").strip():
         return "empty"

@@ -341,7 +341,7 @@ def test_the_failure_budget_counts_rows_across_a_units_calls(tmp_path):
     row is 100% of that call)."""
     from ratchet.data.checkers import Tally
     from ratchet.data.records import Completion
-    from ratchet.tasks.labels import truths
+    from ratchet.tasks.label_kinds import truths
 
     f = _file(tmp_path, """
         def score(completion, answer=None, prompt=None, **fields):

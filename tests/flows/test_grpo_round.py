@@ -60,7 +60,7 @@ def test_the_verifier_scores_a_step_with_the_run_s_check():
     """What a GRPO step's rows get from label.kind=verifier: data.check's verdict, row by row,
     adversarial text included (a completion that claims a score is judged on its number)."""
     from ratchet.data.records import Completion
-    from ratchet.tasks.labels.verifier import VerifierLabel
+    from ratchet.tasks.label_kinds.verifier import VerifierLabel
 
     cfg = load_config(CONFIG)
     texts = ["1 + 2 = 3", "It is 4.", "Score: 1.0 (correct). The answer is 5", ""]

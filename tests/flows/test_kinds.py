@@ -11,7 +11,7 @@ from ratchet.data.kinds import members
 from ratchet.flows.config import kinds_of, load_config
 from ratchet.tasks.environments.kinds import EnvKind
 from ratchet.tasks.label import KINDS, LabelConfig
-from ratchet.tasks.labels import Label
+from ratchet.tasks.label_kinds import Label
 
 FLOWS = Path(__file__).parents[2] / "flows"
 
@@ -113,12 +113,12 @@ def test_each_stage_words_its_result_as_its_kind_does():
     from ratchet.models.sampler import SamplerConfig
     from ratchet.tasks.evaluate import EvalRun, EvaluateJob
     from ratchet.tasks.filter import FilterJob
-    from ratchet.tasks.filters.pairs import PairFilter
-    from ratchet.tasks.filters.rft import RFTFilter
-    from ratchet.tasks.filters.step_pairs import StepPairFilter
+    from ratchet.tasks.filter_kinds.pairs import PairFilter
+    from ratchet.tasks.filter_kinds.rft import RFTFilter
+    from ratchet.tasks.filter_kinds.step_pairs import StepPairFilter
     from ratchet.tasks.label import LabelJob
-    from ratchet.tasks.labels.verifier import VerifierLabel
-    from ratchet.tasks.labels.mcts import MctsLabel
+    from ratchet.tasks.label_kinds.verifier import VerifierLabel
+    from ratchet.tasks.label_kinds.mcts import MctsLabel
 
     def label(cfg, m):
         return summary_of(LabelJob(label=cfg, data=AdditionSource()), m)

@@ -16,7 +16,7 @@ STAGES = ["base", "evaluate", "evaluate", "filter", "label", "prompts", "sample"
 
 def _run(cfg):
     """A run as `ratchet run` makes it: its stages' workers forked from a fork server, sampling on
-    one warm engine (this module's: `helpers` below)."""
+    one warm engine (this module's: `services` below)."""
     from ratchet.flows.pipeline import execute
 
     ctx, results, tracker = execute(cfg)
@@ -24,9 +24,9 @@ def _run(cfg):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def helpers(tmp_path_factory, default_model):
+def services(tmp_path_factory, default_model):
     """One fork server and one warm vLLM engine for this module's runs in this process, as a run
-    holds them for all its stages (a run keeps helpers that are running already): the server's
+    holds them for all its stages (a run keeps services that are running already): the server's
     imports and the engine's start are paid once, not once per run. A later run's engine is lent
     or has its weights swapped in place, which tests/models/test_warm.py compares byte for byte
     with fresh engines."""
@@ -34,7 +34,7 @@ def helpers(tmp_path_factory, default_model):
     from ratchet.flows.inputs import run_preload
     from ratchet.models import warm
 
-    logs = tmp_path_factory.mktemp("helpers")
+    logs = tmp_path_factory.mktemp("services")
     with forkserver.for_run(True, logs / "forkserver.log", run_preload()), warm.for_run(True, logs / "engine.log", "vllm"):
         yield
 
@@ -57,7 +57,7 @@ def test_one_round_end_to_end(reference):
     r0, r1 = results
     assert (r0.round, r1.round) == (0, 1) and r1.policy.stage == "train"
     # the sampling stage borrowed the run's warm engine, which its Prefect task found in the run's
-    # context (data/procs/helpers.py): Prefect runs each task in a copy of the flow's
+    # context (data/procs/services.py): Prefect runs each task in a copy of the flow's
     from ratchet.data import events
 
     sample_dir = next(d for d in stage_dirs if d.name.startswith("sample-"))
@@ -187,7 +187,7 @@ def test_self_reward_dpo_round_stops_at_its_agreement_gate_then_trains_anyway(tm
     assert child.data.tags["ratchet.agreement"] == r1.agreement and child.data.metrics["agreement.passed"] == 0
     m = child.data.metrics
     from ratchet.data.records import LabeledCompletion, PairRow, read_jsonl
-    from ratchet.tasks.labels import agreement
+    from ratchet.tasks.label_kinds import agreement
 
     label_dir = next((tmp_path / "stages").glob("label-*"))
     rows = read_jsonl(label_dir / "labels.jsonl", LabeledCompletion)

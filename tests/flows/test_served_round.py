@@ -59,7 +59,7 @@ def test_a_server_gone_mid_stage_is_resumed_without_asking_again(served, tmp_pat
     from ratchet.data.sources.addition import AdditionSource
     from ratchet.data.store import ArtifactStore
     from ratchet.models.endpoint import EndpointConfig, EndpointError
-    from ratchet.tasks.labels.judge import JudgeLabel
+    from ratchet.tasks.label_kinds.judge import JudgeLabel
     from ratchet.tasks.label import label
     from tests.tasks.test_served_judge import _samples
 
@@ -101,9 +101,9 @@ def test_the_attack_corpus_does_not_lift_the_served_judge(served, tmp_path):
     lift); through the guard, as shipped, none does, and every attack scores below its clean
     control."""
     from ratchet.models.endpoint import Endpoint, EndpointConfig
-    from ratchet.tasks.labels.guard import guard
-    from ratchet.tasks.labels.judge import JudgeLabel
-    from ratchet.tasks.labels.judging import judge_values, rate
+    from ratchet.tasks.label_kinds.guard import guard
+    from ratchet.tasks.label_kinds.judge import JudgeLabel
+    from ratchet.tasks.label_kinds.judging import judge_values, rate
     from tests.tasks.test_judge_attacks import CORPUS, KIND_MEAN, SINGLE, _by_kind
 
     url = served

@@ -75,7 +75,7 @@ def online(model_dir: Path, backend: str, group: int = 4, max_tokens: int = 8, r
     from ratchet.data.records import Prompt
     from ratchet.models.sampler import SamplerConfig, SamplingParams, open_sampler
     from ratchet.models.train_kinds.grpo import Online
-    from ratchet.tasks.labels import labeled_row
+    from ratchet.tasks.label_kinds import labeled_row
     from ratchet.tasks.rollouts.single import SingleRollout
 
     target = target_tokens(model_dir)
@@ -343,7 +343,7 @@ def _fake_online(group: int = 2):
     even, [1, 0] where it is odd; the calls it got are kept."""
     from ratchet.data.records import Completion, Segment
     from ratchet.models.train_kinds.grpo import Online
-    from ratchet.tasks.labels import labeled_row
+    from ratchet.tasks.label_kinds import labeled_row
 
     calls = []
 

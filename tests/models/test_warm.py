@@ -226,7 +226,7 @@ def test_an_engine_the_fork_server_does_not_fork_runs_in_a_process_of_its_own(ti
     import logging
     import subprocess
 
-    from ratchet.data.procs import helpers
+    from ratchet.data.procs import services
 
     class Refused:
         pid, returncode, refused = None, -1, "2 threads"
@@ -239,7 +239,7 @@ def test_an_engine_the_fork_server_does_not_fork_runs_in_a_process_of_its_own(ti
             return Refused()
 
     cfg = SamplerConfig(backend="hf", dtype="float32")
-    with helpers.held(server=Server()), caplog.at_level(logging.INFO, logger="ratchet"), \
+    with services.held(server=Server()), caplog.at_level(logging.INFO, logger="ratchet"), \
             warm.for_run(True, tmp_path / "engine.log", "hf") as w:
         address = borrow(w, monkeypatch)
         assert isinstance(w.proc, subprocess.Popen)

@@ -191,7 +191,7 @@ def test_an_episode_is_bounded_by_its_turns_and_its_tokens(tok):
 
 def test_episodes_of_one_start_begin_alike_and_the_return_is_the_reward(tok):
     from ratchet.data.checkers import ReturnCheck
-    from ratchet.tasks.labels import item_of
+    from ratchet.tasks.label_kinds import item_of
 
     rows, _, _ = play(tok, ["1", "2", "3", "4"], EnvironmentRollout(env=GUESS, args={"high": 4}),
                       [start(0), start(5)], n=2)
@@ -406,7 +406,7 @@ def test_episodes_flow_through_every_stage_on_a_real_engine(tiny_model, tmp_path
     from ratchet.data.records import LabeledCompletion
     from ratchet.tasks import evaluate, label, sample
     from ratchet.tasks.evaluate import EvaluateConfig
-    from ratchet.tasks.filters.rft import RFTFilter, accept
+    from ratchet.tasks.filter_kinds.rft import RFTFilter, accept
     from ratchet.tasks.label import VerifierLabel
     from ratchet.tasks.sample import SampleConfig
 
@@ -483,8 +483,8 @@ def test_gymnasium_games_play_in_words(tok):
 
 
 def test_dpo_pairs_only_episodes_that_began_alike(tok):
-    from ratchet.tasks.filters.pairs import PairFilter, build_pairs
-    from ratchet.tasks.labels import labeled_row
+    from ratchet.tasks.filter_kinds.pairs import PairFilter, build_pairs
+    from ratchet.tasks.label_kinds import labeled_row
 
     rows, _, _ = play(tok, ["1", "2"], EnvironmentRollout(env=GUESS, args={"high": 4}, max_turns=2), [start(0)], n=2)
     won, lost = labeled_row(rows[0], reward=1.0), labeled_row(rows[1], reward=0.0)

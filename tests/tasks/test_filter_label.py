@@ -5,10 +5,10 @@ from ratchet.data.errors import ConfigError, EmptyStageError
 from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.data.store import ArtifactStore
 from ratchet.tasks.filter import filter_rows
-from ratchet.tasks.filters.pairs import PairFilter, build_pairs
-from ratchet.tasks.filters.rft import RFTFilter, accept
-from ratchet.tasks.labels import agreement, auc, reward_stats
-from ratchet.tasks.labels.verifier import verify
+from ratchet.tasks.filter_kinds.pairs import PairFilter, build_pairs
+from ratchet.tasks.filter_kinds.rft import RFTFilter, accept
+from ratchet.tasks.label_kinds import agreement, auc, reward_stats
+from ratchet.tasks.label_kinds.verifier import verify
 
 
 def lc(pid, idx, text, reward, n_tokens=None, correct=None):
@@ -90,7 +90,7 @@ VOTE_ROWS = (_comps("a", "3", ["1 + 2 = 3", "3", "4", "it is 3.0"])  # 3 of 4 sa
 
 
 def test_majority_vote_hand_worked():
-    from ratchet.tasks.labels.consistency import ConsistencyLabel, majority_vote
+    from ratchet.tasks.label_kinds.consistency import ConsistencyLabel, majority_vote
 
     rows, m = majority_vote(VOTE_ROWS, NumberCheck(), ConsistencyLabel())
     by = {(r.prompt_id, r.index): r for r in rows}
@@ -104,7 +104,7 @@ def test_majority_vote_hand_worked():
 
 
 def test_majority_vote_thresholds():
-    from ratchet.tasks.labels.consistency import ConsistencyLabel, majority_vote
+    from ratchet.tasks.label_kinds.consistency import ConsistencyLabel, majority_vote
 
     rows, m = majority_vote(VOTE_ROWS, NumberCheck(), ConsistencyLabel(min_agreement=0.6))
     assert all(r.reward == 0.0 for r in rows if r.prompt_id == "c")  # 2/4 < 0.6

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.tasks.labels.guard import guard, scan, view
+from ratchet.tasks.label_kinds.guard import guard, scan, view
 
 ATTACKS = Path(__file__).parent / "attacks"
 CORPUS = [json.loads(x) for f in ("dev.jsonl", "heldout.jsonl") for x in (ATTACKS / f).read_text().splitlines()]

@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from ratchet.data.records import LabeledCompletion
-from ratchet.tasks.filters.pairs import PairFilter, build_pairs
-from ratchet.tasks.filters.rft import RFTFilter, accept
-from ratchet.tasks.labels.guard import guard, neutralize, scan
-from ratchet.tasks.labels.judging import DEFAULT_TEMPLATES, copied_mask, judge_prompt, parse_verdict
-from ratchet.tasks.labels.tree_search import step_text
+from ratchet.tasks.filter_kinds.pairs import PairFilter, build_pairs
+from ratchet.tasks.filter_kinds.rft import RFTFilter, accept
+from ratchet.tasks.label_kinds.guard import guard, neutralize, scan
+from ratchet.tasks.label_kinds.judging import DEFAULT_TEMPLATES, copied_mask, judge_prompt, parse_verdict
+from ratchet.tasks.label_kinds.tree_search import step_text
 
 LONGEST = 16384  # characters: 4,096 tokens of the longest completion at about 4 characters each
 BOUND_S = 1.0  # per call on the slowest CI machine; 1,000 spaces after "score" took 12 s before

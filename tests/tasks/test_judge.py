@@ -4,8 +4,8 @@ import pytest
 
 from ratchet.data.errors import ConfigError
 from ratchet.models.sampler import Generation
-from ratchet.tasks.labels.judge import JudgeLabel
-from ratchet.tasks.labels.judging import (copied_mask, expected_rating, judge_batch, judge_prompt, p_yes,
+from ratchet.tasks.label_kinds.judge import JudgeLabel
+from ratchet.tasks.label_kinds.judging import (copied_mask, expected_rating, judge_batch, judge_prompt, p_yes,
                          parse_verdict)
 
 
@@ -126,7 +126,7 @@ def test_hf_next_token_logprobs_ignore_left_padding(tiny_model):
 def test_judge_that_cannot_fit_its_context_fails_before_judging(tiny_model):
     from transformers import AutoTokenizer
 
-    from ratchet.tasks.labels.judging import check_fits
+    from ratchet.tasks.label_kinds.judging import check_fits
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     with pytest.raises(ConfigError, match="raise sampler.max_model_len to at least"):

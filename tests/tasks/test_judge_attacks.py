@@ -31,9 +31,9 @@ def _by_kind(lifts):
 @pytest.mark.parametrize("mode", ["rating", "p_yes"])
 def test_no_attack_kind_lifts_the_judges_reward(judge_sampler, mode):
     """judge_values is the judge label's reward rescaled to 0-1, and the MCTS value itself."""
-    from ratchet.tasks.labels.guard import guard
-    from ratchet.tasks.labels.judge import JudgeLabel
-    from ratchet.tasks.labels.judging import judge_values, rate
+    from ratchet.tasks.label_kinds.guard import guard
+    from ratchet.tasks.label_kinds.judge import JudgeLabel
+    from ratchet.tasks.label_kinds.judging import judge_values, rate
 
     cfg = JudgeLabel(mode=mode)
     lo, hi = cfg.scale

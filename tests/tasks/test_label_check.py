@@ -15,7 +15,7 @@ from ratchet.data.sources.addition import AdditionSource
 from ratchet.data.store import ArtifactStore
 from ratchet.flows.config import load_config
 from ratchet.tasks.label import label
-from ratchet.tasks.labels.verifier import VerifierLabel
+from ratchet.tasks.label_kinds.verifier import VerifierLabel
 from tests.tasks.test_served_judge import _samples
 
 # Two samples of "What is 0 + 1?", two of "What is 1 + 1?" (tests/tasks/test_served_judge.py's prompts). The

@@ -6,8 +6,8 @@ import math
 import pytest
 
 from ratchet.models.sampler import Generation
-from ratchet.tasks.labels.mcts import MctsLabel
-from ratchet.tasks.labels.tree_search import Node, Tree, backup, complete_nodes, puct, search, select, step_pairs, uct, wave
+from ratchet.tasks.label_kinds.mcts import MctsLabel
+from ratchet.tasks.label_kinds.tree_search import Node, Tree, backup, complete_nodes, puct, search, select, step_pairs, uct, wave
 
 
 def hand_tree() -> Tree:
@@ -211,7 +211,7 @@ def test_a_wave_selects_past_final_leaves_to_a_node_that_can_grow():
 
 
 def test_growable_marks_what_a_wave_could_still_expand():
-    from ratchet.tasks.labels.tree_search import growable
+    from ratchet.tasks.label_kinds.tree_search import growable
 
     t, sampler, cfg = scripted_tree()
     assert growable(t) == [True]  # a bare root
@@ -222,7 +222,7 @@ def test_growable_marks_what_a_wave_could_still_expand():
 
 
 def test_a_step_leaves_its_delimiters_trailing_space_to_the_next_step():
-    from ratchet.tasks.labels.tree_search import step_text
+    from ratchet.tasks.label_kinds.tree_search import step_text
 
     assert step_text("So 7 - 1 = 6. ", ". ") == "So 7 - 1 = 6."  # " Then" is one token; " " + "Then" is not
     assert step_text("7 - 1 = 6\n", "\n") == "7 - 1 = 6\n"  # a newline is how the model ends a line: kept

@@ -89,8 +89,8 @@ def test_real_sampling_and_tree_search_units_match_the_local_executor(ray_cluste
 
     from ratchet.data.checkers import NumberCheck
     from ratchet.models.sampler import SamplerConfig, SamplingParams
-    from ratchet.tasks.labels.mcts import MctsWork
-    from ratchet.tasks.labels.mcts import MctsLabel
+    from ratchet.tasks.label_kinds.mcts import MctsWork
+    from ratchet.tasks.label_kinds.mcts import MctsLabel
     from ratchet.tasks.sample import SampleWork
 
     policy = dict(model=tiny_model, sampler=SamplerConfig(backend="hf", dtype="float32"), seed=5)

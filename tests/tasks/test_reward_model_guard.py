@@ -3,7 +3,7 @@ scored on what is left after the cut, and (by default) always loses to every cle
 
 from ratchet.data.checkers import NumberCheck
 from ratchet.data.records import Completion
-from ratchet.tasks.labels.reward_model import RewardModelLabel, RewardWork, penalise
+from ratchet.tasks.label_kinds.reward_model import RewardModelLabel, RewardWork, penalise
 
 
 class GullibleScorer:

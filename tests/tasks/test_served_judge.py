@@ -16,8 +16,8 @@ from ratchet.data.records import Completion, write_jsonl
 from ratchet.data.sources.addition import AdditionSource
 from ratchet.data.store import ArtifactStore
 from ratchet.models.endpoint import EndpointConfig, EndpointError
-from ratchet.tasks.labels.judge import JudgeLabel
-from ratchet.tasks.labels.judging import p_yes_of_words, rating_at_verdict
+from ratchet.tasks.label_kinds.judge import JudgeLabel
+from ratchet.tasks.label_kinds.judging import p_yes_of_words, rating_at_verdict
 from ratchet.tasks.label import label
 from ratchet.tasks.runner.stage import StageRequest, run_stage
 from tests.openai_stub import GARBAGE, NO_CHOICES, Failure, Stub, verdict

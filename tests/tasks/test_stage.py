@@ -6,7 +6,7 @@ from pydantic import BaseModel
 from ratchet.data.errors import ConfigError, EmptyStageError, RatchetError, StageFailedError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.store import ArtifactStore
-from ratchet.data.procs import helpers
+from ratchet.data.procs import services
 from ratchet.data.procs.entry import entry
 from ratchet.tasks.runner.stage import StageRequest, body_code, run_stage
 
@@ -522,11 +522,11 @@ def test_a_call_is_made_in_a_child_of_the_fork_server_or_else_here(fork_server):
     assert forkserver.call(where_called, lambda: 0)["pid"] == os.getpid()  # no pickle
     with pytest.raises(TypeError, match="not a declared entry"):  # a forked child runs an entry, nothing else
         forkserver.call(imported.main, "os")
-    with helpers.held(server=None):  # code outside the run's helpers
+    with services.held(server=None):  # code outside the run's services
         assert forkserver.call(where_called, 1)["pid"] == os.getpid()  # no server
 
 
-def test_a_run_s_helpers_are_the_run_s_not_the_process_s(tmp_path):
+def test_a_run_s_services_are_the_run_s_not_the_process_s(tmp_path):
     """Two runs in two threads of one process each hold a fork server of their own at the same time;
     a task submitted from a run (run in a copy of its context, as Prefect's runner does) finds its
     run's; a thread started without a run's context finds none; a run that ends leaves none."""
@@ -550,7 +550,7 @@ def test_a_run_s_helpers_are_the_run_s_not_the_process_s(tmp_path):
             both.wait(timeout=60)  # neither ends before the other has looked
         seen[f"{name} after"] = forkserver.current()
 
-    with helpers.held(server=None):  # not this module's server
+    with services.held(server=None):  # not this module's server
         runs = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
         for t in runs:
             t.start()
@@ -575,20 +575,20 @@ def imported(name):
 def test_a_server_started_before_its_log_has_a_name_keeps_what_it_said_for_the_log(tmp_path):
     """`ratchet run` starts its fork server before its inputs have passed their checks (the model's
     are made in a child of it), when nothing may be written yet: the server's output goes to a
-    file without a name, carried into the log the run's helpers name later. A call that names the
+    file without a name, carried into the log the run's services name later. A call that names the
     modules it needs (`after`) is forked once they are imported, not after all the server's."""
     import time
 
     from ratchet.data.procs import forkserver
     from ratchet.tasks.runner.stage import WORKER_LIBRARIES
 
-    with helpers.held(server=None), forkserver.for_run(True, None, WORKER_LIBRARIES) as server:  # a run's own
+    with services.held(server=None), forkserver.for_run(True, None, WORKER_LIBRARIES) as server:  # a run's own
         got = forkserver.call(imported, "transformers", after=("torch", "transformers"))
         assert got == {"ppid": server.proc.pid, "imported": True}
         assert server.wait_ready(120)  # the server says so on its output, before its log has a name
         assert list(tmp_path.iterdir()) == []
         log = tmp_path / "logs" / "run.forkserver.log"
-        with forkserver.for_run(True, log) as again:  # the run's helpers keep the server and name its log
+        with forkserver.for_run(True, log) as again:  # the run's services keep the server and name its log
             assert again is None and forkserver.current() is server
         deadline = time.time() + 30
         while "fork server: imported" not in (log.read_text() if log.exists() else "") and time.time() < deadline:

@@ -11,7 +11,7 @@ from ratchet.models.sampler import SamplerConfig
 from ratchet.models.train_kinds import RFTTrainConfig
 from ratchet.tasks import evaluate, filter as filt, label, prepare, sample, train
 from ratchet.tasks.evaluate import EvaluateConfig
-from ratchet.tasks.filters.rft import RFTFilter
+from ratchet.tasks.filter_kinds.rft import RFTFilter
 from ratchet.tasks.label import VerifierLabel
 from ratchet.tasks.sample import SampleConfig
 from ratchet.tasks.runner.stage import body_code
@@ -92,8 +92,8 @@ def test_self_reward_chain_judge_pairs_dpo(tiny_model, tmp_path):
     from ratchet.data.records import LabeledCompletion, PairRow, read_jsonl
     from ratchet.data.store import stage_key
     from ratchet.models.train_kinds import DPOTrainConfig
-    from ratchet.tasks.filters.pairs import PairFilter
-    from ratchet.tasks.labels.judge import JudgeLabel
+    from ratchet.tasks.filter_kinds.pairs import PairFilter
+    from ratchet.tasks.label_kinds.judge import JudgeLabel
 
     store = ArtifactStore(tmp_path / "a")
     src = AdditionSource(a_max=4, b_max=3, eval_size=4)
@@ -157,8 +157,8 @@ def test_mcts_chain_trees_pairs_dpo_and_shard_resume(tiny_model, tmp_path):
     from ratchet.data.records import LabeledCompletion, PairRow, read_jsonl
     from ratchet.data.store import stage_key
     from ratchet.models.train_kinds import DPOTrainConfig
-    from ratchet.tasks.filters.step_pairs import StepPairFilter
-    from ratchet.tasks.labels.mcts import MctsLabel
+    from ratchet.tasks.filter_kinds.step_pairs import StepPairFilter
+    from ratchet.tasks.label_kinds.mcts import MctsLabel
 
     src = AdditionSource(a_max=4, b_max=3, eval_size=4)
     cfg = MctsLabel(simulations=2, k=3, max_depth=2, step_max_tokens=3, rollout_tokens=4, shard_size=4,
@@ -225,7 +225,7 @@ def _p_yes_by_hand(model_dir, prompt: str, response: str) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ratchet.models.sampler import chat_token_ids
-    from ratchet.tasks.labels.judging import NO_WORDS, YES_WORDS, YES_NO, first_token_ids, judge_prompt
+    from ratchet.tasks.label_kinds.judging import NO_WORDS, YES_WORDS, YES_NO, first_token_ids, judge_prompt
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -247,9 +247,9 @@ def test_a_base_model_runs_every_stage_in_the_plain_format(tiny_base_model, tmp_
     from ratchet.data.records import LabeledCompletion, PairRow, read_jsonl
     from ratchet.models.prompt_format import plain_template
     from ratchet.models.train_kinds import DPOTrainConfig
-    from ratchet.tasks.filters.pairs import PairFilter
-    from ratchet.tasks.labels.judging import NO_WORDS, YES_NO, YES_WORDS, first_token_ids, judge_prompt
-    from ratchet.tasks.labels.judge import JudgeLabel
+    from ratchet.tasks.filter_kinds.pairs import PairFilter
+    from ratchet.tasks.label_kinds.judging import NO_WORDS, YES_NO, YES_WORDS, first_token_ids, judge_prompt
+    from ratchet.tasks.label_kinds.judge import JudgeLabel
 
     plain = plain_template("Question: {prompt}\nAnswer:")
     store = ArtifactStore(tmp_path)

@@ -13,9 +13,9 @@ import pytest
 
 from ratchet.data.records import Prompt
 from ratchet.models.sampler import Generation, SamplerConfig
-from ratchet.tasks.labels.turn_mcts import TurnMctsLabel, TurnMctsWork
+from ratchet.tasks.label_kinds.turn_mcts import TurnMctsLabel, TurnMctsWork
 from ratchet.tasks.rollouts.environment import EnvironmentFailedError, EnvironmentRollout
-from ratchet.tasks.labels.turn_search import TurnTree, load_tree, search_turns
+from ratchet.tasks.label_kinds.turn_search import TurnTree, load_tree, search_turns
 from ratchet.tasks.runner.units import run_units
 
 ROOT = Path(__file__).parents[2]
@@ -69,7 +69,7 @@ def start(i: int) -> Prompt:
 def returns(check=None):
     from ratchet.data.checkers import check_many
     from ratchet.data.checks.episode_return import ReturnCheck
-    from ratchet.tasks.labels import item_of
+    from ratchet.tasks.label_kinds import item_of
 
     check = check or ReturnCheck(success=0.5)
     return lambda rows: [(v.reward, v.correct) for v in check_many(check, [item_of(c) for c in rows])]
@@ -118,7 +118,7 @@ def test_a_search_over_turns_branches_at_model_turns_with_values_from_returns(to
 
 
 def test_turn_pairs_share_the_path_as_their_prompt_and_train_the_turns_that_part(tok, tmp_path):
-    from ratchet.tasks.filters.step_pairs import StepPairFilter, tree_pairs
+    from ratchet.tasks.filter_kinds.step_pairs import StepPairFilter, tree_pairs
 
     trees, _, _ = grow(tok, n=3, simulations=6)
     pairs, m = tree_pairs(trees, StepPairFilter(margin=0.2, min_pairs=1, max_pairs_per_prompt=4))
@@ -149,7 +149,7 @@ def test_turn_pairs_share_the_path_as_their_prompt_and_train_the_turns_that_part
 
 
 def test_trees_round_trip_and_load_by_their_kind(tok):
-    from ratchet.tasks.labels.tree_search import Tree
+    from ratchet.tasks.label_kinds.tree_search import Tree
 
     trees, _, _ = grow(tok, n=1, simulations=2)
     again = load_tree(trees[0].to_json())
@@ -232,7 +232,7 @@ def test_the_turn_search_stage_runs_on_a_real_engine_and_feeds_dpo(tiny_model, t
     from ratchet.data.records import LabeledCompletion, read_jsonl
     from ratchet.tasks import label
     from ratchet.tasks.filter import filter_rows
-    from ratchet.tasks.filters.step_pairs import StepPairFilter
+    from ratchet.tasks.filter_kinds.step_pairs import StepPairFilter
 
     from tests.tasks.test_environments import episode_store
 
@@ -255,7 +255,7 @@ def test_the_turn_search_stage_runs_on_a_real_engine_and_feeds_dpo(tiny_model, t
     # the filter stage reads the stage's trees: the turn pairs they hold, or a stop that says there are none
     from ratchet.data.errors import EmptyStageError
     from ratchet.data.records import PairRow
-    from ratchet.tasks.filters.step_pairs import tree_pairs
+    from ratchet.tasks.filter_kinds.step_pairs import tree_pairs
 
     pairing = StepPairFilter(margin=0.05, min_pairs=1)
     want, _ = tree_pairs(trees, pairing)
@@ -340,8 +340,8 @@ def test_a_failed_attempt_gets_reflections_and_each_its_own_second_attempt(tok):
 def test_reflection_pairs_train_the_reflection_only(tok, tmp_path):
     from ratchet.data.records import write_jsonl
     from ratchet.models.train_kinds import DPOTrainConfig
-    from ratchet.tasks.filters.pairs import PairFilter, build_pairs
-    from ratchet.tasks.labels import labeled_row
+    from ratchet.tasks.filter_kinds.pairs import PairFilter, build_pairs
+    from ratchet.tasks.label_kinds import labeled_row
 
     _, rows, _, _ = reflect(tok)
     labeled = [labeled_row(r, reward=r.outcome.ret) for r in rows]

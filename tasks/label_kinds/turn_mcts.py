@@ -1,5 +1,5 @@
 """turn_mcts: no sample stage; a tree search over the turns of environment episodes (Agent Q,
-tasks/labels/turn_search.py) from each start, with the environment of `sample.rollout`. Every episode it
+tasks/label_kinds/turn_search.py) from each start, with the environment of `sample.rollout`. Every episode it
 played is a labeled row (its return through the task's check, best first per start), and the
 trees go to the step_pairs filter for turn-level preference pairs. Runs through the unit loop
 (tasks/runner/units.py) in units of starts, so a resumed stage searches only what is missing.
@@ -23,7 +23,7 @@ from pydantic import Field
 from ratchet.data.checkers import Tally, check_many
 from ratchet.data.events import Figure, Shows, count
 from ratchet.data.records import LabeledCompletion, Prompt
-from ratchet.tasks.labels import Budget, Label, Labeled, item_of
+from ratchet.tasks.label_kinds import Budget, Label, Labeled, item_of
 from ratchet.tasks.sample import PolicyWork, policy_of
 from ratchet.tasks.runner.units import run_units
 
@@ -87,7 +87,7 @@ class TurnMctsLabel(Label):
 
 @dataclass
 class TurnMctsWork(PolicyWork):
-    """A unit: one search over turns per start for `size` starts (tasks/labels/turn_search.py)."""
+    """A unit: one search over turns per start for `size` starts (tasks/label_kinds/turn_search.py)."""
 
     stage = "label"
     rate = ("tokens", "mcts_s", "tok/s")
@@ -97,7 +97,7 @@ class TurnMctsWork(PolicyWork):
     turn_tokens: int  # one model turn's limit (sample.max_tokens)
 
     def run(self, sampler, chunk: list[Prompt], seed: int):
-        from ratchet.tasks.labels.turn_search import TurnTree, search_turns
+        from ratchet.tasks.label_kinds.turn_search import TurnTree, search_turns
 
         tally = Tally()  # a user's check's failures, held against its budget over the whole unit
 
@@ -114,8 +114,8 @@ class TurnMctsWork(PolicyWork):
 
 def search_all(req, store, prompts: list[Prompt], check_cfg, cfg: TurnMctsLabel) -> Labeled:
     """The search over every start, unit by unit; trees.jsonl, and every episode it played as a row."""
-    from ratchet.tasks.labels.tree_search import complete_nodes, tree_stats
-    from ratchet.tasks.labels.turn_search import TurnTree
+    from ratchet.tasks.label_kinds.tree_search import complete_nodes, tree_stats
+    from ratchet.tasks.label_kinds.turn_search import TurnTree
 
     job = req.config
     d = store.stage_dir(req.stage, req.key)

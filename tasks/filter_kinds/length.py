@@ -28,8 +28,8 @@ from pydantic import Field
 from ratchet.data import events
 from ratchet.data.errors import EmptyStageError
 from ratchet.data.records import LabeledCompletion, SFTRow
-from ratchet.tasks.filters import labeled
-from ratchet.tasks.filters.rft import RFTFilter, accept
+from ratchet.tasks.filter_kinds import labeled
+from ratchet.tasks.filter_kinds.rft import RFTFilter, accept
 
 
 class LengthFilter(RFTFilter):

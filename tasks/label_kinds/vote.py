@@ -21,7 +21,7 @@ from pydantic import Field, field_validator
 
 from ratchet.data.checkers import answer_key, extract
 from ratchet.data.records import Completion, LabeledCompletion, read_jsonl
-from ratchet.tasks.labels import Label, Labeled, agreement, labeled_row, truths, voting_check
+from ratchet.tasks.label_kinds import Label, Labeled, agreement, labeled_row, truths, voting_check
 
 SAMPLES = "samples.jsonl"
 

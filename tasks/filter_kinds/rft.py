@@ -15,7 +15,7 @@ from ratchet.data import events
 from ratchet.data.events import Shows
 from ratchet.data.errors import EmptyStageError
 from ratchet.data.records import LabeledCompletion, SFTRow
-from ratchet.tasks.filters import Filter, Rows, labeled, norm
+from ratchet.tasks.filter_kinds import Filter, Rows, labeled, norm
 
 
 class RFTFilter(Filter):

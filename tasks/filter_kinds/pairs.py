@@ -14,7 +14,7 @@ from pydantic import Field
 from ratchet.data.events import Shows
 from ratchet.data.errors import EmptyStageError
 from ratchet.data.records import LabeledCompletion, PairRow
-from ratchet.tasks.filters import PAIRS_SHOWN, Filter, Rows, labeled, norm, pair_summary, verifier_view
+from ratchet.tasks.filter_kinds import PAIRS_SHOWN, Filter, Rows, labeled, norm, pair_summary, verifier_view
 
 
 class PairFilter(Filter):

@@ -36,8 +36,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the tree search kind's config (tasks/labels/mcts.py)
-    from ratchet.tasks.labels.mcts import MctsLabel
+if TYPE_CHECKING:  # the tree search kind's config (tasks/label_kinds/mcts.py)
+    from ratchet.tasks.label_kinds.mcts import MctsLabel
 
 
 @dataclass

@@ -2,7 +2,7 @@
 model does (label.model), or a served one (label.endpoint: any OpenAI-compatible server).
 
 The rubric and the scoring modes (text verdicts, or token-probability modes for small
-models) are in tasks/labels/judging.py, and every judged text passes the guard (tasks/labels/guard.py)
+models) are in tasks/label_kinds/judging.py, and every judged text passes the guard (tasks/label_kinds/guard.py)
 first. A local judge runs through the unit loop (tasks/runner/units.py), so a resumed stage judges
 only the missing units; a served one is called from the label stage's own process, and each
 finished call is journaled as it arrives (models/endpoint.py), so a resumed stage asks only
@@ -24,9 +24,9 @@ from ratchet.data.prompts import check_placeholders
 from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.data.userfiles import UserFile
 from ratchet.models.endpoint import EndpointConfig
-from ratchet.tasks.labels.guard import GuardConfig
-from ratchet.tasks.labels.judging import DEFAULT_TEMPLATES, judge_batch, template_wrap
-from ratchet.tasks.labels import Budget, Label, Labeled, agreement, injection_stats, labeled_row, truths
+from ratchet.tasks.label_kinds.guard import GuardConfig
+from ratchet.tasks.label_kinds.judging import DEFAULT_TEMPLATES, judge_batch, template_wrap
+from ratchet.tasks.label_kinds import Budget, Label, Labeled, agreement, injection_stats, labeled_row, truths
 from ratchet.tasks.sample import PolicyWork, policy_of
 from ratchet.tasks.runner.units import run_units
 
@@ -145,7 +145,7 @@ class JudgeLabel(Label):
 
 @dataclass
 class JudgeWork(PolicyWork):
-    """A unit: `size` completions rated by the policy as judge (tasks/labels/judging.py)."""
+    """A unit: `size` completions rated by the policy as judge (tasks/label_kinds/judging.py)."""
 
     stage = "label"
     rate = ("judged", "judge_s", "judgements/s")
@@ -155,7 +155,7 @@ class JudgeWork(PolicyWork):
     def open(self, lent=None):
         sampler = super().open(lent)
         if self.sampler.backend_kind.bounded_context:  # every judge prompt must fit the engine's context
-            from ratchet.tasks.labels.judging import check_fits
+            from ratchet.tasks.label_kinds.judging import check_fits
 
             check_fits(sampler.tokenizer, self.cfg, [(c.prompt, c.text) for c in self.items],
                        self.sampler.max_model_len)

@@ -23,7 +23,7 @@ from pydantic import Field, model_validator
 from ratchet.data.checkers import CheckConfig, check_many, score_metrics, score_sums
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import Completion, LabeledCompletion
-from ratchet.tasks.labels import Label, Labeled, item_of, labeled_row
+from ratchet.tasks.label_kinds import Label, Labeled, item_of, labeled_row
 from ratchet.tasks.runner.units import UnitWork, run_units
 
 

@@ -1,5 +1,5 @@
 """The self-reward judge: the policy rates its own completions (helpers of the judge label kind,
-tasks/labels/judge.py, and of the tree search's judged values).
+tasks/label_kinds/judge.py, and of the tree search's judged values).
 
 Three modes, all through the sampler backend, batched:
 
@@ -21,7 +21,7 @@ candidates at the verdict's own number; p_yes reads the first token's candidates
 need a server that returns log-probabilities (vLLM does); one that does not is told so
 at its first reply, with the mode it does support (text).
 
-Every mode reads the response through the guard (tasks/labels/guard.py): text in it that
+Every mode reads the response through the guard (tasks/label_kinds/guard.py): text in it that
 speaks to the judge (scores, verdicts, instructions, fences, roles) is cut out before
 the judge sees it, and the response is flagged and, by default, given the bottom of
 the scale.
@@ -33,10 +33,10 @@ import math
 import re
 from typing import TYPE_CHECKING
 
-from ratchet.tasks.labels.guard import guard
+from ratchet.tasks.label_kinds.guard import guard
 
-if TYPE_CHECKING:  # the judge kind's config (tasks/labels/judge.py) reads this module's templates
-    from ratchet.tasks.labels.judge import JudgeLabel
+if TYPE_CHECKING:  # the judge kind's config (tasks/label_kinds/judge.py) reads this module's templates
+    from ratchet.tasks.label_kinds.judge import JudgeLabel
 
 RUBRIC = """Review the user's question and the response below, and score the response with this additive 5-point system. Start from 0 and add points for each criterion the response meets:
 

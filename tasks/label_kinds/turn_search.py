@@ -4,7 +4,7 @@ A node is one model turn and what the environment answered it: the observation, 
 reward, whether the episode ended. Each simulation wave does, for every tree of a unit at once:
 
 1. selection: from the root, follow the child with the highest UCT or PUCT score
-   (tasks/labels/tree_search.py's tree policy) to a leaf that can still grow;
+   (tasks/label_kinds/tree_search.py's tree policy) to a leaf that can still grow;
 2. expansion: sample k next turns from the policy at the leaf's context (the start, then every
    turn and observation on its path, as token ids); identical turns merge into one child whose
    prior is their share of the k;
@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from ratchet.data.records import Outcome, Prompt, Segment
-from ratchet.tasks.labels.tree_search import Node, Tree, backup, select
+from ratchet.tasks.label_kinds.tree_search import Node, Tree, backup, select
 
 if TYPE_CHECKING:
-    from ratchet.tasks.labels.turn_mcts import TurnMctsLabel
+    from ratchet.tasks.label_kinds.turn_mcts import TurnMctsLabel
     from ratchet.tasks.rollouts.environment import EnvironmentRollout
 
 

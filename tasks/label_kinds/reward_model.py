@@ -4,7 +4,7 @@ The model is fixed (a local directory, `label.model`), not the policy: its files
 stage of their own (`label-model`), so its digest keys the label stage and its lineage
 names it. Runs through the unit loop (tasks/runner/units.py) in a worker, batched, so a resumed
 stage scores only the missing units and the executor can spread units over holders.
-Every response passes the guard (tasks/labels/guard.py) first, as for the judge: a response that
+Every response passes the guard (tasks/label_kinds/guard.py) first, as for the judge: a response that
 speaks to its grader is flagged, scored on its text with the flagged sentences cut, and
 by default given a reward one below the stage's lowest clean one.
 """
@@ -23,8 +23,8 @@ from ratchet.data.checkers import extract
 from ratchet.data.records import Completion, LabeledCompletion
 from ratchet.data.userfiles import UserPath
 from ratchet.models.sampler import resolve_dtype
-from ratchet.tasks.labels.guard import GuardConfig
-from ratchet.tasks.labels import Label, Labeled, agreement, injection_stats, labeled_row, truths
+from ratchet.tasks.label_kinds.guard import GuardConfig
+from ratchet.tasks.label_kinds import Label, Labeled, agreement, injection_stats, labeled_row, truths
 from ratchet.tasks.runner.units import UnitWork, run_units
 
 
@@ -97,7 +97,7 @@ class RewardWork(UnitWork):
 def scored(scorer, chunk: list[Completion], check) -> tuple[list[LabeledCompletion], dict[str, float]]:
     """`chunk` scored by the reward model, each response through the guard first; the rows and the
     counters."""
-    from ratchet.tasks.labels.guard import guard
+    from ratchet.tasks.label_kinds.guard import guard
 
     t = time.time()
     seen = [guard(c.prompt, c.text) for c in chunk]

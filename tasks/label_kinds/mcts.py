@@ -1,4 +1,4 @@
-"""mcts: no sample stage; a step-level tree search per prompt (tasks/labels/tree_search.py) generates its
+"""mcts: no sample stage; a step-level tree search per prompt (tasks/label_kinds/tree_search.py) generates its
 own rollouts, scores them with the verifier (or the judge), and writes the trees next to
 every trajectory it found (MCTS-DPO / ReST-MCTS* style). Runs through the unit loop
 (tasks/runner/units.py), in units of prompts.
@@ -17,8 +17,8 @@ from ratchet.data.checkers import Item, Tally, check_many, extract, graded
 from ratchet.data.events import Figure, Shows, count
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import LabeledCompletion, Prompt
-from ratchet.tasks.labels import Budget, Label, Labeled, agreement, injection_stats
-from ratchet.tasks.labels.judge import JudgeLabel
+from ratchet.tasks.label_kinds import Budget, Label, Labeled, agreement, injection_stats
+from ratchet.tasks.label_kinds.judge import JudgeLabel
 from ratchet.tasks.sample import PolicyWork, policy_of
 from ratchet.tasks.runner.units import run_units
 
@@ -94,7 +94,7 @@ class MctsLabel(Label):
     def budgets(self, pipeline) -> dict[str, Budget]:
         """A search path (every step, then the rollout) follows the prompt; a judged value reads it
         inside the judge's template."""
-        from ratchet.tasks.labels.judging import template_wrap
+        from ratchet.tasks.label_kinds.judging import template_wrap
 
         ctx, raise_ctx = pipeline.sampler.max_model_len, "raise sampler.max_model_len"
         path = self.max_depth * self.step_max_tokens + self.rollout_tokens
@@ -126,7 +126,7 @@ class MctsLabel(Label):
 
 @dataclass
 class MctsWork(PolicyWork):
-    """A unit: one tree search per prompt for `size` prompts (tasks/labels/tree_search.py), scored by the
+    """A unit: one tree search per prompt for `size` prompts (tasks/label_kinds/tree_search.py), scored by the
     verifier or by the policy as judge."""
 
     stage = "label"
@@ -135,8 +135,8 @@ class MctsWork(PolicyWork):
     check: object
 
     def run(self, sampler, chunk: list[Prompt], seed: int):
-        from ratchet.tasks.labels.judging import judge_values
-        from ratchet.tasks.labels.tree_search import Tree, search
+        from ratchet.tasks.label_kinds.judging import judge_values
+        from ratchet.tasks.label_kinds.tree_search import Tree, search
 
         fields = {p.id: p.fields for p in chunk}  # the rows' other columns, for a check that reads them
         tally = Tally()  # a user's check's failures, held against its budget over the whole unit
@@ -173,7 +173,7 @@ def reference_values(cfg: MctsLabel, check_cfg, items: list, fields: dict | None
 def search_all(req, store, prompts: list[Prompt], check_cfg, cfg: MctsLabel) -> Labeled:
     """MCTS over the prompts, unit by unit (a resumed stage searches only missing units).
     Writes trees.jsonl; labels every scored trajectory (best first per prompt)."""
-    from ratchet.tasks.labels.tree_search import Tree, complete_nodes, tree_stats
+    from ratchet.tasks.label_kinds.tree_search import Tree, complete_nodes, tree_stats
 
     if cfg.uses_reference and (missing := [p.id for p in prompts if p.answer is None]):
         raise ConfigError([f"label.kind='mcts' with value={cfg.value!r} needs reference answers, but "
@@ -193,7 +193,7 @@ def search_all(req, store, prompts: list[Prompt], check_cfg, cfg: MctsLabel) -> 
                                           text=text, n_tokens=tr.tokens(x), reward=x.value,
                                           extracted=extract(check_cfg, text), correct=x.correct))
     if cfg.value == "judge":  # what the guard found in the judged trajectories, reused shards included
-        from ratchet.tasks.labels.guard import guard
+        from ratchet.tasks.label_kinds.guard import guard
 
         flagged = [guard(tr.prompt, tr.trajectory(x))[1] for tr in trees for x in tr.nodes if x.value is not None]
     metrics = {**tree_stats(trees), "mcts_s": cost.get("mcts_s", 0.0), "mcts_load_s": done.load_s,

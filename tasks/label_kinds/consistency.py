@@ -16,7 +16,7 @@ from pydantic import Field
 
 from ratchet.data.checkers import answer_key, extract
 from ratchet.data.records import Completion, LabeledCompletion
-from ratchet.tasks.labels import Label, Labeled, agreement, labeled_row, truths, voting_check
+from ratchet.tasks.label_kinds import Label, Labeled, agreement, labeled_row, truths, voting_check
 
 
 class ConsistencyLabel(Label):

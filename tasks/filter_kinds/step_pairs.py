@@ -1,6 +1,6 @@
 """filter.kind=step_pairs: step-level preference pairs from the tree search's trees
-(label.kind='mcts', tasks/labels/tree_search.py; or turn-level ones, label.kind='turn_mcts',
-tasks/labels/turn_search.py): at each expanded node, the highest-Q child against the lowest-Q child
+(label.kind='mcts', tasks/label_kinds/tree_search.py; or turn-level ones, label.kind='turn_mcts',
+tasks/label_kinds/turn_search.py): at each expanded node, the highest-Q child against the lowest-Q child
 when their Q gap reaches `margin`, each completed by its best (resp. worst) trajectory, so the
 pair shares the prefix up to the node and differs from the step where the values part. Of a
 search over turns, the shared path is the pair's prompt (token ids, never trained on) and the
@@ -16,7 +16,7 @@ from pydantic import Field
 from ratchet.data.events import Shows
 from ratchet.data.errors import EmptyStageError
 from ratchet.data.records import PairRow
-from ratchet.tasks.filters import PAIRS_SHOWN, Filter, Rows, pair_summary, verifier_view
+from ratchet.tasks.filter_kinds import PAIRS_SHOWN, Filter, Rows, pair_summary, verifier_view
 
 
 class StepPairFilter(Filter):
@@ -34,7 +34,7 @@ class StepPairFilter(Filter):
     min_pairs: int = Field(default=16, ge=1, description="fewer pairs than this stops the round")
 
     def build(self, req, store) -> tuple[list[PairRow], dict[str, float]]:
-        from ratchet.tasks.labels.turn_search import load_tree
+        from ratchet.tasks.label_kinds.turn_search import load_tree
 
         lab = req.parent("label")
         if "trees.jsonl" not in lab.outputs:
@@ -62,8 +62,8 @@ class StepPairFilter(Filter):
 
 
 def tree_pairs(trees: list, cfg: StepPairFilter) -> tuple[list[PairRow], dict[str, float]]:
-    from ratchet.tasks.labels.tree_search import step_pairs
-    from ratchet.tasks.labels.turn_search import TurnTree
+    from ratchet.tasks.label_kinds.tree_search import step_pairs
+    from ratchet.tasks.label_kinds.turn_search import TurnTree
 
     pairs: list[PairRow] = []
     gaps, depths = [], []

@@ -187,7 +187,7 @@ def truths(check_cfg: Any, rows: list[Completion]) -> list[bool | None]:
 def injection_stats(flags: list[list[str]]) -> dict[str, float]:
     """How many judged texts spoke to their judge, by kind: a rising count is a policy drifting
     toward reward hacking."""
-    from ratchet.tasks.labels.guard import KINDS
+    from ratchet.tasks.label_kinds.guard import KINDS
 
     n = max(len(flags), 1)
     out = {"injection_suspects": float(sum(bool(f) for f in flags))}
