@@ -139,6 +139,16 @@ def _tracker(chosen):
     return Tracker(chosen.cfg.tracking, chosen.workdir, chosen.cfg.name)
 
 
+def _reading(chosen):
+    """The tracker for a command that only reads: the store read with sqlite3 where it is a local
+    SQLite store (flows/tracking_read.py: no MLflow import), the full Tracker otherwise."""
+    from ratchet.flows.tracking_read import reader
+
+    cfg = chosen.cfg.tracking
+    uri = cfg.uri or f"sqlite:///{chosen.workdir / 'mlflow.db'}"
+    return reader(uri, cfg.model_name or f"ratchet-{chosen.cfg.name}") or _tracker(chosen)
+
+
 def _store(chosen):
     from ratchet.data.errors import RatchetError
     from ratchet.data.store import ArtifactStore
@@ -187,7 +197,7 @@ def runs(where: Where = None, overrides: list[str] | tuple[str, ...] = (), *, wo
     if not (chosen.workdir / "runs").is_dir():
         raise RatchetError(f"no pipeline runs recorded in {chosen.workdir}/runs; run the pipeline first or pass "
                            "--workdir W")
-    tracker = _tracker(chosen)
+    tracker = _reading(chosen)
     found = list_runs(chosen.workdir, tracker)
     if run is not None:
         found = [r for r in found if r.run == run]
@@ -261,7 +271,7 @@ def lineage(where: Where = None, version: str | None = None, overrides: list[str
     from ratchet.flows.lineage import annotate, resolve, walk
 
     chosen = _chosen(where, overrides, workdir, run, need=version is None)
-    store, tracker = _store(chosen), _tracker(chosen)
+    store, tracker = _store(chosen), _reading(chosen)
     target = version if version is not None else _newest_version(
         chosen, tracker, "name a VERSION, 'champion', a round's MLflow run id or a stage dir")
     number = tracker.champion() if target == "champion" else target.rsplit("/", 1)[-1]

@@ -362,3 +362,48 @@ def test_a_run_with_every_stage_reused_is_a_read(recorded_run):
     assert f"ratchet run {rec.run}:" in said and "nothing to run: every stage is reused" in said
     assert re.search(r"round 1\s+train\s+↺ reused", said) and "-> version" in said and "champion:" in said
     assert re.search(r"round\s+accuracy\s+version\s+promoted", said)  # the round table
+
+
+@pytest.mark.integration
+def test_the_store_read_without_mlflow_answers_as_mlflow_does(recorded_run, monkeypatch):
+    """`ratchet runs` and `lineage` read the SQLite store with sqlite3 (flows/tracking_read.py):
+    every call they make gives MLflow's own answer, on a finished run's store, and a missing
+    version is a clear error."""
+    from ratchet.data.errors import RatchetError
+    from ratchet.data.store import ArtifactStore
+    from ratchet.flows import api
+    from ratchet.flows.lineage import annotate, resolve, walk
+    from ratchet.flows.runs import list_runs
+    from ratchet.flows.tracking_read import ReadTracker, reader
+
+    rec = recorded_run
+    monkeypatch.chdir(rec.home)
+    full = api._tracker(api.find_run(rec.config))
+    read = reader(full.uri, full.model_name)
+    assert isinstance(read, ReadTracker) and read.champion() == full.champion() is not None
+    assert list_runs(rec.work, read) == list_runs(rec.work, full)
+    versions = [e.version for r in list_runs(rec.work, full) for e in r.entries]
+    assert versions
+    for v in versions:
+        mine, theirs = read.version(v), full.version(v)
+        assert (mine.tags, mine.run_id, mine.source) == (theirs.tags, theirs.run_id, theirs.source)
+        assert read.version_of(theirs.tags["ratchet.stage_key"]) == full.version_of(theirs.tags["ratchet.stage_key"])
+        run_mine, run_theirs = read.client.get_run(theirs.run_id), full.client.get_run(theirs.run_id)
+        assert (run_mine.data.tags, run_mine.data.metrics, run_mine.info.start_time, run_mine.info.experiment_id) == \
+            (run_theirs.data.tags, run_theirs.data.metrics, run_theirs.info.start_time, run_theirs.info.experiment_id)
+        prompt = theirs.tags.get("ratchet.prompt")
+        if prompt:
+            name, number = prompt.removeprefix("prompts:/").rsplit("/", 1)
+            assert read.client.get_prompt_version(name, number).tags == full.client.get_prompt_version(name, number).tags
+    store = ArtifactStore(rec.work)
+    for target in ("champion", *versions):
+        ours, mlflows = walk(store, resolve(target, store, read)), walk(store, resolve(target, store, full))
+        annotate(ours, read)
+        annotate(mlflows, full)
+        assert [(x.key, x.model_version, x.mlflow_run_id, x.verified) for x in ours] == \
+            [(x.key, x.model_version, x.mlflow_run_id, x.verified) for x in mlflows]
+    with pytest.raises(RatchetError, match="has no version 99"):
+        read.version("99")
+    absent = reader(f"sqlite:///{rec.work / 'absent.db'}", full.model_name)
+    assert absent.champion() is None and not (rec.work / "absent.db").exists()  # read, not created
+    assert reader("http://127.0.0.1:5000", full.model_name) is None  # a server: the full tracker

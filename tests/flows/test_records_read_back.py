@@ -140,13 +140,14 @@ def test_one_run_whose_record_does_not_read_back_stops_no_listing(tmp_path, monk
 
 
 READING = {"plan": ("torch", "transformers", "vllm", "prefect", "mlflow"),
-           "runs": ("torch", "transformers", "vllm", "prefect"),
+           "runs": ("torch", "transformers", "vllm", "prefect", "mlflow"),
            "gc": ("torch", "transformers", "vllm", "prefect")}
 
 
 def test_a_command_that_only_reads_imports_no_model_library(recorded):
     """`ratchet plan` and `ratchet runs` in a fresh interpreter, as a user starts them: no torch,
-    transformers or vLLM (each seconds to import), no Prefect; plan no MLflow either."""
+    transformers or vLLM (each seconds to import), no Prefect; plan and runs no MLflow either (runs
+    reads the store with sqlite3: flows/tracking_read.py)."""
     import subprocess
     import sys
 
