@@ -394,9 +394,12 @@ def _decode_hf(tok, seq: list[int], stops: tuple[str, ...] = ()) -> Generation:
     return Generation(text, n, "stop", None, tuple(seq[: n + 1]))  # the end-of-sequence token, as vLLM keeps it
 
 
-def open_sampler(model_dir: Path, cfg: SamplerConfig, seed: int, sleep_mode: bool = False) -> Sampler:
-    """An engine in this process; `sleep_mode` (vLLM on a GPU): one that can sleep (models/warm.py)."""
-    return cfg.backend_kind.open(model_dir, cfg, seed, sleep_mode=sleep_mode)
+def open_sampler(model_dir: Path, cfg: SamplerConfig, seed: int, sleep_mode: bool = False,
+                 calls: Path | None = None) -> Sampler:
+    """The sampler `cfg.backend` names: an engine in this process on `model_dir`, or a served policy's
+    endpoint, its calls journaled in `calls`; `sleep_mode` (vLLM on a GPU): an engine that can sleep
+    (models/warm.py). Every sampler a stage opens is opened here."""
+    return cfg.backend_kind.open(model_dir, cfg, seed, sleep_mode=sleep_mode, calls=calls)
 
 
 # the local backends' kinds (models/backends.py) --------------------------------------------------

@@ -396,9 +396,10 @@ def is_served(store: ArtifactStore, m: StageManifest) -> bool:
 def open_policy(store: ArtifactStore, policy: StageManifest, sampler, seed: int, calls: Path):
     """An engine on the policy: a local one on its weights, or, for a served policy, its endpoint,
     each call journaled in `calls` (models/served.py)."""
+    from ratchet.models.sampler import open_sampler
+
     sampler_fits(store, policy, sampler)
-    kind = sampler.backend_kind
-    return kind.open(model_dir(store, policy) if kind.local else calls, sampler, seed, calls=calls)
+    return open_sampler(model_dir(store, policy) if sampler.backend_kind.local else calls, sampler, seed, calls=calls)
 
 
 def sampler_fits(store: ArtifactStore, policy: StageManifest, sampler) -> None:

@@ -98,12 +98,12 @@ class PolicyWork(UnitWork):
 
     def open(self, lent=None):
         from ratchet.models import warm
+        from ratchet.models.sampler import open_sampler
 
-        kind = self.sampler.backend_kind
-        if lent is not None and kind.local:  # the run's engine, its weights swapped to this policy's if need be
+        if lent is not None and self.sampler.backend_kind.local:  # the run's engine, its weights swapped if need be
             return warm.WarmSampler(self.model, self.sampler, seed=self.seed, address=lent.address,
                                     threads=lent.threads)
-        return kind.open(self.model, self.sampler, self.seed, calls=self.calls)
+        return open_sampler(self.model, self.sampler, seed=self.seed, calls=self.calls)
 
 
 def policy_of(req: StageRequest, store: ArtifactStore) -> dict:

@@ -267,8 +267,8 @@ def test_an_optimiser_model_of_its_own_writes_on_its_own_engine_and_keys_the_sea
     asked: dict[str, list[str]] = {}
     real = sampler_mod.open_sampler
 
-    def opened(path, cfg, seed):
-        s = real(path, cfg, seed=seed)
+    def opened(path, cfg, seed, **kw):
+        s = real(path, cfg, seed=seed, **kw)
         generate = s.generate
 
         def recorded(prompts, *a, **kw):
