@@ -244,19 +244,46 @@ def write_ledger(out: Path) -> int:
 
 @contextlib.contextmanager
 def merged_weights(model):
-    """The policy's weights as (name, tensor) pairs in the base model's checkpoint names: a LoRA
-    adapter merged into them while the pairs are read, unmerged after."""
+    """The policy's weights as (name, tensor) pairs in the base model's checkpoint names: each LoRA
+    layer's base weight with its adapter's delta added, as a new tensor, one layer at a time as the
+    pairs are read. The base weights are never written: merging the adapter into them in place and
+    out again (PEFT's merge_adapter, unmerge_adapter) is not exact in floating point, so every sync
+    moved the base a little, and a run resumed from a checkpoint (its base fresh from disk) trained
+    from other weights than the unbroken run (tests/models/test_grpo.py). Where a layer is not a
+    plain LoRA layer (DoRA, a LoRA bias), PEFT's merge is used as before."""
+    import torch
     from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
 
     if not isinstance(model, PeftModel):
         yield list(model.state_dict().items())
         return
-    model.merge_adapter()
-    try:
-        yield [(k.removeprefix("base_model.model.").replace(".base_layer", ""), v)
-               for k, v in model.state_dict().items() if "lora_" not in k]
-    finally:
-        model.unmerge_adapter()
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+    plain = all(not getattr(m, "lora_variant", {}) and not any(getattr(m, "lora_bias", {}).values())
+                for m in layers.values())
+    if not plain:
+        model.merge_adapter()
+        try:
+            yield [(k.removeprefix("base_model.model.").replace(".base_layer", ""), v)
+                   for k, v in model.state_dict().items() if "lora_" not in k]
+        finally:
+            model.unmerge_adapter()
+        return
+
+    def pairs():
+        with torch.no_grad():
+            for k, v in model.state_dict().items():
+                if "lora_" in k:
+                    continue
+                owner, _, leaf = k.rpartition(".base_layer.")
+                layer = layers.get(owner) if leaf == "weight" else None
+                if layer is not None:
+                    for adapter in layer.active_adapters:
+                        if adapter in layer.lora_A and adapter not in getattr(layer, "merged_adapters", []):
+                            v = (v + layer.get_delta_weight(adapter)).to(v.dtype)
+                yield k.removeprefix("base_model.model.").replace(".base_layer", ""), v
+
+    yield pairs()
 
 
 class EngineSync:

@@ -209,9 +209,48 @@ def synced_engine(model: str) -> bool:
     return True
 
 
+# the kill test's settings: the shipped path's LoRA, bf16 and linear schedule (a LoRA policy is merged
+# for the engine every step, which is where a resume once parted from the unbroken run)
+KILLED = dict(micro_batch=4, adapter="lora", precision="bf16", lr_scheduler="linear")
+
+
 def _train_to(model_dir: str, out: str) -> None:
     """A child process's run, for the kill test."""
-    run(Path(model_dir), Path(out), micro_batch=4)
+    run(Path(model_dir), Path(out), **KILLED)
+
+
+def test_merging_a_lora_policy_for_the_engine_leaves_its_base_weights_bit_for_bit(wide_tiny):
+    """The policy's weights handed to the engine each step are its base plus its adapter's delta,
+    made as new tensors: the base the trainer goes on training over is not written. (PEFT's merge
+    and unmerge in place moved it by rounding each step, and a run resumed from a checkpoint, its
+    base fresh from disk, then took other steps from the same rollouts: issue 87.)"""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from ratchet.models.train_kinds.grpo import merged_weights
+
+    model = AutoModelForCausalLM.from_pretrained(wide_tiny, dtype=torch.bfloat16)
+    policy = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)  # a trained adapter: a delta that rounds in bf16
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    for _ in range(3):  # three steps' syncs
+        with merged_weights(policy) as weights:
+            merged = dict(weights)
+    after = policy.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    name = next(k for k in merged if k.endswith("q_proj.weight"))
+    base = before[f"base_model.model.{name.replace('q_proj.weight', 'q_proj.base_layer.weight')}"]
+    assert not torch.equal(merged[name], base)  # the adapter is in what the engine gets
+    with torch.no_grad():  # and it is what PEFT's own merge gives
+        policy.merge_adapter()
+        inner = name.replace("q_proj.weight", "q_proj.base_layer.weight")
+        assert torch.equal(merged[name], policy.state_dict()[f"base_model.model.{inner}"])
+        policy.unmerge_adapter()
 
 
 @pytest.mark.integration
@@ -220,7 +259,7 @@ def test_a_killed_stage_resumes_to_the_same_bytes(wide_tiny, tmp_path):
     checkpoint, reads the rollouts of the steps it sampled before (so their completions are shuffled
     into micro-batches without the engine having run), and ends with the uninterrupted run's rollouts,
     log and weights, byte for byte."""
-    full = run(wide_tiny, tmp_path / "full", micro_batch=4)  # two micro-batches a step
+    full = run(wide_tiny, tmp_path / "full", **KILLED)  # two micro-batches a step
     assert full["resumed"] == 0.0 and full["steps"] == 6
 
     out = tmp_path / "killed"
@@ -230,10 +269,10 @@ def test_a_killed_stage_resumes_to_the_same_bytes(wide_tiny, tmp_path):
     assert not (out / "model").exists(), "the run finished before it could be killed"
     sampled = sorted(p.name for p in (out / "rollouts").iterdir())
 
-    resumed = run(wide_tiny, out, micro_batch=4)
+    resumed = run(wide_tiny, out, **KILLED)
     assert resumed["resumed"] == 1.0 and resumed["resumed_from_step"] == 4 and resumed["steps"] == 6
     assert resumed["steps_reused"] == len([n for n in sampled if int(n[:5]) >= 4 and n.endswith(".jsonl")]) >= 1
-    for f in ["train_log.jsonl", "model/model.safetensors", "ledger.jsonl",
+    for f in ["train_log.jsonl", "model/model.safetensors", "adapter/adapter_model.safetensors", "ledger.jsonl",
               *[f"rollouts/{n:05d}.jsonl" for n in range(6)]]:
         assert (out / f).read_bytes() == (tmp_path / "full" / f).read_bytes(), f
     # the ledger: a row per optimizer step, each sampled from the weights of the step before it (the
