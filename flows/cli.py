@@ -442,12 +442,11 @@ def cmd_runs(args) -> int:
 
 def cmd_report(args) -> int:
     """Draw a run's rounds: PNGs and one self-contained HTML page, also logged to its MLflow run."""
+    from ratchet.flows.api import _reading, _tracker
     from ratchet.flows.report import build
-    from ratchet.flows.tracking import Tracker
 
     chosen, _ = _chosen(args, "report", []) if args.run else _positional_run(args, "report")
-    cfg, workdir = chosen.cfg, chosen.workdir
-    report = build(workdir, Tracker(cfg.tracking, workdir, cfg.name), chosen.run, log=not args.no_log)
+    report = build(chosen.workdir, _reading(chosen), chosen.run, log=not args.no_log, log_with=lambda: _tracker(chosen))
     print(f"{report.run.run}: {len(report.rounds)} round(s), {len(report.figures)} figure(s)")
     for title, path in report.figures.items():
         print(f"  {path}  {title}")

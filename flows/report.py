@@ -732,24 +732,70 @@ champion: {('version ' + html.escape(report.champion)) if report.champion else '
 
 
 def build(workdir: Path, tracker: Tracker, run: str | None = None, log: bool = True,
-          state: str | None = None) -> Report:
+          state: str | None = None, log_with=None) -> Report:
     """Gather, draw and write a run's report under `<workdir>/reports/<run>/`; log it to the run's
     MLflow parent run under `report/` unless `log` is False. `state`: what to call the run's
-    state (the flow reports itself as finished just before its record says so)."""
+    state (the flow reports itself as finished just before its record says so). `log_with`: what
+    makes the tracker that logs, where `tracker` only reads (flows/tracking_read.py).
+
+    A report whose figures and page were drawn from the same data by the same code (its digest,
+    kept in `report.json` beside them) is not drawn or logged again: `ratchet report` on a
+    finished run reads and prints."""
     report = gather(workdir, tracker, run)
     if state is not None:
         report.run = report.run.model_copy(update={"state": state})
     out = workdir / "reports" / report.run.run
-    from ratchet.data.procs import forkserver
+    digest = _digest(report)
+    kept = _kept(out, digest)
+    if kept is not None:
+        report.figures, report.html, logged = kept
+    else:
+        from ratchet.data.procs import forkserver
 
-    report.figures = forkserver.call(draw, report, out)  # where matplotlib is imported already
-    write_html(report, out)
-    if log:
+        report.figures = forkserver.call(draw, report, out)  # where matplotlib is imported already
+        write_html(report, out)
+        logged = False
+    if log and not logged:
         from ratchet.flows.runs import load_record
 
         parent = load_record(workdir, report.run.run).ctx.parent_run_id
-        tracker.client.log_artifacts(parent, str(out), artifact_path="report")
+        (log_with() if log_with is not None else tracker).client.log_artifacts(parent, str(out),
+                                                                                artifact_path="report")
+        logged = True
+    if kept is None or logged != kept[2]:
+        (out / STAMP).write_text(json.dumps({"digest": digest, "logged": logged, "html": report.html.name,
+                                             "figures": {t: p.name for t, p in report.figures.items()}}, indent=1))
     return report
+
+
+STAMP = "report.json"
+
+
+def _digest(report: Report) -> str:
+    """What the report is drawn from, and the code that draws it."""
+    import dataclasses
+    import hashlib
+
+    data = dataclasses.asdict(report)
+    data.pop("figures"), data.pop("html")
+    data["run"] = report.run.model_dump(mode="json")
+    code = Path(__file__).read_bytes()
+    return hashlib.sha256(code + json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _kept(out: Path, digest: str) -> tuple[dict[str, Path], Path, bool] | None:
+    """The figures, page and whether they were logged, where `out` holds them drawn from `digest`."""
+    try:
+        kept = json.loads((out / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.get("digest") != digest:
+        return None
+    figures = {t: out / name for t, name in kept.get("figures", {}).items()}
+    page = out / str(kept.get("html"))
+    if not page.is_file() or not all(p.is_file() for p in figures.values()):
+        return None
+    return figures, page, bool(kept.get("logged"))
 
 
 def markdown(report: Report) -> str:

@@ -1,14 +1,15 @@
-"""The run's tracking store read without MLflow: what `ratchet runs` and `ratchet lineage` read of
-it (the round runs, their tags and metrics, the registered versions and their tags, the champion
-alias), answered from a local SQLite store with sqlite3 alone, read-only. MLflow takes 3-5 s to
-import on 2 cores; these commands read a few rows.
+"""The run's tracking store read without MLflow: what `ratchet runs`, `lineage` and `report` read
+of it (the round runs, their tags and metrics, the registered versions and their tags, the
+champion alias), answered from a local SQLite store with sqlite3 alone, read-only. MLflow takes
+3-5 s to import on 2 cores; these commands read a few rows.
 
 `reader(uri, model_name)` gives a `ReadTracker` for a local SQLite store whose tables are MLflow's
-(3.x: runs, tags, latest_metrics, model_versions, model_version_tags, registered_model_aliases),
-one that reads nothing where the file is not there yet (a read creates no store), and None for
-any other store (a server, another database): the caller then opens the full Tracker. It answers the calls those commands make of a Tracker and its client,
-with the same values (tests/flows/test_tracking_read.py compares each with MLflow's own answer
-on a finished run's store), and refuses any other.
+(3.x: runs, tags, metrics, latest_metrics, model_versions, model_version_tags,
+registered_model_aliases), one that reads nothing where the file is not there yet (a read creates
+no store), and None for any other store (a server, another database): the caller then opens the
+full Tracker. It answers the calls those commands make of a Tracker and its client with the same
+values (tests/test_doc_commands.py compares each with MLflow's own answer on a finished run's
+store), and refuses any other.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from types import SimpleNamespace
 
 from ratchet.data.errors import RatchetError
 
-TABLES = {"runs", "tags", "latest_metrics", "model_versions", "model_version_tags", "registered_model_aliases"}
+TABLES = {"runs", "tags", "metrics", "latest_metrics", "model_versions", "model_version_tags", "registered_model_aliases"}
 CHAMPION = "champion"  # flows/tracking.py's alias
 
 
@@ -58,9 +59,11 @@ def _connect(path: Path) -> sqlite3.Connection:
 class ReadTracker:
     """The reading half of flows/tracking.py's Tracker, over a SQLite store: `model_name`,
     `prompt_name`, `uri`, `champion()`, `version(v)`, `version_of(key)`, and `client` with
-    `get_run`, `search_runs` (by parent run), `get_model_version` and `get_prompt_version`."""
+    `get_run`, `search_runs` (by parent run), `get_metric_history`, `get_model_version` and
+    `get_prompt_version`."""
 
     read_only = True
+    experiment_id = None  # runs are found by their parent run, whatever experiment holds them
 
     def __init__(self, uri: str, path: Path | None, model_name: str):
         self.uri, self.path, self.model_name = uri, path, model_name
@@ -108,9 +111,10 @@ class _Client:
         parent = rest[:-1]
         found = self.t.rows("SELECT r.run_uuid, r.experiment_id, r.start_time, r.end_time, r.status FROM runs r "
                             "JOIN tags t ON t.run_uuid = r.run_uuid WHERE t.key = 'mlflow.parentRunId' AND "
-                            "t.value = ? AND r.lifecycle_stage = 'active' AND r.experiment_id IN (%s) "
-                            "ORDER BY r.start_time DESC, r.run_uuid" % ",".join("?" * len(experiment_ids)),
-                            (parent, *map(str, experiment_ids)))
+                            "t.value = ? AND r.lifecycle_stage = 'active' %s ORDER BY r.start_time DESC, r.run_uuid"
+                            % ("" if None in experiment_ids else
+                               "AND r.experiment_id IN (%s)" % ",".join("?" * len(experiment_ids))),
+                            (parent, *(() if None in experiment_ids else map(str, experiment_ids))))
         return [self._run(*row) for row in found]
 
     def _run(self, run_id, experiment_id, start_time, end_time, status):
@@ -121,6 +125,12 @@ class _Client:
         info = SimpleNamespace(run_id=run_id, experiment_id=str(experiment_id), start_time=start_time,
                                end_time=end_time, status=status)
         return SimpleNamespace(info=info, data=SimpleNamespace(tags=tags, metrics=metrics))
+
+    def get_metric_history(self, run_id: str, key: str):
+        rows = self.t.rows("SELECT step, value, timestamp, is_nan FROM metrics WHERE run_uuid = ? AND key = ? "
+                           "ORDER BY timestamp, step", (run_id, key))
+        return [SimpleNamespace(key=key, step=step, value=float("nan") if nan else value, timestamp=ts)
+                for step, value, ts, nan in rows]
 
     def get_model_version(self, name: str, version: str) -> Version:
         if not str(version).isdigit():

@@ -111,6 +111,34 @@ def test_a_report_draws_every_figure_it_has_data_for_into_one_page(tmp_path):
     assert "| 1 (cold start) | 2 | 80.0% | yes |" in md and "| 2 | 3 | 78.0% | no |" in md
 
 
+def test_a_report_drawn_from_the_same_data_is_read_not_drawn_again(tmp_path, monkeypatch):
+    """`ratchet report` on a finished run: the figures and page kept beside their digest are the
+    report; nothing is drawn or logged again until the data under it changes. Read through the
+    SQLite reader (no MLflow), it is the same report."""
+    from ratchet.flows import report as rep
+    from ratchet.flows.tracking_read import reader
+
+    t, parent = _recorded_run(tmp_path, mcts=False, cold_start=True)
+    first = rep.build(tmp_path, t)
+    drawn = {p: p.stat().st_mtime_ns for p in [*first.figures.values(), first.html]}
+    logged = len(t.client.list_artifacts(parent, "report"))
+
+    def refuse(*a, **k):
+        raise AssertionError("drawn again")
+
+    monkeypatch.setattr(rep, "draw", refuse)
+    read = reader(t.uri, t.model_name)
+    assert rep.gather(tmp_path, read) == rep.gather(tmp_path, t)  # what it reads is MLflow's answer
+    again = rep.build(tmp_path, read, log_with=lambda: (_ for _ in ()).throw(AssertionError("logged again")))
+    assert again.figures == first.figures and again.html == first.html
+    assert {p: p.stat().st_mtime_ns for p in drawn} == drawn and len(t.client.list_artifacts(parent, "report")) == logged
+    monkeypatch.undo()
+    t.client.log_metric(next(c.info.run_id for c in t.client.search_runs(
+        [t.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")), "round.accuracy", 0.5)  # the data moves
+    redrawn = rep.build(tmp_path, read, log=False)
+    assert redrawn.html.stat().st_mtime_ns != drawn[first.html]
+
+
 def test_online_rounds_show_their_steps_as_a_figure_and_a_table(tmp_path):
     """Item 6 of online RL: per step, reward mean, groups kept, KL, entropy, the log-probability gap,
     generated tok/s and the step's seconds; the row of a step a killed attempt cut short is the
