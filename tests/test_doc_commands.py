@@ -391,6 +391,9 @@ def test_the_store_read_without_mlflow_answers_as_mlflow_does(recorded_run, monk
         run_mine, run_theirs = read.client.get_run(theirs.run_id), full.client.get_run(theirs.run_id)
         assert (run_mine.data.tags, run_mine.data.metrics, run_mine.info.start_time, run_mine.info.experiment_id) == \
             (run_theirs.data.tags, run_theirs.data.metrics, run_theirs.info.start_time, run_theirs.info.experiment_id)
+        history = [(m.step, m.value) for m in full.client.get_metric_history(theirs.run_id, "round.accuracy")]
+        assert history and [(m.step, m.value) for m in read.client.get_metric_history(theirs.run_id,
+                                                                                      "round.accuracy")] == history
         prompt = theirs.tags.get("ratchet.prompt")
         if prompt:
             name, number = prompt.removeprefix("prompts:/").rsplit("/", 1)
