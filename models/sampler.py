@@ -10,7 +10,7 @@ import functools
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ClassVar, Literal, Protocol
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 

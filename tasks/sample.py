@@ -109,7 +109,6 @@ class PolicyWork(UnitWork):
 def policy_of(req: StageRequest, store: ArtifactStore) -> dict:
     """The PolicyWork fields a stage's request decides: its policy's model directory (a served
     policy's: where its calls are journaled), the sampler settings and the stage seed."""
-    from ratchet.data.errors import ConfigError
     from ratchet.tasks.prepare import model_dir, sampler_fits
 
     sampler, policy = req.config.sampler, req.parent_model

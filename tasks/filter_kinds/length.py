@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from statistics import median
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field
 
