@@ -142,11 +142,11 @@ def _tracker(chosen):
 def _reading(chosen):
     """The tracker for a command that only reads: the store read with sqlite3 where it is a local
     SQLite store (flows/tracking_read.py: no MLflow import), the full Tracker otherwise."""
+    from ratchet.flows.tracking import store_uri
     from ratchet.flows.tracking_read import reader
 
     cfg = chosen.cfg.tracking
-    uri = cfg.uri or f"sqlite:///{chosen.workdir / 'mlflow.db'}"
-    return reader(uri, cfg.model_name or f"ratchet-{chosen.cfg.name}") or _tracker(chosen)
+    return reader(store_uri(cfg, chosen.workdir), cfg.model_name or f"ratchet-{chosen.cfg.name}") or _tracker(chosen)
 
 
 def _store(chosen):

@@ -120,7 +120,9 @@ def _reused_whole(cfg, run_name: str | None, verbose: bool) -> int | None:
         rec = load_record(workdir, run)
     except RatchetError:
         return None
-    said, uri = rec.said, cfg.tracking.uri or f"sqlite:///{workdir / 'mlflow.db'}"
+    from ratchet.flows.tracking import store_uri
+
+    said, uri = rec.said, store_uri(cfg.tracking, workdir)
     if rec.state != "finished" or not said or rec.ctx.start_version or not uri.startswith("sqlite:///"):
         return None
     split, sets = check_data(cfg)

@@ -198,8 +198,9 @@ def start_of(cfg: PipelineConfig, workdir: Path, version: str) -> StageManifest:
 
     from ratchet.data.errors import RatchetError
     from ratchet.data.manifest import read_manifest
+    from ratchet.flows.tracking import store_uri
 
-    uri = cfg.tracking.uri or f"sqlite:///{workdir / 'mlflow.db'}"
+    uri = store_uri(cfg.tracking, workdir)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         raise RatchetError(f"the run continues from version {version}, but its MLflow store {uri} is not there")
     name = cfg.tracking.model_name or f"ratchet-{cfg.name}"

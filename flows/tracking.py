@@ -310,6 +310,11 @@ def _fresh_sqlite_store(db: Path) -> None:
                                           db, type(e).__name__, e)
 
 
+def store_uri(cfg: TrackingConfig, workdir: Path) -> str:
+    """The tracking store a run in `workdir` uses: tracking.uri, else the workdir's SQLite file."""
+    return cfg.uri or f"sqlite:///{workdir / 'mlflow.db'}"
+
+
 def sqlite_champion(uri: str, model: str) -> str | None:
     """The version the `champion` alias names in a SQLite MLflow store, read with sqlite3 alone (MLflow
     takes seconds to import; `ratchet run` with nothing to run reads this). Its schema's alias
@@ -329,7 +334,7 @@ class Tracker:
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         from mlflow.tracking import MlflowClient
 
-        self.uri = cfg.uri or f"sqlite:///{workdir / 'mlflow.db'}"
+        self.uri = store_uri(cfg, workdir)
         if (db := _sqlite_path(self.uri)) is not None:
             _fresh_sqlite_store(db)
         self.client = RetryingClient(MlflowClient(tracking_uri=self.uri, registry_uri=self.uri))

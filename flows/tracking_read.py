@@ -21,9 +21,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ratchet.data.errors import RatchetError
+from ratchet.flows.tracking import CHAMPION
 
 TABLES = {"runs", "tags", "metrics", "latest_metrics", "model_versions", "model_version_tags", "registered_model_aliases"}
-CHAMPION = "champion"  # flows/tracking.py's alias
 
 
 @dataclass(frozen=True)
