@@ -202,8 +202,8 @@ def test_training_processes_past_the_gpus_shown_are_refused_before_the_model_is_
     from ratchet.models.dtype import visible_gpus
 
     rows, held = tmp_path / "rows.jsonl", tmp_path / "held.jsonl"
-    rows.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": i + 1}) + "\n" for i in range(4)))
-    held.write_text(json.dumps({"prompt": "What is 9 + 1?", "answer": 10}) + "\n")
+    rows.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": i + 1}) + "\n" for i in range(16)))
+    held.write_text(json.dumps({"prompt": "What is 99 + 1?", "answer": 100}) + "\n")
     n = len(visible_gpus())
     assert n == torch.cuda.device_count() or "CUDA_VISIBLE_DEVICES" in os.environ
 
