@@ -226,7 +226,9 @@ def _execute_checked(cfg, split, start_from: str | None, verbose: bool, run_name
         console.text("\n" + table)
         if champ:
             acc = tracker.accuracy(champ, results[-1].eval_set)
-            on = f"held-out accuracy {acc:.3f}" if acc is not None else "not evaluated on this eval set"
+            dtype = tracker.version(champ).tags.get("ratchet.eval_dtype")
+            on = f"held-out accuracy {acc:.3f}" + (f" in {dtype}" if dtype else "") if acc is not None \
+                else "not evaluated on this eval set"
             console.text(line := f"champion: {tracker.model_name} version {champ} ({on})")
     from ratchet.flows.runs import record_said
 

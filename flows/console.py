@@ -180,8 +180,9 @@ class RunConsole:
                 others = "".join(f" · {n} {a:.1%}" for n, a in d.get("sets", {}).items() if n != d.get("gate_set"))
                 on = f" ({d['gate_set']})" if others else ""
                 at = f" · level {d['level']}" if d.get("level") is not None else ""
+                dtype = f" in {d['dtype']}" if d.get("dtype") else ""
                 self.line(f"round {e.round:<2} -> version {d['version']}{at} · held-out accuracy{on} "
-                          f"{d['accuracy']:.1%}{gain}{others} · {verdict}", "bold")
+                          f"{d['accuracy']:.1%}{dtype}{gain}{others} · {verdict}", "bold")
 
     def _render(self):
         from rich.spinner import Spinner

@@ -242,12 +242,16 @@ def dtype_line(cfg: PipelineConfig) -> str:
     """What `auto` dtype and precision resolve to on this machine, and why (models/dtype.py); the
     settings given explicitly, as given."""
     from ratchet.models import dtype
+    from ratchet.tasks.evaluate import eval_sampler
 
     sampling, training = cfg.sampler.dtype, cfg.train.precision
+    evaluating = dtype.resolve_dtype(eval_sampler(cfg.evaluate, cfg.sampler, cfg.model.path).dtype)
+    own = cfg.evaluate.dtype == "auto" and evaluating != dtype.resolve_dtype(sampling)
+    said = (f"sampling {dtype.resolve_dtype(sampling)}, evaluating {evaluating}"
+            + (" (as the base model is stored)" if own else "") + f", training {dtype.resolve_precision(training)}")
     if "auto" not in (sampling, training):
-        return f"dtype: sampling {sampling}, training {training} (as set)"
+        return f"dtype: {said} (as set)"
     choice = dtype.auto()
-    said = f"sampling {dtype.resolve_dtype(sampling)}, training {dtype.resolve_precision(training)}"
     return f"dtype: {said} ({choice.dtype} for auto: {choice.why})"
 
 

@@ -59,6 +59,7 @@ class Round:
     rewards: list[float] = field(default_factory=list)
     sets: dict[str, float] = field(default_factory=dict)  # held-out accuracy on every set (evaluate.sets), by name
     gate_set: str = ""
+    eval_dtype: str = ""  # the dtype its held-out answers were generated in (ratchet.eval_dtype)
     files: dict[str, Path] = field(default_factory=dict)  # what it sampled, labeled and answered: name -> file
     answers: list[dict] = field(default_factory=list)  # its answers on the gate's held-out set, as eval.jsonl has them
     cold_start: bool = False  # the round that fine-tuned the base model on the user's demonstrations (cold_start)
@@ -130,7 +131,7 @@ def gather(workdir: Path, tracker: Tracker, run: str | None = None) -> Report:
                   promoted=bool(c.data.metrics.get("round.promoted")), metrics=dict(c.data.metrics), stage_dirs=dirs,
                   sets={k.removeprefix("round.accuracy."): v for k, v in c.data.metrics.items()
                         if k.startswith("round.accuracy.")}, gate_set=tags.get("ratchet.gate_set", ""),
-                  cold_start=tags.get("ratchet.cold_start") == "true")
+                  eval_dtype=tags.get("ratchet.eval_dtype", ""), cold_start=tags.get("ratchet.cold_start") == "true")
         gate_stage = f"evaluate.{r.gate_set}" if f"evaluate.{r.gate_set}" in dirs else "evaluate"
         for name, stage, file in (("samples", "sample", "samples.jsonl"), ("labels", "label", "labels.jsonl"),
                                   ("answers", gate_stage, "eval.jsonl")):
@@ -541,14 +542,33 @@ def _table(report: Report) -> str:
         data = (training_rows(m, shown) or (None,))[0]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in (
             r.name, f"v{r.version}" + (" (champion)" if r.version == report.champion else "") if r.version else "",
-            _pct(r.accuracy), *(_pct(r.other_sets.get(n)) for n in others), "yes" if r.promoted else "no",
+            held_out_cell(report, r), *(_pct(r.other_sets.get(n)) for n in others), "yes" if r.promoted else "no",
             f"{data:.0f}" if data is not None else "",
             f"{m['label.reward_mean']:.3f}" if "label.reward_mean" in m else "",
             f"{sum(r.wall_s().values()):.0f} s")) + "</tr>")
-    gate = f" ({report.rounds[-1].gate_set})" if others else ""
+    gate = held_out_head(report, others)
     head = "".join(f"<th>{html.escape(h)}</th>" for h in ("round", "version", f"held-out accuracy{gate}", *others,
                                                          "promoted", "training rows", "mean reward", "wall time"))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _dtypes(report: Report) -> list[str]:
+    return list(dict.fromkeys(r.eval_dtype for r in report.rounds if r.eval_dtype))
+
+
+def held_out_head(report: Report, others: list[str]) -> str:
+    """What the held-out column's head says beside "held-out accuracy": the gate's set where there
+    are others, and the dtype the answers were generated in where every round's was the one
+    (where they differ, each round's cell says its own: `held_out_cell`)."""
+    dtypes = _dtypes(report)
+    said = [report.rounds[-1].gate_set] if others else []
+    said += [f"in {dtypes[0]}"] if len(dtypes) == 1 else []
+    return f" ({', '.join(said)})" if said else ""
+
+
+def held_out_cell(report: Report, r: Round) -> str:
+    """A round's held-out accuracy, with its dtype where the report's rounds were taken in several."""
+    return _pct(r.accuracy) + (f" in {r.eval_dtype}" if len(_dtypes(report)) > 1 and r.eval_dtype else "")
 
 
 def _num(x, fmt: str) -> str:
@@ -572,12 +592,22 @@ def _steps_table(report: Report) -> str:
                      _num(x.get("gen_tokens_per_s"), ".0f") if not x.get("reused") else "stored",
                      _num(x.get("step_s"), ".1f"))
             rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    warned = "".join(f"<p class=\"other\">Round {html.escape(r.name)}: {html.escape(said)}.</p>" for r in online
+                     if (said := _gap_warning(r)))
     return ("<h2>Online RL by step</h2><p>Each step of an online round's train stage: its reward mean and the share "
             "of its groups kept (a group whose rewards are all equal teaches nothing), KL to the round's start, "
             "entropy and the gap between the sampler's and the trainer's log-probabilities (at the steps the "
             "trainer logged them), the tokens it generated per second (\"stored\": read from an earlier attempt's "
             "rollouts) and its seconds.</p>"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+            f"{warned}<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def _gap_warning(r: Round) -> str:
+    """The train stage's warning where its engine and trainer disagreed (models/train_kinds/grpo.py)."""
+    from ratchet.models.train_kinds.grpo import gap_warning
+
+    m = {k.removeprefix("train."): v for k, v in r.metrics.items() if k.startswith("train.")}
+    return gap_warning(m)
 
 
 def _search_tree(report: Report) -> str:
@@ -801,14 +831,14 @@ def _kept(out: Path, digest: str) -> tuple[dict[str, Path], Path, bool] | None:
 def markdown(report: Report) -> str:
     """The round table and where the report's files are: a Prefect artifact's body."""
     others, shown = other_sets(report), declared()
-    gate = f" ({report.rounds[-1].gate_set})" if others else ""
+    gate = held_out_head(report, others)
     lines = [f"# {report.run.run}", "", f"{report.model}: {report.run.rounds_done} of {report.run.rounds} round(s); "
              f"champion {'version ' + report.champion if report.champion else 'none yet'}.", "",
              f"| round | version | held-out accuracy{gate} | {''.join(f'{n} | ' for n in others)}promoted | "
              "training rows | wall time (s) |", "|---:|---:|---:|" + "---:|" * len(others) + ":---:|---:|---:|"]
     for r in report.rounds:
         data = (training_rows(r.metrics, shown) or (None,))[0]
-        lines.append(f"| {r.name} | {r.version or ''} | {_pct(r.accuracy)} | "
+        lines.append(f"| {r.name} | {r.version or ''} | {held_out_cell(report, r)} | "
                      f"{''.join(f'{_pct(r.other_sets.get(n))} | ' for n in others)}{'yes' if r.promoted else 'no'} | "
                      f"{'' if data is None else f'{data:.0f}'} | {sum(r.wall_s().values()):.0f} |")
     lines += ["", f"Figures: {', '.join(report.figures)}; the page with all of them: `{report.html}` "

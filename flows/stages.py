@@ -169,6 +169,9 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
         "ratchet.config_hash": ctx.config_hash, "ratchet.code_version": ctx.code_version,
         "ratchet.data_digests": sha256_json(data_digests), **{f"ratchet.digest.{s}": d for s, d in data_digests.items()},
     }
+    gated_eval = next(m for x, m in zip(targets, evaluations) if x.name == gated.name)
+    if dtype := gated_eval.info.get("dtype"):  # what the held-out answers were generated in, beside the figure
+        tags["ratchet.eval_dtype"] = dtype
     if len(scores) > 1:  # which eval set each name stood for, so a table of accuracies can be read later
         tags["ratchet.eval_sets"] = ", ".join(f"{s.name}={s.eval_set}" for s in scores)
         tags["ratchet.gate_set"] = gated.name
@@ -191,15 +194,15 @@ def register_task(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageMan
     per_set = {f"accuracy.{s.name}": s.accuracy for s in scores} if len(scores) > 1 else {}
     if per_set:  # the report reads which of round.accuracy.<set> is the gate's
         t.client.set_tag(child, "ratchet.gate_set", gated.name)
-    for tag, value in said.items():  # and on the round's run: the level the curriculum trained it at, ...
-        t.client.set_tag(child, tag, value)
+    for tag, value in {**said, **({"ratchet.eval_dtype": dtype} if dtype else {})}.items():
+        t.client.set_tag(child, tag, value)  # and on the round's run: the level the curriculum trained it at, ...
     t.log_once(child, "ratchet.model_version", version, {"accuracy": acc, "promoted": float(gate.promoted), **per_set},
                prefix="round.")
     accuracies = {s.name: s.accuracy for s in scores}
     events.emit(events.Event("round", round=k, data={"version": version, "accuracy": acc, "promoted": gate.promoted,
                                                      "gate": gate.reason, "parent_version": parent_version,
                                                      "sets": accuracies if len(scores) > 1 else {},
-                                                     "gate_set": gated.name, "level": level}))
+                                                     "gate_set": gated.name, "level": level, "dtype": dtype}))
     t.end(child)
     walls = {m.stage: m.wall_s for m in stages}
     return RoundResult(round=k, policy=policy, version=version, accuracy=acc, eval_set=eval_set,

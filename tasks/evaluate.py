@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -83,6 +84,11 @@ class EvaluateConfig(EvalRun):
     min_improvement: float = Field(
         default=0.0, ge=0, description="champion moves only if accuracy beats the champion's by more than this"
     )
+    dtype: Literal["auto", "sampler", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="the dtype held-out answers are generated in. auto: float32 where the base model "
+        "is stored in float32 (the default model is), so every round and every run from that model is measured in "
+        "one dtype whatever sampler.dtype picks for speed on this machine; else what sampler.dtype resolves to. "
+        "sampler: as the samples are drawn. A dtype: that one. A served policy answers in its own")
     next_round_from: Literal["last", "best"] = Field(
         default="last", description="the model each next round trains: 'last', the round before's whatever its "
         "accuracy, or 'best', the best this run has evaluated: a round that does not beat the model it trained "
@@ -120,12 +126,54 @@ class EvaluateJob(SparseRollout):
     rollout: RolloutConfig = Field(default_factory=SingleRollout)
 
     def summary(self, m: dict[str, float]) -> list[str]:
-        out = [f"held-out accuracy {m.get('accuracy', 0):.1%}"] + self.rollout.summary(m)
+        out = [f"held-out accuracy {m.get('accuracy', 0):.1%}" + _in(self.sampler)] + self.rollout.summary(m)
         if "worked_accuracy" in m:
             out.append(f"{m['worked_accuracy']:.1%} with every step shown")
         if "score_mean" in m:  # a check that scores (a user's function): its mean beside the accuracy
             out.append(f"mean score {m['score_mean']:.3g}")
         return out + form_refusals(m, m.get("eval_prompts"), self.data.check.place)
+
+
+def _in(sampler: SamplerConfig) -> str:
+    """The dtype a held-out figure was taken in, as the console and the report say it beside it."""
+    from ratchet.models.sampler import resolve_dtype
+
+    return f" in {resolve_dtype(sampler.dtype)}" if sampler.backend_kind.local else ""
+
+
+def eval_dtype_info(sampler: SamplerConfig) -> dict[str, str]:
+    """The evaluate manifest's word on the dtype its answers were generated in (none for a served policy)."""
+    from ratchet.models.sampler import resolve_dtype
+
+    return {"dtype": resolve_dtype(sampler.dtype)} if sampler.backend_kind.local else {}
+
+
+def stored_dtype(model_dir: Path | None) -> str | None:
+    """The dtype a model directory's weights are stored in, as its config.json says (None: unsaid)."""
+    import json
+
+    try:
+        conf = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, TypeError, ValueError):
+        return None
+    said = conf.get("dtype") or conf.get("torch_dtype") if isinstance(conf, dict) else None
+    return said if isinstance(said, str) else None
+
+
+def eval_sampler(evaluate: EvaluateConfig, sampler: SamplerConfig, model_path: str) -> SamplerConfig:
+    """The sampler held-out answers are generated with: the run's, in `evaluate.dtype` resolved
+    (auto: float32 where the base model `model_path` is stored in float32, else the run's sampling
+    dtype). The run's own where that is the same dtype, so the warm engine is kept."""
+    from ratchet.models.locate import find_model
+    from ratchet.models.sampler import resolve_dtype
+
+    if evaluate.dtype == "sampler" or not sampler.backend_kind.local:
+        return sampler
+    dtype = evaluate.dtype
+    if dtype == "auto":
+        base = stored_dtype(find_model(model_path, fetch=False))
+        dtype = "float32" if base == "float32" else resolve_dtype(sampler.dtype)
+    return sampler if dtype == resolve_dtype(sampler.dtype) else sampler.model_copy(update={"dtype": dtype})
 
 
 def eval_set_id(prompts: StageManifest, job: EvaluateJob) -> str:
@@ -188,7 +236,8 @@ def evaluate_body(req: StageRequest[EvaluateJob], store: ArtifactStore) -> Stage
     metrics.update(score_metrics(cost))  # a user's check: its mean score and metrics beside the accuracy
     metrics.update(src.eval_metrics(prompts, rows))  # what the source measures beside (chain: worked_accuracy)
     return req.finish(store, outputs={"eval.jsonl": n}, metrics=metrics,
-                      info={"eval_set": eval_set_id(held_out_of(req), req.config), "units": done.placement},
+                      info={"eval_set": eval_set_id(held_out_of(req), req.config), "units": done.placement,
+                            **eval_dtype_info(req.config.sampler)},
                       scratch=("shards",))
 
 
@@ -227,7 +276,8 @@ def evaluate_step(at: At, k: int, policy: StageManifest, target: EvalTarget) -> 
     """Round k's model on a held-out set, seeded by the run's seed alone: every round and every run
     answers the same prompts the same way where the model is the same."""
     cfg = at.cfg
-    return evaluate(at.store, policy, target.prompts, cfg.evaluate, cfg.sampler, target.source, cfg.seed, k,
+    sampler = eval_sampler(cfg.evaluate, cfg.sampler, cfg.model.path)
+    return evaluate(at.store, policy, target.prompts, cfg.evaluate, sampler, target.source, cfg.seed, k,
                     isolate=cfg.isolate, run=at.run, executor=cfg.executor, stage=target.stage, rollout=target.rollout)
 
 

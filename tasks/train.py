@@ -67,6 +67,14 @@ class OnlineJob(TrainJob):
     label: LabelConfig
     data: SourceConfig
 
+    def summary(self, m: dict[str, float]) -> list[str]:
+        """The kind's figures, and a warning where its engine and its trainer disagreed."""
+        from ratchet.models.dtype import resolve_dtype, resolve_precision
+        from ratchet.models.train_kinds.grpo import gap_warning
+
+        said = gap_warning(m, resolve_dtype(self.sampler.dtype), resolve_precision(self.train.precision))
+        return super().summary(m) + ([said] if said else [])
+
 
 def online_of(job: OnlineJob, seed: int, label_model: Path | None = None):
     """What an online kind samples and scores with (models/train_kinds/grpo.py: Online): the run's

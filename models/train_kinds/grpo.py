@@ -51,6 +51,27 @@ from ratchet.models.trainer import (STEPS, OptimSettings, load_policy, resolve_p
 LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
 
 
+GAP_WARN = 0.01  # nats a token, mean over steps: float32 engine and trainer agree to ~1e-5, bf16 ones to ~0.05
+
+
+def gap_warning(m: dict[str, float], engine: str = "", precision: str = "") -> str:
+    """Said beside an online stage's figures where the engine sampled from a policy other than the
+    one the trainer scored: a mean log-prob gap per token above GAP_WARN (TRL's
+    sampling_logp_difference), with what the engine (`engine`, a dtype) and the trainer
+    (`precision`; unsaid: as the stage's metrics say) ran in. Empty where it was below, or where no
+    step measured it."""
+    gap = m.get("logp_gap_mean")
+    precision = precision or ("bf16" if m.get("bf16") else "")
+    if not isinstance(gap, (int, float)) or isinstance(gap, bool) or gap <= GAP_WARN:
+        return ""
+    peak = f", up to {m['logp_gap_peak']:.2g} in a step" if isinstance(m.get("logp_gap_peak"), (int, float)) else ""
+    ran = [f"the engine in {engine}"] if engine and engine != "float32" else []
+    ran += [f"the trainer in {precision}"] if precision and precision != "fp32" else []
+    fix = f" ({' and '.join(ran)}: float32 for both closes it, sampler.dtype and train.precision)" if ran else ""
+    return (f"warning: the engine sampled from another policy than the trainer scored, log-prob gap {gap:.2g} a "
+            f"token{peak}{fix}")
+
+
 class GRPOTrainConfig(OptimSettings):
     """Online RL: the policy samples groups for the round's prompts, the run's reward scores them,
     and it steps on group-relative advantages (TRL's GRPOTrainer)."""
@@ -577,6 +598,8 @@ def train_grpo(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: 
             vals = [h[key] for h in hist if key in h]
             if vals:
                 metrics[f"{name}"] = float(sum(vals) / len(vals))
+                if name == "logp_gap_max":  # the largest any step saw, beside the steps' mean of theirs
+                    metrics["logp_gap_peak"] = float(max(vals))
     if groups["groups"]:
         g = groups
         metrics["kept_group_frac"] = 1.0 - g["groups_dropped"] / g["groups"]  # of the groups it trained on

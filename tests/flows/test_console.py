@@ -37,6 +37,7 @@ def test_without_a_terminal_every_event_is_one_plain_line(tmp_path):
         events.emit(events.Event("done", "train", 1, tmp_path, wall_s=139, metrics=train,
                                  summary=events.summary_of(TrainJob(train=RFTTrainConfig(), seed=0), train)))
         events.emit(events.Event("round", round=1, data={"version": "2", "accuracy": 0.8, "promoted": False,
+                                                         "dtype": "float32",
                                                          "gate": "accuracy 0.8 <= champion's 0.9 on eval set ab",
                                                          "parent_version": "1"}))
         # round 2 trained from version 1 again (next_round_from=best): its gain is against version 1
@@ -52,7 +53,7 @@ def test_without_a_terminal_every_event_is_one_plain_line(tmp_path):
     assert text[3] == "round 1  sample   started"
     assert text[4] == "round 1  sample   ✓   121 s  1,200 completions · 437 tok/s · 49% truncated"
     assert text[5] == "round 1  train    ✓   139 s  48 steps · loss 1.073 -> 1.162 · 0.37 steps/s"
-    assert text[6] == ("round 1  -> version 2 · held-out accuracy 80.0% (+38.0 points) · not promoted "
+    assert text[6] == ("round 1  -> version 2 · held-out accuracy 80.0% in float32 (+38.0 points) · not promoted "
                        "(accuracy 0.8 <= champion's 0.9)")
     assert text[7:] == ["round 2  policy   version 1 again",
                         "round 2  -> version 3 · held-out accuracy 50.0% (+8.0 points) · not promoted"]

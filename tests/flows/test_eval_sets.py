@@ -92,7 +92,7 @@ def test_every_set_is_evaluated_logged_and_keyed_on_its_own(tiny_model, tmp_path
         assert all(f"ratchet.accuracy.{e}" in v.tags for e in named.values())
     [report] = (work / "reports").iterdir()
     page = (report / "index.html").read_text()
-    assert "<th>held-out accuracy (task)</th><th>reg</th>" in page
+    assert "<th>held-out accuracy (task, in float32)</th><th>reg</th>" in page
 
     # an edited regression file: a new run that re-runs only that set's stages
     _rows(reg, [{"prompt": f"What is {a} times 3?", "answer": str(3 * a)} for a in range(3)])
@@ -117,7 +117,8 @@ def test_the_guides_example_checks_clean_as_the_guide_shows(default_model):
     import re
 
     guide = (ROOT / "docs" / "guides" / "own-task.md").read_text()
-    dtype_line = re.compile(r"^dtype: sampling \w+, training \w+ \(.+\)$", re.M)  # the machine's own
+    dtype_line = re.compile(r"^dtype: sampling \w+, evaluating \w+( \(as the base model is stored\))?, training \w+ "
+                            r"\(.+\)$", re.M)  # the machine's own
     assert len(dtype_line.findall(r.stdout)) == 1 and len(dtype_line.findall(guide)) == 1
     shown = dtype_line.sub(dtype_line.search(guide).group(0), r.stdout)
     assert r.stdout.startswith("data: file, 120 train prompts") and shown in guide

@@ -137,10 +137,33 @@ def test_each_stage_words_its_result_as_its_kind_does():
         "48 trees · 410 tokens/prompt · solved 50%"
     assert label(VerifierLabel(), {"labeled": 30, "reward_mean": 0.5, "check_failed": 2}) == \
         "30 labeled · mean reward 0.50 · 2 rows the check failed on (unscored)"
-    ev = EvaluateJob(evaluate=EvalRun(), sampler=SamplerConfig(), data=AdditionSource(), seed=0)
+    ev = EvaluateJob(evaluate=EvalRun(), sampler=SamplerConfig(dtype="float32"), data=AdditionSource(), seed=0)
     assert summary_of(ev, {"accuracy": 0.2, "worked_accuracy": 0.04}) == \
-        "held-out accuracy 20.0% · 4.0% with every step shown"
-    assert summary_of(ev, {"accuracy": 0.4, "score_mean": 0.5314}) == "held-out accuracy 40.0% · mean score 0.531"
+        "held-out accuracy 20.0% in float32 · 4.0% with every step shown"  # the dtype its answers were made in
+    assert summary_of(ev, {"accuracy": 0.4, "score_mean": 0.5314}) == \
+        "held-out accuracy 40.0% in float32 · mean score 0.531"
+    served = EvaluateJob(evaluate=EvalRun(), sampler=SamplerConfig(backend="served", endpoint={"base_url": "http://127.0.0.1:9/v1", "model": "p"}),
+                         data=AdditionSource(), seed=0)
+    assert summary_of(served, {"accuracy": 0.4}) == "held-out accuracy 40.0%"  # a served policy's own, unknown
+    # an online stage whose engine sampled from another policy than its trainer scored says so
+    from ratchet.data.prompts import AdditionSource as Add
+    from ratchet.models.train_kinds.grpo import GRPOTrainConfig
+    from ratchet.tasks.sample import SampleConfig
+    from ratchet.tasks.train import OnlineJob
+
+    def online(dtype, precision, m):
+        job = OnlineJob(train=GRPOTrainConfig(precision=precision), seed=0, sample=SampleConfig(),
+                        sampler=SamplerConfig(dtype=dtype), label=VerifierLabel(), data=Add())
+        return summary_of(job, {"steps": 20, "first_reward": 0.25, "last_reward": 0.5, **m})
+    bf16 = {"logp_gap_mean": 0.042, "logp_gap_peak": 0.94}
+    assert online("bfloat16", "bf16", bf16) == (
+        "20 steps · reward 0.25 -> 0.50 · warning: the engine sampled from another policy than the trainer scored, "
+        "log-prob gap 0.042 a token, up to 0.94 in a step (the engine in bfloat16 and the trainer in bf16: float32 "
+        "for both closes it, sampler.dtype and train.precision)")
+    assert online("float32", "bf16", bf16).endswith("(the trainer in bf16: float32 for both closes it, sampler.dtype "
+                                                    "and train.precision)")
+    assert online("float32", "fp32", {"logp_gap_mean": 8e-6}) == "20 steps · reward 0.25 -> 0.50"  # agreed
+    assert online("bfloat16", "bf16", {"logp_gap_mean": "nan?"}) == "20 steps · reward 0.25 -> 0.50"
     # a summary that fails is left out, never raised: a display bug never fails a run
     assert summary_of(FilterJob(filter=PairFilter(), seed=0), {"pairs": "many"}) == ""
     assert summary_of(object(), {}) == ""

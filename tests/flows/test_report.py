@@ -157,6 +157,15 @@ def test_online_rounds_show_their_steps_as_a_figure_and_a_table(tmp_path):
     assert "<td>3</td><td>3</td><td>0.625</td><td>100%</td><td></td><td></td><td></td><td>140</td>" in page
     assert "<td>3</td><td>4</td><td>0.750</td><td>100%</td><td>0.004</td><td>1.5</td><td>4e-06</td>" \
            "<td>stored</td><td>2.0</td>" in page
+    assert "another policy" not in page  # a gap of 3e-6: engine and trainer agreed
+    # a round whose engine and trainer disagreed (a bf16 trainer, 0.042 nats a token): the report says so
+    [one] = [c.info.run_id for c in t.client.search_runs([t.experiment_id], "tags.`ratchet.round` = '1'")]
+    for key, value in (("train.logp_gap_mean", 0.042), ("train.logp_gap_peak", 0.94), ("train.bf16", 1.0)):
+        t.client.log_metric(one, key, value)
+    page = build(tmp_path, t, log=False).html.read_text()
+    assert ("<p class=\"other\">Round 1: warning: the engine sampled from another policy than the trainer scored, "
+            "log-prob gap 0.042 a token, up to 0.94 in a step (the trainer in bf16: float32 for both closes it, "
+            "sampler.dtype and train.precision).</p>") in page
 
 
 def test_tree_search_runs_get_their_figure_and_the_cli_names_the_files(tmp_path):

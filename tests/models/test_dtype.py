@@ -206,12 +206,46 @@ def test_a_stage_is_keyed_and_recorded_by_the_dtype_auto_resolved_to(tmp_path, m
     assert reused and set_a.key == set_b.key == fp32.key  # float32 set, or auto resolved to it: the same work
 
 
-def test_check_and_the_run_header_say_the_dtype_and_why(monkeypatch):
+def test_check_and_the_run_header_say_the_dtype_and_why(monkeypatch, tmp_path):
     from ratchet.flows.config import load_config
     from ratchet.flows.inputs import dtype_line
 
     monkeypatch.setattr(dtype, "auto", lambda: dtype.on_cpu(dtype.cpu_flags(CPUINFO.format(flags=AVX512_ONLY))))
-    assert dtype_line(load_config(None, [])) == ("dtype: sampling float32, training fp32 (float32 for auto: this CPU "
-                                                 "has no bf16 instructions (no amx_bf16 or avx512_bf16))")
-    assert dtype_line(load_config(None, ["sampler.dtype=bfloat16", "train.precision=bf16"])) == \
-        "dtype: sampling bfloat16, training bf16 (as set)"
+    stored = {}
+    for name in ("float32", "bfloat16"):  # models as their config.json says they are stored (the default: float32)
+        stored[name] = tmp_path / name
+        stored[name].mkdir()
+        (stored[name] / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": name}))
+    fp32, bf16 = f"model.path={stored['float32']}", f"model.path={stored['bfloat16']}"
+    assert dtype_line(load_config(None, [fp32])) == (
+        "dtype: sampling float32, evaluating float32, training fp32 (float32 for auto: this CPU has no bf16 "
+        "instructions (no amx_bf16 or avx512_bf16))")
+    assert dtype_line(load_config(None, [fp32, "sampler.dtype=bfloat16", "train.precision=bf16"])) == \
+        "dtype: sampling bfloat16, evaluating float32 (as the base model is stored), training bf16 (as set)"
+    assert dtype_line(load_config(None, [bf16, "sampler.dtype=bfloat16", "train.precision=bf16"])) == \
+        "dtype: sampling bfloat16, evaluating bfloat16, training bf16 (as set)"
+    assert dtype_line(load_config(None, [fp32, "sampler.dtype=bfloat16", "train.precision=bf16",
+                                         "evaluate.dtype=sampler"])) == \
+        "dtype: sampling bfloat16, evaluating bfloat16, training bf16 (as set)"
+
+
+def test_held_out_answers_are_generated_in_the_dtype_the_base_model_is_stored_in(tmp_path):
+    """evaluate.dtype=auto: float32 for a model stored in float32 whatever the sampler runs in for
+    speed, so a held-out figure never moves with the machine's choice; a 16-bit model in the
+    sampler's; the run's own sampler (and so its warm engine) where that is the same dtype."""
+    from ratchet.tasks.evaluate import EvaluateConfig, eval_sampler
+
+    for name in ("float32", "bfloat16"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"torch_dtype": name}))  # as transformers 4 wrote it
+    (tmp_path / "unsaid").mkdir()
+    bf16, fp32 = SamplerConfig(dtype="bfloat16"), SamplerConfig(dtype="float32")
+    auto = EvaluateConfig()
+    assert eval_sampler(auto, bf16, str(tmp_path / "float32")) == bf16.model_copy(update={"dtype": "float32"})
+    assert eval_sampler(auto, bf16, str(tmp_path / "bfloat16")) is bf16
+    assert eval_sampler(auto, bf16, str(tmp_path / "unsaid")) is bf16
+    assert eval_sampler(auto, fp32, str(tmp_path / "float32")) is fp32  # the same engine
+    assert eval_sampler(EvaluateConfig(dtype="sampler"), bf16, str(tmp_path / "float32")) is bf16
+    assert eval_sampler(EvaluateConfig(dtype="float16"), bf16, str(tmp_path / "float32")).dtype == "float16"
+    served = SamplerConfig(backend="served", endpoint={"base_url": "http://127.0.0.1:9/v1", "model": "p"})
+    assert eval_sampler(auto, served, str(tmp_path / "float32")) is served  # it answers in its own
