@@ -548,6 +548,30 @@ def cmd_gc(args) -> int:
         print(f"{verb if x.remove else 'kept':>12} {x.path}  ({x.bytes / 2**20:.1f} MiB): {x.why}")
     gone = [x for x in items if x.remove]
     print(f"{verb} {len(gone)} item(s), {sum(x.bytes for x in gone) / 2**20:.1f} MiB; kept {len(items) - len(gone)}")
+    if args.models and not args.dry_run:
+        from ratchet.flows.gc import UNLOADABLE
+
+        for mv in sorted(tracker.client.search_model_versions(f"name='{tracker.model_name}'"),
+                         key=lambda v: int(v.version)):
+            if UNLOADABLE in mv.tags:
+                print(f"version {mv.version} loads through MLflow after `ratchet restore`: {mv.tags[UNLOADABLE]}")
+    return 0
+
+
+def cmd_restore(args) -> int:
+    """Make again the merged weights `gc --models` dropped that registered versions load against."""
+    from ratchet.flows.api import version_number
+    from ratchet.flows.gc import restore
+    from ratchet.flows.tracking import Tracker
+
+    chosen, (target,) = _chosen(args, "restore", ["VERSION"], need=False)
+    tracker = Tracker(chosen.cfg.tracking, chosen.workdir, chosen.cfg.name)
+    done = restore(chosen.workdir, tracker, [version_number(tracker, target)] if target else None)
+    for version, what in done:
+        print(f"version {version}: made again {what}, byte for byte")
+    said = f"version {target}" if target else "every version whose MLflow model lost its base"
+    print(f"{said}: {len(done)} set(s) of weights made again; mlflow.transformers.load_model loads "
+          f"{'it' if target else 'them'}")
     return 0
 
 
@@ -705,6 +729,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--models", action="store_true", help="also drop the merged weights of every registered version "
                    "but the champion, each run's newest and the models those were trained from; each keeps its "
                    "adapter and is made again, byte for byte, when a run or `ratchet export` needs it")
+    _run_command(sub, "restore", cmd_restore, "make again the merged weights `gc --models` dropped that a registered "
+                 "version needs to load through MLflow",
+                 "A LoRA version's MLflow model loads its adapter against the model it was trained from, by path; "
+                 "where `ratchet gc --models` (or drop_models) dropped that model's merged weights, the version is "
+                 "tagged ratchet.mlflow_base_dropped and MLflow's loader cannot read it. This makes them again from "
+                 "their adapter and parent, checked byte for byte against their manifest, with the version's own, "
+                 "and removes the tag. VERSION: a version number, models:/NAME/N or 'champion'; left out, every "
+                 "tagged version.", args="[VERSION] ", words="VERSION")
     s = sub.add_parser("model", help="convert (once) and print the default model directory")
     s.set_defaults(fn=cmd_model)
     return p

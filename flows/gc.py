@@ -4,7 +4,9 @@
 
 What is removed is only ever re-makeable or abandoned: stage directories without a manifest that
 no recorded run will resume, scratch a kill left in finished stages, and (with --models) merged
-weights whose adapter makes them again byte for byte. Apart from flows/schedule.py, which the
+weights whose adapter makes them again byte for byte (a version whose MLflow model loads against
+dropped weights is tagged so, and `ratchet restore` makes them again: `restore`). Apart from
+flows/schedule.py, which the
 round's own tasks reach through `drop_models`: a scheduled deployment runs the flow, and the flow
 must not import its scheduler back.
 """
@@ -100,7 +102,83 @@ def drop_models(workdir: Path, tracker, dry_run: bool = False) -> list[Leftover]
         if not dry_run:
             store.drop(m, weights, why)
         out.append(Leftover(store.dir_of(m) / "model", size, True, why))
+    if not dry_run:
+        mark_unloadable(store, tracker, versions)
     return out
+
+
+UNLOADABLE = "ratchet.mlflow_base_dropped"  # on a version whose MLflow model loads against dropped weights
+
+
+def mlflow_base(store, m):
+    """The weights a LoRA version's MLflow model loads its adapter against (models/mlflow_model.py:
+    the model it was trained from, by path), as that stage's manifest; None for a base model or a
+    full fine-tune, whose MLflow model holds its own weights."""
+    from ratchet.data.manifest import read_manifest
+    from ratchet.tasks.text import weights_of
+
+    if m is None or not (store.dir_of(m) / "adapter").is_dir():
+        return None
+    parent = next((p for p in m.parents if p.role in ("model", "text")), None)
+    base = read_manifest(store.root / parent.dir) if parent is not None else None
+    return weights_of(store, base) if base is not None else None
+
+
+def _stage_of(store, mv):
+    from ratchet.data.manifest import read_manifest
+    from ratchet.tasks.text import weights_of
+
+    rel = mv.tags.get("ratchet.stage_dir")
+    m = read_manifest(store.root / rel) if rel else None
+    return weights_of(store, m) if m is not None else None
+
+
+def mark_unloadable(store, tracker, versions) -> dict[str, str]:
+    """Tag every registered version whose MLflow model loads against weights that are dropped
+    (`UNLOADABLE`: which, and the command that makes them again), and untag those whose base is
+    whole again. MLflow's loader cannot make them itself; `ratchet restore` (`restore`) does.
+    Returns {version: the tag's text} of those tagged."""
+    out = {}
+    for mv in versions:
+        base = mlflow_base(store, _stage_of(store, mv))
+        tagged = UNLOADABLE in mv.tags
+        if base is not None and store.dropped(base):
+            out[str(mv.version)] = text = (
+                f"its adapter loads against {base.dir}/model, whose merged weights `ratchet gc --models` dropped: "
+                f"`ratchet restore CONFIG {mv.version}` makes them again before mlflow loads it")
+            if mv.tags.get(UNLOADABLE) != text:
+                tracker.client.set_model_version_tag(tracker.model_name, str(mv.version), UNLOADABLE, text)
+        elif tagged:
+            tracker.client.delete_model_version_tag(tracker.model_name, str(mv.version), UNLOADABLE)
+    return out
+
+
+def restore(workdir: Path, tracker, versions: list[str] | None = None) -> list[tuple[str, str]]:
+    """Make again what registered versions need to load every way (through MLflow, `ratchet export`,
+    a continued run): their own merged weights and those their MLflow model loads against, where
+    `ratchet gc --models` dropped them, each checked byte for byte against its manifest. `versions`
+    None: every version tagged `UNLOADABLE`. Returns (version, what was made again) pairs."""
+    from ratchet.data.store import ArtifactStore
+    from ratchet.tasks.prepare import remade
+
+    store = ArtifactStore(workdir)
+    every = tracker.client.search_model_versions(f"name='{tracker.model_name}'")
+    known = {str(mv.version): mv for mv in every}
+    if versions is None:
+        versions = [v for v, mv in known.items() if UNLOADABLE in mv.tags]
+    if missing := [v for v in versions if v not in known]:
+        raise RatchetError(f"{tracker.model_name} has no version {', '.join(missing)}; its versions are "
+                           f"{', '.join(sorted(known, key=int)) or 'none'}")
+    done = []
+    for v in sorted(versions, key=int):
+        m = _stage_of(store, known[v])
+        for what, stage in (("its own merged weights", m), ("the weights its MLflow model loads against",
+                                                             mlflow_base(store, m))):
+            if stage is not None and store.dropped(stage):
+                remade(store, stage, here=False)
+                done.append((v, f"{what} ({stage.dir}/model)"))
+    mark_unloadable(store, tracker, tracker.client.search_model_versions(f"name='{tracker.model_name}'"))
+    return done
 
 
 def collect_garbage(workdir: Path, dry_run: bool = False, everything: bool = False) -> list[Leftover]:

@@ -44,8 +44,10 @@ def test_gc_keeps_the_champion_each_runs_newest_and_their_bases_and_drops_the_re
     tags = {"1": (v1, "a", 1), "2": (v2, "a", 2), "3": (v3, "a", 3), "4": (v4, "a", 4), "5": (full, "b", 1)}
     versions = [SimpleNamespace(version=v, tags={"ratchet.stage_dir": m.dir, "ratchet.run": run, "ratchet.round": str(k)})
                 for v, (m, run, k) in tags.items()]
-    tracker = SimpleNamespace(model_name="m", champion=lambda: "1",
-                              client=SimpleNamespace(search_model_versions=lambda _: versions))
+    set_tags = {}
+    tracker = SimpleNamespace(model_name="m", champion=lambda: "1", client=SimpleNamespace(
+        search_model_versions=lambda _: versions,
+        set_model_version_tag=lambda name, v, key, value: set_tags.setdefault(v, {}).update({key: value})))
     before = _tree(tmp_path)
     planned = drop_models(tmp_path, tracker, dry_run=True)
     assert _tree(tmp_path) == before  # a dry run drops nothing
@@ -58,6 +60,8 @@ def test_gc_keeps_the_champion_each_runs_newest_and_their_bases_and_drops_the_re
 
     drop_models(tmp_path, tracker)
     assert not (store.dir_of(v2) / "model" / "model.safetensors").exists()
+    # version 3's MLflow model loads its adapter against version 2's merged weights: it says so
+    assert list(set_tags) == ["3"] and f"against {v2.dir}/model" in set_tags["3"]["ratchet.mlflow_base_dropped"]
     assert (store.dir_of(v2) / "model" / "config.json").exists() and (store.dir_of(v2) / "adapter").is_dir()
     assert store.dropped(v2)["outputs"] == ["model/model.safetensors"]
     assert read_manifest(store.dir_of(v2)) == v2  # the manifest is as training wrote it
@@ -115,6 +119,32 @@ def test_a_dropped_version_is_made_again_byte_for_byte(tiny_model, tmp_path, pre
     lineage = capsys.readouterr().out
     assert "merged weights dropped, re-makeable" in lineage and "all verified" in lineage, lineage
 
+    # every registered version loads through MLflow's own API: one whose adapter loads against
+    # dropped weights (3's, against 2's) is tagged so, and `ratchet restore` makes them again first
+    import mlflow.transformers
+    from mlflow.tracking import MlflowClient
+
+    from ratchet.flows.gc import UNLOADABLE
+
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+    def tagged():
+        return sorted(str(mv.version) for mv in client.search_model_versions("name='ratchet-default'")
+                      if UNLOADABLE in mv.tags)
+
+    assert tagged() == ["3"]
+    assert main(["gc", *map(str, _args(work, tiny_model)), "--models"]) == 0, capsys.readouterr().err
+    assert "version 3 loads through MLflow after `ratchet restore`" in capsys.readouterr().out
+    assert main(["restore", *map(str, _args(work, tiny_model))]) == 0, capsys.readouterr().err
+    assert "version 3: made again the weights its MLflow model loads against" in capsys.readouterr().out
+    assert sha256_file(weights) == digest and tagged() == []
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    for v in ("1", "2", "3", "4"):
+        assert mlflow.transformers.load_model(f"models:/ratchet-default/{v}").model is not None, v
+    store.drop(v2, ["model/model.safetensors"], "test")  # dropped again, for a run to make
+
     # round 2 again from version 2, sampled otherwise: its sample stage reads version 2's weights
     again = ratchet("run", *_args(work, tiny_model), "rounds=1", "sample.temperature=0.9", "--from", "2", api_url=api)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -126,3 +156,4 @@ def test_a_dropped_version_is_made_again_byte_for_byte(tiny_model, tmp_path, pre
     assert exported.returncode == 0, exported.stdout[-3000:] + exported.stderr[-3000:]
     assert sha256_file(out / "model.safetensors") == digest == sha256_file(weights)
     assert json.loads((store.dir_of(v2) / "model" / "config.json").read_text())  # the rest never went
+
