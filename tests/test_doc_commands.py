@@ -8,6 +8,8 @@ with the repository and its model is the embedded default. All in this process: 
 Then every form that reads a run, with every form and fallback the run commands' --help promise,
 runs against one recorded run (below)."""
 
+import contextlib
+import io
 import json
 import re
 import shlex
@@ -346,7 +348,8 @@ def test_the_api_reads_the_recorded_run_as_the_commands_do(recorded_run, monkeyp
 def test_a_run_with_every_stage_reused_is_a_read(recorded_run):
     """The same `ratchet run` again, in a fresh interpreter as a user starts it: every stage reused and
     its files checked, it prints the run's own lines (each stage reused), its round table and its
-    champion, and starts and imports nothing of Prefect, MLflow or a model library."""
+    champion, and starts and imports nothing of Prefect, MLflow or a model library; nor do `ratchet
+    lineage` and `ratchet report` once the report is drawn (issue 86: read-only commands)."""
     import subprocess
     import sys
 
@@ -362,6 +365,15 @@ def test_a_run_with_every_stage_reused_is_a_read(recorded_run):
     assert f"ratchet run {rec.run}:" in said and "nothing to run: every stage is reused" in said
     assert re.search(r"round 1\s+train\s+↺ reused", said) and "-> version" in said and "champion:" in said
     assert re.search(r"round\s+accuracy\s+version\s+promoted", said)  # the round table
+    # and the other commands that read a finished run: its lineage, and its report once drawn
+    from ratchet.flows import cli as in_process
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert in_process.main(["report", str(rec.config)]) == 0  # drawn and logged here, in this process
+    for argv in (["lineage", str(rec.config)], ["report", str(rec.config)]):
+        out = subprocess.run([sys.executable, "-c", code.replace("['run', sys.argv[1]]", repr(argv)), str(rec.config)],
+                             capture_output=True, text=True, cwd=rec.home, env=env, timeout=300)
+        assert "EXIT 0 []" in out.stdout, (argv, out.stdout[-3000:] + out.stderr[-3000:])
 
 
 @pytest.mark.integration
