@@ -328,3 +328,33 @@ PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 def resolve_precision(choice: str) -> str:
     """A trainer's precision: `auto` resolved (bf16, fp16 or fp32), else as given."""
     return PRECISION[auto().dtype] if choice == "auto" else choice
+
+
+def stored_dtype(model_dir: Path | str | None) -> str | None:
+    """The dtype a model directory's weights are stored in, as its config.json says (`dtype`, or
+    transformers 4's `torch_dtype`); None where it says none or cannot be read."""
+    try:
+        conf = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, TypeError, ValueError):
+        return None
+    said = (conf.get("dtype") or conf.get("torch_dtype")) if isinstance(conf, dict) else None
+    return said if isinstance(said, str) else None
+
+
+def faithful_dtype(choice: str, model_path: str) -> str:
+    """`auto` where what the numbers say matters more than speed (held-out answers; an online
+    kind's engine, whose samples the trainer scores): float32 where the model `model_path` names
+    (a config's model.path) is stored in float32, as the default model is, else what `auto`
+    resolves to here. A dtype given is kept."""
+    if choice != "auto":
+        return choice
+    return "float32" if stored_in_float32(model_path) else resolve_dtype("auto")
+
+
+def stored_in_float32(model_path: str) -> bool:
+    """Whether the model a config names (model.path: 'default', a directory, a hub id already
+    here) is stored in float32."""
+    from ratchet.models.locate import find_model
+
+    return stored_dtype(find_model(model_path, fetch=False)) == "float32"
+

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -148,31 +147,17 @@ def eval_dtype_info(sampler: SamplerConfig) -> dict[str, str]:
     return {"dtype": resolve_dtype(sampler.dtype)} if sampler.backend_kind.local else {}
 
 
-def stored_dtype(model_dir: Path | None) -> str | None:
-    """The dtype a model directory's weights are stored in, as its config.json says (None: unsaid)."""
-    import json
-
-    try:
-        conf = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, TypeError, ValueError):
-        return None
-    said = conf.get("dtype") or conf.get("torch_dtype") if isinstance(conf, dict) else None
-    return said if isinstance(said, str) else None
-
-
 def eval_sampler(evaluate: EvaluateConfig, sampler: SamplerConfig, model_path: str) -> SamplerConfig:
     """The sampler held-out answers are generated with: the run's, in `evaluate.dtype` resolved
     (auto: float32 where the base model `model_path` is stored in float32, else the run's sampling
     dtype). The run's own where that is the same dtype, so the warm engine is kept."""
-    from ratchet.models.locate import find_model
-    from ratchet.models.sampler import resolve_dtype
+    from ratchet.models.dtype import resolve_dtype, stored_in_float32
 
     if evaluate.dtype == "sampler" or not sampler.backend_kind.local:
         return sampler
     dtype = evaluate.dtype
-    if dtype == "auto":
-        base = stored_dtype(find_model(model_path, fetch=False))
-        dtype = "float32" if base == "float32" else resolve_dtype(sampler.dtype)
+    if dtype == "auto":  # a 16-bit model: as the samples are drawn
+        dtype = "float32" if stored_in_float32(model_path) else resolve_dtype(sampler.dtype)
     return sampler if dtype == resolve_dtype(sampler.dtype) else sampler.model_copy(update={"dtype": dtype})
 
 
