@@ -247,19 +247,11 @@ def dtype_line(cfg: PipelineConfig) -> str:
     from ratchet.models import dtype
     from ratchet.tasks.evaluate import eval_sampler
 
-    from ratchet.tasks.train import online_sampler, online_train
-
-    sampling = cfg.sampler.dtype
-    training = online_train(cfg.train, cfg.model.path).precision if cfg.train.online else cfg.train.precision
-    stored = " (as the base model is stored)"
-    engine = dtype.resolve_dtype(online_sampler(cfg.sampler, cfg.model.path).dtype) if cfg.train.online else None
+    sampling, training = cfg.sampler.dtype, cfg.train.precision
     evaluating = dtype.resolve_dtype(eval_sampler(cfg.evaluate, cfg.sampler, cfg.model.path).dtype)
-    said = (f"sampling {engine or dtype.resolve_dtype(sampling)}"
-            + (stored if engine and engine != dtype.resolve_dtype(sampling) else "")
-            + f", evaluating {evaluating}"
-            + (stored if cfg.evaluate.dtype == "auto" and evaluating != dtype.resolve_dtype(sampling) else "")
-            + f", training {dtype.resolve_precision(training)}"
-            + (stored if cfg.train.online and training != cfg.train.precision else ""))
+    own = cfg.evaluate.dtype == "auto" and evaluating != dtype.resolve_dtype(sampling)
+    said = (f"sampling {dtype.resolve_dtype(sampling)}, evaluating {evaluating}"
+            + (" (as the base model is stored)" if own else "") + f", training {dtype.resolve_precision(training)}")
     if "auto" not in (sampling, training):
         return f"dtype: {said} (as set)"
     choice = dtype.auto()

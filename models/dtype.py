@@ -341,20 +341,9 @@ def stored_dtype(model_dir: Path | str | None) -> str | None:
     return said if isinstance(said, str) else None
 
 
-def faithful_dtype(choice: str, model_path: str) -> str:
-    """`auto` where what the numbers say matters more than speed (held-out answers; an online
-    kind's engine, whose samples the trainer scores): float32 where the model `model_path` names
-    (a config's model.path) is stored in float32, as the default model is, else what `auto`
-    resolves to here. A dtype given is kept."""
-    if choice != "auto":
-        return choice
-    return "float32" if stored_in_float32(model_path) else resolve_dtype("auto")
-
-
 def stored_in_float32(model_path: str) -> bool:
     """Whether the model a config names (model.path: 'default', a directory, a hub id already
     here) is stored in float32."""
     from ratchet.models.locate import find_model
 
     return stored_dtype(find_model(model_path, fetch=False)) == "float32"
-

@@ -174,34 +174,8 @@ def online_step(at: At, k: int, policy: StageManifest, prompts: StageManifest,
     """An online kind's stage in round k (train.kind=grpo): it samples the round's prompts on the
     run's engine, scores them with the label kind (on its fixed model, if any) and trains."""
     cfg = at.cfg
-    return train_online(at.store, policy, prompts, online_train(cfg.train, cfg.model.path), cfg.sample,
-                        online_sampler(cfg.sampler, cfg.model.path), cfg.label, cfg.data, at.seed(k), k,
-                        isolate=cfg.isolate, run=at.run, label_model=label_model)
-
-
-# An online kind's engine samples what its trainer scores: `auto` resolves for fidelity there, not
-# speed (models/dtype.py faithful_dtype: float32 where the base model is stored in float32). On the
-# default task (bench/online_dtype_bench.py, docs/results.md "Online RL and the dtype") a bf16 engine
-# or a bf16 trainer scored another policy than the one sampled (log-prob gap 0.03-0.04 a token,
-# against 8e-6 with both in float32), and a round's gain fell from +22 points to +10 (trainer bf16)
-# or -8 (both bf16).
-
-def online_sampler(sampler: SamplerConfig, model_path: str) -> SamplerConfig:
-    """The engine an online kind samples its groups on, `auto` dtype resolved for fidelity."""
-    from ratchet.models.dtype import faithful_dtype
-
-    if sampler.dtype != "auto" or not sampler.backend_kind.local:
-        return sampler
-    return sampler.model_copy(update={"dtype": faithful_dtype("auto", model_path)})
-
-
-def online_train(train: TrainConfig, model_path: str) -> TrainConfig:
-    """An online kind's trainer, `auto` precision resolved for fidelity as its engine's dtype is."""
-    from ratchet.models.dtype import PRECISION, faithful_dtype
-
-    if train.precision != "auto":
-        return train
-    return train.model_copy(update={"precision": PRECISION[faithful_dtype("auto", model_path)]})
+    return train_online(at.store, policy, prompts, cfg.train, cfg.sample, cfg.sampler, cfg.label, cfg.data, at.seed(k),
+                        k, isolate=cfg.isolate, run=at.run, label_model=label_model)
 
 
 STAGE = Stage("train", "model", train_body, train_step, Records(curve=True))

@@ -251,30 +251,18 @@ def test_held_out_answers_are_generated_in_the_dtype_the_base_model_is_stored_in
     assert eval_sampler(auto, served, str(tmp_path / "float32")) is served  # it answers in its own
 
 
-def test_an_online_kinds_engine_and_trainer_run_in_the_dtype_the_base_model_is_stored_in(tmp_path, monkeypatch):
-    """sampler.dtype and train.precision `auto` for GRPO: float32 for a model stored in float32 (the
-    trainer scores what the engine samples; in bf16 they scored another policy), as `ratchet check`
-    says; a 16-bit model's as auto resolves; a dtype set, or a served policy, as given."""
+def test_an_online_kinds_engine_and_trainer_take_auto_for_speed_and_its_held_out_answers_float32(tmp_path,
+                                                                                                 monkeypatch):
+    """GRPO's engine and trainer take `auto` as every other stage does (for speed: over three seeds
+    on the default task a bf16 round gained as much as a float32 one, docs/results.md "Online RL and
+    the dtype"); its held-out answers are in the dtype the base model is stored in, and `ratchet
+    check`'s line says both."""
     from ratchet.flows.config import load_config
     from ratchet.flows.inputs import dtype_line
-    from ratchet.tasks.train import online_sampler, online_train
 
     monkeypatch.setattr(dtype, "auto", lambda: dtype.Choice("bfloat16", "probed"))
-    for name in ("float32", "bfloat16"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.json").write_text(json.dumps({"dtype": name}))
-    auto = SamplerConfig()
-    assert online_sampler(auto, str(tmp_path / "float32")).dtype == "float32"
-    assert online_sampler(auto, str(tmp_path / "bfloat16")).dtype == "bfloat16"
-    assert online_sampler(SamplerConfig(dtype="bfloat16"), str(tmp_path / "float32")).dtype == "bfloat16"
-    served = SamplerConfig(backend="served", endpoint={"base_url": "http://127.0.0.1:9/v1", "model": "p"})
-    assert online_sampler(served, str(tmp_path / "float32")) is served
+    (tmp_path / "float32").mkdir()
+    (tmp_path / "float32" / "config.json").write_text(json.dumps({"dtype": "float32"}))
     grpo = load_config(None, [f"model.path={tmp_path / 'float32'}", "train.kind=grpo", "sample.top_k=0"])
-    assert dtype_line(grpo) == ("dtype: sampling float32 (as the base model is stored), evaluating float32 (as the "
-                                "base model is stored), training fp32 (as the base model is stored) (bfloat16 for "
-                                "auto: probed)")
-    assert online_train(grpo.train, str(tmp_path / "float32")).precision == "fp32"
-    assert online_train(grpo.train, str(tmp_path / "bfloat16")).precision == "bf16"
-    assert online_train(grpo.train.model_copy(update={"precision": "bf16"}), str(tmp_path / "float32")) \
-        .precision == "bf16"  # as set
-
+    assert dtype_line(grpo) == ("dtype: sampling bfloat16, evaluating float32 (as the base model is stored), "
+                                "training bf16 (bfloat16 for auto: probed)")
