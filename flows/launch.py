@@ -38,10 +38,10 @@ def library_env() -> None:
 
 # What a run's own process imports between its checks and its first stage, several seconds of
 # CPU: MLflow's client and its SQLite store (the run's record), and with Prefect's home settled,
-# Prefect, its temporary server and the flow (ratchet.flows.pipeline).
+# Prefect and its temporary server (then the flow's module, flows/pipeline.py, which imports Prefect).
 TRACKING_IMPORTS = ("mlflow", "mlflow.tracking", "mlflow.store.db.utils", "mlflow.store.tracking.sqlalchemy_store",
-                    "mlflow.store.model_registry.sqlalchemy_store", "ratchet.flows.tracking")
-PREFECT_IMPORTS = ("prefect", "prefect.server.api.server", "ratchet.flows.pipeline")
+                    "mlflow.store.model_registry.sqlalchemy_store")
+PREFECT_IMPORTS = ("prefect", "prefect.server.api.server")
 
 
 @contextlib.contextmanager
@@ -59,18 +59,21 @@ def imports_meanwhile(workdir: Path) -> Iterator[None]:
 
     names = list(TRACKING_IMPORTS)
     home = workdir / "prefect"
-    if {"PREFECT_API_URL", "PREFECT_HOME"} & set(os.environ) or home.is_dir():
+    flow = {"PREFECT_API_URL", "PREFECT_HOME"} & set(os.environ) or home.is_dir()
+    if flow:
         names += PREFECT_IMPORTS
         if not {"PREFECT_API_URL", "PREFECT_HOME"} & set(os.environ):
             os.environ["PREFECT_HOME"] = str(home)  # as prepare_env sets it, before Prefect is imported
     names = [n for n in names if n not in sys.modules]
 
     def load() -> None:
-        for name in names:
-            try:
+        try:
+            for name in names:
                 importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - raised again where the run imports it
-                return
+            if flow:
+                from ratchet.flows import pipeline  # noqa: F401
+        except Exception:  # noqa: BLE001 - raised again where the run imports it
+            return
 
     thread = threading.Thread(target=load, daemon=True, name="ratchet-imports")
     if names:
