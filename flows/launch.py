@@ -38,10 +38,10 @@ def library_env() -> None:
 
 # What a run's own process imports between its checks and its first stage, several seconds of
 # CPU: MLflow's client and its SQLite store (the run's record), and with Prefect's home settled,
-# Prefect and its temporary server (then the flow's module, flows/pipeline.py, which imports Prefect).
+# Prefect, its temporary server and the flow (ratchet.flows.pipeline).
 TRACKING_IMPORTS = ("mlflow", "mlflow.tracking", "mlflow.store.db.utils", "mlflow.store.tracking.sqlalchemy_store",
-                    "mlflow.store.model_registry.sqlalchemy_store")
-PREFECT_IMPORTS = ("prefect", "prefect.server.api.server")
+                    "mlflow.store.model_registry.sqlalchemy_store", "ratchet.flows.tracking")
+PREFECT_IMPORTS = ("prefect", "prefect.server.api.server", "ratchet.flows.pipeline")
 
 
 @contextlib.contextmanager
@@ -59,21 +59,18 @@ def imports_meanwhile(workdir: Path) -> Iterator[None]:
 
     names = list(TRACKING_IMPORTS)
     home = workdir / "prefect"
-    flow = {"PREFECT_API_URL", "PREFECT_HOME"} & set(os.environ) or home.is_dir()
-    if flow:
+    if {"PREFECT_API_URL", "PREFECT_HOME"} & set(os.environ) or home.is_dir():
         names += PREFECT_IMPORTS
         if not {"PREFECT_API_URL", "PREFECT_HOME"} & set(os.environ):
             os.environ["PREFECT_HOME"] = str(home)  # as prepare_env sets it, before Prefect is imported
     names = [n for n in names if n not in sys.modules]
 
     def load() -> None:
-        try:
-            for name in names:
+        for name in names:
+            try:
                 importlib.import_module(name)
-            if flow:
-                from ratchet.flows import pipeline  # noqa: F401
-        except Exception:  # noqa: BLE001 - raised again where the run imports it
-            return
+            except Exception:  # noqa: BLE001 - raised again where the run imports it
+                return
 
     thread = threading.Thread(target=load, daemon=True, name="ratchet-imports")
     if names:
