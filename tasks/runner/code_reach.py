@@ -399,16 +399,13 @@ def _distributions() -> dict[str, list[str]]:
     took about 1.8 s of each plan and each run on 2 cores."""
     from ratchet.data.digest import sha256_json
 
-    marks = {}
-    for entry in sys.path:  # by absolute path, and only the folders that hold any: `python -m`, a script,
-        where = os.path.abspath(entry or ".")  # `-c` and pytest put other entries first, to the same effect
+    marks = []
+    for entry in sys.path:
         try:
-            names = sorted(n for n in os.listdir(where) if n.endswith((".dist-info", ".egg-info")))
+            names = sorted(n for n in os.listdir(entry or ".") if n.endswith((".dist-info", ".egg-info")))
         except OSError:
             continue
-        if names:
-            marks[where] = names
-    marks = sorted(marks.items())
+        marks.append([entry, names])
     key, path = sha256_json(marks), _memo_file().with_name("distributions.json")
     try:
         kept = json.loads(path.read_text())
