@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "addition"))
-from worked import compact, indexed, shifted, worked  # noqa: E402  (the working's forms)
+from worked import compact, copy, indexed, shifted, worked  # noqa: E402  (the working's forms)
 
 FORMS = {"compact": compact, "indexed": indexed, "shifted": shifted, "worked": worked}
 
@@ -70,6 +70,15 @@ def demonstrations(a) -> Path:
         for p in pool[: a.demos // len(levels) + (i < a.demos % len(levels))]:
             x, y = (int(v) for v in p.id.removeprefix("add-").split("-"))
             rows.append({"prompt": p.prompt, "completion": FORMS[a.form](x, y), "answer": p.answer})
+    if a.copies:  # the copy alone, of numbers from 2 to --copy-to digits: no sum, so no level's label
+        if a.form not in ("indexed", "shifted"):
+            raise SystemExit(f"--copies needs --form indexed or shifted (whose working begins with a copy), not {a.form}")
+        rng = random.Random("copies")
+        for i in range(a.copies):
+            n = 2 + i % (a.copy_to - 1)
+            x = rng.randint(10 ** (n - 1), 10 ** n - 1)
+            prompt, completion = copy(x, FORMS[a.form])
+            rows.append({"id": f"copy-{i}", "prompt": prompt, "completion": completion, "answer": str(x)})
     path = Path(a.workdir) / "demonstrations.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -176,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--share", type=float, default=0.6, help="label.share (self: consistency's min_agreement)")
     ap.add_argument("--of", choices=["seeds", "versions"], default="seeds")
     ap.add_argument("--demos", type=int, default=800)
+    ap.add_argument("--copies", type=int, default=0,
+                    help="demonstrations of the copy alone (indexed, shifted), numbers of 2 to --copy-to digits")
+    ap.add_argument("--copy-to", type=int, default=20)
     ap.add_argument("--demo-epochs", type=float, default=3)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--prompts", type=int, default=64, help="curriculum.prompts")

@@ -10,6 +10,14 @@ tokenizer: every stage's real code, seconds a stage):
 - `cold-start-grpo`: a cold start on demonstrations, then a GRPO round (grpo.yaml);
 - `self-reward-dpo`: the policy judges its own samples, then DPO (self_reward_dpo.yaml).
 
+And three on the shipped path, run only when named (`--workloads shipped-grpo ...`): the default
+model, `auto`'s dtype (bf16 where this CPU runs it faster), vLLM sampling, each config shrunk in
+prompts and steps but not in model (minutes a run; `--stages train` aims every kill mid-training):
+
+- `shipped-grpo`: grpo.yaml, one round of 8 steps, a checkpoint every 2;
+- `shipped-rft`: default.yaml, one round, 2 epochs, a checkpoint every 2 steps;
+- `shipped-dpo`: self_reward_dpo.yaml, one round, 2 epochs, a checkpoint every 2 steps.
+
 For each: one unbroken run, timed; then K runs of the same command, each in a workdir of its own,
 whose whole process group is killed with SIGKILL (a lost machine) at a moment drawn at random
 inside a stage of the unbroken run (each kill another stage, chosen at random, so that every kind
@@ -50,6 +58,10 @@ def tiny_model(out: Path) -> Path:
     return tiny_causal_lm(out, default_model_dir(), seed=0)
 
 
+# the shipped path shrunk in prompts and steps, not in model or dtype: the default model, `auto`, vLLM
+SHIPPED = ["rounds=1", "data.train_size=24", "data.eval_size=16", "sample.max_tokens=40", "evaluate.max_tokens=40"]
+
+
 def workloads(model: Path, out: Path) -> dict[str, list[str]]:
     """Each workload's `ratchet run` arguments, less its workdir."""
     from ratchet.data.prompts import load_split
@@ -76,7 +88,15 @@ def workloads(model: Path, out: Path) -> dict[str, list[str]]:
                             "sample.shard_size=3", "label.top_logprobs=60000", "label.shard_size=9",
                             "filter.margin=0", "filter.min_pairs=1", "filter.max_length_ratio=null",
                             "train.epochs=2", "train.batch_size=4", "train.checkpoint_steps=2", "agreement.min=null"],
+        "shipped-grpo": [str(CONFIGS / "grpo.yaml"), *SHIPPED, "train.steps=8", "train.checkpoint_steps=2"],
+        "shipped-rft": [str(CONFIGS / "default.yaml"), *SHIPPED, "sample.n=4", "filter.min_rows=4",
+                        "train.checkpoint_steps=2", "train.batch_size=4"],
+        "shipped-dpo": [str(CONFIGS / "self_reward_dpo.yaml"), *SHIPPED, "sample.n=4", "filter.min_pairs=1",
+                        "train.epochs=2", "train.batch_size=4", "train.checkpoint_steps=2", "agreement.min=null"],
     }
+
+
+SHIPPED_ONLY = ("shipped-grpo", "shipped-rft", "shipped-dpo")  # minutes a run: only when named
 
 
 def ratchet(*args: str, timeout: float | None = None, log: Path | None = None) -> tuple[int | None, str, float]:
@@ -162,7 +182,9 @@ def main() -> int:
                     "random moment inside a stage of the unbroken run (a different stage each, at random); "
                     "anywhere: at a random moment of the run")
     ap.add_argument("--workloads", nargs="*", default=None, help="a subset: search-rft cold-start-grpo "
-                    "self-reward-dpo (default: all)")
+                    "self-reward-dpo shipped-grpo shipped-rft shipped-dpo (default: the first three)")
+    ap.add_argument("--stages", nargs="*", default=None, help="with --moments stages, aim only at these stages "
+                    "(train: every kill mid-training)")
     ap.add_argument("--recompare", action="store_true", help="run nothing: compare the runs DIR holds again "
                     "(after the comparison changed), and rewrite DIR/kills.json")
     a = ap.parse_args()
@@ -173,14 +195,14 @@ def main() -> int:
         return recompare(a.out, workloads(model, a.out))
     results = []
     for name, args in workloads(model, a.out).items():
-        if a.workloads and name not in a.workloads:
+        if (a.workloads and name not in a.workloads) or (not a.workloads and name in SHIPPED_ONLY):
             continue
         ref = a.out / name / "unbroken"
         t0 = time.time()
         code, console, wall = ratchet("run", *args, f"workdir={ref}", log=a.out / f"{name}-unbroken.log")
         if code != 0:
             raise SystemExit(f"{name}: the unbroken run failed ({code}); see {a.out / f'{name}-unbroken.log'}")
-        stages = windows(console, t0)
+        stages = [w for w in windows(console, t0) if not a.stages or w[0].split(" (")[0] in a.stages]
         print(f"{name}: unbroken run {wall:.0f} s; stages of 2 s or more: "
               f"{', '.join(f'{n} {end - begin:.0f} s' for n, begin, end in stages)}", flush=True)
         want, kills = chains(args, ref), []
@@ -188,6 +210,8 @@ def main() -> int:
         # (chosen at random where there are more), so that every kind of stage is cut mid-way; else
         # anywhere in (1 s, the wall)
         aimed = rng.sample(stages, min(a.kills, len(stages))) if a.moments == "stages" else []
+        if a.stages and stages:  # every kill inside one of the named stages, more kills than stages reusing them
+            aimed = [stages[k % len(stages)] for k in range(a.kills)]
         for k in range(a.kills):  # each kill in a run of its own, resumed to its end
             killed = a.out / name / f"killed-{k}"
             at = rng.uniform(aimed[k][1] + 0.5, aimed[k][2] - 0.5) if k < len(aimed) else rng.uniform(1.0, wall)

@@ -96,6 +96,24 @@ def shifted(a: int, b: int) -> str:
     return indexed(a, b, first=10 + int(hashlib.sha256(f"{a}+{b}".encode()).hexdigest(), 16) % 51)
 
 
+def copy(x: int, form) -> tuple[str, str]:
+    """A demonstration of the copy alone, in `form` (indexed or shifted): the prompt and the answer that
+    writes x's digits with their places, as the form's working begins, then reads them back. No sum is
+    in it, so it labels no level: it shows the model numbers longer than its sums, whose length a model
+    taught on 8-digit sums alone cannot copy (docs/results.md, "Growing past the labels").
+
+    Write the digits of 4567 with their places.  ->  a 4@01 5@02 6@03 7@04 so 4567"""
+    head = form(x, 0).split(" b ")[0] if form is indexed else shifted_copy(x)
+    return f"Write the digits of {x} with their places.", f"{head} so {x}"
+
+
+def shifted_copy(x: int) -> str:
+    import hashlib
+
+    first = 10 + int(hashlib.sha256(f"copy {x}".encode()).hexdigest(), 16) % 51
+    return indexed(x, 0, first=first).split(" b ")[0]
+
+
 STEP = re.compile(r"(\d)\+(\d)=(\d+), \+(\d)=(\d+), carry (\d), so far (\d+), left (.*)$")
 
 

@@ -395,8 +395,10 @@ def source() -> dict:
 def _distributions() -> dict[str, list[str]]:
     """Each import name's distributions (importlib.metadata.packages_distributions), kept in the user's
     cache while the distributions installed on sys.path (their .dist-info and .egg-info folders, by
-    name, which holds the version) are those it was read from: reading every distribution's files
-    took about 1.8 s of each plan and each run on 2 cores."""
+    name, which holds the version, in each folder that holds any, by its absolute path) are those it
+    was read from: reading every distribution's files took about 1.8 s of each plan and each run on
+    2 cores. The last few such sets are kept side by side, so that `python -m`, `-c`, a script and
+    pytest (each with its own sys.path[0]) do not read them again in turn."""
     from ratchet.data.digest import sha256_json
 
     marks = []
@@ -405,25 +407,30 @@ def _distributions() -> dict[str, list[str]]:
             names = sorted(n for n in os.listdir(entry or ".") if n.endswith((".dist-info", ".egg-info")))
         except OSError:
             continue
-        marks.append([entry, names])
+        if names:
+            marks.append([os.path.abspath(entry or "."), names])
     key, path = sha256_json(marks), _memo_file().with_name("distributions.json")
     try:
-        kept = json.loads(path.read_text())
-        if kept.get("key") == key:
-            return kept["found"]
+        kept = json.loads(path.read_text()).get("by_key", {})
+        if isinstance(kept.get(key), dict):
+            return kept[key]
     except (OSError, ValueError, AttributeError):
-        pass
+        kept = {}
     from importlib.metadata import packages_distributions
 
     found = packages_distributions()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"distributions.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "found": found}))
+        others = [k for k in kept if k != key][-(DISTRIBUTION_SETS - 1):]  # the newest few besides this one
+        tmp.write_text(json.dumps({"by_key": {**{k: kept[k] for k in others}, key: found}}))
         tmp.replace(path)
     except OSError:  # unwritable: read again next time
         pass
     return found
+
+
+DISTRIBUTION_SETS = 4  # sets of installed distributions kept in the cache at once
 
 
 def installed(name: str) -> str:

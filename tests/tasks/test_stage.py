@@ -247,6 +247,42 @@ def test_a_kept_code_version_is_worked_out_again_when_anything_it_read_changes(t
         code_reach._find.cache_clear()
 
 
+def test_the_installed_distributions_are_read_once_for_each_set_of_them(tmp_path, monkeypatch):
+    """Which distribution provides an import name is kept in the user's cache (`_distributions`), keyed
+    by the distributions installed on sys.path: a process whose sys.path[0] differs (`python -m`, `-c`,
+    pytest) but holds the same distributions reads the kept answer, and an install is a new set that is
+    read again while the others stay kept beside it."""
+    import importlib.metadata
+    import sys
+
+    from ratchet.tasks.runner import code_reach
+
+    monkeypatch.setenv("RATCHET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # "" on sys.path: a folder that holds no distribution
+    read = []
+    real = importlib.metadata.packages_distributions
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", lambda: read.append(1) or real())
+    site = tmp_path / "site"
+    site.mkdir()
+
+    def found(path0):
+        monkeypatch.setattr(sys, "path", [path0, *[p for p in sys.path if p not in ("", str(tmp_path))]])
+        code_reach._distributions.cache_clear()  # as in a new process
+        return code_reach._distributions()
+
+    try:
+        first = found(str(tmp_path))
+        assert read == [1] and found("") == first and read == [1]  # another sys.path[0] holding no distribution
+        monkeypatch.syspath_prepend(str(site))
+        (site / "newlib-1.0.dist-info").mkdir()  # an install: a set not read before
+        found("")
+        assert len(read) == 2
+        (site / "newlib-1.0.dist-info").rmdir()
+        assert found("") == first and len(read) == 2  # the first set, still kept
+    finally:
+        code_reach._distributions.cache_clear()
+
+
 def test_a_file_edited_while_its_stage_runs_is_never_recorded_under_the_older_digest(tmp_path, monkeypatch):
     """Each file a stage's key was made from is digested again before its manifest is written: a data
     file, a user function's helper, a module of code the body runs. An edit to any fails the stage,
