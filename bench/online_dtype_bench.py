@@ -2,7 +2,10 @@
 engine and the trainer each in bf16 or fp32, over seeds, side by side in one run.
 
     python bench/online_dtype_bench.py [--cells bf16/bf16 fp32/fp32 fp32/bf16] [--seeds 0 1 2] [--steps 20]
-                                       [--json FILE]
+                                       [--eval-size 50] [--json FILE]
+    python bench/online_dtype_bench.py --cells bf16/bf16@34 fp32/fp32   # at equal wall time: bf16 ran 1.7x the steps
+
+A cell is ENGINE/TRAINER, or ENGINE/TRAINER@STEPS for a cell of its own number of steps (--steps else).
 
 A cell is ENGINE/TRAINER: `sampler.dtype` (what the run's engine samples the groups in, and what
 the run evaluates in) and `train.precision` (what the trainer scores and steps in). For each
@@ -50,7 +53,7 @@ def evaluate(model: Path, dtype: str, prompts: list, check, max_tokens: int) -> 
     return sum(r.reward or 0.0 for r in rows) / len(rows)
 
 
-def cell(engine: str, trainer: str, seed: int, steps: int) -> dict:
+def cell(engine: str, trainer: str, seed: int, steps: int, eval_size: int) -> dict:
     from ratchet.data.records import LabeledCompletion, Prompt
     from ratchet.flows import api
     from ratchet.models.default_model import default_model_dir
@@ -58,7 +61,7 @@ def cell(engine: str, trainer: str, seed: int, steps: int) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix="online-dtype-"))
     cfg = api.load(ROOT / "flows" / "configs" / "grpo.yaml",
-                   [f"workdir={work}", "rounds=1", f"seed={seed}", f"train.steps={steps}",
+                   [f"workdir={work}", "rounds=1", f"seed={seed}", f"train.steps={steps}", f"data.eval_size={eval_size}",
                     f"sampler.dtype={DTYPES[engine][0]}", f"train.precision={DTYPES[trainer][1]}"])
     t = time.time()
     res = api.run(cfg)
@@ -78,7 +81,7 @@ def cell(engine: str, trainer: str, seed: int, steps: int) -> dict:
     after = res.model_dir(res.rounds[-1].version)
     fixed = {f"{name}_{d}": evaluate(m, DTYPES[d][0], prompts, cfg.data.check, cfg.evaluate.max_tokens)
              for name, m in (("base", default_model_dir()), ("after", after)) for d in ("fp32", "bf16")}
-    return {"engine": engine, "trainer": trainer, "seed": seed, "run_before": acc.get(0), "run_after": acc.get(1),
+    return {"engine": engine, "trainer": trainer, "steps": steps, "seed": seed, "run_before": acc.get(0), "run_after": acc.get(1),
             **fixed, "gap_mean": statistics.mean(r["logp_gap"] for r in steps_rows if "logp_gap" in r),
             "gap_max": max(gaps), "ratio_min": min(r[0] for r in ratios), "ratio_max": max(r[1] for r in ratios),
             "train_s": sum(r["step_s"] for r in steps_rows), "gen_tok_s": sum(g[0] for g in gen) / sum(g[1] for g in gen),
@@ -89,18 +92,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cells", nargs="+", default=["bf16/bf16", "fp32/fp32", "fp32/bf16"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=20, help="a cell's steps, where it names none (E/T@STEPS)")
+    ap.add_argument("--eval-size", type=int, default=50, help="held-out prompts (data.eval_size)")
     ap.add_argument("--json")
     ap.add_argument("--cell")  # ENGINE/TRAINER/SEED, in a child
     a = ap.parse_args()
     if a.cell:
         engine, trainer, seed = a.cell.split("/")
-        print("RESULT " + json.dumps(cell(engine, trainer, int(seed), a.steps)), flush=True)
+        print("RESULT " + json.dumps(cell(engine, trainer, int(seed), a.steps, a.eval_size)), flush=True)
         return
     results = []
     for seed in a.seeds:  # every cell of a seed before the next seed: a cut-short bench still compares
         for c in a.cells:
-            cmd = [sys.executable, __file__, "--cell", f"{c}/{seed}", "--steps", str(a.steps)]
+            dtypes, _, steps = c.partition("@")
+            cmd = [sys.executable, __file__, "--cell", f"{dtypes}/{seed}", "--steps", steps or str(a.steps),
+                   "--eval-size", str(a.eval_size)]
             done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
             line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:
@@ -113,7 +119,8 @@ def main() -> None:
           "| gap mean / max | ratio range | train s | gen tok/s |")
     print("|---|---:|---|---|---|---|---|---:|---:|")
     for c in a.cells:
-        rs = [r for r in results if f"{r['engine']}/{r['trainer']}" == c]
+        dtypes, _, steps = c.partition("@")
+        rs = [r for r in results if f"{r['engine']}/{r['trainer']}" == dtypes and r["steps"] == int(steps or a.steps)]
         if not rs:
             continue
 
