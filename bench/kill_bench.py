@@ -30,6 +30,7 @@ one line per kill and per workload, and writes DIR/kills.json."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -114,6 +115,37 @@ def ratchet(*args: str, timeout: float | None = None, log: Path | None = None) -
             os.killpg(p.pid, signal.SIGKILL)
             out, _ = p.communicate()
             return None, out, time.time() - start
+
+
+def ratchet_cut(args: list[str], stage: str, after: float, log: Path) -> tuple[int | None, str, float]:
+    """`ratchet run ARGS` killed (its whole group, SIGKILL) `after` s past the moment its console says
+    `stage` ("train (round 1)") started: aimed by the run's own progress, not by the clock of the
+    unbroken run, so that a machine busier or idler than it was still cuts the stage mid-way.
+    (exit code, or None where killed; its output; the kill's moment from the command's start)."""
+    import threading
+
+    name, rnd = re.match(r"(\S+) \(round (\d+)\)", stage).groups()
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    start, lines, cut = time.time(), [], []
+    with open(log, "w") as sink:
+        p = subprocess.Popen([sys.executable, "-m", "ratchet.flows.cli", "run", *args], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=sink, text=True, start_new_session=True)
+
+        def kill() -> None:
+            cut.append(time.time() - start)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+
+        timer = None
+        for line in p.stdout:
+            lines.append(line)
+            if timer is None and re.search(rf"round {rnd}\s+{re.escape(name)}\s+started", line):
+                timer = threading.Timer(after, kill)
+                timer.start()
+        p.wait()
+        if timer is not None:
+            timer.cancel()
+    return (None if cut else p.returncode), "".join(lines), (cut[0] if cut else time.time() - start)
 
 
 def running(console: str) -> str:
@@ -214,9 +246,14 @@ def main() -> int:
             aimed = [stages[k % len(stages)] for k in range(a.kills)]
         for k in range(a.kills):  # each kill in a run of its own, resumed to its end
             killed = a.out / name / f"killed-{k}"
-            at = rng.uniform(aimed[k][1] + 0.5, aimed[k][2] - 0.5) if k < len(aimed) else rng.uniform(1.0, wall)
-            code, console, _ = ratchet("run", *args, f"workdir={killed}", timeout=at,
-                                       log=a.out / f"{name}-killed-{k}.log")
+            if k < len(aimed):  # a moment inside the stage, counted from its start in this run
+                stage, begin, end = aimed[k]
+                code, console, at = ratchet_cut([*args, f"workdir={killed}"], stage, rng.uniform(0.5, end - begin - 0.5),
+                                                log=a.out / f"{name}-killed-{k}.log")
+            else:
+                at = rng.uniform(1.0, wall)
+                code, console, _ = ratchet("run", *args, f"workdir={killed}", timeout=at,
+                                           log=a.out / f"{name}-killed-{k}.log")
             if code is not None:
                 raise SystemExit(f"{name}: the run finished ({code}) before its kill at {at:.1f} s; see "
                                  f"{a.out / f'{name}-killed-{k}.log'}")
