@@ -14,7 +14,8 @@ And three on the shipped path, run only when named (`--workloads shipped-grpo ..
 model, `auto`'s dtype (bf16 where this CPU runs it faster), vLLM sampling, each config shrunk in
 prompts and steps but not in model (minutes a run; `--stages train` aims every kill mid-training):
 
-- `shipped-grpo`: grpo.yaml, one round of 8 steps, a checkpoint every 2;
+- `shipped-grpo`: grpo.yaml, one round of 8 steps, a checkpoint every 2 (`shipped-grpo-fp32`: the
+  same in float32, engine and trainer);
 - `shipped-rft`: default.yaml, one round, 2 epochs, a checkpoint every 2 steps;
 - `shipped-dpo`: self_reward_dpo.yaml, one round, 2 epochs, a checkpoint every 2 steps.
 
@@ -90,6 +91,8 @@ def workloads(model: Path, out: Path) -> dict[str, list[str]]:
                             "filter.margin=0", "filter.min_pairs=1", "filter.max_length_ratio=null",
                             "train.epochs=2", "train.batch_size=4", "train.checkpoint_steps=2", "agreement.min=null"],
         "shipped-grpo": [str(CONFIGS / "grpo.yaml"), *SHIPPED, "train.steps=8", "train.checkpoint_steps=2"],
+        "shipped-grpo-fp32": [str(CONFIGS / "grpo.yaml"), *SHIPPED, "train.steps=8", "train.checkpoint_steps=2",
+                              "sampler.dtype=float32", "train.precision=fp32"],
         "shipped-rft": [str(CONFIGS / "default.yaml"), *SHIPPED, "sample.n=4", "filter.min_rows=4",
                         "train.checkpoint_steps=2", "train.batch_size=4"],
         "shipped-dpo": [str(CONFIGS / "self_reward_dpo.yaml"), *SHIPPED, "sample.n=4", "filter.min_pairs=1",
@@ -97,7 +100,7 @@ def workloads(model: Path, out: Path) -> dict[str, list[str]]:
     }
 
 
-SHIPPED_ONLY = ("shipped-grpo", "shipped-rft", "shipped-dpo")  # minutes a run: only when named
+SHIPPED_ONLY = ("shipped-grpo", "shipped-grpo-fp32", "shipped-rft", "shipped-dpo")  # minutes a run: only when named
 
 
 def ratchet(*args: str, timeout: float | None = None, log: Path | None = None) -> tuple[int | None, str, float]:
@@ -214,7 +217,7 @@ def main() -> int:
                     "random moment inside a stage of the unbroken run (a different stage each, at random); "
                     "anywhere: at a random moment of the run")
     ap.add_argument("--workloads", nargs="*", default=None, help="a subset: search-rft cold-start-grpo "
-                    "self-reward-dpo shipped-grpo shipped-rft shipped-dpo (default: the first three)")
+                    "self-reward-dpo shipped-grpo shipped-grpo-fp32 shipped-rft shipped-dpo (default: the first three)")
     ap.add_argument("--stages", nargs="*", default=None, help="with --moments stages, aim only at these stages "
                     "(train: every kill mid-training)")
     ap.add_argument("--recompare", action="store_true", help="run nothing: compare the runs DIR holds again "
