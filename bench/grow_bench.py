@@ -7,6 +7,8 @@ and each round's label precision per level against references no stage reads.
     python bench/grow_bench.py --workdir /tmp/grow                       # 1-8 taught, grown to 16
     python bench/grow_bench.py --workdir /tmp/grow --table-only          # the table of that run
     python bench/grow_bench.py --workdir /tmp/grow --labels reference    # the same with every level labeled
+    python bench/grow_bench.py --workdir /tmp/grow --form shifted --copies 190 --copy-to 20 --labels self
+                               # the shifted form, with demonstrations of copying numbers of 2-20 digits
 
 It is `ratchet run` with overrides (printed first): killed, the same command resumes it, and a
 finished one reuses every stage. The table gives, per round, the level it trained at, each level's
