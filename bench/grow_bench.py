@@ -9,6 +9,8 @@ and each round's label precision per level against references no stage reads.
     python bench/grow_bench.py --workdir /tmp/grow --labels reference    # the same with every level labeled
     python bench/grow_bench.py --workdir /tmp/grow --form shifted --copies 190 --copy-to 20 --labels self
                                # the shifted form, with demonstrations of copying numbers of 2-20 digits
+    python bench/grow_bench.py --misses /tmp/grow/stages/evaluate.level_9-*/eval.jsonl
+                               # where each answer first goes wrong: the copy, a step, the read-back
 
 It is `ratchet run` with overrides (printed first): killed, the same command resumes it, and a
 finished one reuses every stage. The table gives, per round, the level it trained at, each level's
@@ -31,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "addition"))
-from worked import compact, copy, indexed, shifted, worked  # noqa: E402  (the working's forms)
+from worked import compact, copy, first_miss_tagged, indexed, shifted, worked  # noqa: E402  (the working's forms)
 
 FORMS = {"compact": compact, "indexed": indexed, "shifted": shifted, "worked": worked}
 
@@ -176,6 +178,25 @@ def table(a) -> str:
     return "\n".join(lines)
 
 
+def misses(files: list[Path]) -> str:
+    """Where each answer of an indexed or shifted form first goes wrong, counted per level: each file a
+    stage's answers (an evaluate stage's eval.jsonl, a sample stage's samples.jsonl); the sums are
+    read from the prompts, so the hidden references are not needed."""
+    import collections
+    import re
+
+    by: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for f in files:
+        for line in f.read_text().splitlines():
+            row = json.loads(line)
+            m = re.search(r"(\d+) \+ (\d+)\?", row["prompt"])
+            if m:
+                x, y = int(m[1]), int(m[2])
+                by[len(str(max(x, y)))][first_miss_tagged(x, y, row["text"])] += 1
+    return "\n".join(f"L{n} ({sum(c.values())}): " + ", ".join(f"{k} {v}" for k, v in c.most_common())
+                     for n, c in sorted(by.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/ratchet-grow"))
@@ -208,7 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", type=int, default=200, help="the target set's prompts (0: none)")
     ap.add_argument("--tokens", action="store_true", help="print the form's tokens per digit and stop")
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--misses", type=Path, nargs="+", help="print where each answer of these stage files "
+                    "(eval.jsonl, samples.jsonl; indexed or shifted form) first goes wrong, by level, and stop")
     a = ap.parse_args(argv)
+    if a.misses:
+        print(misses(a.misses))
+        return 0
     if a.tokens:
         for n, t in tokens_per_digit(FORMS[a.form], [1, 2, 4, 8, 16, 32]).items():
             print(f"{n:>2} digits: {t:.1f} tokens a digit ({t * n:.0f} an answer)")

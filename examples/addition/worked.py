@@ -147,6 +147,37 @@ def first_miss(a: int, b: int, text: str, right: bool) -> str:
     return "the last lines" if not x_s and not y_s else "form"
 
 
+TAGGED = re.compile(r"\s*a ((?:\d@\d+ ?)+)b ((?:\d@\d+ ?)+)(.*?) so (\d+)", re.S)
+
+
+def first_miss_tagged(a: int, b: int, text: str) -> str:
+    """Where an answer in the indexed or shifted form first goes wrong: the copy of a or of b (with how
+    many digits it wrote), the tags, the number of steps, the first wrong step, the read-back, or
+    "right". The text is model output: it is only matched and compared."""
+    m = TAGGED.match(text)
+    if not m:
+        return "form"
+    xa, xb = re.findall(r"(\d)@(\d+)", m[1]), re.findall(r"(\d)@(\d+)", m[2])
+    n = max(len(str(a)), len(str(b)))
+    x, y = str(a).rjust(n, "0"), str(b).rjust(n, "0")
+    for name, got, want in (("a", xa, x), ("b", xb, y)):
+        if "".join(d for d, _ in got) != want:
+            return f"copy of {name}: {len(got)} of {n} digits" if len(got) != n else f"copy of {name}: digits"
+    tags = [int(t) for _, t in xa]
+    if tags != list(range(tags[0], tags[0] + n)) or [int(t) for _, t in xb] != tags:
+        return "tags"
+    steps = re.findall(r"(\d+): (\d)\+(\d)(?:\+(\d))?=(\d+)", m[3])
+    if len(steps) != n:
+        return f"steps: {len(steps)} of {n}"
+    carry = 0
+    for k, i in enumerate(range(n, 0, -1), 1):
+        total = int(x[i - 1]) + int(y[i - 1]) + carry
+        if steps[k - 1] != (f"{tags[i - 1]:02d}", x[i - 1], y[i - 1], str(carry) if carry else "", str(total)):
+            return f"step {k}"
+        carry = total // 10
+    return "right" if m[4] == str(a + b) else "read-back"
+
+
 PROMPT = re.compile(r"(\d+) \+ (\d+)\?\s*$")
 
 
