@@ -139,3 +139,24 @@ def test_the_curriculum_bench_finds_where_a_worked_answer_first_goes_wrong():
     answers = [{"prompt_id": "add-458-867", "text": right, "correct": True},
                {"prompt_id": "add-45-86", "text": "", "correct": False}]
     assert bench["misses"](answers) == "L2: form 1\nL3: right 1"
+
+
+def test_the_grow_bench_s_copies_name_no_sum_and_its_misses_find_the_first_wrong_part():
+    """--copies: a copy row holds one number and no sum, so it labels no level; --misses replays a
+    tagged answer against the sum its prompt names and says where it first goes wrong."""
+    import re
+
+    bench = runpy.run_path(str(BENCH / "grow_bench.py"))
+    form, copy, miss = bench["FORMS"]["shifted"], bench["copy"], bench["first_miss_tagged"]
+    prompt, text = copy(123456789012, form)
+    assert "+" not in prompt + text and text.endswith(" so 123456789012")
+    assert [d for d, _ in re.findall(r"(\d)@(\d+)", text)] == list("123456789012")
+    x, y = 123456789, 987654321
+    right = form(x, y)
+    assert miss(x, y, right) == "right"
+    tags = re.findall(r"\d@\d+", right)
+    assert miss(x, y, right.replace(tags[3] + " ", "", 1)) == "copy of a: 8 of 9 digits"  # a digit dropped
+    step = re.search(r"(\d+: \d\+\d(?:\+\d)?=)(\d+)", right)
+    assert miss(x, y, right.replace(step[0], step[1] + "99", 1)) == "step 1"
+    assert miss(x, y, right.rsplit(" so ", 1)[0] + " so 1111111111") == "read-back"
+    assert miss(x, y, "So the sum is 1111111110.") == "form"
