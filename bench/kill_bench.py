@@ -178,9 +178,10 @@ def windows(console: str, started: float) -> list[tuple[str, float, float]]:
 
 
 # metrics that say how the attempt that finished a stage went, not what the stage made: that it resumed,
-# from which step, how many engine holders it had (the executor is not in a key), and, by their `_reused`
-# names, how many shards or answers it read back instead of making them again
-ATTEMPT = ("resumed", "resumed_from_step", "holders")
+# from which step, how many engine holders it had (the executor is not in a key), how often an online
+# stage's engine took new weights (a resumed one loads its checkpoint's once more), and, by their
+# `_reused` names, how many shards or answers it read back instead of making them again
+ATTEMPT = ("resumed", "resumed_from_step", "holders", "syncs")
 
 
 def timing(name: str) -> bool:

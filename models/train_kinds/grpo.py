@@ -45,7 +45,7 @@ from pydantic import Field
 from ratchet.data.procs.entry import Entry
 
 from ratchet.models.trainer import (STEPS, OptimSettings, load_policy, resolve_precision, run_training,
-                                    save_merged, trainer_args, turn_ids, write_log)
+                                    read_steps, save_merged, trainer_args, turn_ids, write_log)
 
 # every loss_type TRL 1.16's GRPOTrainer accepts
 LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
@@ -394,6 +394,18 @@ class Rollouts:
                      "groups_dropped": float(counts.get("groups_dropped", 0)), "reused": float(reused)}
         return rows, read
 
+    def whole(self, steps: int) -> dict[str, float]:
+        """The group tallies and generated tokens of every step this process trained, read from the
+        stored counts: the whole training's, whichever attempt sampled each step (a resumed attempt
+        trains the steps before its checkpoint from none)."""
+        out = dict.fromkeys([*self.groups, "gen_tokens"], 0.0)
+        for step in range(steps):
+            f = self.dir / (f"{step:05d}" + (f".{self.rank}" if self.world > 1 else "") + ".json")
+            counts = json.loads(f.read_text()) if f.exists() else {}
+            for k in out:
+                out[k] += counts.get(k, 0)
+        return out
+
     def _roll(self, prompt_ids: list[str], seed: int) -> list:
         rows, cost = self.online.roll(self.engine, [self.prompts[i] for i in prompt_ids], seed)
         for k in ("gen_s", "score_s"):
@@ -406,6 +418,7 @@ class Rollouts:
 
         g = self.online.group
         sampled_from = self.weights() if self.weights is not None else None
+        tokens_before = self.gen_tokens
         seeds = [step_seed(self.seed, step, rank=self.rank)]
         rows = self._roll(prompt_ids, seeds[0])
         groups = [rows[i:i + g] for i in range(0, len(rows), g)]
@@ -429,6 +442,7 @@ class Rollouts:
                     groups[equal.pop(0)] = grp
                     counts["groups_replaced"] += 1
         counts["groups_dropped"] = len(equal) if self.drop_equal else 0
+        counts["gen_tokens"] = self.gen_tokens - tokens_before  # every draw's, the groups replaced too
         counts["ledger"] = {"prompt_ids": [grp[0].prompt_id for grp in groups],
                             "trained_prompt_ids": [grp[0].prompt_id for grp in groups
                                                    if teaches(grp) or not self.drop_equal],
@@ -453,7 +467,10 @@ def gathered(mine: dict) -> list[dict]:
     return parts
 
 
-def step_log(out: Path, rollouts: Rollouts, sync: Callable[[], float]):
+MICRO = {"run": "micro_batches_run", "skipped": "micro_batches_skipped", "chunks_skipped": "forward_chunks_skipped"}
+
+
+def step_log(out: Path, rollouts: Rollouts, sync: Callable[[], float], micro: Callable[[], dict]):
     """A callback that appends each step's figures to out/steps.jsonl as the step ends: its reward
     mean and share of groups kept (from Rollouts.last), the tokens it generated and their rate, its
     engine sync's seconds and its own seconds (None where it has none: a step read from stored
@@ -464,12 +481,13 @@ def step_log(out: Path, rollouts: Rollouts, sync: Callable[[], float]):
 
     class StepLog(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            self.began = (time.time(), rollouts.gen_tokens, rollouts.cost["gen_s"], sync())
+            self.began = (time.time(), rollouts.gen_tokens, rollouts.cost["gen_s"], sync(), dict(micro()))
 
         def on_step_end(self, args, state, control, **kwargs):
-            t, tokens, gen_s, sync_s = self.began
+            t, tokens, gen_s, sync_s, mb = self.began
             mine = {**rollouts.last, "gen_tokens": rollouts.gen_tokens - tokens,
-                    "gen_s": rollouts.cost["gen_s"] - gen_s, "sync_s": sync() - sync_s, "step_s": time.time() - t}
+                    "gen_s": rollouts.cost["gen_s"] - gen_s, "sync_s": sync() - sync_s, "step_s": time.time() - t,
+                    **{name: micro()[k] - mb[k] for k, name in MICRO.items()}}
             parts = gathered(mine)
             if not state.is_world_process_zero:
                 return
@@ -483,7 +501,8 @@ def step_log(out: Path, rollouts: Rollouts, sync: Callable[[], float]):
                    "groups_kept": 1.0 - total["groups_dropped"] / total["groups"] if total["groups"] else None,
                    "reused": float(all(p["reused"] for p in parts)), "gen_tokens": int(total["gen_tokens"]),
                    "gen_tokens_per_s": total["gen_tokens"] / gen_s if gen_s > 0 else None,
-                   "sync_s": max(p["sync_s"] for p in parts), "step_s": max(p["step_s"] for p in parts)}
+                   "sync_s": max(p["sync_s"] for p in parts), "step_s": max(p["step_s"] for p in parts),
+                   **{name: sum(p[name] for p in parts) for name in MICRO.values()}}
             with open(out / STEPS, "a") as f:
                 f.write(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v
                                     for k, v in row.items()}, sort_keys=True) + "\n")
@@ -542,7 +561,7 @@ def grpo_trainer(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out
                                  processing_class=tok, peft_config=peft_config,
                                  train_dataset=Dataset.from_list([{"prompt": p["id"]} for p in prompts]),
                                  rollout_func=rollout_func)
-    trainer.add_callback(step_log(out, rollouts, lambda: trainer.vllm_generation.sync_s))
+    trainer.add_callback(step_log(out, rollouts, lambda: trainer.vllm_generation.sync_s, lambda: trainer.micro_batches))
     rollouts.weights = lambda: {"step": trainer.state.global_step,  # what the engine holds as a step samples
                                 "trainable_sha256": trainable_sha256(trainer.accelerator.unwrap_model(trainer.model))}
     return trainer, tok, prec, rollouts
@@ -564,16 +583,18 @@ def train_grpo(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: 
     # what every process counted, summed (seconds: the slowest process's, which the step waited for;
     # steps read from the store: the most any process read of its own share); before the engine
     # closes, since a vLLM engine in several processes tears the process group down with it
-    parts = gathered({"cost": rollouts.cost, "groups": rollouts.groups, "gen_tokens": rollouts.gen_tokens,
-                      "reused": rollouts.reused, "syncs": sync.syncs, "sync_s": sync.sync_s,
-                      **trainer.micro_batches})
+    parts = gathered({"cost": rollouts.cost, "whole": rollouts.whole(cfg.steps), "gen_tokens": rollouts.gen_tokens,
+                      "reused": rollouts.reused, "syncs": sync.syncs, "sync_s": sync.sync_s})
     rollouts.engine.close()  # its memory back before the merge loads another copy of the weights
     if not trainer.is_world_process_zero():
         return {}
     cost = {k: max(p["cost"][k] for p in parts) for k in rollouts.cost}
-    groups = {k: sum(p["groups"][k] for p in parts) for k in rollouts.groups}
+    # what the stage made counts every step, whichever attempt ran it (the stored counts, each step's
+    # row of steps.jsonl); the rates and seconds are this attempt's own
+    whole = {k: sum(p["whole"][k] for p in parts) for k in parts[0]["whole"]}
+    groups = {k: whole[k] for k in rollouts.groups}
     gen_tokens, sync_s = sum(p["gen_tokens"] for p in parts), max(p["sync_s"] for p in parts)
-    mb = {k: sum(p[k] for p in parts) for k in trainer.micro_batches}
+    mb = {name: sum(r.get(name) or 0 for r in read_steps(out)) for name in MICRO.values()}
     write_ledger(out)
     saving = time.time()
     save_merged(trainer, tok, model_dir, out, cfg.adapter)
@@ -581,10 +602,11 @@ def train_grpo(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: 
     hist = [h for h in trainer.state.log_history if "reward" in h]
     metrics.update(bf16=float(prec == "bf16"), resumed=float(resumed is not None),
                    resumed_from_step=float(resumed or 0), processes=float(len(parts)), prompts=float(len(prompts)),
-                   **cost, **groups, gen_tokens=float(gen_tokens), syncs=float(sum(p["syncs"] for p in parts)),
+                   **cost, **groups, gen_tokens=float(whole["gen_tokens"]), syncs=float(sum(p["syncs"] for p in parts)),
                    sync_s=sync_s, steps_reused=float(max(p["reused"] for p in parts)),
-                   micro_batches_skipped=float(mb["skipped"]), micro_batches=float(mb["run"] + mb["skipped"]),
-                   forward_chunks_skipped=float(mb["chunks_skipped"]),
+                   micro_batches_skipped=float(mb["micro_batches_skipped"]),
+                   micro_batches=float(mb["micro_batches_run"] + mb["micro_batches_skipped"]),
+                   forward_chunks_skipped=float(mb["forward_chunks_skipped"]),
                    tokens_per_s=gen_tokens / metrics["train_s"] if metrics["train_s"] else 0.0,
                    gen_tokens_per_s=gen_tokens / cost["gen_s"] if cost["gen_s"] else 0.0)
     # the optimizer's share: the steps' time less what the step spent outside it (generating, scoring,

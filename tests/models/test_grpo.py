@@ -275,6 +275,10 @@ def test_a_killed_stage_resumes_to_the_same_bytes(wide_tiny, tmp_path):
     for f in ["train_log.jsonl", "model/model.safetensors", "adapter/adapter_model.safetensors", "ledger.jsonl",
               *[f"rollouts/{n:05d}.jsonl" for n in range(6)]]:
         assert (out / f).read_bytes() == (tmp_path / "full" / f).read_bytes(), f
+    # and what the stage says it made is the whole training's, not the resumed attempt's
+    made = ("gen_tokens", "groups", "groups_equal", "groups_dropped", "kept_group_frac", "first_draw_taught_frac",
+            "micro_batches", "micro_batches_skipped", "forward_chunks_skipped", "train_loss", "steps")
+    assert {k: resumed[k] for k in made} == {k: full[k] for k in made} and full["gen_tokens"] > 0
     # the ledger: a row per optimizer step, each sampled from the weights of the step before it (the
     # trainer's step then, and its trainable parameters' digest: another after every step)
     ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
@@ -416,7 +420,7 @@ def test_groups_that_teach_nothing_are_replaced_counted_and_dropped(tmp_path):
     counts = json.loads((tmp_path / "rollouts" / "00000.json").read_text())
     ledger = counts.pop("ledger")
     assert counts == {"groups": 3, "groups_equal": 2, "groups_drawn": 2, "groups_replaced": replaced,
-                      "groups_dropped": 2 - replaced}
+                      "groups_dropped": 2 - replaced, "gen_tokens": r.gen_tokens}  # both draws' tokens
     # the ledger's entry: the prompts of the groups it kept (a replaced group's prompt in its place), those
     # the loss reads, the seed of each draw, and no weights (a trainer gives them: tests below)
     assert ledger["prompt_ids"] == [g[0].prompt_id for g in groups] and ledger["sampled_from"] is None
@@ -434,6 +438,11 @@ def test_groups_that_teach_nothing_are_replaced_counted_and_dropped(tmp_path):
     again = Rollouts(tmp_path, online, prompts, seed=0, resample=1)
     assert again.step(0, ["p0", "p1", "p2"]) == (rows, read) and len(calls) == 2 and again.reused == 1
     assert again.groups["groups_equal"] == 2
+    # the whole training's tallies come from the store, whichever attempt sampled a step: a process
+    # that sampled nothing (a resume past its checkpoint) counts the step the first attempt made
+    fresh = Rollouts(tmp_path, online, prompts, seed=0, resample=1)
+    assert fresh.whole(1) == {**{k: float(v) for k, v in counts.items()}} and fresh.gen_tokens == 0
+    assert fresh.whole(2) == fresh.whole(1)  # a step not sampled yet adds nothing
 
     kept = Rollouts(tmp_path / "keep", online, prompts, seed=0, drop_equal=False)
     assert all(kept.step(0, ["p0", "p1"])[1]) and kept.groups["groups_dropped"] == 0 and len(calls) == 3
