@@ -120,10 +120,13 @@ def ratchet(*args: str, timeout: float | None = None, log: Path | None = None) -
             return None, out, time.time() - start
 
 
-def ratchet_cut(args: list[str], stage: str, after: float, log: Path) -> tuple[int | None, str, float]:
+def ratchet_cut(args: list[str], stage: str, after: float, log: Path,
+                checkpoint: Path | None = None) -> tuple[int | None, str, float]:
     """`ratchet run ARGS` killed (its whole group, SIGKILL) `after` s past the moment its console says
     `stage` ("train (round 1)") started: aimed by the run's own progress, not by the clock of the
-    unbroken run, so that a machine busier or idler than it was still cuts the stage mid-way.
+    unbroken run, so that a machine busier or idler than it was still cuts the stage mid-way. With
+    `checkpoint` (the workdir), `after` s past the moment the stage's first trainer checkpoint appears
+    instead: the resumed attempt then trains from it, mid-epoch.
     (exit code, or None where killed; its output; the kill's moment from the command's start)."""
     import threading
 
@@ -139,14 +142,23 @@ def ratchet_cut(args: list[str], stage: str, after: float, log: Path) -> tuple[i
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
 
-        timer = None
+        timer, done = None, threading.Event()
+
+        def at_checkpoint() -> None:  # the first checkpoint of the stage, then `after` s
+            while not done.is_set() and not list(checkpoint.glob(f"stages/{name}-*/checkpoints/checkpoint-*")):
+                time.sleep(0.05)
+            if not done.wait(after):
+                kill()
+
         for line in p.stdout:
             lines.append(line)
             if timer is None and re.search(rf"round {rnd}\s+{re.escape(name)}\s+started", line):
-                timer = threading.Timer(after, kill)
+                timer = threading.Thread(target=at_checkpoint, daemon=True) if checkpoint else \
+                    threading.Timer(after, kill)
                 timer.start()
         p.wait()
-        if timer is not None:
+        done.set()
+        if isinstance(timer, threading.Timer):
             timer.cancel()
     return (None if cut else p.returncode), "".join(lines), (cut[0] if cut else time.time() - start)
 
@@ -221,6 +233,8 @@ def main() -> int:
                     "self-reward-dpo shipped-grpo shipped-grpo-fp32 shipped-rft shipped-dpo (default: the first three)")
     ap.add_argument("--stages", nargs="*", default=None, help="with --moments stages, aim only at these stages "
                     "(train: every kill mid-training)")
+    ap.add_argument("--after-checkpoint", action="store_true", help="with --stages, each kill within 1 s after "
+                    "the aimed stage's first trainer checkpoint appears (a resume mid-epoch, from it)")
     ap.add_argument("--recompare", action="store_true", help="run nothing: compare the runs DIR holds again "
                     "(after the comparison changed), and rewrite DIR/kills.json")
     a = ap.parse_args()
@@ -252,8 +266,10 @@ def main() -> int:
             killed = a.out / name / f"killed-{k}"
             if k < len(aimed):  # a moment inside the stage, counted from its start in this run
                 stage, begin, end = aimed[k]
-                code, console, at = ratchet_cut([*args, f"workdir={killed}"], stage, rng.uniform(0.5, end - begin - 0.5),
-                                                log=a.out / f"{name}-killed-{k}.log")
+                after = rng.uniform(0.0, 1.0) if a.after_checkpoint else rng.uniform(0.5, end - begin - 0.5)
+                code, console, at = ratchet_cut([*args, f"workdir={killed}"], stage, after,
+                                                log=a.out / f"{name}-killed-{k}.log",
+                                                checkpoint=killed if a.after_checkpoint else None)
             else:
                 at = rng.uniform(1.0, wall)
                 code, console, _ = ratchet("run", *args, f"workdir={killed}", timeout=at,
