@@ -125,8 +125,8 @@ def ratchet_cut(args: list[str], stage: str, after: float, log: Path,
     """`ratchet run ARGS` killed (its whole group, SIGKILL) `after` s past the moment its console says
     `stage` ("train (round 1)") started: aimed by the run's own progress, not by the clock of the
     unbroken run, so that a machine busier or idler than it was still cuts the stage mid-way. With
-    `checkpoint` (the workdir), `after` s past the moment the stage's first trainer checkpoint appears
-    instead: the resumed attempt then trains from it, mid-epoch.
+    `checkpoint` (the workdir), `after` s past the moment the stage's first trainer checkpoint is whole
+    (its trainer_state.json written, as a resume requires) instead: the resumed attempt trains from it.
     (exit code, or None where killed; its output; the kill's moment from the command's start)."""
     import threading
 
@@ -145,7 +145,8 @@ def ratchet_cut(args: list[str], stage: str, after: float, log: Path,
         timer, done = None, threading.Event()
 
         def at_checkpoint() -> None:  # the first checkpoint of the stage, then `after` s
-            while not done.is_set() and not list(checkpoint.glob(f"stages/{name}-*/checkpoints/checkpoint-*")):
+            while not done.is_set() and not list(checkpoint.glob(f"stages/{name}-*/checkpoints/checkpoint-*/"
+                                                                 "trainer_state.json")):
                 time.sleep(0.05)
             if not done.wait(after):
                 kill()
