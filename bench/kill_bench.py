@@ -103,14 +103,20 @@ def workloads(model: Path, out: Path) -> dict[str, list[str]]:
 SHIPPED_ONLY = ("shipped-grpo", "shipped-grpo-fp32", "shipped-rft", "shipped-dpo")  # minutes a run: only when named
 
 
+def started(args: list[str], sink) -> subprocess.Popen:
+    """`ratchet ARGS` started in a process group of its own, its own temporary Prefect server, its
+    console piped, its log to `sink`."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    return subprocess.Popen([sys.executable, "-m", "ratchet.flows.cli", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=sink, text=True, start_new_session=True)
+
+
 def ratchet(*args: str, timeout: float | None = None, log: Path | None = None) -> tuple[int | None, str, float]:
     """`ratchet ARGS` in a process group of its own; killed (the whole group, SIGKILL) after
     `timeout` s. (exit code, or None where killed; its output; its wall)."""
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     start = time.time()
     with open(log or os.devnull, "w") as sink:
-        p = subprocess.Popen([sys.executable, "-m", "ratchet.flows.cli", *args], cwd=ROOT, env=env,
-                             stdout=subprocess.PIPE, stderr=sink, text=True, start_new_session=True)
+        p = started(args, sink)
         try:
             out, _ = p.communicate(timeout=timeout)
             return p.returncode, out, time.time() - start
@@ -131,11 +137,9 @@ def ratchet_cut(args: list[str], stage: str, after: float, log: Path,
     import threading
 
     name, rnd = re.match(r"(\S+) \(round (\d+)\)", stage).groups()
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     start, lines, cut = time.time(), [], []
     with open(log, "w") as sink:
-        p = subprocess.Popen([sys.executable, "-m", "ratchet.flows.cli", "run", *args], cwd=ROOT, env=env,
-                             stdout=subprocess.PIPE, stderr=sink, text=True, start_new_session=True)
+        p = started(["run", *args], sink)
 
         def kill() -> None:
             cut.append(time.time() - start)

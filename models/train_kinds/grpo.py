@@ -370,7 +370,7 @@ class Rollouts:
         """The step's rows, and for each row whether the loss reads it."""
         from ratchet.data.records import LabeledCompletion, read_jsonl, write_jsonl
 
-        name = f"{step:05d}" + (f".{self.rank}" if self.world > 1 else "")
+        name = self._name(step)
         f, counts_file = self.dir / f"{name}.jsonl", self.dir / f"{name}.json"
         reused = f.exists() and counts_file.exists()
         if reused:
@@ -394,13 +394,17 @@ class Rollouts:
                      "groups_dropped": float(counts.get("groups_dropped", 0)), "reused": float(reused)}
         return rows, read
 
+    def _name(self, step: int) -> str:
+        """A step's stored rollouts and counts, less the suffix: this process's share of the step."""
+        return f"{step:05d}" + (f".{self.rank}" if self.world > 1 else "")
+
     def whole(self, steps: int) -> dict[str, float]:
         """The group tallies and generated tokens of every step this process trained, read from the
         stored counts: the whole training's, whichever attempt sampled each step (a resumed attempt
         trains the steps before its checkpoint from none)."""
         out = dict.fromkeys([*self.groups, "gen_tokens"], 0.0)
         for step in range(steps):
-            f = self.dir / (f"{step:05d}" + (f".{self.rank}" if self.world > 1 else "") + ".json")
+            f = self.dir / f"{self._name(step)}.json"
             counts = json.loads(f.read_text()) if f.exists() else {}
             for k in out:
                 out[k] += counts.get(k, 0)
