@@ -31,6 +31,23 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 import pytest  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _mlflow_globals_untouched():
+    """A test that sets MLflow's process-wide tracking or registry URI fails: the setting would
+    outlive it and point every later client in its worker (one made without a registry URI) at
+    its store. Set them through the environment with monkeypatch instead."""
+    yield
+    import sys
+
+    if "mlflow" in sys.modules:
+        from mlflow.tracking._model_registry import utils as registry
+        from mlflow.tracking._tracking_service import utils as tracking
+
+        leaked = {k: v for k, v in (("tracking", tracking._tracking_uri), ("registry", registry._registry_uri)) if v}
+        tracking._tracking_uri = registry._registry_uri = None  # one leak, one failure: the next test starts clean
+        assert not leaked, f"the test set MLflow's process-wide URIs {leaked}; use monkeypatch.setenv"
+
+
 @pytest.fixture(scope="session")
 def default_model() -> Path:
     """The real default model (converted once into the user cache)."""

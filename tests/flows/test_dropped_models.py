@@ -91,7 +91,7 @@ def _args(workdir, tiny_model):
 
 
 @pytest.mark.integration
-def test_a_dropped_version_is_made_again_byte_for_byte(tiny_model, tmp_path, prefect_harness, capsys):
+def test_a_dropped_version_is_made_again_byte_for_byte(tiny_model, tmp_path, prefect_harness, capsys, monkeypatch):
     """Three rounds with drop_models: version 2's weights go once version 4 is registered (version 1,
     the base model, stays the champion: nothing beats it by more than 1). A run continuing from
     version 2 makes them again in its stage worker, `ratchet export` in a child of its own, and both
@@ -139,8 +139,10 @@ def test_a_dropped_version_is_made_again_byte_for_byte(tiny_model, tmp_path, pre
     assert main(["restore", *map(str, _args(work, tiny_model))]) == 0, capsys.readouterr().err
     assert "version 3: made again the weights its MLflow model loads against" in capsys.readouterr().out
     assert sha256_file(weights) == digest and tagged() == []
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
+    # through the environment, which the test's end restores: mlflow.set_registry_uri would outlive the
+    # test and point every later MlflowClient in this worker at this store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", uri)
     for v in ("1", "2", "3", "4"):
         assert mlflow.transformers.load_model(f"models:/ratchet-default/{v}").model is not None, v
     store.drop(v2, ["model/model.safetensors"], "test")  # dropped again, for a run to make

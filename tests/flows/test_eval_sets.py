@@ -76,7 +76,7 @@ def test_every_set_is_evaluated_logged_and_keyed_on_its_own(tiny_model, tmp_path
     assert kinds.count("evaluate") == 2 and kinds.count("evaluate.reg") == 2 and kinds.count("prompts.reg") == 1
     assert "evaluate.reg" in first.stdout and " · reg " in first.stdout  # a stage line and the round line
 
-    c = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    c = MlflowClient(db := f"sqlite:///{work / 'mlflow.db'}", db)
     [exp] = [e for e in c.search_experiments() if e.name == "ratchet-default"]
     runs = c.search_runs([exp.experiment_id])
     [r1] = [r for r in runs if r.data.tags.get("ratchet.round") == "1"]

@@ -91,7 +91,7 @@ def test_racing_runs_share_one_store_and_a_new_split_reevaluates_the_champion(tm
         assert "imported from the current directory" not in err
     assert sum("is already running in" in out and "waiting for it to end" in out for out, _ in outs) == 1
 
-    c = MlflowClient(url)
+    c = MlflowClient(url, url)  # the registry named too, never another test's
     (exp,) = [e for e in c.search_experiments() if e.name == "ratchet-self-reward-dpo"]
     runs = c.search_runs([exp.experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
