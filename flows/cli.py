@@ -85,12 +85,14 @@ def _execute(cfg, start_from: str | None = None, verbose: bool = False, run_name
     (see flows/console.py). Errors found before the run starts are raised to `main`; a run
     that fails prints one block (what failed, why, its log, how to resume) and exits 1."""
     from ratchet.flows.inputs import checked_run
-    from ratchet.flows.launch import library_env
+    from ratchet.flows.launch import imports_meanwhile, library_env
 
     library_env()
     if start_from is None and (done := _reused_whole(cfg, run_name, verbose)) is not None:
         return done
-    with checked_run(cfg) as split:  # before anything is written: bad data leaves no workdir behind
+    # before anything is written: bad data leaves no workdir behind; the run's own imports are made
+    # while the model's checks wait on the fork server
+    with checked_run(cfg, imports_meanwhile(Path(cfg.workdir).resolve())) as split:
         return _execute_checked(cfg, split, start_from, verbose, run_name)
 
 

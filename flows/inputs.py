@@ -53,14 +53,16 @@ def check_task(cfg: PipelineConfig, model_dir: Path | None = None) -> tuple[Spli
 
 
 @contextlib.contextmanager
-def checked_run(cfg: PipelineConfig) -> Iterator[Split]:
+def checked_run(cfg: PipelineConfig, meanwhile=None) -> Iterator[Split]:
     """check_inputs for `ratchet run`, with the run's fork server (data/procs/forkserver.py) started
     for the run's length: the data here, then the model's checks in a child of the server once it
     has imported what they read models with (tasks/stage.READS_MODELS), which the stages import from it
     anyway (a run's own process imported them for the checks alone: 4-5 s of CPU). Nothing is
     written before the checks pass: the server's log has no name until the run's services give it
     one. Where the config has no fork server (`isolate`, `executor.warm_workers`), or this process
-    has imported transformers already, the checks are all made here."""
+    has imported transformers already, the checks are all made here. `meanwhile`: a context
+    manager to hold around the model's checks, once the data's have passed (the run's own imports,
+    flows/launch.py imports_meanwhile)."""
     import sys
 
     from ratchet.data.procs import forkserver
@@ -71,12 +73,13 @@ def checked_run(cfg: PipelineConfig) -> Iterator[Split]:
     if not local:  # no model here: its server counts the prompts
         check_served(cfg, split, sets)
     with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, None, run_preload()):
-        if not local:
-            pass
-        elif "transformers" in sys.modules:  # imported here already (a caller of flows/api.py): nothing to save
-            check_model(cfg, split, sets)
-        else:
-            forkserver.call(check_model, cfg, split, sets, after=READS_MODELS)
+        with meanwhile or contextlib.nullcontext():
+            if not local:
+                pass
+            elif "transformers" in sys.modules:  # imported here already (a caller of flows/api.py): nothing to save
+                check_model(cfg, split, sets)
+            else:
+                forkserver.call(check_model, cfg, split, sets, after=READS_MODELS)
         yield with_sets(split, sets)
 
 

@@ -36,6 +36,55 @@ def library_env() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# What a run's own process imports between its checks and its first stage, several seconds of
+# CPU: MLflow's client and its SQLite store (the run's record), and with Prefect's home settled,
+# Prefect and its temporary server (then the flow's module, flows/pipeline.py, which imports Prefect).
+TRACKING_IMPORTS = ("mlflow", "mlflow.tracking", "mlflow.store.db.utils", "mlflow.store.tracking.sqlalchemy_store",
+                    "mlflow.store.model_registry.sqlalchemy_store")
+PREFECT_IMPORTS = ("prefect", "prefect.server.api.server")
+
+
+@contextlib.contextmanager
+def imports_meanwhile(workdir: Path) -> Iterator[None]:
+    """Import TRACKING_IMPORTS and PREFECT_IMPORTS in a thread while the block lasts (the model's
+    checks, which wait on the fork server's own imports: a run's process sat idle there), and
+    wait for them at its end, so no import of the run's runs beside another of this thread's.
+    Prefect is imported here only where its home is settled already (a server of the user's, a
+    PREFECT_HOME, or the workdir's own prefect/ from an earlier run): its import creates its
+    home, and a run writes nothing before its checks pass. A failed import is left for the run's
+    own import of it to raise."""
+    import importlib
+    import sys
+    import threading
+
+    names = list(TRACKING_IMPORTS)
+    home = workdir / "prefect"
+    flow = {"PREFECT_API_URL", "PREFECT_HOME"} & set(os.environ) or home.is_dir()
+    if flow:
+        names += PREFECT_IMPORTS
+        if not {"PREFECT_API_URL", "PREFECT_HOME"} & set(os.environ):
+            os.environ["PREFECT_HOME"] = str(home)  # as prepare_env sets it, before Prefect is imported
+    names = [n for n in names if n not in sys.modules]
+
+    def load() -> None:
+        try:
+            for name in names:
+                importlib.import_module(name)
+            if flow:
+                from ratchet.flows import pipeline  # noqa: F401
+        except Exception:  # noqa: BLE001 - raised again where the run imports it
+            return
+
+    thread = threading.Thread(target=load, daemon=True, name="ratchet-imports")
+    if names:
+        thread.start()
+    try:
+        yield
+    finally:
+        if names:
+            thread.join()
+
+
 def prepare_env(workdir: Path | None) -> None:
     """Point Prefect and MLflow at the workdir before either is imported. Without a
     workdir (`serve`), the user's Prefect profile decides which server to talk to."""

@@ -1,5 +1,6 @@
 """User data is checked before anything is loaded or written, and every input is in the key."""
 
+import os
 import json
 import subprocess
 import sys
@@ -271,20 +272,24 @@ def test_bad_data_exits_2_with_one_report_and_writes_nothing(tmp_path):
 
 CHECKED_RUN = """
 import json, sys
+from pathlib import Path
 from ratchet.data.errors import ConfigError
 from ratchet.flows.config import load_config
 from ratchet.flows.inputs import checked_run
+from ratchet.flows.launch import imports_meanwhile
 from ratchet.data.procs import forkserver
 
 out = {}
-with checked_run(load_config(sys.argv[1])) as split:
+cfg = load_config(sys.argv[1])
+with checked_run(cfg, imports_meanwhile(Path(cfg.workdir))) as split:
     out["prompts"], out["server"] = len(split.train), forkserver.current() is not None
 try:
-    with checked_run(load_config(sys.argv[2])):
+    cfg = load_config(sys.argv[2])
+    with checked_run(cfg, imports_meanwhile(Path(cfg.workdir))):
         pass
 except ConfigError as e:
     out["error"] = str(e)
-out["torch"] = "torch" in sys.modules
+out.update({m: m in sys.modules for m in ("torch", "mlflow.store.tracking.sqlalchemy_store", "prefect")})
 print(json.dumps(out))
 """
 
@@ -293,7 +298,9 @@ def test_a_run_checks_its_model_in_a_child_of_its_fork_server_and_imports_no_tor
     """`ratchet run` checks its data itself, and its model (the directory, the tokenizer, every
     prompt's length) in a child of its fork server, which imports transformers and torch for the
     stages anyway: the run's own process imports neither. A problem found there is raised here,
-    as ever, and nothing is written."""
+    as ever, and nothing is written. Meanwhile the run's own process imports what its start needs
+    (flows/launch.py imports_meanwhile): MLflow's store, and Prefect only where its home is settled,
+    since Prefect's import creates it (here it is not: no PREFECT_HOME, no server, no workdir)."""
     import yaml
 
     long = {"prompt": "Add these up: " + " + ".join(["1"] * 300) + "?", "answer": 300}
@@ -304,13 +311,14 @@ def test_a_run_checks_its_model_in_a_child_of_its_fork_server_and_imports_no_tor
         configs.append(tmp_path / f"{name}.yaml")
         configs[-1].write_text(yaml.safe_dump({"workdir": str(tmp_path / "w"), "model": {"path": str(tiny_model)},
                                                "sampler": {"backend": "hf"}, "data": data, "filter": few()}))
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
     r = subprocess.run([sys.executable, "-c", CHECKED_RUN, *map(str, configs)], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
+                       text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.splitlines()[-1])
     assert out["prompts"] == 6 and out["server"]
     assert f"{tmp_path / 'bad.jsonl'}: train prompts too long for training (1): line 7:" in out["error"]
-    assert out["torch"] is False
+    assert out["torch"] is False and out["mlflow.store.tracking.sqlalchemy_store"] and not out["prefect"], out
     assert not (tmp_path / "w").exists()
 
 
