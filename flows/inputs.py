@@ -416,8 +416,11 @@ def causal_lm_names() -> dict[str, str]:
     import importlib.util
 
     try:
-        origin = importlib.util.find_spec("transformers.models.auto.modeling_auto").origin
-        for node in ast.parse(Path(origin).read_text()).body:
+        # the file found from the top package's folder: finding the submodule's spec imports its
+        # parent packages, transformers.models.auto among them, which imports the module itself
+        (root,) = importlib.util.find_spec("transformers").submodule_search_locations
+        origin = Path(root) / "models" / "auto" / "modeling_auto.py"
+        for node in ast.parse(origin.read_text()).body:
             if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
                                                     for t in node.targets):
                 return dict(ast.literal_eval(node.value.args[0]))

@@ -432,3 +432,14 @@ def test_a_filter_minimum_no_round_can_reach_is_refused_with_the_ceiling():
         check_data(load_config(ROOT / "flows/configs/self_reward_dpo.yaml", ["data.prompts_per_round=6", "sample.n=4",
                                                                              "filter.max_pairs_per_prompt=3"]))
     check_data(load_config(ROOT / "flows/configs/grpo.yaml", ["data.prompts_per_round=6"]))  # no filter stage
+
+
+def test_the_causal_lm_table_is_read_without_importing_transformers():
+    """causal_lm_names reads transformers' table from its source: finding the module's spec would
+    import its parent packages, which import the module (and torch) itself."""
+    code = ("import sys; from ratchet.flows.inputs import causal_lm_names; n = causal_lm_names(); "
+            "print(len(n), 'llama' in n, 'transformers' in sys.modules, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    count, llama, transformers, torch = r.stdout.split()
+    assert int(count) > 50 and llama == "True" and transformers == torch == "False", r.stdout
