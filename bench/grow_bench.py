@@ -9,6 +9,9 @@ and each round's label precision per level against references no stage reads.
     python bench/grow_bench.py --workdir /tmp/grow --labels reference    # the same with every level labeled
     python bench/grow_bench.py --workdir /tmp/grow --form shifted --copies 190 --copy-to 20 --labels self
                                # the shifted form, with demonstrations of copying numbers of 2-20 digits
+    python bench/grow_bench.py --workdir /tmp/grow --form worked --demos 920 --labels self --levels-to 10 --rounds 1 \
+                               --fresh 0 --max-tokens 640 --context 1024
+                               # the worked form (every step local, 55 tokens a digit), taught to 8, read at 9 and 10
     python bench/grow_bench.py --misses /tmp/grow/stages/evaluate.level_9-*/eval.jsonl
                                # where each answer first goes wrong: the copy, a step, the read-back
 
@@ -134,6 +137,8 @@ def overrides(a, with_demos: bool = True) -> list[str]:
            f"sample.n={a.n}", f"sample.temperature={a.temperature}", f"sample.max_tokens={a.max_tokens}",
            f"evaluate.max_tokens={a.max_tokens}", f"train.max_length={a.max_tokens + 64}", f"train.epochs={a.epochs}",
            "agreement.min=null"]
+    if getattr(a, "context", None):
+        out.append(f"sampler.max_model_len={a.context}")
     if a.fresh:  # the gate's set: the target (every level is evaluated on its own set besides; the task's own
         # split would be their prompts again)
         out.append(f"evaluate.sets=[{{name: target, data: {{kind: file, "
@@ -220,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=4, help="sample.n")
     ap.add_argument("--temperature", type=float, default=0.3)
     ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--context", type=int, help="sampler.max_model_len (default: the config's, 512), for a form "
+                    "whose answers outgrow it (worked: 55 tokens a digit)")
     ap.add_argument("--margin", type=float, default=0.25, help="the length filter's margin")
     ap.add_argument("--per-prompt", type=int, default=1, help="filter.max_per_prompt")
     ap.add_argument("--epochs", type=float, default=2, help="train.epochs of a round")
