@@ -6,7 +6,10 @@ ctime is the kernel's own (changing a file's contents sets it, and no call sets 
 file written in place and given its old mtime again (`touch -d`, `os.utime`) is hashed again. The
 cache is one JSON file in the user's cache (`RATCHET_CACHE`), a line per file, written atomically
 by whichever process hashes last; losing it costs a re-hash. `ratchet verify` and
-`RATCHET_VERIFY=full` hash every file.
+`RATCHET_VERIFY=full` hash every file. A stage's outputs enter it as the store digests them at the
+stage's end (their first check on reuse reads nothing); within `batched()` it is written once, at
+the end, not once a file; and each write leaves out the files that are gone (a deleted run's,
+a test's), so it holds what is on the disk, not everything ever hashed.
 """
 
 from __future__ import annotations
@@ -65,10 +68,29 @@ def hashing_everything():
             os.environ["RATCHET_VERIFY"] = was
 
 
-def known_sha256(path: Path) -> str:
+_batches = 0  # open batched() blocks: the cache is written when the last one ends
+_dirty = False  # entries this process added since it last wrote the cache
+
+
+@contextlib.contextmanager
+def batched():
+    """Within it, the stat cache is written once, at the end, however many files are hashed (a
+    stage's check on reuse, its outputs digested at its end)."""
+    global _batches
+    _batches += 1
+    try:
+        yield
+    finally:
+        _batches -= 1
+        if not _batches and _dirty:
+            _save_known()
+
+
+def known_sha256(path: Path, *, sync: bool = False, fresh: bool = False) -> str:
     """`sha256_file`, skipped where the file's size, mtime, inode and ctime are those it had when it was
-    last hashed (module docstring)."""
-    global _known
+    last hashed (module docstring). `fresh`: hash it whatever the cache says, and keep the answer
+    (a file just written); `sync`: as sha256_file's."""
+    global _known, _dirty
     real = os.path.realpath(path)
     st = os.stat(real)
     if _known is None:
@@ -77,16 +99,20 @@ def known_sha256(path: Path) -> str:
         except (OSError, ValueError):
             _known = {}
     was = _known.get(real)
-    if not full_hashing() and isinstance(was, list) and was[:4] == _stat_key(st):
+    if not fresh and not full_hashing() and isinstance(was, list) and was[:4] == _stat_key(st):
         return was[4]
-    digest = sha256_file(Path(real))
+    digest = sha256_file(Path(real), sync)
     if _stat_key(os.stat(real)) == _stat_key(st):  # unchanged while it was read
         _known[real] = [*_stat_key(st), digest]
-        _save_known()
+        _dirty = True
+        if not _batches:
+            _save_known()
     return digest
 
 
 def _save_known() -> None:
+    """The cache merged with what other processes wrote since, less the files that are gone."""
+    global _known, _dirty
     path = _cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,10 +120,11 @@ def _save_known() -> None:
             others = json.loads(path.read_text())
         except (OSError, ValueError):
             others = {}
-        merged = {**others, **(_known or {})}
+        merged = {k: v for k, v in {**others, **(_known or {})}.items() if os.path.exists(k)}
         tmp = path.with_name(f"{_STATS}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(merged))
         tmp.replace(path)
+        _known, _dirty = merged, False
     except OSError:  # a read-only cache costs a re-hash next time, nothing else
         pass
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.data import failpoints
-from ratchet.data.digest import fsync_dir, known_sha256, sha256_file, sha256_json
+from ratchet.data.digest import batched, fsync_dir, known_sha256, sha256_json
 from ratchet.data.errors import ArtifactError, TamperedArtifactError
 from ratchet.data.manifest import MANIFEST, FileRef, Role, StageManifest, now_iso, read_manifest, write_manifest
 
@@ -87,14 +87,15 @@ class ArtifactStore:
         d = self.dir_of(m)
         dropped = set(self.dropped(m).get("outputs", []))
         bad = []
-        for name, ref in m.outputs.items():
-            p = d / name
-            if not p.is_file() and name in dropped:
-                continue
-            if not p.is_file():
-                bad.append(f"{name}: missing")
-            elif p.stat().st_size != ref.bytes or known_sha256(p) != ref.sha256:
-                bad.append(f"{name}: sha256 differs from the manifest")
+        with batched():
+            for name, ref in m.outputs.items():
+                p = d / name
+                if not p.is_file() and name in dropped:
+                    continue
+                if not p.is_file():
+                    bad.append(f"{name}: missing")
+                elif p.stat().st_size != ref.bytes or known_sha256(p) != ref.sha256:
+                    bad.append(f"{name}: sha256 differs from the manifest")
         if bad:
             raise TamperedArtifactError(
                 f"{m.stage} stage of round {m.round} at {d} was changed after it finished: "
@@ -265,11 +266,13 @@ class ArtifactStore:
         """
         d = self.stage_dir(stage, key)
         refs = {}
-        for name, rows in sorted(outputs.items()):
-            p = d / name
-            if not p.is_file():
-                raise ArtifactError(f"{stage} stage declared output {name!r} but {p} does not exist")
-            refs[name] = FileRef(sha256=sha256_file(p, sync=True), bytes=p.stat().st_size, rows=rows)
+        with batched():  # into the stat cache too: the outputs' first check on reuse reads nothing
+            for name, rows in sorted(outputs.items()):
+                p = d / name
+                if not p.is_file():
+                    raise ArtifactError(f"{stage} stage declared output {name!r} but {p} does not exist")
+                refs[name] = FileRef(sha256=known_sha256(p, sync=True, fresh=True), bytes=p.stat().st_size,
+                                     rows=rows)
         for folder in sorted({(d / name).parent for name in outputs} | {d}, key=lambda p: len(p.parts), reverse=True):
             fsync_dir(folder)
         m = StageManifest(

@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.data import events
-from ratchet.data.digest import known_sha256
+from ratchet.data.digest import batched, known_sha256
 from ratchet.data.errors import ConfigError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig, Split, load_split, pool_slice
@@ -286,7 +286,8 @@ def base_model(store: ArtifactStore, source: str, model_dir: Path, run: str | No
     if not weights:
         raise ConfigError([f"{field}={str(model_dir)!r} has no *.safetensors or *.bin weights; "
                            f"point {field} at a Hugging Face model directory"])
-    digests = {f.name: known_sha256(f) for f in model_files(model_dir)}
+    with batched():
+        digests = {f.name: known_sha256(f) for f in model_files(model_dir)}
     return (stage or BASE).run(store, round=0, parents=[], run=run,
                                config=BaseJob(source=source, path=str(model_dir), files=digests, template=template))
 

@@ -70,7 +70,7 @@ def test_an_unchanged_output_is_not_read_again_and_one_edited_under_its_old_mtim
     monkeypatch.setattr(digest, "sha256_file", lambda p, sync=False: read.append(p) or real(p, sync))
     store.verify(m)
     store.verify(m)
-    assert len(read) == 1  # hashed once, then known
+    assert read == []  # digested into the cache as the stage finished: its checks on reuse read nothing
     out = store.dir_of(m) / "out.txt"
     before = out.stat()
     out.write_text("abce")  # the same size, other bytes
@@ -84,6 +84,40 @@ def test_an_unchanged_output_is_not_read_again_and_one_edited_under_its_old_mtim
     n = len(read)
     store.verify(m)
     assert len(read) == n + 1
+
+
+def test_the_stat_cache_is_written_once_a_batch_and_forgets_files_that_are_gone(tmp_path, monkeypatch):
+    """A stage's check hashes its outputs in one batch: one write of the cache, not one a file; and
+    a write leaves out the entries of files no longer on the disk, so the cache does not grow with
+    every file ever hashed."""
+    import json
+
+    from ratchet.data import digest
+
+    monkeypatch.setenv("RATCHET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(digest, "_known", None)
+    files = []
+    for i in range(3):
+        files.append(tmp_path / f"f{i}")
+        files[-1].write_text(str(i))
+    writes = []
+    real = digest._save_known
+    monkeypatch.setattr(digest, "_save_known", lambda: writes.append(1) or real())
+    with digest.batched():
+        with digest.batched():  # nested: still one write, when the outer one ends
+            for f in files:
+                digest.known_sha256(f)
+        assert writes == []
+    assert len(writes) == 1
+    kept = json.loads((tmp_path / "cache" / "digests.json").read_text())
+    assert sorted(kept) == sorted(str(f.resolve()) for f in files)
+    files[0].unlink()
+    gone = tmp_path / "later"
+    gone.write_text("x")
+    digest.known_sha256(gone)  # outside a batch: written at once
+    assert len(writes) == 2
+    kept = json.loads((tmp_path / "cache" / "digests.json").read_text())
+    assert sorted(kept) == sorted(str(f.resolve()) for f in [*files[1:], gone])
 
 
 def test_unfinished_dir_is_not_found_and_is_wiped_unless_partial_kept(tmp_path):
