@@ -148,9 +148,9 @@ def ratchet_cut(args: list[str], stage: str, after: float, log: Path,
 
         timer, done = None, threading.Event()
 
-        def at_checkpoint() -> None:  # the first checkpoint of the stage, then `after` s
-            while not done.is_set() and not list(checkpoint.glob(f"stages/{name}-*/checkpoints/checkpoint-*/"
-                                                                 "trainer_state.json")):
+        def cut_after() -> None:  # `after` s past the stage's start, or past its first whole checkpoint
+            while checkpoint is not None and not done.is_set() and not list(
+                    checkpoint.glob(f"stages/{name}-*/checkpoints/checkpoint-*/trainer_state.json")):
                 time.sleep(0.05)
             if not done.wait(after):
                 kill()
@@ -158,13 +158,10 @@ def ratchet_cut(args: list[str], stage: str, after: float, log: Path,
         for line in p.stdout:
             lines.append(line)
             if timer is None and re.search(rf"round {rnd}\s+{re.escape(name)}\s+started", line):
-                timer = threading.Thread(target=at_checkpoint, daemon=True) if checkpoint else \
-                    threading.Timer(after, kill)
+                timer = threading.Thread(target=cut_after, daemon=True)
                 timer.start()
         p.wait()
-        done.set()
-        if isinstance(timer, threading.Timer):
-            timer.cancel()
+        done.set()  # a run that ended before its moment is not cut
     return (None if cut else p.returncode), "".join(lines), (cut[0] if cut else time.time() - start)
 
 

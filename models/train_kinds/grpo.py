@@ -598,7 +598,8 @@ def train_grpo(model_dir: Path, prompts: list[dict], cfg: GRPOTrainConfig, out: 
     whole = {k: sum(p["whole"][k] for p in parts) for k in parts[0]["whole"]}
     groups = {k: whole[k] for k in rollouts.groups}
     gen_tokens, sync_s = sum(p["gen_tokens"] for p in parts), max(p["sync_s"] for p in parts)
-    mb = {name: sum(r.get(name) or 0 for r in read_steps(out)) for name in MICRO.values()}
+    steps = read_steps(out)  # once: it reads steps.jsonl and the train log
+    mb = {name: sum(r.get(name) or 0 for r in steps) for name in MICRO.values()}
     write_ledger(out)
     saving = time.time()
     save_merged(trainer, tok, model_dir, out, cfg.adapter)
