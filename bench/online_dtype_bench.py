@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -81,6 +82,7 @@ def cell(engine: str, trainer: str, seed: int, steps: int, eval_size: int) -> di
     after = res.model_dir(res.rounds[-1].version)
     fixed = {f"{name}_{d}": evaluate(m, DTYPES[d][0], prompts, cfg.data.check, cfg.evaluate.max_tokens)
              for name, m in (("base", default_model_dir()), ("after", after)) for d in ("fp32", "bf16")}
+    shutil.rmtree(work)  # a cell's run is 1.2 GB of models and checkpoints: nine cells would fill a small disk
     return {"engine": engine, "trainer": trainer, "steps": steps, "seed": seed, "run_before": acc.get(0), "run_after": acc.get(1),
             **fixed, "gap_mean": statistics.mean(r["logp_gap"] for r in steps_rows if "logp_gap" in r),
             "gap_max": max(gaps), "ratio_min": min(r[0] for r in ratios), "ratio_max": max(r[1] for r in ratios),

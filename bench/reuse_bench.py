@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (wall, peak, code) in rows.items():
         print(f"{name:<34} {wall:7.2f} {wall / base:8.1f} {peak:9.0f} {code:>4}")
     print(f"\n(median of {a.repeat} runs; peak: the command's own process)")
+    shutil.rmtree(work, ignore_errors=True)  # the tiny run made here, or the commands' own scratch
     return 0
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -162,6 +163,8 @@ def main() -> None:
               f"({len(digests(base / 'cold'))} stages)")
     print(json.dumps({m: {k: {"wall": r["wall"], "work": r["work"]} for k, r in x["rounds"].items()}
                       for m, x in results.items()}))
+    if not a.keep:  # two demo runs' models and checkpoints, several GB: kept only where asked (--keep)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
