@@ -173,96 +173,24 @@ def test_visible_gpus_are_read_without_torch(monkeypatch):
         dtype._smi_capabilities.cache_clear()
 
 
-class Job(BaseModel):
-    sampler: SamplerConfig
-    seed: int = 0
+def test_no_gpu_driver_no_torch(monkeypatch):
+    """On a machine without a GPU driver the visible GPUs are none, said without importing torch
+    (`ratchet check` prints them); torch, where loaded, says the same of this machine."""
+    import sys
 
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert dtype.visible_gpus() == []  # torch is loaded in this process: it counts no CUDA device here
+    asked = []
 
-def sampling_body(req: StageRequest[Job], store):
-    return req.finish(store, outputs={})
+    class Refuse:  # first on the import path: records an import of torch and refuses it
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch":
+                asked.append(name)
+                raise ImportError("torch refused by the test")
 
-
-def test_a_stage_is_keyed_and_recorded_by_the_dtype_auto_resolved_to(tmp_path, monkeypatch):
-    """Two machines that resolve `auto` differently never share a key, and the manifest says which
-    dtype ran; a dtype set explicitly is keyed as set, whatever the machine."""
-    from ratchet.data.store import ArtifactStore
-    from ratchet.tasks.runner.stage import run_stage
-
-    store = ArtifactStore(tmp_path)
-
-    def run(choice: str, dtype_set: str = "auto"):
-        monkeypatch.setattr(dtype, "auto", lambda: dtype.Choice(choice, "for the test"))
-        return run_stage(store, stage="sample", round=1, body=sampling_body, code="c",
-                         config=Job(sampler=SamplerConfig(dtype=dtype_set)), parents=[])
-
-    bf16, reused = run("bfloat16")
-    assert not reused and bf16.config["sampler"]["dtype"] == "bfloat16"
-    fp32, reused = run("float32")
-    assert not reused and fp32.key != bf16.key and fp32.config["sampler"]["dtype"] == "float32"
-    again, reused = run("bfloat16")
-    assert reused and again.key == bf16.key
-    set_a, _ = run("bfloat16", "float32")
-    set_b, reused = run("float32", "float32")
-    assert reused and set_a.key == set_b.key == fp32.key  # float32 set, or auto resolved to it: the same work
-
-
-def test_check_and_the_run_header_say_the_dtype_and_why(monkeypatch, tmp_path):
-    from ratchet.flows.config import load_config
-    from ratchet.flows.inputs import dtype_line
-
-    monkeypatch.setattr(dtype, "auto", lambda: dtype.on_cpu(dtype.cpu_flags(CPUINFO.format(flags=AVX512_ONLY))))
-    stored = {}
-    for name in ("float32", "bfloat16"):  # models as their config.json says they are stored (the default: float32)
-        stored[name] = tmp_path / name
-        stored[name].mkdir()
-        (stored[name] / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": name}))
-    fp32, bf16 = f"model.path={stored['float32']}", f"model.path={stored['bfloat16']}"
-    assert dtype_line(load_config(None, [fp32])) == (
-        "dtype: sampling float32, evaluating float32, training fp32 (float32 for auto: this CPU has no bf16 "
-        "instructions (no amx_bf16 or avx512_bf16))")
-    assert dtype_line(load_config(None, [fp32, "sampler.dtype=bfloat16", "train.precision=bf16"])) == \
-        "dtype: sampling bfloat16, evaluating float32 (as the base model is stored), training bf16 (as set)"
-    assert dtype_line(load_config(None, [bf16, "sampler.dtype=bfloat16", "train.precision=bf16"])) == \
-        "dtype: sampling bfloat16, evaluating bfloat16, training bf16 (as set)"
-    assert dtype_line(load_config(None, [fp32, "sampler.dtype=bfloat16", "train.precision=bf16",
-                                         "evaluate.dtype=sampler"])) == \
-        "dtype: sampling bfloat16, evaluating bfloat16, training bf16 (as set)"
-
-
-def test_held_out_answers_are_generated_in_the_dtype_the_base_model_is_stored_in(tmp_path):
-    """evaluate.dtype=auto: float32 for a model stored in float32 whatever the sampler runs in for
-    speed, so a held-out figure never moves with the machine's choice; a 16-bit model in the
-    sampler's; the run's own sampler (and so its warm engine) where that is the same dtype."""
-    from ratchet.tasks.evaluate import EvaluateConfig, eval_sampler
-
-    for name in ("float32", "bfloat16"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.json").write_text(json.dumps({"torch_dtype": name}))  # as transformers 4 wrote it
-    (tmp_path / "unsaid").mkdir()
-    bf16, fp32 = SamplerConfig(dtype="bfloat16"), SamplerConfig(dtype="float32")
-    auto = EvaluateConfig()
-    assert eval_sampler(auto, bf16, str(tmp_path / "float32")) == bf16.model_copy(update={"dtype": "float32"})
-    assert eval_sampler(auto, bf16, str(tmp_path / "bfloat16")) is bf16
-    assert eval_sampler(auto, bf16, str(tmp_path / "unsaid")) is bf16
-    assert eval_sampler(auto, fp32, str(tmp_path / "float32")) is fp32  # the same engine
-    assert eval_sampler(EvaluateConfig(dtype="sampler"), bf16, str(tmp_path / "float32")) is bf16
-    assert eval_sampler(EvaluateConfig(dtype="float16"), bf16, str(tmp_path / "float32")).dtype == "float16"
-    served = SamplerConfig(backend="served", endpoint={"base_url": "http://127.0.0.1:9/v1", "model": "p"})
-    assert eval_sampler(auto, served, str(tmp_path / "float32")) is served  # it answers in its own
-
-
-def test_an_online_kinds_engine_and_trainer_take_auto_for_speed_and_its_held_out_answers_float32(tmp_path,
-                                                                                                 monkeypatch):
-    """GRPO's engine and trainer take `auto` as every other stage does (for speed: over three seeds
-    on the default task a bf16 round gained as much as a float32 one, docs/results.md "Online RL and
-    the dtype"); its held-out answers are in the dtype the base model is stored in, and `ratchet
-    check`'s line says both."""
-    from ratchet.flows.config import load_config
-    from ratchet.flows.inputs import dtype_line
-
-    monkeypatch.setattr(dtype, "auto", lambda: dtype.Choice("bfloat16", "probed"))
-    (tmp_path / "float32").mkdir()
-    (tmp_path / "float32" / "config.json").write_text(json.dumps({"dtype": "float32"}))
-    grpo = load_config(None, [f"model.path={tmp_path / 'float32'}", "train.kind=grpo", "sample.top_k=0"])
-    assert dtype_line(grpo) == ("dtype: sampling bfloat16, evaluating float32 (as the base model is stored), "
-                                "training bf16 (bfloat16 for auto: probed)")
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # put back as it was after the test
+    monkeypatch.setattr(sys, "meta_path", [Refuse(), *sys.meta_path])
+    monkeypatch.setattr(dtype, "GPU_DRIVER_NODES", ("/nonexistent/nvidia",), raising=False)
+    assert dtype.visible_gpus() == [] and asked == []
+    monkeypatch.setattr(dtype, "GPU_DRIVER_NODES", (__file__,), raising=False)  # a driver's node: torch is asked
+    assert dtype.visible_gpus() == [] and asked == ["torch"]
