@@ -284,12 +284,24 @@ def cmd_config(args) -> int:
 def cmd_check(args) -> int:
     """Check a config's task without running it: the config, every row of its data and of each
     held-out set, the answer check (a user's function is loaded in its own process), and every
-    prompt against the token budgets. Only the tokenizer is loaded; nothing is written."""
+    prompt against the token budgets. Only the tokenizer is loaded; nothing is written but a pass of
+    the model's checks, kept in the user's cache by what they read (flows/inputs.py model_check_key):
+    the same inputs again are not checked again (`--full` checks them)."""
     from ratchet.flows.config import load_config
-    from ratchet.flows.inputs import check_task, devices_line, dtype_line
+    from ratchet.flows.inputs import (check_data, check_model, check_served, devices_line, dtype_line,
+                                      model_check_key, passed_before, record_pass, with_sets)
 
     cfg = load_config(args.config, args.overrides)
-    split, sets = check_task(cfg)
+    split, sets = check_data(cfg)
+    local = cfg.sampler.backend_kind.local
+    # --full: every check made again, no pass kept before looked up (a new one is not kept either)
+    key = model_check_key(cfg, split, sets) if local and not getattr(args, "full", False) else None
+    if (kept := passed_before(key)) is None:
+        if local:
+            check_model(cfg, split, sets)
+        else:
+            check_served(cfg, split, sets)
+    split = with_sets(split, sets)
     check = cfg.data.check
     print(f"data: {cfg.data.kind}, {len(split.train)} train prompts "
           f"({sum(p.answer is not None for p in split.train)} with an answer), {len(split.eval)} held out; "
@@ -300,7 +312,11 @@ def cmd_check(args) -> int:
         print(f"label: {cfg.label.kind}, scored by label.check: {own.kind}"
               + (f" ({own.function})" if hasattr(own, "function") else "") + (f", {how}" if how else "")
               + f"; held-out accuracy by data.check ({check.kind})")
-    print(model_line(cfg, cfg.sample.rollout.first_message(_in_text(cfg, split.train[0]))))
+    # a pass kept by a run's start has no model line: the tokenizer is loaded for it, once
+    if (line := (kept or {}).get("model_line")) is None:
+        line = model_line(cfg, cfg.sample.rollout.first_message(_in_text(cfg, split.train[0])))
+        record_pass(key, {"model_line": line})
+    print(line)
     if (search := cfg.prompt.search) is not None:
         draw = cfg.data.prompts_per_round or sum(p.answer is not None or not check.needs_answer for p in split.train)
         print(f"{search.describe(draw)}; improve: {cfg.improve}")
@@ -326,6 +342,9 @@ def cmd_check(args) -> int:
     if cfg.sampler.backend_kind.local:  # a served policy runs no engine here
         print(devices_line(cfg))
         print(dtype_line(cfg))
+    if kept is not None:
+        print("model checks: passed before with these exact inputs (the config, every prompt, the model's and your "
+              "files unchanged, the same code and libraries), not made again; --full makes them again")
     print(f"ok: {args.config} is ready to run")
     return 0
 
@@ -630,7 +649,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("run", cmd_run, "run (or resume) the self-improvement pipeline"),
         ("config", cmd_config, "print the resolved config after overrides and checks"),
         ("check", cmd_check, "check a task before running it: the config, every row of the data and of each "
-         "held-out set, the answer check (a user's function is loaded) and the token budgets; writes nothing"),
+         "held-out set, the answer check (a user's function is loaded) and the token budgets; writes nothing to the "
+         "workdir"),
     ]:
         s = sub.add_parser(name, help=text, description=text)
         s.add_argument("config", help="YAML config, e.g. flows/configs/default.yaml",
@@ -643,6 +663,9 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--from", dest="start_from", default=None, metavar="START",
                            help="start from 'champion' (the MLflow alias; the base model if none yet), a "
                            "registered version number, or 'base' (default)")
+        if name == "check":
+            s.add_argument("--full", action="store_true", help="make every check again and read every file, even "
+                           "where the same inputs passed before")
         if name == "config":
             s.add_argument("--explain", metavar="FIELD", default=None, help="print one field's entry of the "
                            "config reference: type, default, allowed values, what it does (e.g. label.mode)")

@@ -72,14 +72,17 @@ def checked_run(cfg: PipelineConfig, meanwhile=None) -> Iterator[Split]:
     local = cfg.sampler.backend_kind.local
     if not local:  # no model here: its server counts the prompts
         check_served(cfg, split, sets)
+    key = model_check_key(cfg, split, sets) if local else None
     with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, None, run_preload()):
         with meanwhile or contextlib.nullcontext():
-            if not local:
+            if not local or passed_before(key) is not None:  # passed with these exact inputs: not made again
                 pass
             elif "transformers" in sys.modules:  # imported here already (a caller of flows/api.py): nothing to save
                 check_model(cfg, split, sets)
+                record_pass(key, {})
             else:
                 forkserver.call(check_model, cfg, split, sets, after=READS_MODELS)
+                record_pass(key, {})
         yield with_sets(split, sets)
 
 
@@ -185,6 +188,100 @@ def check_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model
         demos, _, _ = demonstrations.read(cfg.cold_start.demonstrations)
         if problems := length_problems(cfg.cold_start, cfg.sample.rollout, tok, demos):
             raise ConfigError(problems, source="cold_start")
+
+
+# the model's checks that passed, by what they read: the newest few kept, as `ratchet check` and a
+# run's start read them back (passed_before)
+CHECKS = "checks.json"
+KEPT_CHECKS = 64
+LIBRARIES = ("transformers", "tokenizers", "jinja2", "torch", "peft", "vllm")  # what reads the model's files
+
+
+def model_check_key(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model_dir: Path | None = None) -> str | None:
+    """The digest of everything check_model reads: the config, every prompt it measures, the model
+    directories' files and the user's files (each by its size, mtime, inode and ctime, as the stat
+    cache trusts a file: writing a file sets its ctime, and nothing sets it back), the package's code,
+    the libraries' versions, the GPUs this process sees and what `auto` is here. None where a
+    model is not on this machine yet (a hub model), or RATCHET_VERIFY=full asks for every check."""
+    import os
+    from importlib import metadata
+
+    from ratchet.data.digest import _stat_key, full_hashing, sha256_json
+    from ratchet.data.userfiles import helpers, user_files
+    from ratchet.flows.runs import code_digest
+    from ratchet.models import dtype
+
+    if full_hashing():
+        return None
+    dirs = {"model.path": model_dir if model_dir is not None else find_model(cfg.model.path, fetch=False)}
+    if fixed := cfg.label.fixed_model():
+        dirs["label.model"] = find_model(fixed, "label.model", fetch=False)
+    if any(d is None for d in dirs.values()):
+        return None
+    files = {}
+    for field, root in {**user_files(cfg), **dirs}.items():
+        root = Path(root)
+        paths = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        paths += helpers(root) if root.suffix == ".py" else []
+        files[field] = [(str(p), _stat_key(os.stat(p))) for p in paths]
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    prompts = {"train": split.train, "eval": split.eval, **{f"set {n}": s.eval for n, s in sets.items()}}
+    return sha256_json({"config": cfg.model_dump(mode="json"), "files": files, "code": code_digest(),
+                        "libraries": {n: version(n) for n in LIBRARIES}, "gpus": dtype.visible_gpus(),
+                        "auto": dtype.auto().dtype,
+                        "prompts": {k: [p.model_dump(mode="json") for p in v] for k, v in prompts.items()}})
+
+
+def _checks_file() -> Path:
+    from ratchet.models.default_model import default_cache_dir
+
+    return default_cache_dir() / CHECKS
+
+
+def passed_before(key: str | None) -> dict | None:
+    """What a pass of the model's checks with this key said (`ratchet check`'s model line), or None."""
+    import json
+
+    if key is None:
+        return None
+    try:
+        found = json.loads(_checks_file().read_text()).get(key)
+    except (OSError, ValueError, AttributeError, RuntimeError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def record_pass(key: str | None, said: dict) -> None:
+    """Keep a pass of the model's checks (best effort: a cache that cannot be written costs the
+    checks next time); the newest KEPT_CHECKS stay."""
+    import json
+    import os
+    import time
+
+    if key is None:
+        return
+    try:
+        path = _checks_file()
+        try:
+            kept = json.loads(path.read_text())
+            kept = kept if isinstance(kept, dict) else {}
+        except (OSError, ValueError):
+            kept = {}
+        kept.pop(key, None)
+        kept[key] = {**said, "at": time.time()}
+        kept = dict(list(kept.items())[-KEPT_CHECKS:])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{CHECKS}.{os.getpid()}")
+        tmp.write_text(json.dumps(kept))
+        os.replace(tmp, path)
+    except (OSError, RuntimeError):
+        pass
 
 
 def check_served(cfg: PipelineConfig, split: Split, sets: dict[str, Split]) -> None:

@@ -322,6 +322,60 @@ def test_a_run_checks_its_model_in_a_child_of_its_fork_server_and_imports_no_tor
     assert not (tmp_path / "w").exists()
 
 
+CHECK = """
+import json, sys
+from ratchet.flows.cli import main
+code = main(["check", *sys.argv[1:]])
+print(json.dumps({"code": code, **{m: m in sys.modules for m in ("transformers", "torch")}}))
+"""
+
+
+def test_a_check_that_passed_is_not_made_again_until_what_it_reads_changes(tmp_path, tiny_model):
+    """`ratchet check` keeps a pass of the model's checks by what they read (flows/inputs.py
+    model_check_key): the same inputs again answer from it, printing the same model line without
+    importing transformers or torch; a model file written again, even with the same bytes (its
+    ctime moves), makes the checks again, and so does `--full` (RATCHET_VERIFY=full), which keys none."""
+    import shutil
+
+    import yaml
+
+    model = shutil.copytree(tiny_model, tmp_path / "model")
+    data = {"kind": "file", "path": _write(tmp_path / "train.jsonl", GOOD), "eval_path": _write(tmp_path / "e.jsonl", HELD)}
+    config = tmp_path / "good.yaml"
+    config.write_text(yaml.safe_dump({"workdir": str(tmp_path / "w"), "model": {"path": str(model)},
+                                      "sampler": {"backend": "hf"}, "data": data, "filter": few()}))
+    env = {**os.environ, "RATCHET_CACHE": str(tmp_path / "cache")}
+
+    def check(*flags):
+        r = subprocess.run([sys.executable, "-c", CHECK, str(config), *flags], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        *lines, last = r.stdout.splitlines()
+        said = json.loads(last)
+        assert said["code"] == 0 and lines[-1] == f"ok: {config} is ready to run", r.stdout
+        model_line = next(x for x in lines if x.startswith("model: "))
+        return said, model_line, any(x.startswith("model checks: passed before") for x in lines)
+
+    first, line, kept = check()
+    assert first["transformers"] and not kept
+    again, line_again, kept = check()
+    assert kept and line_again == line and not again["transformers"] and not again["torch"], again
+    tok = model / "tokenizer_config.json"
+    tok.write_bytes(tok.read_bytes())  # the same bytes, written again
+    made, _, kept = check()
+    assert made["transformers"] and not kept
+    assert not (tmp_path / "w").exists()
+    from ratchet.data.digest import hashing_everything
+    from ratchet.flows.config import load_config
+    from ratchet.flows.inputs import check_data, model_check_key
+
+    cfg = load_config(config)
+    split, sets = check_data(cfg)
+    assert model_check_key(cfg, split, sets) is not None
+    with hashing_everything():  # what `ratchet check --full` sets: no kept pass is looked up
+        assert model_check_key(cfg, split, sets) is None
+
+
 @pytest.mark.integration
 def test_every_kind_of_input_is_in_the_key_of_the_split_and_its_evaluation(tmp_path, tiny_model, monkeypatch):
     """Edit a JSONL file, a separate eval file, a save_to_disk directory and a dataset named by id:
