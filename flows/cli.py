@@ -288,19 +288,20 @@ def cmd_check(args) -> int:
     the model's checks, kept in the user's cache by what they read (flows/inputs.py model_check_key):
     the same inputs again are not checked again (`--full` checks them)."""
     from ratchet.flows.config import load_config
-    from ratchet.flows.inputs import (check_data, check_model, check_served, devices_line, dtype_line,
-                                      model_check_key, passed_before, record_pass, with_sets)
+    from ratchet.flows.inputs import (check_data, check_served, checked_model, devices_line, dtype_line,
+                                      first_message, model_check_key, model_line, passed_before, record_pass,
+                                      with_sets)
 
     cfg = load_config(args.config, args.overrides)
     split, sets = check_data(cfg)
     local = cfg.sampler.backend_kind.local
     # --full: every check made again, no pass kept before looked up (a new one is not kept either)
     key = model_check_key(cfg, split, sets) if local and not getattr(args, "full", False) else None
-    if (kept := passed_before(key)) is None:
-        if local:
-            check_model(cfg, split, sets)
-        else:
-            check_served(cfg, split, sets)
+    if (said := passed_before(key)) is None and local:
+        said = checked_model(cfg, split, sets)
+        record_pass(key, said)
+    elif not local:
+        check_served(cfg, split, sets)
     split = with_sets(split, sets)
     check = cfg.data.check
     print(f"data: {cfg.data.kind}, {len(split.train)} train prompts "
@@ -312,11 +313,7 @@ def cmd_check(args) -> int:
         print(f"label: {cfg.label.kind}, scored by label.check: {own.kind}"
               + (f" ({own.function})" if hasattr(own, "function") else "") + (f", {how}" if how else "")
               + f"; held-out accuracy by data.check ({check.kind})")
-    # a pass kept by a run's start has no model line: the tokenizer is loaded for it, once
-    if (line := (kept or {}).get("model_line")) is None:
-        line = model_line(cfg, cfg.sample.rollout.first_message(_in_text(cfg, split.train[0])))
-        record_pass(key, {"model_line": line})
-    print(line)
+    print((said or {}).get("model_line") or model_line(cfg, first_message(cfg, split)))
     if (search := cfg.prompt.search) is not None:
         draw = cfg.data.prompts_per_round or sum(p.answer is not None or not check.needs_answer for p in split.train)
         print(f"{search.describe(draw)}; improve: {cfg.improve}")
@@ -342,41 +339,11 @@ def cmd_check(args) -> int:
     if cfg.sampler.backend_kind.local:  # a served policy runs no engine here
         print(devices_line(cfg))
         print(dtype_line(cfg))
-    if kept is not None:
-        print("model checks: passed before with these exact inputs (the config, every prompt, the model's and your "
-              "files unchanged, the same code and libraries), not made again; --full makes them again")
+    if key is not None and said.get("at"):
+        print("model checks: passed before with the same inputs (the config's fields they read, every prompt, the "
+              "model's and your files unchanged, the same code and libraries), not made again; --full makes them again")
     print(f"ok: {args.config} is ready to run")
     return 0
-
-
-def _in_text(cfg, prompt):
-    """A train prompt as version 1 of the run's text puts it (prompt.template)."""
-    from ratchet.tasks.text import PromptText, render
-
-    return render([prompt], PromptText(template=cfg.prompt.template))[0]
-
-
-def model_line(cfg, prompt: str) -> str:
-    """The model and its prompt format, with what the model reads for one train prompt (its first
-    message: the rollout's template around it, or an environment's first observation)."""
-    from ratchet.flows.inputs import policy_tokenizer
-    from ratchet.models import prompt_format
-
-    if (served := cfg.sampler.endpoint) is not None:
-        return (f"model: served, {served.where()} (sampler.backend=served: its weights are not here; its server "
-                f"applies its chat template)\n  the model reads, as the user's message: {prompt!r}")
-    tok, used = policy_tokenizer(cfg)
-    fmt = cfg.model.prompt_format
-    why = {"auto": " (auto: " + ("the tokenizer's chat template)" if used == "chat" else "the model has no chat "
-                                 "template: a base model)"),
-           "chat": " (the tokenizer's chat template)", "plain": ""}[fmt]
-    layout = ""
-    if used == "plain":
-        end = prompt_format.turn_end(tok)
-        layout = f"; model.plain_layout={cfg.model.plain_layout!r}; an answer ends at the end-of-sequence token" + (
-            f" or at {end!r}" if end else "")
-    return (f"model: {cfg.model.path}; prompt format: {used}{why}{layout}\n"
-            f"  the model reads: {prompt_format.example(tok, prompt)!r}")
 
 
 def _is_override(word: str) -> bool:

@@ -78,11 +78,9 @@ def checked_run(cfg: PipelineConfig, meanwhile=None) -> Iterator[Split]:
             if not local or passed_before(key) is not None:  # passed with these exact inputs: not made again
                 pass
             elif "transformers" in sys.modules:  # imported here already (a caller of flows/api.py): nothing to save
-                check_model(cfg, split, sets)
-                record_pass(key, {})
+                record_pass(key, checked_model(cfg, split, sets))
             else:
-                forkserver.call(check_model, cfg, split, sets, after=READS_MODELS)
-                record_pass(key, {})
+                record_pass(key, forkserver.call(checked_model, cfg, split, sets, after=READS_MODELS))
         yield with_sets(split, sets)
 
 
@@ -190,23 +188,66 @@ def check_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model
             raise ConfigError(problems, source="cold_start")
 
 
+def first_message(cfg: PipelineConfig, split: Split) -> str:
+    """The first train prompt as the model's first message: version 1 of the run's text
+    (prompt.template) in the rollout's template, or an environment's first observation."""
+    from ratchet.tasks.text import PromptText, render
+
+    return cfg.sample.rollout.first_message(render([split.train[0]], PromptText(template=cfg.prompt.template))[0])
+
+
+def model_line(cfg, prompt: str) -> str:
+    """The model and its prompt format, with what the model reads for one train prompt (its first
+    message: the rollout's template around it, or an environment's first observation)."""
+    if (served := cfg.sampler.endpoint) is not None:
+        return (f"model: served, {served.where()} (sampler.backend=served: its weights are not here; its server "
+                f"applies its chat template)\n  the model reads, as the user's message: {prompt!r}")
+    tok, used = policy_tokenizer(cfg)
+    fmt = cfg.model.prompt_format
+    why = {"auto": " (auto: " + ("the tokenizer's chat template)" if used == "chat" else "the model has no chat "
+                                 "template: a base model)"),
+           "chat": " (the tokenizer's chat template)", "plain": ""}[fmt]
+    layout = ""
+    if used == "plain":
+        end = prompt_format.turn_end(tok)
+        layout = f"; model.plain_layout={cfg.model.plain_layout!r}; an answer ends at the end-of-sequence token" + (
+            f" or at {end!r}" if end else "")
+    return (f"model: {cfg.model.path}; prompt format: {used}{why}{layout}\n"
+            f"  the model reads: {prompt_format.example(tok, prompt)!r}")
+
+
+@entry
+def checked_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split]) -> dict:
+    """check_model, and what `ratchet check` says of the model once it passed (kept with the pass)."""
+    check_model(cfg, split, sets)
+    return {"model_line": model_line(cfg, first_message(cfg, split)) if split.train else None}
+
+
 # the model's checks that passed, by what they read: the newest few kept, as `ratchet check` and a
 # run's start read them back (passed_before)
 CHECKS = "checks.json"
 KEPT_CHECKS = 64
 LIBRARIES = ("transformers", "tokenizers", "jinja2", "torch", "peft", "vllm")  # what reads the model's files
+# the config fields no model check reads (tests/flows/test_inputs.py poisons them all and checks): a run
+# that changes only these (where it writes, its rounds, its filter, its training's schedule) keeps its
+# pass; every other field is in the key
+READ_WHOLE = 64 << 20  # a larger file (a model's weights, which no check reads) is keyed by its name and size
+UNREAD = ("name", "workdir", "rounds", "improve", "drop_models", "filter", "agreement", "tracking", "curriculum")
+UNREAD_TRAIN = ("epochs", "learning_rate", "lr_scheduler", "warmup_ratio", "batch_size", "grad_accum",
+                "gradient_checkpointing", "attention", "checkpoint_steps", "logging_steps")
 
 
 def model_check_key(cfg: PipelineConfig, split: Split, sets: dict[str, Split], model_dir: Path | None = None) -> str | None:
-    """The digest of everything check_model reads: the config, every prompt it measures, the model
-    directories' files and the user's files (each by its size, mtime, inode and ctime, as the stat
-    cache trusts a file: writing a file sets its ctime, and nothing sets it back), the package's code,
-    the libraries' versions, the GPUs this process sees and what `auto` is here. None where a
-    model is not on this machine yet (a hub model), or RATCHET_VERIFY=full asks for every check."""
+    """The digest of everything check_model reads: the config (less UNREAD), every prompt it measures, the
+    model directories' files and the user's files by their content (through the stat cache, which
+    reads again a file written since, whatever its mtime; a file over READ_WHOLE, the weights no
+    check reads, by its name and size), the package's code, the libraries' versions, the GPUs this
+    process sees and what `auto` is here. None where a model is not on this machine yet (a hub
+    model), or RATCHET_VERIFY=full asks for every check."""
     import os
     from importlib import metadata
 
-    from ratchet.data.digest import _stat_key, full_hashing, sha256_json
+    from ratchet.data.digest import batched, full_hashing, known_sha256, sha256_json
     from ratchet.data.userfiles import helpers, user_files
     from ratchet.flows.runs import code_digest
     from ratchet.models import dtype
@@ -219,11 +260,15 @@ def model_check_key(cfg: PipelineConfig, split: Split, sets: dict[str, Split], m
     if any(d is None for d in dirs.values()):
         return None
     files = {}
-    for field, root in {**user_files(cfg), **dirs}.items():
-        root = Path(root)
-        paths = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-        paths += helpers(root) if root.suffix == ".py" else []
-        files[field] = [(str(p), _stat_key(os.stat(p))) for p in paths]
+    with batched():
+        for field, root in {**user_files(cfg), **dirs}.items():
+            root = Path(root)
+            paths = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+            paths += helpers(root) if root.suffix == ".py" else []
+            files[field] = []
+            for p in paths:
+                size = os.stat(p).st_size
+                files[field].append((str(p), size, known_sha256(p) if size <= READ_WHOLE else None))
 
     def version(name: str) -> str | None:
         try:
@@ -232,7 +277,9 @@ def model_check_key(cfg: PipelineConfig, split: Split, sets: dict[str, Split], m
             return None
 
     prompts = {"train": split.train, "eval": split.eval, **{f"set {n}": s.eval for n, s in sets.items()}}
-    return sha256_json({"config": cfg.model_dump(mode="json"), "files": files, "code": code_digest(),
+    read = cfg.model_dump(mode="json", exclude={*UNREAD, "train"})
+    read["train"] = cfg.train.model_dump(mode="json", exclude=set(UNREAD_TRAIN))
+    return sha256_json({"config": read, "files": files, "code": code_digest(),
                         "libraries": {n: version(n) for n in LIBRARIES}, "gpus": dtype.visible_gpus(),
                         "auto": dtype.auto().dtype,
                         "prompts": {k: [p.model_dump(mode="json") for p in v] for k, v in prompts.items()}})

@@ -333,8 +333,9 @@ print(json.dumps({"code": code, **{m: m in sys.modules for m in ("transformers",
 def test_a_check_that_passed_is_not_made_again_until_what_it_reads_changes(tmp_path, tiny_model):
     """`ratchet check` keeps a pass of the model's checks by what they read (flows/inputs.py
     model_check_key): the same inputs again answer from it, printing the same model line without
-    importing transformers or torch; a model file written again, even with the same bytes (its
-    ctime moves), makes the checks again, and so does `--full` (RATCHET_VERIFY=full), which keys none."""
+    importing transformers or torch; a model file changed in place with its mtime put back is read
+    again (the stat cache goes by its ctime too) and the change refused; `--full` (RATCHET_VERIFY=full)
+    keys none."""
     import shutil
 
     import yaml
@@ -346,9 +347,11 @@ def test_a_check_that_passed_is_not_made_again_until_what_it_reads_changes(tmp_p
                                       "sampler": {"backend": "hf"}, "data": data, "filter": few()}))
     env = {**os.environ, "RATCHET_CACHE": str(tmp_path / "cache")}
 
-    def check(*flags):
+    def check(*flags, code=0):
         r = subprocess.run([sys.executable, "-c", CHECK, str(config), *flags], cwd=ROOT, capture_output=True,
                            text=True, timeout=300, env=env)
+        if code:
+            return r
         assert r.returncode == 0, r.stderr[-3000:]
         *lines, last = r.stdout.splitlines()
         said = json.loads(last)
@@ -360,10 +363,13 @@ def test_a_check_that_passed_is_not_made_again_until_what_it_reads_changes(tmp_p
     assert first["transformers"] and not kept
     again, line_again, kept = check()
     assert kept and line_again == line and not again["transformers"] and not again["torch"], again
-    tok = model / "tokenizer_config.json"
-    tok.write_bytes(tok.read_bytes())  # the same bytes, written again
-    made, _, kept = check()
-    assert made["transformers"] and not kept
+    # the model's config changed in place, its mtime put back: read again (its ctime moved), refused
+    st = (model / "config.json").stat()
+    (model / "config.json").write_text('{"model_type": "bert", "architectures": ["BertForMaskedLM"]}')
+    os.utime(model / "config.json", ns=(st.st_atime_ns, st.st_mtime_ns))
+    refused = check(code=2)
+    assert json.loads(refused.stdout.splitlines()[-1])["code"] == 2, refused.stdout[-2000:]
+    assert "not a causal language model" in refused.stderr, refused.stderr[-2000:]
     assert not (tmp_path / "w").exists()
     from ratchet.data.digest import hashing_everything
     from ratchet.flows.config import load_config
@@ -374,6 +380,37 @@ def test_a_check_that_passed_is_not_made_again_until_what_it_reads_changes(tmp_p
     assert model_check_key(cfg, split, sets) is not None
     with hashing_everything():  # what `ratchet check --full` sets: no kept pass is looked up
         assert model_check_key(cfg, split, sets) is None
+
+
+class Poison:
+    """A config value no model check may use: any use of it raises."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"a model check read an UNREAD field ({name})")
+
+    def _used(self, *a):
+        raise AssertionError("a model check used an UNREAD field")
+
+    __bool__ = __eq__ = __lt__ = __le__ = __gt__ = __ge__ = __int__ = __float__ = __index__ = __str__ = _used
+    __format__ = __add__ = __radd__ = __mul__ = __rmul__ = __truediv__ = __iter__ = __len__ = __contains__ = _used
+    __hash__ = None
+
+
+@pytest.mark.parametrize("config", ["default.yaml", "self_reward_dpo.yaml", "grpo.yaml"])
+def test_the_fields_left_out_of_the_model_checks_key_are_read_by_none_of_them(tmp_path, tiny_model, config):
+    """model_check_key leaves out the fields no model check reads (UNREAD: where a run writes, its
+    rounds, its filter, its training's schedule), so a run that changes only them starts without
+    checking its model again. Each of them poisoned, the checks and `ratchet check`'s model line
+    still pass: none of them reads one."""
+    from ratchet.flows.config import load_config
+    from ratchet.flows.inputs import UNREAD, UNREAD_TRAIN, check_data, checked_model
+
+    cfg = load_config(ROOT / "flows" / "configs" / config, [f"workdir={tmp_path}", f"model.path={tiny_model}",
+                                                            "sampler.backend=hf"])
+    split, sets = check_data(cfg)
+    poisoned = cfg.model_copy(update={**{f: Poison() for f in UNREAD},
+                                      "train": cfg.train.model_copy(update={f: Poison() for f in UNREAD_TRAIN})})
+    assert "the model reads" in checked_model(poisoned, split, sets)["model_line"]
 
 
 @pytest.mark.integration
