@@ -285,50 +285,22 @@ def model_check_key(cfg: PipelineConfig, split: Split, sets: dict[str, Split], m
                         "prompts": {k: [p.model_dump(mode="json") for p in v] for k, v in prompts.items()}})
 
 
-def _checks_file() -> Path:
-    from ratchet.models.default_model import default_cache_dir
-
-    return default_cache_dir() / CHECKS
-
-
 def passed_before(key: str | None) -> dict | None:
     """What a pass of the model's checks with this key said (`ratchet check`'s model line), or None."""
-    import json
+    from ratchet.tasks.runner.code_reach import kept_answer
 
-    if key is None:
-        return None
-    try:
-        found = json.loads(_checks_file().read_text()).get(key)
-    except (OSError, ValueError, AttributeError, RuntimeError):
-        return None
-    return found if isinstance(found, dict) else None
+    return None if key is None else kept_answer(key, CHECKS)
 
 
 def record_pass(key: str | None, said: dict) -> None:
     """Keep a pass of the model's checks (best effort: a cache that cannot be written costs the
     checks next time); the newest KEPT_CHECKS stay."""
-    import json
-    import os
     import time
 
-    if key is None:
-        return
-    try:
-        path = _checks_file()
-        try:
-            kept = json.loads(path.read_text())
-            kept = kept if isinstance(kept, dict) else {}
-        except (OSError, ValueError):
-            kept = {}
-        kept.pop(key, None)
-        kept[key] = {**said, "at": time.time()}
-        kept = dict(list(kept.items())[-KEPT_CHECKS:])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{CHECKS}.{os.getpid()}")
-        tmp.write_text(json.dumps(kept))
-        os.replace(tmp, path)
-    except (OSError, RuntimeError):
-        pass
+    from ratchet.tasks.runner.code_reach import keep_answer
+
+    if key is not None:
+        keep_answer(key, {**said, "at": time.time()}, CHECKS, newest=KEPT_CHECKS)
 
 
 def check_served(cfg: PipelineConfig, split: Split, sets: dict[str, Split]) -> None:

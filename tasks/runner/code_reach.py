@@ -461,26 +461,29 @@ def _still(kept: dict) -> bool:
         return False
 
 
-def _memo_file() -> Path:
+ANSWERS = "code-versions.json"  # the code versions' kept answers; other callers name files of their own
+
+
+def _memo_file(name: str = ANSWERS) -> Path:
     from ratchet.models.default_model import default_cache_dir
 
-    return default_cache_dir() / "code-versions.json"
+    return default_cache_dir() / name
 
 
-def kept_answer(key: str) -> dict | None:
-    """An answer kept in the user's cache under `key`, or None: the caller checks it still holds."""
-    found = _kept().get(key)
+def kept_answer(key: str, file: str = ANSWERS) -> dict | None:
+    """An answer kept in the user's cache (its `file`) under `key`, or None: the caller checks it still holds."""
+    found = _kept(file).get(key)
     return found if isinstance(found, dict) else None
 
 
 _kept_read: dict[str, tuple[tuple, dict]] = {}  # the file's path -> (its stat when read, what it held)
 
 
-def _kept() -> dict:
+def _kept(file: str = ANSWERS) -> dict:
     """The kept answers, read again only where the file changed since this process last read it
     (it grows with every code version a machine has keyed: parsing it at every stage adds up)."""
     try:
-        path = _memo_file()
+        path = _memo_file(file)
         st = path.stat()
         seen = (st.st_ino, st.st_size, st.st_mtime_ns)
         if (was := _kept_read.get(str(path))) is not None and was[0] == seen:
@@ -493,13 +496,17 @@ def _kept() -> dict:
         return {}
 
 
-def keep_answer(key: str, entry: dict) -> None:
+def keep_answer(key: str, entry: dict, file: str = ANSWERS, newest: int | None = None) -> None:
     """Add an answer to the kept ones (best effort: a cache that cannot be written is worked
-    around, and two processes writing at once lose at most each other's newest answer)."""
+    around, and two processes writing at once lose at most each other's newest answer); `newest`:
+    keep only that many, the latest kept last."""
     try:
-        path = _memo_file()
-        kept = _kept()
+        path = _memo_file(file)
+        kept = _kept(file)
+        kept.pop(key, None)
         kept[key] = entry
+        if newest is not None:
+            kept = dict(list(kept.items())[-newest:])
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
         tmp.write_text(json.dumps(kept))
