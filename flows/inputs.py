@@ -249,7 +249,7 @@ def model_check_key(cfg: PipelineConfig, split: Split, sets: dict[str, Split], m
 
     from ratchet.data.digest import batched, full_hashing, known_sha256, sha256_json
     from ratchet.data.userfiles import helpers, user_files
-    from ratchet.flows.runs import code_digest
+    from ratchet.tasks.runner.code_reach import code_digest
     from ratchet.models import dtype
 
     if full_hashing():

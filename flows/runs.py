@@ -18,13 +18,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from ratchet.data.digest import fsync_dir, sha256_json, sha256_text
+from ratchet.data.digest import fsync_dir, sha256_json
 from ratchet.data.errors import ConfigError
 from ratchet.data.prompts import Split
 from ratchet.flows.config import PipelineConfig
 from ratchet.flows.inputs import check_inputs, sources_of
 from ratchet.flows.tracking import Tracker
-from ratchet.tasks.runner.code_reach import syntax_tree
+from ratchet.tasks.runner.code_reach import code_digest
 
 
 class RunContext(BaseModel):
@@ -42,30 +42,6 @@ class RunContext(BaseModel):
     sources: dict[str, str] = {}  # content digest of every data file the config reads, as checked at start
     pool_start: int = 0  # data.prompts_per_round: where in the pool's stream this run's first round draws
     _live: Liveness | None = PrivateAttr(default=None)  # the attempt's liveness lock (`start`), not recorded
-
-
-def code_digest(root: Path | None = None) -> str:
-    """Digest of every module of the installed package (the folders under `root`, this package by
-    default): the code a run's results came from. Each module counts as its syntax tree, so an edit
-    to a comment, a docstring or the layout leaves the digest as it was."""
-    from ratchet.tasks.runner.code_reach import keep_answer, kept_answer
-
-    root = root or Path(__file__).parents[1]
-    texts = {}
-    for pkg in ("data", "models", "tasks", "flows"):
-        for p in (root / pkg).rglob("*.py"):
-            rel = p.relative_to(root).with_suffix("").parts
-            texts[".".join(("ratchet", *(rel[:-1] if rel[-1] == "__init__" else rel)))] = (p, p.read_text())
-    # parsing every module takes about a second: the answer is kept for these exact texts
-    read = sha256_text("\n".join(f"{name}\0{text}" for name, (_, text) in sorted(texts.items())))
-    key = f"code_digest:{root.resolve()}"
-    kept = kept_answer(key)
-    if kept is not None and kept.get("read") == read:
-        return kept["digest"]
-    parts = [f"{name}\0{syntax_tree(text, str(p))}" for name, (p, text) in texts.items()]
-    out = sha256_text("\n".join(sorted(parts)))[:16]
-    keep_answer(key, {"read": read, "digest": out})
-    return out
 
 
 def git_commit() -> str | None:

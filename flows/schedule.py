@@ -66,7 +66,7 @@ def deploy(cfg: PipelineConfig, *, cron: str, name: str | None, pool: str | None
     from prefect.deployments.runner import EntrypointType
 
     from ratchet.flows.pipeline import continue_improve
-    from ratchet.flows.runs import code_digest
+    from ratchet.tasks.runner.code_reach import code_digest
 
     if start_from not in ("champion", "base") and not start_from.isdigit():
         raise ConfigError([f"--from {start_from!r} is not 'champion', 'base' or a model version number"])

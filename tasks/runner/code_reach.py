@@ -515,6 +515,28 @@ def keep_answer(key: str, entry: dict, file: str = ANSWERS, newest: int | None =
         pass
 
 
+def code_digest(root: Path | None = None) -> str:
+    """Digest of every module of the installed package (the folders under `root`, this package by
+    default): the code a run's results came from. Each module counts as its syntax tree, so an edit
+    to a comment, a docstring or the layout leaves the digest as it was."""
+    root = root or Path(__file__).parents[2]
+    texts = {}
+    for pkg in ("data", "models", "tasks", "flows"):
+        for p in (root / pkg).rglob("*.py"):
+            rel = p.relative_to(root).with_suffix("").parts
+            texts[".".join(("ratchet", *(rel[:-1] if rel[-1] == "__init__" else rel)))] = (p, p.read_text())
+    # parsing every module takes about a second: the answer is kept for these exact texts
+    read = sha256_text("\n".join(f"{name}\0{text}" for name, (_, text) in sorted(texts.items())))
+    key = f"code_digest:{root.resolve()}"
+    kept = kept_answer(key)
+    if kept is not None and kept.get("read") == read:
+        return kept["digest"]
+    parts = [f"{name}\0{syntax_tree(text, str(p))}" for name, (p, text) in texts.items()]
+    out = sha256_text("\n".join(sorted(parts)))[:16]
+    keep_answer(key, {"read": read, "digest": out})
+    return out
+
+
 def _module_unions(module: str) -> set[str]:
     m = _module(module)
     return m.unions if m is not None else set()

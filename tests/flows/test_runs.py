@@ -144,7 +144,7 @@ def test_a_second_attempt_of_a_live_run_names_the_holder_and_waits_for_it(tmp_pa
 
 
 def test_the_code_digest_follows_what_runs_not_comments_or_layout(tmp_path):
-    from ratchet.flows.runs import code_digest
+    from ratchet.tasks.runner.code_reach import code_digest
 
     for pkg in ("data", "models", "tasks", "flows"):
         (tmp_path / pkg).mkdir()
