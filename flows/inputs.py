@@ -228,10 +228,10 @@ def checked_model(cfg: PipelineConfig, split: Split, sets: dict[str, Split]) -> 
 CHECKS = "checks.json"
 KEPT_CHECKS = 64
 LIBRARIES = ("transformers", "tokenizers", "jinja2", "torch", "peft", "vllm")  # what reads the model's files
+READ_WHOLE = 64 << 20  # a larger file (a model's weights, which no check reads) is keyed by its name and size
 # the config fields no model check reads (tests/flows/test_inputs.py poisons them all and checks): a run
 # that changes only these (where it writes, its rounds, its filter, its training's schedule) keeps its
 # pass; every other field is in the key
-READ_WHOLE = 64 << 20  # a larger file (a model's weights, which no check reads) is keyed by its name and size
 UNREAD = ("name", "workdir", "rounds", "improve", "drop_models", "filter", "agreement", "tracking", "curriculum")
 UNREAD_TRAIN = ("epochs", "learning_rate", "lr_scheduler", "warmup_ratio", "batch_size", "grad_accum",
                 "gradient_checkpointing", "attention", "checkpoint_steps", "logging_steps")
