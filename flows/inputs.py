@@ -279,7 +279,7 @@ def model_check_key(cfg: PipelineConfig, split: Split, sets: dict[str, Split], m
     prompts = {"train": split.train, "eval": split.eval, **{f"set {n}": s.eval for n, s in sets.items()}}
     read = cfg.model_dump(mode="json", exclude={*UNREAD, "train"})
     read["train"] = cfg.train.model_dump(mode="json", exclude=set(UNREAD_TRAIN))
-    return sha256_json({"config": read, "files": files, "code": code_digest(),
+    return sha256_json({"config": read, "files": files, "package": code_digest(),
                         "libraries": {n: version(n) for n in LIBRARIES}, "gpus": dtype.visible_gpus(),
                         "auto": dtype.auto().dtype,
                         "prompts": {k: [p.model_dump(mode="json") for p in v] for k, v in prompts.items()}})
