@@ -297,7 +297,8 @@ def cmd_check(args) -> int:
     local = cfg.sampler.backend_kind.local
     # --full: every check made again, no pass kept before looked up (a new one is not kept either)
     key = model_check_key(cfg, split, sets) if local and not getattr(args, "full", False) else None
-    if (said := passed_before(key)) is None and local:
+    said = kept = passed_before(key)
+    if kept is None and local:
         said = checked_model(cfg, split, sets)
         record_pass(key, said)
     elif not local:
@@ -339,7 +340,7 @@ def cmd_check(args) -> int:
     if cfg.sampler.backend_kind.local:  # a served policy runs no engine here
         print(devices_line(cfg))
         print(dtype_line(cfg))
-    if key is not None and said.get("at"):
+    if kept is not None:
         print("model checks: passed before with the same inputs (the config's fields they read, every prompt, the "
               "model's and your files unchanged, the same code and libraries), not made again; --full makes them again")
     print(f"ok: {args.config} is ready to run")
