@@ -18,7 +18,7 @@ cell and seed, in a fresh process of its own, one at a time:
   dtype the figure was taken in;
 - the sampler-trainer log-probability gap per token (TRL's sampling_logp_difference: the mean over
   steps of each step's mean, and the largest of any step) and the importance ratios' range;
-- the train stage's wall time and its generation tok/s.
+- the train stage's wall time, the part of it spent generating, and its generation tok/s.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def cell(engine: str, trainer: str, seed: int, steps: int, eval_size: int) -> di
             **fixed, "gap_mean": statistics.mean(r["logp_gap"] for r in steps_rows if "logp_gap" in r),
             "gap_max": max(gaps), "ratio_min": min(r[0] for r in ratios), "ratio_max": max(r[1] for r in ratios),
             "train_s": sum(r["step_s"] for r in steps_rows), "gen_tok_s": sum(g[0] for g in gen) / sum(g[1] for g in gen),
-            "run_s": wall}
+            "gen_s": sum(g[1] for g in gen), "run_s": wall}
 
 
 def main() -> None:
