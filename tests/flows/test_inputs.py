@@ -271,7 +271,7 @@ def test_bad_data_exits_2_with_one_report_and_writes_nothing(tmp_path):
 
 
 CHECKED_RUN = """
-import json, sys
+import json, os, sys
 from pathlib import Path
 from ratchet.data.errors import ConfigError
 from ratchet.flows.config import load_config
@@ -291,6 +291,10 @@ try:
 except ConfigError as e:
     out["error"] = str(e)
 out.update({m: m in sys.modules for m in ("torch", "mlflow.store.tracking.sqlalchemy_store", "prefect")})
+os.environ["PREFECT_API_URL"] = "http://127.0.0.1:9/api"  # a server of the user's: no temporary one to start
+with imports_meanwhile(Path(cfg.workdir)):
+    pass
+out["served"] = {m: m in sys.modules for m in ("prefect", "prefect.server.api.server")}
 print(json.dumps(out))
 """
 
@@ -301,7 +305,8 @@ def test_a_run_checks_its_model_in_a_child_of_its_fork_server_and_imports_no_tor
     stages anyway: the run's own process imports neither. A problem found there is raised here,
     as ever, and nothing is written. Meanwhile the run's own process imports what its start needs
     (flows/launch.py imports_meanwhile): MLflow's store, and Prefect only where its home is settled,
-    since Prefect's import creates it (here it is not: no PREFECT_HOME, no server, no workdir)."""
+    since Prefect's import creates it (here it is not: no PREFECT_HOME, no server, no workdir);
+    with a server of the user's, Prefect but not the temporary server's modules."""
     import yaml
 
     long = {"prompt": "Add these up: " + " + ".join(["1"] * 300) + "?", "answer": 300}
@@ -320,6 +325,7 @@ def test_a_run_checks_its_model_in_a_child_of_its_fork_server_and_imports_no_tor
     assert out["prompts"] == 6 and out["server"]
     assert f"{tmp_path / 'bad.jsonl'}: train prompts too long for training (1): line 7:" in out["error"]
     assert out["torch"] is False and out["mlflow.store.tracking.sqlalchemy_store"] and not out["prefect"], out
+    assert out["served"] == {"prefect": True, "prefect.server.api.server": False}, out
     assert not (tmp_path / "w").exists()
 
 
