@@ -95,7 +95,9 @@ def test_a_dropped_version_is_made_again_byte_for_byte(tiny_model, tmp_path, pre
     """Three rounds with drop_models: version 2's weights go once version 4 is registered (version 1,
     the base model, stays the champion: nothing beats it by more than 1). A run continuing from
     version 2 makes them again in its stage worker, `ratchet export` in a child of its own, and both
-    are the bytes training wrote; the lineage meanwhile verifies and says what is dropped."""
+    are the bytes training wrote; the lineage meanwhile verifies and says what is dropped. Every
+    version loads through MLflow's own API (the transformers flavor and pyfunc), and a LoRA version
+    computes what its exported merged weights do."""
     from prefect.settings import PREFECT_API_URL
 
     api, work = PREFECT_API_URL.value(), tmp_path / "runs"
@@ -121,6 +123,7 @@ def test_a_dropped_version_is_made_again_byte_for_byte(tiny_model, tmp_path, pre
 
     # every registered version loads through MLflow's own API: one whose adapter loads against
     # dropped weights (3's, against 2's) is tagged so, and `ratchet restore` makes them again first
+    import mlflow.pyfunc
     import mlflow.transformers
     from mlflow.tracking import MlflowClient
 
@@ -143,8 +146,13 @@ def test_a_dropped_version_is_made_again_byte_for_byte(tiny_model, tmp_path, pre
     # test and point every later MlflowClient in this worker at this store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_REGISTRY_URI", uri)
-    for v in ("1", "2", "3", "4"):
-        assert mlflow.transformers.load_model(f"models:/ratchet-default/{v}").model is not None, v
+    pipes = {v: mlflow.transformers.load_model(f"models:/ratchet-default{v}") for v in ("@champion", "/2", "/3", "/4")}
+    assert type(pipes["@champion"].model).__name__ == "LlamaForCausalLM"  # the base: its weights in the version
+    assert {type(pipes[v].model).__name__ for v in ("/2", "/3", "/4")} == {"PeftModelForCausalLM"}  # adapters
+    ask = "What is 2 + 3?"
+    said = pipes["/2"](ask, max_new_tokens=4, do_sample=False)[0]["generated_text"]
+    assert said.startswith(ask) and len(said) > len(ask), said
+    assert mlflow.pyfunc.load_model("models:/ratchet-default/2").predict([ask])[0].startswith(ask)
     store.drop(v2, ["model/model.safetensors"], "test")  # dropped again, for a run to make
 
     # round 2 again from version 2, sampled otherwise: its sample stage reads version 2's weights
@@ -157,5 +165,16 @@ def test_a_dropped_version_is_made_again_byte_for_byte(tiny_model, tmp_path, pre
     exported = ratchet("export", *_args(work, tiny_model), "2", out, api_url=api)
     assert exported.returncode == 0, exported.stdout[-3000:] + exported.stderr[-3000:]
     assert sha256_file(out / "model.safetensors") == digest == sha256_file(weights)
+    # the adapter on its base computes what the exported merged weights do (float error), and
+    # training moved them from the base by far more than that
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids = pipes["/2"].tokenizer(ask, return_tensors="pt").input_ids
+    with torch.no_grad():
+        adapter, base = (pipes[v].model(ids).logits[0, -1] for v in ("/2", "@champion"))
+        merged = AutoModelForCausalLM.from_pretrained(out)(ids).logits[0, -1]
+    error, trained = (adapter - merged).abs().max().item(), (base - merged).abs().max().item()
+    assert error < 1e-4 and trained > 10 * error, (error, trained)
     assert json.loads((store.dir_of(v2) / "model" / "config.json").read_text())  # the rest never went
 
