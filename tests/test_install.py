@@ -36,6 +36,9 @@ def _tree_modules() -> list[str]:
 
 
 def test_the_built_wheel_installs_every_module_and_each_imports(tmp_path):
+    """Guards what is installed: the wheel built from a copy of this tree installs into a fresh
+    environment and holds every module and shipped config, each of which imports there. Slow: a
+    wheel build, a venv and an import of every module."""
     # without the tests' PYTHONPATH: on it, this tree's ratchet.egg-info would pass for an install
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # from a copy of what a clone holds: a build/ folder left in the tree would pass its stale modules on

@@ -59,6 +59,10 @@ def test_a_sets_file_is_read_whole_and_checked_against_the_task(tmp_path):
 
 @pytest.mark.integration
 def test_every_set_is_evaluated_logged_and_keyed_on_its_own(tiny_model, tmp_path, prefect_harness):
+    """Guards several held-out sets a round (the module's promise, end to end): each set evaluated
+    each round, logged per set in MLflow, shown on the console, in the report and on every model
+    version, and an edit to one set's file re-runs only that set's stages. Slow: a CLI run, then
+    the edited run in this process."""
     from mlflow.tracking import MlflowClient
     from prefect.settings import PREFECT_API_URL
 

@@ -92,6 +92,11 @@ def _written(workdir) -> dict[str, tuple[int, int]]:
 
 
 def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path, prefect_harness, tiny_reference):
+    """Guards the resume promise: a SIGTERM at a stage boundary, a kill -9 of the orchestrator alone
+    mid-sampling (two engine holders) and a Ctrl-C after training's first checkpoint, each resumed,
+    end at the uninterrupted run's bytes, its MLflow runs and versions; nothing outlives the killed
+    orchestrator or writes after it. Slow: four runs of the tiny pipeline (one a resumed finish),
+    after the reference run it shares with the Ray round (tiny_reference)."""
     from prefect.settings import PREFECT_API_URL
 
     api = PREFECT_API_URL.value()

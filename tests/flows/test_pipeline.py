@@ -48,6 +48,10 @@ def reference(tmp_path_factory, prefect_harness, default_model):
 
 
 def test_one_round_end_to_end(reference):
+    """Guards the default pipeline on the default model: one round's stages on vLLM through the run's
+    warm engine and fork server, each stage's directory and manifest, the MLflow parent and round
+    runs, their metrics, datasets and registered versions. Slow: the module's reference run on the
+    default model (shared with the module's other tests)."""
     tmp_path, cfg, ctx, tracker, results = reference
 
     # the store holds exactly one finished directory per stage, each with its manifest

@@ -78,6 +78,9 @@ def test_a_served_optimiser_that_is_down_or_lacks_its_key_stops_the_run_before_a
 
 @pytest.mark.integration
 def test_a_round_searches_for_a_prompt_then_trains_under_it_and_the_pair_is_one_version(recorded_run, tmp_path):
+    """Guards rounds that improve text: a round searches for a prompt, samples and trains under the
+    chosen one, and the weights and text are one version (kept, keyed, registered, drawn in the
+    report). Slow: the recorded run it reads (recorded_run, shared with the docs' commands)."""
     from ratchet.flows.tracking import Tracker
 
     work, config, run = recorded_run.work, recorded_run.config, recorded_run.run  # `ratchet run CONFIG`'s

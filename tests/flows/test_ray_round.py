@@ -19,6 +19,9 @@ def _finished(workdir):
 
 def test_a_round_on_two_ray_nodes_equals_local_and_survives_its_driver(tiny_model, tmp_path, prefect_harness,
                                                                        ray_cluster, tiny_reference):
+    """Guards the cluster promise: a round on a real two-node Ray cluster writes the local executor's
+    bytes (the shared reference run), spreads each fan-out stage over both nodes, and its driver
+    killed mid-label resumes by running only the missing units. Slow: two runs on the cluster."""
     from prefect.settings import PREFECT_API_URL
 
     api = PREFECT_API_URL.value()

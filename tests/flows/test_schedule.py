@@ -96,6 +96,10 @@ def _wait_final(url, flow_run_id, timeout=480):
 
 
 def test_serve_continues_from_the_champion(tiny_model, tmp_path, prefect_server):
+    """Guards scheduled runs: `ratchet serve --cron` deploys on a real Prefect server, and a run of the
+    deployment continues from the champion a user chose (version 2) as round 2, in its own MLflow
+    parent run, on the next prompts of the pool, with a verified lineage back to the base model.
+    Slow: a first run, then the serve process and the deployment's run through Prefect's runner."""
     from ratchet.flows.config import load_config
     from ratchet.flows.lineage import walk
     from ratchet.flows.stages import start_manifest

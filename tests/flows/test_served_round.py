@@ -34,6 +34,9 @@ def served(default_model, tmp_path_factory):
 
 
 def test_a_self_rewarding_round_judged_by_a_served_model(served, tiny_model, tmp_path, prefect_harness):
+    """Guards a served judge: a self-rewarding round whose every judgement is one call to a real `vllm
+    serve` (p_yes from its log-probabilities), counted at the stub before it. Slow: the module's
+    server start (the default model on vLLM) and a run of the tiny pipeline."""
     from prefect.settings import PREFECT_API_URL
 
     from ratchet.data.manifest import read_manifest

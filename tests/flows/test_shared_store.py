@@ -68,6 +68,11 @@ def _start(cwd, workdir, tiny_model, config, api_url, *extra):
 
 def test_racing_runs_share_one_store_and_a_new_split_reevaluates_the_champion(tmp_path, tiny_model, mlflow_server,
                                                                              prefect_harness):
+    """Guards one store shared by racing runs: the same command twice at once on one workdir and a
+    real `mlflow server` (credentials in the config's URI), from a directory of modules named like
+    Ratchet's: one waits for the other and reuses its work under one MLflow parent run; a run on
+    another split evaluates the champion again before comparing; the secret is written nowhere.
+    Slow: three runs of the tiny pipeline against an MLflow server started here."""
     from mlflow.tracking import MlflowClient
     from prefect.settings import PREFECT_API_URL
 

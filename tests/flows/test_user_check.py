@@ -52,6 +52,10 @@ def _stages(workdir) -> dict[str, tuple]:
 
 def test_a_reward_file_scores_a_round_and_its_edits_rerun_only_what_reads_it(tiny_model, tmp_path, prefect_harness,
                                                                              capsys):
+    """Guards a user's reward file as a round's check: its scores label and evaluate; a raising
+    function stops the run naming the row and the user's traceback; fixed, the printed command
+    continues the same run and re-runs only what reads the file; lineage names each file version.
+    Slow: three CLI runs of the tiny pipeline."""
     from prefect.settings import PREFECT_API_URL
 
     api, work = PREFECT_API_URL.value(), tmp_path / "runs"

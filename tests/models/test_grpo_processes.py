@@ -62,6 +62,9 @@ def two(wide_tiny, tmp_path_factory):  # noqa: F811
 
 def test_two_processes_sample_their_own_groups_and_train_what_one_does_on_them(wide_tiny, two, tmp_path,  # noqa: F811
                                                                                 monkeypatch):
+    """Guards GRPO in two training processes: each samples its own share of a step's prompts (distinct
+    groups), and the weights are those one process makes from the same rollouts. Slow: the
+    module's two-process stage (shared with the resume test) and a one-process stage on its rollouts."""
     from ratchet.data.records import LabeledCompletion, read_jsonl
     from ratchet.models.train_kinds.grpo import GRPOTrainConfig, Rollouts, train_grpo
 
@@ -133,6 +136,10 @@ def test_two_processes_sample_their_own_groups_and_train_what_one_does_on_them(w
 
 
 def test_a_killed_two_process_run_resumes_to_the_same_bytes(wide_tiny, two, tmp_path):  # noqa: F811
+    """Guards GRPO's resume in two training processes on vLLM: killed after its step-2 checkpoint,
+    the stage resumes in two processes to the uninterrupted run's rollouts, train log and weights,
+    reading the shares already sampled. Slow: a killed and a resumed two-process GRPO stage, each
+    process with its own engine."""
     full, full_dir = two
     out = tmp_path / "killed"
     script = (f"import sys; sys.path.insert(0, {os.getcwd()!r}); "

@@ -82,6 +82,10 @@ def _losses(out) -> list[float]:
 
 @pytest.mark.parametrize("kind", ["rft", "dpo"])
 def test_two_processes_train_what_one_does_at_the_same_global_batch(kind, tiny_model, tmp_path, one_thread, request):
+    """Guards training in two processes (RFT and DPO): at the same global batch the weights are one
+    process's with gradient accumulation to float rounding, and within twice the sum-order
+    difference of one process's full batch. Slow: three trainings a kind, one of them in two
+    processes (torchrun)."""
     one = _train(kind, tiny_model, tmp_path / "one", batch_size=4)
     accum = _train(kind, tiny_model, tmp_path / "accum", batch_size=2, grad_accum=2)
     if kind == "rft":

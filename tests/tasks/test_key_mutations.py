@@ -25,6 +25,10 @@ CONFIGS = ["reasoning_gym.yaml", "guess_number_rft.yaml", "grpo.yaml", "default.
 
 @pytest.mark.integration
 def test_a_fixed_sample_of_edits_rekeys_exactly_the_stages_that_run_the_edited_code(tmp_path):
+    """Guards keys over all the code a stage runs (the module's promise), on a fixed sample of edits:
+    each behaviour edit re-keys exactly the planned stages that reach it, hand-named child-process
+    code re-keys its stages, layout edits re-key nothing, each user-file edit re-keys. Slow: every
+    edit re-plans every shipped config's stages on a copy of the package."""
     done = runpy.run_path(str(BENCH))["run"](sample=8, seed=0, keep=tmp_path / "copy", shipped=CONFIGS)
     results = done["results"]
     kinds = {r.get("kind") for r in results}
