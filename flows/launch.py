@@ -41,8 +41,8 @@ def library_env() -> None:
 # Prefect and its temporary server (then the flow's module, flows/pipeline.py, which imports Prefect).
 TRACKING_IMPORTS = ("mlflow", "mlflow.tracking", "mlflow.store.db.utils", "mlflow.store.tracking.sqlalchemy_store",
                     "mlflow.store.model_registry.sqlalchemy_store")
-SERVER_MODULE = "prefect.server.api.server"  # the temporary server's: 1.2 s a run against a server of its own skips
-PREFECT_IMPORTS = ("prefect", SERVER_MODULE)
+PREFECT_IMPORTS = ("prefect",)
+SERVER_IMPORTS = ("prefect.server.api.server",)  # the temporary server's: 1.2 s, none where PREFECT_API_URL names one
 
 
 @contextlib.contextmanager
@@ -62,7 +62,7 @@ def imports_meanwhile(workdir: Path) -> Iterator[None]:
     home = workdir / "prefect"
     flow = {"PREFECT_API_URL", "PREFECT_HOME"} & set(os.environ) or home.is_dir()
     if flow:
-        names += [n for n in PREFECT_IMPORTS if n != SERVER_MODULE or "PREFECT_API_URL" not in os.environ]
+        names += PREFECT_IMPORTS if "PREFECT_API_URL" in os.environ else PREFECT_IMPORTS + SERVER_IMPORTS
         if not {"PREFECT_API_URL", "PREFECT_HOME"} & set(os.environ):
             os.environ["PREFECT_HOME"] = str(home)  # as prepare_env sets it, before Prefect is imported
     names = [n for n in names if n not in sys.modules]
