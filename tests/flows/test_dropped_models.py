@@ -150,9 +150,10 @@ def test_a_dropped_version_is_made_again_byte_for_byte(tiny_model, tmp_path, pre
     assert type(pipes["@champion"].model).__name__ == "LlamaForCausalLM"  # the base: its weights in the version
     assert {type(pipes[v].model).__name__ for v in ("/2", "/3", "/4")} == {"PeftModelForCausalLM"}  # adapters
     ask = "What is 2 + 3?"
-    said = pipes["/2"](ask, max_new_tokens=4, do_sample=False)[0]["generated_text"]
-    assert said.startswith(ask) and len(said) > len(ask), said
-    assert mlflow.pyfunc.load_model("models:/ratchet-default/2").predict([ask])[0].startswith(ask)
+    for v in ("@champion", "/2"):
+        said = pipes[v](ask, max_new_tokens=4, do_sample=False)[0]["generated_text"]
+        assert said.startswith(ask) and len(said) > len(ask), (v, said)
+        assert mlflow.pyfunc.load_model(f"models:/ratchet-default{v}").predict([ask])[0].startswith(ask), v
     store.drop(v2, ["model/model.safetensors"], "test")  # dropped again, for a run to make
 
     # round 2 again from version 2, sampled otherwise: its sample stage reads version 2's weights
@@ -165,6 +166,7 @@ def test_a_dropped_version_is_made_again_byte_for_byte(tiny_model, tmp_path, pre
     exported = ratchet("export", *_args(work, tiny_model), "2", out, api_url=api)
     assert exported.returncode == 0, exported.stdout[-3000:] + exported.stderr[-3000:]
     assert sha256_file(out / "model.safetensors") == digest == sha256_file(weights)
+    assert "## Lineage" in (out / "README.md").read_text()  # the export's card says where the weights came from
     # the adapter on its base computes what the exported merged weights do (float error), and
     # training moved them from the base by far more than that
     import torch
