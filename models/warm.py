@@ -16,7 +16,9 @@ engine (`executor.kind=local`, `engines=1`, `executor.warm_engine`, the default)
   same shape (the same sampler settings, model config and tokenizer: a round's trained model
   and the model it trained from), it loads them into the engine in place
   (`reload_weights`, 0.3 s for the default model) and forgets its prefix cache; asked for
-  another shape, it closes its engine and opens one;
+  another shape, it opens one. On a CPU it keeps the engine of the other shape where memory
+  allows (a round on a bf16 CPU samples in bf16 and evaluates in float32: two shapes a round,
+  each then swapped rather than opened again); on a GPU it closes it first;
 - between stages it holds nothing on a GPU but its CUDA context: a released vLLM engine
   sleeps (vLLM's sleep mode, level 1: weights to CPU memory, KV cache freed) and wakes for
   the next stage; a transformers model is let go and loaded again. Training gets the GPU's
@@ -171,6 +173,7 @@ class _Held:
     model: str
     sampler: Any
     engine: Any
+    threads: int  # what the engine set torch's threads to when it opened
     asleep: bool = False
 
 
@@ -180,12 +183,49 @@ def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+KEEP_ON_CPU = 2  # engines of different shapes kept at once on a CPU: a round samples in one and evaluates in another
+SPARE_GIB = 4.0  # memory left free beside a second engine (the training between them, the rest of the machine)
+
+
+def _weights_bytes(model_dir: Path) -> int:
+    return sum(p.stat().st_size for p in Path(model_dir).iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
+
+
+def _available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is none: keep one engine)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def room_for_another(model_dir: Path, cfg) -> bool:
+    """Whether an engine of another shape can open beside the one held, on a CPU: twice what it
+    will take (its weights in float32 at most, twice the stored bytes of a 16-bit model, and its
+    KV cache), plus SPARE_GIB, must be free now."""
+    free = _available_bytes()
+    if free is None:
+        return False
+    need = 2 * _weights_bytes(model_dir) + int(getattr(cfg, "kv_cache_gb", 0) * 2**30)
+    return free >= 2 * need + int(SPARE_GIB * 2**30)
+
+
 class _Engines:
-    """The engine process's one engine, and how a request for weights is met."""
+    """The engine process's engines, and how a request for weights is met. A round samples in the
+    run's dtype and evaluates in the base model's stored one (tasks/evaluate.eval_sampler): on a
+    bf16 CPU two shapes a round. On a CPU, where memory allows, the engine of the other shape is
+    kept (KEEP_ON_CPU) rather than closed and opened again twice a round (4-6 s each for the
+    default model); on a GPU one engine, whose memory training needs between stages."""
 
     def __init__(self):
-        self.held: _Held | None = None
-        self.default_threads: int | None = None
+        self.held: list[_Held] = []  # the engine in use last at the end
+
+    @property
+    def current(self) -> _Held:
+        return self.held[-1]
 
     def open(self, model: str, sampler_json: str, seed: int, threads: int | None) -> dict[str, Any]:
         import torch
@@ -195,18 +235,22 @@ class _Engines:
         t = time.time()
         cfg = SamplerConfig.model_validate_json(sampler_json)
         shape = shape_of(Path(model), sampler_json)
-        h = self.held
-        if h is not None and h.shape != shape:
-            self.close()
-            h = None
+        h = next((x for x in self.held if x.shape == shape), None)
         kind = cfg.backend_kind
-        if h is not None and h.asleep:
-            kind.wake(h.engine)
-            h.asleep = False
+        if h is not None:
+            self.held.remove(h)
+            self.held.append(h)
+            if h.asleep:
+                kind.wake(h.engine)
+                h.asleep = False
         if h is None:
+            keep = 1 if _on_gpu() else KEEP_ON_CPU
+            while self.held and (len(self.held) >= keep or not room_for_another(Path(model), cfg)):
+                self._close(self.held[0])
             sleep = kind.sleeps and _on_gpu()  # started so, it can give the GPU back between stages
-            self.held = h = _Held(shape, model, cfg, open_sampler(Path(model), cfg, seed, sleep_mode=sleep))
-            self.default_threads = torch.get_num_threads()  # what the engine set for itself
+            engine = open_sampler(Path(model), cfg, seed, sleep_mode=sleep)
+            h = _Held(shape, model, cfg, engine, torch.get_num_threads())  # the threads the engine set for itself
+            self.held.append(h)
             how = "opened"
         elif h.model != model:
             h.engine = kind.swap(h.engine, Path(model), cfg, seed)
@@ -215,20 +259,20 @@ class _Engines:
         else:
             kind.fresh(h.engine)  # a stage starts from an empty cache, as in an engine of its own
             how = "kept"
-        torch.set_num_threads(threads or self.default_threads or torch.get_num_threads())
-        return {"how": how, "load_s": time.time() - t, "pid": os.getpid()}
+        torch.set_num_threads(threads or h.threads)
+        return {"how": how, "load_s": time.time() - t, "pid": os.getpid(), "held": len(self.held)}
 
     def release(self) -> None:
         """Between stages nothing of the engine stays on a GPU: training may need all of it."""
-        h = self.held
-        if h is None or not _on_gpu():
+        if not self.held or not _on_gpu():
             return
+        h = self.current
         if h.asleep:
             return
         if h.sampler.backend_kind.release(h.engine):  # weights kept in CPU memory, KV cache freed
             h.asleep = True
         else:  # transformers: loading again is quick; the model goes
-            self.close()
+            self._close(h)
             import torch
 
             # cuBLAS keeps a workspace per stream in torch's allocator (32 MiB on an H200, seen
@@ -237,7 +281,7 @@ class _Engines:
             torch.cuda.empty_cache()
 
     def stats(self) -> dict[str, Any]:
-        h = self.held
+        h = self.held[-1] if self.held else None
         gpu, used = 0, 0
         if _on_gpu():
             import torch
@@ -246,15 +290,18 @@ class _Engines:
             free, total = torch.cuda.mem_get_info()
             used = total - free  # the whole device's: vLLM's engine core is a process of its own
         return {"pid": os.getpid(), "model": h.model if h else None, "asleep": bool(h and h.asleep),
-                "gpu_allocated": gpu, "gpu_used": used}
+                "held": [x.model for x in self.held], "gpu_allocated": gpu, "gpu_used": used}
+
+    def _close(self, h: _Held) -> None:
+        self.held.remove(h)
+        h.engine.close()
+        import gc
+
+        gc.collect()
 
     def close(self) -> None:
-        if self.held is not None:
-            self.held.engine.close()
-            self.held = None
-            import gc
-
-            gc.collect()
+        while self.held:
+            self._close(self.held[0])
 
 
 @entry
@@ -330,11 +377,11 @@ def _answer(engines: _Engines, conn) -> bool:
                 a = args[0]
                 reply = engines.open(a["model"], a["sampler"], a["seed"], a["threads"])
             elif op == "generate":
-                reply = engines.held.engine.generate(*args)
+                reply = engines.current.engine.generate(*args)
             elif op == "generate_ids":
-                reply = engines.held.engine.generate_ids(*args)
+                reply = engines.current.engine.generate_ids(*args)
             elif op == "logprobs":
-                reply = engines.held.engine.next_token_logprobs(*args)
+                reply = engines.current.engine.next_token_logprobs(*args)
             elif op == "release":
                 engines.release()
                 reply = None

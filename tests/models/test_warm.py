@@ -79,6 +79,24 @@ def test_the_warm_engine_keeps_swaps_and_reopens_and_answers_as_a_cold_engine(ti
     assert _lent(tiny_model, wider, seed=0, address=engine.borrowed) == ("opened", _cold(tiny_model, wider, 0))
 
 
+def test_a_second_shape_is_kept_beside_the_first_only_where_memory_allows(tiny_model, monkeypatch):
+    """A CPU engine process keeps an engine of a second shape beside the first (a round's sampling
+    and its evaluation in another dtype), and opens it in place of the first where memory is short."""
+    cfg = SamplerConfig(backend="hf", dtype="float32")
+    wider = cfg.model_copy(update={"hf_batch_size": 4})
+    monkeypatch.setattr(warm, "_on_gpu", lambda: False)  # the CPU's rule, wherever the suite runs
+    engines = warm._Engines()
+    ask = lambda c: engines.open(str(tiny_model), c.model_dump_json(), 0, None)["how"]
+    try:
+        assert [ask(cfg), ask(wider), ask(cfg), ask(wider)] == ["opened", "opened", "kept", "kept"]
+        assert len(engines.held) == 2
+        engines.close()
+        monkeypatch.setattr(warm, "_available_bytes", lambda: 2**30)  # 1 GiB free: no room beside the first
+        assert [ask(cfg), ask(wider), ask(cfg)] == ["opened", "opened", "opened"] and len(engines.held) == 1
+    finally:
+        engines.close()
+
+
 def test_an_error_in_the_engine_fails_the_stage_and_the_next_stage_gets_a_new_engine(tiny_model, engine):
     cfg = SamplerConfig(backend="hf", dtype="float32")
     s = warm.WarmSampler(tiny_model, cfg, seed=0, address=engine.borrowed)
@@ -250,17 +268,24 @@ def test_an_engine_the_fork_server_does_not_fork_runs_in_a_process_of_its_own(ti
 @pytest.mark.integration
 def test_vllm_weights_swapped_in_place_answer_byte_for_byte_as_a_fresh_engine(default_model, tmp_path, monkeypatch):
     """The default model on vLLM: the warm engine opened on it, then swapped to other weights,
-    samples exactly what a fresh engine on those weights does, and differs from the first."""
+    samples exactly what a fresh engine on those weights does, and differs from the first. An
+    engine of a second shape (as a round's evaluation in another dtype asks for) opens beside the
+    first on a CPU, and the first is kept: asked for again it swaps its weights, it does not reopen."""
     cfg = SamplerConfig(backend="vllm", kv_cache_gb=1)
     other = _other_weights(default_model, tmp_path / "other")
     greedy = SamplingParams(n=1, temperature=0.0, max_tokens=16)
+    shorter = cfg.model_copy(update={"max_model_len": 256})  # another shape; greedy answers as the first
     with warm.for_run(True, tmp_path / "engine.log", "vllm") as w:
         address = borrow(w, monkeypatch)
         first = _lent(default_model, cfg, seed=0, address=address, params=greedy)
+        beside = _lent(default_model, shorter, seed=0, address=address, params=greedy)
         swapped = _lent(other, cfg, seed=3, address=address)
         kept = _lent(other, cfg, seed=0, address=address)
         other_greedy = _lent(other, cfg, seed=0, address=address, params=greedy)  # answers as a fresh engine: just shown
+        beside_again = _lent(other, shorter, seed=0, address=address, params=greedy)
     cold = _cold(other, cfg, 9)
     assert first[0] == "opened" and swapped[0] == "swapped weights to" and kept[0] == "kept"
     assert swapped[1] == cold and kept[1] == cold
     assert first[1] != other_greedy[1]  # the swap changed what it answers
+    # the second shape's engine, opened beside the first, and swapped in its turn
+    assert beside == ("opened", first[1]) and beside_again == ("swapped weights to", other_greedy[1])
