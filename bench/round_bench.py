@@ -6,6 +6,8 @@ Runs the default config (or CONFIG) twice from empty workdirs:
         (executor.warm_workers=false executor.warm_engine=false: how rounds ran before)
   warm  stage workers forked from the run's fork server, and one engine lent to every
         sampling stage, its weights swapped in place (the default)
+  one-shape  warm, but the engine holds one sampler shape at a time (executor.warm_engine_shapes=1):
+        where a round samples in bf16 and evaluates in float32, it opens an engine twice a round
 
 and prints, for each round, its wall time (the round's MLflow run, from its first stage to its
 registration), its work and their ratio, then where the rest went, stage by stage. Work is
@@ -16,6 +18,7 @@ outputs are compared byte for byte (the same keys: the executor settings are not
 
     python bench/round_bench.py                          # default config, 3 rounds, cold then warm
     python bench/round_bench.py --only warm --rounds 1
+    python bench/round_bench.py --only one-shape warm   # the warm engine holding one shape, then two
     python bench/round_bench.py --read runs              # a finished run's workdir (e.g. after make demo)
     python bench/round_bench.py -- sample.n=4            # overrides for both runs
 """
@@ -33,7 +36,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = {"cold": ["executor.warm_workers=false", "executor.warm_engine=false"], "warm": []}
+MODES = {"cold": ["executor.warm_workers=false", "executor.warm_engine=false"], "warm": [],
+         "one-shape": ["executor.warm_engine_shapes=1"]}
+DEFAULT_MODES = ["cold", "warm"]
 WORK = {  # stage -> the metrics that are work
     "sample": ("gen_s",), "evaluate": ("gen_s",), "train": ("steps_s",),
     "label": ("judge_s", "search_s", "gen_s", "check_s"),
@@ -141,7 +146,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "flows" / "configs" / "default.yaml"))
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--only", choices=list(MODES))
+    p.add_argument("--only", nargs="+", choices=list(MODES), help=f"these modes, in this order (default: {DEFAULT_MODES})")
     p.add_argument("--read", type=Path, help="report a finished run's workdir instead of running")
     p.add_argument("--keep", type=Path, help="run in this directory (kept) instead of a temporary one")
     p.add_argument("overrides", nargs="*")
@@ -151,16 +156,17 @@ def main() -> None:
         return
     base = a.keep or Path(tempfile.mkdtemp(prefix="round-bench-"))
     results = {}
-    for mode in [a.only] if a.only else list(MODES):
+    for mode in a.only or DEFAULT_MODES:
         wd = base / mode
         wall = run(mode, a.config, a.rounds, a.overrides, wd)
         results[mode] = {**read(wd), "process_wall": wall}
         print(f"{mode}: {wall:.1f} s", file=sys.stderr, flush=True)
     table(results)
-    if len(results) == 2:
-        same = digests(base / "cold") == digests(base / "warm")
-        print(f"\nstage outputs, cold and warm: {'byte-identical' if same else 'DIFFERENT'} "
-              f"({len(digests(base / 'cold'))} stages)")
+    first, *others = results
+    for other in others:
+        same = digests(base / first) == digests(base / other)
+        print(f"\nstage outputs, {first} and {other}: {'byte-identical' if same else 'DIFFERENT'} "
+              f"({len(digests(base / first))} stages)")
     print(json.dumps({m: {k: {"wall": r["wall"], "work": r["work"]} for k, r in x["rounds"].items()}
                       for m, x in results.items()}))
     if not a.keep:  # two demo runs' models and checkpoints, several GB: kept only where asked (--keep)

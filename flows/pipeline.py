@@ -197,7 +197,8 @@ def services(cfg: PipelineConfig, logs: Path, name: str):
     imports overlap with the run's start) are kept."""
     with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, logs / f"{name}.forkserver.log",
                             run_preload()), \
-            warm.for_run(warm_engine_wanted(cfg), logs / f"{name}.engine.log", cfg.sampler.backend):
+            warm.for_run(warm_engine_wanted(cfg), logs / f"{name}.engine.log", cfg.sampler.backend,
+                         cfg.executor.warm_engine_shapes):
         yield
 
 

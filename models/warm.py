@@ -183,7 +183,7 @@ def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-KEEP_ON_CPU = 2  # engines of different shapes kept at once on a CPU: a round samples in one and evaluates in another
+KEEP_ON_CPU = 2  # engines of different shapes kept at once on a CPU (the default of executor.warm_engine_shapes)
 SPARE_GIB = 4.0  # memory left free beside a second engine (the training between them, the rest of the machine)
 
 
@@ -218,10 +218,12 @@ class _Engines:
     run's dtype and evaluates in the base model's stored one (tasks/evaluate.eval_sampler): on a
     bf16 CPU two shapes a round. On a CPU, where memory allows, the engine of the other shape is
     kept (KEEP_ON_CPU) rather than closed and opened again twice a round (4-6 s each for the
-    default model); on a GPU one engine, whose memory training needs between stages."""
+    default model); on a GPU one engine, whose memory training needs between stages. `keep`: how
+    many shapes at most on a CPU (`executor.warm_engine_shapes`; 1 closes one engine to open another)."""
 
-    def __init__(self):
+    def __init__(self, keep: int = KEEP_ON_CPU):
         self.held: list[_Held] = []  # the engine in use last at the end
+        self.keep = keep  # shapes held at once on a CPU (executor.warm_engine_shapes)
 
     @property
     def current(self) -> _Held:
@@ -244,7 +246,7 @@ class _Engines:
                 kind.wake(h.engine)
                 h.asleep = False
         if h is None:
-            keep = 1 if _on_gpu() else KEEP_ON_CPU
+            keep = 1 if _on_gpu() else self.keep
             while self.held and (len(self.held) >= keep or not room_for_another(Path(model), cfg)):
                 self._close(self.held[0])
             sleep = kind.sleeps and _on_gpu()  # started so, it can give the GPU back between stages
@@ -305,9 +307,10 @@ class _Engines:
 
 
 @entry
-def serve(path: str, preload: str, key: str | None = None) -> int:
-    """The engine process's main: answer one stage worker at a time until the run ends it. The
-    key (hex) comes on stdin (a process of its own) or as `key` (a child of the run's fork server)."""
+def serve(path: str, preload: str, keep: str = str(KEEP_ON_CPU), key: str | None = None) -> int:
+    """The engine process's main: answer one stage worker at a time until the run ends it, holding
+    engines of up to `keep` shapes on a CPU. The key (hex) comes on stdin (a process of its own) or
+    as `key` (a child of the run's fork server)."""
     from multiprocessing.connection import Listener
 
     from ratchet.data.procs.lifetime import die_with_parent
@@ -321,7 +324,7 @@ def serve(path: str, preload: str, key: str | None = None) -> int:
     from ratchet.models.sampler import backend_kind
 
     backend_kind(preload).preload()
-    engines = _Engines()
+    engines = _Engines(int(keep))
     while True:
         conn = _accept(listener, key)
         if conn is None:  # a caller that failed the handshake: the engine waits for the next
@@ -415,8 +418,9 @@ class WarmEngine:
     # modeling code the engine loads models with)
     LISTEN_S = 180.0  # how long a worker waits for the engine's socket (the fork server's imports first)
 
-    def __init__(self, log_path: Path, preload: str, server: forkserver.ForkServer | None = None):
-        self.log_path, self.preload = Path(log_path), preload
+    def __init__(self, log_path: Path, preload: str, server: forkserver.ForkServer | None = None,
+                 keep: int = KEEP_ON_CPU):
+        self.log_path, self.preload, self.keep = Path(log_path), preload, keep
         self.server = server  # the run's fork server, which the engine is forked from (None: started cold)
         self.dir = Path(tempfile.mkdtemp(prefix="ratchet-engine-"))  # 0700: the socket is the run's alone
         self.proc: Any = None  # a subprocess.Popen, or a forkserver.Forked
@@ -440,11 +444,11 @@ class WarmEngine:
         server = self.server if forked else None
         # the fork server's child opens the log through this process's descriptor: the file it
         # names now, whatever its name when the server forks (it may wait for its imports)
-        self.proc = server and server.spawn(serve, [self.path, self.preload, self.key.hex()],
+        self.proc = server and server.spawn(serve, [self.path, self.preload, str(self.keep), self.key.hex()],
                                             Path(f"/proc/{os.getpid()}/fd/{self.log_fd}"), self.AFTER)
         if self.proc is not None:
             return
-        self.proc = spawn.start(serve, self.path, self.preload, popen=self.spawner.popen, stdin=subprocess.PIPE,
+        self.proc = spawn.start(serve, self.path, self.preload, str(self.keep), popen=self.spawner.popen, stdin=subprocess.PIPE,
                                 stdout=self.log_fd, stderr=subprocess.STDOUT).proc
         self.proc.stdin.write(self.key.hex().encode() + b"\n")
         self.proc.stdin.close()
@@ -511,14 +515,14 @@ def worker_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def for_run(enabled: bool, log_path: Path, preload: str):
+def for_run(enabled: bool, log_path: Path, preload: str, keep: int = KEEP_ON_CPU):
     """The run's warm engine while the run lasts (nothing if not `enabled`, or if this run has one
     already), forked from the run's fork server where it has one. It is the run's
     (data/procs/services.py): the run's stages find it with `current()`; nothing outside the block does."""
     if not enabled or current() is not None:
         yield None
         return
-    w = WarmEngine(log_path, preload, server=forkserver.current())
+    w = WarmEngine(log_path, preload, server=forkserver.current(), keep=keep)
     try:
         with w.lock:
             w.start()  # now: its imports overlap with the run's first stages, which wait for it in `env`

@@ -54,6 +54,10 @@ class Executor(BaseModel):
                               "lent to every stage that samples, its weights swapped in place between stages "
                               "instead of a new engine per stage; on a GPU it sleeps while training runs "
                               "(models/warm.py). Off: each stage opens and closes its own engine")
+    warm_engine_shapes: int = Field(default=2, ge=1, description="local, with warm_engine, on a CPU: engines of "
+                                    "different sampler settings the warm engine holds at once where memory allows "
+                                    "(a round that samples in bf16 and evaluates in float32 needs two); 1 closes "
+                                    "one to open the other, twice a round. On a GPU it holds one")
     gpus_per_engine: float = Field(default=0.0, ge=0, description="GPUs of each holder. ray: what it reserves "
                                    "(the sampler's tensor_parallel_size on a GPU cluster); local: that many of this "
                                    "machine's visible GPUs, its own (CUDA_VISIBLE_DEVICES), or with 0 the visible "

@@ -81,7 +81,8 @@ def test_the_warm_engine_keeps_swaps_and_reopens_and_answers_as_a_cold_engine(ti
 
 def test_a_second_shape_is_kept_beside_the_first_only_where_memory_allows(tiny_model, monkeypatch):
     """A CPU engine process keeps an engine of a second shape beside the first (a round's sampling
-    and its evaluation in another dtype), and opens it in place of the first where memory is short."""
+    and its evaluation in another dtype), and opens it in place of the first where memory is short
+    or the run asks for one shape at a time (executor.warm_engine_shapes=1)."""
     cfg = SamplerConfig(backend="hf", dtype="float32")
     wider = cfg.model_copy(update={"hf_batch_size": 4})
     monkeypatch.setattr(warm, "_on_gpu", lambda: False)  # the CPU's rule, wherever the suite runs
@@ -92,6 +93,13 @@ def test_a_second_shape_is_kept_beside_the_first_only_where_memory_allows(tiny_m
         assert len(engines.held) == 2
         engines.close()
         monkeypatch.setattr(warm, "_available_bytes", lambda: 2**30)  # 1 GiB free: no room beside the first
+        assert [ask(cfg), ask(wider), ask(cfg)] == ["opened", "opened", "opened"] and len(engines.held) == 1
+    finally:
+        engines.close()
+    monkeypatch.undo()
+    monkeypatch.setattr(warm, "_on_gpu", lambda: False)
+    engines = warm._Engines(keep=1)  # executor.warm_engine_shapes=1: one at a time, whatever is free
+    try:
         assert [ask(cfg), ask(wider), ask(cfg)] == ["opened", "opened", "opened"] and len(engines.held) == 1
     finally:
         engines.close()
