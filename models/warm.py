@@ -262,7 +262,7 @@ class _Engines:
             kind.fresh(h.engine)  # a stage starts from an empty cache, as in an engine of its own
             how = "kept"
         torch.set_num_threads(threads or h.threads)
-        return {"how": how, "load_s": time.time() - t, "pid": os.getpid(), "held": len(self.held)}
+        return {"how": how, "load_s": time.time() - t, "pid": os.getpid()}
 
     def release(self) -> None:
         """Between stages nothing of the engine stays on a GPU: training may need all of it."""
