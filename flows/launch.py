@@ -8,9 +8,12 @@
         ...                                              (the console's header)
         ctx, results, tracker = launch.execute(ctx)      waits for Prefect, runs the flow
 
-`launcher` starts the temporary Prefect server in a thread, so its start overlaps with the run's
-own (MLflow's database, the records), and the run's services (its fork server, its warm engine)
-for the run's length.
+Where no server of the user's is named (PREFECT_API_URL), the run's process starts Prefect's
+temporary server itself (`TemporaryServer`), as soon as it may write to Prefect's home: beside the
+model's checks where an earlier run made that home, else as `launcher` begins; its start (several
+seconds of its own process) overlaps with the run's imports, MLflow's database and the records,
+and this process never imports the server's code (1.2-1.9 s). `launcher` also holds the run's
+services (its fork server, its warm engine) for the run's length.
 """
 
 from __future__ import annotations
@@ -62,9 +65,10 @@ def imports_meanwhile(workdir: Path) -> Iterator[None]:
     home = workdir / "prefect"
     flow = {"PREFECT_API_URL", "PREFECT_HOME"} & set(os.environ) or home.is_dir()
     if flow:
-        names += PREFECT_IMPORTS if "PREFECT_API_URL" in os.environ else PREFECT_IMPORTS + SERVER_IMPORTS
         if not {"PREFECT_API_URL", "PREFECT_HOME"} & set(os.environ):
             os.environ["PREFECT_HOME"] = str(home)  # as prepare_env sets it, before Prefect is imported
+        TemporaryServer.start_here()  # its home is there: the server starts beside the checks
+        names += PREFECT_IMPORTS if os.environ.get("PREFECT_API_URL") else PREFECT_IMPORTS + SERVER_IMPORTS
     names = [n for n in names if n not in sys.modules]
 
     def load() -> None:
@@ -93,6 +97,100 @@ def prepare_env(workdir: Path | None) -> None:
     if workdir is not None and "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ:
         (workdir / "prefect").mkdir(parents=True, exist_ok=True)  # Prefect does not create parents
         os.environ["PREFECT_HOME"] = str(workdir / "prefect")
+
+
+class TemporaryServer:
+    """Prefect's temporary server for this process's runs, started by the run itself: the program
+    Prefect's own start runs (`SubprocessASGIServer`: uvicorn serving the API without its UI, on
+    loopback), on a port the system finds free, named to Prefect as PREFECT_API_URL before Prefect
+    is imported, so every client of the process (the flow's, its log handler's) talks to it and
+    none starts another. It dies with this process as every process below a run does (a `kill -9`
+    too: it asks for SIGTERM, a clean stop of its database), runs in a session of its own (a Ctrl-C
+    at the terminal stops the run, which then says so, not its server), and is stopped at exit.
+    Its output goes to prefect/temporary-server.log in Prefect's home.
+
+    One per process (`start_here`), and only where Prefect is not imported yet (it reads its
+    settings once) and from the main thread (the signal asked for follows the thread that started
+    the program); elsewhere the run uses Prefect's own start (`ephemeral_server_dies_with_us`)."""
+
+    current: TemporaryServer | None = None
+
+    def __init__(self, home: Path):
+        import socket
+        import subprocess
+        import sys
+        from importlib.util import find_spec
+
+        from ratchet.data.procs.spawn import program_starter
+
+        with socket.socket() as sock:  # a port no server listens on now; the system gives each once in a while
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.log = home / "temporary-server.log"
+        package = Path(find_spec("prefect").origin).parent  # found, not imported
+        env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+        env.update(PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT__SERVER_FINAL="1")
+        with open(self.log, "ab") as out:
+            self.proc = program_starter(signal.SIGTERM, session=True)(
+                [sys.executable, "-m", "uvicorn", "--app-dir", str(package.parent), "--factory",
+                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--log-level", "error", "--lifespan", "on"],
+                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        self.error: str | None = None
+        import atexit
+
+        atexit.register(self.stop)
+
+    @classmethod
+    def start_here(cls) -> TemporaryServer | None:
+        """This process's temporary server, started now where none is and this process may start it
+        (see the class); PREFECT_API_URL then names it. None where a server of the user's is named,
+        Prefect is imported already, or this is not the main thread."""
+        import sys
+        import threading
+
+        if cls.current is None and not os.environ.get("PREFECT_API_URL") and "prefect" not in sys.modules \
+                and threading.current_thread() is threading.main_thread():
+            home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect")
+            home.mkdir(parents=True, exist_ok=True)
+            cls.current = cls(home)
+            os.environ["PREFECT_API_URL"] = cls.current.api_url
+        return cls.current
+
+    def wait(self, timeout: float) -> None:
+        """Until the server answers its health check; else `error` says why (its exit, or the time
+        it took) and where its log is."""
+        import time
+        import urllib.error
+        import urllib.request
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if (code := self.proc.poll()) is not None:
+                self.error = f"Prefect's temporary server exited with code {code} as it started; its log: {self.log}"
+                return
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.05)
+        self.error = (f"Prefect's temporary server did not answer within {timeout:.0f} s "
+                      f"(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS); its log: {self.log}")
+
+    def stop(self) -> None:
+        """Stop the server as Prefect stops its own: SIGTERM, then SIGKILL after 5 s."""
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def ephemeral_server_dies_with_us():
@@ -144,13 +242,16 @@ def started_meanwhile(server):
 
     def start() -> None:
         try:
-            if server is not None:
+            if isinstance(server, TemporaryServer):  # started already: its answer waited for
+                server.wait(float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")))
+            elif server is not None:
                 server.start()
         except Exception:  # noqa: BLE001 - the flow starts it again and reports what fails
             pass
         finally:
             ready.set()
-        threading.Event().wait()
+        if not isinstance(server, TemporaryServer):
+            threading.Event().wait()
 
     threading.Thread(target=start, daemon=True, name="ratchet-prefect-server").start()
     return ready
@@ -181,6 +282,10 @@ class Launch:
         from ratchet.flows.pipeline import execute
 
         self.ready.wait()
+        if (server := TemporaryServer.current) is not None and server.error:
+            from ratchet.data.errors import RatchetError
+
+            raise RatchetError(server.error)
         return execute(self.cfg, ctx=ctx)
 
 
@@ -188,9 +293,8 @@ class Launch:
 def launcher(cfg: PipelineConfig, stamp: str) -> Iterator[Launch]:
     """The temporary Prefect server started meanwhile, and the run's services while the block
     lasts (flows/pipeline.py `services`), their logs first named STAMP-PID."""
-    from ratchet.flows.pipeline import services
-
     workdir = Path(cfg.workdir).resolve()
-    ready = started_meanwhile(ephemeral_server_dies_with_us())
+    ready = started_meanwhile(TemporaryServer.start_here() or ephemeral_server_dies_with_us())
+    from ratchet.flows.pipeline import services  # Prefect's import, once its server is named
     with services(cfg, workdir / "logs", f"{stamp}-{os.getpid()}"):  # their imports overlap with the start
         yield Launch(cfg, workdir, stamp, ready)

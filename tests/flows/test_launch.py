@@ -1,0 +1,69 @@
+"""A run's start (flows/launch.py): the temporary Prefect server the run starts itself."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+pytestmark = pytest.mark.integration
+
+SERVER = """
+import json, os, sys
+from ratchet.flows.launch import TemporaryServer
+
+server = TemporaryServer.start_here()
+same = TemporaryServer.start_here() is server
+server.wait(120)
+from prefect.client.orchestration import get_client
+
+with get_client(sync_client=True) as client:
+    said = client.hello().status_code
+    url = str(client.api_url)
+print(json.dumps({"error": server.error, "url": url, "api": server.api_url, "env": os.environ["PREFECT_API_URL"],
+                  "same": same, "hello": said, "pid": server.proc.pid, "log": str(server.log),
+                  "server modules": "prefect.server.api.server" in sys.modules}), flush=True)
+sys.stdin.read()  # held until the test kills this process
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # exited, not yet reaped by whoever adopted it
+    except FileNotFoundError:
+        return True
+
+
+def test_the_temporary_server_is_named_before_prefect_is_imported_and_dies_with_its_run(tmp_path):
+    """Guards a run's start (issue 86: a partly reused run reaches its first new stage fast): the run
+    starts Prefect's temporary server itself, before importing Prefect, and names it to Prefect
+    (PREFECT_API_URL), so Prefect's client talks to it without starting its own and the run's
+    process never imports the server's code (1.2-1.9 s a run). One per process. A `kill -9` of
+    the run's process leaves it serving nothing: it dies by itself, as every process below a run."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    proc = subprocess.Popen([sys.executable, "-c", SERVER], cwd=ROOT, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()[-3000:]
+        out = json.loads(line)
+        assert out["error"] is None and out["hello"] == 200 and out["same"], out
+        assert out["url"].rstrip("/") == out["api"] == out["env"] and out["api"].startswith("http://127.0.0.1:"), out
+        assert out["server modules"] is False, out
+        assert Path(out["log"]) == tmp_path / "prefect" / "temporary-server.log" and Path(out["log"]).exists()
+        assert not _gone(out["pid"])
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while not _gone(out["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(out["pid"]), f"the temporary server {out['pid']} outlived its run"
