@@ -52,7 +52,20 @@ def boot() -> int:
         code = e.main(to_parent(), *args)
     else:
         code = e.main(*args)
+    leave_process_group()
     return code if isinstance(code, int) else 0
+
+
+def leave_process_group() -> None:
+    """A child that worked in a torch process group (one of torchrun's training processes) waits
+    for the others there, then leaves it before it exits. A process that exited with its group
+    open while another still worked (the main one merging and saving the model) aborted now and
+    then at its exit ("terminate called without an active exception"), and torchrun failed the
+    whole training with it."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 class Child:
