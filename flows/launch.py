@@ -182,15 +182,9 @@ class TemporaryServer:
 
     def stop(self) -> None:
         """Stop the server as Prefect stops its own: SIGTERM, then SIGKILL after 5 s."""
-        import subprocess
+        from ratchet.data.procs.lifetime import end
 
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end(self.proc, wait_s=5)
 
 
 def ephemeral_server_dies_with_us():
