@@ -14,6 +14,15 @@ and each round's label precision per level against references no stage reads.
                                # the worked form (every step local, 55 tokens a digit), taught to 8, read at 9 and 10
     python bench/grow_bench.py --misses /tmp/grow/stages/evaluate.level_9-*/eval.jsonl
                                # where each answer first goes wrong: the copy, a step, the read-back
+    python bench/grow_bench.py --task chain_sum --workdir /tmp/grow-cs --labeled-to 2 --levels-to 5 --labels vote \
+                               --n 8 --prompts 96 --rounds 4 --max-tokens 32 --fresh 0 --by prompt
+                               # a second task: reasoning-gym's chain_sum, two terms of 1..N digits, answers only
+
+`--task chain_sum` grows reasoning-gym's chain_sum (sums and differences) by its difficulty knob:
+level N is --terms terms of N digits each; the demonstrations are the labeled levels' reference
+answers (the final answer alone, as flows/configs/reasoning_gym.yaml asks), scored by the dataset's
+own scorer. A difference can be much shorter than its level's sums, so the length filter there
+holds each answer to its prompt's other samples (`--by prompt`).
 
 It is `ratchet run` with overrides (printed first): killed, the same command resumes it, and a
 finished one reuses every stage. The table gives, per round, the level it trained at, each level's
@@ -59,15 +68,22 @@ def tokens_per_digit(form, digits: list[int]) -> dict[int, float]:
     return out
 
 
+CONFIGS = {"addition": "default.yaml", "chain_sum": "reasoning_gym.yaml"}
+
+
+def config(a) -> Path:
+    return ROOT / "flows" / "configs" / CONFIGS[a.task]
+
+
 def demonstrations(a) -> Path:
-    """--demos worked answers spread evenly over the labeled levels, each level's train prompts drawn
-    (seeded), in --form."""
+    """--demos answers spread evenly over the labeled levels, each level's train prompts drawn
+    (seeded): addition's worked in --form, chain_sum's the reference answer alone."""
     import random
 
     from ratchet.data.prompts import load_split
     from ratchet.flows.config import load_config
 
-    cfg = load_config(ROOT / "flows" / "configs" / "default.yaml", overrides(a, with_demos=False))
+    cfg = load_config(config(a), overrides(a, with_demos=False))
     train = load_split(cfg.data, cfg.seed).train
     levels = list(range(1, a.labeled_to + 1))
     rows = []
@@ -75,6 +91,9 @@ def demonstrations(a) -> Path:
         pool = [p for p in train if p.level == n]
         random.Random(n).shuffle(pool)
         for p in pool[: a.demos // len(levels) + (i < a.demos % len(levels))]:
+            if a.task == "chain_sum":
+                rows.append({"prompt": p.prompt, "completion": p.answer, "answer": p.answer})
+                continue
             x, y = (int(v) for v in p.id.removeprefix("add-").split("-"))
             rows.append({"prompt": p.prompt, "completion": FORMS[a.form](x, y), "answer": p.answer})
     if a.copies:  # the copy alone, of numbers from 2 to --copy-to digits: no sum, so no level's label
@@ -100,7 +119,7 @@ def target_set(a) -> Path:
     from ratchet.data.prompts import load_split
     from ratchet.flows.config import load_config
 
-    cfg = load_config(ROOT / "flows" / "configs" / "default.yaml", overrides(a, with_demos=False))
+    cfg = load_config(config(a), overrides(a, with_demos=False))
     split = load_split(cfg.data, cfg.seed)
     taken = {p.id for p in (*split.train, *split.eval)}
     rng, rows, seen = random.Random(f"grow-target-{a.target}"), [], set()
@@ -124,14 +143,26 @@ def label_of(a) -> str:
     return "label={kind: verifier}"
 
 
+def data_of(a, levels: list[int], labeled: list[int]) -> str:
+    """The task's `data` section, as an override: addition by digits, or chain_sum's --terms terms of
+    1..N digits each."""
+    size = f"labeled_levels: {labeled}, eval_size: {a.eval_size}, train_size: {a.train_size}"
+    if a.task == "addition":
+        return f"{{kind: addition, levels: {levels}, {size}, check: {{kind: number, max_numbers: 200}}}}"
+    knob = ", ".join(f"{n}: {{min_terms: {a.terms}, max_terms: {a.terms}, min_digits: {n}, max_digits: {n}}}"
+                     for n in levels)
+    return (f"{{kind: reasoning_gym, dataset: chain_sum, config: {{}}, levels: {{{knob}}}, {size}, "
+            "instruction: Give only the final answer., check: {read: last_number}}")
+
+
 def overrides(a, with_demos: bool = True) -> list[str]:
     levels = list(range(1, a.levels_to + 1))
     labeled = levels if a.labels == "reference" else list(range(1, a.labeled_to + 1))
-    check = "check: {kind: number, max_numbers: 200}"
-    out = [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name=grow-{a.labels}-{a.form}",
-           f"data={{kind: addition, levels: {levels}, labeled_levels: {labeled}, eval_size: {a.eval_size}, "
-           f"train_size: {a.train_size}, {check}}}", label_of(a),
-           f"filter={{kind: length, margin: {a.margin}, max_per_prompt: {a.per_prompt}, prefer: random, min_rows: 8}}",
+    form = a.form if a.task == "addition" else a.task
+    out = [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name=grow-{a.labels}-{form}",
+           f"data={data_of(a, levels, labeled)}", label_of(a),
+           f"filter={{kind: length, by: {a.by}, margin: {a.margin}, max_per_prompt: {a.per_prompt}, prefer: random, "
+           "min_rows: 8}",
            f"curriculum={{prompts: {a.prompts}, advance_by: {a.advance_by}, advance_at: {a.advance_at}, "
            f"review: {a.review}, start: {a.labeled_to + 1}, patience: 3}}",
            f"sample.n={a.n}", f"sample.temperature={a.temperature}", f"sample.max_tokens={a.max_tokens}",
@@ -139,10 +170,10 @@ def overrides(a, with_demos: bool = True) -> list[str]:
            "agreement.min=null"]
     if getattr(a, "context", None):
         out.append(f"sampler.max_model_len={a.context}")
-    if a.fresh:  # the gate's set: the target (every level is evaluated on its own set besides; the task's own
+    if a.fresh and a.task == "addition":  # the gate's set: the target (every level is evaluated on its own set besides; the task's own
         # split would be their prompts again)
         out.append(f"evaluate.sets=[{{name: target, data: {{kind: file, "
-                   f"path: {Path(a.workdir) / f'target-{a.target}.jsonl'}, {check}}}}}]")
+                   f"path: {Path(a.workdir) / f'target-{a.target}.jsonl'}, check: {{kind: number, max_numbers: 200}}}}}}]")
     if with_demos:
         out.append(f"cold_start={{demonstrations: {Path(a.workdir) / 'demonstrations.jsonl'}, train: {{epochs: "
                    f"{a.demo_epochs}, max_length: {a.max_tokens + 64}}}}}")
@@ -158,20 +189,34 @@ def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return mid - half, mid + half
 
 
+def work_seconds(workdir: Path, dirs) -> float:
+    """The seconds its stages worked (each manifest's wall_s; a stage reused from another run counts what
+    it cost to make)."""
+    total = 0.0
+    for d in set(dirs):
+        m = workdir / d / "manifest.json"
+        if m.exists():
+            total += json.loads(m.read_text()).get("wall_s") or 0.0
+    return total
+
+
 def table(a) -> str:
     from ratchet.flows.config import load_config
     from ratchet.flows.report import gather
     from ratchet.flows.tracking import Tracker
 
-    cfg = load_config(ROOT / "flows" / "configs" / "default.yaml", overrides(a))
+    cfg = load_config(config(a), overrides(a))
     rep = gather(Path(a.workdir), Tracker(cfg.tracking, Path(a.workdir), cfg.name))
     levels = sorted({int(n.removeprefix("level_")) for r in rep.rounds for n in r.sets if n.startswith("level_")})
-    lines = [f"{'round':>5} {'level':>5} {'target':>16} " + " ".join(f"{'L' + str(n):>5}" for n in levels)]
+    lines = [f"{'round':>5} {'level':>5} {'work s':>7} {'target':>16} " + " ".join(f"{'L' + str(n):>5}" for n in levels)]
+    clock = 0.0  # the rounds' stage seconds since the cold start, summed: where arms compare at equal wall time
     for r in rep.rounds:
         t = r.sets.get("target")
         ci = wilson(t, a.fresh) if t is not None else None
         target = f"{100 * t:5.1f} ({100 * ci[0]:.0f}-{100 * ci[1]:.0f})" if t is not None else ""
-        lines.append(f"{r.round:>5} {r.level if r.level is not None else '-':>5} {target:>16} " + " ".join(
+        if r.round > 0 and not r.cold_start:
+            clock += work_seconds(Path(a.workdir), r.stage_dirs.values())
+        lines.append(f"{r.round:>5} {r.level if r.level is not None else '-':>5} {clock:>7.0f} {target:>16} " + " ".join(
             f"{100 * r.sets[f'level_{n}']:5.0f}" if f"level_{n}" in r.sets else f"{'':>5}" for n in levels))
     lines += ["", "label precision by level (the round's own labels the hidden references call right, of how many):"]
     for r in rep.rounds:
@@ -205,7 +250,10 @@ def misses(files: list[Path]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/ratchet-grow"))
-    ap.add_argument("--form", choices=list(FORMS), default="compact", help="the working's form")
+    ap.add_argument("--task", choices=list(CONFIGS), default="addition",
+                    help="addition (levels: digits), or reasoning-gym's chain_sum (levels: digits of --terms terms)")
+    ap.add_argument("--terms", type=int, default=2, help="chain_sum: the terms of every level's problems")
+    ap.add_argument("--form", choices=list(FORMS), default="compact", help="the working's form (addition)")
     ap.add_argument("--labeled-to", type=int, default=8, help="levels 1..N keep their labels (and the demonstrations)")
     ap.add_argument("--levels-to", type=int, default=16, help="the task's levels: 1..N digits")
     ap.add_argument("--labels", choices=["vote", "self", "reference"], default="vote")
@@ -228,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, help="sampler.max_model_len (default: the config's, 512), for a form "
                     "whose answers outgrow it (worked: 55 tokens a digit)")
     ap.add_argument("--margin", type=float, default=0.25, help="the length filter's margin")
+    ap.add_argument("--by", choices=["level", "prompt"], default="level",
+                    help="what the length filter holds an answer to (filter.by): its level's length or its prompt's")
     ap.add_argument("--per-prompt", type=int, default=1, help="filter.max_per_prompt")
     ap.add_argument("--epochs", type=float, default=2, help="train.epochs of a round")
     ap.add_argument("--eval-size", type=int, default=25)
@@ -239,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--misses", type=Path, nargs="+", help="print where each answer of these stage files "
                     "(eval.jsonl, samples.jsonl; indexed or shifted form) first goes wrong, by level, and stop")
     a = ap.parse_args(argv)
+    if a.task == "chain_sum" and (a.fresh or a.tokens or a.misses or a.copies):
+        ap.error("--task chain_sum: give --fresh 0; --tokens, --misses and --copies are addition's")
     if a.misses:
         print(misses(a.misses))
         return 0
@@ -249,8 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.table_only:
         t0 = time.time()
         print(f"{demonstrations(a)}; target set {target_set(a) if a.fresh else 'none'}", flush=True)
-        cmd = [sys.executable, "-m", "ratchet.flows.cli", "run", str(ROOT / "flows" / "configs" / "default.yaml"),
-               *overrides(a)]
+        cmd = [sys.executable, "-m", "ratchet.flows.cli", "run", str(config(a)), *overrides(a)]
         print(" ".join(cmd), flush=True)
         done = subprocess.run(cmd)
         print(f"ratchet run exited {done.returncode} after {time.time() - t0:.0f} s", flush=True)

@@ -100,6 +100,10 @@ class Check(BaseModel):
         """A reference answer in the form `extract` gives responses."""
         return norm(answer)
 
+    def vote_fix(self) -> str:
+        """What to change where a vote needs answers this check does not read (`extracts` is False)."""
+        return "use a check that extracts an answer (number, exact, regex, steps) or another label kind"
+
     def graded(self, response: str, answer: str, partial: float) -> float:
         """A value in [0, 1] for a tree search: 1 right; partial credit where the kind can give it."""
         return 1.0 if self.check(response, answer).correct else 0.0
@@ -134,9 +138,18 @@ def to_float(s: str) -> float | None:
         return None
 
 
+_INTEGER = re.compile(r"-?\d+")
+
+
 def canonical(value: float, literal: str) -> str:
-    """A number as an answer key: '12' for 12.0, '0.5' for 0.5; a number too large for a float
-    (a 400-digit run of digits reads as inf) keeps its own digits."""
+    """A number as an answer key: '12' for 12.0, '0.5' for 0.5; an integer keeps every digit ('007'
+    reads '7'), so two sums of 17 digits that differ in the last, which a float rounds alike, never
+    vote together; a number too large for a float (a 400-digit run of digits reads as inf) keeps its
+    own digits."""
+    digits = literal.replace(",", "").strip()
+    if _INTEGER.fullmatch(digits):
+        body = digits.lstrip("-").lstrip("0")
+        return f"-{body}" if body and digits.startswith("-") else body or "0"
     if not math.isfinite(value):
-        return literal.replace(",", "")
+        return digits
     return format(value, "g") if value != int(value) else str(int(value))

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from ratchet.data.checks.base import NUM, Check, Item, Verdict
+from ratchet.data.checks.base import NUM, Check, Item, Verdict, canonical, norm, to_float
 from ratchet.data.checks.scorer import shared
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import Prompt
@@ -43,9 +43,14 @@ def _datasets() -> dict:
 
 
 class ReasoningGymCheck(Check):
-    """The reasoning-gym dataset's own score_answer on the answer the response gives."""
+    """The reasoning-gym dataset's own score_answer on the answer the response gives.
 
-    extracts: ClassVar[bool] = False
+    A vote (label.kind consistency or vote) reads answers without their reference, so it needs a
+    `read` rule that does not ask the reference what it looks like: `auto` does (the last number
+    only where the reference is a number), the others do not. Voted answers are keyed as the
+    number check keys them (`last_number`) or by their text, lower-cased and trimmed.
+    """
+
     kind: Literal["reasoning_gym"] = "reasoning_gym"
     read: Extract = Field(default="auto", description="how the answer is read from a response: auto (a tag, "
                              "else the last number for numeric references, else after the last 'answer is', else "
@@ -59,6 +64,26 @@ class ReasoningGymCheck(Check):
     size: int = Field(default=0, description="filled in from the source's problem count; leave unset")
     levels: dict[int, dict[str, Any]] | None = Field(default=None, exclude_if=lambda v: v is None,
                                                      description="filled in from data.levels; leave unset")
+
+    @property
+    def extracts(self) -> bool:  # type: ignore[override]  (a class constant elsewhere: here it is `read`'s)
+        return self.read != "auto"
+
+    def vote_fix(self) -> str:
+        return ("give data.check.read a rule that reads an answer without its reference: last_number for numeric "
+                "answers, else tag, answer_line, last_line or whole")
+
+    def extract(self, response: str) -> str | None:
+        if not self.extracts:
+            return None
+        got = extract_answer(response, "", self.read)
+        return None if got is None else self.answer_key(got)
+
+    def answer_key(self, answer: str) -> str | None:
+        if self.read == "last_number":
+            value = to_float(answer.strip())
+            return None if value is None else canonical(value, answer.strip())
+        return norm(answer)
 
     def check(self, response: str, answer: str) -> Verdict:
         raise ConfigError([f"data.check.kind='reasoning_gym' scores a reasoning-gym problem by its prompt id; it "

@@ -157,8 +157,7 @@ def voting_check(kind: str, pipeline) -> list[str]:
     if pipeline.data.check.extracts:
         return []
     return [f"label.kind={kind!r} votes with the answers a check reads, but data.check.kind="
-            f"{pipeline.data.check.kind!r} reads none; use a check that extracts an answer (number, exact, regex, "
-            "steps) or another label kind"]
+            f"{pipeline.data.check.kind!r} reads none; {pipeline.data.check.vote_fix()}"]
 
 
 def item_of(c: Completion) -> Item:

@@ -59,6 +59,12 @@ def test_the_known_hard_cases():
     assert check(NumberCheck(), f"so {big}", big).correct  # integers compare exactly, however long
     assert not check(NumberCheck(), f"so {big}1", big + "2").correct
     assert not check(NumberCheck(), "1e400", "1e401").correct  # inf is no answer
+    # an integer's key is every digit: 17-digit sums a float rounds alike stay apart
+    a, b = "12345678901234567", "12345678901234568"
+    assert float(a) == float(b) and extract(NumberCheck(), f"so {a}") != extract(NumberCheck(), f"so {b}")
+    assert answer_key(NumberCheck(), b) == extract(NumberCheck(), f"= {b}") == b
+    assert [extract(NumberCheck(), t) for t in ("007", "-0", "-00", "1,234", "12.0", "-3")] == \
+        ["7", "0", "0", "1234", "12", "-3"]
     for cfg in CHECKS:
         _bounded(check, cfg, " " * LONGEST, "4")
         _bounded(check, cfg, "= " * (LONGEST // 2), "4")

@@ -54,6 +54,20 @@ def test_levels_are_the_dataset_s_own_settings_each_scored_with_its_level_s():
         load_config(None, [EASY, "data.levels={2: {max_digitz: 2}}"])
 
 
+def test_a_vote_reads_reasoning_gym_answers_by_a_rule_that_needs_no_reference():
+    """A vote labels prompts whose references it must not see, so `read: auto` (which asks the
+    reference whether to read a number) is refused for it with the fix; `read: last_number` keys
+    answers as the number check does, the reference in the same form."""
+    with pytest.raises(ConfigError, match=r"reads none; give data.check.read a rule .* last_number"):
+        load_config(None, [EASY, "label={kind: consistency}"])
+    cfg = load_config(None, [EASY, "data.check.read=last_number", "label={kind: vote, models: 2, of: seeds}"])
+    check = cfg.data.check
+    assert [check.extract(t) for t in ("-5", "It is -05.", "so 3 - 4 = -1", "<answer>7</answer>", "none")] == \
+        ["-5", "-5", "-1", "7", None]
+    assert check.answer_key("-5") == check.extract("the answer is -5.0") == "-5"
+    assert load_config(None, [EASY]).data.check.extract("-5") is None  # auto: the scorer's, no vote
+
+
 def test_bad_datasets_and_settings_are_named_with_what_exists():
     with pytest.raises(ConfigError, match=r"no reasoning-gym dataset 'chain_sums'; did you mean \['chain_sum'"):
         load_config(None, ["data={kind: reasoning_gym, dataset: chain_sums}"])
