@@ -151,7 +151,8 @@ class ReasoningGymSource(PoolSource):
     def at_level(self, level: int) -> ReasoningGymSource:
         if level not in self.level_list():
             raise ValueError(f"data has no level {level}; its levels are {self.level_list()}")
-        return self.model_copy(update={"levels": {level: self.levels[level]},
+        labeled = None if self.labeled_levels is None else [n for n in self.labeled_levels if n == level]
+        return self.model_copy(update={"levels": {level: self.levels[level]}, "labeled_levels": labeled,
                                        "check": self.check.model_copy(update={"levels": {level: self.levels[level]}})})
 
     def load(self, seed: int, train_answers: bool) -> Split:

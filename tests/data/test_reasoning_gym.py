@@ -50,6 +50,13 @@ def test_levels_are_the_dataset_s_own_settings_each_scored_with_its_level_s():
                           [Item(one.answer, three.answer, three.prompt, three.id)])
     assert [v.correct for v in verdicts] == [True, True, False]
     assert [s.name for s, _ in cfg.eval_stages()] == ["heldout", "level_1", "level_3"]
+    # a level without labels: its train prompts come without answers, its held-out set keeps them
+    grown = load_config(None, [EASY, levels, "data.eval_size=4", "data.train_size=6", "data.labeled_levels=[1]",
+                                      "data.check.read=last_number", "label={kind: consistency}"])
+    split = load_split(grown.data, seed=0)
+    assert [p.answer is None for p in split.train if p.level == 3] == [True] * 6
+    assert all(p.answer for p in split.train if p.level == 1) and all(p.answer for p in split.eval)
+    assert [s.name for s, _ in grown.eval_stages()] == ["heldout", "level_1", "level_3"]
     with pytest.raises(ConfigError, match=r"data.levels\[2\]: data.config has \['max_digitz'\]"):
         load_config(None, [EASY, "data.levels={2: {max_digitz: 2}}"])
 
