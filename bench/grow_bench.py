@@ -169,7 +169,7 @@ def overrides(a, with_demos: bool = True) -> list[str]:
            f"filter={{kind: length, by: {a.by}, margin: {a.margin}, max_per_prompt: {a.per_prompt}, prefer: random, "
            "min_rows: 8}",
            f"curriculum={{prompts: {a.prompts}, advance_by: {a.advance_by}, advance_at: {a.advance_at}, "
-           f"review: {a.review}, start: {a.labeled_to + 1}, patience: 3}}",
+           f"review: {a.review}, start: {a.labeled_to + 1}, patience: {a.patience}}}",
            f"sample.n={a.n}", f"sample.temperature={a.temperature}", f"sample.max_tokens={a.max_tokens}",
            f"evaluate.max_tokens={a.max_tokens}", f"train.max_length={a.max_tokens + 64}", f"train.epochs={a.epochs}",
            "agreement.min=null"]
@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--review", type=float, default=0.3, help="curriculum.review")
     ap.add_argument("--advance-by", choices=["rounds", "labels"], default="rounds")
     ap.add_argument("--advance-at", type=float, default=0.5)
+    ap.add_argument("--patience", type=int, default=3, help="curriculum.patience")
     ap.add_argument("--n", type=int, default=4, help="sample.n")
     ap.add_argument("--temperature", type=float, default=0.3)
     ap.add_argument("--max-tokens", type=int, default=192)
