@@ -194,15 +194,25 @@ def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return mid - half, mid + half
 
 
-def work_seconds(workdir: Path, dirs) -> float:
-    """The seconds its stages worked (each manifest's wall_s; a stage reused from another run counts what
-    it cost to make)."""
-    total = 0.0
-    for d in set(dirs):
-        m = workdir / d / "manifest.json"
-        if m.exists():
-            total += json.loads(m.read_text()).get("wall_s") or 0.0
-    return total
+def work_seconds(workdir: Path, rounds) -> dict[int, float]:
+    """The seconds each round's stages worked (each manifest's wall_s; a stage reused from another run
+    counts what it cost to make): the round's own stages and every stage they descend from,
+    voters' included, and the voters' trainings on the last round's labels, which nothing
+    after them reads."""
+    made = {f"stages/{d.name}": json.loads((d / "manifest.json").read_text())
+            for d in (workdir / "stages").iterdir() if (d / "manifest.json").exists()}
+    seen, todo = set(), [d for r in rounds for d in r.stage_dirs.values()]
+    while todo:
+        d = todo.pop()
+        if d in made and d not in seen:
+            seen.add(d)
+            todo += [p["dir"] for p in made[d].get("parents", [])]
+    seen |= {d for d, m in made.items() if m["stage"] == "train" and m.get("parents")
+             and all(p["dir"] in seen for p in m["parents"])}
+    out: dict[int, float] = {}
+    for d in seen:
+        out[made[d]["round"]] = out.get(made[d]["round"], 0.0) + (made[d].get("wall_s") or 0.0)
+    return out
 
 
 def table(a) -> str:
@@ -211,16 +221,21 @@ def table(a) -> str:
     from ratchet.flows.tracking import Tracker
 
     cfg = load_config(config(a), overrides(a))
-    rep = gather(Path(a.workdir), Tracker(cfg.tracking, Path(a.workdir), cfg.name))
+    from ratchet.flows.runs import list_runs
+
+    tracker = Tracker(cfg.tracking, Path(a.workdir), cfg.name)
+    mine = [r.run for r in list_runs(Path(a.workdir), tracker) if r.run.startswith(f"{cfg.name}-")]
+    rep = gather(Path(a.workdir), tracker, mine[-1] if mine else None)  # this arm's newest run in a shared workdir
     levels = sorted({int(n.removeprefix("level_")) for r in rep.rounds for n in r.sets if n.startswith("level_")})
     lines = [f"{'round':>5} {'level':>5} {'work s':>7} {'target':>16} " + " ".join(f"{'L' + str(n):>5}" for n in levels)]
-    clock = 0.0  # the rounds' stage seconds since the cold start, summed: where arms compare at equal wall time
+    clock, work = 0.0, work_seconds(Path(a.workdir), rep.rounds)  # the rounds' stage seconds since the cold
+    # start, summed: where arms compare at equal wall time
     for r in rep.rounds:
         t = r.sets.get("target")
         ci = wilson(t, a.fresh) if t is not None else None
         target = f"{100 * t:5.1f} ({100 * ci[0]:.0f}-{100 * ci[1]:.0f})" if t is not None else ""
         if r.round > 0 and not r.cold_start:
-            clock += work_seconds(Path(a.workdir), r.stage_dirs.values())
+            clock += work.get(r.round, 0.0)
         lines.append(f"{r.round:>5} {r.level if r.level is not None else '-':>5} {clock:>7.0f} {target:>16} " + " ".join(
             f"{100 * r.sets[f'level_{n}']:5.0f}" if f"level_{n}" in r.sets else f"{'':>5}" for n in levels))
     lines += ["", "label precision by level (the round's own labels the hidden references call right, of how many):"]
