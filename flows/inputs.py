@@ -87,13 +87,15 @@ def checked_run(cfg: PipelineConfig, meanwhile=None) -> Iterator[Split]:
 def run_preload() -> tuple[str, ...]:
     """What the run's fork server imports before its children are forked, in order: the libraries
     a stage's worker imports (tasks/runner/stage.py), the modules of the stages it runs, and what the
-    run's own calls need (its base model saved for MLflow, the report's figures)."""
+    run's own calls need (its base model saved for MLflow, the report's figures), and MLflow's map of the
+    installed packages, which every save of a version reads (`module:function`: called once imported)."""
     from ratchet.models import mlflow_model, trainer, warm
     from ratchet.tasks import evaluate, label, sample, train
     from ratchet.tasks.runner import stage
 
     stages = (stage, sample, evaluate, label, train, trainer, warm, mlflow_model)
-    return (*stage.WORKER_LIBRARIES, *(m.__name__ for m in stages), "mlflow.transformers", "matplotlib.pyplot")
+    return (*stage.WORKER_LIBRARIES, *(m.__name__ for m in stages), "mlflow.transformers",
+            f"{mlflow_model.__name__}:{mlflow_model.warm.__name__}", "matplotlib.pyplot")
 
 
 def check_data(cfg: PipelineConfig) -> tuple[Split, dict[str, Split]]:

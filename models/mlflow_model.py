@@ -36,6 +36,20 @@ def requirements() -> list[str]:
     return out
 
 
+def warm() -> None:
+    """Build, once in the run's fork server, the map of every installed distribution's modules that
+    MLflow reads to check a saved model's pins against the installed packages: built once per
+    process, it took 1.5-2 s of each save here (a version's registration, in a forked child), for
+    pins that `requirements` takes from the installed packages anyway. A forked child inherits it;
+    where MLflow has no such map, nothing is done."""
+    import contextlib
+
+    with contextlib.suppress(Exception):  # a private helper of MLflow's: its absence costs the time, no more
+        from mlflow.utils import requirements_utils
+
+        requirements_utils._init_packages_to_modules_map()
+
+
 def _quiet():
     logging.getLogger("mlflow.transformers").setLevel(logging.WARNING)
 

@@ -183,6 +183,17 @@ def call_apart(target: Entry, *args):
                            f"{said.read_text(errors='replace')[-2000:] if said.exists() else 'no output'}")
 
 
+def _preload(name: str) -> None:
+    """One of the server's preloads: a module imported, or `module:function` imported and called (a
+    cache the function fills is every later child's without its cost)."""
+    import importlib
+
+    module, _, function = name.partition(":")
+    loaded = importlib.import_module(module)
+    if function:
+        getattr(loaded, function)()
+
+
 @entry
 def fork_server(channel: Channel, preload: list[str]) -> int:
     """The fork server's main: read requests on its channel, fork a child for each, and answer
@@ -236,7 +247,7 @@ def fork_server(channel: Channel, preload: list[str]) -> int:
         if not channel.pending():
             ready, _, _ = select.select([channel.read_fd], [], [], 0 if pending else 0.2)
             if not ready and pending:
-                __import__(pending.pop(0))
+                _preload(pending.pop(0))
                 if not pending:
                     print(f"fork server: imported {len(preload)} modules in {time.time() - started:.1f} s",
                           file=sys.stderr, flush=True)

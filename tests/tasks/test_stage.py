@@ -562,6 +562,51 @@ def test_a_call_is_made_in_a_child_of_the_fork_server_or_else_here(fork_server):
         assert forkserver.call(where_called, 1)["pid"] == os.getpid()  # no server
 
 
+WARMED: list[int] = []  # the pids of the processes that called warm_here
+
+
+def warm_here() -> None:
+    import os
+
+    WARMED.append(os.getpid())
+
+
+@entry
+def warmed():
+    import os
+
+    return {"pid": os.getpid(), "warmed": list(WARMED)}
+
+
+def test_a_preload_may_call_a_function_whose_cache_every_child_inherits(tmp_path):
+    """A preload `module:function` is imported and called once in the server (the run's preloads fill
+    MLflow's map of the installed packages so: flows/inputs.py run_preload); each forked child holds
+    what it made, and none calls it again."""
+    import os
+
+    from ratchet.data.procs import forkserver
+
+    server = forkserver.ForkServer(tmp_path / "forkserver.log", ("json", f"{__name__}:warm_here"))
+    server.start()
+    try:
+        assert server.wait_ready(60)
+        pid = server.proc.pid
+        with services.held(server=server):
+            first, second = forkserver.call(warmed), forkserver.call(warmed)
+    finally:
+        server.stop()
+    assert first["warmed"] == second["warmed"] == [pid]
+    assert len({first["pid"], second["pid"], pid, os.getpid()}) == 4 and WARMED == []
+    from ratchet.flows.inputs import run_preload
+    from ratchet.models import mlflow_model
+
+    assert "ratchet.models.mlflow_model:warm" in run_preload()
+    mlflow_model.warm()  # MLflow's helper is there: the map is made, and a save reads it
+    from mlflow.utils import requirements_utils
+
+    assert requirements_utils._PACKAGES_TO_MODULES and "torch" in requirements_utils._PACKAGES_TO_MODULES
+
+
 def test_a_run_s_services_are_the_run_s_not_the_process_s(tmp_path):
     """Two runs in two threads of one process each hold a fork server of their own at the same time;
     a task submitted from a run (run in a copy of its context, as Prefect's runner does) finds its
