@@ -175,10 +175,11 @@ def overrides(a, with_demos: bool = True) -> list[str]:
            "agreement.min=null"]
     if getattr(a, "context", None):
         out.append(f"sampler.max_model_len={a.context}")
-    if a.fresh and a.task == "addition":  # the gate's set: the target (every level is evaluated on its own set besides; the task's own
-        # split would be their prompts again)
+    if a.fresh and a.task == "addition":  # the gate's set: the target (every level is evaluated on its own set
+        # besides; the task's own split would be their prompts again)
         out.append(f"evaluate.sets=[{{name: target, data: {{kind: file, "
-                   f"path: {Path(a.workdir) / f'target-{a.target}.jsonl'}, check: {{kind: number, max_numbers: 200}}}}}}]")
+                   f"path: {Path(a.workdir) / f'target-{a.target}.jsonl'}, "
+                   "check: {kind: number, max_numbers: 200}}}]")
     if with_demos:
         out.append(f"cold_start={{demonstrations: {Path(a.workdir) / 'demonstrations.jsonl'}, train: {{epochs: "
                    f"{a.demo_epochs}, max_length: {a.max_tokens + 64}}}}}")
@@ -227,7 +228,8 @@ def table(a) -> str:
     mine = [r.run for r in list_runs(Path(a.workdir), tracker) if r.run.startswith(f"{cfg.name}-")]
     rep = gather(Path(a.workdir), tracker, mine[-1] if mine else None)  # this arm's newest run in a shared workdir
     levels = sorted({int(n.removeprefix("level_")) for r in rep.rounds for n in r.sets if n.startswith("level_")})
-    lines = [f"{'round':>5} {'level':>5} {'work s':>7} {'target':>16} " + " ".join(f"{'L' + str(n):>5}" for n in levels)]
+    lines = [f"{'round':>5} {'level':>5} {'work s':>7} {'target':>16} "
+             + " ".join(f"{'L' + str(n):>5}" for n in levels)]
     clock, work = 0.0, work_seconds(Path(a.workdir), rep.rounds)  # the rounds' stage seconds since the cold
     # start, summed: where arms compare at equal wall time
     for r in rep.rounds:
@@ -236,7 +238,8 @@ def table(a) -> str:
         target = f"{100 * t:5.1f} ({100 * ci[0]:.0f}-{100 * ci[1]:.0f})" if t is not None else ""
         if r.round > 0 and not r.cold_start:
             clock += work.get(r.round, 0.0)
-        lines.append(f"{r.round:>5} {r.level if r.level is not None else '-':>5} {clock:>7.0f} {target:>16} " + " ".join(
+        level = r.level if r.level is not None else "-"
+        lines.append(f"{r.round:>5} {level:>5} {clock:>7.0f} {target:>16} " + " ".join(
             f"{100 * r.sets[f'level_{n}']:5.0f}" if f"level_{n}" in r.sets else f"{'':>5}" for n in levels))
     lines += ["", "label precision by level (the round's own labels the hidden references call right, of how many):"]
     for r in rep.rounds:

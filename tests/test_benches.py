@@ -160,3 +160,33 @@ def test_the_grow_bench_s_copies_name_no_sum_and_its_misses_find_the_first_wrong
     assert miss(x, y, right.replace(step[0], step[1] + "99", 1)) == "step 1"
     assert miss(x, y, right.rsplit(" so ", 1)[0] + " so 1111111111") == "read-back"
     assert miss(x, y, "So the sum is 1111111110.") == "form"
+
+
+def test_the_grow_bench_s_work_seconds_count_a_round_s_voters_and_no_other_arm_s_stages(tmp_path):
+    """Arms compare at equal wall time by each round's stage seconds: a round's own stages, the voters'
+    stages they descend from, and the voters' trainings on the last round's labels (which nothing
+    reads), but not another arm's stages in the same workdir."""
+    import json
+    from types import SimpleNamespace
+
+    bench = runpy.run_path(str(BENCH / "grow_bench.py"))
+
+    def stage(name, k, wall, *parents):
+        d = tmp_path / "stages" / name
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(json.dumps({"stage": name.split("-")[0], "round": k, "wall_s": wall,
+                                                     "parents": [{"dir": f"stages/{p}"} for p in parents]}))
+
+    stage("train-cold", 1, 60.0)
+    stage("train-voter1", 1, 60.0)  # a voter's cold start
+    stage("sample-policy2", 2, 10.0, "train-cold")
+    stage("sample-voter2", 2, 11.0, "train-voter1")
+    stage("label-2", 2, 1.0, "sample-policy2", "sample-voter2")
+    stage("filter-2", 2, 0.5, "label-2")
+    stage("train-policy2", 2, 20.0, "filter-2", "train-cold")
+    stage("train-voter2", 2, 21.0, "filter-2", "train-voter1")  # read by nothing after it
+    stage("sample-other", 2, 99.0, "train-cold", "curriculum-other")  # another arm's
+    stage("train-other", 2, 99.0, "filter-other", "train-cold")
+    rounds = [SimpleNamespace(round=1, stage_dirs={"train": "stages/train-cold"}),
+              SimpleNamespace(round=2, stage_dirs={"train": "stages/train-policy2", "label": "stages/label-2"})]
+    assert bench["work_seconds"](tmp_path, rounds) == {1: 120.0, 2: 63.5}

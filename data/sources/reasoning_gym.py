@@ -54,8 +54,8 @@ class ReasoningGymCheck(Check):
     kind: Literal["reasoning_gym"] = "reasoning_gym"
     read: Extract = Field(default="auto", description="how the answer is read from a response: auto (a tag, "
                              "else the last number for numeric references, else after the last 'answer is', else "
-                             "the last line), tag, last_number, answer_line, last_line, whole; a vote (label.kind vote or "
-                             "consistency) needs one other than auto, which asks the reference")
+                             "the last line), tag, last_number, answer_line, last_line, whole; a vote (label.kind "
+                             "vote or consistency) needs one other than auto, which asks the reference")
     threshold: float = Field(default=1.0, gt=0, le=1, description="a score at or above this is right")
     timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False, description="seconds one score may take")
     # filled from the data source: which generator made the problems (a prompt's id is its index)
