@@ -153,14 +153,8 @@ def write_demonstrations(a) -> str:
     random.Random(0).shuffle(first)
     rows = [{"prompt": p.prompt, "completion": p.answer, "answer": p.answer} for p in first[: a.demos]]
     if a.task != "addition":  # a reasoning-gym problem of one's own is scored by its dataset entry
-        from ratchet.data.sources.reasoning_gym import entry_of, open_dataset
-
-        check = cfg.data.check
         for r, p in zip(rows, first):
-            index, level = entry_of(p.id)
-            dataset = open_dataset(check.dataset, {**check.config, **check.levels[level]}, check.dataset_seed,
-                                   check.size)
-            r["entry"] = dataset[index]
+            r["entry"] = cfg.data.check.entry(p.id)
     negative = sum(r["answer"].startswith("-") for r in rows)
     return (f"{len(rows)} demonstrations of level {min(a.levels)} in {write_rows(a, rows)} ({negative} with a "
             "negative answer)")

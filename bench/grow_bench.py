@@ -92,12 +92,8 @@ def demonstrations(a) -> Path:
         random.Random(n).shuffle(pool)
         for p in pool[: a.demos // len(levels) + (i < a.demos % len(levels))]:
             if a.task == "chain_sum":  # a problem of one's own is scored by its reasoning-gym entry
-                from ratchet.data.sources.reasoning_gym import entry_of, open_dataset
-
-                check, (index, level) = cfg.data.check, entry_of(p.id)
-                dataset = open_dataset(check.dataset, {**check.config, **check.levels[level]}, check.dataset_seed,
-                                       check.size)
-                rows.append({"prompt": p.prompt, "completion": p.answer, "answer": p.answer, "entry": dataset[index]})
+                rows.append({"prompt": p.prompt, "completion": p.answer, "answer": p.answer,
+                             "entry": cfg.data.check.entry(p.id)})
                 continue
             x, y = (int(v) for v in p.id.removeprefix("add-").split("-"))
             rows.append({"prompt": p.prompt, "completion": FORMS[a.form](x, y), "answer": p.answer})

@@ -141,6 +141,12 @@ def to_float(s: str) -> float | None:
 _INTEGER = re.compile(r"-?\d+")
 
 
+def number_key(answer: str) -> str | None:
+    """A number as written, as an answer key (`canonical`); None where it is no number."""
+    value = to_float(answer.strip())
+    return None if value is None else canonical(value, answer.strip())
+
+
 def canonical(value: float, literal: str) -> str:
     """A number as an answer key: '12' for 12.0, '0.5' for 0.5; an integer keeps every digit ('007'
     reads '7'), so two sums of 17 digits that differ in the last, which a float rounds alike, never

@@ -15,7 +15,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from ratchet.data.checks.base import NUM, Check, Verdict, canonical, to_float
+from ratchet.data.checks.base import NUM, Check, Verdict, canonical, number_key, to_float
 
 
 _INT = re.compile(r"-?\d+")
@@ -46,8 +46,7 @@ class NumberCheck(Check):
         return last_number(response, self.max_numbers)
 
     def answer_key(self, answer: str) -> str | None:
-        value = to_float(answer.strip())
-        return None if value is None else canonical(value, answer.strip())
+        return number_key(answer)
 
     def graded(self, response: str, answer: str, partial: float) -> float:
         """1 right; a wrong number `partial` / (1 + its distance from the reference); 0 for no number

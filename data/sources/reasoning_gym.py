@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from ratchet.data.checks.base import NUM, Check, Item, Verdict, canonical, norm, to_float
+from ratchet.data.checks.base import NUM, Check, Item, Verdict, norm, number_key
 from ratchet.data.checks.scorer import shared
 from ratchet.data.errors import ConfigError
 from ratchet.data.records import Prompt
@@ -81,10 +81,19 @@ class ReasoningGymCheck(Check):
         return None if got is None else self.answer_key(got)
 
     def answer_key(self, answer: str) -> str | None:
-        if self.read == "last_number":
-            value = to_float(answer.strip())
-            return None if value is None else canonical(value, answer.strip())
-        return norm(answer)
+        return number_key(answer) if self.read == "last_number" else norm(answer)
+
+    def config_at(self, level: int | None) -> dict[str, Any]:
+        """The dataset's settings its problems of `level` were drawn with (None: data.config alone)."""
+        return self.config if level is None else {**self.config, **(self.levels or {}).get(level, {})}
+
+    def entry(self, prompt_id: str) -> dict:
+        """The reasoning-gym entry a problem of this task came from ({question, answer, metadata}): what a
+        demonstration of it carries as its `entry` column, so the dataset's scorer reads it."""
+        index, level = entry_of(prompt_id)
+        if index is None:
+            raise ValueError(f"{prompt_id!r} is not a reasoning-gym problem's id (rg-N, or rg-N@LEVEL)")
+        return open_dataset(self.dataset, self.config_at(level), self.dataset_seed, self.size)[index]
 
     def check(self, response: str, answer: str) -> Verdict:
         raise ConfigError([f"data.check.kind='reasoning_gym' scores a reasoning-gym problem by its prompt id; it "
@@ -101,7 +110,7 @@ class ReasoningGymCheck(Check):
                                    "by its problem's entry: give it a column `entry`, the reasoning-gym entry the "
                                    "problem came from ({question, answer, metadata}: `reasoning_gym.create_dataset("
                                    "...)[i]`, as JSON)"])
-            config = self.config if level is None else {**self.config, **(self.levels or {}).get(level, {})}
+            config = self.config_at(level)
             call = scorer.call({"completion": i.response, "dataset": self.dataset, "config": config,
                                 "seed": self.dataset_seed, "size": self.size, "index": index or 0, "entry": entry,
                                 "how": self.read})
