@@ -84,6 +84,22 @@ def tiny_base_model(tiny_model, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _fork_template(request, tmp_path_factory):
+    """One fork template for this test process (data/procs/forkserver.py `template`), where
+    integration tests run: each run a test starts, here or as `ratchet run`, forks its fork server
+    from it, its imports made once (8-10 s of CPU a run on 2 cores). The kill tests, which find a
+    run's processes by their environment, start theirs without it (tests/flows/tiny.py ratchet)."""
+    if not any(item.get_closest_marker("integration") for item in request.session.items):
+        yield None
+        return
+    from ratchet.data.procs import forkserver
+    from ratchet.flows.inputs import run_preload
+
+    with forkserver.templated(run_preload(), tmp_path_factory.mktemp("template") / "template.log") as path:
+        yield path
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness

@@ -281,6 +281,201 @@ def fork_server(channel: Channel, preload: list[str]) -> int:
             channel.send({"id": children.pop(pid), "exit": os.waitstatus_to_exitcode(status)})
 
 
+TEMPLATE = "RATCHET_FORK_TEMPLATE"  # a template's socket: a run started with it set forks its server from it
+
+
+@entry
+def template(path: str, preload: list[str]) -> int:
+    """A template for fork servers, for a process that starts many runs one after another (the
+    test suite): it imports `preload` once, then listens on the Unix socket at `path`. A run
+    whose environment names that socket (`TEMPLATE`) asks it for its fork server instead of
+    starting one cold (TemplatedServer, which `for_run` holds): the template forks a child, which
+    serves that run on the pipes the run passed it, its imports made (8-10 s of CPU a run on 2
+    cores, `run_preload`).
+    The run's server is the template's child, not the run's: it ends when the run closes its end
+    or dies (its requests' pipe reads end-of-file), its own children with it, and the run sees it
+    through a pidfd the template passes back. It is in the template's process group, not the run's:
+    a signal to the run's group does not reach it (the run ends its stages' children itself).
+    Modules the run names that the template did not import, the run's server imports itself."""
+    import json
+    import socket
+
+    from ratchet.data.procs.lifetime import die_with_parent
+
+    die_with_parent()
+    for name in preload:
+        _preload(name)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children are reaped by the kernel
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+        listener.bind(f"{path}.tmp")
+        os.chmod(f"{path}.tmp", 0o600)  # its children run whatever entry a request names: this user's alone
+        listener.listen(16)
+        os.rename(f"{path}.tmp", path)  # the socket is there once it is ready
+        print(f"fork template: imported {len(preload)} modules; listening on {path}", file=sys.stderr, flush=True)
+        while True:
+            conn, _ = listener.accept()
+            with conn:
+                fds: list[int] = []
+                try:
+                    msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+                    req = json.loads(msg)
+                    if len(fds) != 3 or not isinstance(req, dict):
+                        raise ValueError(f"a request with {len(fds)} descriptors")
+                except (OSError, ValueError) as e:
+                    print(f"fork template: a request refused ({e})", file=sys.stderr, flush=True)
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                if (why := _unsafe()) is not None:
+                    reply, pidfd = {"refused": why}, None
+                else:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    pid = os.fork()
+                    if pid == 0:
+                        listener.close()
+                        conn.close()
+                        os._exit(_serve_run(req, fds, [p for p in req.get("preload", []) if p not in preload]))
+                    try:
+                        pidfd = os.pidfd_open(pid)
+                    except OSError:  # it is gone already
+                        reply, pidfd = {"refused": "the server died at once"}, None
+                    else:
+                        reply = {"pid": pid}
+                for fd in fds:
+                    os.close(fd)
+                with contextlib.suppress(OSError):
+                    socket.send_fds(conn, [json.dumps(reply).encode()], [] if pidfd is None else [pidfd])
+                if pidfd is not None:
+                    os.close(pidfd)
+
+
+def _serve_run(req: dict, fds: list[int], pending: list[str]) -> int:
+    """In the template's child: become the run's fork server on the descriptors it passed (its
+    requests, its answers, the server's log), in its environment and working directory."""
+    requests, answers, err = fds
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # this server waits for its own children
+    os.dup2(requests, 0)
+    os.dup2(err, 1)
+    os.dup2(err, 2)
+    for fd in (requests, err):
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.chdir(req["cwd"])
+    print(f"fork server: forked from the template (pid {os.getppid()}), {len(pending)} modules left to import",
+          file=sys.stderr, flush=True)
+    channel = Channel(0, answers)
+    if not pending:  # ready now: the server's loop says so once it has imported what is left
+        channel.send({"ready": _threads()})
+    try:
+        return fork_server.main(channel, pending)
+    except BaseException:  # noqa: BLE001 - its traceback is in the server's log
+        import traceback
+
+        traceback.print_exc()
+        return 1
+
+
+class Adopted:
+    """A run's fork server forked from a template, seen from the run: as much of spawn.Child as
+    ForkServer uses. It is not this process's child: its end is seen through the pidfd the template
+    passed, and its exit code is not known here (`returncode` -1 once it is gone). `stdin` is
+    the run's end of its requests: closed, the server exits."""
+
+    def __init__(self, pid: int, pidfd: int, requests: int, answers: int):
+        self.pid, self.pidfd, self.returncode = pid, pidfd, None
+        self.stdin = os.fdopen(requests, "wb", buffering=0)
+        self.channel = Channel(answers, requests, owns_write=False)
+
+    @property
+    def proc(self) -> Adopted:
+        return self
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            ready, _, _ = select.select([self.pidfd], [], [], timeout)
+            if not ready:
+                raise subprocess.TimeoutExpired(f"fork server {self.pid}", timeout)
+            os.close(self.pidfd)
+            self.returncode = -1
+        return self.returncode
+
+    def poll(self) -> int | None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return self.wait(0)
+        return None
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.pidfd, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def from_template(preload: list[str], env: dict[str, str], log_fd: int) -> Adopted | None:
+    """The run's fork server forked from the template its environment names (`TEMPLATE`), its
+    output into `log_fd`; None where there is none, or it does not answer (the caller starts one)."""
+    import json
+    import socket
+
+    path = os.environ.get(TEMPLATE)
+    if not path:
+        return None
+    req_r, req_w = os.pipe()
+    ans_r, ans_w = os.pipe()
+    got: list[int] = []
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.settimeout(10)
+            s.connect(path)
+            msg = {"preload": preload, "env": env, "cwd": os.getcwd()}
+            socket.send_fds(s, [json.dumps(msg).encode()], [req_r, ans_w, log_fd])
+            data, got, _, _ = socket.recv_fds(s, 1 << 16, 1)
+            reply = json.loads(data)
+        if "pid" not in reply or len(got) != 1:
+            raise ValueError(reply.get("refused", "no pid"))
+    except (OSError, ValueError) as e:
+        log.info("the fork template at %s did not fork this run's server (%s); starting one", path, e)
+        for fd in (req_w, ans_r, *got):
+            os.close(fd)
+        return None
+    finally:
+        os.close(req_r)
+        os.close(ans_w)
+    return Adopted(reply["pid"], got[0], req_w, ans_r)
+
+
+@contextlib.contextmanager
+def templated(preload: tuple[str, ...], log_path: Path):
+    """A fork template (`template`) while the block runs, named in this process's environment, so
+    that each run started in the block, here or in a child process (which inherits the
+    environment), forks its fork server from it. A run started before it listens starts its own."""
+    import shutil
+    import tempfile
+
+    where = tempfile.mkdtemp(prefix="ratchet-template-")  # a socket's path has at most 107 bytes
+    path = os.path.join(where, "socket")
+    with open(log_path, "ab") as err:
+        child = spawn.start(template, path, list(preload), env={**os.environ, **QUIET_THREADS}, stderr=err)
+    before = os.environ.get(TEMPLATE)
+    os.environ[TEMPLATE] = path
+    try:
+        yield path
+    finally:
+        if before is None:
+            os.environ.pop(TEMPLATE, None)
+        else:
+            os.environ[TEMPLATE] = before
+        child.close()
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def _output_to(path: str) -> None:
     """In the server: its output (stdout and stderr) from now on into the file at `path`, after
     what it wrote so far into the file without a name it started with."""
@@ -434,6 +629,25 @@ class ForkServer:
         self.spawner.close()
 
 
+class TemplatedServer(ForkServer):
+    """The run's fork server, forked from the template its environment names (`TEMPLATE`) where
+    one answers, else started as ForkServer starts it (a restart too: `start` is asked again)."""
+
+    def start(self) -> None:
+        import tempfile
+
+        if not os.environ.get(TEMPLATE):
+            return super().start()
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with (open(self.log_path, "ab") if self.log_path is not None else tempfile.TemporaryFile()) as err:
+            child = from_template(list(self.preload), {**os.environ, **QUIET_THREADS}, err.fileno())
+        if child is None:
+            return super().start()
+        self.child = child
+        threading.Thread(target=self._read, args=(child.channel,), daemon=True, name="ratchet-forkserver").start()
+
+
 class Forked:
     """A long-lived child of the fork server, with as much of `subprocess.Popen` as the run's
     services use (`pid`, `poll`, `wait`, `terminate`, `kill`). `refused` says why the server did
@@ -513,7 +727,7 @@ def for_run(enabled: bool, log_path: Path | None, preload: tuple[str, ...] = ())
             running.rename_log(log_path)
         yield None
         return
-    f = ForkServer(log_path, preload)
+    f = TemplatedServer(log_path, preload)
     try:
         f.start()  # its imports overlap with the run's first stages
         with services.held(server=f):

@@ -56,7 +56,8 @@ def _run(workdir, tiny_model, api_url, failpoint=None, how="orchestrator"):
         env = {"RATCHET_FAILPOINTS": failpoint, "RATCHET_FAILPOINTS_KILL": how, MARK: "1"}
         api_url = None
     two = [TWO_ENGINES] if failpoint == "sample:shard" else []
-    return ratchet("run", CONFIG, *_overrides(workdir, tiny_model), *ONE_THREAD, *two, api_url=api_url, env=env)
+    return ratchet("run", CONFIG, *_overrides(workdir, tiny_model), *ONE_THREAD, *two, api_url=api_url, env=env,
+                   template=False)
 
 
 MARK = "RATCHET_TEST_KILLED_RUN"  # every process below a killed run carries it

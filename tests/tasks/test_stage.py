@@ -416,12 +416,15 @@ def test_worker_dies_with_its_orchestrator(tmp_path):
 
 @pytest.fixture(scope="module")
 def fork_server(tmp_path_factory):
-    """One fork server for this module's tests, as `ratchet run` holds one for a run."""
+    """One fork server for this module's tests, as `ratchet run` holds one for a run: started by
+    the run itself, as a user's is, not forked from the suite's template (tests/conftest.py)."""
     from ratchet.data.procs import forkserver
     from ratchet.tasks.runner.stage import WORKER_LIBRARIES
 
-    with forkserver.for_run(True, tmp_path_factory.mktemp("fork") / "forkserver.log", WORKER_LIBRARIES) as server:
-        yield server
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(forkserver.TEMPLATE, raising=False)
+        with forkserver.for_run(True, tmp_path_factory.mktemp("fork") / "forkserver.log", WORKER_LIBRARIES) as server:
+            yield server
 
 
 def where_body(req: StageRequest[X], store: ArtifactStore) -> StageManifest:
@@ -578,7 +581,7 @@ def warmed():
     return {"pid": os.getpid(), "warmed": list(WARMED)}
 
 
-def test_a_preload_may_call_a_function_whose_cache_every_child_inherits(tmp_path):
+def test_a_preload_may_call_a_function_whose_cache_every_child_inherits(tmp_path, monkeypatch):
     """A preload `module:function` is imported and called once in the server (the run's preloads fill
     MLflow's map of the installed packages so: flows/inputs.py run_preload); each forked child holds
     what it made, and none calls it again."""
@@ -586,6 +589,7 @@ def test_a_preload_may_call_a_function_whose_cache_every_child_inherits(tmp_path
 
     from ratchet.data.procs import forkserver
 
+    monkeypatch.delenv(forkserver.TEMPLATE, raising=False)  # its own imports, not the suite's template's
     server = forkserver.ForkServer(tmp_path / "forkserver.log", ("json", f"{__name__}:warm_here"))
     server.start()
     try:
@@ -605,6 +609,69 @@ def test_a_preload_may_call_a_function_whose_cache_every_child_inherits(tmp_path
     from mlflow.utils import requirements_utils
 
     assert requirements_utils._PACKAGES_TO_MODULES and "torch" in requirements_utils._PACKAGES_TO_MODULES
+
+
+def _ppid(pid: int) -> int:
+    from pathlib import Path
+
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_fork_server_forked_from_a_template_serves_its_run_and_ends_with_it(tmp_path, monkeypatch):
+    """Guards the fork template (forkserver.template), which the suite's runs fork their servers
+    from (tests/conftest.py): a run's server is the template's child, ready at once with the
+    template's imports and its preloaded calls made, forking the run's stages in the run's
+    environment and directory; it ends when the run ends its services or dies, and a template
+    that is not there leaves the run to start its own."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from ratchet.data.procs import forkserver
+    from tests.procs import gone_within
+
+    monkeypatch.setenv("RATCHET_TEST_STAGE_ENV", "the run's")
+    monkeypatch.chdir(tmp_path)
+    with services.held(server=None), \
+            forkserver.templated(("json", f"{__name__}:warm_here"), tmp_path / "template.log") as path:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with forkserver.for_run(True, tmp_path / "server.log", ("json", f"{__name__}:warm_here", "csv")) as server:
+            assert server.wait_ready(10) and server.ready == 1
+            template = _ppid(server.proc.pid)
+            assert template != os.getpid() and "listening" in (tmp_path / "template.log").read_text()
+            got = forkserver.call(warmed)
+            assert got["warmed"] == [template]  # the template's call, inherited: not made again
+            store = ArtifactStore(tmp_path / "store")
+            m, _ = run_stage(store, stage="s", round=1, body=where_body, code="c", config=X(x=1), parents=[],
+                             isolate=True)
+            out = json.loads((store.dir_of(m) / "out.txt").read_text())
+            assert out["ppid"] == server.proc.pid and out["env"] == "the run's" and out["cwd"] == str(tmp_path)
+            assert out["threads"] == 1
+            pid = server.proc.pid
+        assert gone_within(pid, 10), "the server outlived its run's services"
+
+        # a run killed by SIGKILL: its server reads the end of its requests, and goes
+        script = ("import time; from ratchet.data.procs import forkserver; "
+                  "s = forkserver.TemplatedServer(None, ('json',)); s.start(); s.wait_ready(10); "
+                  "print(s.proc.pid, flush=True); time.sleep(600)")
+        run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        served = int(run.stdout.readline())
+        assert _ppid(served) == template
+        run.kill()
+        run.wait()
+        assert gone_within(served, 10), "the server outlived its killed run"
+
+    monkeypatch.setenv(forkserver.TEMPLATE, str(tmp_path / "no-template"))
+    server = forkserver.TemplatedServer(None, ("json",))
+    server.start()
+    try:
+        assert server.wait_ready(60) and _ppid(server.proc.pid) == os.getpid()  # started here, as without one
+    finally:
+        server.stop()
 
 
 def test_a_run_s_services_are_the_run_s_not_the_process_s(tmp_path):
@@ -672,8 +739,9 @@ def test_a_server_started_before_its_log_has_a_name_keeps_what_it_said_for_the_l
         with forkserver.for_run(True, log) as again:  # the run's services keep the server and name its log
             assert again is None and forkserver.current() is server
         deadline = time.time() + 30
-        while "fork server: imported" not in (log.read_text() if log.exists() else "") and time.time() < deadline:
+        said = "fork server: "  # its imports made, or forked from the suite's template with them made
+        while said not in (log.read_text() if log.exists() else "") and time.time() < deadline:
             time.sleep(0.1)
-        assert "fork server: imported" in log.read_text()
+        assert said in log.read_text()
         server.rename_log(tmp_path / "logs" / "named.log")  # named again once the run has a name: a rename
-        assert not log.exists() and "fork server: imported" in (tmp_path / "logs" / "named.log").read_text()
+        assert not log.exists() and said in (tmp_path / "logs" / "named.log").read_text()
