@@ -212,17 +212,59 @@ def work_seconds(workdir: Path, rounds) -> dict[int, float]:
     return out
 
 
-def table(a) -> str:
+def report(a):
+    """The report's figures of this arm's newest run in its workdir (arms may share one)."""
     from ratchet.flows.config import load_config
     from ratchet.flows.report import gather
+    from ratchet.flows.runs import list_runs
     from ratchet.flows.tracking import Tracker
 
     cfg = load_config(config(a), overrides(a))
-    from ratchet.flows.runs import list_runs
-
     tracker = Tracker(cfg.tracking, Path(a.workdir), cfg.name)
     mine = [r.run for r in list_runs(Path(a.workdir), tracker) if r.run.startswith(f"{cfg.name}-")]
-    rep = gather(Path(a.workdir), tracker, mine[-1] if mine else None)  # this arm's newest run in a shared workdir
+    return gather(Path(a.workdir), tracker, mine[-1] if mine else None)
+
+
+def reached(sets: dict[str, float], at: float) -> int:
+    """The digits a model has reached: the highest level N at which it, and every level below N, is
+    right on at least `at` of its held-out prompts (0: not even level 1)."""
+    n = 0
+    while sets.get(f"level_{n + 1}", -1.0) >= at:
+        n += 1
+    return n
+
+
+def plot(rounds, path: Path, labeled_to: int, at: float) -> list[tuple[int, int, float | None]]:
+    """Per round since the cold start: the digits reached (`reached`) and the label precision at the
+    level the round trained at, drawn beside Lee et al.'s schedule, one digit a round past the
+    labeled lengths (their addition kept to it from 10 to 100 digits). Returns the points drawn:
+    (round since the cold start, digits reached, precision or None)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cold = next((r.round for r in rounds if r.cold_start), 0)
+    points = [(r.round - cold, reached(r.sets, at), r.metrics.get(f"label.precision.level_{r.level}"))
+              for r in rounds if r.round >= cold]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    xs = [k for k, _, _ in points]
+    left.plot(xs, [n for _, n, _ in points], "o-", color="#4C72B0", label="this run")
+    left.plot(xs, [labeled_to + k for k in xs], "--", color="#8C8C8C", label="one digit a round (Lee et al.)")
+    left.set(xlabel="round since the cold start", ylabel=f"digits reached (held-out >= {at:.0%})")
+    left.legend(loc="upper left", fontsize=8)
+    marked = [(k, p) for k, _, p in points if p is not None]
+    right.plot([k for k, _ in marked], [100 * p for _, p in marked], "o-", color="#C44E52")
+    right.set(xlabel="round since the cold start", ylabel="label precision at its level (%)", ylim=(0, 105),
+              xlim=left.get_xlim())
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return points
+
+
+def table(a) -> str:
+    rep = report(a)
     levels = sorted({int(n.removeprefix("level_")) for r in rep.rounds for n in r.sets if n.startswith("level_")})
     lines = [f"{'round':>5} {'level':>5} {'work s':>7} {'target':>16} "
              + " ".join(f"{'L' + str(n):>5}" for n in levels)]
@@ -306,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", type=int, default=200, help="the target set's prompts (0: none)")
     ap.add_argument("--tokens", action="store_true", help="print the form's tokens per digit and stop")
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--plot", type=Path, help="also draw the digits reached and the label precision per round "
+                    "(a PNG at this path), beside Lee et al.'s one digit a round")
+    ap.add_argument("--reach", type=float, default=0.5, help="--plot: the held-out share a level counts as reached at")
     ap.add_argument("--misses", type=Path, nargs="+", help="print where each answer of these stage files "
                     "(eval.jsonl, samples.jsonl; indexed or shifted form) first goes wrong, by level, and stop")
     a = ap.parse_args(argv)
@@ -326,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
         done = subprocess.run(cmd)
         print(f"ratchet run exited {done.returncode} after {time.time() - t0:.0f} s", flush=True)
     print(table(a))
+    if a.plot:
+        points = plot(report(a).rounds, a.plot, a.labeled_to, a.reach)
+        print(f"{a.plot}: " + ", ".join(f"round {k}: {n} digits" + (f", precision {100 * p:.0f}%" if p is not None
+                                                                   else "") for k, n, p in points))
     return 0
 
 

@@ -190,3 +190,25 @@ def test_the_grow_bench_s_work_seconds_count_a_round_s_voters_and_no_other_arm_s
     rounds = [SimpleNamespace(round=1, stage_dirs={"train": "stages/train-cold"}),
               SimpleNamespace(round=2, stage_dirs={"train": "stages/train-policy2", "label": "stages/label-2"})]
     assert bench["work_seconds"](tmp_path, rounds) == {1: 120.0, 2: 63.5}
+
+
+def test_the_grow_bench_plots_the_digits_reached_and_the_label_precision_per_round(tmp_path):
+    """--plot: a level counts as reached where it and every level below it are at the threshold; the
+    label precision drawn is the one at the level each round trained at."""
+    from types import SimpleNamespace
+
+    bench = runpy.run_path(str(BENCH / "grow_bench.py"))
+    assert bench["reached"]({"level_1": 1.0, "level_2": 0.4, "level_3": 0.9}, 0.5) == 1  # a gap stops it
+    assert bench["reached"]({"level_2": 1.0}, 0.5) == 0 and bench["reached"]({}, 0.5) == 0
+
+    def rnd(k, sets, level=None, precision=None, cold=False):
+        metrics = {} if precision is None else {f"label.precision.level_{level}": precision,
+                                                "label.precision.level_1": 0.01}
+        return SimpleNamespace(round=k, sets={f"level_{n}": v for n, v in sets.items()}, level=level,
+                               metrics=metrics, cold_start=cold)
+
+    rounds = [rnd(0, {1: 0.7}), rnd(1, {1: 1.0, 2: 0.9}, cold=True), rnd(2, {1: 1.0, 2: 0.9, 3: 0.6}, 3, 0.92),
+              rnd(3, {1: 1.0, 2: 0.3, 3: 0.7}, 4, 0.5)]
+    png = tmp_path / "grow.png"
+    assert bench["plot"](rounds, png, 2, 0.5) == [(0, 2, None), (1, 3, 0.92), (2, 1, 0.5)]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

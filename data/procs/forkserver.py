@@ -294,8 +294,8 @@ def template(path: str, preload: list[str]) -> int:
     cores, `run_preload`).
     The run's server is the template's child, not the run's: it ends when the run closes its end
     or dies (its requests' pipe reads end-of-file), its own children with it, and the run sees it
-    through a pidfd the template passes back. It is in the template's process group, not the run's:
-    a signal to the run's group does not reach it (the run ends its stages' children itself).
+    through a pidfd the template passes back. It is in a session and process group of its own, not
+    the run's: a signal to the run's group does not reach it or its stages (the run ends them).
     Modules the run names that the template did not import, the run's server imports itself."""
     import json
     import socket
@@ -354,6 +354,7 @@ def _serve_run(req: dict, fds: list[int], pending: list[str]) -> int:
     """In the template's child: become the run's fork server on the descriptors it passed (its
     requests, its answers, the server's log), in its environment and working directory."""
     requests, answers, err = fds
+    os.setsid()  # a group of its own: a signal to its stages' group never reaches the template's starter
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # this server waits for its own children
     os.dup2(requests, 0)
     os.dup2(err, 1)
@@ -631,12 +632,16 @@ class ForkServer:
 
 class TemplatedServer(ForkServer):
     """The run's fork server, forked from the template its environment names (`TEMPLATE`) where
-    one answers, else started as ForkServer starts it (a restart too: `start` is asked again)."""
+    one answers, else started as ForkServer starts it (a restart too: `start` is asked again). A run
+    with failpoints armed (data/failpoints.py) starts its own: a failpoint that kills its process's
+    group must take the run with it, and a server forked from the template is in a group of its own."""
 
     def start(self) -> None:
         import tempfile
 
-        if not os.environ.get(TEMPLATE):
+        from ratchet.data import failpoints
+
+        if not os.environ.get(TEMPLATE) or os.environ.get(failpoints.ENV):
             return super().start()
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -621,8 +621,8 @@ def test_a_fork_server_forked_from_a_template_serves_its_run_and_ends_with_it(tm
     """Guards the fork template (forkserver.template), which the suite's runs fork their servers
     from (tests/conftest.py): a run's server is the template's child, ready at once with the
     template's imports and its preloaded calls made, forking the run's stages in the run's
-    environment and directory; it ends when the run ends its services or dies, and a template
-    that is not there leaves the run to start its own."""
+    environment and directory, in a process group of its own; it ends when the run ends its services
+    or dies; a run with failpoints armed, or whose template is not there, starts its own."""
     import json
     import os
     import subprocess
@@ -643,6 +643,7 @@ def test_a_fork_server_forked_from_a_template_serves_its_run_and_ends_with_it(tm
             assert server.wait_ready(10) and server.ready == 1
             template = _ppid(server.proc.pid)
             assert template != os.getpid() and "listening" in (tmp_path / "template.log").read_text()
+            assert os.getpgid(server.proc.pid) == server.proc.pid  # a group of its own, not the template's starter's
             got = forkserver.call(warmed)
             assert got["warmed"] == [template]  # the template's call, inherited: not made again
             store = ArtifactStore(tmp_path / "store")
@@ -665,6 +666,15 @@ def test_a_fork_server_forked_from_a_template_serves_its_run_and_ends_with_it(tm
         run.wait()
         assert gone_within(served, 10), "the server outlived its killed run"
 
+        # failpoints armed (a kill of the process's group must take the run with it): the run's own server
+        monkeypatch.setenv("RATCHET_FAILPOINTS", "sample:shard")
+        server = forkserver.TemplatedServer(None, ("json",))
+        server.start()
+        try:
+            assert server.wait_ready(60) and _ppid(server.proc.pid) == os.getpid()
+        finally:
+            server.stop()
+    monkeypatch.delenv("RATCHET_FAILPOINTS")
     monkeypatch.setenv(forkserver.TEMPLATE, str(tmp_path / "no-template"))
     server = forkserver.TemplatedServer(None, ("json",))
     server.start()
