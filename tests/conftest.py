@@ -88,8 +88,9 @@ def tiny_base_model(tiny_model, tmp_path_factory) -> Path:
 def _fork_template(request, tmp_path_factory):
     """One fork template for this test process (data/procs/forkserver.py `template`), where
     integration tests run: each run a test starts, here or as `ratchet run`, forks its fork server
-    from it, its imports made once (8-10 s of CPU a run on 2 cores). The kill tests, which find a
-    run's processes by their environment, start theirs without it (tests/flows/tiny.py ratchet)."""
+    from it, its imports made once (8-10 s of CPU a run on 2 cores). A run with failpoints armed
+    (the kill tests, which find a run's processes by their environment) starts its own server
+    (forkserver.TemplatedServer)."""
     if not any(item.get_closest_marker("integration") for item in request.session.items):
         yield None
         return

@@ -47,17 +47,18 @@ TWO_ENGINES = "executor.engines=2"  # two engine holders in the stage killed mid
 
 
 def _run(workdir, tiny_model, api_url, failpoint=None, how="orchestrator"):
-    """A run, its stage workers forked from its fork server (tasks/forkserver.py); the one killed
+    """A run, its stage workers forked from its fork server (data/procs/forkserver.py); the one killed
     mid-sampling holds two engines. At `failpoint`, the orchestrator's PID
     alone is killed (`how`="orchestrator") or the run's process group gets a Ctrl-C's SIGINT
-    ("interrupt"); the Prefect server is the run's own temporary one."""
+    ("interrupt"); the Prefect server is the run's own temporary one. A killed run starts its own
+    fork server (failpoints are armed), so every process below it carries its environment; the
+    resumed finish forks its server from the suite's template (tests/conftest.py)."""
     env = None
     if failpoint:
         env = {"RATCHET_FAILPOINTS": failpoint, "RATCHET_FAILPOINTS_KILL": how, MARK: "1"}
         api_url = None
     two = [TWO_ENGINES] if failpoint == "sample:shard" else []
-    return ratchet("run", CONFIG, *_overrides(workdir, tiny_model), *ONE_THREAD, *two, api_url=api_url, env=env,
-                   template=False)
+    return ratchet("run", CONFIG, *_overrides(workdir, tiny_model), *ONE_THREAD, *two, api_url=api_url, env=env)
 
 
 MARK = "RATCHET_TEST_KILLED_RUN"  # every process below a killed run carries it

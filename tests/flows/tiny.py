@@ -49,20 +49,13 @@ def reference_run(workdir, tiny_model, api_url) -> subprocess.CompletedProcess:
                    api_url=api_url)
 
 
-def ratchet(*args, api_url: str | None, env: dict | None = None, timeout: int = 600,
-            template: bool = True) -> subprocess.CompletedProcess:
+def ratchet(*args, api_url: str | None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """`ratchet ARGS` in its own process group, against the Prefect server at api_url (None: the
     temporary one a run starts by itself). Its SIGINT is at the default a terminal gives it (a
-    test worker may ignore SIGINT, and an ignored signal stays ignored across exec). `template`:
-    its fork server forked from the test process's template (tests/conftest.py), or started by
-    the run as a user's is (the kill tests: every process below the run carries its environment)."""
-    from ratchet.data.procs.forkserver import TEMPLATE
-
+    test worker may ignore SIGINT, and an ignored signal stays ignored across exec)."""
     full = {**os.environ, "PREFECT_API_URL": api_url}
     if api_url is None:
         full.pop("PREFECT_API_URL")
-    if not template:
-        full.pop(TEMPLATE, None)
     full.pop("RATCHET_FAILPOINTS", None)
     full.update(env or {})
     return subprocess.run([sys.executable, "-m", "ratchet.flows.cli", *map(str, args)], cwd=ROOT, env=full,
