@@ -237,16 +237,18 @@ def reached(sets: dict[str, float], at: float) -> int:
 def plot(rounds, path: Path, labeled_to: int, at: float) -> list[tuple[int, int, float | None]]:
     """Per round since the cold start: the digits reached (`reached`) and the label precision at the
     level the round trained at, drawn beside Lee et al.'s schedule, one digit a round past the
-    labeled lengths (their addition kept to it from 10 to 100 digits). Returns the points drawn:
-    (round since the cold start, digits reached, precision or None)."""
+    labeled lengths (their addition kept to it from 10 to 100 digits). A round not yet evaluated is
+    left out. Returns the points drawn: (round since the cold start, digits reached, precision or None)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from matplotlib.ticker import MaxNLocator
+
     cold = next((r.round for r in rounds if r.cold_start), 0)
     points = [(r.round - cold, reached(r.sets, at), r.metrics.get(f"label.precision.level_{r.level}"))
-              for r in rounds if r.round >= cold]
+              for r in rounds if r.round >= cold and any(n.startswith("level_") for n in r.sets)]  # evaluated
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     xs = [k for k, _, _ in points]
     left.plot(xs, [n for _, n, _ in points], "o-", color="#4C72B0", label="this run")
@@ -257,6 +259,8 @@ def plot(rounds, path: Path, labeled_to: int, at: float) -> list[tuple[int, int,
     right.plot([k for k, _ in marked], [100 * p for _, p in marked], "o-", color="#C44E52")
     right.set(xlabel="round since the cold start", ylabel="label precision at its level (%)", ylim=(0, 105),
               xlim=left.get_xlim())
+    for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

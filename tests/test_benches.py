@@ -208,7 +208,7 @@ def test_the_grow_bench_plots_the_digits_reached_and_the_label_precision_per_rou
                                metrics=metrics, cold_start=cold)
 
     rounds = [rnd(0, {1: 0.7}), rnd(1, {1: 1.0, 2: 0.9}, cold=True), rnd(2, {1: 1.0, 2: 0.9, 3: 0.6}, 3, 0.92),
-              rnd(3, {1: 1.0, 2: 0.3, 3: 0.7}, 4, 0.5)]
+              rnd(3, {1: 1.0, 2: 0.3, 3: 0.7}, 4, 0.5), rnd(4, {}, 5, 0.8)]  # the last not evaluated yet
     png = tmp_path / "grow.png"
     assert bench["plot"](rounds, png, 2, 0.5) == [(0, 2, None), (1, 3, 0.92), (2, 1, 0.5)]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
