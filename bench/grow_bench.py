@@ -267,8 +267,9 @@ def plot(rounds, path: Path, labeled_to: int, at: float) -> list[tuple[int, int,
     return points
 
 
-def table(a) -> str:
-    rep = report(a)
+def table(a, rep) -> str:
+    """Per round: the level it trained at, its work seconds, the target set and each level's held-out
+    accuracy; then each round's label precision by level. `rep`: `report(a)`."""
     levels = sorted({int(n.removeprefix("level_")) for r in rep.rounds for n in r.sets if n.startswith("level_")})
     lines = [f"{'round':>5} {'level':>5} {'work s':>7} {'target':>16} "
              + " ".join(f"{'L' + str(n):>5}" for n in levels)]
@@ -374,9 +375,10 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(cmd), flush=True)
         done = subprocess.run(cmd)
         print(f"ratchet run exited {done.returncode} after {time.time() - t0:.0f} s", flush=True)
-    print(table(a))
+    rep = report(a)  # read once: the table and the plot draw on the same run
+    print(table(a, rep))
     if a.plot:
-        points = plot(report(a).rounds, a.plot, a.labeled_to, a.reach)
+        points = plot(rep.rounds, a.plot, a.labeled_to, a.reach)
         print(f"{a.plot}: " + ", ".join(f"round {k}: {n} digits" + (f", precision {100 * p:.0f}%" if p is not None
                                                                    else "") for k, n, p in points))
     return 0

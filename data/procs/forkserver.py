@@ -634,7 +634,10 @@ class TemplatedServer(ForkServer):
     """The run's fork server, forked from the template its environment names (`TEMPLATE`) where
     one answers, else started as ForkServer starts it (a restart too: `start` is asked again). A run
     with failpoints armed (data/failpoints.py) starts its own: a failpoint that kills its process's
-    group must take the run with it, and a server forked from the template is in a group of its own."""
+    group must take the run with it, and a server forked from the template is in a group of its own.
+    A subclass, not a branch in ForkServer.start: the sample and evaluate stages' code reaches
+    ForkServer (a stage's warm engine is forked from it), so an edit there re-keys those stages in
+    every workdir; nothing a stage runs reaches this class."""
 
     def start(self) -> None:
         import tempfile
