@@ -639,6 +639,14 @@ def test_a_fork_server_forked_from_a_template_serves_its_run_and_ends_with_it(tm
         deadline = time.monotonic() + 60
         while not os.path.exists(path) and time.monotonic() < deadline:
             time.sleep(0.05)
+        import socket
+
+        for junk, fds in ((b"not json", []), (b'{"env": {}}', []), (b"[1, 2]", [0, 1, 2])):  # broken requests
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+                s.connect(path)
+                socket.send_fds(s, [junk], fds)
+                assert s.recv(4096) == b""  # refused: the template closes it and keeps listening
+        assert (tmp_path / "template.log").read_text().count("a request refused") == 3
         with forkserver.for_run(True, tmp_path / "server.log", ("json", f"{__name__}:warm_here", "csv")) as server:
             assert server.wait_ready(10) and server.ready == 1
             template = _ppid(server.proc.pid)
