@@ -18,6 +18,7 @@ worker processes. Run identity and records are in flows/runs.py.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from pathlib import Path
 
 from prefect import flow
@@ -108,7 +109,21 @@ def _round_steps(cfg: PipelineConfig, ctx: RunContext, k: int, tags: dict[str, s
 
 # flows ----------------------------------------------------------------------
 
+def _called_only(fn):
+    """A flow that is called, never deployed, shown to Prefect without its parameters' types.
+    Prefect makes a JSON schema of a flow's parameters when it declares the flow (for a
+    deployment's form); a round's parameters (the whole PipelineConfig, its manifests) made it
+    0.5 s of every run's start, for a schema nothing reads. Prefect reads the parameters' names
+    and defaults from the signature given here; the annotations stay on the function."""
+    sig = inspect.signature(fn)
+    fn.__signature__ = sig.replace(parameters=[p.replace(annotation=inspect.Parameter.empty)
+                                               for p in sig.parameters.values()],
+                                   return_annotation=inspect.Signature.empty)
+    return fn
+
+
 @flow(name="round", flow_run_name="round-{k}", validate_parameters=False)
+@_called_only
 def round_flow(cfg: PipelineConfig, ctx: RunContext, k: int, policy: StageManifest, prompts: StageManifest,
                targets: list[EvalTarget], parent_version: str, first: int = 0,
                label_model: StageManifest | None = None, optimiser_model: StageManifest | None = None,
@@ -146,6 +161,7 @@ def _registered(steps: FlowSteps, k: int, candidate: StageManifest, targets: lis
 
 
 @flow(name="round", flow_run_name="round-{k}", validate_parameters=False)
+@_called_only
 def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, targets: list[EvalTarget],
                k: int = 0) -> RoundResult:
     """The starting model's held-out accuracy: the bar the next round must clear. k is the
@@ -159,6 +175,7 @@ def round_zero(cfg: PipelineConfig, ctx: RunContext, base: StageManifest, target
 
 
 @flow(name="round", flow_run_name="round-{k}", validate_parameters=False)
+@_called_only
 def cold_start_round(cfg: PipelineConfig, ctx: RunContext, k: int, base: StageManifest, demos: StageManifest,
                      targets: list[EvalTarget], parent_version: str) -> RoundResult:
     """Generation k (the run's first): the base model fine-tuned on the demonstrations
@@ -174,6 +191,7 @@ def cold_start_round(cfg: PipelineConfig, ctx: RunContext, k: int, base: StageMa
 
 
 @flow(name="self_improve", flow_run_name="{cfg.name}", validate_parameters=False)
+@_called_only
 def self_improve(cfg: PipelineConfig, ctx: RunContext) -> list[RoundResult]:
     """The run as flows/shape.py shapes it, then its lineage and report."""
     results = run_shape(cfg, FlowSteps(cfg, ctx))

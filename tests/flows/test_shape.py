@@ -170,3 +170,24 @@ def test_a_vote_s_voters_are_trained_beside_the_policy_or_are_the_versions_befor
     calls, results = walk(["label={kind: vote, models: 3, of: versions}", "rounds=2"])
     assert calls.count("train@1") == 1 and calls.count("sample@2") == 3
     assert results[1].voters == ("base", "base") and results[2].voters == ("train-1", "base")
+
+
+def test_the_run_flows_are_declared_without_a_schema_of_their_parameters():
+    """A flow's parameter schema is for a deployment's form; the flows a run only calls (a round's
+    parameters are the whole config and its manifests) are declared without one, 0.5 s of every
+    run's start, while the one a schedule deploys keeps its own. Prefect still binds their
+    parameters by name and default, and the functions keep their annotations."""
+    from prefect import Flow
+
+    from ratchet.flows import pipeline
+
+    flows = {name: f for name, f in vars(pipeline).items() if isinstance(f, Flow)}
+    called = {name: f for name, f in flows.items() if name != "continue_improve"}
+    assert set(called) == {"round_flow", "round_zero", "cold_start_round", "self_improve"}
+    for name, f in called.items():
+        assert f.parameters.definitions == {} and all(set(p) == {"position", "title"} or "default" in p
+                                                      for p in f.parameters.properties.values()), name
+        assert f.fn.__annotations__["cfg"] == "PipelineConfig", name
+    assert list(pipeline.round_zero.parameters.properties) == ["cfg", "ctx", "base", "targets", "k"]
+    assert pipeline.round_zero.parameters.properties["k"]["default"] == 0
+    assert flows["continue_improve"].parameters.properties["config"]["type"] == "object"
