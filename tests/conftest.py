@@ -90,14 +90,19 @@ def _fork_template(request, tmp_path_factory):
     integration tests run: each run a test starts, here or as `ratchet run`, forks its fork server
     from it, its imports made once (8-10 s of CPU a run on 2 cores). A run with failpoints armed
     (the kill tests, which find a run's processes by their environment) starts its own server
-    (forkserver.TemplatedServer)."""
+    (forkserver.TemplatedServer). Beside it, the CLI template its `ratchet run`s fork from
+    (tests/cli_template.py)."""
     if not any(item.get_closest_marker("integration") for item in request.session.items):
         yield None
         return
     from ratchet.data.procs import forkserver
     from ratchet.flows.inputs import run_preload
 
-    with forkserver.templated(run_preload(), tmp_path_factory.mktemp("template") / "template.log") as path:
+    from tests import cli_template
+
+    logs = tmp_path_factory.mktemp("template")
+    with forkserver.templated(run_preload(), logs / "template.log") as path, \
+            cli_template.templated(logs / "cli-template.log"):
         yield path
 
 

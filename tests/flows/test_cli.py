@@ -182,3 +182,29 @@ def test_runs_lists_each_run_with_its_state_rounds_and_how_to_resume(tmp_path):
         assert runs[n]["resume"] == f"ratchet resume --run {n} --workdir {tmp_path}"
         assert f"resume: ratchet resume --run {n} --workdir {tmp_path}" in text.stdout
     assert "v2* 80.0% (champion)" in text.stdout and os.path.basename(str(tmp_path)) in text.stdout
+
+
+def test_the_suites_cli_template_answers_as_a_fresh_interpreter(tmp_path):
+    """Guards the suite's own shortcut (tests/cli_template.py), which most of its `ratchet run`s take:
+    forked from the template, a command exits with the code and writes the output a fresh
+    interpreter does, refused config and missing run alike; a run arming failpoints is not sent there."""
+    import os
+    import time
+
+    from tests import cli_template
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    commands = [["run", "flows/configs/default.yaml", "rounds=0", "train.lr=1"],
+                ["resume", "flows/configs/default.yaml", f"workdir={tmp_path / 'none'}"]]
+    with cli_template.templated(tmp_path / "template.log") as path:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cli_template.usable(("run",), env) and not cli_template.usable(("plan",), env)
+        assert not cli_template.usable(("run",), {**env, "RATCHET_FAILPOINTS": "train:checkpoint"})
+        for argv in commands:
+            forked = cli_template.run(argv, env, ROOT, timeout=120)
+            assert forked is not None, (tmp_path / "template.log").read_text()
+            fresh = ratchet(*argv)
+            assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+            assert forked.returncode != 0 and forked.stderr.startswith("ratchet: error:"), forked.stderr

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import cli_template
+
 ROOT = Path(__file__).parents[2]
 CONFIG = ROOT / "flows" / "configs" / "self_reward_dpo.yaml"
 
@@ -52,12 +54,17 @@ def reference_run(workdir, tiny_model, api_url) -> subprocess.CompletedProcess:
 def ratchet(*args, api_url: str | None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """`ratchet ARGS` in its own process group, against the Prefect server at api_url (None: the
     temporary one a run starts by itself). Its SIGINT is at the default a terminal gives it (a
-    test worker may ignore SIGINT, and an ignored signal stays ignored across exec)."""
+    test worker may ignore SIGINT, and an ignored signal stays ignored across exec). A run or
+    resume is forked from the test process's CLI template where it listens (tests/cli_template.py),
+    its imports made."""
     full = {**os.environ, "PREFECT_API_URL": api_url}
     if api_url is None:
         full.pop("PREFECT_API_URL")
     full.pop("RATCHET_FAILPOINTS", None)
     full.update(env or {})
+    if cli_template.usable(args, full) and \
+            (done := cli_template.run(list(map(str, args)), full, ROOT, timeout)) is not None:
+        return done
     return subprocess.run([sys.executable, "-m", "ratchet.flows.cli", *map(str, args)], cwd=ROOT, env=full,
                           start_new_session=True, capture_output=True, text=True, timeout=timeout,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
