@@ -1,11 +1,12 @@
 """`ratchet run` and `ratchet resume` for the tests, forked from a process that made their imports once.
 
-Each `ratchet run` a test starts imports MLflow with its SQL stores and Ratchet's command-line
-modules before its first stage: about 2.7 s of CPU of the 5 s its own process spends in a tiny
-run, paid again by each of the suite's hundred-odd runs. A template (`serve`, one per test
-process, tests/conftest.py) imports them once and, per request, forks a waiter that forks the
-command: the command's process is then what `python -m ratchet.flows.cli ARGS` would be at its
-first line, with the request's arguments, environment, directory and output pipes, in a session
+Each `ratchet run` a test starts as a command imports MLflow with its SQL stores and Ratchet's
+command-line modules before its first stage: about 2.7 s of CPU of the 5 s its own process spends
+in a tiny run (a busy 2-core machine), paid again by each of the suite's twenty-odd such runs (most
+others run in the test's own process, flows/pipeline.py `execute`, which imports them once). A
+template (`serve`, one per test process, tests/conftest.py) imports them once and, per request,
+forks a waiter that forks the command: the command's process is then what `python -m
+ratchet.flows.cli ARGS` would be at its first line, with the request's arguments, environment, directory and output pipes, in a session
 of its own (as `start_new_session=True` makes it), SIGINT at its default. The waiter passes back
 its pid, then its exit code as `subprocess` reports it (a signal's: its negative). The template
 imports with OpenBLAS's and Arrow's threads off, as the fork server does (data/procs/forkserver.py:
@@ -50,7 +51,8 @@ def serve(path: str) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     if loaded := [n for n in NOT_IMPORTED if n in sys.modules]:
-        raise SystemExit(f"cli template: {loaded} imported by its preload; a forked command would differ from ratchet's")
+        raise SystemExit(f"cli template: its preload imported {loaded}; a command forked from it would not be "
+                         "what a fresh `ratchet` is")
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters are reaped by the kernel
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
         listener.bind(f"{path}.tmp")
