@@ -6,8 +6,9 @@ in a tiny run (a busy 2-core machine), paid again by each of the suite's twenty-
 others run in the test's own process, flows/pipeline.py `execute`, which imports them once). A
 template (`serve`, one per test process, tests/conftest.py) imports them once and, per request,
 forks a waiter that forks the command: the command's process is then what `python -m
-ratchet.flows.cli ARGS` would be at its first line, with the request's arguments, environment, directory and output pipes, in a session
-of its own (as `start_new_session=True` makes it), SIGINT at its default. The waiter passes back
+ratchet.flows.cli ARGS` would be at its first line, with the request's arguments, environment,
+directory and output pipes, in a session of its own (as `start_new_session=True` makes it), SIGINT
+at its default. The waiter passes back
 its pid, then its exit code as `subprocess` reports it (a signal's: its negative). The template
 imports with OpenBLAS's and Arrow's threads off, as the fork server does (data/procs/forkserver.py:
 a process with threads must not fork), so the command's NumPy computes on one thread.
