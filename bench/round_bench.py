@@ -51,7 +51,8 @@ def stage_work(stage: str, metrics: dict[str, float]) -> float:
 
 
 def read(workdir: Path) -> dict:
-    """A workdir's one run: its rounds (wall from MLflow, work and stage costs from the manifests)."""
+    """A workdir's rounds (wall from MLflow, work and stage costs from the manifests): its run's, or
+    where it was continued (more rounds, a resume), each round from the run that made it."""
     from mlflow.tracking import MlflowClient
 
     from ratchet.data.manifest import read_manifest
@@ -59,11 +60,19 @@ def read(workdir: Path) -> dict:
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
     runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    if len(parents) != 1:
-        raise SystemExit(f"{workdir}: expected one pipeline run, found {len(parents)}; use a fresh workdir")
-    parent = parents[0]
-    children = {int(r.info.run_name.split("-")[1]): r for r in runs
-                if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    if not parents:
+        raise SystemExit(f"{workdir}: no pipeline run in its MLflow store")
+    # a run continued in the same workdir (more rounds, or a resume) is a second pipeline run that
+    # reuses the first one's rounds in seconds: each round's wall is that of the run that made it,
+    # the longest of its MLflow runs
+    wall_of = lambda r: (r.info.end_time or r.info.start_time) - r.info.start_time
+    children: dict = {}
+    ids = {p.info.run_id for p in parents}
+    for r in runs:
+        if r.data.tags.get("mlflow.parentRunId") in ids:
+            k = int(r.info.run_name.split("-")[1])
+            if k not in children or wall_of(r) > wall_of(children[k]):
+                children[k] = r
     stages: dict[int, list] = {}
     for d in (workdir / "stages").iterdir():
         if (m := read_manifest(d)) is not None and m.round in children and m.stage not in ("prompts", "base"):
@@ -88,7 +97,7 @@ def read(workdir: Path) -> dict:
             else:
                 costs[kind] = costs.get(kind, 0) + m.wall_s - stage_work(m.stage, x)
         rounds[k] = {"wall": wall, "work": work, "costs": costs}
-    whole = (parent.info.end_time - parent.info.start_time) / 1000
+    whole = sum(wall_of(p) for p in parents) / 1000
     return {"rounds": rounds, "run_wall": whole}
 
 
