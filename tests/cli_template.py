@@ -46,6 +46,7 @@ NOT_IMPORTED = ("prefect", "torch", "transformers")  # what the command must imp
 
 def serve(path: str) -> None:
     """The template: PRELOAD imported, then a waiter forked per request on the socket at `path`."""
+    from ratchet.data.procs import forkserver
     from ratchet.data.procs.lifetime import die_with_parent
 
     die_with_parent()
@@ -55,32 +56,21 @@ def serve(path: str) -> None:
         raise SystemExit(f"cli template: its preload imported {loaded}; a command forked from it would not be "
                          "what a fresh `ratchet` is")
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters are reaped by the kernel
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
-        listener.bind(f"{path}.tmp")
-        os.chmod(f"{path}.tmp", 0o600)
-        listener.listen(16)
-        os.rename(f"{path}.tmp", path)  # there once it listens
+    with forkserver.listening(path) as listener:
         while True:
             conn, _ = listener.accept()
-            fds: list[int] = []
-            try:
-                msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
-                req = json.loads(msg)
-                if len(fds) != 2 or (threads := len(os.listdir("/proc/self/task"))) != 1:
-                    raise ValueError(f"{len(fds)} descriptors, {threads} threads")
-            except (OSError, ValueError) as e:
-                print(f"cli template: a request refused ({e})", file=sys.stderr, flush=True)
-                conn.close()
+            if (got := forkserver.received(conn, 2, "cli template")) is not None:
+                req, fds = got
+                if (why := forkserver._unsafe()) is not None:  # a thread would be lost in the fork
+                    print(f"cli template: a request refused ({why})", file=sys.stderr, flush=True)
+                else:
+                    sys.stderr.flush()
+                    if os.fork() == 0:
+                        listener.close()
+                        _wait_for_command(conn, req, fds)
                 for fd in fds:
                     os.close(fd)
-                continue
-            sys.stderr.flush()
-            if os.fork() == 0:
-                listener.close()
-                _wait_for_command(conn, req, fds)
             conn.close()
-            for fd in fds:
-                os.close(fd)
 
 
 def _wait_for_command(conn: socket.socket, req: dict, fds: list[int]) -> None:
@@ -123,7 +113,7 @@ def _command(req: dict, fds: list[int]) -> None:
         os._exit(1)
 
 
-def usable(args: tuple[str, ...], env: dict[str, str]) -> bool:
+def usable(args, env: dict[str, str]) -> bool:
     """A run or resume arming no failpoints, where the template listens."""
     return bool(args) and args[0] in COMMANDS and os.path.exists(os.environ.get(ENV, "")) \
         and not env.get("RATCHET_FAILPOINTS")
@@ -132,6 +122,7 @@ def usable(args: tuple[str, ...], env: dict[str, str]) -> bool:
 def run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess | None:
     """`ratchet ARGV` forked from the template, as `subprocess.run(..., capture_output=True, text=True)`
     returns it; None where the template does not answer (the caller starts a fresh interpreter)."""
+    cmd = [sys.executable, "-m", "ratchet.flows.cli", *argv]  # what it stands for
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -165,12 +156,11 @@ def run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subp
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)  # unreaped until the waiter hears of it: still the command's pid
-            raise subprocess.TimeoutExpired([sys.executable, "-m", "ratchet.flows.cli", *argv], timeout) from None
+            raise subprocess.TimeoutExpired(cmd, timeout) from None
     for t in readers:
         t.join()
     text = lambda b: b.decode().replace("\r\n", "\n").replace("\r", "\n")  # as subprocess's text mode reads it
-    return subprocess.CompletedProcess([sys.executable, "-m", "ratchet.flows.cli", *argv], code,
-                                       text(read[out_r]), text(read[err_r]))
+    return subprocess.CompletedProcess(cmd, code, text(read[out_r]), text(read[err_r]))
 
 
 @contextlib.contextmanager

@@ -284,6 +284,40 @@ def fork_server(channel: Channel, preload: list[str]) -> int:
 TEMPLATE = "RATCHET_FORK_TEMPLATE"  # a template's socket: a run started with it set forks its server from it
 
 
+@contextlib.contextmanager
+def listening(path: str):
+    """A Unix socket (SOCK_SEQPACKET) listening at `path` for this user alone (mode 600: what connects
+    has its requests forked), there once it listens."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+        listener.bind(f"{path}.tmp")
+        os.chmod(f"{path}.tmp", 0o600)
+        listener.listen(16)
+        os.rename(f"{path}.tmp", path)
+        yield listener
+
+
+def received(conn, n_fds: int, who: str) -> tuple[dict, list[int]] | None:
+    """A request on `conn`: its JSON object and the `n_fds` descriptors that came with it; None for a
+    request that is not that (refused, said on stderr, its descriptors closed)."""
+    import json
+    import socket
+
+    fds: list[int] = []
+    try:
+        msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, n_fds)
+        req = json.loads(msg)
+        if len(fds) != n_fds or not isinstance(req, dict):
+            raise ValueError(f"a request with {len(fds)} descriptors")
+        return req, fds
+    except (OSError, ValueError) as e:
+        print(f"{who}: a request refused ({e})", file=sys.stderr, flush=True)
+        for fd in fds:
+            os.close(fd)
+        return None
+
+
 @entry
 def template(path: str, preload: list[str]) -> int:
     """A template for fork servers, for a process that starts many runs one after another (the
@@ -306,26 +340,14 @@ def template(path: str, preload: list[str]) -> int:
     for name in preload:
         _preload(name)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children are reaped by the kernel
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
-        listener.bind(f"{path}.tmp")
-        os.chmod(f"{path}.tmp", 0o600)  # its children run whatever entry a request names: this user's alone
-        listener.listen(16)
-        os.rename(f"{path}.tmp", path)  # the socket is there once it is ready
+    with listening(path) as listener:
         print(f"fork template: imported {len(preload)} modules; listening on {path}", file=sys.stderr, flush=True)
         while True:
             conn, _ = listener.accept()
             with conn:
-                fds: list[int] = []
-                try:
-                    msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
-                    req = json.loads(msg)
-                    if len(fds) != 3 or not isinstance(req, dict):
-                        raise ValueError(f"a request with {len(fds)} descriptors")
-                except (OSError, ValueError) as e:
-                    print(f"fork template: a request refused ({e})", file=sys.stderr, flush=True)
-                    for fd in fds:
-                        os.close(fd)
+                if (got := received(conn, 3, "fork template")) is None:
                     continue
+                req, fds = got
                 if (why := _unsafe()) is not None:
                     reply, pidfd = {"refused": why}, None
                 else:

@@ -62,10 +62,10 @@ def ratchet(*args, api_url: str | None, env: dict | None = None, timeout: int = 
         full.pop("PREFECT_API_URL")
     full.pop("RATCHET_FAILPOINTS", None)
     full.update(env or {})
-    if cli_template.usable(args, full) and \
-            (done := cli_template.run(list(map(str, args)), full, ROOT, timeout)) is not None:
+    argv = [str(a) for a in args]
+    if cli_template.usable(argv, full) and (done := cli_template.run(argv, full, ROOT, timeout)) is not None:
         return done
-    return subprocess.run([sys.executable, "-m", "ratchet.flows.cli", *map(str, args)], cwd=ROOT, env=full,
+    return subprocess.run([sys.executable, "-m", "ratchet.flows.cli", *argv], cwd=ROOT, env=full,
                           start_new_session=True, capture_output=True, text=True, timeout=timeout,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
