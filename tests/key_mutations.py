@@ -220,6 +220,10 @@ def note(self, name, round, body, config, keyed, code, parents, role=None):
     return real(self, name, round, body, config, keyed, code, parents, role)
 
 Planner.stage = note
+# nothing is installed while the edits run: each distribution's version is read once, not at every
+# kept answer's check (thousands of them)
+import functools
+code_reach.installed = functools.lru_cache(maxsize=None)(code_reach.installed)
 records = {}  # (config, stage, round) -> (body, job, keyed)
 
 def collect(path):
@@ -512,8 +516,9 @@ def user_edits(ws: Path) -> list[tuple[Edit, str, list[Path]]]:
 # -- the run ----------------------------------------------------------------------------------
 
 def workspace(ws: Path) -> list[Path]:
-    for layer in LAYERS:
-        shutil.copytree(ROOT / layer, ws / "pkg" / "ratchet" / layer, ignore=shutil.ignore_patterns("__pycache__"))
+    for layer in LAYERS:  # with their compiled modules (`make test` compiles them): each copy keeps its
+        # source's mtime, so a module's bytecode holds until an edit, which Python then compiles afresh
+        shutil.copytree(ROOT / layer, ws / "pkg" / "ratchet" / layer)
     # the shipped configs name the examples by paths from the repository's root, where the worker runs
     shutil.copytree(ROOT / "examples", ws / "examples", ignore=shutil.ignore_patterns("__pycache__"))
     model(ws)
