@@ -436,33 +436,15 @@ DISTRIBUTION_SETS = 4  # sets of installed distributions kept in the cache at on
 def installed(name: str) -> str:
     """The distribution(s) and version(s) that provide the import name `name`, as keyed: e.g.
     "math-verify==0.9.0"; "" where none is installed (a module of no distribution)."""
-    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import PackageNotFoundError, version
 
     out = []
     for dist in sorted(set(_distributions().get(name, ()))):
         try:
-            out.append(f"{dist}=={version_of(dist)}")
+            out.append(f"{dist}=={version(dist)}")
         except PackageNotFoundError:
             pass
     return ",".join(out)
-
-
-def version_of(dist: str) -> str:
-    """`importlib.metadata.version(dist)`, read from the metadata file's headers alone: the library's
-    answer parses the whole file as an e-mail message (a long description and all), about 1.5 ms a
-    distribution, and a plan asks some fifty times. The first header named Version, in any case,
-    as the e-mail parser finds it; the library's answer where the headers hold none."""
-    from importlib.metadata import distribution
-
-    found = distribution(dist)
-    text = found.read_text("METADATA") or found.read_text("PKG-INFO") or ""
-    for line in text.splitlines():
-        if not line.strip():  # the headers end at the first blank line
-            break
-        field, sep, value = line.partition(":")
-        if sep and not line[:1].isspace() and field.strip().lower() == "version":
-            return value.strip()
-    return found.version
 
 
 def _still(kept: dict) -> bool:
@@ -529,11 +511,6 @@ def keep_answer(key: str, entry: dict, file: str = ANSWERS, newest: int | None =
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
         tmp.write_text(json.dumps(kept))
         os.replace(tmp, path)
-        # what this process wrote is what it reads next (not parsed again: the file is megabytes on
-        # a machine that has keyed many versions); were another process to write between the two
-        # lines, its answer is missed here, and worked out again: every answer is checked before use
-        st = path.stat()
-        _kept_read[str(path)] = ((st.st_ino, st.st_size, st.st_mtime_ns), kept)
     except (OSError, RuntimeError):
         pass
 

@@ -283,29 +283,6 @@ def test_the_installed_distributions_are_read_once_for_each_set_of_them(tmp_path
         code_reach._distributions.cache_clear()
 
 
-def test_a_keyed_version_is_the_one_importlib_reads(tmp_path, monkeypatch):
-    """The version a key holds (`version_of`, which reads the metadata's headers alone) is
-    importlib.metadata's for every distribution installed here, and for a metadata file whose
-    long description holds a line that looks like a Version header, and one spelled in lower case."""
-    import importlib.metadata
-    import sys
-
-    from ratchet.tasks.runner.code_reach import version_of
-
-    names = {d.metadata["Name"] for d in importlib.metadata.distributions()}
-    assert len(names) > 50
-    assert {n: version_of(n) for n in names} == {n: importlib.metadata.version(n) for n in names}
-    site = tmp_path / "site"
-    for dist, text in [("tricky", "Metadata-Version: 2.1\nName: tricky\nSummary: a\n  Version: 9 (folded)\n"
-                                  "Version: 1.2\n\nVersion: 3.4 in the description\n"),
-                       ("lower", "Name: lower\nversion: 0.5\n"), ("none", "Name: none\n\nVersion: 7\n")]:
-        (site / f"{dist}-0.dist-info").mkdir(parents=True)
-        (site / f"{dist}-0.dist-info" / "METADATA").write_text(text)
-    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
-    assert [version_of(n) for n in ("tricky", "lower", "none")] == \
-        [importlib.metadata.version(n) for n in ("tricky", "lower", "none")] == ["1.2", "0.5", None]
-
-
 def test_a_file_edited_while_its_stage_runs_is_never_recorded_under_the_older_digest(tmp_path, monkeypatch):
     """Each file a stage's key was made from is digested again before its manifest is written: a data
     file, a user function's helper, a module of code the body runs. An edit to any fails the stage,
