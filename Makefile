@@ -9,7 +9,8 @@ STAMP := $(VENV)/.ratchet-installed
 
 # The package's and the tests' modules compiled ahead (only those changed since: a second or two), as
 # pip does for a wheel: an editable install has none, and where PYTHONDONTWRITEBYTECODE is set
-# (container images set it) every interpreter the suite starts compiled them again, about 0.3 s each.
+# (as container images often do) every command and every interpreter the suite starts compiled them
+# again, about 0.3 s each.
 # Python still checks each against its source's mtime and size, and compiles an edited one again.
 COMPILE = $(BIN)/python -m compileall -q -j 2 data models tasks flows tests bench > /dev/null
 
