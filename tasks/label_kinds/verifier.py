@@ -86,6 +86,12 @@ class VerifyWork(UnitWork):
     def close(self, engine) -> None:
         pass
 
+    def threads(self, n: int | None) -> int:
+        """None: no engine computes here, so this process's torch threads are not the work's to read or
+        set. The stage runs in the run's own process (the kind runs no model), where reading them
+        imported torch: 3 s of CPU and torch's memory at a run's first label, for nothing."""
+        return 0
+
     def run(self, engine, chunk: list[Completion], seed: int):
         return checked(self.check, chunk)
 

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from ratchet.data.checkers import NumberCheck
@@ -76,6 +78,26 @@ def test_verify_and_reward_stats(tmp_path):
         "correct_frac": 0.75, "pass_at_n": 1.0, "all_correct_frac": 0.5})
     with pytest.raises(ConfigError, match="data.answer_field"):
         _verify(tmp_path / "b", [comps[0].model_copy(update={"answer": None})], NumberCheck())
+
+
+def test_the_verifier_checks_answers_without_importing_torch(tmp_path):
+    """The verifier's label stage runs in the run's own process (its kind runs no model): its units
+    import no torch there, which the run's process would otherwise carry from its first label on."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from tests.tasks.test_filter_label import _verify, _comps\n"
+        "from ratchet.data.checkers import NumberCheck\n"
+        f"labeled, _ = _verify(__import__('pathlib').Path({str(tmp_path)!r}), _comps('a', '3', ['3', '4', 'x 3']), "
+        "NumberCheck())\n"
+        "print(json.dumps({'rewards': [r.reward for r in labeled], 'torch': 'torch' in sys.modules}))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"rewards": [1.0, 0.0, 1.0], "torch": False}
 
 
 def _comps(pid, answer, texts):
