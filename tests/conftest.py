@@ -7,6 +7,10 @@ import tempfile
 from pathlib import Path
 
 _STATE = tempfile.mkdtemp(prefix="ratchet-tests-")
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+
+atexit.register(shutil.rmtree, _STATE, ignore_errors=True)  # gone with the process that made it (its servers stop first)
 os.environ.setdefault("PREFECT_HOME", os.path.join(_STATE, "prefect"))
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
