@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 _STATE = tempfile.mkdtemp(prefix="ratchet-tests-")
-import atexit  # noqa: E402
-import shutil  # noqa: E402
-
 atexit.register(shutil.rmtree, _STATE, ignore_errors=True)  # gone with the process that made it (its servers stop first)
 os.environ.setdefault("PREFECT_HOME", os.path.join(_STATE, "prefect"))
 os.environ.setdefault("DO_NOT_TRACK", "1")

@@ -89,10 +89,10 @@ def test_the_verifier_checks_answers_without_importing_torch(tmp_path):
 
     code = (
         "import json, sys\n"
+        "from pathlib import Path\n"
         "from tests.tasks.test_filter_label import _verify, _comps\n"
         "from ratchet.data.checkers import NumberCheck\n"
-        f"labeled, _ = _verify(__import__('pathlib').Path({str(tmp_path)!r}), _comps('a', '3', ['3', '4', 'x 3']), "
-        "NumberCheck())\n"
+        f"labeled, _ = _verify(Path({str(tmp_path)!r}), _comps('a', '3', ['3', '4', 'x 3']), NumberCheck())\n"
         "print(json.dumps({'rewards': [r.reward for r in labeled], 'torch': 'torch' in sys.modules}))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).parents[2])
