@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 import time
@@ -173,22 +172,19 @@ def overrides(a, with_demos: bool = True) -> list[str]:
         out.append(f"sampler.max_model_len={a.context}")
     if a.fresh and a.task == "addition":  # the gate's set: the target (every level is evaluated on its own set
         # besides; the task's own split would be their prompts again)
-        out.append(f"evaluate.sets=[{{name: target, data: {{kind: file, "
-                   f"path: {Path(a.workdir) / f'target-{a.target}.jsonl'}, "
-                   "check: {kind: number, max_numbers: 200}}}]")
+        out.append(target_sets(a))
     if with_demos:
         out.append(f"cold_start={{demonstrations: {Path(a.workdir) / 'demonstrations.jsonl'}, train: {{epochs: "
                    f"{a.demo_epochs}, max_length: {a.max_tokens + 64}}}}}")
     return out
 
 
-def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 0.0
-    d = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / d
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return mid - half, mid + half
+def target_sets(a, beside: bool = False) -> str:
+    """evaluate.sets with the target set: the only one (the gate), or beside the run's own held-out
+    set, which stays the gate (`--evaluate`: a finished run's version measured on it afterwards)."""
+    target = (f"{{name: target, data: {{kind: file, path: {Path(a.workdir) / f'target-{a.target}.jsonl'}, "
+              "check: {kind: number, max_numbers: 200}}}")
+    return f"evaluate.sets=[{'{name: heldout}, ' if beside else ''}{target}]"
 
 
 def work_seconds(workdir: Path, rounds) -> dict[int, float]:
@@ -270,6 +266,8 @@ def plot(rounds, path: Path, labeled_to: int, at: float) -> list[tuple[int, int,
 def table(a, rep) -> str:
     """Per round: the level it trained at, its work seconds, the target set and each level's held-out
     accuracy; then each round's label precision by level. `rep`: `report(a)`."""
+    from ratchet.flows.api import wilson
+
     levels = sorted({int(n.removeprefix("level_")) for r in rep.rounds for n in r.sets if n.startswith("level_")})
     lines = [f"{'round':>5} {'level':>5} {'work s':>7} {'target':>16} "
              + " ".join(f"{'L' + str(n):>5}" for n in levels)]
@@ -353,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", type=int, default=200, help="the target set's prompts (0: none)")
     ap.add_argument("--tokens", action="store_true", help="print the form's tokens per digit and stop")
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--evaluate", metavar="VERSION", help="measure a version of the run (made with --fresh 0; "
+                    "give the same arguments) on --fresh prompts of --target digits, its gate unchanged "
+                    "(`ratchet evaluate`), and stop")
     ap.add_argument("--plot", type=Path, help="also draw the digits reached and the label precision per round "
                     "(a PNG at this path), beside Lee et al.'s one digit a round")
     ap.add_argument("--reach", type=float, default=0.5, help="--plot: the held-out share a level counts as reached at")
@@ -368,6 +369,14 @@ def main(argv: list[str] | None = None) -> int:
         for n, t in tokens_per_digit(FORMS[a.form], [1, 2, 4, 8, 16, 32]).items():
             print(f"{n:>2} digits: {t:.1f} tokens a digit ({t * n:.0f} an answer)")
         return 0
+    if a.evaluate:  # a version of the run (made with --fresh 0) on the target set, beside its own gate
+        if a.task != "addition" or not a.fresh:
+            ap.error("--evaluate measures a version on the target set: addition, with --fresh N")
+        print(f"target set {target_set(a)}", flush=True)
+        cmd = [sys.executable, "-m", "ratchet.flows.cli", "evaluate", str(config(a)), a.evaluate, "--set", "target",
+               *overrides(argparse.Namespace(**{**vars(a), "fresh": 0})), target_sets(a, beside=True)]
+        print(" ".join(cmd), flush=True)
+        return subprocess.run(cmd).returncode
     if not a.table_only:
         t0 = time.time()
         print(f"{demonstrations(a)}; target set {target_set(a) if a.fresh else 'none'}", flush=True)

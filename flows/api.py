@@ -330,6 +330,93 @@ def verify(where: Where = None, version: str | None = None, stages: list[str] | 
     return Verification(number, said, path, verdicts, logged)
 
 
+def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a share `p` of `n` (95% at z = 1.96): what a held-out accuracy
+    on n prompts can say."""
+    import math
+
+    if n == 0:
+        return 0.0, 0.0
+    d = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / d
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+@dataclass(frozen=True)
+class SetAccuracy:
+    """A version's accuracy on one held-out set, and the evaluate stage that holds its answers."""
+
+    name: str
+    accuracy: float
+    prompts: int
+    stage_dir: str
+    reused: bool  # the stage was in the store already (a round of a run, or an earlier `evaluate`)
+    wall_s: float  # what the stage took when it was made
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson(self.accuracy, self.prompts)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """`ratchet evaluate`: a registered version on held-out sets."""
+
+    version: str
+    made_by: str
+    policy: str  # the stage directory of the version's model
+    sets: list[SetAccuracy]
+
+
+def evaluate(where: Where = None, version: str = "champion", sets: list[str] | tuple[str, ...] = (),
+             overrides: list[str] | tuple[str, ...] = (), *, workdir: str | Path | None = None,
+             run: str | None = None, say=lambda line: None) -> Evaluation:
+    """`ratchet evaluate`: `version`'s held-out accuracy on the config's sets (evaluate.sets and each
+    level's; `sets`: only these), each an evaluate stage keyed as a round's is: where a round (or an
+    earlier call) evaluated this model on the same set, that stage is read, not run again; a set
+    the config adds (evaluate.sets=[...]) is evaluated and kept in the store. The names, the version
+    and every set's data are checked before a model is loaded. Nothing is logged to MLflow: the
+    version's round stays as its run recorded it."""
+    from ratchet.data.errors import RatchetError
+    from ratchet.flows.inputs import check_data, with_sets
+    from ratchet.flows.lineage import version_manifest
+    from ratchet.flows.shape import held_out
+    from ratchet.tasks import evaluate as evaluating, prepare
+    from ratchet.tasks.runner.declare import At
+
+    chosen = _chosen(where, overrides, workdir, run, need=False)
+    cfg = chosen.cfg
+    names = [s.name for s, _ in cfg.eval_stages()]
+    if unknown := [s for s in sets if s not in names]:
+        raise RatchetError(f"--set {' '.join(unknown)}: not a held-out set of this config, which has "
+                           f"{', '.join(names)}; add one with evaluate.sets=[..., {{name: NAME, data: {{kind: file, "
+                           "path: FILE}}]")
+    store, tracker = _store(chosen), _reading(chosen)
+    number = version_number(tracker, version)
+    said = made_by(tracker, number, run)
+    policy = version_manifest(store, tracker, number)
+    store.verify(policy)
+    split, held = check_data(cfg)
+    at = At(cfg, store, None, 0, with_sets(split, held).digests)
+
+    class Steps:  # flows/shape.py held_out's steps: each stage made (or read) here, recorded for no run
+        @staticmethod
+        def run(stage, k, *inputs):
+            return stage.call(at, k, *inputs)[0]
+
+    prompts = Steps.run(prepare.PROMPTS, 0)
+    out = []
+    for target in held_out(cfg, Steps, prompts):
+        if sets and target.name not in sets:
+            continue
+        say(f"evaluating version {number} on {target.name} ...")
+        m, reused = evaluating.STAGE.call(at, policy.round, policy, target)
+        out.append(SetAccuracy(target.name, m.metrics["accuracy"], int(m.metrics.get("eval_prompts", 0)), m.dir,
+                               reused, m.wall_s))
+    return Evaluation(number, said, policy.dir, out)
+
+
 @dataclass(frozen=True)
 class Exported:
     model: str  # the MLflow registered model

@@ -484,6 +484,21 @@ def cmd_verify(args) -> int:
     return 1 if counts["differs"] else 0
 
 
+def cmd_evaluate(args) -> int:
+    """A registered version's held-out accuracy on the config's sets, each a keyed evaluate stage."""
+    from ratchet.flows import api
+
+    chosen, (target,) = _chosen(args, "evaluate", ["VERSION"], required=1, need=False)
+    done = api.evaluate(chosen, target, args.set or [], run=args.run, say=print)
+    print(done.made_by)
+    for s in done.sets:
+        lo, hi = s.interval
+        how = "read: evaluated before" if s.reused else f"evaluated now in {s.wall_s:.0f} s"
+        print(f"  {s.name:<14} {s.accuracy:7.1%} of {s.prompts:<5} (95% interval {lo:.1%}-{hi:.1%})  {s.stage_dir} "
+              f"({how})")
+    return 0
+
+
 def cmd_plan(args) -> int:
     """What a run would do, before it starts: each stage reused, stale (and why), to run, or waiting."""
     import json
@@ -685,6 +700,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "a number, models:/NAME/N or 'champion' (default: the run's newest)")
     s.add_argument("--stage", action="append", default=None, metavar="STAGE", help="verify only this stage of the "
                    "chain (train, or train:2 for round 2's; repeat for more)")
+    s = _run_command(sub, "evaluate", cmd_evaluate, "a registered version's held-out accuracy on the config's "
+                     "sets, or on a set added with evaluate.sets=[...]",
+                     "Evaluate a model version (a number, models:/NAME/N or 'champion') on every held-out set of "
+                     "the config, as a round evaluates its model (greedy, evaluate.dtype, the set's check), each with "
+                     "its Wilson 95% interval. Each set is an evaluate stage in the store, keyed by the model, the "
+                     "prompts and how they are scored: a set a round already evaluated this model on is read, not "
+                     "run again, and a set added by an override (evaluate.sets=[{name: heldout}, {name: NAME, "
+                     "data: {kind: file, path: FILE}}]) is evaluated once and kept. Nothing is logged to MLflow.",
+                     args="VERSION ", tail=" [--set NAME ...]", words="VERSION")
+    s.add_argument("--set", action="append", default=None, metavar="NAME", help="evaluate only this set "
+                   "(heldout, level_3, a name evaluate.sets gives; repeat for more)")
     _run_command(sub, "plan", cmd_plan, "say, before a run, which stages it would reuse, re-run or run, and why",
                  "For every stage of every round: reused (a finished stage with its key is in the store), stale "
                  "(this run finished it under another key: the config fields, files, code definitions or parents "

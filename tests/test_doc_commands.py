@@ -139,7 +139,7 @@ def test_the_config_table_lists_every_shipped_config():
 # stops there, saying which run it would start or continue, from which version. They run with
 # `--verbose`, which changes only where their output goes (without it the command moves this
 # process's stdout and stderr to the run's log for good).
-READERS = ("resume", "lineage", "runs", "report", "export", "verify", "plan", "gc")
+READERS = ("resume", "lineage", "runs", "report", "export", "verify", "evaluate", "plan", "gc")
 RUN_NAME = re.compile(r"[a-z][\w-]*-[0-9a-f]{10}")
 
 
@@ -193,6 +193,9 @@ PROMISED = [
     (["verify", "--version", "1", "--run", "RUN", "--workdir", "W"], 0, "2 identical, 0 differs"),
     (["verify", "CONFIG", "--stage", "nothing"], 1, "--stage nothing names no stage of this chain"),
     (["report", "CONFIG", "--no-log"], 0, "page: "),  # with the verdicts verify wrote (below)
+    # evaluate: a version on the run's sets, read where its round evaluated it; a set the config lacks
+    (["evaluate", "2", "--set", "heldout", "--workdir", "W", "--run", "RUN"], 0, "(read: evaluated before)"),
+    (["evaluate", "CONFIG", "champion", "--set", "nope"], 1, "--set nope: not a held-out set of this config"),
     # gc: every run of the workdir at once
     (["gc", "CONFIG", "--run", "RUN"], 1, "leave out --run"),
     (["gc", "CONFIG", "--all", "--models", "--dry-run"], 0, "would remove"),
@@ -226,7 +229,8 @@ def on_the_run(recorded_run, monkeypatch, tmp_path, capsys):
     words = {"prompts:/NAME/N": v2.tags["ratchet.prompt"], "CONFIG": str(rec.config), "RUN": rec.run,
              "W": str(rec.work), "VERSION": "2", "NAME": tracker.model_name, "ROUND_RUN_ID": v2.run_id,
              "PROMPT": v2.tags["ratchet.prompt"].split("/")[1], "STAGE_DIR": v2.tags["ratchet.stage_dir"],
-             "DIGEST": next((rec.work / "code").glob("*.json")).stem, "key=value": "rounds=1", "STAGE": "filter"}
+             "DIGEST": next((rec.work / "code").glob("*.json")).stem, "key=value": "rounds=1", "STAGE": "filter",
+             "SET": "heldout"}
     outs = iter(range(1000))
     placeholder = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, words)) + r")(?![\w-])")
 
@@ -342,6 +346,9 @@ def test_the_api_reads_the_recorded_run_as_the_commands_do(recorded_run, monkeyp
     assert checked.counts == {"identical": 1, "differs": 0, "not re-runnable": 0} and checked.path.is_file()
     done = api.export(rec.config, "champion", tmp_path / "out")
     assert done.version == listing.champion and (done.path / "config.json").is_file()
+    scored = api.evaluate(rec.config, "2")  # a pair's, read where its round evaluated it
+    [heldout] = scored.sets
+    assert heldout.reused and heldout.accuracy == next(e.accuracy for e in listing.runs[0].entries if e.version == "2")
 
 
 @pytest.mark.integration

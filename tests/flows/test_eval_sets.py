@@ -58,11 +58,12 @@ def test_a_sets_file_is_read_whole_and_checked_against_the_task(tmp_path):
 
 
 @pytest.mark.integration
-def test_every_set_is_evaluated_logged_and_keyed_on_its_own(tiny_model, tmp_path, prefect_harness):
+def test_every_set_is_evaluated_logged_and_keyed_on_its_own(tiny_model, tmp_path, prefect_harness, capsys):
     """Guards several held-out sets a round (the module's promise, end to end): each set evaluated
     each round, logged per set in MLflow, shown on the console, in the report and on every model
-    version, and an edit to one set's file re-runs only that set's stages. Slow: a CLI run, then
-    the edited run in this process."""
+    version, and an edit to one set's file re-runs only that set's stages; `ratchet evaluate` reads
+    a version's sets from its round and evaluates a set added later. Slow: a CLI run, then the
+    edited run in this process."""
     from mlflow.tracking import MlflowClient
     from prefect.settings import PREFECT_API_URL
 
@@ -107,6 +108,26 @@ def test_every_set_is_evaluated_logged_and_keyed_on_its_own(tiny_model, tmp_path
     new = sorted(two[n][0] for n in two if n not in one)
     # the two rounds' models on the new set, and the champion (first run's) again before the gate compares
     assert new == ["evaluate.reg", "evaluate.reg", "prompts.reg"], new
+
+    # `ratchet evaluate`: a version on the run's sets reads what its round made; a set added by an
+    # override is evaluated once and kept; a set the config lacks is refused before any model loads
+    from ratchet.data.errors import RatchetError
+    from ratchet.flows.cli import main
+
+    more = _rows(tmp_path / "more.jsonl", [{"prompt": f"What is {a} times 4?", "answer": str(4 * a)} for a in range(5)])
+    plus = [*args[1:-1], _sets({"name": "task"}, {"name": "reg", "data": {"kind": "file", "path": str(reg)}},
+                                {"name": "more", "data": {"kind": "file", "path": str(more)}})]
+    done = python_api.evaluate(CONFIG, "2", overrides=plus)
+    by = {s.name: s for s in done.sets}
+    assert list(by) == ["task", "reg", "more"] and done.made_by.endswith("round 1")
+    assert by["task"].reused and by["reg"].reused and not by["more"].reused
+    assert by["task"].accuracy == m["evaluate.accuracy"] and by["more"].prompts == 5
+    assert _stages(work)[by["task"].stage_dir.split("/")[1]][2:4] == two[by["task"].stage_dir.split("/")[1]][2:4]
+    assert main(["evaluate", str(CONFIG), "2", "--set", "more", *plus]) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  more ")]
+    assert f"{by['more'].accuracy:.1%} of 5 " in line and line.endswith(f"{by['more'].stage_dir} (read: evaluated before)")
+    with pytest.raises(RatchetError, match="--set gone: not a held-out set of this config, which has task, reg, more"):
+        python_api.evaluate(CONFIG, "2", ["gone"], overrides=plus)
 
 
 @pytest.mark.integration
