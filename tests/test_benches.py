@@ -212,3 +212,21 @@ def test_the_grow_bench_plots_the_digits_reached_and_the_label_precision_per_rou
     png = tmp_path / "grow.png"
     assert bench["plot"](rounds, png, 2, 0.5) == [(0, 2, None), (1, 3, 0.92), (2, 1, 0.5)]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_grow_bench_s_target_set_is_the_gate_or_beside_the_run_s_own(tmp_path):
+    """--fresh N: the target set is the run's gate; --evaluate: it is evaluated beside the run's own
+    held-out set, which stays the gate, so the run's rounds are the same run's."""
+    from ratchet.flows.config import load_config
+
+    bench = runpy.run_path(str(BENCH / "grow_bench.py"))
+    a = Namespace(workdir=tmp_path, target=16)
+    (tmp_path / "target-16.jsonl").write_text('{"prompt": "What is 1000000000000000 + 1000000000000000?", '
+                                              '"answer": "2000000000000000"}\n')
+    config = bench["config"](Namespace(task="addition"))
+    gate = load_config(config, [bench["target_sets"](a)]).evaluate
+    beside = load_config(config, [bench["target_sets"](a, beside=True)]).evaluate
+    assert [s.name for s in gate.sets] == ["target"] and gate.gate_set == "target"
+    assert [s.name for s in beside.sets] == ["heldout", "target"] and beside.gate_set == "heldout"
+    assert beside.sets[0] == load_config(config).evaluate.sets[0]  # the run's own, as it was
+    assert beside.sets[1].data.path == str(tmp_path / "target-16.jsonl")
