@@ -117,8 +117,12 @@ class Planner:
             self.steps.append(Step(stage, round, "reused", f"finished in {found.dir}{note}", key, found.dir))
             return found, True
         mine, theirs = self._earlier(stage, round)
+        planned = {s.dir for s in self.steps if s.state == "reused"}  # a sibling this plan reuses (a voter
+        # beside the policy, an evaluation of another set) is not an earlier version of this stage
+        mine, theirs = [m for m in mine if m.dir not in planned], [m for m in theirs if m.dir not in planned]
         if not mine and not theirs:
-            self.steps.append(Step(stage, round, "to run", "no finished stage with this key", key))
+            self.steps.append(Step(stage, round, "to run", "no finished stage with this key" + self._started(stage, key),
+                                   key))
         else:  # the earlier stage closest to this one: the fewest differences, then the newest
             newest = sorted(mine or theirs, key=lambda m: m.created_at, reverse=True)
             why, old = min(((self.differences(m, opened, config, keyed, parents), m) for m in newest),
@@ -126,6 +130,18 @@ class Planner:
             since = "" if mine else f"since run {self._owner(old)}: "
             self.steps.append(Step(stage, round, "stale", since + ("; ".join(why) or "its key differs"), key, old.dir))
         return self.placeholder(stage, round, role), False
+
+    def _started(self, stage: str, key: str) -> str:
+        """Where a stage with this key was started and not finished (killed, or running now): what it
+        has done, which a run resumes from."""
+        from ratchet.data.events import read_progress
+
+        d = self.store.stage_dir(stage, key)
+        if not d.is_dir():
+            return ""
+        p = read_progress(d) or {}
+        done = f" ({p['done']} of {p['total']} {p.get('unit', 'unit')}s done)" if p.get("total") else ""
+        return f"; started in {d.relative_to(self.store.root)}{done}, not finished: a run resumes what it kept there"
 
     def _earlier(self, stage: str, round: int) -> tuple[list[StageManifest], list[StageManifest]]:
         """The finished stages of this name and round that this run computed, and those that other

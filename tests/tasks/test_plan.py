@@ -88,6 +88,33 @@ def test_the_plan_keys_as_the_run_and_says_what_differs(tmp_path):
     assert moved["two"].why.startswith("parent one differs (was stages/one-")
 
 
+def test_a_sibling_is_no_earlier_version_and_a_started_stage_says_what_it_kept(tmp_path):
+    """Two stages of one name and round (a voter trained beside the policy): where the plan reuses
+    the first, the second is to run, not stale against its sibling; one a killed run started says
+    where and how far it got, which a run resumes from."""
+    from ratchet.data.events import Progress
+
+    store = ArtifactStore(tmp_path)
+    policy, voter = Job(x=1), Job(x=2)
+    run_stage(store, stage="train", round=1, body=body, code="c", config=policy, parents=[], run="r")
+    planner = Planner(ArtifactStore(tmp_path, create=False), "r")
+    planned = ArtifactStore(tmp_path, create=False, planner=planner)
+    for job in (policy, voter):
+        run_stage(planned, stage="train", round=1, body=body, code="c", config=job, parents=[], run="r")
+    assert [s.state for s in planner.steps] == ["reused", "to run"]
+    assert planner.steps[1].why == "no finished stage with this key"
+
+    started = tmp_path / "stages" / f"train-{planner.steps[1].key[:16]}"  # killed at step 7 of 20
+    started.mkdir()
+    Progress(started, 20, "step", done=7)
+    planner = Planner(ArtifactStore(tmp_path, create=False), "r")
+    planned = ArtifactStore(tmp_path, create=False, planner=planner)
+    for job in (policy, voter):
+        run_stage(planned, stage="train", round=1, body=body, code="c", config=job, parents=[], run="r")
+    assert planner.steps[1].why == (f"no finished stage with this key; started in stages/{started.name} (7 of 20 "
+                                    "steps done), not finished: a run resumes what it kept there")
+
+
 def test_a_plan_loads_no_model_imports_no_torch_and_writes_nothing(tmp_path):
     """`ratchet plan` on the default config in a fresh workdir: every stage to run or waiting, in
     a process that never imported torch or vLLM, and no workdir made."""
