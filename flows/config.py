@@ -191,9 +191,10 @@ def _curriculum_checks(cfg: PipelineConfig) -> list[str]:
     if not cfg.trains_weights():
         out.append("curriculum chooses prompts from the labels of rounds that train weights; improve='prompt' "
                    "labels none: set improve to weights or both, or drop curriculum")
-    if cfg.sample.n < 2:
+    if cfg.sample.n < 2 and not cfg.label.voters():  # a vote across models: each model's one answer is its vote
         out.append(f"curriculum: sample.n={cfg.sample.n} cannot form a band (prompts whose samples pass sometimes: "
-                   "0 < passed < n needs n >= 2); raise sample.n")
+                   "0 < passed < n needs n >= 2); raise sample.n (or vote across models, label.kind=vote, where "
+                   "each model's one answer is its vote)")
     if (hidden := cfg.data.unlabeled_levels()) and c.advance_by == "accuracy":
         out.append(f"curriculum.advance_by='accuracy' moves on by a level's held-out accuracy, which at levels "
                    f"{hidden} (not in data.labeled_levels) would make their references a label; move on by "
@@ -214,6 +215,10 @@ def _cross_checks(cfg: PipelineConfig) -> list[str]:
             f"sampler.max_model_len={cfg.sampler.max_model_len}; raise sampler.max_model_len or lower sample.max_tokens"
         )
     problems += cfg.sampler.backend_kind.run_problems(cfg)
+    if cfg.sample.temperature == 0 and cfg.sample.n > 1 and cfg.sampler.backend_kind.local:
+        problems.append(f"sample.temperature=0 samples greedily, and sample.n={cfg.sample.n} greedy answers to a prompt "
+                        f"are one answer {cfg.sample.n} times (the {cfg.sampler.backend} engine refuses them); set "
+                        "sample.n=1, or sample.temperature above 0")
     problems += _curriculum_checks(cfg)
     if (hidden := cfg.data.unlabeled_levels()) and cfg.label.needs_reference() and \
             cfg.label.scores_with(cfg.data.check).needs_answer:

@@ -87,6 +87,19 @@ def test_a_curriculum_that_cannot_work_is_refused_with_the_fix(settings, says):
         config_from_dict(cfg)
 
 
+def test_a_vote_across_models_climbs_on_one_greedy_answer_a_model_and_greedy_asks_one():
+    """Lee et al.'s loop: each model answers each prompt once, greedily, and the answers vote; a
+    curriculum takes it (each model's answer is its vote, no band of samples needed). More than one
+    greedy answer a prompt is one answer repeated, which the local engines refuse: refused here."""
+    base = {"data": {"kind": "addition", "levels": LEVELS, "labeled_levels": [1], "eval_size": 4, "train_size": 8},
+            "curriculum": {"advance_by": "rounds"}, "filter": {"kind": "length"}}
+    greedy = config_from_dict({**base, "sample": {"n": 1, "temperature": 0}, "label": {"kind": "vote", "models": 3}})
+    assert greedy.sample.n == 1 and greedy.label.voters() == 2
+    with pytest.raises(ConfigError, match=re.escape("sample.temperature=0 samples greedily, and sample.n=2 greedy "
+                                                    "answers to a prompt are one answer 2 times")):
+        config_from_dict({**base, "sample": {"n": 2, "temperature": 0}, "label": {"kind": "vote", "models": 3}})
+
+
 def test_check_says_the_levels_and_what_the_curriculum_will_do(capsys):
     from ratchet.flows.cli import main
 
