@@ -170,6 +170,7 @@ def overrides(a, with_demos: bool = True) -> list[str]:
            "agreement.min=null"]
     if getattr(a, "context", None):
         out.append(f"sampler.max_model_len={a.context}")
+    out += getattr(a, "overrides", None) or []  # the run's own, after the bench's
     if a.fresh and a.task == "addition":  # the gate's set: the target (every level is evaluated on its own set
         # besides; the task's own split would be their prompts again)
         out.append(target_sets(a))
@@ -350,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=int, default=16, help="the target set's digits")
     ap.add_argument("--fresh", type=int, default=200, help="the target set's prompts (0: none)")
     ap.add_argument("--tokens", action="store_true", help="print the form's tokens per digit and stop")
+    ap.add_argument("overrides", nargs="*", metavar="key=value", help="more overrides of the run's config, after "
+                    "the bench's (train.gradient_checkpointing=true: a round's training in a fraction of the memory "
+                    "where its answers are long)")
     ap.add_argument("--table-only", action="store_true")
     ap.add_argument("--evaluate", metavar="VERSION", help="measure a version of the run (made with --fresh 0; "
                     "give the same arguments) on --fresh prompts of --target digits, its gate unchanged "
