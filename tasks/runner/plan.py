@@ -128,7 +128,8 @@ class Planner:
             why, old = min(((self.differences(m, opened, config, keyed, parents), m) for m in newest),
                            key=lambda t: len(t[0]))
             since = "" if mine else f"since run {self._owner(old)}: "
-            self.steps.append(Step(stage, round, "stale", since + ("; ".join(why) or "its key differs"), key, old.dir))
+            self.steps.append(Step(stage, round, "stale", since + ("; ".join(why) or "its key differs")
+                                   + self._started(stage, key), key, old.dir))
         return self.placeholder(stage, round, role), False
 
     def _started(self, stage: str, key: str) -> str:
