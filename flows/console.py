@@ -230,6 +230,9 @@ class RunConsole:
         how = "SIGTERM" if type(error).__name__ == "Terminated" else "Ctrl-C"
         lines = [f"ratchet: {what} interrupted ({how})" if interrupted else f"ratchet: {what} failed",
                  *([] if interrupted else [f"  {type(error).__name__}: {full or error}"])]
+        if e and isinstance(error, StageFailedError) and KILLED in str(error) and (
+                fix := MEMORY_FIXES.get(e.stage.partition(".")[0])):
+            lines.append(f"  if the kernel killed it for memory: {fix}")
         if log is not None:
             lines.append(f"  log: {log}")
             # a clear error says all; a crash or an unexpected exception shows how the log ends
@@ -240,6 +243,18 @@ class RunConsole:
         lines.append(f"  finished stages are kept; to resume: {resume}")
         self.err.write("\n".join(lines) + "\n")
         self.err.flush()
+
+
+# a stage worker's death by SIGKILL (tasks/runner/stage.py words it so), most often the kernel's out-of-memory
+# killer; what lowers the stage's peak memory (a re-run may change these: a training resumes from its checkpoints,
+# a sampling keeps its finished units)
+KILLED = "worker died with exit code -9"
+MEMORY_FIXES = {
+    "train": "set train.gradient_checkpointing=true (a training holds every layer's activations for a batch of its "
+             "longest rows), or lower train.batch_size and raise train.grad_accum to keep the batch",
+    "sample": "lower sampler.kv_cache_gb, sample.max_tokens or executor.engines",
+    "evaluate": "lower sampler.kv_cache_gb or evaluate.max_tokens",
+}
 
 
 def _tail(path: Path, n: int) -> list[str]:

@@ -107,7 +107,8 @@ def test_a_failed_stage_prints_one_block_with_its_log_and_the_resume_command(tmp
     block = err.getvalue().splitlines()
     assert block[0] == "ratchet: round 2 train failed"
     assert block[1] == "  StageFailedError: train stage (round 2) worker died with exit code -9"
-    assert block[2] == f"  log: {stage / events.STAGE_LOG}"
+    assert block[2].startswith("  if the kernel killed it for memory: set train.gradient_checkpointing=true")
+    assert block[3] == f"  log: {stage / events.STAGE_LOG}"
     assert block[-2] == "    Killed" and "    step 39" in block  # a crash shows how its log ends
     assert block[-1] == "  finished stages are kept; to resume: ratchet resume demo-1 --workdir runs"
     assert "✗ failed" in out.getvalue()
