@@ -395,6 +395,7 @@ def evaluate(where: Where = None, version: str = "champion", sets: list[str] | t
     store, tracker = _store(chosen), _reading(chosen)
     number = version_number(tracker, version)
     said = made_by(tracker, number, run)
+    say(said)
     policy = version_manifest(store, tracker, number)
     store.verify(policy)
     split, held = check_data(cfg)

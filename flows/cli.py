@@ -489,8 +489,7 @@ def cmd_evaluate(args) -> int:
     from ratchet.flows import api
 
     chosen, (target,) = _chosen(args, "evaluate", ["VERSION"], required=1, need=False)
-    done = api.evaluate(chosen, target, args.set or [], run=args.run, say=print)
-    print(done.made_by)
+    done = api.evaluate(chosen, target, args.set or [], run=args.run, say=print)  # says who made it first
     for s in done.sets:
         lo, hi = s.interval
         how = "read: evaluated before" if s.reused else f"evaluated now in {s.wall_s:.0f} s"
