@@ -408,9 +408,7 @@ def evaluate(where: Where = None, version: str = "champion", sets: list[str] | t
 
     prompts = Steps.run(prepare.PROMPTS, 0)
     out = []
-    for target in held_out(cfg, Steps, prompts):
-        if sets and target.name not in sets:
-            continue
+    for target in held_out(cfg, Steps, prompts, set(sets)):  # the sets asked for: no other set's prompts made
         say(f"evaluating version {number} on {target.name} ...")
         m, reused = evaluating.STAGE.call(at, policy.round, policy, target)
         out.append(SetAccuracy(target.name, m.metrics["accuracy"], int(m.metrics.get("eval_prompts", 0)), m.dir,

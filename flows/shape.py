@@ -202,12 +202,15 @@ def trains_from(results: list, rule: EvaluateConfig):
     return best
 
 
-def held_out(cfg: PipelineConfig, steps: RoundSteps, prompts) -> list[EvalTarget]:
-    """Every held-out set (cfg.eval_stages): the task's own split, held out of `prompts`, or a set's
-    own prompts stage (`prompts.<name>`); each level's (data.levels) says which level it is."""
+def held_out(cfg: PipelineConfig, steps: RoundSteps, prompts, only: set[str] | None = None) -> list[EvalTarget]:
+    """Every held-out set (cfg.eval_stages; `only`: these names): the task's own split, held out of
+    `prompts`, or a set's own prompts stage (`prompts.<name>`); each level's (data.levels) says which
+    level it is."""
     levels = {level_set(n): n for n in cfg.data.level_list()}
     out = []
     for s, stage in cfg.eval_stages():
+        if only and s.name not in only:
+            continue
         source = s.source(cfg.data)
         held = prompts if s.data is None else steps.run(prepare.HELD_OUT, 0, s.name, source)
         out.append(EvalTarget(name=s.name, stage=stage, prompts=held, source=source,
