@@ -12,6 +12,12 @@ and each round's label precision per level against references no stage reads.
     python bench/grow_bench.py --workdir /tmp/grow --form worked --demos 920 --labels self --levels-to 10 --rounds 1 \
                                --fresh 0 --max-tokens 640 --context 1024
                                # the worked form (every step local, 55 tokens a digit), taught to 8, read at 9 and 10
+    python bench/grow_bench.py --workdir /tmp/grow --form worked --demos 920 --labels vote --models 3 --share 1.0 \
+                               --n 1 --temperature 0 --prompts 128 --fresh 0 --gate guard --max-tokens 900 \
+                               --context 1024 train.gradient_checkpointing=true
+                               # the climb of docs/results.md: greedy votes of three models, the 8-digit guard
+                               # as the gate; then its version on 200 fresh 16-digit sums:
+    python bench/grow_bench.py ...the same... --evaluate VERSION --fresh 200 --target 16
     python bench/grow_bench.py --misses /tmp/grow/stages/evaluate.level_9-*/eval.jsonl
                                # where each answer first goes wrong: the copy, a step, the read-back
     python bench/grow_bench.py --task chain_sum --workdir /tmp/grow-cs --labeled-to 2 --levels-to 5 --labels vote \
@@ -143,10 +149,11 @@ def label_of(a) -> str:
     return "label={kind: verifier}"
 
 
-def data_of(a, levels: list[int], labeled: list[int]) -> str:
+def data_of(a, levels: list[int], labeled: list[int] | None) -> str:
     """The task's `data` section, as an override: addition by digits, or chain_sum's --terms terms of
-    1..N digits each."""
-    size = f"labeled_levels: {labeled}, eval_size: {a.eval_size}, train_size: {a.train_size}"
+    1..N digits each (`labeled` None: a held-out set's, which names no labeled levels)."""
+    size = (f"labeled_levels: {labeled}, " if labeled is not None else "") + \
+        f"eval_size: {a.eval_size}, train_size: {a.train_size}"
     if a.task == "addition":
         return f"{{kind: addition, levels: {levels}, {size}, check: {{kind: number, max_numbers: 200}}}}"
     knob = ", ".join(f"{n}: {{min_terms: {a.terms}, max_terms: {a.terms}, min_digits: {n}, max_digits: {n}}}"
@@ -174,18 +181,33 @@ def overrides(a, with_demos: bool = True) -> list[str]:
     if a.fresh and a.task == "addition":  # the gate's set: the target (every level is evaluated on its own set
         # besides; the task's own split would be their prompts again)
         out.append(target_sets(a))
+    elif a.gate == "guard":
+        out.append(guard_set(a))
     if with_demos:
         out.append(f"cold_start={{demonstrations: {Path(a.workdir) / 'demonstrations.jsonl'}, train: {{epochs: "
                    f"{a.demo_epochs}, max_length: {a.max_tokens + 64}}}}}")
     return out
 
 
+def guard_set(a) -> str:
+    """evaluate.sets with the guard alone: the top labeled level's prompts (--eval-size of them), the
+    figure a climb must keep, as the gate, in place of the task's own split of every level. That
+    split costs most at the levels far above the one a round trains at, where the model is not yet
+    right: at level 9 of the worked form, 63% of its tokens were levels 11-16's (every level is
+    evaluated on its own set anyway, up to one above the round's)."""
+    return f"evaluate.sets=[{{name: guard, data: {data_of(a, [a.labeled_to], None)}}}]"
+
+
 def target_sets(a, beside: bool = False) -> str:
-    """evaluate.sets with the target set: the only one (the gate), or beside the run's own held-out
-    set, which stays the gate (`--evaluate`: a finished run's version measured on it afterwards)."""
+    """evaluate.sets with the target set: the only one (the gate), or beside the run's own gate (the
+    held-out split or the guard, --gate), which stays the gate (`--evaluate`: a finished run's
+    version measured on it afterwards)."""
     target = (f"{{name: target, data: {{kind: file, path: {Path(a.workdir) / f'target-{a.target}.jsonl'}, "
               "check: {kind: number, max_numbers: 200}}}")
-    return f"evaluate.sets=[{'{name: heldout}, ' if beside else ''}{target}]"
+    if not beside:
+        return f"evaluate.sets=[{target}]"
+    gate = "{name: heldout}" if a.gate == "heldout" else guard_set(a).removeprefix("evaluate.sets=[")[:-1]
+    return f"evaluate.sets=[{gate}, {target}]"
 
 
 def work_seconds(workdir: Path, rounds) -> dict[int, float]:
@@ -348,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=float, default=2, help="train.epochs of a round")
     ap.add_argument("--eval-size", type=int, default=25)
     ap.add_argument("--train-size", type=int, default=300)
+    ap.add_argument("--gate", choices=["heldout", "guard"], default="heldout",
+                    help="with --fresh 0, the gate's set: the task's own split of every level, or the guard, "
+                    "--labeled-to digits alone (guard_set)")
     ap.add_argument("--target", type=int, default=16, help="the target set's digits")
     ap.add_argument("--fresh", type=int, default=200, help="the target set's prompts (0: none)")
     ap.add_argument("--tokens", action="store_true", help="print the form's tokens per digit and stop")

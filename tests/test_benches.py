@@ -216,11 +216,13 @@ def test_the_grow_bench_plots_the_digits_reached_and_the_label_precision_per_rou
 
 def test_the_grow_bench_s_target_set_is_the_gate_or_beside_the_run_s_own(tmp_path):
     """--fresh N: the target set is the run's gate; --evaluate: it is evaluated beside the run's own
-    held-out set, which stays the gate, so the run's rounds are the same run's."""
+    gate (the held-out split, or --gate guard's top labeled level), which stays the gate, so the
+    run's rounds are the same run's."""
     from ratchet.flows.config import load_config
 
     bench = runpy.run_path(str(BENCH / "grow_bench.py"))
-    a = Namespace(workdir=tmp_path, target=16)
+    a = Namespace(workdir=tmp_path, target=16, gate="heldout", task="addition", labeled_to=8, eval_size=25,
+                  train_size=300)
     (tmp_path / "target-16.jsonl").write_text('{"prompt": "What is 1000000000000000 + 1000000000000000?", '
                                               '"answer": "2000000000000000"}\n')
     config = bench["config"](Namespace(task="addition"))
@@ -230,3 +232,10 @@ def test_the_grow_bench_s_target_set_is_the_gate_or_beside_the_run_s_own(tmp_pat
     assert [s.name for s in beside.sets] == ["heldout", "target"] and beside.gate_set == "heldout"
     assert beside.sets[0] == load_config(config).evaluate.sets[0]  # the run's own, as it was
     assert beside.sets[1].data.path == str(tmp_path / "target-16.jsonl")
+
+    a.gate = "guard"  # the guard: 8-digit sums alone, the gate beside the target too
+    guard = load_config(config, [bench["guard_set"](a)])
+    assert [s.name for s in guard.evaluate.sets] == ["guard"] and guard.evaluate.sets[0].data.level_list() == [8]
+    assert guard.evaluate.sets[0].data.eval_size == 25
+    beside = load_config(config, [bench["guard_set"](a), bench["target_sets"](a, beside=True)]).evaluate
+    assert [s.name for s in beside.sets] == ["guard", "target"] and beside.sets[0] == guard.evaluate.sets[0]
