@@ -364,8 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, help="sampler.max_model_len (default: the config's, 512), for a form "
                     "whose answers outgrow it (worked: 55 tokens a digit)")
     ap.add_argument("--margin", type=float, default=0.25, help="the length filter's margin")
-    ap.add_argument("--by", choices=["level", "prompt"], default="level",
-                    help="what the length filter holds an answer to (filter.by): its level's length or its prompt's")
+    ap.add_argument("--by", choices=["level", "level_median", "prompt"], default="level",
+                    help="what the length filter holds an answer to (filter.by): the line through the lower levels' "
+                    "lengths, its own level's median, or its prompt's")
     ap.add_argument("--per-prompt", type=int, default=1, help="filter.max_per_prompt")
     ap.add_argument("--epochs", type=float, default=2, help="train.epochs of a round")
     ap.add_argument("--eval-size", type=int, default=25)

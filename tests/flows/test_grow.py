@@ -78,6 +78,26 @@ def test_the_length_filter_holds_each_level_to_the_line_through_the_others():
     assert fits(unlabeled + rows, LengthFilter())[0][0].prompt_id == "e0"
 
 
+def test_a_level_s_own_median_holds_a_form_that_grows_faster_than_its_level():
+    """Lengths growing as the square of the level (10, 40, 90 tokens at levels 1-3) put the line through
+    them at 127 for level 4, where right answers take 140: at a margin of 0.05 it drops the right ones
+    and keeps two answers one step short (128), as the worked form's 10-digit labels were held. Held
+    to level 4's own median (by: level_median), the short ones go and the right ones stay; a level
+    below is held to its own median too."""
+    from ratchet.tasks.filter_kinds.length import LengthFilter, fits
+
+    rows = [_row(f"a{i}", 1, 10) for i in range(3)] + [_row(f"b{i}", 2, 40) for i in range(3)] + \
+        [_row(f"c{i}", 3, 90) for i in range(3)] + [_row(f"d{i}", 4, 140) for i in range(4)] + \
+        [_row("s0", 4, 128), _row("s1", 4, 128), _row("b9", 2, 30)]
+    line, m = fits(rows, LengthFilter(margin=0.05))
+    assert m["expected_length.level_4"] == pytest.approx(126.67, abs=0.01)
+    assert sorted(r.prompt_id for r in line if r.level == 4) == ["s0", "s1"]
+    own, m = fits(rows, LengthFilter(margin=0.05, by="level_median"))
+    assert sorted(r.prompt_id for r in own if r.level == 4) == ["d0", "d1", "d2", "d3"]
+    assert m["expected_length.level_4"] == 140 and m["expected_length.level_2"] == 40
+    assert "b9" not in {r.prompt_id for r in own} and m["dropped_length"] == 3  # 30 against level 2's 40
+
+
 def test_label_precision_reads_the_hidden_references_per_level():
     from ratchet.data.checkers import NumberCheck
     from ratchet.tasks.label_kinds.precision import precision, said
