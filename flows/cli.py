@@ -288,9 +288,9 @@ def cmd_check(args) -> int:
     the model's checks, kept in the user's cache by what they read (flows/inputs.py model_check_key):
     the same inputs again are not checked again (`--full` checks them)."""
     from ratchet.flows.config import load_config
-    from ratchet.flows.inputs import (check_data, check_served, checked_model, devices_line, dtype_line,
-                                      first_message, model_check_key, model_line, passed_before, record_pass,
-                                      with_sets)
+    from ratchet.flows.inputs import (attention_line, check_data, check_served, checked_model, devices_line,
+                                      dtype_line, first_message, model_check_key, model_line, passed_before,
+                                      record_pass, with_sets)
 
     cfg = load_config(args.config, args.overrides)
     split, sets = check_data(cfg)
@@ -340,6 +340,8 @@ def cmd_check(args) -> int:
     if cfg.sampler.backend_kind.local:  # a served policy runs no engine here
         print(devices_line(cfg))
         print(dtype_line(cfg))
+        if hint := attention_line(cfg):
+            print(hint)
     if kept is not None:
         print("model checks: passed before with the same inputs (the config's fields they read, every prompt, the "
               "model's and your files unchanged, the same code and libraries), not made again; --full makes them again")

@@ -376,6 +376,30 @@ def dtype_line(cfg: PipelineConfig) -> str:
     return f"dtype: {said} ({choice.dtype} for auto: {choice.why})"
 
 
+LONG_ROWS = 512  # tokens a training row may reach (max_length) from which check names sdpa on a CPU
+
+
+def attention_line(cfg: PipelineConfig) -> str | None:
+    """What `ratchet check` says where training is left to `attention: auto` on a CPU, which picks
+    eager there (the faster for short rows), and its rows may be long: eager keeps every layer's
+    attention weights for the backward pass, a square of the row's length, and sdpa trained faster
+    from about 256 tokens a row on the CPUs measured (docs/troubleshooting.md). None where nothing
+    trains, a GPU is visible (auto picks sdpa there), the setting is given, or rows are short."""
+    from ratchet.models.dtype import visible_gpus
+
+    sections = [("train", cfg.train)] if cfg.trains_weights() else []
+    if cfg.cold_start is not None:
+        sections.append(("cold_start.train", cfg.cold_start.train))
+    long = [(name, t.max_length) for name, t in sections
+            if getattr(t, "attention", None) == "auto" and getattr(t, "max_length", 0) >= LONG_ROWS]
+    if not long or visible_gpus():
+        return None
+    rows = ", ".join(f"{name}.max_length={n}" for name, n in long)
+    fix = " and ".join(f"{name}.attention=sdpa" for name, _ in long)
+    return (f"attention: eager for training (auto, on a CPU) with rows of up to {rows}: for rows of a few hundred "
+            f"tokens or more sdpa trains faster and holds less memory; set {fix}")
+
+
 def devices_line(cfg: PipelineConfig) -> str:
     """What `ratchet check` says of this machine's GPUs and who takes them: the engine holders
     (local ones each their own), and the training processes, one GPU each, naming the GPUs that

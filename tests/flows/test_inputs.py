@@ -10,7 +10,7 @@ import pytest
 
 from ratchet.data.errors import ConfigError
 from ratchet.flows.config import config_from_dict
-from ratchet.flows.inputs import check_inputs, devices_line
+from ratchet.flows.inputs import attention_line, check_inputs, devices_line
 from ratchet.models.sampler import vllm_cpu_version
 
 ROOT = Path(__file__).parents[2]
@@ -239,6 +239,16 @@ def test_what_the_machines_gpus_cannot_give_is_refused_before_any_model_is_read(
     assert devices_line(_cfg(tmp_path, GOOD, train={"num_processes": 4})) == (
         "devices: GPUs 4,5,6,7 visible; sampling on the run's one engine, on GPU 4 (executor.engines=4 samples on "
         "all); training in 4 processes on GPUs 4,5,6,7")
+    # where training is left to attention: auto and its rows may be long, check names sdpa on a CPU only
+    long = _cfg(tmp_path, GOOD, train={"max_length": 964})
+    assert attention_line(long) is None  # GPUs visible (auto is sdpa there)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert attention_line(long) == (
+        "attention: eager for training (auto, on a CPU) with rows of up to train.max_length=964: for rows of a few "
+        "hundred tokens or more sdpa trains faster and holds less memory; set train.attention=sdpa")
+    assert attention_line(_cfg(tmp_path, GOOD, train={"max_length": 964, "attention": "sdpa"})) is None
+    assert attention_line(_cfg(tmp_path, GOOD)) is None  # the default rows, 256 tokens at most
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     # online training in several processes has run on CPU only: refused where GPUs are visible
     with pytest.raises(ConfigError) as e:
         check_inputs(_cfg(tmp_path, GOOD, train={"kind": "grpo", "num_processes": 2}, sample={"top_k": 0}))
