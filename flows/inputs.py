@@ -390,8 +390,7 @@ def attention_line(cfg: PipelineConfig) -> str | None:
     sections = [("train", cfg.train)] if cfg.trains_weights() else []
     if cfg.cold_start is not None:
         sections.append(("cold_start.train", cfg.cold_start.train))
-    long = [(name, t.max_length) for name, t in sections
-            if getattr(t, "attention", None) == "auto" and getattr(t, "max_length", 0) >= LONG_ROWS]
+    long = [(name, t.max_length) for name, t in sections if t.attention == "auto" and t.max_length >= LONG_ROWS]
     if not long or visible_gpus():
         return None
     rows = ", ".join(f"{name}.max_length={n}" for name, n in long)
