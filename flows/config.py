@@ -100,6 +100,21 @@ class PromptConfig(BaseModel):
         return self.template != SLOT or self.search is not None
 
 
+# `floor` is read by the flow alone (which model the next round trains): declared here, out of the
+# evaluate stage's definitions (tasks/evaluate.py), so that adding or changing it re-keys no evaluation
+class RunEvaluateConfig(EvaluateConfig):
+    """Held-out evaluation every round, the champion gate that reads it, and the floor a round must
+    hold to be trained on."""
+
+    floor: float | None = Field(
+        default=None, gt=0, le=1, description="a round whose accuracy on the gate's set is below this (0.9: 90%) "
+        "is never trained on: the next round trains from the last round at or above it, under either "
+        "next_round_from (the round is still evaluated, registered and reported). For a run growing past its "
+        "labels, with a labeled level's set as the gate: what the rounds must not lose (a curriculum moves on as "
+        "it is set: by rounds, the model kept goes to the next level; by labels, only where the votes it made "
+        "agreed enough). Unset: no floor")
+
+
 class PipelineConfig(BaseModel):
     """A whole self-improvement run."""
 
@@ -137,7 +152,7 @@ class PipelineConfig(BaseModel):
         default=None, description="before round 1, fine-tune the base model on the user's demonstrations (for a task "
         "where it cannot yet succeed): its model is generation 1, and the rounds after it improve on it; a run from "
         "a registered version (--from, a schedule) does not repeat it")
-    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    evaluate: RunEvaluateConfig = Field(default_factory=RunEvaluateConfig)
     agreement: AgreementConfig = Field(default_factory=AgreementConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     executor: ExecutorConfig = Field(default_factory=LocalExecutorConfig)

@@ -31,7 +31,7 @@ from ratchet.flows.runs import RunContext, set_state, start
 from ratchet.flows.shape import cold_start_shape, round_shape, run_shape
 from ratchet.flows.stages import (RoundResult, StoreTracker, agreement_task, drop_task, lineage_task, register_task,
                                   report_task, start_model_task, unwrap)
-from ratchet.flows.shape import trains_from
+from ratchet.flows.shape import set_aside_reason, trains_from
 from ratchet.flows.tracking import Tracker
 from ratchet.models import warm
 from ratchet.data.procs import forkserver
@@ -45,11 +45,11 @@ def evaluate_all(steps: FlowSteps, k: int, policy: StageManifest, targets: list[
     return [steps.run(evaluate.STAGE, k, policy, t) for t in targets]
 
 
-def set_aside(k: int, start: RoundResult, last: RoundResult) -> None:
-    """Say on the console which model round k trains, when it is not the last round's."""
+def set_aside(k: int, start: RoundResult, last: RoundResult, rule) -> None:
+    """Say on the console which model round k trains, when it is not the last round's, and why."""
     events.emit(events.Event("note", round=k, stage="policy", data={
-        "text": f"version {start.version} again (round {start.round}, {start.accuracy:.1%} held-out): round "
-                f"{last.round}'s version {last.version} did not beat it (evaluate.next_round_from=best)"}))
+        "text": f"version {start.version} again (round {start.round}, {start.accuracy:.1%} held-out): "
+                f"{set_aside_reason(last, rule)}"}))
 
 
 class FlowSteps:
@@ -84,7 +84,7 @@ class FlowSteps:
     def begin(self, k, results):
         start = trains_from(results, self.cfg.evaluate)
         if start is not results[-1]:
-            set_aside(k, start, results[-1])
+            set_aside(k, start, results[-1], self.cfg.evaluate)
         return start
 
     def ends(self, k, curriculum):

@@ -147,7 +147,8 @@ class PlanSteps:
         from ratchet.flows.shape import trains_from
 
         known = all(r.accuracy is not None for r in results)
-        if self.cfg.evaluate.next_round_from == "best" and not known and len(results) > 1:
+        decides = self.cfg.evaluate.next_round_from == "best" or self.cfg.evaluate.floor is not None
+        if decides and not known and len(results) > 1:
             return None  # which model round k trains is known once the rounds before it are evaluated
         return trains_from(results, self.cfg.evaluate) if known else results[-1]
 
@@ -163,9 +164,9 @@ class PlanSteps:
     def waits(self, k):
         from ratchet.flows.shape import round_stage_names
 
-        on, stage, why = self._waiting or (None, None, "on the gate's decision (evaluate.next_round_from=best): "
-                                                       "which model round k trains is known once the rounds before "
-                                                       "it are evaluated")
+        on, stage, why = self._waiting or (None, None, "on the gate's decision (evaluate.next_round_from=best, or "
+                                                       "evaluate.floor): which model round k trains is known once "
+                                                       "the rounds before it are evaluated")
         for name in round_stage_names(self.cfg):
             if not (name == stage and on == k):  # that one has its own line already
                 self.planner.note(name, k, "waits", why)

@@ -183,23 +183,45 @@ def run_shape(cfg: PipelineConfig, steps: RunSteps) -> list:
     return results
 
 
+def gate_accuracy(result, rule: EvaluateConfig) -> float:
+    """A round's accuracy on the gate's held-out set."""
+    return (result.accuracies or {rule.gate_set: result.accuracy})[rule.gate_set]
+
+
+def holds_floor(result, rule: EvaluateConfig) -> bool:
+    """Whether a round may be trained on under `evaluate.floor` (none set: every round)."""
+    floor = getattr(rule, "floor", None)
+    return floor is None or gate_accuracy(result, rule) >= floor
+
+
 def trains_from(results: list, rule: EvaluateConfig):
     """The model the next round trains: the last round's (`next_round_from: last`), or the
     best so far (`best`): a round is built on only if it is better than the model it trained
     from by the champion gate's rule (`verdict`: more than `min_improvement` on the gate's
-    held-out set, no other set down by more than `max_drop`); otherwise that model stays. The flow's
-    and the plan's `begin` both ask this (`rule`: evaluate: as the config sets it)."""
+    held-out set, no other set down by more than `max_drop`); otherwise that model stays. Under
+    either, a round below `evaluate.floor` on the gate's set is passed over (the first, the run's
+    start, never is: there is nothing before it). The flow's and the plan's `begin` both ask this
+    (`rule`: evaluate: as the config sets it)."""
     from ratchet.flows.tracking import verdict
 
+    held = [results[0], *(r for r in results[1:] if holds_floor(r, rule))]
     if rule.next_round_from == "last":
-        return results[-1]
-    best = results[0]
-    for r in results[1:]:
+        return held[-1]
+    best = held[0]
+    for r in held[1:]:
         scores = r.accuracies or {rule.gate_set: r.accuracy}
         bars = best.accuracies or {rule.gate_set: best.accuracy}
         if verdict(scores, bars, rule.gate_set, rule.min_improvement, rule.max_drop, "", "")[0]:
             best = r
     return best
+
+
+def set_aside_reason(last, rule: EvaluateConfig) -> str:
+    """Why the last round is not the one the next trains from (trains_from passed it over)."""
+    if not holds_floor(last, rule):
+        return (f"round {last.round}'s version {last.version} fell below evaluate.floor={rule.floor:g} on "
+                f"{rule.gate_set} ({gate_accuracy(last, rule):.1%})")
+    return f"round {last.round}'s version {last.version} did not beat it (evaluate.next_round_from=best)"
 
 
 def held_out(cfg: PipelineConfig, steps: RoundSteps, prompts, only: set[str] | None = None) -> list[EvalTarget]:

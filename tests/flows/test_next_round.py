@@ -42,6 +42,56 @@ def test_best_follows_the_gate_set_and_refuses_a_drop_on_another():
     assert [trains_from(r[:n], on_reg).round for n in range(1, 4)] == [0, 0, 0]
 
 
+def test_a_round_below_the_floor_is_never_trained_on_under_either_rule():
+    """`evaluate.floor`: a round under it on the gate's set is passed over (the climb past its labels
+    that lost its 8-digit guard at round 3 trains round 4 from round 2); the run's start is kept
+    whatever it scored, and the console says which rule set the round aside."""
+    from ratchet.flows.config import RunEvaluateConfig
+    from ratchet.flows.shape import set_aside_reason
+
+    r = [_round(0, 0.96), _round(1, 0.92), _round(2, 0.84), _round(3, 0.88), _round(4, 0.94)]
+    last = RunEvaluateConfig(floor=0.9)
+    assert [trains_from(r[:n], last).round for n in range(1, 6)] == [0, 1, 1, 1, 4]
+    assert [trains_from(r[:n], RunEvaluateConfig()).round for n in range(1, 6)] == [0, 1, 2, 3, 4]  # no floor
+    # under best, the floor passes over round 4's 94% too when it is not above round 0's 96%
+    best = RunEvaluateConfig(floor=0.9, next_round_from="best")
+    assert [trains_from(r[:n], best).round for n in range(1, 6)] == [0, 0, 0, 0, 0]
+    assert trains_from([_round(0, 0.5), _round(1, 0.6)], last).round == 0  # a start below it is still the start
+    assert trains_from([_round(0, 0.5), _round(1, 0.9)], last).round == 1  # at the floor holds it
+    # on the gate's set, not another
+    sets = [{"name": "heldout"}, {"name": "guard", "data": {"kind": "addition"}}]
+    on_guard = RunEvaluateConfig(floor=0.9, sets=sets, gate="guard")
+    low = _round(1, 0.2).model_copy(update={"accuracies": {"heldout": 0.2, "guard": 0.92}, "gate_set": "guard"})
+    fell = _round(2, 0.5).model_copy(update={"accuracies": {"heldout": 0.5, "guard": 0.84}, "gate_set": "guard"})
+    assert trains_from([_round(0, 0.1), low, fell], on_guard).round == 1
+    assert set_aside_reason(fell, on_guard) == "round 2's version 3 fell below evaluate.floor=0.9 on guard (84.0%)"
+    assert set_aside_reason(r[2], best.model_copy(update={"floor": None})) == \
+        "round 2's version 3 did not beat it (evaluate.next_round_from=best)"
+
+
+def test_a_floor_is_a_share_and_reaches_no_evaluation_s_key():
+    """The floor is refused outside (0, 1] with its field named; neither its value nor its class
+    reaches an evaluate stage's key, so setting it re-runs no evaluation."""
+    from pydantic import ValidationError
+
+    from ratchet.flows.config import RunEvaluateConfig
+    from ratchet.models.sampler import SamplerConfig
+    from ratchet.data.prompts import AdditionSource
+    from ratchet.tasks import evaluate
+    from ratchet.tasks.runner.code_reach import reach, roots_of
+
+    for bad in (0, 1.5):
+        with pytest.raises(ValidationError, match="floor"):
+            RunEvaluateConfig(floor=bad)
+    cfg = RunEvaluateConfig(floor=0.9)
+    run_cfg = evaluate.EvalRun.model_validate(cfg.model_dump(include=set(evaluate.EvalRun.model_fields)))
+    assert run_cfg == evaluate.EvalRun.model_validate(RunEvaluateConfig().model_dump(
+        include=set(evaluate.EvalRun.model_fields)))  # what the job holds, floor or none
+    job = evaluate.EvaluateJob(evaluate=run_cfg, sampler=SamplerConfig(), data=AdditionSource(), seed=0)
+    reached = {m for m, _ in reach(roots_of(evaluate.evaluate_body, job))}
+    assert "ratchet.tasks.evaluate" in reached and not any(m.startswith("ratchet.flows") for m in reached)
+
+
 def test_held_out_sets_are_named_once_and_the_gate_names_one():
     from pydantic import ValidationError
 
