@@ -183,9 +183,14 @@ def run_shape(cfg: PipelineConfig, steps: RunSteps) -> list:
     return results
 
 
+def scores_of(result, rule: EvaluateConfig) -> dict[str, float]:
+    """A round's accuracy on each held-out set (a round measured on one set: that set's, as the gate's)."""
+    return result.accuracies or {rule.gate_set: result.accuracy}
+
+
 def gate_accuracy(result, rule: EvaluateConfig) -> float:
     """A round's accuracy on the gate's held-out set."""
-    return (result.accuracies or {rule.gate_set: result.accuracy})[rule.gate_set]
+    return scores_of(result, rule)[rule.gate_set]
 
 
 def holds_floor(result, rule: EvaluateConfig) -> bool:
@@ -209,9 +214,8 @@ def trains_from(results: list, rule: EvaluateConfig):
         return held[-1]
     best = held[0]
     for r in held[1:]:
-        scores = r.accuracies or {rule.gate_set: r.accuracy}
-        bars = best.accuracies or {rule.gate_set: best.accuracy}
-        if verdict(scores, bars, rule.gate_set, rule.min_improvement, rule.max_drop, "", "")[0]:
+        if verdict(scores_of(r, rule), scores_of(best, rule), rule.gate_set, rule.min_improvement, rule.max_drop,
+                   "", "")[0]:
             best = r
     return best
 
