@@ -23,12 +23,16 @@ and each round's label precision per level against references no stage reads.
     python bench/grow_bench.py --task chain_sum --workdir /tmp/grow-cs --labeled-to 2 --levels-to 5 --labels vote \
                                --n 8 --prompts 96 --rounds 4 --max-tokens 32 --fresh 0 --by prompt
                                # a second task: reasoning-gym's chain_sum, two terms of 1..N digits, answers only
+    python bench/grow_bench.py --task chain_sum --form worked --workdir /tmp/grow-csw --labeled-to 2 --levels-to 6 \
+                               --demos 600 --train-size 300 --n 4 --prompts 64 --max-tokens 320 --fresh 0 --by prompt
+                               # the same worked a digit at a time (42 tokens a digit), its differences too
 
 `--task chain_sum` grows reasoning-gym's chain_sum (sums and differences) by its difficulty knob:
 level N is --terms terms of N digits each; the demonstrations are the labeled levels' reference
-answers (the final answer alone, as flows/configs/reasoning_gym.yaml asks), scored by the dataset's
-own scorer. A difference can be much shorter than its level's sums, so the length filter there
-holds each answer to its prompt's other samples (`--by prompt`).
+answers (the final answer alone, as flows/configs/reasoning_gym.yaml asks), or with --form worked
+their working a digit at a time (examples/addition/worked.py `worked_expression`, two terms),
+scored by the dataset's own scorer. A difference can be much shorter than its level's sums, so
+the length filter there holds each answer to its prompt's other samples (`--by prompt`).
 
 It is `ratchet run` with overrides (printed first): killed, the same command resumes it, and a
 finished one reuses every stage. The table gives, per round, the level it trained at, each level's
@@ -50,7 +54,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "addition"))
-from worked import compact, copy, first_miss_tagged, indexed, shifted, worked  # noqa: E402  (the working's forms)
+# the working's forms
+from worked import compact, copy, first_miss_tagged, indexed, shifted, worked, worked_expression  # noqa: E402
 
 FORMS = {"compact": compact, "indexed": indexed, "shifted": shifted, "worked": worked}
 
@@ -97,8 +102,9 @@ def demonstrations(a) -> Path:
         random.Random(n).shuffle(pool)
         for p in pool[: a.demos // len(levels) + (i < a.demos % len(levels))]:
             if a.task == "chain_sum":  # a problem of one's own is scored by its reasoning-gym entry
-                rows.append({"prompt": p.prompt, "completion": p.answer, "answer": p.answer,
-                             "entry": cfg.data.check.entry(p.id)})
+                entry = cfg.data.check.entry(p.id)
+                said = worked_expression(entry["metadata"]["expression"]) if a.form == "worked" else p.answer
+                rows.append({"prompt": p.prompt, "completion": said, "answer": p.answer, "entry": entry})
                 continue
             x, y = (int(v) for v in p.id.removeprefix("add-").split("-"))
             rows.append({"prompt": p.prompt, "completion": FORMS[a.form](x, y), "answer": p.answer})
@@ -159,13 +165,17 @@ def data_of(a, levels: list[int], labeled: list[int] | None) -> str:
     knob = ", ".join(f"{n}: {{min_terms: {a.terms}, max_terms: {a.terms}, min_digits: {n}, max_digits: {n}}}"
                      for n in levels)
     return (f"{{kind: reasoning_gym, dataset: chain_sum, config: {{}}, levels: {{{knob}}}, {size}, "
-            "instruction: Give only the final answer., check: {read: last_number}}")
+            f"instruction: {CHAIN_SUM_SAYS[a.form]}, check: {{read: last_number}}}}")
+
+
+# chain_sum's instruction, by --form: the answer alone, or worked a digit at a time (worked_expression)
+CHAIN_SUM_SAYS = {"answer": "Give only the final answer.", "worked": "Work it out a digit at a time."}
 
 
 def overrides(a, with_demos: bool = True) -> list[str]:
     levels = list(range(1, a.levels_to + 1))
     labeled = levels if a.labels == "reference" else list(range(1, a.labeled_to + 1))
-    form = a.form if a.task == "addition" else a.task
+    form = a.form if a.task == "addition" else "chain_sum" + ("-worked" if a.form == "worked" else "")
     out = [f"workdir={a.workdir}", f"rounds={a.rounds}", f"name=grow-{a.labels}-{form}",
            f"data={data_of(a, levels, labeled)}", label_of(a),
            f"filter={{kind: length, by: {a.by}, margin: {a.margin}, max_per_prompt: {a.per_prompt}, prefer: random, "
@@ -340,7 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task", choices=list(CONFIGS), default="addition",
                     help="addition (levels: digits), or reasoning-gym's chain_sum (levels: digits of --terms terms)")
     ap.add_argument("--terms", type=int, default=2, help="chain_sum: the terms of every level's problems")
-    ap.add_argument("--form", choices=list(FORMS), default="compact", help="the working's form (addition)")
+    ap.add_argument("--form", choices=[*FORMS, "answer"],
+                    help="the answer's form: addition's working (default compact), or chain_sum's answer alone "
+                    "(answer, its default) or worked a digit at a time (worked: worked_expression)")
     ap.add_argument("--labeled-to", type=int, default=8, help="levels 1..N keep their labels (and the demonstrations)")
     ap.add_argument("--levels-to", type=int, default=16, help="the task's levels: 1..N digits")
     ap.add_argument("--labels", choices=["vote", "self", "reference"], default="vote")
@@ -390,6 +402,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--misses", type=Path, nargs="+", help="print where each answer of these stage files "
                     "(eval.jsonl, samples.jsonl; indexed or shifted form) first goes wrong, by level, and stop")
     a = ap.parse_args(argv)
+    a.form = a.form or ("compact" if a.task == "addition" else "answer")
+    forms = list(FORMS) if a.task == "addition" else ["answer", "worked"]
+    if a.form not in forms:
+        ap.error(f"--form {a.form} is not a form of {a.task}: give one of {', '.join(forms)}")
+    if a.task == "chain_sum" and a.form == "worked" and a.terms != 2:
+        ap.error(f"--form worked works two terms (a + b, a - b), not --terms {a.terms}")
     if a.task == "chain_sum" and (a.fresh or a.tokens or a.misses or a.copies):
         ap.error("--task chain_sum: give --fresh 0; --tokens, --misses and --copies are addition's")
     if a.misses:

@@ -162,6 +162,32 @@ def test_the_grow_bench_s_copies_name_no_sum_and_its_misses_find_the_first_wrong
     assert miss(x, y, "So the sum is 1111111110.") == "form"
 
 
+def test_chain_sum_s_worked_form_ends_on_the_value_the_task_s_scorer_reads():
+    """--task chain_sum --form worked: the demonstrations' working of a two-term sum or difference
+    ends on its value (negative where the second term is the larger; no leading zeros), which the
+    task's own check reads as the last number, and the bench refuses forms a task does not have."""
+    import random
+
+    from ratchet.data.checks.number import last_number
+
+    bench = runpy.run_path(str(BENCH / "grow_bench.py"))
+    work = bench["worked_expression"]
+    rng = random.Random(0)
+    for _ in range(500):
+        n = rng.randint(1, 7)
+        a, b = rng.randint(10 ** (n - 1), 10 ** n - 1), rng.randint(10 ** (n - 1), 10 ** n - 1)
+        for op, value in (("+", a + b), ("-", a - b)):
+            assert last_number(work(f"{a} {op} {b}"), 200) == str(value), (a, op, b)
+    assert work("478 - 718").splitlines()[0] == "478 - 718: 718 is larger, so work 718 - 478"
+    assert "without the leading zeros: 3" in work("361 - 358") and last_number(work("5 - 5"), 200) == "0"
+    with pytest.raises(ValueError, match="two-term"):
+        work("1 + 2 + 3")
+    for argv in (["--task", "chain_sum", "--form", "shifted"], ["--form", "answer"],
+                 ["--task", "chain_sum", "--form", "worked", "--terms", "3"]):
+        with pytest.raises(SystemExit):
+            bench["main"]([*argv, "--fresh", "0", "--table-only"])
+
+
 def test_the_grow_bench_s_work_seconds_count_a_round_s_voters_and_no_other_arm_s_stages(tmp_path):
     """Arms compare at equal wall time by each round's stage seconds: a round's own stages, the voters'
     stages they descend from, and the voters' trainings on the last round's labels (which nothing

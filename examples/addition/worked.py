@@ -1,5 +1,6 @@
 """Addition worked a digit at a time, for the curriculum bench (bench/curriculum_bench.py --worked):
-the form its demonstrations write (`worked`), where an answer in that form first goes wrong
+the form its demonstrations write (`worked`; a difference's, `worked_difference`, for reasoning-gym's
+chain_sum in bench/grow_bench.py --form worked), where an answer in that form first goes wrong
 (`first_miss`), and a label check that accepts only a right working (`working`):
 
     label: {kind: verifier, check: {kind: python, function: "examples/addition/worked.py:working"}}
@@ -46,6 +47,52 @@ def worked(a: int, b: int) -> str:
         done = "1" + done
         lines.append(f"the carry: so far {done}")
     return "\n".join(lines) + f"\nSo {a} + {b} = {done}."
+
+
+def worked_difference(a: int, b: int) -> str:
+    """a - b worked as `worked` works a sum, a digit at a time from the right, the borrow taken apart
+    (`-1`) and a negative digit made good (`+10`, borrow 1). Where b is the larger, the first line
+    says so and b - a is worked, the sign put in front at the end; leading zeros of the difference
+    are dropped on a line of their own. Its last number is the difference:
+
+    478 - 718: 718 is larger, so work 718 - 478
+    718 - 478, borrow 0
+    8-8=0, -0=0, borrow 0, so far 0, left 71 - 47
+    1-7=-6, -0=-6, +10=4, borrow 1, so far 40, left 7 - 4
+    7-4=3, -1=2, borrow 0, so far 240, left none
+    So 478 - 718 = -240."""
+    lines, x, y = [], a, b
+    if b > a:
+        lines.append(f"{a} - {b}: {b} is larger, so work {b} - {a}")
+        x, y = b, a
+    x_s, y_s, borrow, done = str(x), str(y), 0, ""
+    lines.append(f"{x} - {y}, borrow 0")
+    while x_s or y_s:
+        dx, dy = int(x_s[-1]) if x_s else 0, int(y_s[-1]) if y_s else 0
+        total, borrow_in = dx - dy - borrow, borrow
+        step = f"{dx}-{dy}={dx - dy}, -{borrow_in}={total}"
+        borrow = int(total < 0)
+        if borrow:
+            total += 10
+            step += f", +10={total}"
+        done = str(total) + done
+        x_s, y_s = x_s[:-1], y_s[:-1]
+        left = f"{x_s or 0} - {y_s or 0}" if x_s or y_s else "none"
+        lines.append(f"{step}, borrow {borrow}, so far {done}, left {left}")
+    if len(done) > 1 and done.startswith("0"):
+        done = done.lstrip("0") or "0"
+        lines.append(f"without the leading zeros: {done}")
+    return "\n".join(lines) + f"\nSo {a} - {b} = {'-' if b > a else ''}{done}."
+
+
+def worked_expression(expression: str) -> str:
+    """The working of "a + b" (`worked`) or "a - b" (`worked_difference`), as reasoning-gym's chain_sum
+    writes its two-term problems in an entry's metadata."""
+    m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(\d+)\s*", expression)
+    if not m:
+        raise ValueError(f"not a two-term sum or difference of whole numbers: {expression!r}")
+    a, op, b = int(m[1]), m[2], int(m[3])
+    return worked(a, b) if op == "+" else worked_difference(a, b)
 
 
 def compact(a: int, b: int) -> str:
