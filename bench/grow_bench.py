@@ -425,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
                *overrides(argparse.Namespace(**{**vars(a), "fresh": 0})), target_sets(a, beside=True)]
         print(" ".join(cmd), flush=True)
         return subprocess.run(cmd).returncode
+    code = 0  # the run's exit code (a table of a run that stopped early is still printed)
     if not a.table_only:
         t0 = time.time()
         print(f"{demonstrations(a)}; target set {target_set(a) if a.fresh else 'none'}", flush=True)
@@ -432,13 +433,14 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(cmd), flush=True)
         done = subprocess.run(cmd)
         print(f"ratchet run exited {done.returncode} after {time.time() - t0:.0f} s", flush=True)
+        code = done.returncode
     rep = report(a)  # read once: the table and the plot draw on the same run
     print(table(a, rep))
     if a.plot:
         points = plot(rep.rounds, a.plot, a.labeled_to, a.reach)
         print(f"{a.plot}: " + ", ".join(f"round {k}: {n} digits" + (f", precision {100 * p:.0f}%" if p is not None
                                                                    else "") for k, n, p in points))
-    return 0
+    return code
 
 
 if __name__ == "__main__":
