@@ -23,9 +23,10 @@ and each round's label precision per level against references no stage reads.
     python bench/grow_bench.py --task chain_sum --workdir /tmp/grow-cs --labeled-to 2 --levels-to 5 --labels vote \
                                --n 8 --prompts 96 --rounds 4 --max-tokens 32 --fresh 0 --by prompt
                                # a second task: reasoning-gym's chain_sum, two terms of 1..N digits, answers only
-    python bench/grow_bench.py --task chain_sum --form worked --workdir /tmp/grow-csw --labeled-to 2 --levels-to 6 \
-                               --demos 600 --train-size 300 --n 4 --prompts 64 --max-tokens 320 --fresh 0 --by prompt
-                               # the same worked a digit at a time (42 tokens a digit), its differences too
+    python bench/grow_bench.py --task chain_sum --form worked --workdir /tmp/grow-csw --labeled-to 3 --levels-to 6 \
+                               --demos 450 --demo-epochs 4 --train-size 150 --n 4 --temperature 0.3 --prompts 64 \
+                               --share 0.7 --max-tokens 320 --fresh 0 --by prompt --rounds 3
+                               # the same worked a digit at a time (40-47 tokens a digit), its differences too
 
 `--task chain_sum` grows reasoning-gym's chain_sum (sums and differences) by its difficulty knob:
 level N is --terms terms of N digits each; the demonstrations are the labeled levels' reference
@@ -403,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
                     "(eval.jsonl, samples.jsonl; indexed or shifted form) first goes wrong, by level, and stop")
     a = ap.parse_args(argv)
     a.form = a.form or ("compact" if a.task == "addition" else "answer")
-    forms = list(FORMS) if a.task == "addition" else ["answer", "worked"]
+    forms = list(FORMS) if a.task == "addition" else list(CHAIN_SUM_SAYS)
     if a.form not in forms:
         ap.error(f"--form {a.form} is not a form of {a.task}: give one of {', '.join(forms)}")
     if a.task == "chain_sum" and a.form == "worked" and a.terms != 2:
