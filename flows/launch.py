@@ -127,6 +127,7 @@ class TemporaryServer:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self.log = home / "temporary-server.log"
+        self.database = _empty_database(home)
         package = Path(find_spec("prefect").origin).parent  # found, not imported
         env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
         env.update(PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT__SERVER_FINAL="1")
@@ -173,6 +174,8 @@ class TemporaryServer:
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as reply:
                     if reply.status == 200:
+                        if self.database is not None:
+                            _keep_empty_database(*self.database)
                         return
             except (urllib.error.URLError, OSError):
                 pass
@@ -185,6 +188,73 @@ class TemporaryServer:
         from ratchet.data.procs.lifetime import end
 
         end(self.proc, wait_s=5)
+
+
+# The tables a Prefect database holds rows in before any run has used it: its migrations' revision
+# and the block types Prefect registers as its server starts.
+EMPTY_TABLES = {"alembic_version", "block_type", "block_schema", "block_schema_reference"}
+
+
+def _empty_database(home: Path) -> tuple[Path, Path] | None:
+    """A new workdir's Prefect database starts as a copy of an empty one, as MLflow's store does
+    (flows/tracking.py): Prefect's server builds a new database with its 108 schema migrations
+    (Prefect 3.6), about 5 s of its start's 10 s of CPU on 2 cores, to reach the same tables every
+    time. The copy is kept in the user cache, one per Prefect version, made from the first new
+    database a temporary server builds. Returns (the database, the template to make of it once the
+    server answers: `_keep_empty_database`) where this server builds a new one; None where the
+    database was there or is copied now, or where it is set elsewhere (a setting of the user's:
+    Prefect builds it as it would)."""
+    if any(k.startswith(("PREFECT_API_DATABASE_", "PREFECT_SERVER_DATABASE_")) or k == "PREFECT_PROFILES_PATH"
+           for k in os.environ) or (home / "profiles.toml").exists():
+        return None
+    database = home / "prefect.db"
+    if database.exists():
+        return None
+    import importlib.metadata
+
+    from ratchet.models.default_model import default_cache_dir
+
+    template = default_cache_dir() / "prefect-schema" / f"empty-{importlib.metadata.version('prefect')}.db"
+    if not template.exists():
+        return database, template
+    import shutil
+    import uuid
+
+    tmp = home / f".prefect.db.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        shutil.copyfile(template, tmp)
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, database)  # whole or not at all; a database there already is kept
+    except OSError:
+        pass  # the server builds it, as without a template
+    finally:
+        tmp.unlink(missing_ok=True)
+    return None
+
+
+def _keep_empty_database(database: Path, template: Path) -> None:
+    """The template `_empty_database` copies: a consistent copy of `database` (SQLite's backup, safe
+    while the server has it open), kept where it holds rows in EMPTY_TABLES alone, that is before
+    any run has written to it. Anything that fails leaves the cache without one."""
+    if template.exists() or not database.exists():
+        return
+    import sqlite3
+    import uuid
+
+    tmp = template.with_name(f".{template.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        template.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as src, \
+                contextlib.closing(sqlite3.connect(tmp)) as dst:
+            src.backup(dst)
+            tables = [t for (t,) in dst.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            used = {t for t in tables if dst.execute(f'SELECT 1 FROM "{t}" LIMIT 1').fetchone()}
+        if used and used <= EMPTY_TABLES:
+            os.replace(tmp, template)
+    except (OSError, sqlite3.Error):
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def ephemeral_server_dies_with_us():
