@@ -310,6 +310,17 @@ def _fresh_sqlite_store(db: Path) -> None:
                                           db, type(e).__name__, e)
 
 
+def _local_artifacts(artifact_uri: str) -> Path | None:
+    """The directory of a run's artifacts where they are local files (a `file:` URI, MLflow's
+    default beside a SQLite store); None for any other store (a server's, object storage)."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(artifact_uri)
+    if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
+        return None
+    return Path(unquote(parsed.path))
+
+
 def store_uri(cfg: TrackingConfig, workdir: Path) -> str:
     """The tracking store a run in `workdir` uses: tracking.uri, else the workdir's SQLite file."""
     return cfg.uri or f"sqlite:///{workdir / 'mlflow.db'}"
@@ -712,6 +723,17 @@ class Tracker:
         if (d / FOLDER / "MLmodel").exists():
             self.client.log_artifacts(run_id, str(d / FOLDER), artifact_path="model")
         elif (d / "model" / "config.json").exists():
+            if (local := _local_artifacts(self.client.get_run(run_id).info.artifact_uri)) is not None:
+                # a local store: saved in place beside the run's artifacts, then moved in, its weights
+                # linked to the store's (no copy of them, no space taken twice)
+                saved = forkserver.call(save_full, d / "model", local / f".model-{uuid.uuid4().hex[:8]}")
+                try:
+                    (local / "model").mkdir(parents=True, exist_ok=True)
+                    for f in saved.iterdir():
+                        os.replace(f, local / "model" / f.name)
+                finally:
+                    shutil.rmtree(saved, ignore_errors=True)
+                return
             with tempfile.TemporaryDirectory() as t:  # saved where torch and transformers are imported already
                 saved = forkserver.call(save_full, d / "model", Path(t) / "m")
                 self.client.log_artifacts(run_id, str(saved), artifact_path="model")

@@ -7,15 +7,19 @@ A LoRA round is saved as MLflow's transformers flavor with a PEFT adapter agains
 base model path: the base is the round's starting policy in the artifact store (the base
 model's directory, or the previous round's merged model), so a version adds megabytes, not
 a copy of the model. The base model and fully fine-tuned rounds have no adapter: their
-weights are copied once into the version. Either way the folder is written beside the
+weights are in the version, as hard links to the store's files where MLflow's artifacts are local
+files on the same file system (the default beside a SQLite store), else as a copy. Either way the folder is written beside the
 stage's outputs (`mlflow-model/`) and is not one of them: it records creation times and
 absolute paths, and the digests of a stage are a function of its inputs alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import shutil
+import types
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from ratchet.data.procs.entry import entry
@@ -69,11 +73,46 @@ def save_adapter(peft_model, tokenizer, base_dir: Path, out: Path) -> Path:
 
 @entry
 def save_full(model_dir: Path, path: Path) -> Path:
-    """A full model directory as MLflow's transformers flavor (its weights copied in)."""
+    """A full model directory as MLflow's transformers flavor. Its files are hard links to the model's
+    where `path` is on the model's file system (a local artifact store beside the workdir: the
+    version's weights cost no copy and no space), else copies; each is the model's bytes either way."""
     import mlflow.transformers
 
     _quiet()
     shutil.rmtree(path, ignore_errors=True)
-    mlflow.transformers.save_model(transformers_model=str(Path(model_dir).resolve()), path=str(path), task=TASK,
-                                   pip_requirements=requirements())
+    with _linking_checkpoint_copy():
+        mlflow.transformers.save_model(transformers_model=str(Path(model_dir).resolve()), path=str(path), task=TASK,
+                                       pip_requirements=requirements())
     return path
+
+
+def _link_or_copy(src: str, dst: str) -> str:
+    import os
+
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not allowed there
+        shutil.copy2(src, dst)
+    return dst
+
+
+@contextlib.contextmanager
+def _linking_checkpoint_copy():
+    """MLflow's transformers flavor copies a checkpoint directory into the model with
+    `shutil.copytree` (mlflow/transformers/model_io.py); within the block that copy links each file
+    instead where it can. Where MLflow's module has no such name, it copies as it would."""
+    try:
+        from mlflow.transformers import model_io
+    except ImportError:
+        yield
+        return
+    real = getattr(model_io, "shutil", None)
+    if real is not shutil:
+        yield
+        return
+    model_io.shutil = types.SimpleNamespace(**{**vars(shutil), "copytree": functools.partial(
+        shutil.copytree, copy_function=_link_or_copy)})
+    try:
+        yield
+    finally:
+        model_io.shutil = real
