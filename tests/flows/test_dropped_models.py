@@ -148,6 +148,12 @@ def test_a_dropped_version_is_made_again_byte_for_byte(tiny_model, tmp_path, pre
     monkeypatch.setenv("MLFLOW_REGISTRY_URI", uri)
     pipes = {v: mlflow.transformers.load_model(f"models:/ratchet-default{v}") for v in ("@champion", "/2", "/3", "/4")}
     assert type(pipes["@champion"].model).__name__ == "LlamaForCausalLM"  # the base: its weights in the version
+    # ... linked to the store's, not copied (MLflow's artifacts are local files here)
+    from ratchet.flows.tracking import _local_artifacts
+
+    base = read_manifest(next((work / "stages").glob("base-*")))
+    in_version = _local_artifacts(client.get_model_version("ratchet-default", "1").source) / "model" / "model.safetensors"
+    assert in_version.stat().st_ino == (store.dir_of(base) / "model" / "model.safetensors").stat().st_ino
     assert {type(pipes[v].model).__name__ for v in ("/2", "/3", "/4")} == {"PeftModelForCausalLM"}  # adapters
     ask = "What is 2 + 3?"
     for v in ("@champion", "/2"):
