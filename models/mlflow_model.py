@@ -7,10 +7,11 @@ A LoRA round is saved as MLflow's transformers flavor with a PEFT adapter agains
 base model path: the base is the round's starting policy in the artifact store (the base
 model's directory, or the previous round's merged model), so a version adds megabytes, not
 a copy of the model. The base model and fully fine-tuned rounds have no adapter: their
-weights are in the version, as hard links to the store's files where MLflow's artifacts are local
-files on the same file system (the default beside a SQLite store), else as a copy. Either way the folder is written beside the
-stage's outputs (`mlflow-model/`) and is not one of them: it records creation times and
-absolute paths, and the digests of a stage are a function of its inputs alone.
+weights are in the version, as hard links to the store's files where MLflow's artifacts are
+local files on the same file system (the default beside a SQLite store), else as a copy.
+Either way the folder is written beside the stage's outputs (`mlflow-model/`) and is not one
+of them: it records creation times and absolute paths, and the digests of a stage are a
+function of its inputs alone.
 """
 
 from __future__ import annotations

@@ -152,7 +152,8 @@ def test_a_dropped_version_is_made_again_byte_for_byte(tiny_model, tmp_path, pre
     from ratchet.flows.tracking import _local_artifacts
 
     base = read_manifest(next((work / "stages").glob("base-*")))
-    in_version = _local_artifacts(client.get_model_version("ratchet-default", "1").source) / "model" / "model.safetensors"
+    source = client.get_model_version("ratchet-default", "1").source
+    in_version = _local_artifacts(source) / "model" / "model.safetensors"
     assert in_version.stat().st_ino == (store.dir_of(base) / "model" / "model.safetensors").stat().st_ino
     assert {type(pipes[v].model).__name__ for v in ("/2", "/3", "/4")} == {"PeftModelForCausalLM"}  # adapters
     ask = "What is 2 + 3?"
