@@ -315,10 +315,10 @@ def _local_artifacts(artifact_uri: str) -> Path | None:
     default beside a SQLite store); None for any other store (a server's, object storage)."""
     from urllib.parse import unquote, urlparse
 
-    parsed = urlparse(artifact_uri)
-    if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
+    if not artifact_uri.startswith("file:"):
         return None
-    return Path(unquote(parsed.path))
+    parsed = urlparse(artifact_uri)
+    return Path(unquote(parsed.path)) if parsed.netloc in ("", "localhost") else None
 
 
 def store_uri(cfg: TrackingConfig, workdir: Path) -> str:
