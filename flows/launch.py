@@ -217,18 +217,10 @@ def _empty_database(home: Path) -> tuple[Path, Path] | None:
     template = default_cache_dir() / "prefect-schema" / f"empty-{importlib.metadata.version('prefect')}.db"
     if not template.exists():
         return database, template
-    import shutil
-    import uuid
+    from ratchet.flows.tracking import copy_new
 
-    tmp = home / f".prefect.db.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        shutil.copyfile(template, tmp)
-        with contextlib.suppress(FileExistsError):
-            os.link(tmp, database)  # whole or not at all; a database there already is kept
-    except OSError:
-        pass  # the server builds it, as without a template
-    finally:
-        tmp.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # else the server builds it, as without a template
+        copy_new(template, database)
     return None
 
 

@@ -268,6 +268,19 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):])
 
 
+def copy_new(template: Path, dst: Path) -> None:
+    """`dst` as a copy of `template`, appearing whole or not at all (a hard link of a finished copy,
+    which fails where a file is there already: that one is kept, so processes racing to a new store
+    open one). The copy gets the mode a new file of this process gets (0666 less the umask)."""
+    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        shutil.copyfile(template, tmp)
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _fresh_sqlite_store(db: Path) -> None:
     """A new local SQLite store starts as a copy of an empty one that MLflow's own migrations
     built, once per MLflow version and schema revision, in the user cache: creating a store runs
@@ -298,13 +311,7 @@ def _fresh_sqlite_store(db: Path) -> None:
                 engine.dispose()
             os.replace(tmp, template)
         db.parent.mkdir(parents=True, exist_ok=True)
-        tmp = db.with_name(f".{db.name}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            shutil.copyfile(template, tmp)  # the mode MLflow's own file gets (0666 less the umask)
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, db)
-        finally:
-            tmp.unlink(missing_ok=True)
+        copy_new(template, db)
     except Exception as e:  # noqa: BLE001 - MLflow's own start-up creates the store, as it would anyway
         logging.getLogger("ratchet").info("no copy of an empty MLflow store for %s (%s: %s); MLflow creates it",
                                           db, type(e).__name__, e)
@@ -659,12 +666,13 @@ class Tracker:
             self.log_text(run_id, json.dumps(card, indent=2), "model/ratchet-model.json")
             if (d / "adapter").is_dir():
                 self.client.log_artifacts(run_id, str(d / "adapter"), artifact_path="model/adapter")
-            self._log_mlflow_model(run_id, d)
+            artifact_uri = self.client.get_run(run_id).info.artifact_uri
+            self._log_mlflow_model(run_id, artifact_uri, d)
             if self.cfg.log_weights and (d / "model").is_dir():  # a served policy has none here
                 self.client.log_artifacts(run_id, str(d / "model"), artifact_path="model/weights")
             if not self.client.search_registered_models(f"name='{self.model_name}'"):
                 self.client.create_registered_model(self.model_name)
-            source = f"{self.client.get_run(run_id).info.artifact_uri}/model"
+            source = f"{artifact_uri}/model"
             tags = {**tags, "ratchet.stage_key": model.key, "ratchet.stage_dir": model.dir,
                     "ratchet.content": model.content, "ratchet.workdir": str(store.root)}
             tags.update(self._register_prompt(store, model, run_id))
@@ -712,7 +720,7 @@ class Tracker:
         if uri:  # a version registered before texts were kept has none: the alias stays
             self.client.set_prompt_alias(self.prompt_name, CHAMPION, int(uri.rsplit("/", 1)[1]))
 
-    def _log_mlflow_model(self, run_id: str, d: Path) -> None:
+    def _log_mlflow_model(self, run_id: str, artifact_uri: str, d: Path) -> None:
         """Make the version loadable by MLflow's API: the MLflow model the train stage wrote
         (a LoRA adapter against its local base), or, for the base model and full fine-tunes,
         the weights saved as one (models/mlflow_model.py)."""
@@ -723,7 +731,7 @@ class Tracker:
         if (d / FOLDER / "MLmodel").exists():
             self.client.log_artifacts(run_id, str(d / FOLDER), artifact_path="model")
         elif (d / "model" / "config.json").exists():
-            if (local := _local_artifacts(self.client.get_run(run_id).info.artifact_uri)) is not None:
+            if (local := _local_artifacts(artifact_uri)) is not None:
                 # a local store: saved in place beside the run's artifacts, then moved in, its weights
                 # linked to the store's (no copy of them, no space taken twice)
                 saved = forkserver.call(save_full, d / "model", local / f".model-{uuid.uuid4().hex[:8]}")
