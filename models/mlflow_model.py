@@ -87,13 +87,21 @@ def save_full(model_dir: Path, path: Path) -> Path:
     return path
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    """As the base stage links a model into the store (tasks/prepare.py, a layer above this one)."""
+    import os
+
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not allowed there
+        shutil.copy2(src, dst)
+
+
 @contextlib.contextmanager
 def _linking_checkpoint_copy():
     """MLflow's transformers flavor copies a checkpoint directory into the model with
     `shutil.copytree` (mlflow/transformers/model_io.py); within the block that copy links each file
     instead where it can. Where MLflow's module has no such name, it copies as it would."""
-    from ratchet.tasks.prepare import _link_or_copy  # as the base stage links the model into the store
-
     try:
         from mlflow.transformers import model_io
     except ImportError:
