@@ -342,7 +342,34 @@ class Launch:
             from ratchet.data.errors import RatchetError
 
             raise RatchetError(server.error)
-        return execute(self.cfg, ctx=ctx)
+        with heartbeats_where_heard():
+            return execute(self.cfg, ctx=ctx)
+
+
+# Prefect's settings for the interval of a flow run's heartbeats (the second: its older name)
+HEARTBEAT_SETTINGS = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")
+
+
+@contextlib.contextmanager
+def heartbeats_where_heard() -> Iterator[None]:
+    """Prefect's flow-run heartbeats off while the block lasts where the run's server is its own.
+
+    Each flow a run calls (the run's, each round's) sends Prefect a heartbeat every 180 s, so that a
+    server that outlives a dead run can mark it crashed when they stop (Prefect's zombie detection).
+    A run's own temporary server (`TemporaryServer`, or Prefect's ephemeral one) dies with it, so
+    nothing is there to read them; and each flow's heartbeat thread sleeps a second at a time, so
+    every flow's end waited for it: 0.56 s on average, a round's time on the path to the next.
+    On a server of the user's (PREFECT_API_URL, a deployment's), and wherever the user set their
+    interval, they are as Prefect's settings say."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    server, url = TemporaryServer.current, PREFECT_API_URL.value()
+    own = not url or (server is not None and url == server.api_url)
+    if not own or any(k in os.environ for k in HEARTBEAT_SETTINGS):
+        yield
+        return
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
 
 
 @contextlib.contextmanager

@@ -28,9 +28,39 @@ with get_client(sync_client=True) as client:
     said = client.hello().status_code
     url = str(client.api_url)
     flows = len(client.read_flows())
+beats = {}
+if not copied:  # the first server: does a flow run on it send heartbeats (a thread of its own while it runs)?
+    import time
+
+    from prefect import flow
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    from ratchet.flows.launch import heartbeats_where_heard
+
+    @flow
+    def probe() -> bool:  # a thread in Prefect's heartbeat loop, looked for for up to 1 s
+        end = time.monotonic() + 1
+        while time.monotonic() < end:
+            for frame in sys._current_frames().values():
+                while frame is not None:
+                    if frame.f_code.co_name == "heartbeat_loop":
+                        return True
+                    frame = frame.f_back
+            time.sleep(0.05)
+        return False
+
+    beats["prefect's"] = probe()
+    with heartbeats_where_heard():
+        beats["own server"] = probe()
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}), heartbeats_where_heard():
+        beats["another server"] = get_current_settings().flows.heartbeat_frequency is not None
+    os.environ["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] = "60"  # the user's own interval
+    with heartbeats_where_heard():
+        beats["set by the user"] = probe()
 print(json.dumps({"error": server.error, "url": url, "api": server.api_url, "env": os.environ["PREFECT_API_URL"],
                   "same": same, "hello": said, "pid": server.proc.pid, "log": str(server.log), "copied": copied,
-                  "flows": flows, "server modules": "prefect.server.api.server" in sys.modules}), flush=True)
+                  "flows": flows, "server modules": "prefect.server.api.server" in sys.modules,
+                  "beats": beats}), flush=True)
 sys.stdin.read()  # held until the test kills this process
 """
 
@@ -64,12 +94,17 @@ def test_the_temporary_server_is_named_before_prefect_is_imported_and_dies_with_
     process never imports the server's code (1.2-1.9 s a run). One per process. A `kill -9` of
     the run's process leaves it serving nothing: it dies by itself, as every process below a run.
     The first new database a server builds is kept, empty, in the user cache, and the next new
-    home starts from a copy of it (its server then skips Prefect's migrations, some 5 s of CPU)."""
+    home starts from a copy of it (its server then skips Prefect's migrations, some 5 s of CPU).
+    Flows run on the run's own server send no heartbeats (each flow's end waited up to 1 s for its
+    heartbeat thread); on another server, or with the user's own interval, they do."""
     proc, out = _server(tmp_path, "prefect")
     try:
         assert out["error"] is None and out["hello"] == 200 and out["same"] and not out["copied"], out
         assert out["url"].rstrip("/") == out["api"] == out["env"] and out["api"].startswith("http://127.0.0.1:"), out
         assert out["server modules"] is False, out
+        # heartbeats: Prefect's default sends them; the run's own server, which dies with it, gets none
+        assert out["beats"] == {"prefect's": True, "own server": False, "another server": True,
+                                "set by the user": True}, out
         assert Path(out["log"]) == tmp_path / "prefect" / "temporary-server.log" and Path(out["log"]).exists()
         assert not _gone(out["pid"])
     finally:
