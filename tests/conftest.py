@@ -111,9 +111,15 @@ def _fork_template(request, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def prefect_harness():
+    """Prefect's test server for this test process. It lives no longer than the process, so the flows
+    run here send it no heartbeats, as a run on its own server sends none (flows/launch.py
+    `heartbeats_where_heard`): each flow's end waited up to 1 s for its heartbeat thread. (A run a
+    test starts as `ratchet run` against it is a run on a server of the user's: it sends them.)"""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(server_startup_timeout=120), \
+            temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
 
 
