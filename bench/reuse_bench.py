@@ -5,10 +5,13 @@ machine).
     python bench/reuse_bench.py                        # a finished one-round run on the tiny model, made here
     python bench/reuse_bench.py --config C --workdir W # a finished run of yours (C's run in W)
     python bench/reuse_bench.py --repeat 5
+    python bench/reuse_bench.py --rounds 6             # the tiny run made with 6 rounds
 
 Each command runs in a fresh interpreter, as a user types it: `ratchet --help`, `ratchet run` with
 every stage reused (a read: it prints the run's lines and starts nothing), `ratchet plan`, `ratchet
-runs`, `ratchet lineage` (the newest version) and `ratchet check`. The median of --repeat runs.
+runs`, `ratchet lineage` (the newest version) and `ratchet check`. The median of --repeat runs. On
+the tiny run it makes, two runs that reuse part of it, each to its first new stage's `started` line:
+one whose train stage is new (its epochs changed), and one a round longer (every round of it reused).
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RATCHET = [sys.executable, "-m", "ratchet.flows.cli"]
 
 
-def tiny_run(work: Path) -> list[str]:
-    """A finished one-round run on a tiny random model (the tests' own), made in `work`: the words
-    that name its config."""
+def tiny_run(work: Path, rounds: int = 1) -> list[str]:
+    """A finished run of `rounds` rounds on a tiny random model (the tests' own), made in `work`: the
+    words that name its config."""
     sys.path.insert(0, str(ROOT))
     from ratchet.models.default_model import default_model_dir
     from tests.flows.tiny import tiny_causal_lm
@@ -38,7 +41,7 @@ def tiny_run(work: Path) -> list[str]:
     (work / "reward.py").write_text("import re\n\ndef score(completion, answer=None, prompt=None, **fields):\n"
                                     "    return float(int(re.findall(r'\\d+', prompt)[0]) % 2 == 1)\n")
     words = [str(ROOT / "flows" / "configs" / "default.yaml"), f"workdir={work / 'runs'}", f"model.path={model}",
-             "rounds=1", "sampler.backend=hf", "sampler.dtype=float32", "data.a_max=6", "data.b_max=4",
+             f"rounds={rounds}", "sampler.backend=hf", "sampler.dtype=float32", "data.a_max=6", "data.b_max=4",
              "data.train_size=12", "data.eval_size=4", "sample.n=2", "sample.max_tokens=6", "evaluate.max_tokens=6",
              "train.epochs=1", "filter.min_rows=1", f"data.check={{kind: python, function: '{work / 'reward.py'}:score'}}"]
     done = subprocess.run([*RATCHET, "run", *words], capture_output=True, text=True)
@@ -82,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="a finished run's config (with --workdir); default: a tiny run made here")
     ap.add_argument("--workdir", help="where --config's run is")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1, help="the rounds of the tiny run made here")
     a = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="ratchet-reuse-"))
-    words = [a.config, f"workdir={a.workdir}"] if a.config else tiny_run(work)
+    words = [a.config, f"workdir={a.workdir}"] if a.config else tiny_run(work, a.rounds)
     commands = {"ratchet --help": ["--help"], "ratchet run (every stage reused)": ["run", *words],
                 "ratchet plan": ["plan", *words], "ratchet runs": ["runs", *words],
                 "ratchet lineage": ["lineage", *words], "ratchet check": ["check", *words]}
@@ -96,10 +100,16 @@ def main(argv: list[str] | None = None) -> int:
         # checks, the plan, MLflow and Prefect started, the reused stages read (exit: 143, stopped there)
         runs = [to_first_new_stage([*RATCHET, "run", *words, "train.epochs=2"], work) for _ in range(a.repeat)]
         rows["ratchet run (train new): to its start"] = (statistics.median(r[0] for r in runs), 0.0, runs[-1][2])
+        # a round longer: every round of the finished run reused (their Prefect flows and tasks, their
+        # MLflow records in the new run), up to the new round's sample stage
+        longer = [w if not w.startswith("rounds=") else f"rounds={a.rounds + 1}" for w in words]
+        runs = [to_first_new_stage([*RATCHET, "run", *longer], work, "sample") for _ in range(a.repeat)]
+        rows[f"ratchet run (round {a.rounds + 1} new): to its start"] = (statistics.median(r[0] for r in runs), 0.0,
+                                                                        runs[-1][2])
     base = rows["ratchet --help"][0]
-    print(f"{'command':<38} {'wall s':>7} {'x --help':>8} {'peak MiB':>9} {'exit':>4}")
+    print(f"{'command':<42} {'wall s':>7} {'x --help':>8} {'peak MiB':>9} {'exit':>4}")
     for name, (wall, peak, code) in rows.items():
-        print(f"{name:<38} {wall:7.2f} {wall / base:8.1f} {peak:9.0f} {code:>4}")
+        print(f"{name:<42} {wall:7.2f} {wall / base:8.1f} {peak:9.0f} {code:>4}")
     print(f"\n(median of {a.repeat} runs; peak: the command's own process; 0: not measured)")
     shutil.rmtree(work, ignore_errors=True)  # the tiny run made here, or the commands' own scratch
     return 0
