@@ -10,8 +10,8 @@ whole group, a lost machine, are the other tests' failpoints.)
 
 The run is the self-rewarding path on the tiny model (HF backend, worker processes): the
 killed stages have real mid-stage state to lose (sample shards, a trainer checkpoint). The
-killed runs' stage workers are forked from the run's fork server; the reference run's start
-cold (tests/conftest.py tiny_reference, which the Ray round compares with too). Only the run
+killed runs' stage workers are forked from the run's own fork server; the reference run's from the
+suite's template (tests/conftest.py tiny_reference, which the Ray round compares with too). Only the run
 killed mid-sampling holds two engines (the executor is not part of a stage's key, and one or
 two holders sample the same bytes: tests/tasks/test_units.py); the others sample on one, so the
 resumed sample stage finishes on another executor than the one it was killed on.
@@ -102,7 +102,7 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
     from prefect.settings import PREFECT_API_URL
 
     api = PREFECT_API_URL.value()
-    ref_dir, ref = tiny_reference  # uninterrupted, its workers started cold; the killed runs' are forked
+    ref_dir, ref = tiny_reference  # uninterrupted
     assert ref.returncode == 0, ref.stderr[-3000:]
     reference = _finished(ref_dir)
     # what a person sees: a line per stage and round, the table; every library's output is in the logs
@@ -162,7 +162,7 @@ def test_kill_in_every_stage_then_resume_to_the_same_bytes(tiny_model, tmp_path,
     left = [f"{n}/{s}" for n in done for s in ("shards", "checkpoints") if (work / "stages" / n / s).exists()]
     assert left == []  # scratch goes once the manifest is durable
 
-    # and every artifact is byte-identical to the uninterrupted run's, whose workers started cold
+    # and every artifact is byte-identical to the uninterrupted run's
     assert sorted(done) == sorted(reference)
     for name, m in reference.items():
         assert {k: f.sha256 for k, f in done[name].outputs.items()} == {k: f.sha256 for k, f in m.outputs.items()}, name

@@ -45,10 +45,11 @@ ONE_THREAD = ["executor.threads_per_engine=1", "evaluate.shard_size=2"]
 
 def reference_run(workdir, tiny_model, api_url) -> subprocess.CompletedProcess:
     """The uninterrupted run the fault and Ray tests compare with (tests/conftest.py makes it once
-    for a test process): every stage worker a fresh interpreter (no fork server, whose forked
-    workers the runs compared with use), against the Prefect server at api_url."""
-    return ratchet("run", CONFIG, *overrides(workdir, tiny_model), *ONE_THREAD, "executor.warm_workers=false",
-                   api_url=api_url)
+    for a test process), against the Prefect server at api_url. Its stage workers are forked from
+    its fork server, as every run's are by default; that a fresh interpreter's worker
+    (`executor.warm_workers=false`) writes the same bytes is tests/tasks/test_stages_tiny.py's, and
+    the Ray round compares its nodes' fresh workers with this run."""
+    return ratchet("run", CONFIG, *overrides(workdir, tiny_model), *ONE_THREAD, api_url=api_url)
 
 
 def ratchet(*args, api_url: str | None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:

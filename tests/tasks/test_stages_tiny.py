@@ -311,3 +311,41 @@ def test_a_reasoning_gym_task_is_labeled_and_evaluated_by_its_own_scorer(tiny_mo
             want = ds.score_answer(answer=extract_answer(r.text, r.answer, "auto"), entry=entry)
             assert r.correct == (want >= 1.0) and (stage is ev or r.reward == want)
     assert ev.metrics["accuracy"] == sum(r.correct for r in rows) / 4
+
+
+def test_training_writes_the_same_bytes_in_a_forked_worker_and_a_fresh_one(tiny_model, tmp_path, monkeypatch):
+    """Guards `executor.warm_workers`: DPO training in a worker forked from the run's fork server
+    (data/procs/forkserver.py, every run's default) writes the bytes a fresh interpreter's worker
+    writes (`warm_workers=false`), so either reuses the other's stages (the executor is in no key).
+    The whole runs the fault and Ray tests compare fork their workers; the Ray round's sampling,
+    labels and evaluations run in its nodes' fresh interpreters and match them, its training does
+    not. Slow: a fresh worker's imports (torch, transformers, TRL, PEFT)."""
+    from ratchet.data.procs import forkserver, spawn
+    from ratchet.data.records import PairRow
+    from ratchet.flows.inputs import run_preload
+    from ratchet.models.train_kinds import DPOTrainConfig
+
+    def trained(root):
+        store = ArtifactStore(root)
+        base, _ = prepare.base_model(store, "tiny", tiny_model)
+        fkey = "f" * 64  # hand-made pairs: a random model's labels would pair nothing reliably
+        d = store.prepare("filter", fkey)
+        write_jsonl(d / "train_set.jsonl", [
+            PairRow(prompt_id=f"p{i}", prompt=f"What is {i} + 1?", chosen=f"{i + 1}", rejected=f"{i + 2}",
+                    chosen_reward=1.0, rejected_reward=0.0, chosen_tokens=1, rejected_tokens=1) for i in range(6)])
+        fm = store.finish(stage="filter", round=1, key=fkey, code_version="test", config={}, parents=[base],
+                          outputs={"train_set.jsonl": 6})
+        t, _ = train.train(store, base, fm, DPOTrainConfig(epochs=1, batch_size=4, checkpoint_steps=1), seed=1,
+                           round=1)
+        return t.dir, {k: f.sha256 for k, f in t.outputs.items()}
+
+    fresh_starts = []  # the workers started as new interpreters
+    started = spawn.run_logged
+    monkeypatch.setattr(spawn, "run_logged", lambda *a, **k: fresh_starts.append(a[0]) or started(*a, **k))
+    assert forkserver.current() is None
+    fresh = trained(tmp_path / "fresh")  # no fork server: the worker is a new interpreter
+    assert len(fresh_starts) == 1
+    with forkserver.for_run(True, tmp_path / "forkserver.log", run_preload()) as server:
+        forked = trained(tmp_path / "forked")
+    assert len(fresh_starts) == 1 and server.n == 1  # forked from the server
+    assert forked == fresh and {"model/model.safetensors", "adapter/adapter_model.safetensors"} <= fresh[1].keys()
