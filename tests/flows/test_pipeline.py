@@ -8,7 +8,7 @@ from ratchet.flows.config import load_config
 
 pytestmark = pytest.mark.integration
 CONFIGS = Path(__file__).parents[2] / "flows" / "configs"
-SMALL = ["rounds=1", "data.train_size=16", "data.eval_size=8", "sample.n=4", "sample.max_tokens=32",
+SMALL = ["rounds=1", "data.train_size=8", "data.eval_size=8", "sample.n=4", "sample.max_tokens=32",
          "evaluate.max_tokens=32", "filter.min_rows=2", "train.epochs=1", "train.batch_size=4",
          "train.checkpoint_steps=1", "sampler.kv_cache_gb=1"]
 STAGES = ["base", "evaluate", "evaluate", "filter", "label", "prompts", "sample", "train"]
@@ -166,10 +166,10 @@ def test_self_reward_dpo_round_stops_at_its_agreement_gate_then_trains_anyway(tm
     its agreement with the verifier, the pairs and the DPO curves."""
     from ratchet.tasks.agreement import LabelDisagreesError
 
-    # half the module's prompts (8 pairs, 2 DPO steps here): what it checks needs a few of each; a gate
-    # at 1 (a perfect ranking), further from what this judge of itself measures (0.40-0.50 here) than 0.95
-    small = [f"workdir={tmp_path}", *[o for o in SMALL if not o.startswith("filter.")], "data.train_size=8",
-             "filter.min_pairs=2", "filter.margin=0.01", "filter.max_length_ratio=null",
+    # a gate at 1 (a perfect ranking), further from what this judge of itself measures (0.40-0.50 here)
+    # than 0.95; 8 prompts make 8 pairs and 2 DPO steps here
+    small = [f"workdir={tmp_path}", *[o for o in SMALL if not o.startswith("filter.")], "filter.min_pairs=2",
+             "filter.margin=0.01", "filter.max_length_ratio=null",
              "agreement.metric=verifier_auc", "agreement.min=1", "agreement.min_prompts=1"]
     with pytest.raises(LabelDisagreesError, match=r"round 1 stopped before training: the judge \(rating, the policy\)"
                        r" label .* verifier_auc=0\.\d{3} over \d+ prompts .* below agreement.min=1.0") as stop:
