@@ -97,7 +97,11 @@ def test_a_dropped_version_is_made_again_byte_for_byte(tiny_model, tmp_path, pre
     version 2 makes them again in its stage worker, `ratchet export` in a child of its own, and both
     are the bytes training wrote; the lineage meanwhile verifies and says what is dropped. Every
     version loads through MLflow's own API (the transformers flavor and pyfunc), and a LoRA version
-    computes what its exported merged weights do."""
+    computes what its exported merged weights do.
+
+    Guards `drop_models` and `ratchet gc --models`: dropped weights come back byte for byte wherever a run, an
+    export or MLflow needs them. Slow: a 3-round run and a 1-round run on the tiny model, an export and MLflow
+    loads of four versions."""
     from prefect.settings import PREFECT_API_URL
 
     api, work = PREFECT_API_URL.value(), tmp_path / "runs"

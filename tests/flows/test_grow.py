@@ -210,7 +210,11 @@ def test_a_run_grows_on_its_own_labels_and_never_reads_a_hidden_reference(tiny_m
     trained beside the policy, its own seed, registered), the length filter, the curriculum moving up
     by its labels. With every hidden reference poisoned, every stage's key and output of the first
     round (its vote, filter and both models' training) is the same, byte for byte; only the label
-    precision it reports (which reads them) changes."""
+    precision it reports (which reads them) changes.
+
+    Guards learning without labels: no stage of a run that climbs on its own labels reads the references it
+    hides. Slow: a 2-round run and a 1-round run with poisoned references, on the tiny model (its sampler
+    scripted)."""
     from ratchet.data.records import read_jsonl
 
     results, tracker, said = _run(tmp_path / "clean", tiny_model, False, monkeypatch)

@@ -81,7 +81,9 @@ def _args(work: Path, model: Path) -> list[str]:
 def test_a_grpo_round_after_a_cold_start_is_kept_planned_and_traced(tiny_model, tmp_path, prefect_harness, capsys):
     """A run with demonstrations (cold_start): round 1 is the base model fine-tuned on them, round 2 a
     GRPO round that builds on it; its rollouts and the demonstrations are in the lineage, the plan
-    reuses every stage, and a run from a registered version starts past the cold start."""
+    reuses every stage, and a run from a registered version starts past the cold start.
+
+    Guards `cold_start` before online RL. Slow: a cold start and a GRPO round on the tiny model."""
     from prefect.settings import PREFECT_API_URL
 
     from ratchet.flows.plan import plan
@@ -158,7 +160,10 @@ def test_a_reward_model_is_the_reward_of_a_grpo_round(tiny_model, tiny_reward_mo
     """label.kind=reward_model scores each step's completions in the train stage, on its own model:
     a stage of its own (label-model) and a parent of the train stage, so its digest keys it. In two
     training processes: each makes the stage's engine, rollout and scorer again (tasks/train.py
-    online_process), samples its own prompts of a step and scores them on the reward model."""
+    online_process), samples its own prompts of a step and scores them on the reward model.
+
+    Guards `label.kind=reward_model` in online RL, keyed by its model's digest, in two training processes.
+    Slow: a GRPO round in two processes, each with its engine and scorer."""
     from prefect.settings import PREFECT_API_URL
 
     work = tmp_path / "runs"
@@ -188,7 +193,9 @@ def test_a_reward_model_is_the_reward_of_a_grpo_round(tiny_model, tiny_reward_mo
 def test_prompts_every_sample_solved_leave_the_pool_for_the_next_round(tiny_model, tmp_path, prefect_harness):
     """data.retire_solved: the prompts whose every sample in round 1 earned the top reward (here a
     reward that gives 1.0 to every answer of a prompt with an even first term) are not in round 2's
-    pool, a stage keyed by round 1's train stage, whose rollouts hold the rewards."""
+    pool, a stage keyed by round 1's train stage, whose rollouts hold the rewards.
+
+    Guards `data.retire_solved`. Slow: two GRPO rounds on the tiny model."""
     from prefect.settings import PREFECT_API_URL
 
     reward = tmp_path / "reward.py"

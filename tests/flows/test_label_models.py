@@ -53,6 +53,8 @@ def _label_stage(workdir):
 
 
 def test_a_reward_model_labels_a_round(tiny_model, tiny_reward_model, tmp_path, prefect_harness):
+    """A reward model (`label.kind=reward_model`) labels a round with the scores its own forward pass gives, as a
+    stage of its own that keys the label. Guards reward-model labels. Slow: a round on the tiny model."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -85,6 +87,9 @@ def test_a_reward_model_labels_a_round(tiny_model, tiny_reward_model, tmp_path, 
 
 def test_a_fixed_judge_labels_a_round_and_a_bad_label_model_is_refused(tiny_model, tiny_judge, tmp_path,
                                                                       prefect_harness):
+    """A fixed judge (`label.model`) labels the round from its own logits, as a stage of its own that keys the
+    label; a label model that cannot judge is refused before any model loads. Guards `label.model`. Slow: a
+    round on the tiny model."""
     from ratchet.data.errors import ConfigError
     from ratchet.data.records import LabeledCompletion, read_jsonl
     from ratchet.models.sampler import vllm_cpu_version

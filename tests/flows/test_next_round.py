@@ -116,7 +116,9 @@ def test_an_unknown_rule_names_the_field_and_the_choices():
 def test_a_round_that_does_not_beat_its_start_is_set_aside(tiny_model, tmp_path, prefect_harness):
     """Two rounds on the tiny random model, whose held-out accuracy never moves from 0: under
     `best`, round 2 trains from the base model again, samples from it, says so on the
-    console, and the registry and lineage show version 1 as its parent."""
+    console, and the registry and lineage show version 1 as its parent.
+
+    Guards `next_round=best`. Slow: a 2-round run on the tiny model."""
     from ratchet.data import events
     from ratchet.data.manifest import read_manifest
     from ratchet.data.store import ArtifactStore

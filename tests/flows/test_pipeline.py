@@ -163,7 +163,11 @@ def test_self_reward_dpo_round_stops_at_its_agreement_gate_then_trains_anyway(tm
     pairs are built; a gate its judge cannot meet stops the round before training with a
     message that says why; `agreement.on_below=train` then trains on the kept stages (DPO
     against the round's start) and the round says so. MLflow holds the judge's statistics,
-    its agreement with the verifier, the pairs and the DPO curves."""
+    its agreement with the verifier, the pairs and the DPO curves.
+
+    Guards the agreement gate on the shipped self-rewarding path: a label that disagrees with the answers
+    stops the round before training, and what the round finished is kept and reused. Slow: two runs on the
+    default model (8 prompts; the second trains DPO and evaluates)."""
     from ratchet.tasks.agreement import LabelDisagreesError
 
     # a gate at 1 (a perfect ranking), further from what this judge of itself measures (0.40-0.50 here)
@@ -219,7 +223,10 @@ def test_self_reward_dpo_round_stops_at_its_agreement_gate_then_trains_anyway(tm
 def test_mcts_dpo_round_end_to_end(tmp_path, prefect_harness, default_model):
     """The shipped MCTS config, small: no sample stage; the search runs in a worker on vLLM,
     its trees and statistics reach the store and MLflow, step pairs train DPO, and the
-    lineage runs label -> prompts + base."""
+    lineage runs label -> prompts + base.
+
+    Guards the shipped MCTS config (`flows/configs/mcts_dpo.yaml`) end to end on the default model. Slow: a
+    round of tree search on vLLM, DPO and two evaluations."""
     from ratchet.data.manifest import read_manifest
     from ratchet.data.store import ArtifactStore
     from ratchet.flows.lineage import walk

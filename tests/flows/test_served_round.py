@@ -58,6 +58,9 @@ def test_a_self_rewarding_round_judged_by_a_served_model(served, tiny_model, tmp
 
 
 def test_a_server_gone_mid_stage_is_resumed_without_asking_again(served, tmp_path):
+    """A served judge that goes away mid-stage fails the stage with the calls it answered kept; the stage resumed
+    asks only for the rest. Guards the resume promise for a served label. Slow: 40 judgements through `vllm
+    serve`, over the failed stage and the resumed one."""
     from ratchet.data.digest import sha256_json
     from ratchet.data.sources.addition import AdditionSource
     from ratchet.data.store import ArtifactStore
@@ -102,7 +105,10 @@ def test_the_attack_corpus_does_not_lift_the_served_judge(served, tmp_path):
     """The attack corpus (tests/tasks/attacks/) against the served judge, p_yes from the server's
     log-probabilities: without the guard some kind of attack lifts it (so the measure can see a
     lift); through the guard, as shipped, none does, and every attack scores below its clean
-    control."""
+    control.
+
+    Guards the judge's guard against reward hacking on a real served model (`vllm serve`). Slow: the whole
+    corpus scored three ways through the server."""
     from ratchet.models.endpoint import Endpoint, EndpointConfig
     from ratchet.tasks.label_kinds.guard import guard
     from ratchet.tasks.label_kinds.judge import JudgeLabel
@@ -133,7 +139,10 @@ def test_a_served_policy_s_prompt_round(served, tmp_path):
     """The default model as a served policy (sampler.backend=served), improved by its prompt: the
     round's search and evaluations, stage by stage in this process, ask the real server, with its
     own chat template and token counts. The whole run (its records, registry, export and lineage)
-    is tests/flows/test_served_policy.py's, against a scripted server."""
+    is tests/flows/test_served_policy.py's, against a scripted server.
+
+    Guards `sampler.backend=served` against a real server (its chat template and token counts). Slow:
+    a prompt search and evaluations through `vllm serve`."""
     from ratchet.data.store import ArtifactStore
     from ratchet.flows.config import load_config
     from ratchet.flows.inputs import check_inputs

@@ -160,7 +160,10 @@ def test_on_vllm_the_engine_holds_the_policy_the_reward_rises_and_the_gap_stays_
     rises at least 2x from steps 1-3 to steps 8-10 (measured at lr 2e-2: 0.09, 0.09, 0.20, 0.66, then
     1.0 from step 5, where every group is equal and dropped), and in float32 the engine's
     log-probabilities stay within 1e-4 of the trainer's (measured: max 7e-6 to 3e-5 a step). A sync
-    that missed a layer would let the gap grow with each step."""
+    that missed a layer would let the gap grow with each step.
+
+    Guards online RL on vLLM: the engine samples from the policy being trained, and it learns. Slow: ten GRPO
+    steps, each syncing weights into the engine."""
     got = in_child("vllm_rise", wide_tiny, tmp_path)
     m, h = got["metrics"], got["history"]
     assert got["synced"] is True
@@ -258,7 +261,10 @@ def test_a_killed_stage_resumes_to_the_same_bytes(wide_tiny, tmp_path):
     """Killed after its step-4 checkpoint and the next step's rollouts, the stage resumes from the
     checkpoint, reads the rollouts of the steps it sampled before (so their completions are shuffled
     into micro-batches without the engine having run), and ends with the uninterrupted run's rollouts,
-    log and weights, byte for byte."""
+    log and weights, byte for byte.
+
+    Guards the resume promise for online RL (GRPO): a killed stage resumes from its checkpoint and stored
+    rollouts to the uninterrupted bytes. Slow: three GRPO trainings (whole, killed, resumed)."""
     full = run(wide_tiny, tmp_path / "full", **KILLED)  # two micro-batches a step
     assert full["resumed"] == 0.0 and full["steps"] == 6
 

@@ -42,6 +42,8 @@ def test_hf_sampler_shapes_and_seeding(tiny_model):
 
 
 def test_vllm_and_hf_greedy_agree_on_the_default_model(default_model):
+    """vLLM and the HF backend answer alike on the default model, and token ids fed back continue where they left
+    off. Guards the two samplers' agreement. Slow: the default model on both."""
     prompts = ["What is 3 + 4?", "Name a color.", "What is 12 + 9?"]
     greedy = SamplingParams(n=1, temperature=0.0, max_tokens=8)
     hf = HFSampler(default_model, SamplerConfig(backend="hf", dtype="float32"), seed=0).generate(prompts, greedy, 0)

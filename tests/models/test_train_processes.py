@@ -115,7 +115,10 @@ def test_a_kill_of_the_process_that_trains_alone_stops_all_and_resumes_to_the_sa
     has the same fate), its PID alone and not its group, right after training saved its first
     checkpoint: torchrun and both training processes die with it, nothing writes into the stage
     directory afterwards, and training resumed there from that checkpoint ends on the
-    uninterrupted run's weights and log."""
+    uninterrupted run's weights and log.
+
+    Guards the resume promise for training in two processes (torchrun): no orphan, no late write, the same
+    weights. Slow: two two-process trainings (killed, resumed) beside the module's uninterrupted one."""
     from tests.procs import carrying, gone_within
 
     full, full_dir = two_rft

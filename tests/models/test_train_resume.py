@@ -19,6 +19,8 @@ def _train(model, out):
 
 
 def test_killed_training_resumes_to_the_same_weights(tiny_model, tmp_path):
+    """Training killed after a checkpoint resumes from it to the uninterrupted run's weights and figures. Guards
+    the resume promise for a training stage. Slow: three trainings (whole, killed, resumed)."""
     from safetensors.torch import load_file
 
     full = _train(tiny_model, tmp_path / "full")

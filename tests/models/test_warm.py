@@ -66,6 +66,9 @@ def borrow(w, monkeypatch) -> str:
 
 
 def test_the_warm_engine_keeps_swaps_and_reopens_and_answers_as_a_cold_engine(tiny_model, tmp_path, engine):
+    """The run's warm engine on the HF backend: kept for the same weights, its weights swapped in place for
+    others, another engine for another shape, each answer a new engine's. Guards `executor.warm_engine`. Slow:
+    five engines on the tiny model, two kept warm."""
     cfg = SamplerConfig(backend="hf", dtype="float32")
     other = _other_weights(tiny_model, tmp_path / "other")
     base_cold, other_cold = _cold(tiny_model, cfg, 0), _cold(other, cfg, 0)
@@ -106,6 +109,9 @@ def test_a_second_shape_is_kept_beside_the_first_only_where_memory_allows(tiny_m
 
 
 def test_an_error_in_the_engine_fails_the_stage_and_the_next_stage_gets_a_new_engine(tiny_model, engine):
+    """An error inside the warm engine fails the stage that asked, with the engine's error, and the run's next
+    stage opens a new engine. Guards `executor.warm_engine` against a poisoned engine. Slow: two engines on
+    the tiny model."""
     cfg = SamplerConfig(backend="hf", dtype="float32")
     s = warm.WarmSampler(tiny_model, cfg, seed=0, address=engine.borrowed)
     first = s.opened["pid"]
@@ -278,7 +284,11 @@ def test_vllm_weights_swapped_in_place_answer_byte_for_byte_as_a_fresh_engine(de
     """The default model on vLLM: the warm engine opened on it, then swapped to other weights,
     samples exactly what a fresh engine on those weights does, and differs from the first. An
     engine of a second shape (as a round's evaluation in another dtype asks for) opens beside the
-    first on a CPU, and the first is kept: asked for again it swaps its weights, it does not reopen."""
+    first on a CPU, and the first is kept: asked for again it swaps its weights, it does not reopen.
+
+    Guards the warm engine on vLLM, which every round of the default run samples on: a swap of weights in
+    place answers as a new engine would. Slow: three vLLM engines on the default model (two shapes warm, one
+    cold)."""
     cfg = SamplerConfig(backend="vllm", kv_cache_gb=1)
     other = _other_weights(default_model, tmp_path / "other")
     greedy = SamplingParams(n=1, temperature=0.0, max_tokens=16)

@@ -118,7 +118,9 @@ def test_a_curriculum_climbs_the_levels_and_ends_the_run_at_the_top(tiny_model, 
     """Three levels on the tiny model, scored by a function that passes every answer, after a cold
     start: round 0 and the cold start (round 1) evaluate levels 1 and 2, each round after them trains
     one level higher than the round before reached and evaluates up to the next, and round 4's
-    curriculum ends the run at the top level; the plan then reuses it all."""
+    curriculum ends the run at the top level; the plan then reuses it all.
+
+    Guards `curriculum`. Slow: a cold start and three rounds on the tiny model."""
     import json
 
     from ratchet.data import events

@@ -30,7 +30,11 @@ def _by_kind(lifts):
 
 @pytest.mark.parametrize("mode", ["rating", "p_yes"])
 def test_no_attack_kind_lifts_the_judges_reward(judge_sampler, mode):
-    """judge_values is the judge label's reward rescaled to 0-1, and the MCTS value itself."""
+    """judge_values is the judge label's reward rescaled to 0-1, and the MCTS value itself.
+
+    Guards the judge against reward hacking (forged scores and verdicts, injected instructions, fence
+    breaks, role play, obfuscation) on the default model, in each judge mode. Slow: the corpus scored with
+    and without the guard on vLLM."""
     from ratchet.tasks.label_kinds.guard import guard
     from ratchet.tasks.label_kinds.judge import JudgeLabel
     from ratchet.tasks.label_kinds.judging import judge_values, rate

@@ -84,7 +84,10 @@ def test_an_engine_that_cannot_open_is_not_retried(ray_cluster, tmp_path):
 
 def test_real_sampling_and_tree_search_units_match_the_local_executor(ray_cluster, tiny_model, tmp_path):
     """Seeded sampling and MCTS on the tiny model: Ray holders on two nodes (one thread each)
-    write the bytes the local executor writes with one thread."""
+    write the bytes the local executor writes with one thread.
+
+    Guards `executor.kind=ray` for the two kinds of units that generate: the cluster changes no byte. Slow:
+    sampling and tree search on both executors."""
     import torch
 
     from ratchet.data.checkers import NumberCheck

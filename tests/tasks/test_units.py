@@ -80,7 +80,10 @@ def test_holders_that_keep_dying_fail_the_stage_and_keep_finished_units(tmp_path
 @pytest.mark.integration
 def test_one_or_two_holders_sample_the_same_bytes(tiny_model, tmp_path):
     """Real seeded sampling (tiny model, T=0.8): in process on one engine, or on two engine
-    holders taking units as they free up, every unit comes out byte-identical."""
+    holders taking units as they free up, every unit comes out byte-identical.
+
+    Guards `executor.engines`: the number of holders changes no byte. Slow: real sampling on one and on two
+    holders."""
     import torch
 
     params = SamplingParams(n=2, temperature=0.8, top_k=50, max_tokens=8)
