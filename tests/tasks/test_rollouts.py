@@ -340,12 +340,10 @@ def test_tool_trajectories_flow_through_every_stage_on_a_real_engine(tiny_model,
     assert [x.segments for x in labeled] == [r.segments for r in rows]  # the turns travel with the label
 
     # a random model answers nothing right: its labeled episodes stand in for the accepted set
-    fkey = "f" * 64
-    d = store.prepare("filter", fkey)
-    write_jsonl(d / "train_set.jsonl", [SFTRow(prompt_id=x.prompt_id, prompt=x.prompt, completion=x.text, reward=1.0,
-                                               **x.turns()) for x in labeled[:8]])
-    fm = store.finish(stage="filter", round=1, key=fkey, code_version="test", config={}, parents=[lab],
-                      outputs={"train_set.jsonl": 8})
+    from tests.tasks.test_stages_tiny import hand_made_train_set
+
+    fm = hand_made_train_set(store, [SFTRow(prompt_id=x.prompt_id, prompt=x.prompt, completion=x.text, reward=1.0,
+                                            **x.turns()) for x in labeled[:8]], [lab])
     tm, _ = train.train(store, base, fm, RFTTrainConfig(epochs=1, batch_size=4), seed=1, round=1, isolate=False)
     assert tm.metrics["rows"] == 8.0 and tm.metrics["steps"] == 2.0
 

@@ -25,6 +25,15 @@ def files(store, m):
     return sorted(p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file())
 
 
+def hand_made_train_set(store, rows, parents):
+    """A finished filter stage holding `rows` as its train set, written by hand: a stand-in for the
+    filter where a random model's labels would accept or pair nothing reliably."""
+    key = "f" * 64
+    write_jsonl(store.prepare("filter", key) / "train_set.jsonl", rows)
+    return store.finish(stage="filter", round=1, key=key, code_version="test", config={}, parents=parents,
+                        outputs={"train_set.jsonl": len(rows)})
+
+
 def test_stages_write_exactly_their_files(tiny_model, tmp_path):
     store = ArtifactStore(tmp_path)
     src = AdditionSource(a_max=4, b_max=3, eval_size=4)
@@ -46,12 +55,8 @@ def test_stages_write_exactly_their_files(tiny_model, tmp_path):
     assert files(store, lab) == ["labels.jsonl", "manifest.json"] and lab.outputs["labels.jsonl"].rows == 24
 
     # a random 2-layer model answers nothing right: a hand-made accepted set stands in for the filter
-    fkey = "f" * 64
-    d = store.prepare("filter", fkey)
-    write_jsonl(d / "train_set.jsonl", [SFTRow(prompt_id=f"p{i}", prompt=f"What is {i} + 1?",
-                                               completion=f"{i + 1}", reward=1.0) for i in range(8)])
-    fm = store.finish(stage="filter", round=1, key=fkey, code_version="test", config={}, parents=[lab],
-                      outputs={"train_set.jsonl": 8})
+    fm = hand_made_train_set(store, [SFTRow(prompt_id=f"p{i}", prompt=f"What is {i} + 1?", completion=f"{i + 1}",
+                                            reward=1.0) for i in range(8)], [lab])
     tm, _ = train.train(store, base, fm, RFTTrainConfig(epochs=1, batch_size=4, checkpoint_steps=1), seed=1,
                         round=1, isolate=False)
     got = files(store, tm)
@@ -272,12 +277,8 @@ def test_a_base_model_runs_every_stage_in_the_plain_format(tiny_base_model, tmp_
     pairs, _ = filt.filter_rows(store, lab, PairFilter(margin=0.0, min_pairs=1), seed=1, round=1)
     assert read_jsonl(store.path(pairs, "train_set.jsonl"), PairRow)
     dpo, _ = train.train(store, base, pairs, DPOTrainConfig(epochs=1, batch_size=4), seed=1, round=1, isolate=False)
-    fkey = "f" * 64
-    d = store.prepare("filter", fkey)
-    write_jsonl(d / "train_set.jsonl", [SFTRow(prompt_id=f"p{i}", prompt=f"What is {i} + 1?", completion=f" {i + 1}",
-                                               reward=1.0) for i in range(4)])
-    fm = store.finish(stage="filter", round=1, key=fkey, code_version="test", config={}, parents=[lab],
-                      outputs={"train_set.jsonl": 4})
+    fm = hand_made_train_set(store, [SFTRow(prompt_id=f"p{i}", prompt=f"What is {i} + 1?", completion=f" {i + 1}",
+                                            reward=1.0) for i in range(4)], [lab])
     rft, _ = train.train(store, base, fm, RFTTrainConfig(epochs=1, batch_size=4), seed=1, round=1, isolate=False)
     for m in (dpo, rft):
         assert (prepare.model_dir(store, m) / "chat_template.jinja").read_text() == plain
@@ -328,13 +329,10 @@ def test_training_writes_the_same_bytes_in_a_forked_worker_and_a_fresh_one(tiny_
     def trained(root):
         store = ArtifactStore(root)
         base, _ = prepare.base_model(store, "tiny", tiny_model)
-        fkey = "f" * 64  # hand-made pairs: a random model's labels would pair nothing reliably
-        d = store.prepare("filter", fkey)
-        write_jsonl(d / "train_set.jsonl", [
+        fm = hand_made_train_set(store, [
             PairRow(prompt_id=f"p{i}", prompt=f"What is {i} + 1?", chosen=f"{i + 1}", rejected=f"{i + 2}",
-                    chosen_reward=1.0, rejected_reward=0.0, chosen_tokens=1, rejected_tokens=1) for i in range(6)])
-        fm = store.finish(stage="filter", round=1, key=fkey, code_version="test", config={}, parents=[base],
-                          outputs={"train_set.jsonl": 6})
+                    chosen_reward=1.0, rejected_reward=0.0, chosen_tokens=1, rejected_tokens=1) for i in range(6)],
+            [base])
         t, _ = train.train(store, base, fm, DPOTrainConfig(epochs=1, batch_size=4, checkpoint_steps=1), seed=1,
                            round=1)
         return t.dir, {k: f.sha256 for k, f in t.outputs.items()}
