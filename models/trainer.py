@@ -235,7 +235,7 @@ def save_merged(trainer, tok, base_dir: Path, out: Path, adapter: str) -> None:
         from ratchet.models.mlflow_model import save_adapter
 
         save_adapter(model, tok, base_dir, out)  # what the registered version loads from (before the merge)
-        model = model.merge_and_unload()
+        model = merged(model)
     tmp = out / "model.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -255,6 +255,24 @@ def adapted(base_dir: Path, adapter: Path):
     return PeftModel.from_pretrained(base, adapter)
 
 
+def merged(model):
+    """PEFT's merge of a LoRA model (`adapted`) into plain weights, each merged weight first copied
+    out of the file it was loaded from. A float32 base loads as a read-only map of its safetensors
+    file, and the merge adds into it in place: every page it writes was copied by the kernel on
+    first write: 1.85-1.88 s for the default model's 210 adapted layers against 0.36-0.47 s, the
+    copy included, into memory of the process's own (the 2-core Xeon, a round-3 train stage's
+    adapter, three times each). The same additions on the same values: the same bytes."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    with torch.no_grad():
+        for layer in model.modules():
+            if isinstance(layer, LoraLayer):
+                weight = layer.get_base_layer().weight
+                weight.data = weight.data.clone()
+    return model.merge_and_unload()
+
+
 WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")  # of a model directory
 
 
@@ -264,7 +282,7 @@ def remake(base_dir: str, stage_dir: str) -> list[str]:
     the model it trained from (`base_dir`), into stage_dir/model; returns the files written. The
     caller checks them against the stage's manifest (ArtifactStore.restored)."""
     d = Path(stage_dir)
-    model = adapted(Path(base_dir), d / "adapter").merge_and_unload()
+    model = merged(adapted(Path(base_dir), d / "adapter"))
     tmp = d / "model.remake"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
