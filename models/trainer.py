@@ -256,12 +256,12 @@ def adapted(base_dir: Path, adapter: Path):
 
 
 def merged(model):
-    """PEFT's merge of a LoRA model (`adapted`) into plain weights, each merged weight first copied
-    out of the file it was loaded from. A float32 base loads as a read-only map of its safetensors
-    file, and the merge adds into it in place: every page it writes was copied by the kernel on
-    first write: 1.85-1.88 s for the default model's 210 adapted layers against 0.36-0.47 s, the
-    copy included, into memory of the process's own (the 2-core Xeon, a round-3 train stage's
-    adapter, three times each). The same additions on the same values: the same bytes."""
+    """PEFT's merge of a LoRA model (`adapted`) into plain weights, each weight it adds into first
+    copied into the process's own memory. A float32 base is loaded as a private map of its
+    safetensors file and PEFT's merge adds into it in place, so each page it writes is copied on its
+    first write: 1.85-1.88 s for the default model's 210 adapted layers against 0.36-0.47 s with the
+    copies made first (the 2-core Xeon, a round-3 train stage's adapter, three times each). The
+    same additions on the same values: the same bytes."""
     import torch
     from peft.tuners.lora import LoraLayer
 

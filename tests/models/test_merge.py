@@ -30,4 +30,4 @@ def test_the_merge_into_copied_weights_writes_what_peft_s_own_merge_does(tiny_mo
     changed = [k for k in before if not torch.equal(before[k], ours[k])]
     assert changed and all(("q_proj" in k or "v_proj" in k) for k in changed), changed  # the adapter was merged
     after = load_file(str(tiny_model / "model.safetensors"))
-    assert all(torch.equal(before[k], after[k]) for k in before)  # into copies: the base's file as it was
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the base's file as it was
