@@ -1,4 +1,4 @@
-"""The merged model a LoRA train stage writes (models/trainer.py `merged`), and a dropped one made again."""
+"""The merge a LoRA train stage writes its model with, and a dropped model is made again with (models/trainer.py `merged`)."""
 
 import pytest
 import torch
