@@ -73,7 +73,7 @@ def checked_run(cfg: PipelineConfig, meanwhile=None) -> Iterator[Split]:
     if not local:  # no model here: its server counts the prompts
         check_served(cfg, split, sets)
     key = model_check_key(cfg, split, sets) if local else None
-    with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, None, run_preload()):
+    with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, None, run_preload(cfg)):
         with meanwhile or contextlib.nullcontext():
             if not local or passed_before(key) is not None:  # passed with these exact inputs: not made again
                 pass
@@ -84,17 +84,26 @@ def checked_run(cfg: PipelineConfig, meanwhile=None) -> Iterator[Split]:
         yield with_sets(split, sets)
 
 
-def run_preload() -> tuple[str, ...]:
+def run_preload(cfg: PipelineConfig | None = None) -> tuple[str, ...]:
     """What the run's fork server imports before its children are forked, in order: the libraries
-    a stage's worker imports (tasks/runner/stage.py), the modules of the stages it runs, and what the
-    run's own calls need (its base model saved for MLflow, the report's figures), and MLflow's map of the
-    installed packages, which every save of a version reads (`module:function`: called once imported)."""
-    from ratchet.models import mlflow_model, trainer, warm
+    a stage's worker imports (tasks/runner/stage.py), the tokenizer of `cfg`'s model where it is
+    on this machine (models/tokenizer.py: each worker's copy), the modules of the stages it runs,
+    and what the run's own calls need (its base model saved for MLflow, the report's figures), and
+    MLflow's map of the installed packages, which every save of a version reads (`module:function`:
+    called once imported)."""
+    from ratchet.data.procs.forkserver import preload_call
+    from ratchet.models import mlflow_model, tokenizer, trainer, warm
+    from ratchet.models.locate import find_model
     from ratchet.tasks import evaluate, label, sample, train
     from ratchet.tasks.runner import stage
 
     stages = (stage, sample, evaluate, label, train, trainer, warm, mlflow_model)
-    return (*stage.WORKER_LIBRARIES, *(m.__name__ for m in stages), "mlflow.transformers",
+    model = None
+    if cfg is not None and cfg.sampler.backend_kind.local:
+        with contextlib.suppress(Exception):  # a model not here yet, or not a model: the run's checks say so
+            model = find_model(cfg.model.path, fetch=False)
+    tokenizers = (preload_call(tokenizer.preload, str(model)),) if model is not None else ()
+    return (*stage.WORKER_LIBRARIES, *tokenizers, *(m.__name__ for m in stages), "mlflow.transformers",
             f"{mlflow_model.__name__}:{mlflow_model.warm.__name__}", "matplotlib.pyplot")
 
 
@@ -636,10 +645,10 @@ def eval_budgets(cfg: PipelineConfig) -> dict[str, Budget]:
 
 def _tokenizer(model_dir: Path, field: str):
     """The tokenizer of a model directory; one that does not load is the config's problem, said so."""
-    from transformers import AutoTokenizer
+    from ratchet.models import tokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(model_dir)
+        return tokenizer.load(model_dir)
     except Exception as e:  # a broken or foreign tokenizer: transformers' own words, in one line
         why = " ".join(str(e).split())[:300]
         raise ConfigError([f"{field}: the tokenizer at {model_dir} does not load ({type(e).__name__}: {why}); "

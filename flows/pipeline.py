@@ -214,7 +214,7 @@ def services(cfg: PipelineConfig, logs: Path, name: str):
     Helpers already running (`ratchet run` starts them before the run's records, so that their
     imports overlap with the run's start) are kept."""
     with forkserver.for_run(cfg.isolate and cfg.executor.warm_workers, logs / f"{name}.forkserver.log",
-                            run_preload()), \
+                            run_preload(cfg)), \
             warm.for_run(warm_engine_wanted(cfg), logs / f"{name}.engine.log", cfg.sampler.backend,
                          cfg.executor.warm_engine_shapes):
         yield

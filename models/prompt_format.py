@@ -98,9 +98,9 @@ def written_template(model_dir: Path, fmt: PromptFormat, layout: str) -> str | N
     if fmt == "chat":
         return None
     if fmt == "auto":
-        from transformers import AutoTokenizer
+        from ratchet.models import tokenizer
 
-        if has_template(AutoTokenizer.from_pretrained(model_dir)):
+        if has_template(tokenizer.load(model_dir)):
             return None
     return plain_template(layout)
 

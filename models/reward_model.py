@@ -38,11 +38,13 @@ def describe(model_dir: Path) -> tuple[str, int] | str:
 class RewardScorer:
     def __init__(self, model_dir: Path, dtype: str = "float32", batch_size: int = 16, max_length: int = 1024):
         import torch
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoModelForSequenceClassification
+
+        from ratchet.models import tokenizer
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.tokenizer = tokenizer.load(model_dir)
         self.tokenizer.truncation_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token

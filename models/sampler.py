@@ -270,12 +270,15 @@ class HFSampler:
 
     def __init__(self, model_dir: Path, cfg: SamplerConfig, seed: int):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
+
+        from ratchet.models import tokenizer
 
         self.cfg = cfg
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[resolve_dtype(cfg.dtype)]
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+        self.tokenizer = tokenizer.load(model_dir)
+        self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device).eval()

@@ -184,9 +184,11 @@ def load_policy(model_dir: Path, cfg: OptimSettings, precision: str):
     """The policy to train. A frozen LoRA base is held in the compute dtype (bf16 halves its
     memory and skips autocast's per-step weight casts); trained weights stay fp32."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    from ratchet.models import tokenizer
+
+    tok = tokenizer.load(model_dir)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     dtype = torch.bfloat16 if (cfg.adapter == "lora" and precision == "bf16") else torch.float32

@@ -149,9 +149,9 @@ class WarmSampler:
     @functools.cached_property
     def tokenizer(self):
         """The model's tokenizer, loaded here (the engine's is the same files: one shape)."""
-        from transformers import AutoTokenizer
+        from ratchet.models import tokenizer
 
-        return AutoTokenizer.from_pretrained(self.model_dir)
+        return tokenizer.load(self.model_dir)
 
     def close(self) -> None:
         """Let the engine go (it closes after a stage's units, also after one failed: the unit's

@@ -148,8 +148,7 @@ def demonstrations_body(req: StageRequest[DemonstrationsJob], store: ArtifactSto
 
 
 def cold_start_body(req: StageRequest[ColdStartJob], store: ArtifactStore) -> StageManifest:
-    from transformers import AutoTokenizer
-
+    from ratchet.models import tokenizer
     from ratchet.models.trainer import train
     from ratchet.tasks.prepare import model_dir
 
@@ -161,7 +160,7 @@ def cold_start_body(req: StageRequest[ColdStartJob], store: ArtifactStore) -> St
     rows = read_jsonl(store.path(req.holding("demonstrations.jsonl"), "demonstrations.jsonl"), Demonstration)
     if (text := read_text(req, store)) is not None:  # the demonstrations as the policy reads its prompts
         rows = [r.model_copy(update={"prompt": text.render(r.prompt)}) for r in rows]
-    tok = AutoTokenizer.from_pretrained(base)
+    tok = tokenizer.load(base)
     metrics = train(base, [job.rollout.demo_row(tok, r) for r in rows], job.train, d, req.seed)
     outputs = {p.relative_to(d).as_posix(): None for p in sorted(d.rglob("*"))
                if p.is_file() and p.parts[len(d.parts)] in ("model", "adapter")}

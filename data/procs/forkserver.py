@@ -185,13 +185,23 @@ def call_apart(target: Entry, *args):
 
 def _preload(name: str) -> None:
     """One of the server's preloads: a module imported, or `module:function` imported and called (a
-    cache the function fills is every later child's without its cost)."""
+    cache the function fills is every later child's without its cost), or `module:function:ARGS`
+    called with ARGS, a JSON list (`preload_call`)."""
     import importlib
+    import json
 
     module, _, function = name.partition(":")
+    function, _, args = function.partition(":")
     loaded = importlib.import_module(module)
     if function:
-        getattr(loaded, function)()
+        getattr(loaded, function)(*(json.loads(args) if args else ()))
+
+
+def preload_call(function, *args: str) -> str:
+    """The preload that calls `function` (a module's, by name) with `args` in the server."""
+    import json
+
+    return f"{function.__module__}:{function.__name__}:{json.dumps(list(args))}"
 
 
 @entry
