@@ -574,23 +574,36 @@ def warm_here() -> None:
     WARMED.append(os.getpid())
 
 
-@entry
-def warmed():
+WARMED_WITH: list = []
+
+
+def warm_with(*args: str) -> None:
     import os
 
-    return {"pid": os.getpid(), "warmed": list(WARMED)}
+    WARMED_WITH.append([os.getpid(), list(args)])
+
+
+@entry
+def warmed():
+    import gc
+    import os
+
+    return {"pid": os.getpid(), "warmed": list(WARMED), "with": list(WARMED_WITH), "frozen": gc.get_freeze_count()}
 
 
 def test_a_preload_may_call_a_function_whose_cache_every_child_inherits(tmp_path, monkeypatch):
     """A preload `module:function` is imported and called once in the server (the run's preloads fill
-    MLflow's map of the installed packages so: flows/inputs.py run_preload); each forked child holds
-    what it made, and none calls it again."""
+    MLflow's map of the installed packages so: flows/inputs.py run_preload), one made by `preload_call`
+    with its arguments (the run's tokenizer); each forked child holds what they made, and none calls
+    them again. Each child's collector starts with the server's objects frozen (none of its collections
+    scans them)."""
     import os
 
     from ratchet.data.procs import forkserver
 
     monkeypatch.delenv(forkserver.TEMPLATE, raising=False)  # its own imports, not the suite's template's
-    server = forkserver.ForkServer(tmp_path / "forkserver.log", ("json", f"{__name__}:warm_here"))
+    server = forkserver.ForkServer(tmp_path / "forkserver.log", ("json", f"{__name__}:warm_here",
+                                                                 forkserver.preload_call(warm_with, "a b", "c:d")))
     server.start()
     try:
         assert server.wait_ready(60)
@@ -600,7 +613,9 @@ def test_a_preload_may_call_a_function_whose_cache_every_child_inherits(tmp_path
     finally:
         server.stop()
     assert first["warmed"] == second["warmed"] == [pid]
-    assert len({first["pid"], second["pid"], pid, os.getpid()}) == 4 and WARMED == []
+    assert first["with"] == second["with"] == [[pid, ["a b", "c:d"]]]
+    assert first["frozen"] > 10_000 and second["frozen"] > 10_000
+    assert len({first["pid"], second["pid"], pid, os.getpid()}) == 4 and WARMED == WARMED_WITH == []
     from ratchet.flows.inputs import run_preload
     from ratchet.models import mlflow_model
 
