@@ -105,7 +105,7 @@ def prepare_env(workdir: Path | None) -> None:
 class TemporaryServer:
     """Prefect's temporary server for this process's runs, started by the run itself: the program
     Prefect's own start runs (`SubprocessASGIServer`: uvicorn serving the API without its UI, on
-    loopback), on a port the system finds free, named to Prefect as PREFECT_API_URL before Prefect
+    loopback; flows/prefect_server.py, its imports collected once), on a port the system finds free, named to Prefect as PREFECT_API_URL before Prefect
     is imported, so every client of the process (the flow's, its log handler's) talks to it and
     none starts another. It dies with this process as every process below a run does (a `kill -9`
     too: it asks for SIGTERM, a clean stop of its database), runs in a session of its own (a Ctrl-C
@@ -122,23 +122,20 @@ class TemporaryServer:
         import socket
         import subprocess
         import sys
-        from importlib.util import find_spec
 
         from ratchet.data.procs.spawn import program_starter
+        from ratchet.flows import prefect_server
 
         with socket.socket() as sock:  # a port no server listens on now; the system gives each once in a while
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self.log = home / "temporary-server.log"
         self.database = _empty_database(home)
-        package = Path(find_spec("prefect").origin).parent  # found, not imported
         env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
         env.update(PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT__SERVER_FINAL="1")
         with open(self.log, "ab") as out:
             self.proc = program_starter(signal.SIGTERM, session=True)(
-                [sys.executable, "-m", "uvicorn", "--app-dir", str(package.parent), "--factory",
-                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--log-level", "error", "--lifespan", "on"],
+                [sys.executable, "-c", prefect_server.BOOT, str(self.port)],
                 env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self.error: str | None = None
