@@ -106,7 +106,26 @@ def _fork_template(request, tmp_path_factory):
     logs = tmp_path_factory.mktemp("template")
     with forkserver.templated(run_preload(), logs / "template.log") as path, \
             cli_template.templated(logs / "cli-template.log"):
+        _libraries_collected_once()
         yield path
+
+
+# What nearly every integration module imports in the test process itself, imported once at its start with
+# the collector off, then frozen (data/procs/forkserver.py `collected_once`): a test process holds over a
+# million objects by its end, and each of Python's full collections scanned every one, the libraries' too
+HEAVY = ("torch", "transformers", "transformers.models.auto.modeling_auto", "peft", "trl", "datasets", "mlflow",
+         "mlflow.store.tracking.sqlalchemy_store", "mlflow.store.model_registry.sqlalchemy_store", "prefect",
+         "ratchet.flows.pipeline")
+
+
+def _libraries_collected_once() -> None:
+    import importlib
+
+    from ratchet.data.procs.forkserver import collected_once
+
+    with collected_once():
+        for name in HEAVY:
+            importlib.import_module(name)
 
 
 @pytest.fixture(scope="session")
