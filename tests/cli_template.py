@@ -50,8 +50,9 @@ def serve(path: str) -> None:
     from ratchet.data.procs.lifetime import die_with_parent
 
     die_with_parent()
-    for name in PRELOAD:
-        importlib.import_module(name)
+    with forkserver.collected_once():  # as a run collects its own imports (flows/launch.py)
+        for name in PRELOAD:
+            importlib.import_module(name)
     if loaded := [n for n in NOT_IMPORTED if n in sys.modules]:
         raise SystemExit(f"cli template: its preload imported {loaded}; a command forked from it would not be "
                          "what a fresh `ratchet` is")

@@ -108,6 +108,9 @@ def _fork_template(request, tmp_path_factory):
             cli_template.templated(logs / "cli-template.log"):
         _libraries_collected_once()
         yield path
+    import gc
+
+    gc.unfreeze()  # the interpreter's teardown collects them (nanobind, under torch, reports what it does not)
 
 
 # What nearly every integration module imports in the test process itself, imported once at its start with
