@@ -121,9 +121,8 @@ class TemporaryServer:
     def __init__(self, home: Path):
         import socket
         import subprocess
-        import sys
 
-        from ratchet.data.procs.spawn import program_starter
+        from ratchet.data.procs import spawn
         from ratchet.flows import prefect_server
 
         with socket.socket() as sock:  # a port no server listens on now; the system gives each once in a while
@@ -134,8 +133,8 @@ class TemporaryServer:
         env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
         env.update(PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT__SERVER_FINAL="1")
         with open(self.log, "ab") as out:
-            self.proc = program_starter(signal.SIGTERM, session=True)(
-                [sys.executable, "-c", prefect_server.BOOT, str(self.port)],
+            self.proc = spawn.program_starter(signal.SIGTERM, session=True)(
+                spawn.command(prefect_server.serve, self.port),
                 env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self.error: str | None = None

@@ -1,28 +1,26 @@
-"""Prefect's temporary server for a run (flows/launch.py `TemporaryServer`), in a process of its own:
-the program Prefect's own start runs (uvicorn serving Prefect's API without its UI, on loopback),
-with its imports and the making of its app collected once (data/procs/forkserver.py
-`collected_once`): Python's collector ran its full collections as the heap grew, and the server
-took 4.2-4.3 s of CPU to its first answer, 3.7-3.8 s so (2 cores, a new workdir's database).
-
-    python -c "import sys; sys.path.pop(0); from ratchet.flows.prefect_server import main; main()" PORT
+"""Prefect's temporary server for a run (flows/launch.py `TemporaryServer`), in a process of its own
+(`spawn.command(serve, PORT)`): the program Prefect's own start runs (uvicorn serving Prefect's API
+without its UI, on loopback), with its imports and the making of its app collected once
+(data/procs/forkserver.py `collected_once`): Python's collector ran its full collections as the heap
+grew, and the server took 4.2-4.3 s of CPU to its first answer, 3.7-3.8 s so (2 cores, a new
+workdir's database).
 """
 
 from __future__ import annotations
 
-import sys
-
-BOOT = "import sys; sys.path.pop(0); from ratchet.flows.prefect_server import main; main()"
+from ratchet.data.procs.entry import entry
 
 
-def main() -> None:
-    """Serve Prefect's API on 127.0.0.1:PORT (the first argument) until SIGTERM or SIGINT, as
-    `uvicorn --factory prefect.server.api.server:create_app --lifespan on` does."""
+@entry
+def serve(port: int) -> int:
+    """Serve Prefect's API on 127.0.0.1:`port` until SIGTERM or SIGINT, as `uvicorn --factory
+    prefect.server.api.server:create_app --lifespan on` does."""
     from ratchet.data.procs.forkserver import collected_once
 
-    port = int(sys.argv[1])
     with collected_once():
         import uvicorn
         from prefect.server.api.server import create_app
 
         app = create_app()
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", lifespan="on")
+    return 0
