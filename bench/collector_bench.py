@@ -36,7 +36,7 @@ if way == "collected_once":
 else:
     for n in names:
         importlib.import_module(n)
-print(json.dumps({"s": time.perf_counter() - t, "full": full[0], "full_s": full[1], "objects": len(gc.get_objects())}))
+print(json.dumps({"s": time.perf_counter() - t, "full": full[0], "full_s": full[1], "objects": len(gc.get_objects()) + gc.get_freeze_count()}))
 sys.stdout.flush()
 import os; os._exit(0)
 """
@@ -63,9 +63,9 @@ def main() -> None:
                                      text=True, check=True).stdout
                 got[way].append(json.loads(out.strip().splitlines()[-1]))
         for way, runs in got.items():
-            rows.append((what, way, statistics.median(r["s"] for r in runs), statistics.median(r["full"] for r in runs),
-                         statistics.median(r["full_s"] for r in runs), statistics.median(r["objects"] for r in runs)))
-    print(f"{'imports':16} {'collector':20} {'seconds':>8} {'full collections':>17} {'their s':>8} {'objects after':>14}")
+            med = {k: statistics.median(r[k] for r in runs) for k in ("s", "full", "full_s", "objects")}
+            rows.append((what, way, med["s"], med["full"], med["full_s"], med["objects"]))
+    print(f"{'imports':16} {'collector':20} {'seconds':>8} {'full collections':>17} {'their s':>8} {'objects':>14}")
     for what, way, s, n, ns, objs in rows:
         print(f"{what:16} {way:20} {s:8.2f} {n:17.0f} {ns:8.2f} {objs:14,.0f}")
     for what in dict.fromkeys(r[0] for r in rows):

@@ -105,12 +105,13 @@ def prepare_env(workdir: Path | None) -> None:
 class TemporaryServer:
     """Prefect's temporary server for this process's runs, started by the run itself: the program
     Prefect's own start runs (`SubprocessASGIServer`: uvicorn serving the API without its UI, on
-    loopback; flows/prefect_server.py, its imports collected once), on a port the system finds free, named to Prefect as PREFECT_API_URL before Prefect
-    is imported, so every client of the process (the flow's, its log handler's) talks to it and
-    none starts another. It dies with this process as every process below a run does (a `kill -9`
-    too: it asks for SIGTERM, a clean stop of its database), runs in a session of its own (a Ctrl-C
-    at the terminal stops the run, which then says so, not its server), and is stopped at exit.
-    Its output goes to prefect/temporary-server.log in Prefect's home.
+    loopback; flows/prefect_server.py, its imports collected once), on a port the system finds
+    free, named to Prefect as PREFECT_API_URL before Prefect is imported, so every client of the
+    process (the flow's, its log handler's) talks to it and none starts another. It dies with this
+    process as every process below a run does (a `kill -9` too: it asks for SIGTERM, a clean stop of
+    its database), runs in a session of its own (a Ctrl-C at the terminal stops the run, which then
+    says so, not its server), and is stopped at exit. Its output goes to
+    prefect/temporary-server.log in Prefect's home.
 
     One per process (`start_here`), and only where Prefect is not imported yet (it reads its
     settings once) and from the main thread (the signal asked for follows the thread that started

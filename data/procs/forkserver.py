@@ -90,8 +90,8 @@ def collected_once() -> Iterator[None]:
     transformers, TRL, PEFT, MLflow's flavour) ran 10 of them (1.5 s) and took 7.3 s, against 6.1 s
     so, its one collection included; a run's own imports (MLflow, Prefect) 6 and 3.3 s against 2.8 s
     (bench/collector_bench.py, 2 cores). Frozen, the imported modules are not scanned again by the
-    collections of a run that lasts hours.
-    A child forked meanwhile turns the collector on again (`_child`)."""
+    collections of a run that lasts hours. A child forked meanwhile turns the collector on again
+    (`_child`)."""
     was = gc.isenabled()
     gc.disable()
     try:
