@@ -94,7 +94,8 @@ def _fork_template(request, tmp_path_factory):
     from it, its imports made once (8-10 s of CPU a run on 2 cores). A run with failpoints armed
     (the kill tests, which find a run's processes by their environment) starts its own server
     (forkserver.TemplatedServer). Beside it, the CLI template its `ratchet run`s fork from
-    (tests/cli_template.py)."""
+    (tests/cli_template.py); and the test process's own imports of the common libraries (HEAVY),
+    collected once."""
     if not any(item.get_closest_marker("integration") for item in request.session.items):
         yield None
         return
