@@ -22,16 +22,17 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-# a model directory's files that are not its tokenizer's: its weights (as models/warm.py names them)
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json", ".gguf")
+# a model directory's weight files: the files that are not its tokenizer's (nor, to models/warm.py, its shape)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
 
 _LOADED: dict[str, Any] = {}  # files' digest -> a tokenizer loaded before this process was forked
 
 
-def files_digest(model_dir: Path | str) -> str:
+def files_digest(model_dir: Path | str, h=None) -> str:
     """The digest of a model directory's files but its weights (its tokenizer's, its config,
-    its chat template): two directories with the same one load the same tokenizer."""
-    h = hashlib.sha256()
+    its chat template), each after its name, added to `h` (a hashlib hash; a new sha256 where
+    none): two directories with the same one load the same tokenizer."""
+    h = h or hashlib.sha256()
     for p in sorted(Path(model_dir).iterdir()):
         if p.is_file() and not p.name.endswith(WEIGHT_SUFFIXES):
             h.update(b"\0" + p.name.encode() + b"\0" + p.read_bytes())

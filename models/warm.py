@@ -58,11 +58,11 @@ from ratchet.data.errors import StageFailedError
 from ratchet.data.procs import forkserver, services, spawn
 from ratchet.data.procs.entry import entry
 from ratchet.data.procs.lifetime import Spawner
+from ratchet.models.tokenizer import WEIGHT_SUFFIXES, files_digest
 
 log = logging.getLogger("ratchet")
 
 ENV = "RATCHET_ENGINE"  # "<socket path>|<authkey hex>", for the stage worker alone
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
 
 
 def shape_of(model_dir: Path, sampler_json: str) -> str:
@@ -71,11 +71,7 @@ def shape_of(model_dir: Path, sampler_json: str) -> str:
     Two models of one shape can share an engine by swapping weights."""
     import hashlib
 
-    h = hashlib.sha256(sampler_json.encode())
-    for p in sorted(Path(model_dir).iterdir()):
-        if p.is_file() and not p.name.endswith(WEIGHT_SUFFIXES):
-            h.update(b"\0" + p.name.encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()
+    return files_digest(model_dir, hashlib.sha256(sampler_json.encode()))
 
 
 # the worker's side ---------------------------------------------------------------------------

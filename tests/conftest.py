@@ -94,8 +94,8 @@ def _fork_template(request, tmp_path_factory):
     from it, its imports made once (8-10 s of CPU a run on 2 cores). A run with failpoints armed
     (the kill tests, which find a run's processes by their environment) starts its own server
     (forkserver.TemplatedServer). Beside it, the CLI template its `ratchet run`s fork from
-    (tests/cli_template.py); and the test process's own imports of the common libraries (HEAVY),
-    collected once."""
+    (tests/cli_template.py); and the test process's own imports of the common libraries,
+    collected once (`_libraries_collected_once`)."""
     if not any(item.get_closest_marker("integration") for item in request.session.items):
         yield None
         return
@@ -117,18 +117,16 @@ def _fork_template(request, tmp_path_factory):
 # What nearly every integration module imports in the test process itself, imported once at its start with
 # the collector off, then frozen (data/procs/forkserver.py `collected_once`): a test process holds over a
 # million objects by its end, and each of Python's full collections scanned every one, the libraries' too
-HEAVY = ("torch", "transformers", "transformers.models.auto.modeling_auto", "peft", "trl", "datasets", "mlflow",
-         "mlflow.store.tracking.sqlalchemy_store", "mlflow.store.model_registry.sqlalchemy_store", "prefect",
-         "ratchet.flows.pipeline")
-
-
+# (a stage worker's libraries and a run's own imports, as the product names them)
 def _libraries_collected_once() -> None:
     import importlib
 
     from ratchet.data.procs.forkserver import collected_once
+    from ratchet.flows.launch import PREFECT_IMPORTS, TRACKING_IMPORTS
+    from ratchet.tasks.runner.stage import WORKER_LIBRARIES
 
     with collected_once():
-        for name in HEAVY:
+        for name in (*WORKER_LIBRARIES, *TRACKING_IMPORTS, *PREFECT_IMPORTS, "ratchet.flows.pipeline"):
             importlib.import_module(name)
 
 

@@ -254,8 +254,9 @@ def fork_server(channel: Channel, preload: list[str]) -> int:
     started, pending = time.time(), list(preload)
     children: dict[int, str] = {}
     deferred: list[dict] = []
+    importing = contextlib.ExitStack()  # the collector off until they are imported
     if pending:
-        gc.disable()  # until they are imported: collected_once, around a loop
+        importing.enter_context(collected_once())
 
     def fork(req: dict) -> None:
         if (why := _unsafe()) is not None:
@@ -297,8 +298,7 @@ def fork_server(channel: Channel, preload: list[str]) -> int:
             if not ready and pending:
                 _preload(pending.pop(0))
                 if not pending:
-                    gc.collect()
-                    gc.enable()  # and frozen before each fork
+                    importing.close()
                     print(f"fork server: imported {len(preload)} modules in {time.time() - started:.1f} s",
                           file=sys.stderr, flush=True)
                     channel.send({"ready": _threads()})
