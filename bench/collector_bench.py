@@ -1,8 +1,9 @@
 """What Python's collector costs a process's imports: a run's fork server's (torch, transformers,
 TRL, PEFT, MLflow's flavour: flows/inputs.py `run_preload`) and a run's own (MLflow's store,
 Prefect, the flow's module: flows/launch.py), each imported in a fresh interpreter with the
-collector as Python leaves it and inside `collected_once` (data/procs/forkserver.py: off, then one
-collection and the heap frozen), side by side, alternating.
+collector as Python leaves it, off with one collection at the end and the heap then frozen (as the
+product did before 2026-12-07's second change), and inside `imports_frozen` (data/procs/forkserver.py:
+off, then the heap frozen with no collection), side by side, alternating.
 
     python bench/collector_bench.py             # 3 of each, the median
     python bench/collector_bench.py --repeat 5
@@ -28,11 +29,18 @@ def seen(phase, info, t=[0.0]):
         full[1] += time.perf_counter() - t[0]
 gc.callbacks.append(seen)
 t = time.perf_counter()
-if way == "collected_once":
-    from ratchet.data.procs.forkserver import collected_once
-    with collected_once():
+if way == "imports_frozen":
+    from ratchet.data.procs.forkserver import imports_frozen
+    with imports_frozen():
         for n in names:
             importlib.import_module(n)
+elif way == "collected once":
+    gc.disable()
+    for n in names:
+        importlib.import_module(n)
+    gc.collect()
+    gc.freeze()
+    gc.enable()
 else:
     for n in names:
         importlib.import_module(n)
@@ -56,7 +64,7 @@ def main() -> None:
     a = p.parse_args()
     rows = []
     for what, names in imports().items():
-        got = {"as Python leaves it": [], "collected_once": []}
+        got = {"as Python leaves it": [], "collected once": [], "imports_frozen": []}
         for _ in range(a.repeat):
             for way in got:
                 out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(names), way], capture_output=True,
@@ -69,9 +77,8 @@ def main() -> None:
     for what, way, s, n, ns, objs in rows:
         print(f"{what:16} {way:20} {s:8.2f} {n:17.0f} {ns:8.2f} {objs:14,.0f}")
     for what in dict.fromkeys(r[0] for r in rows):
-        before, after = (r[2] for r in rows if r[0] == what)
-        print(f"{what} imports: {after / before:.2f}x the time with collected_once")
-
+        before, once, frozen = (r[2] for r in rows if r[0] == what)
+        print(f"{what} imports: {once / before:.2f}x the time collected once, {frozen / before:.2f}x frozen")
 
 if __name__ == "__main__":
     main()

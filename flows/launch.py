@@ -80,10 +80,10 @@ def imports_meanwhile(workdir: Path) -> Iterator[None]:
         except Exception:  # noqa: BLE001 - raised again where the run imports it
             return
 
-    from ratchet.data.procs.forkserver import collected_once
+    from ratchet.data.procs.forkserver import imports_frozen
 
     thread = threading.Thread(target=load, daemon=True, name="ratchet-imports")
-    with collected_once():  # the imports grow the heap fourfold: one collection, not one a quarter
+    with imports_frozen():  # the imports grow the heap fourfold: no collection as it grows
         if names:
             thread.start()
         try:
@@ -105,7 +105,7 @@ def prepare_env(workdir: Path | None) -> None:
 class TemporaryServer:
     """Prefect's temporary server for this process's runs, started by the run itself: the program
     Prefect's own start runs (`SubprocessASGIServer`: uvicorn serving the API without its UI, on
-    loopback; flows/prefect_server.py, its imports collected once), on a port the system finds
+    loopback; flows/prefect_server.py, its imports frozen), on a port the system finds
     free, named to Prefect as PREFECT_API_URL before Prefect is imported, so every client of the
     process (the flow's, its log handler's) talks to it and none starts another. It dies with this
     process as every process below a run does (a `kill -9` too: it asks for SIGTERM, a clean stop of

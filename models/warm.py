@@ -316,10 +316,10 @@ def serve(path: str, preload: str, keep: str = str(KEEP_ON_CPU), key: str | None
     key = bytes.fromhex(key if key is not None else sys.stdin.readline().strip())
     listener = Listener(path, family="AF_UNIX")  # the key is checked by _accept, under a time bound
     print(f"warm engine (pid {os.getpid()}): listening; preloading {preload}", file=sys.stderr, flush=True)
-    # the import is most of a start; done while the run prepares its first stage, collected once
+    # the import is most of a start; done while the run prepares its first stage, frozen
     from ratchet.models.sampler import backend_kind
 
-    with forkserver.collected_once():
+    with forkserver.imports_frozen():
         backend_kind(preload).preload()
     engines = _Engines(int(keep))
     while True:

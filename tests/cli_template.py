@@ -50,7 +50,7 @@ def serve(path: str) -> None:
     from ratchet.data.procs.lifetime import die_with_parent
 
     die_with_parent()
-    with forkserver.collected_once():  # as a run collects its own imports (flows/launch.py)
+    with forkserver.imports_frozen():  # as a run freezes its own imports (flows/launch.py)
         for name in PRELOAD:
             importlib.import_module(name)
     if loaded := [n for n in NOT_IMPORTED if n in sys.modules]:

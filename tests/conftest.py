@@ -95,7 +95,7 @@ def _fork_template(request, tmp_path_factory):
     (the kill tests, which find a run's processes by their environment) starts its own server
     (forkserver.TemplatedServer). Beside it, the CLI template its `ratchet run`s fork from
     (tests/cli_template.py); and the test process's own imports of the common libraries,
-    collected once (`_libraries_collected_once`)."""
+    frozen (`_libraries_frozen`)."""
     if not any(item.get_closest_marker("integration") for item in request.session.items):
         yield None
         return
@@ -107,7 +107,7 @@ def _fork_template(request, tmp_path_factory):
     logs = tmp_path_factory.mktemp("template")
     with forkserver.templated(run_preload(), logs / "template.log") as path, \
             cli_template.templated(logs / "cli-template.log"):
-        _libraries_collected_once()
+        _libraries_frozen()
         yield path
     import gc
 
@@ -115,17 +115,17 @@ def _fork_template(request, tmp_path_factory):
 
 
 # What nearly every integration module imports in the test process itself, imported once at its start with
-# the collector off, then frozen (data/procs/forkserver.py `collected_once`): a test process holds over a
+# the collector off, then frozen (data/procs/forkserver.py `imports_frozen`): a test process holds over a
 # million objects by its end, and each of Python's full collections scanned every one, the libraries' too
 # (a stage worker's libraries and a run's own imports, as the product names them)
-def _libraries_collected_once() -> None:
+def _libraries_frozen() -> None:
     import importlib
 
-    from ratchet.data.procs.forkserver import collected_once
+    from ratchet.data.procs.forkserver import imports_frozen
     from ratchet.flows.launch import PREFECT_IMPORTS, TRACKING_IMPORTS
     from ratchet.tasks.runner.stage import WORKER_LIBRARIES
 
-    with collected_once():
+    with imports_frozen():
         for name in (*WORKER_LIBRARIES, *TRACKING_IMPORTS, *PREFECT_IMPORTS, "ratchet.flows.pipeline"):
             importlib.import_module(name)
 
