@@ -5,7 +5,10 @@ size, mtime, inode and ctime are what they were when it was last hashed is not r
 ctime is the kernel's own (changing a file's contents sets it, and no call sets it back), so a
 file written in place and given its old mtime again (`touch -d`, `os.utime`) is hashed again. The
 cache is one JSON file in the user's cache (`RATCHET_CACHE`), a line per file, written atomically
-by whichever process hashes last; losing it costs a re-hash. `ratchet verify` and
+by whichever process hashes last; losing it costs a re-hash. A process reads it once, and again
+where a file it looks up is not in it and the file has changed since (a stage worker's outputs,
+digested after the run's own process read it: its lineage's check at the run's end read every
+weights file of the run again). `ratchet verify` and
 `RATCHET_VERIFY=full` hash every file. A stage's outputs enter it as the store digests them at the
 stage's end (their first check on reuse reads nothing); within `batched()` it is written once, at
 the end, not once a file; and each write leaves out the files that are gone (a deleted run's,
@@ -37,6 +40,8 @@ def sha256_file(path: Path, sync: bool = False) -> str:
 
 _STATS = "digests.json"
 _known: dict[str, list] | None = None
+_read_at: list | None = None  # the cache file's stat key when this process last read or wrote it
+_added: set[str] = set()  # the files this process hashed since it last wrote the cache
 
 
 def _cache_path() -> Path:
@@ -94,25 +99,86 @@ def known_sha256(path: Path, *, sync: bool = False, fresh: bool = False) -> str:
     real = os.path.realpath(path)
     st = os.stat(real)
     if _known is None:
-        try:
-            _known = json.loads(_cache_path().read_text())
-        except (OSError, ValueError):
-            _known = {}
-    was = _known.get(real)
-    if not fresh and not full_hashing() and isinstance(was, list) and was[:4] == _stat_key(st):
-        return was[4]
+        _load()
+    if not fresh and not full_hashing():
+        was = _known.get(real)
+        if not (isinstance(was, list) and was[:4] == _stat_key(st)) and _read_again():
+            was = _known.get(real)  # another process hashed it since
+        if isinstance(was, list) and was[:4] == _stat_key(st):
+            return was[4]
     digest = sha256_file(Path(real), sync)
     if _stat_key(os.stat(real)) == _stat_key(st):  # unchanged while it was read
         _known[real] = [*_stat_key(st), digest]
+        _added.add(real)
         _dirty = True
         if not _batches:
             _save_known()
     return digest
 
 
+def link(src: Path, dst: Path) -> None:
+    """`os.link(src, dst)`, the stat cache's entries for the file carried to the new name and kept for
+    its others. A link changes the file's ctime (its link count), which the cache reads as a change
+    under every name the file has: a model linked into the store (the base stage) or into an MLflow
+    model (a registration) was read again at its next check under each of its names, the user's own,
+    the base stage's and every earlier run's (the run's lineage at its end, the next run's checks).
+    Carried only where an entry held for the file as it was just before the link and its size, mtime
+    and inode are the same after it."""
+    global _dirty
+    real = os.path.realpath(src)
+    before = _stat_key(os.stat(real))
+    os.link(src, dst)
+    if full_hashing():
+        return
+    if _known is None:
+        _load()
+    held = lambda: [k for k, v in _known.items() if isinstance(v, list) and v[:4] == before]  # noqa: E731
+    names = held() or (_read_again() and held())
+    after = _stat_key(os.stat(real))
+    if not names or after[:3] != before[:3]:
+        return
+    digest = _known[names[0]][4]
+    for name in {*names, real, os.path.realpath(dst)}:
+        _known[name] = [*after, digest]
+        _added.add(name)
+    _dirty = True
+    if not _batches:
+        _save_known()
+
+
+def _load() -> None:
+    """This process's first read of the cache."""
+    global _known, _read_at
+    _known, _read_at = {}, None
+    _read_again()
+
+
+def _cache_stat() -> list | None:
+    try:
+        return _stat_key(os.stat(_cache_path()))
+    except OSError:
+        return None
+
+
+def _read_again() -> bool:
+    """The cache file's entries taken into this process's (but what it hashed since it last wrote
+    the file), where the file changed since this process last read or wrote it; whether it had."""
+    global _known, _read_at
+    now = _cache_stat()
+    if now is None or now == _read_at:
+        return False
+    try:
+        others = json.loads(_cache_path().read_text())
+    except (OSError, ValueError):
+        return False
+    mine = {k: _known[k] for k in _added if k in (_known or {})}
+    _known, _read_at = {**(_known or {}), **others, **mine}, now
+    return True
+
+
 def _save_known() -> None:
     """The cache merged with what other processes wrote since, less the files that are gone."""
-    global _known, _dirty
+    global _known, _dirty, _read_at
     path = _cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,11 +186,13 @@ def _save_known() -> None:
             others = json.loads(path.read_text())
         except (OSError, ValueError):
             others = {}
-        merged = {k: v for k, v in {**others, **(_known or {})}.items() if os.path.exists(k)}
+        mine = {k: _known[k] for k in _added if k in (_known or {})}
+        merged = {k: v for k, v in {**(_known or {}), **others, **mine}.items() if os.path.exists(k)}
         tmp = path.with_name(f"{_STATS}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(merged))
         tmp.replace(path)
-        _known, _dirty = merged, False
+        _known, _dirty, _read_at = merged, False, _cache_stat()
+        _added.clear()
     except OSError:  # a read-only cache costs a re-hash next time, nothing else
         pass
 

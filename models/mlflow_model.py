@@ -89,10 +89,10 @@ def save_full(model_dir: Path, path: Path) -> Path:
 
 def _link_or_copy(src: str, dst: str) -> None:
     """As the base stage links a model into the store (tasks/prepare.py, a layer above this one)."""
-    import os
+    from ratchet.data.digest import link
 
     try:
-        os.link(src, dst)
+        link(src, dst)  # its stat cache entry carried
     except OSError:  # another file system, or links not allowed there
         shutil.copy2(src, dst)
 

@@ -10,14 +10,13 @@ stage directory with digests, whatever its origin.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.data import events
-from ratchet.data.digest import batched, known_sha256
+from ratchet.data.digest import batched, known_sha256, link
 from ratchet.data.errors import ConfigError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig, Split, load_split, pool_slice
@@ -255,7 +254,7 @@ POOL = Stage("pool", "data", retire_body, retire_step, Records(on="run", metrics
 
 def _link_or_copy(src: Path, dst: Path) -> None:
     try:
-        os.link(src, dst)
+        link(src, dst)  # its stat cache entry carried (data/digest.py)
     except OSError:
         shutil.copy2(src, dst)
 

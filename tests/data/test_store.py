@@ -253,3 +253,58 @@ def test_a_claim_gives_the_finished_stage_or_a_directory_to_compute_it_in(tmp_pa
     with pytest.raises(TamperedArtifactError):
         with store.claim("s", key):
             pass
+
+
+def test_a_file_another_process_hashed_after_this_one_read_the_cache_is_not_read_again(tmp_path, monkeypatch):
+    """A run's own process reads the stat cache as it starts; its stage workers digest their outputs
+    later, into the same file. Its checks of those outputs (a reused stage's, the lineage's at the
+    run's end) take the workers' digests, not the files' bytes; a file changed since is still read."""
+    import os
+    import subprocess
+    import sys
+
+    from ratchet.data import digest
+
+    monkeypatch.setenv("RATCHET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(digest, "_known", None)
+    first, later = tmp_path / "first", tmp_path / "later"
+    first.write_text("a")
+    later.write_text("b" * 1000)
+    digest.known_sha256(first)  # this process has read (and written) the cache
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from ratchet.data import digest; "
+                    "digest.known_sha256(Path(sys.argv[1]))", str(later)], check=True, cwd=tmp_path,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    read = []
+    real = digest.sha256_file
+    monkeypatch.setattr(digest, "sha256_file", lambda p, sync=False: read.append(p.name) or real(p, sync))
+    assert digest.known_sha256(later) == real(later) and read == []
+    assert digest.known_sha256(first) == real(first) and read == []  # its own entry kept through the re-read
+    later.write_text("c" * 1000)
+    assert digest.known_sha256(later) == real(later) and read == ["later"]
+
+
+def test_a_link_keeps_a_file_s_cache_entries_and_a_changed_file_is_still_read(tmp_path, monkeypatch):
+    """A link changes the file's ctime under every name it has; `digest.link` (a model linked into the
+    store, or into an MLflow model) carries the file's entry to the new name and keeps it for the
+    others (the user's model, an earlier stage's copy), so none is read again; a file changed in
+    place under its old mtime before a link has no entry to carry and is read."""
+    import os
+
+    from ratchet.data import digest
+
+    monkeypatch.setenv("RATCHET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(digest, "_known", None)
+    src = tmp_path / "weights"
+    src.write_bytes(b"w" * 4096)
+    want = digest.known_sha256(src)
+    digest.link(src, tmp_path / "stage")
+    read = []
+    real = digest.sha256_file
+    monkeypatch.setattr(digest, "sha256_file", lambda p, sync=False: read.append(p.name) or real(p, sync))
+    digest.link(tmp_path / "stage", tmp_path / "mlflow")  # from its second name: the first's entry kept too
+    assert {digest.known_sha256(tmp_path / n) for n in ("weights", "stage", "mlflow")} == {want} and read == []
+    before = src.stat()
+    src.write_bytes(b"v" * 4096)  # the same size, other bytes, the mtime set back
+    os.utime(src, ns=(before.st_atime_ns, before.st_mtime_ns))
+    digest.link(src, tmp_path / "again")
+    assert digest.known_sha256(tmp_path / "again") == real(src) != want and read == ["again"]
