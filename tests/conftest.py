@@ -109,9 +109,13 @@ def _fork_template(request, tmp_path_factory):
             cli_template.templated(logs / "cli-template.log"):
         _libraries_frozen()
         yield path
+    import atexit
     import gc
 
-    gc.unfreeze()  # the interpreter's teardown collects them (nanobind, under torch, reports what it does not)
+    # frozen through pytest's own end, whose five full collections (its unraisable-exception check)
+    # scanned them all, 3 s a test process; then the interpreter's teardown collects them (nanobind,
+    # under torch, reports what it does not)
+    atexit.register(gc.unfreeze)
 
 
 # What nearly every integration module imports in the test process itself, imported once at its start with
