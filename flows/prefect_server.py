@@ -56,8 +56,8 @@ class RetryLocked:
                 if not locked[0]:
                     await send(message)
 
-            try:
-                await self.app(scope, replay, answer)
+            try:  # each run on the scope as uvicorn gave it: Starlette's routing writes into it
+                await self.app(dict(scope), replay, answer)
             except Exception:  # Starlette raises the error again once its handler has answered
                 if not locked[0]:
                     raise

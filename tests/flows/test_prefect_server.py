@@ -27,12 +27,15 @@ def _call(app, body=b'{"name": "round_zero"}', sent=None):
 
 class Locked:
     """Prefect's app as a locked database makes it answer: 503, then the error raised again (as
-    Starlette's error middleware does), `times` times; then 201 with the body it read."""
+    Starlette's error middleware does), `times` times; then 201 with the body it read. Like
+    Starlette's routing, it writes into the request's scope."""
 
     def __init__(self, times: int):
         self.times, self.bodies = times, []
 
     async def __call__(self, scope, receive, send):
+        assert scope["path"] == "/api/task_runs/" and "route" not in scope  # as uvicorn gave it, each time
+        scope.update(path="/task_runs/", route="found")  # as a mounted app and its router write into it
         message = await receive()
         self.bodies.append(message["body"])
         if len(self.bodies) <= self.times:
