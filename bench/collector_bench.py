@@ -80,5 +80,6 @@ def main() -> None:
         before, once, frozen = (r[2] for r in rows if r[0] == what)
         print(f"{what} imports: {once / before:.2f}x the time collected once, {frozen / before:.2f}x frozen")
 
+
 if __name__ == "__main__":
     main()

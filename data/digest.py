@@ -5,10 +5,10 @@ size, mtime, inode and ctime are what they were when it was last hashed is not r
 ctime is the kernel's own (changing a file's contents sets it, and no call sets it back), so a
 file written in place and given its old mtime again (`touch -d`, `os.utime`) is hashed again. The
 cache is one JSON file in the user's cache (`RATCHET_CACHE`), a line per file, written atomically
-by whichever process hashes last; losing it costs a re-hash. A process reads it once, and again
-where a file it looks up is not in it and the file has changed since (a stage worker's outputs,
-digested after the run's own process read it: its lineage's check at the run's end read every
-weights file of the run again). `ratchet verify` and
+by whichever process hashes last; losing it costs a re-hash. A process reads it as it first looks a
+file up, and again where a file has no entry that holds and the cache's file changed since (a stage
+worker's outputs, digested after the run's own process read it: its lineage's check at the run's end
+read every weights file of the run again). A link (`link`) keeps the file's entries. `ratchet verify` and
 `RATCHET_VERIFY=full` hash every file. A stage's outputs enter it as the store digests them at the
 stage's end (their first check on reuse reads nothing); within `batched()` it is written once, at
 the end, not once a file; and each write leaves out the files that are gone (a deleted run's,

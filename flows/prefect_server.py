@@ -23,8 +23,8 @@ class RetryLocked:
     locked by another transaction, which its clients retry) is run again here after a short wait,
     LOCKED_WAITS, before its 503 reaches the client. A transaction that met the lock was rolled
     back, so running the request again is what the client's retry does, sooner: its client waits
-    2 s before its first retry, and a partly reused run met the lock on about one start in four as
-    it created round 0's subflow (2.5 s more to its first new stage). Any other answer passes
+    2 s before its first retry, and a partly reused run met the lock on about one start in three as
+    it created round 0's subflow (2-2.5 s more to its first new stage). Any other answer passes
     through as it comes, streamed."""
 
     def __init__(self, app, waits: tuple[float, ...] = LOCKED_WAITS):
