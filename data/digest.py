@@ -132,7 +132,7 @@ def link(src: Path, dst: Path) -> None:
         return
     if _known is None:
         _load()
-    held = lambda: [k for k, v in _known.items() if isinstance(v, list) and v[:4] == before]  # noqa: E731
+    held = lambda: [k for k, v in list(_known.items()) if isinstance(v, list) and v[:4] == before]  # noqa: E731
     names = held() or (_read_again() and held())
     after = _stat_key(os.stat(real))
     if not names or after[:3] != before[:3]:
@@ -160,6 +160,13 @@ def _cache_stat() -> list | None:
         return None
 
 
+def _mine() -> dict[str, list]:
+    """The entries this process added since it last wrote the cache (copied first: a stage's
+    threads may add to them meanwhile)."""
+    known = _known or {}
+    return {k: known[k] for k in list(_added) if k in known}
+
+
 def _read_again() -> bool:
     """The cache file's entries taken into this process's (but what it hashed since it last wrote
     the file), where the file changed since this process last read or wrote it; whether it had."""
@@ -171,7 +178,7 @@ def _read_again() -> bool:
         others = json.loads(_cache_path().read_text())
     except (OSError, ValueError):
         return False
-    mine = {k: _known[k] for k in _added if k in (_known or {})}
+    mine = _mine()
     _known, _read_at = {**(_known or {}), **others, **mine}, now
     return True
 
@@ -186,7 +193,7 @@ def _save_known() -> None:
             others = json.loads(path.read_text())
         except (OSError, ValueError):
             others = {}
-        mine = {k: _known[k] for k in _added if k in (_known or {})}
+        mine = _mine()
         merged = {k: v for k, v in {**(_known or {}), **others, **mine}.items() if os.path.exists(k)}
         tmp = path.with_name(f"{_STATS}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(merged))
