@@ -113,7 +113,7 @@ def _fork_template(request, tmp_path_factory):
     import gc
 
     # frozen through pytest's own end, whose five full collections (its unraisable-exception check)
-    # scanned them all, 3 s a test process; then the interpreter's teardown collects them (nanobind,
+    # scanned them all, 2.3 s of CPU a test process; then the interpreter's teardown collects them (nanobind,
     # under torch, reports what it does not)
     atexit.register(gc.unfreeze)
 
