@@ -54,6 +54,12 @@ def _stat_key(st: os.stat_result) -> list:
     return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
+def _holds(entry, key: list) -> bool:
+    """Whether a cache entry (stat key and digest, as a cache file holds it: anything, if the file was
+    edited or is another program's) vouches for a file whose stat key is `key`."""
+    return isinstance(entry, list) and len(entry) == 5 and entry[:4] == key and isinstance(entry[4], str)
+
+
 def full_hashing() -> bool:
     """RATCHET_VERIFY=full: every digest from the file's bytes, the stat cache unread."""
     return os.environ.get("RATCHET_VERIFY", "") == "full"
@@ -101,10 +107,9 @@ def known_sha256(path: Path, *, sync: bool = False, fresh: bool = False) -> str:
     if _known is None:
         _load()
     if not fresh and not full_hashing():
-        was = _known.get(real)
-        if not (isinstance(was, list) and was[:4] == _stat_key(st)) and _read_again():
-            was = _known.get(real)  # another process hashed it since
-        if isinstance(was, list) and was[:4] == _stat_key(st):
+        if not _holds(_known.get(real), _stat_key(st)):
+            _read_again()  # another process may have hashed it since
+        if _holds(was := _known.get(real), _stat_key(st)):
             return was[4]
     digest = sha256_file(Path(real), sync)
     if _stat_key(os.stat(real)) == _stat_key(st):  # unchanged while it was read
@@ -114,6 +119,18 @@ def known_sha256(path: Path, *, sync: bool = False, fresh: bool = False) -> str:
         if not _batches:
             _save_known()
     return digest
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """`link`, or a copy (with its metadata) where the file system cannot link: how a model is put
+    into the store (the base stage) and into an MLflow model (a registration). Many in a row belong
+    in one `batched()`."""
+    import shutil
+
+    try:
+        link(src, dst)
+    except OSError:  # another file system, or links not allowed there
+        shutil.copy2(src, dst)
 
 
 def link(src: Path, dst: Path) -> None:
@@ -132,7 +149,7 @@ def link(src: Path, dst: Path) -> None:
         return
     if _known is None:
         _load()
-    held = lambda: [k for k, v in list(_known.items()) if isinstance(v, list) and v[:4] == before]  # noqa: E731
+    held = lambda: [k for k, v in list(_known.items()) if _holds(v, before)]  # noqa: E731
     names = held() or (_read_again() and held())
     after = _stat_key(os.stat(real))
     if not names or after[:3] != before[:3]:
@@ -160,11 +177,12 @@ def _cache_stat() -> list | None:
         return None
 
 
-def _mine() -> dict[str, list]:
-    """The entries this process added since it last wrote the cache (copied first: a stage's
-    threads may add to them meanwhile)."""
+def _merged(others) -> dict[str, list]:
+    """This process's entries with a cache file's (`others`) over them, but for those this process added
+    since it last wrote the file (copied first: a stage's threads may add to them meanwhile)."""
     known = _known or {}
-    return {k: known[k] for k in list(_added) if k in known}
+    mine = {k: known[k] for k in list(_added) if k in known}
+    return {**known, **(others if isinstance(others, dict) else {}), **mine}
 
 
 def _read_again() -> bool:
@@ -178,8 +196,7 @@ def _read_again() -> bool:
         others = json.loads(_cache_path().read_text())
     except (OSError, ValueError):
         return False
-    mine = _mine()
-    _known, _read_at = {**(_known or {}), **others, **mine}, now
+    _known, _read_at = _merged(others), now
     return True
 
 
@@ -193,8 +210,7 @@ def _save_known() -> None:
             others = json.loads(path.read_text())
         except (OSError, ValueError):
             others = {}
-        mine = _mine()
-        merged = {k: v for k, v in {**(_known or {}), **others, **mine}.items() if os.path.exists(k)}
+        merged = {k: v for k, v in _merged(others).items() if os.path.exists(k)}
         tmp = path.with_name(f"{_STATS}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(merged))
         tmp.replace(path)

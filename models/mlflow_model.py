@@ -87,16 +87,6 @@ def save_full(model_dir: Path, path: Path) -> Path:
     return path
 
 
-def _link_or_copy(src: str, dst: str) -> None:
-    """As the base stage links a model into the store (tasks/prepare.py, a layer above this one)."""
-    from ratchet.data.digest import link
-
-    try:
-        link(src, dst)  # its stat cache entry carried
-    except OSError:  # another file system, or links not allowed there
-        shutil.copy2(src, dst)
-
-
 @contextlib.contextmanager
 def _linking_checkpoint_copy():
     """MLflow's transformers flavor copies a checkpoint directory into the model with
@@ -111,9 +101,12 @@ def _linking_checkpoint_copy():
     if real is not shutil:
         yield
         return
+    from ratchet.data.digest import batched, link_or_copy
+
     model_io.shutil = types.SimpleNamespace(**{**vars(shutil), "copytree": functools.partial(
-        shutil.copytree, copy_function=_link_or_copy)})
+        shutil.copytree, copy_function=link_or_copy)})
     try:
-        yield
+        with batched():  # the stat cache written once, not once a linked file
+            yield
     finally:
         model_io.shutil = real

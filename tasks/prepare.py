@@ -10,13 +10,12 @@ stage directory with digests, whatever its origin.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.data import events
-from ratchet.data.digest import batched, known_sha256, link
+from ratchet.data.digest import batched, known_sha256, link_or_copy
 from ratchet.data.errors import ConfigError
 from ratchet.data.manifest import StageManifest
 from ratchet.data.prompts import SourceConfig, Split, load_split, pool_slice
@@ -252,13 +251,6 @@ POOL = Stage("pool", "data", retire_body, retire_step, Records(on="run", metrics
                                                           log=False))
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        link(src, dst)  # its stat cache entry carried (data/digest.py)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def model_files(model_dir: Path) -> list[Path]:
     return sorted(p for p in model_dir.iterdir() if p.is_file() and not p.name.startswith("."))
 
@@ -267,8 +259,9 @@ def base_body(req: StageRequest[BaseJob], store: ArtifactStore) -> StageManifest
     src = Path(req.config.path)
     d = store.stage_dir(req.stage, req.key) / "model"
     d.mkdir(parents=True, exist_ok=True)
-    for f in model_files(src):
-        _link_or_copy(f, d / f.name)
+    with batched():  # the stat cache written once
+        for f in model_files(src):
+            link_or_copy(f, d / f.name)
     if req.config.template is not None:  # a new file: a linked one is the user's own, never written
         (d / TEMPLATE_FILE).unlink(missing_ok=True)
         (d / TEMPLATE_FILE).write_text(req.config.template, encoding="utf-8")

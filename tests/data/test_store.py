@@ -308,3 +308,33 @@ def test_a_link_keeps_a_file_s_cache_entries_and_a_changed_file_is_still_read(tm
     os.utime(src, ns=(before.st_atime_ns, before.st_mtime_ns))
     digest.link(src, tmp_path / "again")
     assert digest.known_sha256(tmp_path / "again") == real(src) != want and read == ["again"]
+
+
+@pytest.mark.parametrize("kept", ["[1, 2, 3]", "{not json", "null", None])
+def test_a_broken_stat_cache_costs_a_read_and_is_written_sound_again(tmp_path, monkeypatch, kept):
+    """The cache is a file in the user's cache that anything may have written: not JSON, not a mapping,
+    entries of the wrong shape or type (one that matches the file's stat key but has no digest, or a
+    digest that is not text). Each is a miss: the file is read, its digest is right, and the cache is
+    written sound again; a link from such an entry carries nothing."""
+    import json
+    import os
+
+    from ratchet.data import digest
+
+    monkeypatch.setenv("RATCHET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(digest, "_known", None)
+    f = tmp_path / "weights"
+    f.write_bytes(b"w" * 100)
+    st = f.stat()
+    key = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+    if kept is None:  # a mapping whose entries are of the wrong shape
+        kept = json.dumps({os.path.realpath(f): key, os.path.realpath(tmp_path / "x"): [*key, 7]})
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "digests.json").write_text(kept)
+    want = digest.sha256_file(f)
+    digest.link(f, tmp_path / "linked")  # nothing sound to carry: no error, no entry
+    assert digest.known_sha256(tmp_path / "linked") == want
+    assert digest.known_sha256(f) == want
+    cache = json.loads((tmp_path / "cache" / "digests.json").read_text())
+    names = {os.path.realpath(f), os.path.realpath(tmp_path / "linked")}
+    assert set(cache) == names and {cache[n][4] for n in names} == {want}
