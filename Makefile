@@ -42,8 +42,9 @@ if drop := sorted(unused & installed - required):
     tops = {(d.locate_file(""), f.parts[0]) for d in map(md.distribution, drop) for f in d.files or []
             if len(f.parts) > 1 and f.parts[0] != ".." and not f.parts[0].endswith(".dist-info")}
     subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", *drop], check=True)
-    for site, top in tops:  # what pip did not install stays (a test run's cached bytecode): a folder
-        shutil.rmtree(site / top, ignore_errors=True)  # left by that name is a package to transformers
+    for left in (site / top for site, top in tops):  # what pip did not install stays (a test run's
+        if left.is_dir() and all(f.suffix == ".pyc" for f in left.rglob("*") if f.is_file()):  # bytecode):
+            shutil.rmtree(left)  # a folder left by that name is a package to transformers
 endef
 export UNUSED_LIBRARIES
 
