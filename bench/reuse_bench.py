@@ -87,12 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1, help="the rounds of the tiny run made here")
     a = ap.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="ratchet-reuse-"))
     if a.config and not a.workdir:
         ap.error("--config needs --workdir: where its finished run is")
-    # each command runs in a directory of the bench's own, so paths given here are made absolute first
-    here = lambda p: str(Path(p).resolve()) if Path(p).exists() else p
-    words = [here(a.config), f"workdir={here(a.workdir)}"] if a.config else tiny_run(work, a.rounds)
+    work = Path(tempfile.mkdtemp(prefix="ratchet-reuse-"))
+    # each command runs in `work`, so the paths given here are made absolute first
+    words = [str(Path(a.config).resolve()), f"workdir={Path(a.workdir).resolve()}"] if a.config \
+        else tiny_run(work, a.rounds)
     commands = {"ratchet --help": ["--help"], "ratchet run (every stage reused)": ["run", *words],
                 "ratchet plan": ["plan", *words], "ratchet runs": ["runs", *words],
                 "ratchet lineage": ["lineage", *words], "ratchet check": ["check", *words]}
